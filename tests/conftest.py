@@ -1,0 +1,37 @@
+"""Test fixtures: a real redis-server that the tests start themselves.
+
+One server is shared by the whole session; every test gets its own namespace,
+so tests cannot see each other's keys. Tests that kill, stop or reconfigure
+Redis use ``own_redis``, a server of their own.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from mesh._server import RedisServer, run_redis_server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with run_redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    with run_redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + secrets.token_hex(4)
