@@ -11,6 +11,7 @@ import trio
 __all__ = [
     "ClosedError",
     "CommandError",
+    "ConflictError",
     "ConfigError",
     "FencedError",
     "MeshConnectionError",
@@ -60,3 +61,9 @@ class ProtocolError(MeshError):
 class ClosedError(MeshError, trio.ClosedResourceError):
     """The client or worker was used after it was closed (by your own code: its
     ``async with`` block was left)."""
+
+
+class ConflictError(MeshError, ValueError):
+    """The request contradicts what Redis holds, and nothing was changed: for
+    example, enqueueing as a one-shot task a payload that is a persistent task
+    of the same queue."""

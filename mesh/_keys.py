@@ -1,0 +1,141 @@
+"""Key and channel names of one namespace, and validation of the names that
+become part of them. ``protocol/schema.md`` is the contract this implements.
+
+Every key of namespace ``ns`` starts with ``{ns}:`` so that all of them share
+one Redis Cluster hash slot. A queue name is always the last part of a key or
+channel, and worker ids and namespaces contain no ``:``, so no two names map
+to the same key.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._errors import ConfigError
+
+__all__ = ["Keys", "check_queue", "check_worker_id"]
+
+PROTOCOL_VERSION = "1"
+
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_QUEUE = re.compile(r"[A-Za-z0-9_.:/@+=-]{1,200}")
+_QUEUE_RULE = "1 to 200 of the characters A-Z a-z 0-9 _ . : / @ + = -"
+
+
+def check_queue(queue: object) -> str:
+    """Return ``queue`` if it is a valid queue name.
+
+    Raises:
+        TypeError: not a str.
+        ConfigError: not 1 to 200 of ``A-Z a-z 0-9 _ . : / @ + = -`` (so no
+            spaces, braces, glob characters or control characters).
+    """
+    if not isinstance(queue, str):
+        raise TypeError(f"queue name must be a str, not {type(queue).__name__}")
+    if not _QUEUE.fullmatch(queue):
+        raise ConfigError(f"invalid queue name {queue!r}: use {_QUEUE_RULE}")
+    return queue
+
+
+def check_worker_id(worker_id: object) -> str:
+    """Return ``worker_id`` if valid: 1 to 128 of ``A-Z a-z 0-9 _ . -``.
+
+    Raises:
+        TypeError: not a str.
+        ConfigError: invalid characters or length.
+    """
+    if not isinstance(worker_id, str):
+        raise TypeError(f"worker id must be a str, not {type(worker_id).__name__}")
+    if not _WORKER_ID.fullmatch(worker_id):
+        raise ConfigError(
+            f"invalid worker id {worker_id!r}: use 1 to 128 of the characters A-Z a-z 0-9 _ . -"
+        )
+    return worker_id
+
+
+class Keys:
+    """The key and channel names of one namespace.
+
+    Raises:
+        ConfigError: the namespace is not 1 to 64 of ``A-Z a-z 0-9 _ . -``.
+    """
+
+    __slots__ = (
+        "cancel_prefix",
+        "info",
+        "namespace",
+        "prefix",
+        "queues",
+        "token",
+        "version",
+        "work_prefix",
+        "workers",
+    )
+
+    def __init__(self, namespace: str) -> None:
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
+        if not _NAMESPACE.fullmatch(namespace):
+            raise ConfigError(
+                f"invalid namespace {namespace!r}: use 1 to 64 of the characters A-Z a-z 0-9 _ . -"
+            )
+        self.namespace = namespace
+        p = self.prefix = f"{{{namespace}}}:"
+        self.token = p + "token"
+        self.queues = p + "queues"
+        self.workers = p + "workers"
+        self.info = p + "info"
+        self.version = p + "version"
+        self.work_prefix = p + "work:"
+        self.cancel_prefix = p + "cancel:"
+
+    # per queue
+    def queue(self, q: str) -> str:
+        return f"{self.prefix}queue:{q}"
+
+    def persistent(self, q: str) -> str:
+        return f"{self.prefix}persistent:{q}"
+
+    def procs(self, q: str) -> str:
+        return f"{self.prefix}procs:{q}"
+
+    def attempts(self, q: str) -> str:
+        return f"{self.prefix}attempts:{q}"
+
+    def delayed(self, q: str) -> str:
+        return f"{self.prefix}delayed:{q}"
+
+    def dead(self, q: str) -> str:
+        return f"{self.prefix}dead:{q}"
+
+    # per worker
+    def heartbeat(self, w: str) -> str:
+        return f"{self.prefix}worker:{w}"
+
+    def serves(self, w: str) -> str:
+        return f"{self.prefix}serves:{w}"
+
+    def inbox(self, w: str) -> str:
+        return f"{self.prefix}inbox:{w}"
+
+    def held(self, w: str, q: str) -> str:
+        return f"{self.prefix}held:{w}:{q}"
+
+    # channels
+    def work_channel(self, q: str) -> str:
+        return self.work_prefix + q
+
+    def done_channel(self, q: str) -> str:
+        return f"{self.prefix}done:{q}"
+
+    def delete_channel(self, q: str) -> str:
+        return f"{self.prefix}delete:{q}"
+
+    def cancel_channel(self, w: str) -> str:
+        return self.cancel_prefix + w
+
+    def parse_heartbeat_key(self, key: bytes) -> str | None:
+        """The worker id of a heartbeat key name, or None if it is not one of ours."""
+        head = (self.prefix + "worker:").encode()
+        return key[len(head) :].decode() if key.startswith(head) else None

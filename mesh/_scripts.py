@@ -1,0 +1,390 @@
+"""The protocol binding: one typed Python call per Lua script in ``protocol/``.
+
+It knows keys, scripts and reply shapes, and nothing about trio tasks: every
+call takes the connection to run on. Scripts run with ``EVALSHA``; on
+``NOSCRIPT`` (a restarted server, ``SCRIPT FLUSH``) the same call is sent again
+as ``EVAL`` with the source, which also caches the script, so a flush is
+invisible to callers.
+
+A script's ``--!include NAME`` line is replaced by the file NAME of the same
+directory before the script is hashed and sent (see ``protocol/schema.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
+from ._errors import CommandError, ConfigError, ConflictError, FencedError, ProtocolError
+from ._keys import PROTOCOL_VERSION, Keys
+from ._types import Process
+
+__all__ = ["Binding", "Executor", "Script", "load_scripts", "payload_bytes"]
+
+SCRIPT_NAMES = (
+    "register",
+    "serve",
+    "heartbeat",
+    "claim",
+    "finish",
+    "give_back",
+    "unserve",
+    "recycle",
+    "reap_check",
+    "enqueue",
+    "ensure",
+    "cancel",
+    "delete_queue",
+)
+
+_INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
+
+# Error codes our scripts reply with, and the exception each becomes.
+_ERRORS: dict[str, type[Exception]] = {
+    "FENCED": FencedError,
+    "VERSION": ProtocolError,
+    "DUPLICATE_WORKER": ConfigError,
+    "CONFLICT": ConflictError,
+}
+
+
+class Executor(Protocol):
+    """What the binding needs of a connection."""
+
+    async def execute(self, *args: bytes | str | int | float) -> Any: ...
+
+
+@attrs.frozen
+class Script:
+    name: str
+    source: bytes = attrs.field(repr=False)
+    sha: str
+
+
+def _protocol_dir() -> Traversable:
+    try:
+        d = resources.files("mesh.protocol")
+        if d.joinpath("claim.lua").is_file():
+            return d
+    except ModuleNotFoundError:
+        pass
+    # A source checkout used without installing: protocol/ beside mesh/.
+    return Path(__file__).resolve().parent.parent / "protocol"
+
+
+def _expand(d: Traversable, name: str, seen: tuple[str, ...] = ()) -> bytes:
+    if name in seen:
+        raise ProtocolError(f"protocol/{name}: include cycle {' -> '.join((*seen, name))}")
+    text = d.joinpath(name).read_bytes()
+    return _INCLUDE.sub(lambda m: _expand(d, m.group(1).decode(), (*seen, name)), text)
+
+
+@functools.cache
+def load_scripts() -> Mapping[str, Script]:
+    """Read, expand and hash every script (once per process).
+
+    Raises:
+        ProtocolError: a script file is missing (a broken install).
+    """
+    d = _protocol_dir()
+    out = {}
+    for name in SCRIPT_NAMES:
+        try:
+            src = _expand(d, name + ".lua")
+        except FileNotFoundError as exc:
+            raise ProtocolError(f"protocol script {name}.lua not found in {d}") from exc
+        out[name] = Script(name, src, hashlib.sha1(src).hexdigest())
+    return out
+
+
+def payload_bytes(task: object, limit: int | None = None) -> bytes:
+    """A task payload as bytes: ``str`` is encoded as UTF-8, bytes-likes are copied.
+
+    Raises:
+        TypeError: neither str nor bytes-like.
+        ValueError: longer than ``limit`` bytes.
+    """
+    if isinstance(task, bytes):
+        b = task
+    elif isinstance(task, str):
+        b = task.encode()
+    elif isinstance(task, bytearray | memoryview):
+        b = bytes(task)
+    else:
+        raise TypeError(f"a task payload must be bytes or str, not {type(task).__name__}")
+    if limit is not None and len(b) > limit:
+        raise ValueError(f"task payload is {len(b)} bytes; the limit (max_payload) is {limit}")
+    return b
+
+
+def _map_error(exc: CommandError) -> Exception:
+    cls = _ERRORS.get(exc.code)
+    if cls is None:
+        return exc
+    msg = str(exc)
+    if msg.startswith(exc.code + " "):
+        msg = msg[len(exc.code) + 1 :]
+    return cls(msg)
+
+
+async def run_script(conn: Executor, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """Run one script: EVALSHA, falling back to EVAL on NOSCRIPT.
+
+    Raises:
+        FencedError, ProtocolError, ConfigError, ConflictError: the script's
+            error codes (see protocol/schema.md).
+        CommandError: any other error reply.
+        MeshConnectionError: from the connection.
+    """
+    try:
+        try:
+            return await conn.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except CommandError as exc:
+            if exc.code != "NOSCRIPT":
+                raise
+            return await conn.execute("EVAL", script.source, len(keys), *keys, *args)
+    except CommandError as exc:
+        mapped = _map_error(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc
+
+
+@attrs.frozen
+class HeartbeatReply:
+    now_ms: int
+    next_deadline_ms: int
+    inbox: tuple[str, ...]
+    queue_states: tuple[int, ...]
+
+
+@attrs.frozen
+class ClaimReply:
+    now_ms: int
+    remaining: int
+    processes: tuple[Process, ...]
+
+
+@attrs.frozen
+class RecycleReply:
+    alive: bool
+    returned: int
+    dead_lettered: int
+
+
+class Binding:
+    """Typed calls to the scripts of one namespace."""
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+        self.scripts = load_scripts()
+
+    async def _run(self, conn: Executor, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await run_script(conn, self.scripts[name], keys, args)
+
+    async def register(
+        self, conn: Executor, worker: str, incarnation: str, ttl_ms: int, info: bytes
+    ) -> int:
+        k = self.keys
+        keys = [k.heartbeat(worker), k.workers, k.info, k.version]
+        return int(await self._run(conn, "register", keys, [worker, incarnation, ttl_ms, info, PROTOCOL_VERSION]))
+
+    async def serve(self, conn: Executor, worker: str, incarnation: str, queue: str) -> None:
+        k = self.keys
+        await self._run(conn, "serve", [k.heartbeat(worker), k.serves(worker), k.queues], [worker, incarnation, queue])
+
+    async def heartbeat(
+        self,
+        conn: Executor,
+        worker: str,
+        incarnation: str,
+        ttl_ms: int,
+        acks: Sequence[str],
+        queues: Sequence[str],
+    ) -> HeartbeatReply:
+        k = self.keys
+        keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
+        for q in queues:
+            keys += (k.queue(q), k.delayed(q))
+        r = await self._run(conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks])
+        return HeartbeatReply(
+            int(r[0]), int(r[1]), tuple(x.decode() for x in r[2]), tuple(int(x) for x in r[3])
+        )
+
+    async def claim(
+        self, conn: Executor, worker: str, incarnation: str, queue: str, n: int, max_attempts: int
+    ) -> ClaimReply:
+        k = self.keys
+        keys = [
+            k.heartbeat(worker),
+            k.serves(worker),
+            k.queue(queue),
+            k.persistent(queue),
+            k.procs(queue),
+            k.held(worker, queue),
+            k.attempts(queue),
+            k.delayed(queue),
+            k.token,
+        ]
+        r = await self._run(conn, "claim", keys, [worker, incarnation, queue, n, max_attempts])
+        now = int(r[0])
+        started = now / 1000
+        procs = []
+        for i in range(2, len(r), 4):
+            pid = r[i].decode()
+            procs.append(
+                Process(pid, queue, r[i + 3], int(pid), worker, r[i + 1] == 1, int(r[i + 2]), started)
+            )
+        return ClaimReply(now, int(r[1]), tuple(procs))
+
+    async def finish(
+        self, conn: Executor, worker: str, incarnation: str, queue: str, ids: Sequence[str]
+    ) -> list[bool]:
+        k = self.keys
+        keys = [k.heartbeat(worker), k.procs(queue), k.held(worker, queue), k.persistent(queue), k.attempts(queue)]
+        r = await self._run(conn, "finish", keys, [worker, incarnation, k.done_channel(queue), *ids])
+        return [x == 1 for x in r]
+
+    async def give_back(
+        self,
+        conn: Executor,
+        worker: str,
+        queue: str,
+        ids: Sequence[str],
+        *,
+        failed: bool,
+        backoff_ms: int = 0,
+        backoff_cap_ms: int = 0,
+    ) -> list[tuple[int, int]]:
+        """Per id: (outcome, delay ms); outcome 0 not ours, 1 front, 2 retry later, 3 dead."""
+        k = self.keys
+        keys = [
+            k.procs(queue),
+            k.held(worker, queue),
+            k.queue(queue),
+            k.persistent(queue),
+            k.attempts(queue),
+            k.delayed(queue),
+            k.dead(queue),
+        ]
+        args = [worker, "fail" if failed else "return", backoff_ms, backoff_cap_ms, k.work_channel(queue), *ids]
+        r = await self._run(conn, "give_back", keys, args)
+        return [(int(r[i]), int(r[i + 1])) for i in range(0, len(r), 2)]
+
+    async def unserve(self, conn: Executor, worker: str, queue: str) -> int:
+        k = self.keys
+        keys = [
+            k.serves(worker),
+            k.held(worker, queue),
+            k.procs(queue),
+            k.queue(queue),
+            k.persistent(queue),
+            k.attempts(queue),
+            k.dead(queue),
+        ]
+        return int(await self._run(conn, "unserve", keys, [queue, k.work_channel(queue)]))
+
+    async def recycle(
+        self,
+        conn: Executor,
+        worker: str,
+        *,
+        leave: bool,
+        incarnation: str = "",
+        queues: Iterable[str] = (),
+    ) -> RecycleReply:
+        """Recycle (``leave=False``, the worker must be dead) or retire
+        (``leave=True``) a worker. Learns the worker's queues from the script
+        when ``queues`` misses some; safe to call again after any failure."""
+        k = self.keys
+        qs = list(dict.fromkeys(queues))
+        for _ in range(10):
+            keys = [k.heartbeat(worker), k.workers, k.info, k.serves(worker), k.inbox(worker)]
+            for q in qs:
+                keys += (k.held(worker, q), k.procs(q), k.queue(q), k.persistent(q), k.attempts(q), k.dead(q))
+            args = [worker, "leave" if leave else "dead", incarnation, k.work_prefix, *qs]
+            r = await self._run(conn, "recycle", keys, args)
+            status = int(r[0])
+            if status == 0:
+                return RecycleReply(False, int(r[1]), int(r[2]))
+            if status == 1:
+                return RecycleReply(True, 0, 0)
+            qs += [q.decode() for q in r[1:]]
+        raise ProtocolError(f"recycle of worker {worker}: its queues kept changing")
+
+    async def reap_check(self, conn: Executor, limit: int = 100) -> tuple[int, int, list[str]]:
+        """(now ms, ms until the next lease deadline or -1, expired worker ids)."""
+        r = await self._run(conn, "reap_check", [self.keys.workers], [limit])
+        return int(r[0]), int(r[1]), [w.decode() for w in r[2:]]
+
+    async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
+        k = self.keys
+        keys = [k.queue(queue), k.queues, k.persistent(queue)]
+        return int(await self._run(conn, "enqueue", keys, [queue, k.work_channel(queue), *payloads]))
+
+    async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
+        k = self.keys
+        keys = [k.queue(queue), k.queues, k.persistent(queue)]
+        r = await self._run(conn, "ensure", keys, [queue, k.work_channel(queue), *payloads])
+        return [x == 1 for x in r]
+
+    async def cancel(self, conn: Executor, queue: str, payload: bytes) -> tuple[int, int]:
+        """(queued copies removed, running processes cancelled)."""
+        k = self.keys
+        workers: list[str] = []
+        for _ in range(10):
+            keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue), k.delayed(queue)]
+            for w in workers:
+                keys += (k.held(w, queue), k.inbox(w))
+            r = await self._run(conn, "cancel", keys, [payload, k.cancel_prefix, *workers])
+            if int(r[0]) == 0:
+                return int(r[1]), int(r[2])
+            workers += [w.decode() for w in r[1:]]
+        raise ProtocolError(f"cancel on queue {queue}: the running processes kept changing")
+
+    async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
+        """(queued and delayed tasks removed, running processes cancelled)."""
+        k = self.keys
+        workers: list[str] = []
+        for _ in range(10):
+            keys = [
+                k.queue(queue),
+                k.persistent(queue),
+                k.procs(queue),
+                k.attempts(queue),
+                k.delayed(queue),
+                k.dead(queue),
+                k.queues,
+            ]
+            for w in workers:
+                keys += (k.held(w, queue), k.inbox(w))
+            r = await self._run(
+                conn, "delete_queue", keys, [queue, k.cancel_prefix, k.delete_channel(queue), *workers]
+            )
+            if int(r[0]) == 0:
+                return int(r[1]), int(r[2])
+            workers += [w.decode() for w in r[1:]]
+        raise ProtocolError(f"delete of queue {queue}: the running processes kept changing")
+
+
+def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
+    """A :class:`Process` from a field and value of ``{ns}:procs:<Q>``.
+
+    Raises:
+        ProtocolError: the record is not of the documented shape.
+    """
+    parts = rec.split(b"\0", 5)
+    if len(parts) != 6 or parts[1] not in (b"p", b"o"):
+        raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
+    p = int(pid)
+    return Process(
+        str(p), queue, parts[5], p, parts[0].decode(), parts[1] == b"p", int(parts[2]), int(parts[4]) / 1000
+    )

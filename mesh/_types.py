@@ -1,0 +1,83 @@
+"""Plain data the public API hands out. Frozen: they are snapshots."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["Process", "QueueInfo", "ReconcileResult", "WorkerInfo"]
+
+
+@attrs.frozen
+class Process:
+    """One claim of a task by a worker.
+
+    Attributes:
+        id: the process id, unique in the namespace (the decimal form of
+            ``token``).
+        queue: the queue the task came from.
+        task: the payload, byte for byte as it was enqueued.
+        token: the fencing token: strictly increasing across the namespace, so
+            a later owner of the same task always holds a higher token than
+            any earlier one. Hand it to downstream systems that should refuse
+            a stale owner.
+        worker_id: the worker that holds the process.
+        persistent: True for a persistent task.
+        attempts: how many earlier attempts of this payload failed (0 the
+            first time).
+        started: when it was claimed, in seconds of the Redis clock.
+    """
+
+    id: str
+    queue: str
+    task: bytes
+    token: int
+    worker_id: str
+    persistent: bool
+    attempts: int = 0
+    started: float = 0.0
+
+
+@attrs.frozen
+class WorkerInfo:
+    """A worker as Redis sees it (see :meth:`Client.workers`).
+
+    Attributes:
+        id: the worker id.
+        alive: its heartbeat key exists (its lease has not run out).
+        queues: the queues it serves.
+        processes: how many processes it holds, over all its queues.
+        lease_left: seconds until its lease runs out if not renewed (negative:
+            expired and not yet recycled).
+        host, pid, started: where and since when it runs (``started`` in
+            seconds of the Redis clock), as the worker described itself.
+    """
+
+    id: str
+    alive: bool
+    queues: tuple[str, ...]
+    processes: int
+    lease_left: float
+    host: str = ""
+    pid: int = 0
+    started: float = 0.0
+
+
+@attrs.frozen
+class QueueInfo:
+    """A queue's counts (see :meth:`Client.queue_info`)."""
+
+    name: str
+    queued: int
+    delayed: int
+    running: int
+    persistent: int
+    dead: int
+
+
+@attrs.frozen
+class ReconcileResult:
+    """What :meth:`Client.reconcile` changed."""
+
+    added: tuple[bytes, ...]
+    cancelled: tuple[bytes, ...]
+

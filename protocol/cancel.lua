@@ -1,0 +1,55 @@
+-- cancel.lua: cancel a task by payload: remove every queued (and delayed)
+-- copy from Q, forget it as a persistent task, and cancel every running
+-- process of it, on whatever worker it runs. The cancel is durable: the
+-- process id goes to the worker's inbox (read by its heartbeat) as well as
+-- to its cancel channel.
+--
+-- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
+-- KEYS[2] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- KEYS[3] {ns}:procs:<Q>         HASH process id -> process record
+-- KEYS[4] {ns}:attempts:<Q>      HASH payload -> failed attempts
+-- KEYS[5] {ns}:delayed:<Q>       ZSET payload -> due time
+-- then for each worker W_j named in ARGV, two keys:
+--   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
+-- ARGV[1] the payload
+-- ARGV[2] prefix of cancel channels ({ns}:cancel:), the worker id is appended
+-- ARGV[3..] worker ids W_j, in the order of their keys
+-- Returns: {0, queued copies removed, running processes cancelled}, or
+--          {1, W...} when processes of the payload run on workers whose keys
+--          were not passed (nothing changed: call again with them).
+-- Errors: BAD_ARG (key count).
+-- Publishes: each cancelled process id on the cancel channel of its worker.
+--!include lib.lua
+
+local nw = #ARGV - 2
+if #KEYS ~= 5 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (5 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+end
+local payload = ARGV[1]
+local found
+local owner = redis.call('HGET', KEYS[2], payload)
+if owner then
+  found = {}
+  if owner ~= '' then
+    local rec = redis.call('HGET', KEYS[3], owner)
+    if rec then found[1] = {owner, unpack_record(rec).worker} end
+  end
+else
+  found = find_processes(KEYS[3], payload)
+end
+local wkeys, given = {}, {}
+for j = 1, nw do
+  given[ARGV[2 + j]] = true
+  wkeys[ARGV[2 + j]] = {KEYS[4 + 2 * j], KEYS[5 + 2 * j]}
+end
+local missing = missing_workers(found, given)
+if #missing > 0 then
+  table.insert(missing, 1, 1)
+  return missing
+end
+
+local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
+redis.call('HDEL', KEYS[2], payload)
+redis.call('HDEL', KEYS[4], payload)
+cancel_found(found, KEYS[3], wkeys, ARGV[2])
+return {0, removed, #found}

@@ -1,0 +1,65 @@
+-- claim.lua: a worker claims up to N tasks from the head of a queue; each
+-- becomes a process with a new fencing token (= its process id).
+--
+-- KEYS[1] {ns}:worker:<W>        heartbeat key
+-- KEYS[2] {ns}:serves:<W>        SET of queues W serves
+-- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads, head = next
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> "" (queued) or owner process id
+-- KEYS[5] {ns}:procs:<Q>         HASH process id -> process record
+-- KEYS[6] {ns}:held:<W>:<Q>      SET of W's process ids on Q
+-- KEYS[7] {ns}:attempts:<Q>      HASH payload -> failed attempts so far
+-- KEYS[8] {ns}:delayed:<Q>       ZSET payload -> due time (ms); due ones move to the head
+-- KEYS[9] {ns}:token             STRING fencing token counter
+-- ARGV[1] worker id W
+-- ARGV[2] incarnation
+-- ARGV[3] queue name Q
+-- ARGV[4] N, how many to claim at most (1..1000)
+-- ARGV[5] max attempts for one-shot tasks claimed now (0 = no limit)
+-- Returns: {now_ms, queued tasks left, then per process: id, persistent (1/0),
+--           failed attempts so far, payload}
+-- Errors: FENCED, NOT_SERVING (W does not serve Q), BAD_ARG.
+-- Publishes: nothing.
+--!include lib.lua
+
+local n, err = count_arg(ARGV[4], 'claim count', 1000)
+if err then return err end
+if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
+local max_attempts
+max_attempts, err = count_arg(ARGV[5], 'max attempts')
+if err then return err end
+err = lease_error(KEYS[1], ARGV[1], ARGV[2])
+if err then return err end
+if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
+  return redis.error_reply('NOT_SERVING worker ' .. ARGV[1] .. ' does not serve queue ' .. ARGV[3])
+end
+
+local now = now_ms()
+if redis.call('EXISTS', KEYS[8]) == 1 then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
+  for i = #due, 1, -1 do
+    redis.call('ZREM', KEYS[8], due[i])
+    redis.call('LPUSH', KEYS[3], due[i])
+  end
+end
+
+local items = redis.call('LPOP', KEYS[3], n)
+if not items then return {now, 0} end
+
+local last = redis.call('INCRBY', KEYS[9], #items)
+local has_persistent = redis.call('EXISTS', KEYS[4]) == 1
+local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
+local out = {now, redis.call('LLEN', KEYS[3])}
+for i, payload in ipairs(items) do
+  local id = int(last - #items + i)
+  local persistent = has_persistent and redis.call('HGET', KEYS[4], payload) == ''
+  if persistent then redis.call('HSET', KEYS[4], payload, id) end
+  local attempts = 0
+  if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end
+  redis.call('HSET', KEYS[5], id, pack_record(ARGV[1], persistent, attempts, max_attempts, now, payload))
+  redis.call('SADD', KEYS[6], id)
+  out[#out + 1] = id
+  out[#out + 1] = persistent and 1 or 0
+  out[#out + 1] = attempts
+  out[#out + 1] = payload
+end
+return out

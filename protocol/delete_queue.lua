@@ -1,0 +1,46 @@
+-- delete_queue.lua: delete a queue with everything in it: queued, delayed and
+-- dead-lettered tasks, persistent tasks, and every running process (each is
+-- cancelled as by cancel.lua). Workers that serve Q go on serving it, empty.
+--
+-- KEYS[1] {ns}:queue:<Q>
+-- KEYS[2] {ns}:persistent:<Q>
+-- KEYS[3] {ns}:procs:<Q>
+-- KEYS[4] {ns}:attempts:<Q>
+-- KEYS[5] {ns}:delayed:<Q>
+-- KEYS[6] {ns}:dead:<Q>
+-- KEYS[7] {ns}:queues
+-- then for each worker W_j named in ARGV, two keys:
+--   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
+-- ARGV[1] queue name Q
+-- ARGV[2] prefix of cancel channels ({ns}:cancel:)
+-- ARGV[3] the delete channel of Q ({ns}:delete:<Q>)
+-- ARGV[4..] worker ids W_j, in the order of their keys
+-- Returns: {0, queued and delayed tasks removed, processes cancelled}, or
+--          {1, W...} as cancel.lua.
+-- Errors: BAD_ARG (key count).
+-- Publishes: each cancelled process id on its worker's cancel channel, then
+--            "" on the delete channel.
+--!include lib.lua
+
+local nw = #ARGV - 3
+if #KEYS ~= 7 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (7 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+end
+local found = find_processes(KEYS[3], false)
+local wkeys, given = {}, {}
+for j = 1, nw do
+  given[ARGV[3 + j]] = true
+  wkeys[ARGV[3 + j]] = {KEYS[6 + 2 * j], KEYS[7 + 2 * j]}
+end
+local missing = missing_workers(found, given)
+if #missing > 0 then
+  table.insert(missing, 1, 1)
+  return missing
+end
+
+local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
+cancel_found(found, KEYS[3], wkeys, ARGV[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('SREM', KEYS[7], ARGV[1])
+redis.call('PUBLISH', ARGV[3], '')
+return {0, removed, #found}

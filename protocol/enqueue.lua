@@ -1,0 +1,30 @@
+-- enqueue.lua: put one-shot tasks at the back of a queue.
+--
+-- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
+-- KEYS[2] {ns}:queues            SET of known queue names
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- ARGV[1] queue name Q
+-- ARGV[2] the work channel of Q ({ns}:work:<Q>)
+-- ARGV[3..] payloads, in order
+-- Returns: the queue's length afterwards.
+-- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added).
+-- Publishes: the number of tasks added on ARGV[2].
+--!include lib.lua
+
+local n = #ARGV - 2
+if n == 0 then return redis.call('LLEN', KEYS[1]) end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  for i = 3, #ARGV do
+    if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+      return redis.error_reply('CONFLICT task ' .. (i - 3) .. ' of this call is a persistent task of queue '
+        .. ARGV[1] .. '; a payload is one-shot or persistent in a queue, not both')
+    end
+  end
+end
+local len = 0
+for i = 3, #ARGV, 4000 do
+  len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('PUBLISH', ARGV[2], n)
+return len

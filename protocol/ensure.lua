@@ -1,0 +1,29 @@
+-- ensure.lua: make payloads persistent tasks of a queue, each unique per
+-- (queue, payload): a payload that is already a persistent task of Q (queued,
+-- delayed or running) is left alone.
+--
+-- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
+-- KEYS[2] {ns}:queues            SET of known queue names
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> "" (not running) or owner process id
+-- ARGV[1] queue name Q
+-- ARGV[2] the work channel of Q
+-- ARGV[3..] payloads
+-- Returns: per payload 1 if added, 0 if it existed already.
+-- Errors: none.
+-- Publishes: the number added on ARGV[2], if not 0.
+--!include lib.lua
+
+local out, added = {}, 0
+for i = 3, #ARGV do
+  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+    out[#out + 1] = 0
+  else
+    redis.call('HSET', KEYS[3], ARGV[i], '')
+    redis.call('RPUSH', KEYS[1], ARGV[i])
+    out[#out + 1] = 1
+    added = added + 1
+  end
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+if added > 0 then redis.call('PUBLISH', ARGV[2], added) end
+return out

@@ -1,0 +1,86 @@
+-- give_back.lua: a worker returns processes it holds: as given back unharmed
+-- (mode "return": to the front of the queue at once) or as failed (mode
+-- "fail": a one-shot task counts a failed attempt and is retried after a
+-- backoff, or goes to the dead-letter list at its attempt limit; a persistent
+-- task is retried after a backoff, without limit).
+--
+-- KEYS[1] {ns}:procs:<Q>         HASH process id -> process record
+-- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
+-- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
+-- KEYS[6] {ns}:delayed:<Q>       ZSET payload -> due time (ms)
+-- KEYS[7] {ns}:dead:<Q>          LIST of dead-lettered payloads
+-- ARGV[1] worker id W
+-- ARGV[2] mode: "return" or "fail"
+-- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped)
+-- ARGV[4] backoff cap in ms; a persistent task that ran longer than this
+--         before failing starts its backoff again from the base
+-- ARGV[5] the work channel of Q ({ns}:work:<Q>)
+-- ARGV[6..] process ids
+-- Returns: per process id two numbers: an outcome (0 = not W's live process,
+--          nothing changed; 1 = back at the front; 2 = retry later or at the
+--          back; 3 = dead-lettered) and the delay in ms before it is due.
+-- Errors: BAD_ARG.
+-- Publishes: the number of tasks made ready now on ARGV[5], if any.
+--!include lib.lua
+
+local mode = ARGV[2]
+if mode ~= 'return' and mode ~= 'fail' then
+  return redis.error_reply('BAD_ARG mode must be "return" or "fail"')
+end
+local base, err = count_arg(ARGV[3], 'backoff base')
+if err then return err end
+local cap
+cap, err = count_arg(ARGV[4], 'backoff cap')
+if err then return err end
+
+local now = now_ms()
+local out, front, ready = {}, {}, 0
+for i = 6, #ARGV do
+  local id = ARGV[i]
+  local rec = redis.call('HGET', KEYS[1], id)
+  local outcome, delay = 0, 0
+  if rec then
+    local r = unpack_record(rec)
+    if r.worker == ARGV[1] then
+      redis.call('HDEL', KEYS[1], id)
+      redis.call('SREM', KEYS[2], id)
+      if r.persistent then redis.call('HSET', KEYS[4], r.payload, '') end
+      if mode == 'return' then
+        front[#front + 1] = {tonumber(id), r.payload}
+        outcome = 1
+      else
+        local a
+        if r.persistent and now - r.started > cap then
+          a = 1
+          redis.call('HSET', KEYS[5], r.payload, 1)
+        else
+          a = redis.call('HINCRBY', KEYS[5], r.payload, 1)
+        end
+        if not r.persistent and r.max_attempts > 0 and a >= r.max_attempts then
+          redis.call('RPUSH', KEYS[7], r.payload)
+          redis.call('HDEL', KEYS[5], r.payload)
+          outcome = 3
+        else
+          delay = math.floor(math.min(base * 2 ^ (a - 1), cap))
+          if delay > 0 then
+            redis.call('ZADD', KEYS[6], now + delay, r.payload)
+          else
+            redis.call('RPUSH', KEYS[3], r.payload)
+            ready = ready + 1
+          end
+          outcome = 2
+        end
+      end
+    end
+  end
+  out[#out + 1] = outcome
+  out[#out + 1] = delay
+end
+-- oldest claim first at the front
+table.sort(front, function(a, b) return a[1] < b[1] end)
+for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end
+ready = ready + #front
+if ready > 0 then redis.call('PUBLISH', ARGV[5], ready) end
+return out

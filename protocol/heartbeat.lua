@@ -1,0 +1,48 @@
+-- heartbeat.lua: renew a worker's lease; collect its durable cancels; say which
+-- of its queues have work; say when the next peer lease runs out.
+--
+-- KEYS[1] {ns}:worker:<W>   heartbeat key
+-- KEYS[2] {ns}:workers      ZSET lease deadlines
+-- KEYS[3] {ns}:inbox:<W>    SET of cancelled process ids not yet acknowledged
+-- KEYS[4 + 2i], KEYS[5 + 2i] for each served queue i = 0..n-1:
+--         {ns}:queue:<Q>, {ns}:delayed:<Q>
+-- ARGV[1] worker id W
+-- ARGV[2] incarnation
+-- ARGV[3] ttl in ms
+-- ARGV[4] number k of acknowledged cancels, then ARGV[5..4+k] their process ids
+-- Returns: {now_ms, ms until the earliest lease deadline of any worker,
+--           {inbox process ids}, {per queue: 0 = tasks ready, -1 = none,
+--           N = ms until the earliest delayed task is due}}
+-- Errors: FENCED (lease expired, recycled or superseded: the worker must stop
+--         every process and re-register under a new id), BAD_ARG.
+-- Publishes: nothing.
+--!include lib.lua
+
+local ttl, err = count_arg(ARGV[3], 'ttl')
+if err then return err end
+local k
+k, err = count_arg(ARGV[4], 'ack count', #ARGV - 4)
+if err then return err end
+err = lease_error(KEYS[1], ARGV[1], ARGV[2])
+if err then return err end
+
+local now = now_ms()
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+for i = 5, 4 + k do redis.call('SREM', KEYS[3], ARGV[i]) end
+local inbox = redis.call('SMEMBERS', KEYS[3])
+
+local states = {}
+for i = 4, #KEYS, 2 do
+  local state = -1
+  if redis.call('LLEN', KEYS[i]) > 0 then
+    state = 0
+  else
+    local first = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
+    if #first > 0 then state = math.max(0, tonumber(first[2]) - now) end
+  end
+  states[#states + 1] = state
+end
+
+local earliest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+return {now, tonumber(earliest[2]) - now, inbox, states}

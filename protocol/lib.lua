@@ -1,0 +1,151 @@
+-- lib.lua: helpers shared by the scripts. Not a script of its own: a loader
+-- splices this file where a script has the line `--!include lib.lua`.
+--
+-- Process record (the value of a field of {ns}:procs:<Q>, the field being the
+-- process id): six fields joined by NUL bytes, the payload last so that it may
+-- contain NUL bytes itself:
+--   worker \0 kind \0 attempts \0 max_attempts \0 started_ms \0 payload
+-- kind is "p" (persistent) or "o" (one-shot); attempts is how many earlier
+-- attempts of this payload failed; max_attempts 0 means no limit.
+
+-- Whole milliseconds from the Redis clock (the only clock that judges).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Integers as plain decimal strings (tostring() turns 1e15 into "1e+15").
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+local function pack_record(worker, persistent, attempts, max_attempts, started, payload)
+  return worker .. '\0' .. (persistent and 'p' or 'o') .. '\0' .. int(attempts) .. '\0'
+    .. int(max_attempts) .. '\0' .. int(started) .. '\0' .. payload
+end
+
+local function unpack_record(rec)
+  local f = {}
+  local pos = 1
+  for i = 1, 5 do
+    local e = string.find(rec, '\0', pos, true)
+    f[i] = string.sub(rec, pos, e - 1)
+    pos = e + 1
+  end
+  return {
+    worker = f[1],
+    persistent = (f[2] == 'p'),
+    attempts = tonumber(f[3]),
+    max_attempts = tonumber(f[4]),
+    started = tonumber(f[5]),
+    payload = string.sub(rec, pos),
+  }
+end
+
+-- nil if `worker` holds the lease stored at `key` under `incarnation`, else an
+-- error reply to return at once (before any write).
+local function lease_error(key, worker, incarnation)
+  local v = redis.call('GET', key)
+  if not v then
+    return redis.error_reply('FENCED worker ' .. worker .. ' has no lease (expired or recycled)')
+  end
+  if v ~= incarnation then
+    return redis.error_reply('FENCED worker ' .. worker .. ' lease superseded')
+  end
+  return nil
+end
+
+local function count_arg(v, name, max)
+  local n = tonumber(v)
+  if not n or n < 0 or n ~= math.floor(n) or (max and n > max) then
+    return nil, redis.error_reply('BAD_ARG ' .. name .. ' must be a whole number'
+      .. (max and (' from 0 to ' .. max) or ' >= 0'))
+  end
+  return n, nil
+end
+
+-- Process ids in claim order (ids are tokens, increasing with claim time).
+local function sorted_ids(ids)
+  table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
+  return ids
+end
+
+-- Hand every process in `held` (a worker's set of process ids on one queue)
+-- back to the front of `queue`, oldest claim first. With count_attempt, a
+-- one-shot task's failed-attempt counter goes up and a task that reached its
+-- max_attempts goes to `dead` instead. Returns (handed back, dead-lettered).
+local function return_held(held, procs, queue, persistent, attempts, dead, count_attempt)
+  local ids = sorted_ids(redis.call('SMEMBERS', held))
+  local back, buried = 0, 0
+  for i = #ids, 1, -1 do
+    local rec = redis.call('HGET', procs, ids[i])
+    if rec then
+      local r = unpack_record(rec)
+      redis.call('HDEL', procs, ids[i])
+      if r.persistent then
+        redis.call('HSET', persistent, r.payload, '')
+        redis.call('LPUSH', queue, r.payload)
+        back = back + 1
+      elseif count_attempt then
+        local a = redis.call('HINCRBY', attempts, r.payload, 1)
+        if r.max_attempts > 0 and a >= r.max_attempts then
+          redis.call('RPUSH', dead, r.payload)
+          redis.call('HDEL', attempts, r.payload)
+          buried = buried + 1
+        else
+          redis.call('LPUSH', queue, r.payload)
+          back = back + 1
+        end
+      else
+        redis.call('LPUSH', queue, r.payload)
+        back = back + 1
+      end
+    end
+  end
+  redis.call('DEL', held)
+  return back, buried
+end
+
+-- Running processes of `procs` whose payload is `payload` (all of them when
+-- payload is false): a list of {id, worker}.
+local function find_processes(procs, payload)
+  local found = {}
+  local all = redis.call('HGETALL', procs)
+  for i = 1, #all, 2 do
+    local rec = all[i + 1]
+    if payload == false or #payload == 0 or string.sub(rec, -#payload) == payload then
+      local r = unpack_record(rec)
+      if payload == false or r.payload == payload then
+        found[#found + 1] = {all[i], r.worker}
+      end
+    end
+  end
+  return found
+end
+
+-- Workers named in `found` that are not in `given` (a set); empty when every
+-- key the caller must pass was passed.
+local function missing_workers(found, given)
+  local missing, seen = {}, {}
+  for _, f in ipairs(found) do
+    if not given[f[2]] and not seen[f[2]] then
+      seen[f[2]] = true
+      missing[#missing + 1] = f[2]
+    end
+  end
+  return missing
+end
+
+-- Cancel the running processes in `found`: drop their records, take them out
+-- of their worker's held set, put their ids in the worker's durable inbox and
+-- publish them on the worker's cancel channel. `wkeys[worker]` is
+-- {held key, inbox key}.
+local function cancel_found(found, procs, wkeys, cancel_prefix)
+  for _, f in ipairs(found) do
+    local id, worker = f[1], f[2]
+    redis.call('HDEL', procs, id)
+    redis.call('SREM', wkeys[worker][1], id)
+    redis.call('SADD', wkeys[worker][2], id)
+    redis.call('PUBLISH', cancel_prefix .. worker, id)
+  end
+end

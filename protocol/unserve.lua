@@ -1,0 +1,21 @@
+-- unserve.lua: a worker stops serving a queue and hands every process it
+-- holds on that queue back to the front of the queue.
+--
+-- KEYS[1] {ns}:serves:<W>        SET of queues W serves
+-- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
+-- KEYS[3] {ns}:procs:<Q>         HASH process id -> process record
+-- KEYS[4] {ns}:queue:<Q>         LIST of queued payloads
+-- KEYS[5] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- KEYS[6] {ns}:attempts:<Q>      (passed for the shared helper; not written)
+-- KEYS[7] {ns}:dead:<Q>          (passed for the shared helper; not written)
+-- ARGV[1] queue name Q
+-- ARGV[2] the work channel of Q
+-- Returns: how many processes were handed back.
+-- Errors: none.
+-- Publishes: that number on ARGV[2], if not 0.
+--!include lib.lua
+
+local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], false)
+redis.call('SREM', KEYS[1], ARGV[1])
+if back > 0 then redis.call('PUBLISH', ARGV[2], back) end
+return back
