@@ -1,0 +1,567 @@
+"""mesh._connection against a real redis-server: bytes, pipelining, errors,
+cancellation, authentication, unix sockets, TLS, failures and reconnects."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from mesh._connection import Connection, open_connection
+from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
+from mesh._server import RedisServer, free_port, run_redis_server
+from mesh._url import parse_url
+
+SECRET = "hunter2-Secret"
+
+# Busy-waits inside Redis for ARGV[1] microseconds: commands sent meanwhile are
+# surely in flight (written, unanswered).
+BUSY = b"""
+local t0 = redis.call('TIME')
+repeat
+  local t = redis.call('TIME')
+until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1])
+return 1
+"""
+
+
+async def wait_until(predicate: object, within: float = 5.0) -> None:
+    """Poll ``predicate()`` until true, failing after ``within`` seconds (for states
+    such as ``statistics().in_flight`` that have no event to wait on)."""
+    assert callable(predicate)
+    with trio.fail_after(within):
+        while not predicate():  # noqa: ASYNC110 - a poll with a deadline, nothing to wait on
+            await trio.sleep(0.002)
+
+
+@pytest.fixture
+async def conn(redis_url: str) -> AsyncIterator[Connection]:
+    async with open_connection(redis_url, name="test-conn") as c:
+        yield c
+
+
+# ------------------------------------------------------------------ bytes and types
+
+
+async def test_roundtrip_payloads(conn: Connection, namespace: str) -> None:
+    key = f"{namespace}:k"
+    payloads = [
+        b"",
+        b"\x00",
+        bytes(range(256)),
+        b"\r\n$3\r\n*1\r\n",  # RESP framing inside a value
+        os.urandom(1024 * 1024),
+        "unicodé ✓".encode(),
+    ]
+    for payload in payloads:
+        assert await conn.execute("SET", key, payload) == b"OK"
+        assert await conn.execute("GET", key) == payload
+        assert await conn.execute("ECHO", payload) == payload
+
+
+async def test_argument_types(conn: Connection, namespace: str) -> None:
+    key = f"{namespace}:n"
+    assert await conn.execute("SET", key, 41) == b"OK"
+    assert await conn.execute("INCRBY", key, 1) == 42
+    assert await conn.execute("INCRBYFLOAT", key, 0.5) == b"42.5"
+    assert await conn.execute("GET", key.encode()) == b"42.5"
+    assert await conn.execute("ECHO", "é") == "é".encode()
+    assert await conn.execute("GET", f"{namespace}:missing") is None
+    assert await conn.execute("CONFIG GET", "maxmemory-policy") == [
+        b"maxmemory-policy",
+        b"noeviction",
+    ]
+
+
+@pytest.mark.parametrize("bad", [True, None, object(), [b"x"]])
+async def test_bad_argument_type_is_config_error(conn: Connection, bad: object) -> None:
+    before = conn.statistics().commands_sent
+    with pytest.raises(ConfigError):
+        await conn.execute("ECHO", bad)  # type: ignore[arg-type]
+    assert conn.statistics().commands_sent == before
+    assert await conn.execute("PING") == b"PONG"
+
+
+async def test_empty_command_is_config_error(conn: Connection) -> None:
+    with pytest.raises(ConfigError):
+        await conn.execute()
+
+
+# ------------------------------------------------------------------ pipelining
+
+
+async def test_concurrent_calls_share_writes(conn: Connection) -> None:
+    before = conn.statistics()
+    results: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await conn.execute("ECHO", i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(100):
+            nursery.start_soon(one, i)
+    assert results == {i: str(i).encode() for i in range(100)}
+    after = conn.statistics()
+    assert after.commands_sent - before.commands_sent == 100
+    assert after.writes - before.writes < 100
+    assert after.in_flight == 0
+
+
+async def test_pipeline_replies_in_order(conn: Connection, namespace: str) -> None:
+    key = f"{namespace}:p"
+    replies = await conn.pipeline([("SET", key, b"v"), ("GET", key), ("STRLEN", key), ("PING",)])
+    assert replies == [b"OK", b"v", 1, b"PONG"]
+    assert await conn.pipeline([("ECHO", b"one")]) == [b"one"]
+    assert await conn.pipeline([]) == []
+
+
+async def test_pipeline_is_contiguous(conn: Connection, namespace: str) -> None:
+    """MULTI..EXEC sent through pipeline() from many trio tasks while others call
+    execute(): if any other command landed inside a MULTI it would be QUEUED."""
+    key = f"{namespace}:c"
+    echoes: list[tuple[int, object]] = []
+    execs: list[object] = []
+
+    async def transaction() -> None:
+        replies = await conn.pipeline([("MULTI",), ("INCR", key), ("INCR", key), ("EXEC",)])
+        assert replies[:3] == [b"OK", b"QUEUED", b"QUEUED"]
+        execs.append(replies[3])
+
+    async def echo(i: int) -> None:
+        echoes.append((i, await conn.execute("ECHO", i)))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(50):
+            nursery.start_soon(transaction)
+            nursery.start_soon(echo, i)
+    assert all(reply == str(i).encode() for i, reply in echoes)
+    assert len(echoes) == 50
+    assert sorted(execs) == [[n, n + 1] for n in range(1, 101, 2)]  # type: ignore[type-var]
+
+
+# ------------------------------------------------------------------ errors
+
+
+async def test_error_reply_has_code(conn: Connection, namespace: str) -> None:
+    key = f"{namespace}:e"
+    await conn.execute("SET", key, b"text")
+    with pytest.raises(CommandError) as info:
+        await conn.execute("LPUSH", key, b"x")
+    assert info.value.code == "WRONGTYPE"
+    assert "WRONGTYPE" in str(info.value)
+    with pytest.raises(CommandError) as info:
+        await conn.execute("NOSUCHCOMMAND")
+    assert info.value.code == "ERR"
+    with pytest.raises(CommandError) as info:
+        await conn.execute("EVAL", "return redis.error_reply('STALE_TOKEN 7 < 9')", 0)
+    assert info.value.code == "STALE_TOKEN"
+    assert str(info.value) == "STALE_TOKEN 7 < 9"
+    # The connection is still in sync afterwards.
+    assert await conn.execute("ECHO", b"after") == b"after"
+
+
+async def test_nested_error_replies(conn: Connection, namespace: str) -> None:
+    key = f"{namespace}:nested"
+    await conn.execute("SET", key, b"text")
+    replies = await conn.pipeline(
+        [("MULTI",), ("GET", key), ("LPUSH", key, b"x"), ("EXEC",)], raise_on_error=True
+    )
+    result = replies[3]
+    assert result[0] == b"text"
+    assert isinstance(result[1], CommandError)
+    assert result[1].code == "WRONGTYPE"
+
+
+async def test_pipeline_raise_on_error(conn: Connection, namespace: str) -> None:
+    key = f"{namespace}:pe"
+    commands = [("SET", key, b"a"), ("INCR", key), ("GET", key)]
+    with pytest.raises(CommandError) as info:
+        await conn.pipeline(commands)
+    assert "reply 1 of a pipeline of 3" in "".join(getattr(info.value, "__notes__", []))
+    replies = await conn.pipeline(commands, raise_on_error=False)
+    assert replies[0] == b"OK"
+    assert isinstance(replies[1], CommandError)
+    assert replies[1].code == "ERR"
+    assert replies[2] == b"a"
+
+
+# ------------------------------------------------------------------ cancellation
+
+
+async def test_cancelled_in_flight_calls_do_not_desync(conn: Connection) -> None:
+    """Commands are surely written (Redis is busy in a script) when half of their
+    trio tasks are cancelled; every other caller still gets its own reply."""
+    sha = await conn.execute("SCRIPT", "LOAD", BUSY)
+    results: dict[int, object] = {}
+    scopes = {i: trio.CancelScope() for i in range(200)}
+
+    async def one(i: int) -> None:
+        with scopes[i]:
+            results[i] = await conn.execute("ECHO", i)
+
+    base = conn.statistics().in_flight
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.execute, "EVALSHA", sha, 0, 200_000)
+        await wait_until(lambda: conn.statistics().in_flight >= base + 1)
+        for i in range(200):
+            nursery.start_soon(one, i)
+        await wait_until(lambda: conn.statistics().in_flight >= base + 201)
+        for i in range(0, 200, 2):
+            scopes[i].cancel()
+    assert set(results) == set(range(1, 200, 2))
+    assert all(results[i] == str(i).encode() for i in results)
+    assert conn.statistics().in_flight == 0
+    assert await conn.execute("ECHO", b"in sync") == b"in sync"
+
+
+async def test_cancel_before_write(conn: Connection) -> None:
+    before = conn.statistics().commands_sent
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await conn.execute("ECHO", b"never")
+    assert scope.cancelled_caught
+    assert await conn.execute("ECHO", b"next") == b"next"
+    # The cancelled command may be dropped or sent; here it is dropped.
+    assert conn.statistics().commands_sent == before + 1
+
+
+async def test_random_cancellation_under_load(conn: Connection) -> None:
+    rng = random.Random(1234)
+    got: list[tuple[int, object]] = []
+    cancelled = 0
+
+    async def one(i: int, patience: float) -> None:
+        nonlocal cancelled
+        with trio.move_on_after(patience) as scope:
+            if i % 3 == 0:
+                replies = await conn.pipeline([("ECHO", i), ("ECHO", -i)])
+                assert replies == [str(i).encode(), str(-i).encode()]
+                got.append((i, replies[0]))
+            else:
+                got.append((i, await conn.execute("ECHO", i)))
+        if scope.cancelled_caught:
+            cancelled += 1
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3000):
+            nursery.start_soon(one, i, rng.choice([0, 0.0005, 0.001, 0.003, 1.0]))
+            if i % 100 == 0:
+                await trio.lowlevel.checkpoint()
+    assert cancelled > 0
+    assert len(got) + cancelled == 3000
+    assert all(reply == str(i).encode() for i, reply in got)
+    await wait_until(lambda: conn.statistics().in_flight == 0)
+    assert await conn.execute("ECHO", b"end") == b"end"
+
+
+# ------------------------------------------------------------------ handshake: auth, db, name
+
+
+async def test_client_name(conn: Connection) -> None:
+    assert await conn.execute("CLIENT", "GETNAME") == b"test-conn"
+
+
+async def test_select_db(redis_url: str, namespace: str) -> None:
+    key = f"{namespace}:db"
+    async with open_connection(f"{redis_url}/3") as db3, open_connection(redis_url) as db0:
+        await db3.execute("SET", key, b"three")
+        assert await db0.execute("GET", key) is None
+        assert await db3.execute("GET", key) == b"three"
+        assert b" db=3 " in await db3.execute("CLIENT", "INFO")
+        await db3.execute("DEL", key)
+
+
+async def test_password_auth(own_redis: RedisServer) -> None:
+    async with open_connection(own_redis.url) as admin:
+        await admin.execute("CONFIG", "SET", "requirepass", SECRET)
+    host = f"127.0.0.1:{own_redis.port}"
+    async with open_connection(f"redis://:{SECRET}@{host}") as conn:
+        assert await conn.execute("PING") == b"PONG"
+        assert await conn.execute("ACL", "WHOAMI") == b"default"
+    with pytest.raises(MeshConnectionError) as info:
+        async with open_connection(f"redis://:wrong-{SECRET}@{host}"):
+            pass  # pragma: no cover
+    message = str(info.value)
+    assert "AUTH failed" in message
+    assert "WRONGPASS" in message
+    assert SECRET not in message
+    assert isinstance(info.value.__cause__, CommandError)
+    assert info.value.__cause__.code == "WRONGPASS"
+    # Without a password, commands fail with NOAUTH.
+    async with open_connection(f"redis://{host}") as conn:
+        with pytest.raises(CommandError) as cmd_info:
+            await conn.execute("GET", "k")
+        assert cmd_info.value.code == "NOAUTH"
+
+
+async def test_acl_user(own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with open_connection(own_redis.url) as admin:
+        await admin.execute("ACL", "SETUSER", "alice", "on", f">{SECRET}", "~*", "&*", "+@all")
+    host = f"127.0.0.1:{own_redis.port}"
+    async with open_connection(f"redis://alice:{SECRET}@{host}/1") as conn:
+        assert await conn.execute("ACL", "WHOAMI") == b"alice"
+        assert b" db=1 " in await conn.execute("CLIENT", "INFO")
+    # Credentials from the environment.
+    monkeypatch.setenv("MESH_REDIS_USERNAME", "alice")
+    monkeypatch.setenv("MESH_REDIS_PASSWORD", SECRET)
+    async with open_connection(f"redis://{host}") as conn:
+        assert await conn.execute("ACL", "WHOAMI") == b"alice"
+    monkeypatch.setenv("MESH_REDIS_PASSWORD", f"bad{SECRET}")
+    with pytest.raises(MeshConnectionError) as info:
+        async with open_connection(f"redis://{host}"):
+            pass  # pragma: no cover
+    assert "WRONGPASS" in str(info.value)
+    assert SECRET not in str(info.value)
+
+
+# ------------------------------------------------------------------ transports
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    # unix socket paths are limited to ~107 bytes: pytest's tmp_path can be longer.
+    d = tempfile.mkdtemp(prefix="mesh-")
+    try:
+        yield Path(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_unix_socket(short_tmp: Path) -> None:
+    sock = short_tmp / "redis.sock"
+    with run_redis_server(["--unixsocket", str(sock), "--unixsocketperm", "700"]):
+        async with open_connection(f"unix://{sock}?db=2", name="over-unix") as conn:
+            assert await conn.execute("ECHO", b"\x00unix") == b"\x00unix"
+            info = await conn.execute("CLIENT", "INFO")
+            assert b" db=2 " in info
+            assert b"name=over-unix" in info
+            assert b"addr=/" in info or b"laddr=" + str(sock).encode() in info
+
+
+def _tls_server_args(d: Path) -> list[str] | None:
+    """Make a self-signed certificate; None if openssl is missing."""
+    if shutil.which("openssl") is None:
+        return None
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+            "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"), "-days", "2",
+            "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return [
+        "--tls-cert-file", str(d / "cert.pem"),
+        "--tls-key-file", str(d / "key.pem"),
+        "--tls-ca-cert-file", str(d / "cert.pem"),
+        "--tls-auth-clients", "no",
+    ]  # fmt: skip
+
+
+async def test_tls(short_tmp: Path) -> None:
+    args = _tls_server_args(short_tmp)
+    if args is None:
+        pytest.skip("openssl CLI not found: cannot make a test certificate")
+    tls_port = free_port()
+    try:
+        server_cm = run_redis_server(["--tls-port", str(tls_port), *args])
+        server = server_cm.__enter__()
+    except RuntimeError as exc:
+        if "tls" in str(exc).lower() or "ssl" in str(exc).lower():
+            pytest.skip(f"this redis-server has no TLS support: {exc}")
+        raise
+    try:
+        ca = short_tmp / "cert.pem"
+        url = f"rediss://127.0.0.1:{tls_port}/1?ssl_ca_certs={ca}"
+        async with open_connection(url, name="tls") as conn:
+            assert await conn.execute("ECHO", b"\x00secure") == b"\x00secure"
+            big = os.urandom(300_000)
+            assert await conn.execute("ECHO", big) == big
+            results = []
+
+            async def one(i: int) -> None:
+                results.append((i, await conn.execute("ECHO", i)))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(100):
+                    nursery.start_soon(one, i)
+            assert sorted(results) == [(i, str(i).encode()) for i in range(100)]
+            # CLIENT KILL over TLS: the connection comes back.
+            my_id = await conn.execute("CLIENT", "ID")
+            async with open_connection(server.url) as admin:
+                assert await admin.execute("CLIENT", "KILL", "ID", my_id) == 1
+            with trio.fail_after(5):
+                while True:
+                    try:
+                        assert await conn.execute("CLIENT", "GETNAME") == b"tls"
+                        break
+                    except MeshConnectionError:
+                        pass
+            assert conn.statistics().reconnects == 1
+        # Verification off works without the CA.
+        async with open_connection(f"rediss://127.0.0.1:{tls_port}?ssl_cert_reqs=none") as conn:
+            assert await conn.execute("PING") == b"PONG"
+        # Verification on, without our CA: refused.
+        with pytest.raises(MeshConnectionError, match=r"(?i)certificate"):
+            async with open_connection(f"rediss://127.0.0.1:{tls_port}?connect_timeout=2"):
+                pass  # pragma: no cover
+        # Plain text to the TLS port fails (cleanly) too.
+        with pytest.raises(MeshConnectionError):
+            async with open_connection(f"redis://127.0.0.1:{tls_port}?connect_timeout=0.5") as c:
+                await c.execute("PING")
+    finally:
+        server_cm.__exit__(None, None, None)
+
+
+# ------------------------------------------------------------------ failures
+
+
+async def test_unreachable_fails_fast() -> None:
+    port = free_port()  # nothing listens there
+    start = trio.current_time()
+    with pytest.raises(MeshConnectionError) as info:
+        async with open_connection(f"redis://:{SECRET}@127.0.0.1:{port}/0"):
+            pass  # pragma: no cover
+    assert trio.current_time() - start < 1.0
+    message = str(info.value)
+    assert f"redis://:***@127.0.0.1:{port}/0" in message
+    assert "refused" in message.lower()
+    assert SECRET not in message
+    assert isinstance(info.value.__cause__, OSError)
+
+
+async def test_connect_timeout() -> None:
+    """A server that accepts and never answers: the handshake gives up in time."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+
+        async def never_answer(stream: trio.SocketStream) -> None:
+            await trio.sleep_forever()
+
+        nursery.start_soon(trio.serve_listeners, never_answer, listeners)
+        start = trio.current_time()
+        with pytest.raises(MeshConnectionError, match=r"within connect_timeout=0\.3s"):
+            async with open_connection(f"redis://:{SECRET}@127.0.0.1:{port}?connect_timeout=0.3"):
+                pass  # pragma: no cover
+        assert 0.3 <= trio.current_time() - start < 1.5
+        nursery.cancel_scope.cancel()
+
+
+async def test_client_kill_fails_in_flight_then_reconnects(redis_url: str, namespace: str) -> None:
+    async with (
+        open_connection(f"{redis_url}/4", name="victim") as conn,
+        open_connection(redis_url) as admin,
+    ):
+        my_id = await conn.execute("CLIENT", "ID")
+        failures: list[BaseException] = []
+
+        async def blocked() -> None:
+            try:
+                await conn.execute("BLPOP", f"{namespace}:never", 0)
+            except MeshConnectionError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocked)
+            await wait_until(lambda: conn.statistics().in_flight == 1)
+            assert await admin.execute("CLIENT", "KILL", "ID", my_id) == 1
+        assert len(failures) == 1
+        assert "may or may not have run" in str(failures[0])
+        # A later call waits for the reconnect and succeeds; the handshake was redone.
+        assert await conn.execute("CLIENT", "GETNAME") == b"victim"
+        assert b" db=4 " in await conn.execute("CLIENT", "INFO")
+        assert await conn.execute("CLIENT", "ID") != my_id
+        assert conn.statistics().reconnects == 1
+        assert conn.connected
+
+
+async def test_reconnect_false_stays_broken(redis_url: str) -> None:
+    async with (
+        open_connection(redis_url, reconnect=False) as conn,
+        open_connection(redis_url) as admin,
+    ):
+        my_id = await conn.execute("CLIENT", "ID")
+        await admin.execute("CLIENT", "KILL", "ID", my_id)
+        await wait_until(lambda: not conn.connected)
+        with pytest.raises(MeshConnectionError, match="reconnect=False"):
+            await conn.execute("PING")
+        assert conn.statistics().reconnects == 0
+
+
+async def test_server_restart(own_redis: RedisServer) -> None:
+    url = f"{own_redis.url}?connect_timeout=0.5"
+    async with open_connection(url) as conn:
+        assert await conn.execute("SET", "k", b"v") == b"OK"
+        own_redis.stop()
+        with pytest.raises(MeshConnectionError):
+            await conn.execute("PING")
+        await wait_until(lambda: not conn.connected)
+        # While Redis is down, calls wait connect_timeout and then fail.
+        start = trio.current_time()
+        with pytest.raises(MeshConnectionError, match="no reconnect within"):
+            await conn.execute("PING")
+        assert trio.current_time() - start >= 0.45
+        await trio.to_thread.run_sync(own_redis.start)
+        with trio.fail_after(10):
+            while True:
+                try:
+                    assert await conn.execute("PING") == b"PONG"
+                    break
+                except MeshConnectionError:
+                    pass
+        assert conn.statistics().reconnects == 1
+        # A restart without persistence lost the key: we are talking to the new server.
+        assert await conn.execute("GET", "k") is None
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+async def test_closed_connection(redis_url: str, namespace: str) -> None:
+    async with open_connection(redis_url) as conn:
+        outcome: list[BaseException] = []
+
+        async def blocked() -> None:
+            try:
+                await conn.execute("BLPOP", f"{namespace}:never", 0)
+            except ClosedError as exc:
+                outcome.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocked)
+            await wait_until(lambda: conn.statistics().in_flight == 1)
+            await conn.aclose()
+        assert len(outcome) == 1
+        assert not conn.connected
+        with pytest.raises(ClosedError):
+            await conn.execute("PING")
+        await conn.aclose()  # idempotent
+    with pytest.raises(ClosedError):
+        await conn.execute("PING")
+    with pytest.raises(ClosedError):
+        await conn.pipeline([("PING",)])
+
+
+async def test_body_exceptions_are_not_wrapped(redis_url: str) -> None:
+    with pytest.raises(KeyError):
+        async with open_connection(redis_url):
+            raise KeyError("from the body")
+
+
+async def test_config_object_accepted(redis_server: RedisServer) -> None:
+    config = parse_url(redis_server.url)
+    async with open_connection(config) as conn:
+        assert conn.config is config
+        assert await conn.execute("PING") == b"PONG"
+    with pytest.raises(ConfigError):
+        async with open_connection(42):  # type: ignore[arg-type]
+            pass  # pragma: no cover

@@ -1,0 +1,166 @@
+"""mesh._url: every accepted form, and bad URLs that never leak the password."""
+
+from __future__ import annotations
+
+import pytest
+
+from mesh._errors import ConfigError
+from mesh._url import RedisConfig, parse_url
+
+SECRET = "s3cr3t-Pa55"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MESH_REDIS_PASSWORD", raising=False)
+    monkeypatch.delenv("MESH_REDIS_USERNAME", raising=False)
+
+
+def test_defaults() -> None:
+    assert parse_url("redis://") == RedisConfig()
+    assert parse_url("redis://localhost") == RedisConfig(host="localhost")
+
+
+def test_redis_full() -> None:
+    cfg = parse_url(f"redis://alice:{SECRET}@example.com:6380/3?connect_timeout=0.5")
+    assert cfg == RedisConfig(
+        host="example.com",
+        port=6380,
+        db=3,
+        username="alice",
+        password=SECRET,
+        connect_timeout=0.5,
+    )
+    assert not cfg.tls
+
+
+def test_password_only() -> None:
+    cfg = parse_url(f"redis://:{SECRET}@h:1")
+    assert cfg.username is None
+    assert cfg.password == SECRET
+    assert cfg.port == 1
+
+
+def test_db_in_path_or_query() -> None:
+    assert parse_url("redis://h/5").db == 5
+    assert parse_url("redis://h?db=7").db == 7
+    assert parse_url("redis://h/7?db=7").db == 7
+    assert parse_url("redis://h/").db == 0
+
+
+def test_percent_decoding() -> None:
+    cfg = parse_url("redis://us%40er:p%3Aw%2Fd%40%25@h")
+    assert cfg.username == "us@er"
+    assert cfg.password == "p:w/d@%"
+
+
+def test_password_with_raw_at_sign() -> None:
+    # The last '@' ends the userinfo (like urllib and redis-py).
+    cfg = parse_url("redis://u:pa@ss@h:7")
+    assert cfg.password == "pa@ss"
+    assert cfg.host == "h"
+
+
+def test_ipv6() -> None:
+    cfg = parse_url("redis://[::1]:6390/2")
+    assert cfg.host == "::1"
+    assert cfg.port == 6390
+    assert cfg.redacted() == "redis://[::1]:6390/2"
+    assert parse_url("redis://[fe80::1]").port == 6379
+
+
+def test_rediss() -> None:
+    cfg = parse_url("rediss://h:6390")
+    assert cfg.tls
+    assert cfg.tls_verify
+    assert cfg.tls_ca_file is None
+    cfg = parse_url("rediss://h?ssl_cert_reqs=none&ssl_ca_certs=/etc/ca.pem")
+    assert not cfg.tls_verify
+    assert cfg.tls_ca_file == "/etc/ca.pem"
+    assert parse_url("rediss://h?ssl_cert_reqs=required").tls_verify
+    assert parse_url("rediss://h?ssl_cert_reqs=NONE").tls_verify is False
+
+
+def test_unix() -> None:
+    cfg = parse_url("unix:///run/redis/redis.sock?db=2&connect_timeout=1")
+    assert cfg == RedisConfig(path="/run/redis/redis.sock", db=2, connect_timeout=1.0)
+    cfg = parse_url(f"unix://bob:{SECRET}@/tmp/r%20s.sock")
+    assert cfg.path == "/tmp/r s.sock"
+    assert cfg.username == "bob"
+    assert cfg.password == SECRET
+    assert cfg.redacted() == "unix://bob:***@/tmp/r%20s.sock"
+
+
+def test_scheme_case_and_whitespace() -> None:
+    assert parse_url("  REDIS://h:2\n").port == 2
+
+
+def test_env_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESH_REDIS_PASSWORD", SECRET)
+    monkeypatch.setenv("MESH_REDIS_USERNAME", "envuser")
+    cfg = parse_url("redis://h")
+    assert (cfg.username, cfg.password) == ("envuser", SECRET)
+    # A user in the URL wins over the environment's user; the password comes from the env.
+    cfg = parse_url("redis://urluser@h")
+    assert (cfg.username, cfg.password) == ("urluser", SECRET)
+    # A password in the URL wins over both.
+    cfg = parse_url("redis://:fromurl@h")
+    assert (cfg.username, cfg.password) == (None, "fromurl")
+
+
+def test_env_password_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESH_REDIS_PASSWORD", SECRET)
+    cfg = parse_url("unix:///s.sock")
+    assert (cfg.username, cfg.password) == (None, SECRET)
+
+
+def test_repr_and_redacted_hide_password() -> None:
+    cfg = parse_url(f"rediss://alice:{SECRET}@h:1/2")
+    assert SECRET not in repr(cfg)
+    assert SECRET not in cfg.redacted()
+    assert cfg.redacted() == "rediss://alice:***@h:1/2"
+    assert parse_url(f"redis://:{SECRET}@h").redacted() == "redis://:***@h:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        (f"http://u:{SECRET}@h", "scheme"),
+        (f"h:{SECRET}", "scheme"),
+        (f"redis://u:{SECRET}@h:abc", "port"),
+        (f"redis://u:{SECRET}@h:0", "port"),
+        (f"redis://u:{SECRET}@h:70000", "port"),
+        (f"redis://u:{SECRET}@h:", "port"),
+        (f"redis://u:{SECRET}@h/x", "db"),
+        (f"redis://u:{SECRET}@h/-1", "db"),
+        (f"redis://u:{SECRET}@h/1?db=2", "db"),
+        (f"redis://u:{SECRET}@h?foo=1", "foo"),
+        (f"redis://u:{SECRET}@h?db=1&db=1", "twice"),
+        (f"redis://u:{SECRET}@h?connect_timeout=0", "connect_timeout"),
+        (f"redis://u:{SECRET}@h?connect_timeout=x", "connect_timeout"),
+        (f"redis://u:{SECRET}@h?connect_timeout=inf", "connect_timeout"),
+        (f"redis://u:{SECRET}@h?ssl_cert_reqs=none", "rediss"),
+        (f"rediss://u:{SECRET}@h?ssl_cert_reqs=maybe", "ssl_cert_reqs"),
+        (f"rediss://u:{SECRET}@h?ssl_ca_certs=", "ssl_ca_certs"),
+        (f"unix://u:{SECRET}@host/tmp/s.sock", "host"),
+        (f"unix://u:{SECRET}@", "path"),
+        (f"redis://u:{SECRET}@[::1", "parse"),
+        (f"redis://u:{SECRET}@h#frag", "fragment"),
+        (f"redis://u:{SECRET}@[example.com]", "IPv6"),
+        # A lone user name may really be a password: it must not be shown either.
+        (f"redis://{SECRET}@h", "password"),
+    ],
+)
+def test_bad_urls(url: str, what: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_url(url)
+    message = str(info.value)
+    assert what in message
+    assert SECRET not in message
+    assert info.value.__cause__ is None or SECRET not in str(info.value.__cause__)
+    assert info.value.__context__ is None or SECRET not in str(info.value.__context__)
+
+
+def test_not_a_string() -> None:
+    with pytest.raises(ConfigError, match="str"):
+        parse_url(b"redis://h")  # type: ignore[arg-type]
