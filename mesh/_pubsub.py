@@ -1,0 +1,524 @@
+"""Redis pub/sub on its own trio-native connection, resubscribing after reconnects.
+
+A :class:`PubSub` keeps the set of channels and patterns you asked for. When its
+connection breaks (EOF, reset, ``CLIENT KILL``, or no reply to a ``PING`` within
+twice ``ping_interval``: a dead or half-open socket), it reconnects with backoff,
+subscribes to all of them again and then yields ``Message(kind="reconnected")``:
+messages published while it was away are lost, so the consumer must re-read the
+durable state it cares about.
+
+Delivery uses backpressure, not drops: received messages go through a bounded trio
+memory channel (``max_buffer``). When the consumer falls behind, the reader stops
+reading the socket, Redis buffers for us, and if Redis' own limit for pub/sub clients
+(``client-output-buffer-limit pubsub``, 32 MB by default) is exceeded Redis drops the
+connection, which shows up as ``reconnected``. While connected, nothing is silently
+dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any, Final, Literal
+
+import attrs
+import trio
+
+from ._connection import (
+    _NOT_ENOUGH_DATA,
+    _RECEIVE_SIZE,
+    _TRANSPORT_ERRORS,
+    _backoff_delays,
+    _describe,
+    _pack,
+    _raise_single,
+    _scrub,
+    connect,
+)
+from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
+from ._url import RedisConfig, parse_url
+
+__all__ = ["Message", "PubSub", "open_pubsub"]
+
+_PING: Final = b"*1\r\n$4\r\nPING\r\n"
+_SEND_ERRORS: Final = (*_TRANSPORT_ERRORS, trio.ClosedResourceError)
+
+
+@attrs.frozen
+class Message:
+    """One event from a :class:`PubSub`.
+
+    Attributes:
+        kind: ``"message"`` (from a channel subscription), ``"pmessage"`` (from a
+            pattern subscription) or ``"reconnected"`` (the connection was re-made
+            and every subscription restored; messages may have been missed).
+        channel: the channel it was published on (``b""`` for ``reconnected``).
+        data: the payload, byte for byte (``b""`` for ``reconnected``).
+        pattern: the matching pattern, for ``pmessage`` only.
+    """
+
+    kind: Literal["message", "pmessage", "reconnected"]
+    channel: bytes
+    data: bytes
+    pattern: bytes | None = None
+
+
+def _names(names: Iterable[bytes | str], what: str) -> list[bytes]:
+    out: list[bytes] = []
+    for name in names:
+        if isinstance(name, str):
+            out.append(name.encode())
+        elif isinstance(name, bytes):
+            out.append(name)
+        else:
+            raise ConfigError(f"a {what} must be bytes or str, not {type(name).__name__}")
+    return out
+
+
+class PubSub:
+    """A pub/sub subscriber with its own connection. Get one from :func:`open_pubsub`.
+
+    Iterate over it (``async for message in pubsub``) to receive :class:`Message`
+    objects; there should be one consumer. Iteration ends when the pubsub is closed.
+    """
+
+    def __init__(
+        self,
+        config: RedisConfig,
+        stream: trio.abc.Stream,
+        reader: Any,
+        *,
+        name: str | None,
+        ping_interval: float,
+        max_buffer: int,
+    ) -> None:
+        self.config = config
+        self._name = name
+        self._ping_interval = ping_interval
+        self._where = config.redacted()
+        self._stream = stream
+        self._reader = reader
+        self._send_messages, self._receive_messages = trio.open_memory_channel[Message](max_buffer)
+        self._send_lock = trio.Lock()
+        self._channels: set[bytes] = set()  # what the caller asked for
+        self._patterns: set[bytes] = set()
+        self._confirmed_channels: set[bytes] = set()  # what Redis confirmed on this socket
+        self._confirmed_patterns: set[bytes] = set()
+        self._connected = True
+        self._closed = False
+        self._generation = 0
+        self._changed = trio.Event()
+        self._error_seq = 0
+        self._last_error_reply: CommandError | None = None
+        self._last_error = ""
+        self._ping_sent_at: float | None = None
+        self._delivering = False
+        self._serve_scope: trio.CancelScope | None = None
+        self._reconnects = 0
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up (False while reconnecting and after close)."""
+        return self._connected and not self._closed
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was re-made after breaking."""
+        return self._reconnects
+
+    async def subscribe(self, *channels: bytes | str) -> None:
+        """Subscribe to channels and return once Redis confirmed every one.
+
+        Args:
+            *channels: channel names (``str`` is encoded as UTF-8).
+
+        Raises:
+            CommandError: Redis refused (e.g. ``NOPERM`` for an ACL user); the
+                channels are forgotten.
+            MeshConnectionError: not confirmed within ``connect_timeout`` because the
+                connection is down; the channels stay registered and are subscribed
+                when it comes back (followed by a ``reconnected`` message).
+            ClosedError: the pubsub was closed.
+            ConfigError: no channel given, or a name of the wrong type.
+
+        On cancellation, the channels stay registered (as if it had succeeded or
+        timed out); call :meth:`unsubscribe` to drop them.
+        """
+        names = self._check(_names(channels, "channel"), "subscribe")
+        self._channels.update(names)
+        await self._until(
+            b"SUBSCRIBE",
+            names,
+            lambda: self._confirmed_channels.issuperset(names),
+            forget=self._channels,
+        )
+
+    async def psubscribe(self, *patterns: bytes | str) -> None:
+        """Subscribe to glob-style patterns; as :meth:`subscribe` otherwise."""
+        names = self._check(_names(patterns, "pattern"), "psubscribe")
+        self._patterns.update(names)
+        await self._until(
+            b"PSUBSCRIBE",
+            names,
+            lambda: self._confirmed_patterns.issuperset(names),
+            forget=self._patterns,
+        )
+
+    async def unsubscribe(self, *channels: bytes | str) -> None:
+        """Unsubscribe from channels (from all of them if none is given) and return once
+        Redis confirmed it, or at once if the connection is down (they will not be
+        re-subscribed). Messages published before the confirmation may still come.
+
+        Raises:
+            MeshConnectionError: not confirmed within ``connect_timeout``.
+            ClosedError: the pubsub was closed.
+
+        On cancellation, the channels are already forgotten: they will not be
+        re-subscribed after a reconnect.
+        """
+        names = _names(channels, "channel") or sorted(self._channels)
+        self._check(names or [b""], "unsubscribe")
+        self._channels.difference_update(names)
+        if not names:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._until(b"UNSUBSCRIBE", names, lambda: self._confirmed_channels.isdisjoint(names))
+
+    async def punsubscribe(self, *patterns: bytes | str) -> None:
+        """Unsubscribe from patterns (all if none is given); as :meth:`unsubscribe`."""
+        names = _names(patterns, "pattern") or sorted(self._patterns)
+        self._check(names or [b""], "punsubscribe")
+        self._patterns.difference_update(names)
+        if not names:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._until(
+            b"PUNSUBSCRIBE", names, lambda: self._confirmed_patterns.isdisjoint(names)
+        )
+
+    def __aiter__(self) -> PubSub:
+        return self
+
+    async def __anext__(self) -> Message:
+        """Wait for the next message.
+
+        Raises:
+            StopAsyncIteration: the pubsub was closed and every buffered message read.
+
+        Cancellation is safe: no message is lost.
+        """
+        try:
+            return await self._receive_messages.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    # ---------------------------------------------------------------- internals
+
+    def _check(self, names: list[bytes], verb: str) -> list[bytes]:
+        if self._closed:
+            raise ClosedError(f"the pubsub connection to {self._where} is closed")
+        if not names:
+            raise ConfigError(f"{verb}() needs at least one name")
+        return names
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _until(
+        self,
+        command: bytes,
+        names: list[bytes],
+        done: Callable[[], bool],
+        forget: set[bytes] | None = None,
+    ) -> None:
+        """Send ``command names`` on every new socket until ``done()`` holds."""
+        await trio.lowlevel.checkpoint()
+        sent_generation = -1
+        error_seq = self._error_seq
+        with trio.move_on_after(self.config.connect_timeout):
+            while True:
+                if self._closed:
+                    raise ClosedError(f"the pubsub connection to {self._where} is closed")
+                if self._error_seq != error_seq and self._last_error_reply is not None:
+                    if forget is not None:
+                        forget.difference_update(names)
+                    reply = self._last_error_reply
+                    raise CommandError(str(reply), code=reply.code)
+                if done():
+                    return
+                if command.startswith(b"UN") or command.startswith(b"PUN"):
+                    if not self._connected:
+                        return  # nothing is subscribed on a socket that is down
+                if self._connected and sent_generation != self._generation:
+                    sent_generation = self._generation
+                    await self._send(b"".join(_pack((command, *names))))
+                    continue
+                await self._changed.wait()
+        raise MeshConnectionError(
+            f"{command.decode()} on {self._where} not confirmed within connect_timeout="
+            f"{self.config.connect_timeout:g}s (connected: {self._connected}; last error: "
+            f"{self._last_error or 'none'})"
+            + ("; it stays registered and will be made after a reconnect" if forget else "")
+        )
+
+    async def _send(self, data: bytes) -> None:
+        """Write to the current socket; a failure breaks it (the supervisor reconnects)."""
+        stream, generation = self._stream, self._generation
+        try:
+            async with self._send_lock:
+                if generation == self._generation and self._connected:
+                    await stream.send_all(data)
+        except _SEND_ERRORS as exc:
+            if generation == self._generation:
+                self._broken(f"write failed: {_describe(exc)}")
+
+    def _broken(self, reason: str) -> None:
+        if not self._connected:
+            return
+        self._connected = False
+        self._last_error = _scrub(reason, self.config)
+        self._confirmed_channels.clear()
+        self._confirmed_patterns.clear()
+        self._ping_sent_at = None
+        if self._serve_scope is not None:
+            self._serve_scope.cancel()
+        self._notify()
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._connected = False
+        self._send_messages.close()
+        self._notify()
+
+    def _handle(self, reply: Any) -> Message | None:
+        """Update the subscription state from one reply; return it if it is a message."""
+        if isinstance(reply, list) and reply and isinstance(reply[0], bytes):
+            kind = reply[0]
+            if kind == b"message" and len(reply) == 3:
+                return Message("message", reply[1], reply[2])
+            if kind == b"pmessage" and len(reply) == 4:
+                return Message("pmessage", reply[2], reply[3], pattern=reply[1])
+            if kind == b"pong":
+                self._ping_sent_at = None
+                return None
+            if kind in (b"subscribe", b"psubscribe", b"unsubscribe", b"punsubscribe"):
+                name = reply[1]
+                if isinstance(name, bytes):
+                    target = (
+                        self._confirmed_patterns
+                        if kind.startswith(b"p")
+                        else self._confirmed_channels
+                    )
+                    if kind.endswith(b"unsubscribe"):
+                        target.discard(name)
+                    else:
+                        target.add(name)
+                self._notify()
+                return None
+        elif reply == b"PONG":
+            self._ping_sent_at = None
+            return None
+        elif isinstance(reply, CommandError):
+            self._last_error_reply = reply
+            self._error_seq += 1
+            self._notify()
+            return None
+        raise _UnexpectedReply(f"unexpected reply on a pubsub connection: {reply!r:.200}")
+
+    async def _deliver(self, message: Message) -> None:
+        self._delivering = True
+        try:
+            await self._send_messages.send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # closed, or nobody is reading any more: nothing to deliver to
+        finally:
+            self._delivering = False
+            if self._ping_sent_at is not None:
+                # The socket was not read while we waited for the consumer: give the
+                # outstanding PING a fresh deadline instead of calling the link dead.
+                self._ping_sent_at = trio.current_time()
+
+    async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Supervisor trio task: serve the socket; when it breaks, reconnect and resubscribe."""
+        task_status.started()
+        initial: list[Message] = []
+        while True:
+            await self._serve(self._stream, self._reader, initial)
+            if self._closed:
+                await trio.sleep_forever()
+            for delay in _backoff_delays():
+                await trio.sleep(delay)
+                try:
+                    stream, reader, early = await self._reconnect_once()
+                except MeshConnectionError as exc:
+                    self._last_error = str(exc)
+                    continue
+                break
+            self._stream, self._reader = stream, reader
+            self._generation += 1
+            self._reconnects += 1
+            self._ping_sent_at = None
+            self._connected = True
+            initial = [Message("reconnected", b"", b""), *early]
+            self._notify()
+
+    async def _reconnect_once(self) -> tuple[trio.abc.Stream, Any, list[Message]]:
+        stream, reader, _ = await connect(self.config, name=self._name)
+        channels, patterns = set(self._channels), set(self._patterns)
+        early: list[Message] = []
+        try:
+            with trio.fail_after(self.config.connect_timeout):
+                data = b""
+                if channels:
+                    data += b"".join(_pack((b"SUBSCRIBE", *sorted(channels))))
+                if patterns:
+                    data += b"".join(_pack((b"PSUBSCRIBE", *sorted(patterns))))
+                if data:
+                    await stream.send_all(data)
+                while not (
+                    self._confirmed_channels.issuperset(channels)
+                    and self._confirmed_patterns.issuperset(patterns)
+                ):
+                    reply = reader.gets()
+                    if reply is _NOT_ENOUGH_DATA:
+                        chunk = await stream.receive_some(_RECEIVE_SIZE)
+                        if not chunk:
+                            raise trio.BrokenResourceError("Redis closed the connection")
+                        reader.feed(chunk)
+                        continue
+                    if isinstance(reply, CommandError):
+                        raise MeshConnectionError(
+                            f"re-subscribing on {self._where} failed: {reply}"
+                        )
+                    message = self._handle(reply)
+                    if message is not None:
+                        early.append(message)
+        except BaseException as exc:
+            self._confirmed_channels.clear()
+            self._confirmed_patterns.clear()
+            await trio.aclose_forcefully(stream)
+            if isinstance(exc, trio.TooSlowError):
+                raise MeshConnectionError(
+                    f"re-subscribing on {self._where} took longer than connect_timeout"
+                ) from None
+            if isinstance(exc, (*_TRANSPORT_ERRORS, _UnexpectedReply)):
+                raise MeshConnectionError(
+                    _scrub(f"re-subscribing on {self._where} failed: {_describe(exc)}", self.config)
+                ) from exc
+            raise
+        return stream, reader, early
+
+    async def _serve(self, stream: trio.abc.Stream, reader: Any, initial: list[Message]) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._serve_scope = nursery.cancel_scope
+                if not self._connected:  # broken while we were starting
+                    nursery.cancel_scope.cancel()
+                nursery.start_soon(self._read_loop, stream, reader, initial)
+                nursery.start_soon(self._ping_loop)
+        finally:
+            self._serve_scope = None
+            # A send in progress from a subscribe() caller fails with
+            # ClosedResourceError, which _send ignores for an old socket.
+            await trio.aclose_forcefully(stream)
+
+    async def _read_loop(
+        self, stream: trio.abc.Stream, reader: Any, initial: list[Message]
+    ) -> None:
+        for first in initial:
+            await self._deliver(first)
+        try:
+            while True:
+                reply = reader.gets()
+                if reply is _NOT_ENOUGH_DATA:
+                    data = await stream.receive_some(_RECEIVE_SIZE)
+                    if not data:
+                        self._broken("Redis closed the connection")
+                        return
+                    reader.feed(data)
+                    continue
+                message = self._handle(reply)
+                if message is not None:
+                    await self._deliver(message)
+        except _TRANSPORT_ERRORS as exc:
+            self._broken(f"read failed: {_describe(exc)}")
+        except _UnexpectedReply as exc:
+            self._broken(str(exc))
+
+    async def _ping_loop(self) -> None:
+        interval = self._ping_interval
+        while True:
+            await trio.sleep(interval)
+            sent_at = self._ping_sent_at
+            if sent_at is not None:
+                if not self._delivering and trio.current_time() - sent_at > 2 * interval:
+                    self._broken(f"no reply to PING within {2 * interval:g}s")
+                    return
+                continue
+            self._ping_sent_at = trio.current_time()
+            await self._send(_PING)
+
+
+class _UnexpectedReply(Exception):
+    """A reply a pubsub connection cannot explain: the stream is out of sync."""
+
+
+@asynccontextmanager
+async def open_pubsub(
+    config: RedisConfig | str,
+    *,
+    name: str | None = None,
+    ping_interval: float = 1.0,
+    max_buffer: int = 1000,
+) -> AsyncIterator[PubSub]:
+    """Open a pub/sub connection and yield a :class:`PubSub` for the ``async with`` block.
+
+    Args:
+        config: a :class:`RedisConfig` or a URL for :func:`parse_url`.
+        name: the client name (``CLIENT SETNAME``).
+        ping_interval: seconds between ``PING`` probes; no reply within twice this
+            means the connection is dead and is re-made.
+        max_buffer: messages buffered for the consumer before the reader stops
+            reading the socket (backpressure; see the module docstring).
+
+    Yields:
+        The connected :class:`PubSub`, subscribed to nothing yet.
+
+    Raises:
+        MeshConnectionError: the first connect failed (within ``connect_timeout``).
+        ConfigError: a bad URL, ``ping_interval`` or ``max_buffer``.
+
+    Leaving the block closes the connection and cancels its trio tasks; iteration
+    ends. Errors raised in the block come out unwrapped.
+    """
+    if isinstance(config, str):
+        config = parse_url(config)
+    elif not isinstance(config, RedisConfig):
+        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
+    if not (ping_interval > 0 and math.isfinite(ping_interval)):
+        raise ConfigError(f"ping_interval must be a positive number, not {ping_interval!r}")
+    if max_buffer < 0:
+        raise ConfigError(f"max_buffer must be >= 0, not {max_buffer!r}")
+    stream, reader, _ = await connect(config, name=name)
+    pubsub = PubSub(
+        config, stream, reader, name=name, ping_interval=ping_interval, max_buffer=max_buffer
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pubsub._run)
+            try:
+                yield pubsub
+            finally:
+                pubsub._close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as eg:
+        _raise_single(eg)
+    finally:
+        pubsub._close()
+        await trio.aclose_forcefully(pubsub._stream)

@@ -1,0 +1,222 @@
+"""mesh._pubsub against a real redis-server: delivery, exact bytes, resubscription
+after a killed connection or a restarted server, dead-link detection by PING."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+
+from mesh._connection import Connection, open_connection
+from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
+from mesh._pubsub import Message, PubSub, open_pubsub
+from mesh._server import RedisServer
+
+
+async def next_message(pubsub: PubSub, within: float = 5.0) -> Message:
+    with trio.fail_after(within):
+        return await pubsub.__anext__()
+
+
+@pytest.fixture
+async def conn(redis_url: str) -> AsyncIterator[Connection]:
+    async with open_connection(redis_url) as c:
+        yield c
+
+
+async def test_subscribe_and_receive(redis_url: str, conn: Connection, namespace: str) -> None:
+    channel = f"{namespace}:events".encode()
+    async with open_pubsub(redis_url, name="listener") as pubsub:
+        await pubsub.subscribe(channel)
+        # subscribe() returned after Redis confirmed: the publish already has a receiver.
+        assert await conn.execute("PUBLISH", channel, b"hello") == 1
+        assert await next_message(pubsub) == Message("message", channel, b"hello")
+        # str names are encoded as UTF-8.
+        await pubsub.subscribe(f"{namespace}:é")
+        assert await conn.execute("PUBLISH", f"{namespace}:é", "x") == 1
+        assert await next_message(pubsub) == Message("message", f"{namespace}:é".encode(), b"x")
+        clients = await conn.execute("CLIENT", "LIST", "TYPE", "pubsub")
+        assert b"name=listener" in clients
+
+
+async def test_patterns(redis_url: str, conn: Connection, namespace: str) -> None:
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.psubscribe(f"{namespace}:cancel:*")
+        assert await conn.execute("PUBLISH", f"{namespace}:cancel:w1", b"p1") == 1
+        message = await next_message(pubsub)
+        assert message == Message(
+            "pmessage",
+            f"{namespace}:cancel:w1".encode(),
+            b"p1",
+            pattern=f"{namespace}:cancel:*".encode(),
+        )
+        await pubsub.punsubscribe(f"{namespace}:cancel:*")
+        assert await conn.execute("PUBLISH", f"{namespace}:cancel:w1", b"p2") == 0
+
+
+async def test_binary_data_round_trips(redis_url: str, conn: Connection, namespace: str) -> None:
+    channel = f"{namespace}:bin\x00\xff".encode("latin-1")
+    payloads = [b"", b"\x00", bytes(range(256)), b"\r\n*3\r\n", os.urandom(200_000)]
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.subscribe(channel)
+        for payload in payloads:
+            assert await conn.execute("PUBLISH", channel, payload) == 1
+        for payload in payloads:
+            message = await next_message(pubsub)
+            assert message.channel == channel
+            assert message.data == payload
+
+
+async def test_unsubscribe(redis_url: str, conn: Connection, namespace: str) -> None:
+    a, b = f"{namespace}:a".encode(), f"{namespace}:b".encode()
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.subscribe(a, b)
+        await pubsub.unsubscribe(a)
+        assert await conn.execute("PUBLISH", a, b"lost") == 0
+        assert await conn.execute("PUBLISH", b, b"kept") == 1
+        assert await next_message(pubsub) == Message("message", b, b"kept")
+        await pubsub.unsubscribe()  # all
+        assert await conn.execute("PUBLISH", b, b"lost") == 0
+        await pubsub.unsubscribe()  # nothing left: fine
+
+
+async def test_backpressure_drops_nothing(redis_url: str, conn: Connection, namespace: str) -> None:
+    channel = f"{namespace}:bp".encode()
+    async with open_pubsub(redis_url, max_buffer=1) as pubsub:
+        await pubsub.subscribe(channel)
+        for i in range(300):
+            await conn.execute("PUBLISH", channel, i)
+        received = [int((await next_message(pubsub)).data) for _ in range(300)]
+        assert received == list(range(300))
+
+
+async def test_client_kill_resubscribes(own_redis: RedisServer, namespace: str) -> None:
+    channels = [f"{namespace}:c{i}".encode() for i in range(3)]
+    pattern = f"{namespace}:p:*".encode()
+    async with (
+        open_connection(own_redis.url) as conn,
+        open_pubsub(own_redis.url, name="sub", ping_interval=0.2) as pubsub,
+    ):
+        await pubsub.subscribe(*channels)
+        await pubsub.psubscribe(pattern)
+        assert await conn.execute("CLIENT", "KILL", "TYPE", "pubsub") == 1
+        assert await next_message(pubsub) == Message("reconnected", b"", b"")
+        assert pubsub.reconnects == 1
+        assert pubsub.connected
+        # Every channel and the pattern are subscribed again on the new connection.
+        for channel in channels:
+            assert await conn.execute("PUBLISH", channel, channel) == 1
+            assert await next_message(pubsub) == Message("message", channel, channel)
+        assert await conn.execute("PUBLISH", f"{namespace}:p:x", b"via pattern") == 1
+        message = await next_message(pubsub)
+        assert (message.kind, message.pattern, message.data) == (
+            "pmessage",
+            pattern,
+            b"via pattern",
+        )
+        clients = await conn.execute("CLIENT", "LIST", "TYPE", "pubsub")
+        assert b"name=sub" in clients
+        assert b"sub=3 psub=1" in clients
+
+
+async def test_dead_link_detected_by_ping(own_redis: RedisServer, namespace: str) -> None:
+    """CLIENT PAUSE makes Redis stop answering: to the subscriber this looks like a
+    half-open socket. No PING reply within 2 x ping_interval -> reconnect."""
+    channel = f"{namespace}:ping".encode()
+    async with (
+        open_connection(own_redis.url) as conn,
+        open_pubsub(own_redis.url, ping_interval=0.1) as pubsub,
+    ):
+        await pubsub.subscribe(channel)
+        await conn.execute("CLIENT", "PAUSE", 600, "ALL")
+        assert await next_message(pubsub) == Message("reconnected", b"", b"")
+        assert pubsub.reconnects >= 1
+        assert await conn.execute("PUBLISH", channel, b"after") == 1
+        assert await next_message(pubsub) == Message("message", channel, b"after")
+
+
+async def test_server_restart(own_redis: RedisServer, namespace: str) -> None:
+    channel = f"{namespace}:restart".encode()
+    late = f"{namespace}:late".encode()
+    url = f"{own_redis.url}?connect_timeout=0.3"
+    async with open_pubsub(url, ping_interval=0.1) as pubsub:
+        await pubsub.subscribe(channel)
+        own_redis.stop()
+        with trio.fail_after(5):
+            while pubsub.connected:  # noqa: ASYNC110 - poll with a deadline
+                await trio.sleep(0.01)
+        # Subscribing while down times out but stays registered.
+        with pytest.raises(MeshConnectionError, match="stays registered"):
+            await pubsub.subscribe(late)
+        await trio.to_thread.run_sync(own_redis.start)
+        assert await next_message(pubsub) == Message("reconnected", b"", b"")
+        async with open_connection(own_redis.url) as conn:
+            assert await conn.execute("PUBLISH", channel, b"1") == 1
+            assert await conn.execute("PUBLISH", late, b"2") == 1
+            assert await next_message(pubsub) == Message("message", channel, b"1")
+            assert await next_message(pubsub) == Message("message", late, b"2")
+
+
+async def test_acl_refusal_is_command_error(own_redis: RedisServer, namespace: str) -> None:
+    async with open_connection(own_redis.url) as admin:
+        await admin.execute(
+            "ACL", "SETUSER", "bob", "on", ">pw", "~*", "resetchannels", "&ok:*", "+@all"
+        )
+    url = f"redis://bob:pw@127.0.0.1:{own_redis.port}"
+    async with open_pubsub(url) as pubsub:
+        with pytest.raises(CommandError) as info:
+            await pubsub.subscribe("forbidden")
+        assert info.value.code == "NOPERM"
+        await pubsub.subscribe("ok:1")  # the connection is still usable
+        async with open_connection(own_redis.url) as admin:
+            assert await admin.execute("PUBLISH", "ok:1", b"fine") == 1
+        assert await next_message(pubsub) == Message("message", b"ok:1", b"fine")
+
+
+async def test_closed(redis_url: str, namespace: str) -> None:
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.subscribe(f"{namespace}:x")
+    with pytest.raises(ClosedError):
+        await pubsub.subscribe(f"{namespace}:y")
+    assert [m async for m in pubsub] == []
+    assert not pubsub.connected
+
+
+async def test_iteration_ends_when_closed_from_another_task(redis_url: str) -> None:
+    seen: list[Message] = []
+    async with trio.open_nursery() as nursery:
+        async with open_pubsub(redis_url) as pubsub:
+
+            async def consume() -> None:
+                async for message in pubsub:
+                    seen.append(message)  # pragma: no cover
+
+            nursery.start_soon(consume)
+            await trio.testing.wait_all_tasks_blocked()
+    assert seen == []
+
+
+async def test_bad_arguments(redis_url: str) -> None:
+    with pytest.raises(ConfigError):
+        async with open_pubsub(redis_url, ping_interval=0):
+            pass  # pragma: no cover
+    async with open_pubsub(redis_url) as pubsub:
+        with pytest.raises(ConfigError):
+            await pubsub.subscribe()
+        with pytest.raises(ConfigError):
+            await pubsub.subscribe(42)  # type: ignore[arg-type]
+
+
+async def test_body_exceptions_are_not_wrapped(redis_url: str) -> None:
+    with pytest.raises(KeyError):
+        async with open_pubsub(redis_url):
+            raise KeyError("from the body")
+
+
+async def test_unreachable() -> None:
+    with pytest.raises(MeshConnectionError, match="could not connect"):
+        async with open_pubsub("redis://127.0.0.1:1"):
+            pass  # pragma: no cover
