@@ -1,0 +1,277 @@
+"""Model-based test of the protocol: hypothesis drives the real Lua scripts on a
+real redis-server with random enqueue / ensure / claim / finish / give back /
+cancel / expire / recycle / leave steps, and after every step checks:
+
+1. one place: every task instance is in exactly one place (queue, delayed,
+   one process of one worker, or dead letters), nothing lost, nothing made up;
+2. atomic, run-twice-safe transitions: repeating a recycle, finish or cancel
+   changes nothing;
+5. per-worker ownership: each worker's held sets are exactly its processes,
+   and recycling one worker leaves every other worker's processes alone;
+8. finish is True exactly once, and False for a recycled, cancelled, given
+   back or fenced process.
+
+The steps run synchronously: the binding's coroutines are driven to
+completion over redis-py's blocking client (a real connection to the real
+server), which keeps hypothesis out of the trio event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from mesh._errors import CommandError, FencedError
+from mesh._keys import Keys
+from mesh._scripts import Binding
+from mesh._server import RedisServer
+
+T = TypeVar("T")
+QUEUES = ("q1", "q2")
+MAX_ATTEMPTS = 2
+
+
+class SyncExecutor:
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+
+    async def execute(self, *args: Any) -> Any:
+        try:
+            return self.r.execute_command(*args)
+        except redis.exceptions.NoScriptError as exc:
+            raise CommandError(str(exc), "NOSCRIPT") from exc
+        except redis.ResponseError as exc:
+            msg = str(exc)
+            raise CommandError(msg, msg.split(" ", 1)[0]) from exc
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    raise AssertionError("the binding suspended: it must not, over a blocking executor")
+
+
+class MeshModel(RuleBasedStateMachine):
+    server: RedisServer
+    counter = 0
+
+    @initialize()
+    def setup(self) -> None:
+        MeshModel.counter += 1
+        self.keys = Keys(f"model{MeshModel.counter}")
+        self.r = redis.Redis(port=self.server.port)
+        self.x = SyncExecutor(self.r)
+        self.b = Binding(self.keys)
+        self.n = 0
+        # model
+        self.workers: dict[str, str] = {}  # live worker -> incarnation
+        self.dead: set[str] = set()  # lease expired, not yet recycled
+        self.gone: set[str] = set()  # recycled or left
+        self.procs: dict[str, tuple[str, str, bytes]] = {}  # pid -> (worker, queue, payload)
+        self.old_pids: list[tuple[str, str, str]] = []  # (worker, queue, pid) no longer valid
+        self.live: dict[str, set[bytes]] = {q: set() for q in QUEUES}  # payloads in the mesh
+        self.persistent: dict[str, set[bytes]] = {q: set() for q in QUEUES}
+        for _ in range(2):
+            self.add_worker()
+
+    def teardown(self) -> None:
+        self.r.close()
+
+    def fresh(self) -> bytes:
+        self.n += 1
+        return b"t%d" % self.n
+
+    # --- steps ---------------------------------------------------------------
+
+    @rule()
+    def add_worker(self) -> None:
+        w = f"w{len(self.workers) + len(self.dead) + len(self.gone)}"
+        inc = "i-" + w
+        run(self.b.register(self.x, w, inc, 600_000, b"{}"))
+        for q in QUEUES:
+            run(self.b.serve(self.x, w, inc, q))
+        self.workers[w] = inc
+
+    @rule(q=st.sampled_from(QUEUES), n=st.integers(1, 3))
+    def enqueue(self, q: str, n: int) -> None:
+        ps = [self.fresh() for _ in range(n)]
+        run(self.b.enqueue(self.x, q, ps))
+        self.live[q].update(ps)
+
+    @rule(q=st.sampled_from(QUEUES), data=st.data())
+    def ensure(self, q: str, data: st.DataObject) -> None:
+        existing = sorted(self.persistent[q])
+        p = data.draw(st.sampled_from(existing)) if existing and data.draw(st.booleans()) else self.fresh()
+        (added,) = run(self.b.ensure(self.x, q, [p]))
+        assert added == (p not in self.persistent[q])
+        self.persistent[q].add(p)
+        self.live[q].add(p)
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data(), q=st.sampled_from(QUEUES), n=st.integers(1, 4))
+    def claim(self, data: st.DataObject, q: str, n: int) -> None:
+        w = data.draw(st.sampled_from(sorted(self.workers)))
+        self.make_due(q)
+        reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS))
+        for p in reply.processes:
+            assert p.id not in self.procs
+            assert p.task in self.live[q]
+            assert p.persistent == (p.task in self.persistent[q])
+            self.procs[p.id] = (w, q, p.task)
+
+    def pick_pid(self, data: st.DataObject) -> tuple[str, str, str]:
+        current = [(w, q, pid) for pid, (w, q, _) in self.procs.items()]
+        pool = current + self.old_pids
+        return data.draw(st.sampled_from(sorted(pool)))
+
+    @precondition(lambda self: self.procs or self.old_pids)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        w, q, pid = self.pick_pid(data)
+        inc = self.workers.get(w, "i-" + w)
+        expected = pid in self.procs and w in self.workers
+        (ok,) = run(self.b.finish(self.x, w, inc, q, [pid]))
+        assert ok == expected, (w, pid)
+        if ok:
+            _, _, payload = self.procs.pop(pid)
+            self.old_pids.append((w, q, pid))
+            self.live[q].discard(payload)
+            self.persistent[q].discard(payload)
+            # run twice: no change
+            assert run(self.b.finish(self.x, w, inc, q, [pid])) == [False]
+
+    @precondition(lambda self: self.procs or self.old_pids)
+    @rule(data=st.data(), failed=st.booleans())
+    def give_back(self, data: st.DataObject, failed: bool) -> None:
+        w, q, pid = self.pick_pid(data)
+        [(outcome, _)] = run(
+            self.b.give_back(self.x, w, q, [pid], failed=failed, backoff_ms=1000, backoff_cap_ms=1000)
+        )
+        assert (outcome != 0) == (pid in self.procs)
+        if outcome:
+            self.procs.pop(pid)
+            self.old_pids.append((w, q, pid))
+
+    @rule(q=st.sampled_from(QUEUES), data=st.data())
+    def cancel(self, q: str, data: st.DataObject) -> None:
+        pool = sorted(self.live[q]) or [b"nothing"]
+        p = data.draw(st.sampled_from(pool))
+        running = [pid for pid, (_, pq, pp) in self.procs.items() if pq == q and pp == p]
+        _, cancelled = run(self.b.cancel(self.x, q, p))
+        assert cancelled == len(running)
+        for pid in running:
+            w, _, _ = self.procs.pop(pid)
+            self.old_pids.append((w, q, pid))
+        self.live[q].discard(p)
+        self.persistent[q].discard(p)
+        assert run(self.b.cancel(self.x, q, p)) == (0, 0)
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data())
+    def expire(self, data: st.DataObject) -> None:
+        w = data.draw(st.sampled_from(sorted(self.workers)))
+        self.r.delete(self.keys.heartbeat(w))
+        self.r.zadd(self.keys.workers, {w: 0})
+        del self.workers[w]
+        self.dead.add(w)
+        # a fenced worker can neither claim nor finish
+        for q in QUEUES:
+            with pytest.raises(FencedError):
+                run(self.b.claim(self.x, w, "i-" + w, q, 1, MAX_ATTEMPTS))
+
+    @precondition(lambda self: self.dead or self.workers)
+    @rule(data=st.data())
+    def recycle(self, data: st.DataObject) -> None:
+        w = data.draw(st.sampled_from(sorted(self.dead | set(self.workers))))
+        before = self.others_held(w)
+        r = run(self.b.recycle(self.x, w, leave=False))
+        assert r.alive == (w in self.workers)
+        if not r.alive:
+            self.drop_worker(w, count_attempts=True)
+            assert run(self.b.recycle(self.x, w, leave=False)).returned == 0  # twice
+        assert self.others_held(w) == before  # per-worker ownership
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        w = data.draw(st.sampled_from(sorted(self.workers)))
+        before = self.others_held(w)
+        run(self.b.recycle(self.x, w, leave=True, incarnation=self.workers.pop(w)))
+        self.drop_worker(w, count_attempts=False)
+        assert self.others_held(w) == before
+
+    # --- model helpers -----------------------------------------------------------
+
+    def make_due(self, q: str) -> None:
+        for p in self.r.zrange(self.keys.delayed(q), 0, -1):
+            self.r.zadd(self.keys.delayed(q), {p: 0})
+
+    def drop_worker(self, w: str, *, count_attempts: bool) -> None:
+        self.dead.discard(w)
+        self.gone.add(w)
+        for pid, (pw, q, _) in list(self.procs.items()):
+            if pw == w:
+                del self.procs[pid]
+                self.old_pids.append((w, q, pid))
+
+    def others_held(self, w: str) -> dict[tuple[str, str], set[bytes]]:
+        return {
+            (o, q): self.r.smembers(self.keys.held(o, q))
+            for o in sorted(set(self.workers) | self.dead)
+            if o != w
+            for q in QUEUES
+        }
+
+    # --- invariants ------------------------------------------------------------------
+
+    @invariant()
+    def one_place(self) -> None:
+        if not hasattr(self, "keys"):
+            return
+        k = self.keys
+        for q in QUEUES:
+            places: list[bytes] = []
+            places += self.r.lrange(k.queue(q), 0, -1)
+            places += self.r.zrange(k.delayed(q), 0, -1)
+            dead = self.r.lrange(k.dead(q), 0, -1)
+            places += dead
+            procs = self.r.hgetall(k.procs(q))
+            places += [rec.split(b"\0", 5)[5] for rec in procs.values()]
+            assert len(places) == len(set(places)), f"a task in two places in {q}: {places}"
+            # dead letters leave the live set as the model learns of them
+            self.live[q] -= set(dead) - set(self.persistent[q])
+            assert set(places) - set(dead) == self.live[q], f"lost or made up in {q}"
+            # processes are exactly the model's, with the right owner
+            assert {pid.decode(): rec.split(b"\0", 1)[0].decode() for pid, rec in procs.items()} == {
+                pid: w for pid, (w, pq, _) in self.procs.items() if pq == q
+            }
+            # held sets per worker are exactly its processes
+            for w in sorted(set(self.workers) | self.dead | self.gone):
+                held = {x.decode() for x in self.r.smembers(k.held(w, q))}
+                assert held == {pid for pid, (pw, pq, _) in self.procs.items() if pw == w and pq == q}
+            # persistent tasks: registered exactly while alive; owner pid or ""
+            state = self.r.hgetall(k.persistent(q))
+            assert set(state) == self.persistent[q]
+            for p, owner in state.items():
+                running = [pid for pid, (_, pq, pp) in self.procs.items() if pq == q and pp == p]
+                assert owner.decode() == (running[0] if running else ""), p
+
+
+@pytest.mark.slow
+def test_protocol_model(redis_server: RedisServer) -> None:
+    MeshModel.server = redis_server
+    MeshModel.TestCase.settings = settings(
+        max_examples=60,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    MeshModel.TestCase().runTest()

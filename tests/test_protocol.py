@@ -1,0 +1,369 @@
+"""Each Lua script against a real redis-server: the keys it leaves, its error
+codes, and that running it twice is safe."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from mesh import ConfigError, ConflictError, FencedError, ProtocolError
+from mesh._connection import Connection, open_connection
+from mesh._errors import CommandError
+from mesh._keys import Keys
+from mesh._scripts import Binding, load_scripts, parse_record
+
+from .protocol_helpers import expire_worker, join, snapshot
+
+Q = "jobs"
+
+
+@pytest.fixture
+async def conn(redis_url: str) -> AsyncIterator[Connection]:
+    async with open_connection(redis_url) as c:
+        yield c
+
+
+@pytest.fixture
+def keys(namespace: str) -> Keys:
+    return Keys(namespace)
+
+
+@pytest.fixture
+def b(keys: Keys) -> Binding:
+    return Binding(keys)
+
+
+async def test_every_key_carries_the_namespace_hash_tag(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a"])
+    await b.ensure(conn, Q, [b"p"])
+    c = await b.claim(conn, "w1", inc, Q, 1, 1)
+    await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=True, backoff_ms=10_000, backoff_cap_ms=10_000)
+    names = await conn.execute("KEYS", "*")
+    ours = [n.decode() for n in names if n.decode().startswith(keys.prefix)]
+    assert len(ours) >= 8
+    assert all(n.startswith("{" + keys.namespace + "}:") for n in ours)
+
+
+async def test_register_refuses_a_duplicate_and_a_foreign_version(conn: Connection, b: Binding, keys: Keys) -> None:
+    now = await b.register(conn, "w1", "i1", 5000, b'{"host": "h"}')
+    assert now > 1_600_000_000_000
+    assert await conn.execute("GET", keys.heartbeat("w1")) == b"i1"
+    assert 0 < await conn.execute("PTTL", keys.heartbeat("w1")) <= 5000
+    assert await conn.execute("ZSCORE", keys.workers, "w1") == str(now + 5000).encode()
+    with pytest.raises(ConfigError, match="in use"):
+        await b.register(conn, "w1", "i2", 5000, b"{}")
+    # dead but not yet recycled: still refused
+    await expire_worker(conn, keys, "w1")
+    with pytest.raises(ConfigError, match="in use"):
+        await b.register(conn, "w1", "i2", 5000, b"{}")
+    await conn.execute("SET", keys.version, "999")
+    with pytest.raises(ProtocolError, match="version 999"):
+        await b.register(conn, "w2", "i", 5000, b"{}")
+    with pytest.raises(CommandError) as e:
+        await b.register(conn, "w3", "i", 0, b"{}")
+    assert e.value.code == "BAD_ARG"
+
+
+async def test_enqueue_appends_in_order_and_publishes_work(conn: Connection, b: Binding, keys: Keys) -> None:
+    assert await b.enqueue(conn, Q, [b"a", b"", b"\x00\xff"]) == 3
+    assert await b.enqueue(conn, Q, [b"d"]) == 4
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a", b"", b"\x00\xff", b"d"]
+    assert await conn.execute("SMEMBERS", keys.queues) == [Q.encode()]
+
+
+async def test_enqueue_of_a_persistent_payload_changes_nothing(conn: Connection, b: Binding, keys: Keys) -> None:
+    await b.ensure(conn, Q, [b"dev-1"])
+    with pytest.raises(ConflictError, match="task 1 of this call"):
+        await b.enqueue(conn, Q, [b"x", b"dev-1"])
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"dev-1"]
+
+
+async def test_ensure_is_unique_per_queue_and_payload(conn: Connection, b: Binding, keys: Keys) -> None:
+    assert await b.ensure(conn, Q, [b"p1", b"p1", b"p2"]) == [True, False, True]
+    assert await b.ensure(conn, Q, [b"p1"]) == [False]
+    assert await b.ensure(conn, "other", [b"p1"]) == [True]
+    inc = await join(b, conn, "w1", Q)
+    await b.claim(conn, "w1", inc, Q, 10, 0)
+    assert await b.ensure(conn, Q, [b"p1", b"p2"]) == [False, False]  # running
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["queue"] == []
+    assert set(s["persistent"]) == {b"p1", b"p2"}
+
+
+async def test_claim_makes_processes_with_increasing_tokens(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b", b"c"])
+    await b.ensure(conn, Q, [b"p"])
+    r = await b.claim(conn, "w1", inc, Q, 3, 4)
+    assert [p.task for p in r.processes] == [b"a", b"b", b"c"]
+    assert r.remaining == 1
+    tokens = [p.token for p in r.processes]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3
+    assert all(p.id == str(p.token) and p.worker_id == "w1" and not p.persistent for p in r.processes)
+    r2 = await b.claim(conn, "w1", inc, Q, 3, 4)
+    (p,) = r2.processes
+    assert p.persistent and p.task == b"p" and p.token > max(tokens)
+    assert r2.remaining == 0
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["held"]["w1"] == {x.id for x in (*r.processes, p)}
+    assert s["persistent"] == {b"p": p.id.encode()}
+    rec = parse_record(p.id.encode(), s["procs"][p.id.encode()], Q)
+    assert rec == p
+    assert (await b.claim(conn, "w1", inc, Q, 3, 4)).processes == ()
+
+
+async def test_claim_checks_lease_serving_and_arguments(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a"])
+    with pytest.raises(FencedError, match="superseded"):
+        await b.claim(conn, "w1", "wrong", Q, 1, 0)
+    with pytest.raises(CommandError) as e:
+        await b.claim(conn, "w1", inc, "unserved", 1, 0)
+    assert e.value.code == "NOT_SERVING"
+    for bad in (0, 1001, -1):
+        with pytest.raises(CommandError) as e:
+            await b.claim(conn, "w1", inc, Q, bad, 0)
+        assert e.value.code == "BAD_ARG"
+    await expire_worker(conn, keys, "w1")
+    with pytest.raises(FencedError, match="no lease"):
+        await b.claim(conn, "w1", inc, Q, 1, 0)
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a"]
+
+
+async def test_finish_reports_true_once_and_never_for_a_stranger(conn: Connection, b: Binding, keys: Keys) -> None:
+    i1 = await join(b, conn, "w1", Q)
+    i2 = await join(b, conn, "w2", Q)
+    await b.enqueue(conn, Q, [b"a"])
+    await b.ensure(conn, Q, [b"p"])
+    (a, p) = (await b.claim(conn, "w1", i1, Q, 2, 0)).processes
+    assert await b.finish(conn, "w2", i2, Q, [a.id]) == [False]  # not w2's
+    assert await b.finish(conn, "w1", "stale", Q, [a.id]) == [False]  # wrong incarnation
+    assert await b.finish(conn, "w1", i1, Q, [a.id, p.id, "999"]) == [True, True, False]
+    assert await b.finish(conn, "w1", i1, Q, [a.id, p.id]) == [False, False]  # twice: no change
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["procs"] == {} and s["held"]["w1"] == set() and s["persistent"] == {}
+
+
+async def test_give_back_return_puts_tasks_at_the_front_in_claim_order(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b", b"c"])
+    (a, bb) = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
+    out = await b.give_back(conn, "w1", Q, [bb.id, a.id], failed=False)
+    assert out == [(1, 0), (1, 0)]
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a", b"b", b"c"]
+    assert await b.give_back(conn, "w1", Q, [a.id], failed=False) == [(0, 0)]  # twice
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a", b"b", b"c"]
+
+
+async def test_failed_one_shot_tasks_back_off_then_go_to_dead_letters(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"poison"])
+    delays = []
+    for _ in range(2):
+        (p,) = (await b.claim(conn, "w1", inc, Q, 1, 3)).processes
+        [(outcome, delay)] = await b.give_back(conn, "w1", Q, [p.id], failed=True, backoff_ms=5, backoff_cap_ms=7)
+        assert outcome == 2
+        delays.append(delay)
+        s = await snapshot(conn, keys, Q, ["w1"])
+        assert s["delayed"] == [b"poison"] and s["queue"] == []
+        # make it due now (forced, not slept)
+        await conn.execute("ZADD", keys.delayed(Q), 0, b"poison")
+    assert delays == [5, 7]  # base, then doubled and capped
+    (p,) = (await b.claim(conn, "w1", inc, Q, 1, 3)).processes
+    assert p.attempts == 2
+    assert await b.give_back(conn, "w1", Q, [p.id], failed=True, backoff_ms=5, backoff_cap_ms=7) == [(3, 0)]
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["dead"] == [b"poison"] and s["delayed"] == [] and s["attempts"] == {} and s["procs"] == {}
+
+
+async def test_zero_backoff_retries_at_the_back(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"x", b"y"])
+    (x,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    assert await b.give_back(conn, "w1", Q, [x.id], failed=True) == [(2, 0)]
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"y", b"x"]
+
+
+async def test_failed_persistent_task_backs_off_without_limit(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.ensure(conn, Q, [b"dev"])
+    for _ in range(4):
+        await conn.execute("ZADD", keys.delayed(Q), 0, b"dev")  # no-op the first time round
+        (p,) = (await b.claim(conn, "w1", inc, Q, 1, 1)).processes
+        assert p.persistent
+        [(outcome, _)] = await b.give_back(conn, "w1", Q, [p.id], failed=True, backoff_ms=100, backoff_cap_ms=60_000)
+        assert outcome == 2
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["dead"] == [] and s["delayed"] == [b"dev"] and s["persistent"] == {b"dev": b""}
+    assert await b.ensure(conn, Q, [b"dev"]) == [False]
+
+
+async def test_heartbeat_renews_reports_inbox_and_queue_states(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q, "empty", "later", ttl_ms=1000)
+    await b.enqueue(conn, Q, [b"a"])
+    await conn.execute("ZADD", keys.delayed("later"), 10**15, b"x")  # far future
+    hb = await b.heartbeat(conn, "w1", inc, 5000, [], [Q, "empty", "later"])
+    assert hb.queue_states[:2] == (0, -1) and hb.queue_states[2] > 10**9
+    assert 4000 < await conn.execute("PTTL", keys.heartbeat("w1")) <= 5000
+    assert int(await conn.execute("ZSCORE", keys.workers, "w1")) == hb.now_ms + 5000
+    await conn.execute("SADD", keys.inbox("w1"), "7", "8")
+    hb = await b.heartbeat(conn, "w1", inc, 5000, [], [])
+    assert sorted(hb.inbox) == ["7", "8"]
+    hb = await b.heartbeat(conn, "w1", inc, 5000, ["7"], [])  # acked ones go
+    assert hb.inbox == ("8",)
+    with pytest.raises(FencedError, match="superseded"):
+        await b.heartbeat(conn, "w1", "other", 5000, [], [])
+    await expire_worker(conn, keys, "w1")
+    with pytest.raises(FencedError, match="no lease"):
+        await b.heartbeat(conn, "w1", inc, 5000, [], [])
+    assert await conn.execute("EXISTS", keys.heartbeat("w1")) == 0  # not revived
+
+
+async def test_recycle_touches_only_the_dead_workers_processes(conn: Connection, b: Binding, keys: Keys) -> None:
+    i1 = await join(b, conn, "w1", Q, "q2")
+    i2 = await join(b, conn, "w2", Q)
+    await b.enqueue(conn, Q, [b"a", b"b", b"c", b"d"])
+    await b.ensure(conn, Q, [b"p"])
+    await b.enqueue(conn, "q2", [b"z"])
+    w1 = (await b.claim(conn, "w1", i1, Q, 2, 0)).processes  # a, b
+    w2 = (await b.claim(conn, "w2", i2, Q, 2, 0)).processes  # c, d
+    (p,) = (await b.claim(conn, "w1", i1, Q, 1, 0)).processes  # persistent p
+    (z,) = (await b.claim(conn, "w1", i1, "q2", 1, 0)).processes
+    assert p.persistent
+    # alive: refused, nothing changes
+    r = await b.recycle(conn, "w1", leave=False)
+    assert r.alive
+    await expire_worker(conn, keys, "w1")
+    r = await b.recycle(conn, "w1", leave=False)  # learns its queues from the script
+    assert (r.alive, r.returned, r.dead_lettered) == (False, 4, 0)
+    s = await snapshot(conn, keys, Q, ["w1", "w2"])
+    assert s["queue"] == [b"a", b"b", b"p"]  # front, in claim order
+    assert s["held"]["w2"] == {x.id for x in w2}  # the live peer keeps its own
+    assert set(s["procs"]) == {x.id.encode() for x in w2}
+    assert s["persistent"] == {b"p": b""}
+    assert s["attempts"] == {b"a": b"1", b"b": b"1"}  # a crash counts as an attempt
+    assert await conn.execute("LRANGE", keys.queue("q2"), 0, -1) == [b"z"]
+    assert await conn.execute("ZSCORE", keys.workers, "w1") is None
+    assert await conn.execute("EXISTS", keys.serves("w1"), keys.info) == 1  # info holds w2 only
+    assert await conn.execute("HEXISTS", keys.info, "w1") == 0
+    # twice: nothing more
+    r = await b.recycle(conn, "w1", leave=False)
+    assert (r.alive, r.returned) == (False, 0)
+    assert await snapshot(conn, keys, Q, ["w1", "w2"]) == s
+    # the dead worker's late calls change nothing
+    assert await b.finish(conn, "w1", i1, Q, [w1[0].id, z.id]) == [False, False]
+    assert await b.give_back(conn, "w1", Q, [w1[0].id], failed=False) == [(0, 0)]
+
+
+async def test_recycle_dead_letters_a_task_that_keeps_killing_workers(conn: Connection, b: Binding, keys: Keys) -> None:
+    await b.enqueue(conn, Q, [b"poison"])
+    for n in range(3):
+        w = f"w{n}"
+        inc = await join(b, conn, w, Q)
+        (p,) = (await b.claim(conn, w, inc, Q, 1, 3)).processes
+        assert p.attempts == n
+        await expire_worker(conn, keys, w)
+        await b.recycle(conn, w, leave=False)
+    s = await snapshot(conn, keys, Q, [])
+    assert s["dead"] == [b"poison"] and s["queue"] == [] and s["attempts"] == {}
+
+
+async def test_leave_hands_back_without_counting_attempts(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a"])
+    await b.ensure(conn, Q, [b"p"])
+    await b.claim(conn, "w1", inc, Q, 2, 1)
+    with pytest.raises(FencedError):
+        await b.recycle(conn, "w1", leave=True, incarnation="not-mine")
+    r = await b.recycle(conn, "w1", leave=True, incarnation=inc, queues=[Q])
+    assert (r.returned, r.dead_lettered) == (2, 0)
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["queue"] == [b"a", b"p"] and s["attempts"] == {} and s["persistent"] == {b"p": b""}
+    assert await conn.execute("EXISTS", keys.heartbeat("w1")) == 0
+
+
+async def test_unserve_hands_back_one_queue(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q, "q2")
+    await b.enqueue(conn, Q, [b"a"])
+    await b.enqueue(conn, "q2", [b"z"])
+    await b.claim(conn, "w1", inc, Q, 1, 0)
+    await b.claim(conn, "w1", inc, "q2", 1, 0)
+    assert await b.unserve(conn, "w1", Q) == 1
+    assert await b.unserve(conn, "w1", Q) == 0
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a"]
+    assert await conn.execute("SMEMBERS", keys.serves("w1")) == [b"q2"]
+    with pytest.raises(CommandError, match="NOT_SERVING"):
+        await b.claim(conn, "w1", inc, Q, 1, 0)
+
+
+async def test_cancel_removes_queued_copies_and_running_processes_everywhere(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    i1 = await join(b, conn, "w1", Q)
+    i2 = await join(b, conn, "w2", Q)
+    await b.enqueue(conn, Q, [b"x", b"y", b"x", b"x", b"x"])
+    (p1,) = (await b.claim(conn, "w1", i1, Q, 1, 0)).processes  # x
+    (_, p2) = (await b.claim(conn, "w2", i2, Q, 2, 0)).processes  # y, x
+    await conn.execute("ZADD", keys.delayed(Q), 10**15, b"x")
+    assert await b.cancel(conn, Q, b"x") == (3, 2)  # 2 queued + 1 delayed, 2 running
+    s = await snapshot(conn, keys, Q, ["w1", "w2"])
+    assert s["queue"] == [] and s["delayed"] == []
+    assert s["inbox"] == {"w1": {p1.id}, "w2": {p2.id}}
+    assert s["held"]["w1"] == set() and len(s["held"]["w2"]) == 1  # y stays
+    assert await b.finish(conn, "w1", i1, Q, [p1.id]) == [False]  # cancelled: no finish
+    assert await b.cancel(conn, Q, b"x") == (0, 0)  # twice
+
+
+async def test_cancel_of_a_persistent_task(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.ensure(conn, Q, [b"dev", b""])
+    procs = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    assert await b.cancel(conn, Q, b"dev") == (0, 1)
+    assert await b.cancel(conn, Q, b"") == (1, 0)  # empty payload, still queued
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["persistent"] == {} and s["queue"] == [] and s["inbox"]["w1"] == {procs[0].id}
+    assert await b.ensure(conn, Q, [b"dev"]) == [True]  # can be ensured again
+
+
+async def test_delete_queue_removes_everything_and_cancels_running(conn: Connection, b: Binding, keys: Keys) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b", b"c"])
+    await b.ensure(conn, Q, [b"p"])
+    (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await conn.execute("RPUSH", keys.dead(Q), "d")
+    assert await b.delete_queue(conn, Q) == (3, 1)
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s == {
+        "queue": [], "persistent": {}, "procs": {}, "attempts": {}, "delayed": [], "dead": [],
+        "held": {"w1": set()}, "inbox": {"w1": {a.id}},
+    }  # fmt: skip
+    assert Q.encode() not in await conn.execute("SMEMBERS", keys.queues)
+    assert await b.delete_queue(conn, Q) == (0, 0)
+
+
+async def test_reap_check_lists_expired_workers_and_the_next_deadline(conn: Connection, b: Binding, keys: Keys) -> None:
+    await join(b, conn, "w1", ttl_ms=60_000)
+    await join(b, conn, "w2", ttl_ms=30_000)
+    now, nxt, dead = await b.reap_check(conn)
+    assert dead == [] and 29_000 < nxt <= 30_000
+    await expire_worker(conn, keys, "w2")
+    _, _, dead = await b.reap_check(conn)
+    assert dead == ["w2"]
+
+
+async def test_scripts_survive_script_flush(conn: Connection, b: Binding) -> None:
+    await b.enqueue(conn, Q, [b"a"])
+    await conn.execute("SCRIPT", "FLUSH")
+    assert await b.enqueue(conn, Q, [b"b"]) == 2
+
+
+def test_every_script_states_its_contract_in_a_header() -> None:
+    proto = Path(__file__).resolve().parent.parent / "protocol"
+    for name in load_scripts():
+        head = (proto / f"{name}.lua").read_text().split("--!include")[0]
+        assert head.startswith(f"-- {name}.lua: "), name
+        for part in ("KEYS[1]", "ARGV[1]", "Returns:", "Errors:", "Publishes:"):
+            assert part in head, (name, part)
