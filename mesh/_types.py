@@ -80,4 +80,3 @@ class ReconcileResult:
 
     added: tuple[bytes, ...]
     cancelled: tuple[bytes, ...]
-

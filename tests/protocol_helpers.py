@@ -13,12 +13,12 @@ async def expire_worker(conn: Connection, keys: Keys, worker: str) -> None:
     """Make a worker's lease run out now (forced, not slept): the heartbeat
     key is deleted and its deadline moved into the past, as after a real
     expiry."""
-    await conn.pipeline(
-        [("DEL", keys.heartbeat(worker)), ("ZADD", keys.workers, 0, worker)]
-    )
+    await conn.pipeline([("DEL", keys.heartbeat(worker)), ("ZADD", keys.workers, 0, worker)])
 
 
-async def join(b: Binding, conn: Connection, worker: str, *queues: str, ttl_ms: int = 60_000) -> str:
+async def join(
+    b: Binding, conn: Connection, worker: str, *queues: str, ttl_ms: int = 60_000
+) -> str:
     """Register ``worker`` and serve ``queues``; return its incarnation."""
     inc = "inc-" + worker
     await b.register(conn, worker, inc, ttl_ms, b"{}")

@@ -109,7 +109,11 @@ class MeshModel(RuleBasedStateMachine):
     @rule(q=st.sampled_from(QUEUES), data=st.data())
     def ensure(self, q: str, data: st.DataObject) -> None:
         existing = sorted(self.persistent[q])
-        p = data.draw(st.sampled_from(existing)) if existing and data.draw(st.booleans()) else self.fresh()
+        p = (
+            data.draw(st.sampled_from(existing))
+            if existing and data.draw(st.booleans())
+            else self.fresh()
+        )
         (added,) = run(self.b.ensure(self.x, q, [p]))
         assert added == (p not in self.persistent[q])
         self.persistent[q].add(p)
@@ -153,7 +157,9 @@ class MeshModel(RuleBasedStateMachine):
     def give_back(self, data: st.DataObject, failed: bool) -> None:
         w, q, pid = self.pick_pid(data)
         [(outcome, _)] = run(
-            self.b.give_back(self.x, w, q, [pid], failed=failed, backoff_ms=1000, backoff_cap_ms=1000)
+            self.b.give_back(
+                self.x, w, q, [pid], failed=failed, backoff_ms=1000, backoff_cap_ms=1000
+            )
         )
         assert (outcome != 0) == (pid in self.procs)
         if outcome:
@@ -250,13 +256,15 @@ class MeshModel(RuleBasedStateMachine):
             self.live[q] -= set(dead) - set(self.persistent[q])
             assert set(places) - set(dead) == self.live[q], f"lost or made up in {q}"
             # processes are exactly the model's, with the right owner
-            assert {pid.decode(): rec.split(b"\0", 1)[0].decode() for pid, rec in procs.items()} == {
-                pid: w for pid, (w, pq, _) in self.procs.items() if pq == q
-            }
+            assert {
+                pid.decode(): rec.split(b"\0", 1)[0].decode() for pid, rec in procs.items()
+            } == {pid: w for pid, (w, pq, _) in self.procs.items() if pq == q}
             # held sets per worker are exactly its processes
             for w in sorted(set(self.workers) | self.dead | self.gone):
                 held = {x.decode() for x in self.r.smembers(k.held(w, q))}
-                assert held == {pid for pid, (pw, pq, _) in self.procs.items() if pw == w and pq == q}
+                assert held == {
+                    pid for pid, (pw, pq, _) in self.procs.items() if pw == w and pq == q
+                }
             # persistent tasks: registered exactly while alive; owner pid or ""
             state = self.r.hgetall(k.persistent(q))
             assert set(state) == self.persistent[q]

@@ -35,19 +35,25 @@ def b(keys: Keys) -> Binding:
     return Binding(keys)
 
 
-async def test_every_key_carries_the_namespace_hash_tag(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_every_key_carries_the_namespace_hash_tag(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a"])
     await b.ensure(conn, Q, [b"p"])
     c = await b.claim(conn, "w1", inc, Q, 1, 1)
-    await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=True, backoff_ms=10_000, backoff_cap_ms=10_000)
+    await b.give_back(
+        conn, "w1", Q, [c.processes[0].id], failed=True, backoff_ms=10_000, backoff_cap_ms=10_000
+    )
     names = await conn.execute("KEYS", "*")
     ours = [n.decode() for n in names if n.decode().startswith(keys.prefix)]
     assert len(ours) >= 8
     assert all(n.startswith("{" + keys.namespace + "}:") for n in ours)
 
 
-async def test_register_refuses_a_duplicate_and_a_foreign_version(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_register_refuses_a_duplicate_and_a_foreign_version(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     now = await b.register(conn, "w1", "i1", 5000, b'{"host": "h"}')
     assert now > 1_600_000_000_000
     assert await conn.execute("GET", keys.heartbeat("w1")) == b"i1"
@@ -67,21 +73,27 @@ async def test_register_refuses_a_duplicate_and_a_foreign_version(conn: Connecti
     assert e.value.code == "BAD_ARG"
 
 
-async def test_enqueue_appends_in_order_and_publishes_work(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_enqueue_appends_in_order_and_publishes_work(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     assert await b.enqueue(conn, Q, [b"a", b"", b"\x00\xff"]) == 3
     assert await b.enqueue(conn, Q, [b"d"]) == 4
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a", b"", b"\x00\xff", b"d"]
     assert await conn.execute("SMEMBERS", keys.queues) == [Q.encode()]
 
 
-async def test_enqueue_of_a_persistent_payload_changes_nothing(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_enqueue_of_a_persistent_payload_changes_nothing(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     await b.ensure(conn, Q, [b"dev-1"])
     with pytest.raises(ConflictError, match="task 1 of this call"):
         await b.enqueue(conn, Q, [b"x", b"dev-1"])
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"dev-1"]
 
 
-async def test_ensure_is_unique_per_queue_and_payload(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_ensure_is_unique_per_queue_and_payload(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     assert await b.ensure(conn, Q, [b"p1", b"p1", b"p2"]) == [True, False, True]
     assert await b.ensure(conn, Q, [b"p1"]) == [False]
     assert await b.ensure(conn, "other", [b"p1"]) == [True]
@@ -93,7 +105,9 @@ async def test_ensure_is_unique_per_queue_and_payload(conn: Connection, b: Bindi
     assert set(s["persistent"]) == {b"p1", b"p2"}
 
 
-async def test_claim_makes_processes_with_increasing_tokens(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_claim_makes_processes_with_increasing_tokens(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a", b"b", b"c"])
     await b.ensure(conn, Q, [b"p"])
@@ -102,7 +116,9 @@ async def test_claim_makes_processes_with_increasing_tokens(conn: Connection, b:
     assert r.remaining == 1
     tokens = [p.token for p in r.processes]
     assert tokens == sorted(tokens) and len(set(tokens)) == 3
-    assert all(p.id == str(p.token) and p.worker_id == "w1" and not p.persistent for p in r.processes)
+    assert all(
+        p.id == str(p.token) and p.worker_id == "w1" and not p.persistent for p in r.processes
+    )
     r2 = await b.claim(conn, "w1", inc, Q, 3, 4)
     (p,) = r2.processes
     assert p.persistent and p.task == b"p" and p.token > max(tokens)
@@ -115,7 +131,9 @@ async def test_claim_makes_processes_with_increasing_tokens(conn: Connection, b:
     assert (await b.claim(conn, "w1", inc, Q, 3, 4)).processes == ()
 
 
-async def test_claim_checks_lease_serving_and_arguments(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_claim_checks_lease_serving_and_arguments(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a"])
     with pytest.raises(FencedError, match="superseded"):
@@ -133,7 +151,9 @@ async def test_claim_checks_lease_serving_and_arguments(conn: Connection, b: Bin
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a"]
 
 
-async def test_finish_reports_true_once_and_never_for_a_stranger(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_finish_reports_true_once_and_never_for_a_stranger(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     i1 = await join(b, conn, "w1", Q)
     i2 = await join(b, conn, "w2", Q)
     await b.enqueue(conn, Q, [b"a"])
@@ -147,7 +167,9 @@ async def test_finish_reports_true_once_and_never_for_a_stranger(conn: Connectio
     assert s["procs"] == {} and s["held"]["w1"] == set() and s["persistent"] == {}
 
 
-async def test_give_back_return_puts_tasks_at_the_front_in_claim_order(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_give_back_return_puts_tasks_at_the_front_in_claim_order(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a", b"b", b"c"])
     (a, bb) = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
@@ -158,13 +180,17 @@ async def test_give_back_return_puts_tasks_at_the_front_in_claim_order(conn: Con
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"a", b"b", b"c"]
 
 
-async def test_failed_one_shot_tasks_back_off_then_go_to_dead_letters(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_failed_one_shot_tasks_back_off_then_go_to_dead_letters(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"poison"])
     delays = []
     for _ in range(2):
         (p,) = (await b.claim(conn, "w1", inc, Q, 1, 3)).processes
-        [(outcome, delay)] = await b.give_back(conn, "w1", Q, [p.id], failed=True, backoff_ms=5, backoff_cap_ms=7)
+        [(outcome, delay)] = await b.give_back(
+            conn, "w1", Q, [p.id], failed=True, backoff_ms=5, backoff_cap_ms=7
+        )
         assert outcome == 2
         delays.append(delay)
         s = await snapshot(conn, keys, Q, ["w1"])
@@ -174,9 +200,13 @@ async def test_failed_one_shot_tasks_back_off_then_go_to_dead_letters(conn: Conn
     assert delays == [5, 7]  # base, then doubled and capped
     (p,) = (await b.claim(conn, "w1", inc, Q, 1, 3)).processes
     assert p.attempts == 2
-    assert await b.give_back(conn, "w1", Q, [p.id], failed=True, backoff_ms=5, backoff_cap_ms=7) == [(3, 0)]
+    assert await b.give_back(
+        conn, "w1", Q, [p.id], failed=True, backoff_ms=5, backoff_cap_ms=7
+    ) == [(3, 0)]
     s = await snapshot(conn, keys, Q, ["w1"])
-    assert s["dead"] == [b"poison"] and s["delayed"] == [] and s["attempts"] == {} and s["procs"] == {}
+    assert (
+        s["dead"] == [b"poison"] and s["delayed"] == [] and s["attempts"] == {} and s["procs"] == {}
+    )
 
 
 async def test_zero_backoff_retries_at_the_back(conn: Connection, b: Binding, keys: Keys) -> None:
@@ -187,21 +217,27 @@ async def test_zero_backoff_retries_at_the_back(conn: Connection, b: Binding, ke
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"y", b"x"]
 
 
-async def test_failed_persistent_task_backs_off_without_limit(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_failed_persistent_task_backs_off_without_limit(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.ensure(conn, Q, [b"dev"])
     for _ in range(4):
         await conn.execute("ZADD", keys.delayed(Q), 0, b"dev")  # no-op the first time round
         (p,) = (await b.claim(conn, "w1", inc, Q, 1, 1)).processes
         assert p.persistent
-        [(outcome, _)] = await b.give_back(conn, "w1", Q, [p.id], failed=True, backoff_ms=100, backoff_cap_ms=60_000)
+        [(outcome, _)] = await b.give_back(
+            conn, "w1", Q, [p.id], failed=True, backoff_ms=100, backoff_cap_ms=60_000
+        )
         assert outcome == 2
     s = await snapshot(conn, keys, Q, ["w1"])
     assert s["dead"] == [] and s["delayed"] == [b"dev"] and s["persistent"] == {b"dev": b""}
     assert await b.ensure(conn, Q, [b"dev"]) == [False]
 
 
-async def test_heartbeat_renews_reports_inbox_and_queue_states(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_heartbeat_renews_reports_inbox_and_queue_states(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q, "empty", "later", ttl_ms=1000)
     await b.enqueue(conn, Q, [b"a"])
     await conn.execute("ZADD", keys.delayed("later"), 10**15, b"x")  # far future
@@ -222,7 +258,9 @@ async def test_heartbeat_renews_reports_inbox_and_queue_states(conn: Connection,
     assert await conn.execute("EXISTS", keys.heartbeat("w1")) == 0  # not revived
 
 
-async def test_recycle_touches_only_the_dead_workers_processes(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_recycle_touches_only_the_dead_workers_processes(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     i1 = await join(b, conn, "w1", Q, "q2")
     i2 = await join(b, conn, "w2", Q)
     await b.enqueue(conn, Q, [b"a", b"b", b"c", b"d"])
@@ -258,7 +296,9 @@ async def test_recycle_touches_only_the_dead_workers_processes(conn: Connection,
     assert await b.give_back(conn, "w1", Q, [w1[0].id], failed=False) == [(0, 0)]
 
 
-async def test_recycle_dead_letters_a_task_that_keeps_killing_workers(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_recycle_dead_letters_a_task_that_keeps_killing_workers(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     await b.enqueue(conn, Q, [b"poison"])
     for n in range(3):
         w = f"w{n}"
@@ -271,7 +311,9 @@ async def test_recycle_dead_letters_a_task_that_keeps_killing_workers(conn: Conn
     assert s["dead"] == [b"poison"] and s["queue"] == [] and s["attempts"] == {}
 
 
-async def test_leave_hands_back_without_counting_attempts(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_leave_hands_back_without_counting_attempts(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a"])
     await b.ensure(conn, Q, [b"p"])
@@ -328,7 +370,9 @@ async def test_cancel_of_a_persistent_task(conn: Connection, b: Binding, keys: K
     assert await b.ensure(conn, Q, [b"dev"]) == [True]  # can be ensured again
 
 
-async def test_delete_queue_removes_everything_and_cancels_running(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_delete_queue_removes_everything_and_cancels_running(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a", b"b", b"c"])
     await b.ensure(conn, Q, [b"p"])
@@ -344,10 +388,12 @@ async def test_delete_queue_removes_everything_and_cancels_running(conn: Connect
     assert await b.delete_queue(conn, Q) == (0, 0)
 
 
-async def test_reap_check_lists_expired_workers_and_the_next_deadline(conn: Connection, b: Binding, keys: Keys) -> None:
+async def test_reap_check_lists_expired_workers_and_the_next_deadline(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
     await join(b, conn, "w1", ttl_ms=60_000)
     await join(b, conn, "w2", ttl_ms=30_000)
-    now, nxt, dead = await b.reap_check(conn)
+    _, nxt, dead = await b.reap_check(conn)
     assert dead == [] and 29_000 < nxt <= 30_000
     await expire_worker(conn, keys, "w2")
     _, _, dead = await b.reap_check(conn)

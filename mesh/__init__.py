@@ -1,0 +1,34 @@
+"""trio-mesh: a peer-supervised distributed worker mesh on Redis, for trio.
+
+Every worker is a peer: it holds a lease in Redis, serves queues, and
+recycles the processes of peers whose lease ran out. There is no server of
+our own. See ``docs/`` for concepts and guarantees, ``protocol/`` for the
+Redis protocol.
+
+The public API is what this module exports; everything in ``mesh._*`` is
+private.
+"""
+
+from ._client import Client as Client
+from ._client import open_client as open_client
+from ._errors import ClosedError as ClosedError
+from ._errors import CommandError as CommandError
+from ._errors import ConfigError as ConfigError
+from ._errors import ConflictError as ConflictError
+from ._errors import FencedError as FencedError
+from ._errors import MeshConnectionError as MeshConnectionError
+from ._errors import MeshError as MeshError
+from ._errors import ProtocolError as ProtocolError
+from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._runner import Handler as Handler
+from ._types import Process as Process
+from ._types import QueueInfo as QueueInfo
+from ._types import ReconcileResult as ReconcileResult
+from ._types import WorkerInfo as WorkerInfo
+from ._url import RedisConfig as RedisConfig
+from ._url import parse_url as parse_url
+from ._worker import Worker as Worker
+from ._worker import WorkerStatistics as WorkerStatistics
+from ._worker import open_worker as open_worker
+
+__version__ = "0.1.0"

@@ -1,0 +1,302 @@
+"""The client: put tasks on queues, cancel them, look at the mesh.
+
+A client is not a peer: it holds no lease and runs no task of its own, so it
+is cheap and can live anywhere (a web handler, a cron job, the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ._connection import Connection, open_connection
+from ._errors import ClosedError
+from ._keys import Keys, check_queue
+from ._scripts import Binding, parse_record, payload_bytes
+from ._types import Process, QueueInfo, ReconcileResult, WorkerInfo
+from ._url import RedisConfig
+
+__all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
+
+DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
+
+
+class Client:
+    """Operations on the queues of one namespace. Get one from :func:`open_client`
+    (or :attr:`Worker.client`).
+
+    Every method is one or a few Redis round trips. On a broken connection a
+    method raises :class:`MeshConnectionError`; whether a write that was in
+    flight happened is then unknown (enqueue is at-least-once: retrying may
+    enqueue twice). On cancellation the same holds: the command may or may not
+    have run.
+    """
+
+    def __init__(self, conn: Connection, keys: Keys, *, max_payload: int = DEFAULT_MAX_PAYLOAD):
+        self._conn = conn
+        self._keys = keys
+        self._binding = Binding(keys)
+        self._max_payload = max_payload
+        self._closed = False
+
+    @property
+    def namespace(self) -> str:
+        return self._keys.namespace
+
+    def _check(self) -> Connection:
+        if self._closed:
+            raise ClosedError("this client is closed")
+        return self._conn
+
+    def _payloads(self, tasks: Iterable[object]) -> list[bytes]:
+        if isinstance(tasks, str | bytes | bytearray | memoryview):
+            raise TypeError("tasks must be an iterable of payloads, not a single payload")
+        return [payload_bytes(t, self._max_payload) for t in tasks]
+
+    # --- tasks -------------------------------------------------------------
+
+    async def enqueue(self, queue: str, task: bytes | str) -> None:
+        """Put a one-shot task at the back of ``queue`` and nudge its workers.
+
+        Raises:
+            TypeError, ValueError, ConfigError: a bad payload or queue name
+                (nothing was sent).
+            ConflictError: the payload is a persistent task of ``queue``.
+        """
+        await self.enqueue_many(queue, [task])
+
+    async def enqueue_many(self, queue: str, tasks: Iterable[bytes | str]) -> int:
+        """Put one-shot tasks at the back of ``queue``, in order, atomically
+        (all or none), in one round trip.
+
+        Returns:
+            How many were enqueued.
+        Raises:
+            As :meth:`enqueue`; on ConflictError none was enqueued.
+        """
+        conn = self._check()
+        check_queue(queue)
+        payloads = self._payloads(tasks)
+        if payloads:
+            await self._binding.enqueue(conn, queue, payloads)
+        return len(payloads)
+
+    async def ensure(self, queue: str, task: bytes | str) -> bool:
+        """Make ``task`` a persistent task of ``queue``: one live owner at a time,
+        for as long as it is not cancelled.
+
+        Returns:
+            True if it was added, False if it was there already (queued,
+            waiting for a retry, or running).
+        """
+        return (await self.ensure_many(queue, [task]))[0]
+
+    async def ensure_many(self, queue: str, tasks: Iterable[bytes | str]) -> list[bool]:
+        """:meth:`ensure` for several tasks in one round trip; one bool each."""
+        conn = self._check()
+        check_queue(queue)
+        payloads = self._payloads(tasks)
+        if not payloads:
+            return []
+        return await self._binding.ensure(conn, queue, payloads)
+
+    async def reconcile(self, queue: str, tasks: Iterable[bytes | str]) -> ReconcileResult:
+        """Make the persistent tasks of ``queue`` exactly ``tasks``: ensure the
+        missing ones, cancel (wherever they run) the others.
+
+        Each step is atomic; the whole is not: a concurrent ``ensure`` by
+        someone else may survive or be cancelled. Safe to repeat.
+
+        Returns:
+            The payloads added and the payloads cancelled.
+        """
+        conn = self._check()
+        check_queue(queue)
+        want = list(dict.fromkeys(self._payloads(tasks)))
+        have = set(await conn.execute("HKEYS", self._keys.persistent(queue)))
+        wanted = set(want)
+        extra = sorted(have - wanted)
+        added: list[bytes] = []
+        if want:
+            flags = await self._binding.ensure(conn, queue, want)
+            added = [p for p, f in zip(want, flags, strict=True) if f]
+        for p in extra:
+            await self._binding.cancel(conn, queue, p)
+        return ReconcileResult(tuple(added), tuple(extra))
+
+    async def cancel(self, queue: str, task: bytes | str) -> int:
+        """Cancel a task by payload anywhere in the mesh: every queued (or
+        waiting-to-retry) copy is removed, it stops being a persistent task,
+        and every running process of it is cancelled on whatever worker runs
+        it (at once over pub/sub, and durably: a worker that missed the
+        message stops it within one heartbeat interval). A cancelled process
+        can no longer be finished.
+
+        Returns:
+            How many copies were removed plus how many processes were cancelled.
+        """
+        conn = self._check()
+        check_queue(queue)
+        removed, cancelled = await self._binding.cancel(conn, queue, payload_bytes(task))
+        return removed + cancelled
+
+    async def delete_queue(self, queue: str) -> int:
+        """Delete ``queue`` and everything in it (queued, delayed, dead-lettered
+        and persistent tasks); running processes are cancelled as by
+        :meth:`cancel`. Workers that serve it go on serving it, empty.
+
+        Returns:
+            How many tasks were removed plus how many processes were cancelled.
+        """
+        conn = self._check()
+        check_queue(queue)
+        removed, cancelled = await self._binding.delete_queue(conn, queue)
+        return removed + cancelled
+
+    # --- looking -----------------------------------------------------------
+
+    async def queues(self) -> list[str]:
+        """Names of the queues that have been used (enqueued to, ensured on,
+        or served), sorted."""
+        r = await self._check().execute("SMEMBERS", self._keys.queues)
+        return sorted(q.decode() for q in r)
+
+    async def tasks(self, queue: str) -> list[bytes]:
+        """The queued payloads of ``queue`` in claim order (next first). Tasks
+        waiting for a retry are not included."""
+        check_queue(queue)
+        return list(await self._check().execute("LRANGE", self._keys.queue(queue), 0, -1))
+
+    async def queue_length(self, queue: str) -> int:
+        """How many tasks are queued (not running, not waiting for a retry)."""
+        check_queue(queue)
+        return int(await self._check().execute("LLEN", self._keys.queue(queue)))
+
+    async def queue_info(self, queue: str) -> QueueInfo:
+        """Counts of one queue, read in one round trip."""
+        check_queue(queue)
+        k = self._keys
+        r = await self._check().pipeline(
+            [
+                ("LLEN", k.queue(queue)),
+                ("ZCARD", k.delayed(queue)),
+                ("HLEN", k.procs(queue)),
+                ("HLEN", k.persistent(queue)),
+                ("LLEN", k.dead(queue)),
+            ]
+        )
+        return QueueInfo(queue, *(int(x) for x in r))
+
+    async def dead_letters(self, queue: str) -> list[bytes]:
+        """One-shot tasks of ``queue`` that failed their last allowed attempt,
+        oldest first."""
+        check_queue(queue)
+        return list(await self._check().execute("LRANGE", self._keys.dead(queue), 0, -1))
+
+    async def persistent_tasks(self, queue: str) -> dict[bytes, str | None]:
+        """The persistent tasks of ``queue``, each with the id of the process
+        that runs it, or None while it is queued or waiting for a retry."""
+        check_queue(queue)
+        r = await self._check().execute("HGETALL", self._keys.persistent(queue))
+        return {r[i]: (r[i + 1].decode() or None) for i in range(0, len(r), 2)}
+
+    async def processes(self, queue: str | None = None) -> list[Process]:
+        """Running processes of one queue, or of every known queue, in claim order."""
+        conn = self._check()
+        queues = [check_queue(queue)] if queue is not None else await self.queues()
+        if not queues:
+            return []
+        replies = await conn.pipeline([("HGETALL", self._keys.procs(q)) for q in queues])
+        out = []
+        for q, r in zip(queues, replies, strict=True):
+            out += [parse_record(r[i], r[i + 1], q) for i in range(0, len(r), 2)]
+        out.sort(key=lambda p: p.token)
+        return out
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Every registered worker, live or dead-but-not-yet-recycled, by id."""
+        conn = self._check()
+        k = self._keys
+        now_r, ids = await conn.pipeline([("TIME",), ("ZRANGE", k.workers, 0, -1, "WITHSCORES")])
+        now_ms = int(now_r[0]) * 1000 + int(now_r[1]) // 1000
+        entries = [(ids[i].decode(), int(float(ids[i + 1]))) for i in range(0, len(ids), 2)]
+        if not entries:
+            return []
+        cmds: list[tuple[Any, ...]] = []
+        for w, _ in entries:
+            cmds += [("EXISTS", k.heartbeat(w)), ("SMEMBERS", k.serves(w)), ("HGET", k.info, w)]
+        r = await conn.pipeline(cmds)
+        served = [sorted(q.decode() for q in r[3 * i + 1]) for i in range(len(entries))]
+        counts = (
+            await conn.pipeline(
+                [
+                    ("SCARD", k.held(w, q))
+                    for (w, _), qs in zip(entries, served, strict=True)
+                    for q in qs
+                ]
+            )
+            if any(served)
+            else []
+        )
+        out, pos = [], 0
+        for i, (w, deadline) in enumerate(entries):
+            n = sum(int(c) for c in counts[pos : pos + len(served[i])])
+            pos += len(served[i])
+            info = _load_info(r[3 * i + 2])
+            out.append(
+                WorkerInfo(
+                    id=w,
+                    alive=r[3 * i] == 1,
+                    queues=tuple(served[i]),
+                    processes=n,
+                    lease_left=(deadline - now_ms) / 1000,
+                    host=str(info.get("host", "")),
+                    pid=int(info.get("pid", 0)),
+                    started=float(info.get("started", 0.0)),
+                )
+            )
+        out.sort(key=lambda w: w.id)
+        return out
+
+
+def _load_info(raw: bytes | None) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+@asynccontextmanager
+async def open_client(
+    url: str | RedisConfig = "redis://127.0.0.1:6379",
+    *,
+    namespace: str = "mesh",
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+) -> AsyncIterator[Client]:
+    """Connect a :class:`Client` to the mesh ``namespace`` at ``url``.
+
+    Args:
+        url: ``redis://``, ``rediss://`` (TLS) or ``unix://`` URL, with
+            optional user, password and database number.
+        namespace: isolates one mesh from others on the same Redis.
+        max_payload: refuse task payloads longer than this many bytes.
+
+    Raises:
+        ConfigError: a bad URL or namespace (before connecting).
+        MeshConnectionError: Redis cannot be reached (fails fast).
+
+    The connection is closed when the block is left; a cancelled block leaves
+    nothing behind.
+    """
+    keys = Keys(namespace)
+    async with open_connection(url, name=f"mesh-client:{namespace}") as conn:
+        client = Client(conn, keys, max_payload=max_payload)
+        try:
+            yield client
+        finally:
+            client._closed = True

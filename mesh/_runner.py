@@ -1,0 +1,239 @@
+"""One queue served with a handler: claim in batches, run each process in its
+own cancel scope, report outcomes in batches.
+
+The runner claims as many tasks as it has free slots in one ``claim.lua``
+call, and reports every process that ended since the last call in one
+``finish.lua`` (and one ``give_back.lua`` for failures) call, so a busy queue
+costs about two script calls per batch rather than per task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ._connection import Connection
+from ._errors import FencedError, MeshConnectionError
+from ._scripts import Binding
+from ._types import Process
+
+__all__ = ["Handler", "QueueConfig", "QueueRunner"]
+
+log = logging.getLogger("mesh.worker")
+
+Handler = Callable[[Process], Awaitable[Any]]
+
+
+@attrs.frozen
+class QueueConfig:
+    queue: str
+    handler: Handler | None
+    concurrency: int
+    max_attempts: int
+    backoff: float
+    backoff_max: float
+
+
+@attrs.define
+class Counters:
+    started: int = 0
+    finished: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    given_back: int = 0
+
+
+class _Slot:
+    __slots__ = ("process", "scope")
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+        self.scope = trio.CancelScope()
+
+
+class QueueRunner:
+    """Serves one queue for one generation (identity) of a worker."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        binding: Binding,
+        worker_id: str,
+        incarnation: str,
+        config: QueueConfig,
+        counters: Counters,
+        on_fenced: Callable[[str], None],
+    ) -> None:
+        self._conn = conn
+        self._binding = binding
+        self._wid = worker_id
+        self._inc = incarnation
+        self.config = config
+        self._counters = counters
+        self._on_fenced = on_fenced
+        self.running: dict[str, _Slot] = {}
+        self._done: list[str] = []
+        self._failed: list[str] = []
+        self._maybe_work = True
+        self._next_due = float("inf")
+        self._wakeup = trio.Event()
+        self._scope = trio.CancelScope()
+        self._exited = trio.Event()
+
+    # --- signals from the worker (sync, no I/O) ----------------------------
+
+    def nudge(self) -> None:
+        """There may be tasks to claim."""
+        self._maybe_work = True
+        self._wakeup.set()
+
+    def wake_in(self, seconds: float) -> None:
+        """A task becomes due for a retry in ``seconds``."""
+        self._next_due = min(self._next_due, trio.current_time() + seconds)
+        self._wakeup.set()
+
+    def cancel_process(self, pid: str) -> bool:
+        """Cancel the handler of process ``pid`` (cancelled in the mesh); its
+        outcome is not reported. Returns whether it ran here."""
+        slot = self.running.get(pid)
+        if slot is None:
+            return False
+        slot.scope.cancel()
+        return True
+
+    # --- the loop ------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim and run until cancelled. Raises nothing but Cancelled: a fenced
+        lease is reported through ``on_fenced`` and ends the loop."""
+        try:
+            with self._scope:
+                await self._run(task_status)
+        finally:
+            self._exited.set()
+
+    async def stop(self) -> None:
+        """Cancel the loop and every handler; return once all have exited."""
+        self._scope.cancel()
+        await self._exited.wait()
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
+        async with trio.open_nursery() as handlers:
+            task_status.started()
+            backoff = 0.02
+            while True:
+                try:
+                    if self._done or self._failed:
+                        await self._report()
+                    free = self.config.concurrency - len(self.running)
+                    if self._next_due <= trio.current_time():
+                        self._next_due = float("inf")
+                        self._maybe_work = True
+                    if free > 0 and self._maybe_work:
+                        await self._claim(handlers, min(free, 1000))
+                        backoff = 0.02
+                        continue
+                except FencedError as exc:
+                    self._on_fenced(str(exc))
+                    return
+                except MeshConnectionError as exc:
+                    log.debug("queue %s: %s; retrying in %.2fs", self.config.queue, exc, backoff)
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                    await self._resync()
+                    continue
+                if self._done or self._failed:
+                    continue
+                with trio.move_on_at(self._next_due):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+
+    async def _claim(self, handlers: trio.Nursery, n: int) -> None:
+        c = self.config
+        reply = await self._binding.claim(
+            self._conn, self._wid, self._inc, c.queue, n, c.max_attempts
+        )
+        self._maybe_work = reply.remaining > 0
+        for p in reply.processes:
+            slot = _Slot(p)
+            self.running[p.id] = slot
+            self._counters.started += 1
+            handlers.start_soon(self._run_handler, slot, name=f"mesh handler {c.queue}/{p.id}")
+
+    async def _run_handler(self, slot: _Slot) -> None:
+        assert self.config.handler is not None
+        p = slot.process
+        ok = False
+        failed = False
+        try:
+            with slot.scope:
+                await self.config.handler(p)
+                ok = True
+        except Exception:
+            failed = True
+            log.exception("handler for task of queue %s (process %s) failed", p.queue, p.id)
+        finally:
+            del self.running[p.id]
+        if slot.scope.cancelled_caught:
+            self._counters.cancelled += 1
+            return
+        if ok:
+            self._done.append(p.id)
+        elif failed:
+            self._failed.append(p.id)
+        self._wakeup.set()
+
+    async def _report(self) -> None:
+        c = self.config
+        done, failed = self._done, self._failed
+        if done:
+            results = await self._binding.finish(self._conn, self._wid, self._inc, c.queue, done)
+            self._done = []
+            self._counters.finished += sum(results)
+        if failed:
+            outcomes = await self._binding.give_back(
+                self._conn,
+                self._wid,
+                c.queue,
+                failed,
+                failed=True,
+                backoff_ms=int(c.backoff * 1000),
+                backoff_cap_ms=int(c.backoff_max * 1000),
+            )
+            self._failed = []
+            self._counters.failed += len(failed)
+            for outcome, delay in outcomes:
+                if outcome == 2:
+                    if delay > 0:
+                        self.wake_in(delay / 1000)
+                    else:
+                        self._maybe_work = True
+
+    async def _resync(self) -> None:
+        """After a connection error a claim's reply may have been lost: hand
+        back the processes Redis says we hold on this queue but we do not run."""
+        try:
+            held = await self._conn.execute(
+                "SMEMBERS", self._binding.keys.held(self._wid, self.config.queue)
+            )
+        except MeshConnectionError:
+            return
+        ours = set(self.running) | set(self._done) | set(self._failed)
+        lost = [pid.decode() for pid in held if pid.decode() not in ours]
+        if lost:
+            try:
+                await self._binding.give_back(
+                    self._conn, self._wid, self.config.queue, lost, failed=False
+                )
+                log.info(
+                    "queue %s: handed back %d processes whose claim reply was lost",
+                    self.config.queue,
+                    len(lost),
+                )
+            except MeshConnectionError:
+                return
+        self._maybe_work = True

@@ -1,0 +1,605 @@
+"""The worker: one peer of the mesh.
+
+A worker runs, inside its own nursery:
+
+* a **generation**: one identity (worker id + incarnation) with its lease.
+  The generation's trio tasks (the heartbeat and one runner per served queue,
+  with every handler) live in one cancel scope whose *deadline* is the
+  self-fence deadline: the time the last confirmed heartbeat was sent plus R.
+  Each confirmed heartbeat pushes the deadline on; if none is confirmed in
+  time, trio itself cancels every handler at R, before peers may take over at
+  T (R < T). A heartbeat that finds the lease gone or superseded cancels the
+  scope at once. Either way the worker then retires the old identity (hands
+  back what it still holds) and registers a new one: a fenced identity is
+  never revived.
+* a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers.
+* a **listener** for pub/sub nudges: work on a queue, cancel of a process,
+  key expiry (a peer died). Pub/sub is only a nudge: the heartbeat reply
+  carries the durable cancel inbox and which queues have work, and a
+  reconnect triggers a full re-check.
+
+Leaving :func:`open_worker` cancels every handler, waits for them to exit,
+then hands every process back to the front of its queue in one script and
+publishes work, so a peer takes over at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from ._client import DEFAULT_MAX_PAYLOAD, Client
+from ._connection import Connection, open_connection
+from ._errors import ClosedError, CommandError, ConfigError, FencedError, MeshConnectionError
+from ._keys import Keys, check_queue, check_worker_id
+from ._pubsub import Message, PubSub, open_pubsub
+from ._runner import Counters, Handler, QueueConfig, QueueRunner
+from ._scripts import Binding
+from ._supervisor import Reaper
+from ._types import Process
+from ._url import RedisConfig, parse_url
+
+__all__ = ["Worker", "WorkerStatistics", "open_worker"]
+
+log = logging.getLogger("mesh.worker")
+
+
+@attrs.frozen
+class WorkerStatistics:
+    """Counters since the worker started (see :meth:`Worker.statistics`)."""
+
+    worker_id: str
+    generation: int
+    fenced: int
+    processes_started: int
+    processes_finished: int
+    processes_failed: int
+    processes_cancelled: int
+    running: int
+    heartbeats: int
+    peers_recycled: int
+
+
+@attrs.frozen
+class Timing:
+    """The lease timing: heartbeat every ``interval``, self-fence after
+    ``fence_after`` without a confirmed heartbeat, lease ``ttl``."""
+
+    ttl: float
+    interval: float
+    fence_after: float
+
+    @classmethod
+    def make(cls, ttl: float, interval: float | None, fence_after: float | None) -> Timing:
+        """Raises:
+        ConfigError: unless 0.01 <= interval < fence_after < ttl (whole ms)."""
+        if not isinstance(ttl, int | float) or isinstance(ttl, bool):
+            raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
+        h = ttl / 3 if interval is None else interval
+        r = 2 * ttl / 3 if fence_after is None else fence_after
+        h, r, t = round(h, 3), round(r, 3), round(ttl, 3)
+        if not (0.01 <= h < r < t):
+            raise ConfigError(
+                f"lease timing must satisfy 0.01 s <= heartbeat interval < fence_after < ttl; "
+                f"got interval={h} s, fence_after={r} s, ttl={t} s"
+                + (" (ttl is too small)" if ttl < 0.04 else "")
+            )
+        return cls(t, h, r)
+
+
+class _Generation:
+    """One identity of the worker."""
+
+    def __init__(self, worker_id: str, number: int) -> None:
+        self.id = worker_id
+        self.number = number
+        self.incarnation = secrets.token_hex(8)
+        self.scope = trio.CancelScope()
+        self.runners: dict[str, QueueRunner] = {}
+        self.nursery: trio.Nursery | None = None
+        self.fence_reason: str | None = None
+        self.beat = trio.Event()
+
+    def fence(self, reason: str) -> None:
+        if self.fence_reason is None:
+            self.fence_reason = reason
+        self.scope.cancel()
+
+
+class Worker:
+    """One peer of the mesh. Get one from :func:`open_worker`."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        pubsub: PubSub,
+        keys: Keys,
+        timing: Timing,
+        base_id: str,
+        max_payload: int,
+    ) -> None:
+        self._conn = conn
+        self._pubsub = pubsub
+        self._keys = keys
+        self._binding = Binding(keys)
+        self.timing = timing
+        self._base_id = base_id
+        self._queues: dict[str, QueueConfig] = {}
+        self._gen = _Generation(base_id, 1)
+        self._gen_ready = trio.Event()
+        self._closing = False
+        self._closed = False
+        self._stopped = trio.Event()
+        self._counters = Counters()
+        self._fenced = 0
+        self._heartbeats = 0
+        self._reaper = Reaper(conn, self._binding, max_interval=timing.ttl)
+        self._queue_lock = trio.Lock()
+        self.client = Client(conn, keys, max_payload=max_payload)
+        """A :class:`Client` on this worker's connection."""
+
+    # --- public API ----------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The current worker id. It changes when the worker was fenced and
+        rejoined under a new identity."""
+        return self._gen.id
+
+    def statistics(self) -> WorkerStatistics:
+        c = self._counters
+        r = self._reaper.statistics()
+        running = sum(len(rn.running) for rn in self._gen.runners.values())
+        return WorkerStatistics(
+            self._gen.id,
+            self._gen.number,
+            self._fenced,
+            c.started,
+            c.finished,
+            c.failed,
+            c.cancelled,
+            running,
+            self._heartbeats,
+            r.workers_recycled,
+        )
+
+    async def start_work(
+        self,
+        queue: str,
+        handler: Handler | None = None,
+        *,
+        concurrency: int = 10,
+        max_attempts: int = 5,
+        backoff: float = 1.0,
+        backoff_max: float = 60.0,
+    ) -> None:
+        """Serve ``queue``.
+
+        With a ``handler``, the worker claims up to ``concurrency`` tasks at a
+        time and runs ``await handler(process)`` for each, in its own cancel
+        scope: returning finishes the process (the task leaves the mesh and
+        its payload is published on the queue's done channel); raising gives
+        it back as failed (a one-shot task is retried after ``backoff`` *
+        2^(n-1) seconds, capped at ``backoff_max``, and goes to the queue's
+        dead letters after ``max_attempts`` failed attempts, crashes of its
+        worker included; a persistent task is retried after the same backoff,
+        without limit); a cancel of its payload cancels the scope. Without a
+        handler, use :meth:`dequeue`, :meth:`finish` and :meth:`give_back`.
+
+        Args:
+            concurrency: at most this many processes of this queue at once
+                (for persistent tasks: how many this worker may own).
+            max_attempts: 0 for no limit.
+
+        Raises:
+            ConfigError: bad queue name or arguments, or already served.
+            FencedError, MeshConnectionError: as from Redis.
+        """
+        check_queue(queue)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 0:
+            raise ConfigError(f"max_attempts must be a whole number >= 0, got {max_attempts!r}")
+        if not (0 <= backoff <= backoff_max):
+            raise ConfigError(f"need 0 <= backoff <= backoff_max, got {backoff!r}, {backoff_max!r}")
+        if handler is not None and not callable(handler):
+            raise TypeError("handler must be an async callable taking a Process")
+        self._check_open()
+        async with self._queue_lock:
+            if queue in self._queues:
+                raise ConfigError(f"queue {queue!r} is served already; stop_work() it first")
+            cfg = QueueConfig(queue, handler, concurrency, max_attempts, backoff, backoff_max)
+            self._queues[queue] = cfg
+            try:
+                await self._pubsub.subscribe(self._keys.work_channel(queue))
+                gen = await self._current_generation()
+                await self._binding.serve(self._conn, gen.id, gen.incarnation, queue)
+                await self._start_runner(gen, cfg)
+            except BaseException:
+                del self._queues[queue]
+                raise
+
+    async def stop_work(self, queue: str) -> int:
+        """Stop serving ``queue``: cancel its handlers, wait for them to exit,
+        and hand every process of it back to the front of the queue.
+
+        Returns:
+            How many processes were handed back.
+        Raises:
+            ConfigError: the queue is not served.
+        """
+        check_queue(queue)
+        self._check_open()
+        async with self._queue_lock:
+            if queue not in self._queues:
+                raise ConfigError(f"queue {queue!r} is not served by this worker")
+            del self._queues[queue]
+            gen = self._gen
+            runner = gen.runners.pop(queue, None)
+            if runner is not None:
+                await runner.stop()
+            n = await self._binding.unserve(self._conn, gen.id, queue)
+            await self._pubsub.unsubscribe(self._keys.work_channel(queue))
+            return n
+
+    async def dequeue(self, queue: str) -> Process | None:
+        """Claim the next task of ``queue`` (served without a handler, or with
+        one: then this claim is yours to finish, not the handler's).
+
+        Returns:
+            The new process, or None if the queue is empty.
+        Raises:
+            ConfigError: the queue is not served.
+            FencedError: the worker's lease is gone (it is rejoining).
+        """
+        check_queue(queue)
+        self._check_open()
+        cfg = self._queues.get(queue)
+        if cfg is None:
+            raise ConfigError(
+                f"queue {queue!r} is not served by this worker; start_work() it first"
+            )
+        gen = await self._current_generation()
+        reply = await self._binding.claim(
+            self._conn, gen.id, gen.incarnation, queue, 1, cfg.max_attempts
+        )
+        return reply.processes[0] if reply.processes else None
+
+    async def finish(self, process: Process) -> bool:
+        """Report ``process`` as finished: its task leaves the mesh.
+
+        Returns:
+            True if it was still this worker's live process; False if it had
+            been recycled, cancelled or finished already, or this worker's
+            lease is gone (then nothing changed).
+        """
+        self._check_open()
+        r = await self._binding.finish(
+            self._conn,
+            process.worker_id,
+            self._incarnation_of(process),
+            process.queue,
+            [process.id],
+        )
+        return r[0]
+
+    async def give_back(self, process: Process, *, failed: bool = False) -> bool:
+        """Hand ``process`` back: to the front of its queue, or, with
+        ``failed=True``, as a failed attempt (retry after a backoff, or dead
+        letter at the queue's attempt limit).
+
+        Returns:
+            False if it was no longer this worker's process (nothing changed).
+        """
+        self._check_open()
+        cfg = self._queues.get(process.queue)
+        backoff, cap = (cfg.backoff, cfg.backoff_max) if cfg else (1.0, 60.0)
+        r = await self._binding.give_back(
+            self._conn,
+            process.worker_id,
+            process.queue,
+            [process.id],
+            failed=failed,
+            backoff_ms=int(backoff * 1000),
+            backoff_cap_ms=int(cap * 1000),
+        )
+        return r[0][0] != 0
+
+    # --- internals -------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed or self._closing:
+            raise ClosedError("this worker is stopped")
+
+    def _incarnation_of(self, process: Process) -> str:
+        return self._gen.incarnation if process.worker_id == self._gen.id else ""
+
+    async def _current_generation(self) -> _Generation:
+        await self._gen_ready.wait()
+        return self._gen
+
+    async def _start_runner(self, gen: _Generation, cfg: QueueConfig) -> None:
+        if cfg.handler is None or gen.nursery is None:
+            return
+        runner = QueueRunner(
+            self._conn, self._binding, gen.id, gen.incarnation, cfg, self._counters, gen.fence
+        )
+        gen.runners[cfg.queue] = runner
+        await gen.nursery.start(runner.run)
+
+    def _cancel_process(self, pid: str) -> None:
+        for runner in self._gen.runners.values():
+            if runner.cancel_process(pid):
+                return
+
+    async def _register(self, gen: _Generation, *, first: bool) -> None:
+        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": 0}).encode()
+        backoff = 0.05
+        while True:
+            try:
+                now = await self._binding.register(
+                    self._conn, gen.id, gen.incarnation, int(self.timing.ttl * 1000), info
+                )
+                break
+            except ConfigError:
+                if first:
+                    raise
+                gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
+            except MeshConnectionError:
+                if first:
+                    raise
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.timing.interval)
+        # record when it started, by the Redis clock
+        info = json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "started": now / 1000}
+        ).encode()
+        await self._conn.execute("HSET", self._keys.info, gen.id, info)
+        for q in list(self._queues):
+            await self._binding.serve(self._conn, gen.id, gen.incarnation, q)
+        await self._pubsub.subscribe(self._keys.cancel_channel(gen.id))
+
+    async def _retire(self, gen: _Generation) -> None:
+        """Hand back what ``gen`` still holds and remove it; retried until Redis
+        answers (or until cancelled)."""
+        backoff = 0.05
+        while True:
+            try:
+                r = await self._binding.recycle(
+                    self._conn, gen.id, leave=True, incarnation=gen.incarnation, queues=self._queues
+                )
+                if r.returned:
+                    log.info("worker %s handed back %d processes", gen.id, r.returned)
+                break
+            except FencedError:
+                break  # superseded by someone else: nothing of ours to hand back
+            except MeshConnectionError:
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+        try:
+            await self._pubsub.unsubscribe(self._keys.cancel_channel(gen.id))
+        except MeshConnectionError:
+            pass
+
+    async def _heartbeat_loop(self, gen: _Generation) -> None:
+        t = self.timing
+        ttl_ms = int(t.ttl * 1000)
+        acks: list[str] = []
+        while True:
+            sent = trio.current_time()
+            queues = list(gen.runners)
+            reply = None
+            try:
+                with trio.move_on_after(t.fence_after):
+                    reply = await self._binding.heartbeat(
+                        self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues
+                    )
+            except FencedError as exc:
+                gen.fence(str(exc))
+                return
+            except MeshConnectionError as exc:
+                log.debug("heartbeat of %s failed: %s", gen.id, exc)
+                await trio.sleep(min(t.interval / 4, 0.25))
+                continue
+            if reply is None:
+                continue
+            self._heartbeats += 1
+            gen.scope.deadline = sent + t.fence_after
+            acks = list(reply.inbox)
+            for pid in acks:
+                self._cancel_process(pid)
+            for q, state in zip(queues, reply.queue_states, strict=True):
+                runner = gen.runners.get(q)
+                if runner is None:
+                    continue
+                if state == 0:
+                    runner.nudge()
+                elif state > 0:
+                    runner.wake_in(state / 1000)
+            if reply.next_deadline_ms <= 0:
+                self._reaper.wake()
+            gen.beat.set()
+            gen.beat = trio.Event()
+            await trio.sleep_until(sent + t.interval)
+
+    async def _run_generations(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        gen = self._gen
+        first = True
+        try:
+            while True:
+                sent = trio.current_time()
+                await self._register(gen, first=first)
+                if first:
+                    task_status.started()
+                    first = False
+                fenced = False
+                try:
+                    gen.scope.deadline = sent + self.timing.fence_after
+                    if self._closing:
+                        gen.scope.cancel()
+                    with gen.scope:
+                        async with trio.open_nursery() as nursery:
+                            gen.nursery = nursery
+                            nursery.start_soon(self._heartbeat_loop, gen)
+                            for cfg in list(self._queues.values()):
+                                await self._start_runner(gen, cfg)
+                            self._gen_ready.set()
+                            await trio.sleep_forever()
+                    fenced = not self._closing
+                finally:
+                    self._gen_ready = trio.Event()
+                    if not fenced:
+                        # Closing, or an error or cancellation is on its way
+                        # out: hand everything back before going.
+                        with trio.move_on_after(self.timing.ttl) as cs:
+                            cs.shield = True
+                            await self._retire(gen)
+                if not fenced:
+                    return
+                self._fenced += 1
+                if gen.fence_reason is None:
+                    gen.fence_reason = f"no heartbeat confirmed within {self.timing.fence_after} s"
+                log.warning(
+                    "worker %s fenced (%s); its processes were stopped; rejoining",
+                    gen.id,
+                    gen.fence_reason,
+                )
+                await self._retire(gen)
+                if self._closing:
+                    return
+                gen = self._gen = _Generation(
+                    f"{self._base_id}.{secrets.token_hex(3)}", gen.number + 1
+                )
+        finally:
+            self._stopped.set()
+
+    async def _listen(self) -> None:
+        k = self._keys
+        expired = f"__keyevent@{self._conn.config.db}__:expired".encode()
+        work = k.work_prefix.encode()
+        cancel = k.cancel_prefix.encode()
+        await self._pubsub.subscribe(expired)
+        async for msg in self._pubsub:
+            self._dispatch(msg, expired, work, cancel)
+
+    def _dispatch(self, msg: Message, expired: bytes, work: bytes, cancel: bytes) -> None:
+        if msg.kind == "reconnected":
+            # We may have missed anything: look at the durable state again.
+            for runner in self._gen.runners.values():
+                runner.nudge()
+            self._reaper.wake()
+            return
+        ch = msg.channel
+        if ch.startswith(work):
+            target = self._gen.runners.get(ch[len(work) :].decode())
+            if target is not None:
+                target.nudge()
+        elif ch.startswith(cancel):
+            if ch[len(cancel) :].decode() == self._gen.id:
+                self._cancel_process(msg.data.decode())
+        elif ch == expired:
+            if self._keys.parse_heartbeat_key(msg.data) is not None:
+                self._reaper.wake()
+
+    async def _close(self) -> None:
+        """Cancel every handler, wait for them to exit, hand everything back
+        (bounded by the TTL: after that, peers recycle what is left)."""
+        self._closing = True
+        self._gen.scope.cancel()
+        with trio.move_on_after(self.timing.ttl + 1):
+            await self._stopped.wait()
+
+
+@asynccontextmanager
+async def open_worker(
+    url: str | RedisConfig = "redis://127.0.0.1:6379",
+    *,
+    namespace: str = "mesh",
+    ttl: float = 3.0,
+    heartbeat_interval: float | None = None,
+    fence_after: float | None = None,
+    worker_id: str | None = None,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+) -> AsyncIterator[Worker]:
+    """Join the mesh ``namespace`` at ``url`` as a worker.
+
+    Registers a lease (a heartbeat key with TTL ``ttl``), then runs the
+    heartbeat (every ``heartbeat_interval``, default ttl/3), self-fencing
+    (every handler is cancelled if no heartbeat was confirmed for
+    ``fence_after``, default 2*ttl/3), the peer supervisor and the event
+    listener, all inside this block. Serve queues with
+    :meth:`Worker.start_work`.
+
+    Leaving the block (normally, by an exception, or by cancellation) cancels
+    every handler, waits for them to exit, then hands every process back to
+    the front of its queue and publishes work, so peers take over at once.
+
+    Args:
+        worker_id: default ``<host>-<pid>-<random>``. Must not be in use.
+
+    Raises:
+        ConfigError: bad URL, namespace, worker id or timing (nothing started),
+            or the worker id is in use.
+        MeshConnectionError: Redis cannot be reached at start.
+        ProtocolError: the namespace holds data of another protocol version.
+    """
+    config = parse_url(url) if isinstance(url, str) else url
+    keys = Keys(namespace)
+    timing = Timing.make(ttl, heartbeat_interval, fence_after)
+    if worker_id is None:
+        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
+        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
+    check_worker_id(worker_id)
+    async with open_connection(config, name=f"mesh-worker:{worker_id}") as conn:
+        await _check_server(conn)
+        async with open_pubsub(config, name=f"mesh-events:{worker_id}") as pubsub:
+            worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)
+            reaper = worker._reaper
+            reaper.follow_deadlines = not await _expiry_events_enabled(conn)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker._listen)
+                await nursery.start(worker._run_generations)
+                await nursery.start(reaper.run)
+                try:
+                    yield worker
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await worker._close()
+                    worker._closed = True
+                    worker.client._closed = True
+                    nursery.cancel_scope.cancel()
+
+
+async def _check_server(conn: Connection) -> None:
+    """Refuse an eviction policy that can evict heartbeat keys; the check is
+    skipped where CONFIG is not allowed (managed Redis, ACL)."""
+    try:
+        r = await conn.execute("CONFIG", "GET", "maxmemory-policy")
+    except CommandError:
+        return
+    if len(r) == 2:
+        policy = r[1].decode()
+        if policy not in ("noeviction",):
+            raise ConfigError(
+                f"Redis maxmemory-policy is {policy!r}: it may evict leases and tasks; "
+                "trio-mesh needs 'noeviction'"
+            )
+
+
+async def _expiry_events_enabled(conn: Connection) -> bool:
+    try:
+        r = await conn.execute("CONFIG", "GET", "notify-keyspace-events")
+    except CommandError:
+        return False
+    flags = r[1].decode() if len(r) == 2 else ""
+    return ("E" in flags) and ("x" in flags or "A" in flags)
