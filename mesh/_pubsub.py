@@ -269,9 +269,13 @@ class PubSub:
         """Write to the current socket; a failure breaks it (the supervisor reconnects)."""
         stream, generation = self._stream, self._generation
         try:
-            async with self._send_lock:
-                if generation == self._generation and self._connected:
-                    await stream.send_all(data)
+            # Shielded: a send cancelled half-way would leave a partial command on the
+            # wire. It cannot hang: when the socket is declared broken, _serve closes
+            # it, which makes a blocked send_all raise ClosedResourceError.
+            with trio.CancelScope(shield=True):
+                async with self._send_lock:
+                    if generation == self._generation and self._connected:
+                        await stream.send_all(data)
         except _SEND_ERRORS as exc:
             if generation == self._generation:
                 self._broken(f"write failed: {_describe(exc)}")
