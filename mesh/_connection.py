@@ -256,8 +256,7 @@ async def connect(
         if stream is not None:
             await trio.aclose_forcefully(stream)
         raise MeshConnectionError(
-            f"could not connect to {where} within connect_timeout="
-            f"{config.connect_timeout:g}s"
+            f"could not connect to {where} within connect_timeout={config.connect_timeout:g}s"
         ) from None
     except _TRANSPORT_ERRORS as exc:
         if stream is not None:
@@ -675,4 +674,3 @@ async def open_connection(
     finally:
         conn._close()
         await trio.aclose_forcefully(conn._stream)
-

@@ -155,9 +155,7 @@ def parse_url(url: str) -> RedisConfig:
         raise fail(f"bad query string ({exc})") from None
     for key, value in pairs:
         if key not in _QUERY_KEYS:
-            raise fail(
-                f"unknown query parameter {key!r} (known: {', '.join(sorted(_QUERY_KEYS))})"
-            )
+            raise fail(f"unknown query parameter {key!r} (known: {', '.join(sorted(_QUERY_KEYS))})")
         if key in query:
             raise fail(f"query parameter {key!r} given twice")
         query[key] = value
