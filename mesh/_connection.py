@@ -279,7 +279,8 @@ async def connect(
 
 
 def _backoff_delays() -> collections.abc.Iterator[float]:
-    """Exponential backoff with full jitter: ~20 ms doubling to a 1 s cap."""
+    """Exponential backoff with jitter: each delay is uniform in [d/2, d], d going
+    from 20 ms, doubling, to a 1 s cap."""
     delay = _BACKOFF_START
     while True:
         yield delay / 2 + random.random() * delay / 2
