@@ -32,7 +32,7 @@ import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, NoReturn, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import attrs
 import hiredis
@@ -42,7 +42,7 @@ from redis._parsers import Encoder
 from redis.connection import PythonRespSerializer
 from redis.exceptions import DataError
 
-from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
+from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
 from ._url import RedisConfig, parse_url
 
 __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]
@@ -617,16 +617,6 @@ class Connection:
             scope.cancel()
 
 
-def _raise_single(eg: BaseExceptionGroup[BaseException]) -> NoReturn:
-    """Re-raise the only exception of a nursery's group unwrapped, keeping its cause:
-    the background trio tasks of a connection never raise, so a group here holds
-    what the ``async with`` body raised."""
-    exc = eg.exceptions[0]
-    if len(eg.exceptions) == 1 and not isinstance(exc, BaseExceptionGroup):
-        raise exc from exc.__cause__
-    raise eg
-
-
 @asynccontextmanager
 async def open_connection(
     config: RedisConfig | str,
@@ -671,7 +661,7 @@ async def open_connection(
                 conn._close()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
-        _raise_single(eg)
+        raise_single(eg)
     finally:
         conn._close()
         await trio.aclose_forcefully(conn._stream)

@@ -6,6 +6,8 @@ boundary where they happen, with the original kept as ``__cause__``.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import trio
 
 __all__ = [
@@ -67,3 +69,14 @@ class ConflictError(MeshError, ValueError):
     """The request contradicts what Redis holds, and nothing was changed: for
     example, enqueueing as a one-shot task a payload that is a persistent task
     of the same queue."""
+
+
+def raise_single(eg: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """Re-raise the only exception of a nursery's group unwrapped, keeping its
+    cause. Our context managers run background trio tasks that do not raise,
+    so a group that reaches them holds what the ``async with`` body (or the
+    start-up) raised: users get that exception itself, not a group."""
+    exc = eg.exceptions[0]
+    if len(eg.exceptions) == 1 and not isinstance(exc, BaseExceptionGroup):
+        raise exc from exc.__cause__
+    raise eg

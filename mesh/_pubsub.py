@@ -32,11 +32,10 @@ from ._connection import (
     _backoff_delays,
     _describe,
     _pack,
-    _raise_single,
     _scrub,
     connect,
 )
-from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
+from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
 from ._url import RedisConfig, parse_url
 
 __all__ = ["Message", "PubSub", "open_pubsub"]
@@ -522,7 +521,7 @@ async def open_pubsub(
                 pubsub._close()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
-        _raise_single(eg)
+        raise_single(eg)
     finally:
         pubsub._close()
         await trio.aclose_forcefully(pubsub._stream)

@@ -38,7 +38,14 @@ import trio
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._connection import Connection, open_connection
-from ._errors import ClosedError, CommandError, ConfigError, FencedError, MeshConnectionError
+from ._errors import (
+    ClosedError,
+    CommandError,
+    ConfigError,
+    FencedError,
+    MeshConnectionError,
+    raise_single,
+)
 from ._keys import Keys, check_queue, check_worker_id
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Counters, Handler, QueueConfig, QueueRunner
@@ -566,18 +573,21 @@ async def open_worker(
             worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)
             reaper = worker._reaper
             reaper.follow_deadlines = not await _expiry_events_enabled(conn)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(worker._listen)
-                await nursery.start(worker._run_generations)
-                await nursery.start(reaper.run)
-                try:
-                    yield worker
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await worker._close()
-                    worker._closed = True
-                    worker.client._closed = True
-                    nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(worker._listen)
+                    await nursery.start(worker._run_generations)
+                    await nursery.start(reaper.run)
+                    try:
+                        yield worker
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            await worker._close()
+                        worker._closed = True
+                        worker.client._closed = True
+                        nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as eg:
+                raise_single(eg)
 
 
 async def _check_server(conn: Connection) -> None:

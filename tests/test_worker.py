@@ -1,0 +1,476 @@
+"""Workers in one process against a real redis-server: handlers, persistent
+tasks, handover, fencing, cancel, lossless events, and bad input."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+import mesh
+from mesh import ClosedError, ConfigError, MeshConnectionError, Process
+from mesh._server import RedisServer
+
+from .protocol_helpers import expire_worker
+
+TTL = 0.9  # H = 0.3 s, R = 0.6 s
+
+
+async def wait_for(pred: Callable[[], Awaitable[bool]], timeout: float = 5.0, what: str = "") -> None:
+    """Poll ``pred`` until it is true; fail after ``timeout`` seconds."""
+    with trio.move_on_after(timeout):
+        while not await pred():
+            await trio.sleep(0.005)
+        return
+    raise AssertionError(f"timed out waiting for {what or pred}")
+
+
+@asynccontextmanager
+async def client_and_workers(
+    url: str, ns: str, n: int, ttl: float = TTL
+) -> AsyncIterator[tuple[mesh.Client, list[mesh.Worker]]]:
+    async with mesh.open_client(url, namespace=ns) as client:
+        async with trio.open_nursery() as nursery:
+            workers: list[mesh.Worker] = []
+            ready = trio.Event()
+            done = trio.Event()
+
+            async def one() -> None:
+                async with mesh.open_worker(url, namespace=ns, ttl=ttl) as w:
+                    workers.append(w)
+                    if len(workers) == n:
+                        ready.set()
+                    await done.wait()
+
+            for _ in range(n):
+                nursery.start_soon(one)
+            await ready.wait()
+            try:
+                yield client, workers
+            finally:
+                done.set()
+
+
+class Recorder:
+    """Handlers that record what they ran."""
+
+    def __init__(self) -> None:
+        self.started: list[Process] = []
+        self.done: list[Process] = []
+        self.cancelled: list[Process] = []
+
+    async def quick(self, p: Process) -> None:
+        self.started.append(p)
+        self.done.append(p)
+
+    async def forever(self, p: Process) -> None:
+        self.started.append(p)
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            self.cancelled.append(p)
+            raise
+
+    def running(self) -> list[Process]:
+        return [p for p in self.started if p not in self.done and p not in self.cancelled]
+
+
+async def test_each_task_runs_once_across_workers(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 3) as (client, workers):
+        for w in workers:
+            await w.start_work("jobs", rec.quick, concurrency=4)
+        tasks = [b"%d" % i for i in range(500)]
+        assert await client.enqueue_many("jobs", tasks) == 500
+
+        async def all_done() -> bool:
+            return len(rec.done) >= 500 and not await client.processes("jobs")
+
+        await wait_for(all_done, what="500 tasks")
+        assert sorted(p.task for p in rec.done) == sorted(tasks)
+        assert len({p.token for p in rec.done}) == 500
+        assert await client.queue_length("jobs") == 0
+        assert {p.worker_id for p in rec.done} <= {w.id for w in workers}
+        assert sum(w.statistics().processes_finished for w in workers) == 500
+
+
+async def test_payloads_round_trip_byte_for_byte(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    payloads = [b"", b"\x00", b"\x00\xff\r\n$3\r\n", bytes(range(256)) * 40, "žluťoučký kůň"]
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await client.enqueue_many("bin", payloads)
+        assert await client.tasks("bin") == [p if isinstance(p, bytes) else p.encode() for p in payloads]
+        await w.start_work("bin", rec.quick)
+        await wait_for(lambda: _true(len(rec.done) == len(payloads)))
+    expected = [p if isinstance(p, bytes) else p.encode() for p in payloads]
+    assert sorted(p.task for p in rec.done) == sorted(expected)
+
+
+async def _true(v: bool) -> bool:
+    return v
+
+
+async def test_persistent_tasks_have_one_owner_and_move_at_once_on_leave(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    devices = [f"dev-{i}" for i in range(4)]
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        async with client_and_workers(redis_url, namespace, 1) as (_, (w2,)):
+            await w2.start_work("devices", rec.forever, concurrency=10)
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w1:
+                # w1 first: take everything while w2 is at capacity 10 too; who
+                # owns what does not matter, only that each has one owner
+                await w1.start_work("devices", rec.forever, concurrency=10)
+                assert await client.ensure_many("devices", devices) == [True] * 4
+                assert await client.ensure("devices", "dev-0") is False
+
+                async def four_running() -> bool:
+                    return len(await client.processes("devices")) == 4
+
+                await wait_for(four_running)
+                procs = await client.processes("devices")
+                assert sorted(p.task for p in procs) == sorted(d.encode() for d in devices)
+                assert all(p.persistent for p in procs)
+                owned_by_w1 = {p.task: p.token for p in procs if p.worker_id == w1.id}
+                await w1.stop_work("devices")  # hand over w1's share
+                t0 = trio.current_time()
+
+                async def w2_owns_all() -> bool:
+                    ps = await client.processes("devices")
+                    return len(ps) == 4 and all(p.worker_id == w2.id for p in ps)
+
+                await wait_for(w2_owns_all, timeout=2)
+                handover = trio.current_time() - t0
+            procs = {p.task: p.token for p in await client.processes("devices")}
+            for task, token in owned_by_w1.items():
+                assert procs[task] > token  # fencing tokens only go up
+            assert handover < TTL  # well before any lease could have run out
+            # exactly one live handler per device at the end
+            live = rec.running()
+            assert sorted(p.task for p in live) == sorted(d.encode() for d in devices)
+
+
+async def test_leaving_the_worker_block_hands_back_and_publishes(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (peer,)):
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w1:
+            await w1.start_work("devices", rec.forever)
+            await client.ensure("devices", "d")
+            await wait_for(lambda: _true(len(rec.started) == 1))
+        # w1 left: its handler was cancelled first, then the task handed back
+        assert [p.task for p in rec.cancelled] == [b"d"]
+        assert await client.tasks("devices") == [b"d"]
+        assert [w.id for w in await client.workers()] == [peer.id]
+        await peer.start_work("devices", rec.forever)
+
+        async def peer_owns() -> bool:
+            return [p.worker_id for p in await client.processes("devices")] == [peer.id]
+
+        await wait_for(peer_owns)
+
+
+async def test_lost_lease_fences_the_worker_and_it_rejoins(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("devices", rec.forever)
+        await client.ensure("devices", "d")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        old_id = w.id
+        first = rec.started[0]
+        # the lease runs out behind the worker's back (forced)
+        await expire_worker(client._conn, client._keys, old_id)
+
+        async def rejoined_and_running() -> bool:
+            ps = await client.processes("devices")
+            return w.id != old_id and len(ps) == 1 and ps[0].worker_id == w.id
+
+        await wait_for(rejoined_and_running, timeout=5)
+        assert rec.cancelled == [first]  # the stale owner's handler was stopped
+        (p,) = await client.processes("devices")
+        assert p.token > first.token
+        assert old_id not in [x.id for x in await client.workers()]
+        assert w.statistics().fenced == 1
+        # the old identity's late finish changes nothing
+        assert await w.finish(first) is False
+
+
+async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("devices", rec.forever)
+        await client.ensure("devices", "d")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        # Heartbeats stop getting through (a stalled connection, simulated by
+        # a heartbeat call that never returns).
+        real = w._binding.heartbeat
+        cut_at: list[float] = []
+
+        async def stalled(*args: object, **kw: object) -> object:
+            cut_at.append(trio.current_time())
+            await trio.sleep_forever()
+            raise AssertionError
+
+        w._binding.heartbeat = stalled  # type: ignore[method-assign]
+        await wait_for(lambda: _true(bool(rec.cancelled)), timeout=3)
+        cancelled_at = trio.current_time()
+        # Cancelled at R after the last confirmed heartbeat was sent: that is
+        # at most R after the first stalled heartbeat was sent, and before T.
+        assert cancelled_at - cut_at[0] < w.timing.fence_after + 0.1
+        assert cancelled_at - cut_at[0] < w.timing.ttl
+        w._binding.heartbeat = real  # type: ignore[method-assign]
+
+        async def running_again() -> bool:
+            return len(await client.processes("devices")) == 1 and len(rec.started) == 2
+
+        await wait_for(running_again, timeout=5)
+        assert rec.started[1].token > rec.started[0].token
+
+
+async def test_cancel_by_payload_stops_processes_on_every_worker(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 3) as (client, workers):
+        for w in workers:
+            await w.start_work("jobs", rec.forever, concurrency=2)
+        await client.enqueue_many("jobs", [b"x"] * 5 + [b"y"])
+
+        async def six_running() -> bool:
+            return len(await client.processes("jobs")) == 6
+
+        await wait_for(six_running)
+        assert len({p.worker_id for p in await client.processes("jobs")}) == 3
+        await client.enqueue("jobs", b"x")  # one more, queued
+        assert await client.cancel("jobs", b"x") == 6
+        await wait_for(lambda: _true(len(rec.cancelled) == 5), timeout=1)
+        assert {p.task for p in rec.cancelled} == {b"x"}
+        assert [p.task for p in await client.processes("jobs")] == [b"y"]
+        assert await client.tasks("jobs") == []
+
+
+async def test_a_cancel_whose_message_is_lost_lands_within_a_heartbeat(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("jobs", rec.forever)
+        await client.enqueue("jobs", b"x")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        # drop every pub/sub message from now on: only the durable inbox remains
+        w._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
+        t0 = trio.current_time()
+        assert await client.cancel("jobs", b"x") == 1
+        await wait_for(lambda: _true(len(rec.cancelled) == 1), timeout=3)
+        assert trio.current_time() - t0 < w.timing.interval + 0.2
+
+
+async def test_queued_work_is_taken_without_pub_sub(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("jobs", rec.quick)
+        w._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
+        await trio.sleep(0.05)  # let the runner go idle first
+        t0 = trio.current_time()
+        await client.enqueue("jobs", b"x")
+        await wait_for(lambda: _true(len(rec.done) == 1), timeout=3)
+        assert trio.current_time() - t0 < w.timing.interval + 0.2
+
+
+async def test_killed_pub_sub_connection_loses_neither_cancel_nor_work(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("jobs", rec.forever)
+        await client.enqueue("jobs", b"a")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        await client._conn.execute("CLIENT", "KILL", "TYPE", "pubsub")
+        assert await client.cancel("jobs", b"a") == 1
+        await client.enqueue("jobs", b"b")
+        await wait_for(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 2), timeout=3)
+        assert rec.started[1].task == b"b"
+
+
+async def test_failing_handler_retries_then_dead_letters(redis_url: str, namespace: str) -> None:
+    attempts: list[int] = []
+
+    async def poison(p: Process) -> None:
+        attempts.append(p.attempts)
+        raise RuntimeError("boom")
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("jobs", poison, max_attempts=3, backoff=0.01, backoff_max=0.02)
+        await client.enqueue("jobs", b"bad")
+
+        async def dead() -> bool:
+            return await client.dead_letters("jobs") == [b"bad"]
+
+        await wait_for(dead, timeout=5)
+        assert attempts == [0, 1, 2]
+        info = await client.queue_info("jobs")
+        assert (info.queued, info.delayed, info.running, info.dead) == (0, 0, 0, 1)
+
+
+async def test_manual_dequeue_finish_and_give_back(redis_url: str, namespace: str) -> None:
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("manual")
+        assert await w.dequeue("manual") is None
+        await client.enqueue_many("manual", [b"a", b"b"])
+        a = await w.dequeue("manual")
+        assert a is not None and a.task == b"a" and a.worker_id == w.id
+        assert await w.give_back(a) is True
+        assert await client.tasks("manual") == [b"a", b"b"]  # back at the front
+        a2 = await w.dequeue("manual")
+        assert a2 is not None and a2.task == b"a" and a2.token > a.token
+        assert await w.finish(a) is False  # the given-back claim is gone
+        assert await w.finish(a2) is True
+        assert await w.finish(a2) is False
+        with pytest.raises(ConfigError, match="not served"):
+            await w.dequeue("other")
+
+
+async def test_stop_work_hands_back_that_queue_only(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("a", rec.forever)
+        await w.start_work("b", rec.forever)
+        await client.enqueue("a", b"1")
+        await client.enqueue("b", b"2")
+        await wait_for(lambda: _true(len(rec.started) == 2))
+        assert await w.stop_work("a") == 1
+        assert await client.tasks("a") == [b"1"]
+        assert [p.task for p in await client.processes("b")] == [b"2"]
+        with pytest.raises(ConfigError, match="not served"):
+            await w.stop_work("a")
+        with pytest.raises(ConfigError, match="served already"):
+            await w.start_work("b", rec.forever)
+
+
+async def test_bad_timing_is_refused_before_connecting() -> None:
+    url = "redis://127.0.0.1:1"  # nothing listens: a connect would fail differently
+    for kw in (
+        {"ttl": 0.02},
+        {"ttl": 3.0, "heartbeat_interval": 2.0},
+        {"ttl": 3.0, "fence_after": 3.0},
+        {"ttl": 3.0, "heartbeat_interval": 1.0, "fence_after": 1.0},
+        {"ttl": -1.0},
+    ):
+        with pytest.raises(ConfigError, match="heartbeat interval < fence_after < ttl"):
+            async with mesh.open_worker(url, **kw):  # type: ignore[arg-type]
+                pass  # pragma: no cover
+
+
+async def test_unreachable_redis_fails_fast_and_clearly() -> None:
+    t0 = trio.current_time()
+    with pytest.raises(MeshConnectionError) as e:
+        async with mesh.open_client("redis://user:s3cret@127.0.0.1:1"):
+            pass  # pragma: no cover
+    assert trio.current_time() - t0 < 2
+    assert "127.0.0.1:1" in str(e.value) and "s3cret" not in str(e.value)
+    with pytest.raises(MeshConnectionError):
+        async with mesh.open_worker("redis://127.0.0.1:1"):
+            pass  # pragma: no cover
+
+
+@pytest.mark.parametrize("name", ["a b", "a{b", "a}b", "", "x" * 201, "tab\t", "glob*", "ü"])
+async def test_bad_queue_names_are_refused_clearly(redis_url: str, namespace: str, name: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        with pytest.raises(ConfigError, match="invalid queue name"):
+            await client.enqueue(name, b"x")
+        assert await client.queues() == []
+
+
+async def test_queue_names_with_colons_and_slashes_work(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        for q in ("a:b", "a", "tenant/1:jobs@eu"):
+            await w.start_work(q, rec.quick)
+            await client.enqueue(q, q)
+        await wait_for(lambda: _true(len(rec.done) == 3))
+        assert sorted((p.queue, p.task) for p in rec.done) == [
+            ("a", b"a"),
+            ("a:b", b"a:b"),
+            ("tenant/1:jobs@eu", b"tenant/1:jobs@eu"),
+        ]
+
+
+@pytest.mark.parametrize("ns", ["a:b", "{x}", "a b", "", "n" * 65])
+async def test_bad_namespaces_are_refused_before_connecting(ns: str) -> None:
+    with pytest.raises(ConfigError, match="invalid namespace"):
+        async with mesh.open_client("redis://127.0.0.1:1", namespace=ns):
+            pass  # pragma: no cover
+
+
+async def test_bad_payloads_are_refused_and_nothing_is_sent(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace, max_payload=10) as client:
+        with pytest.raises(TypeError, match="bytes or str, not int"):
+            await client.enqueue("q", 5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="not a single payload"):
+            await client.enqueue_many("q", b"abc")
+        with pytest.raises(ValueError, match="11 bytes; the limit"):
+            await client.enqueue_many("q", [b"ok", b"x" * 11])
+        assert await client.queue_length("q") == 0
+
+
+async def test_duplicate_worker_id_is_refused(redis_url: str, namespace: str) -> None:
+    wid = "dup-" + secrets.token_hex(3)
+    async with mesh.open_worker(redis_url, namespace=namespace, worker_id=wid, ttl=TTL):
+        with pytest.raises(ConfigError, match="in use"):
+            async with mesh.open_worker(redis_url, namespace=namespace, worker_id=wid):
+                pass  # pragma: no cover
+    with pytest.raises(ConfigError, match="invalid worker id"):
+        async with mesh.open_worker(redis_url, namespace=namespace, worker_id="a:b"):
+            pass  # pragma: no cover
+
+
+async def test_using_a_closed_client_or_worker_raises_closed_error(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        pass
+    with pytest.raises(ClosedError):
+        await client.enqueue("q", b"x")
+    async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
+        pass
+    with pytest.raises(ClosedError):
+        await w.start_work("q")
+    with pytest.raises(ClosedError):
+        await w.client.queues()
+
+
+async def test_an_evicting_redis_is_refused(own_redis: RedisServer) -> None:
+    async with mesh.open_client(own_redis.url) as client:
+        await client._conn.execute("CONFIG", "SET", "maxmemory-policy", "volatile-lru")
+    with pytest.raises(ConfigError, match="noeviction"):
+        async with mesh.open_worker(own_redis.url):
+            pass  # pragma: no cover
+
+
+async def test_reconcile_makes_the_persistent_set_exact(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("conns", rec.forever)
+        r = await client.reconcile("conns", ["a", "b", "c"])
+        assert sorted(r.added) == [b"a", b"b", b"c"] and r.cancelled == ()
+        await wait_for(lambda: _true(len(rec.started) == 3))
+        r = await client.reconcile("conns", ["b", "c", "d"])
+        assert r.added == (b"d",) and r.cancelled == (b"a",)
+        await wait_for(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 4))
+        assert rec.cancelled[0].task == b"a"
+        assert sorted(await client.persistent_tasks("conns")) == [b"b", b"c", b"d"]
+        r = await client.reconcile("conns", ["b", "c", "d"])
+        assert r == mesh.ReconcileResult((), ())
+
+
+async def test_delete_queue_cancels_running_and_empties_it(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("q", rec.forever, concurrency=1)
+        await client.enqueue_many("q", [b"1", b"2", b"3"])
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        assert await client.delete_queue("q") == 3
+        await wait_for(lambda: _true(len(rec.cancelled) == 1))
+        assert await client.queue_info("q") == mesh.QueueInfo("q", 0, 0, 0, 0, 0)
+        assert "q" not in await client.queues()
