@@ -19,7 +19,9 @@ from .protocol_helpers import expire_worker
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
 
-async def wait_for(pred: Callable[[], Awaitable[bool]], timeout: float = 5.0, what: str = "") -> None:
+async def wait_for(
+    pred: Callable[[], Awaitable[bool]], timeout: float = 5.0, what: str = ""
+) -> None:
     """Poll ``pred`` until it is true; fail after ``timeout`` seconds."""
     with trio.move_on_after(timeout):
         while not await pred():
@@ -102,7 +104,9 @@ async def test_payloads_round_trip_byte_for_byte(redis_url: str, namespace: str)
     payloads = [b"", b"\x00", b"\x00\xff\r\n$3\r\n", bytes(range(256)) * 40, "žluťoučký kůň"]
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await client.enqueue_many("bin", payloads)
-        assert await client.tasks("bin") == [p if isinstance(p, bytes) else p.encode() for p in payloads]
+        assert await client.tasks("bin") == [
+            p if isinstance(p, bytes) else p.encode() for p in payloads
+        ]
         await w.start_work("bin", rec.quick)
         await wait_for(lambda: _true(len(rec.done) == len(payloads)))
     expected = [p if isinstance(p, bytes) else p.encode() for p in payloads]
@@ -154,7 +158,9 @@ async def test_persistent_tasks_have_one_owner_and_move_at_once_on_leave(
             assert sorted(p.task for p in live) == sorted(d.encode() for d in devices)
 
 
-async def test_leaving_the_worker_block_hands_back_and_publishes(redis_url: str, namespace: str) -> None:
+async def test_leaving_the_worker_block_hands_back_and_publishes(
+    redis_url: str, namespace: str
+) -> None:
     rec = Recorder()
     async with client_and_workers(redis_url, namespace, 1) as (client, (peer,)):
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w1:
@@ -232,7 +238,9 @@ async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
         assert rec.started[1].token > rec.started[0].token
 
 
-async def test_cancel_by_payload_stops_processes_on_every_worker(redis_url: str, namespace: str) -> None:
+async def test_cancel_by_payload_stops_processes_on_every_worker(
+    redis_url: str, namespace: str
+) -> None:
     rec = Recorder()
     async with client_and_workers(redis_url, namespace, 3) as (client, workers):
         for w in workers:
@@ -377,7 +385,9 @@ async def test_unreachable_redis_fails_fast_and_clearly() -> None:
 
 
 @pytest.mark.parametrize("name", ["a b", "a{b", "a}b", "", "x" * 201, "tab\t", "glob*", "ü"])
-async def test_bad_queue_names_are_refused_clearly(redis_url: str, namespace: str, name: str) -> None:
+async def test_bad_queue_names_are_refused_clearly(
+    redis_url: str, namespace: str, name: str
+) -> None:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         with pytest.raises(ConfigError, match="invalid queue name"):
             await client.enqueue(name, b"x")
@@ -427,7 +437,9 @@ async def test_duplicate_worker_id_is_refused(redis_url: str, namespace: str) ->
             pass  # pragma: no cover
 
 
-async def test_using_a_closed_client_or_worker_raises_closed_error(redis_url: str, namespace: str) -> None:
+async def test_using_a_closed_client_or_worker_raises_closed_error(
+    redis_url: str, namespace: str
+) -> None:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         pass
     with pytest.raises(ClosedError):
