@@ -20,11 +20,12 @@ TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
 
 async def wait_for(
-    pred: Callable[[], Awaitable[bool]], timeout: float = 5.0, what: str = ""
+    pred: Callable[[], Awaitable[bool]], within: float = 5.0, what: str = ""
 ) -> None:
-    """Poll ``pred`` until it is true; fail after ``timeout`` seconds."""
-    with trio.move_on_after(timeout):
-        while not await pred():
+    """Poll ``pred`` (state in Redis, which no event announces to the test)
+    until it is true; fail after ``within`` seconds."""
+    with trio.move_on_after(within):
+        while not await pred():  # noqa: ASYNC110 - a poll with a deadline
             await trio.sleep(0.005)
         return
     raise AssertionError(f"timed out waiting for {what or pred}")
@@ -147,7 +148,7 @@ async def test_persistent_tasks_have_one_owner_and_move_at_once_on_leave(
                     ps = await client.processes("devices")
                     return len(ps) == 4 and all(p.worker_id == w2.id for p in ps)
 
-                await wait_for(w2_owns_all, timeout=2)
+                await wait_for(w2_owns_all, within=2)
                 handover = trio.current_time() - t0
             procs = {p.task: p.token for p in await client.processes("devices")}
             for task, token in owned_by_w1.items():
@@ -194,7 +195,7 @@ async def test_lost_lease_fences_the_worker_and_it_rejoins(redis_url: str, names
             ps = await client.processes("devices")
             return w.id != old_id and len(ps) == 1 and ps[0].worker_id == w.id
 
-        await wait_for(rejoined_and_running, timeout=5)
+        await wait_for(rejoined_and_running, within=5)
         assert rec.cancelled == [first]  # the stale owner's handler was stopped
         (p,) = await client.processes("devices")
         assert p.token > first.token
@@ -223,7 +224,7 @@ async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
             raise AssertionError
 
         w._binding.heartbeat = stalled  # type: ignore[method-assign]
-        await wait_for(lambda: _true(bool(rec.cancelled)), timeout=3)
+        await wait_for(lambda: _true(bool(rec.cancelled)), within=3)
         cancelled_at = trio.current_time()
         # Cancelled at R after the last confirmed heartbeat was sent: that is
         # at most R after the first stalled heartbeat was sent, and before T.
@@ -234,7 +235,7 @@ async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
         async def running_again() -> bool:
             return len(await client.processes("devices")) == 1 and len(rec.started) == 2
 
-        await wait_for(running_again, timeout=5)
+        await wait_for(running_again, within=5)
         assert rec.started[1].token > rec.started[0].token
 
 
@@ -254,7 +255,7 @@ async def test_cancel_by_payload_stops_processes_on_every_worker(
         assert len({p.worker_id for p in await client.processes("jobs")}) == 3
         await client.enqueue("jobs", b"x")  # one more, queued
         assert await client.cancel("jobs", b"x") == 6
-        await wait_for(lambda: _true(len(rec.cancelled) == 5), timeout=1)
+        await wait_for(lambda: _true(len(rec.cancelled) == 5), within=1)
         assert {p.task for p in rec.cancelled} == {b"x"}
         assert [p.task for p in await client.processes("jobs")] == [b"y"]
         assert await client.tasks("jobs") == []
@@ -272,7 +273,7 @@ async def test_a_cancel_whose_message_is_lost_lands_within_a_heartbeat(
         w._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
         t0 = trio.current_time()
         assert await client.cancel("jobs", b"x") == 1
-        await wait_for(lambda: _true(len(rec.cancelled) == 1), timeout=3)
+        await wait_for(lambda: _true(len(rec.cancelled) == 1), within=3)
         assert trio.current_time() - t0 < w.timing.interval + 0.2
 
 
@@ -284,7 +285,7 @@ async def test_queued_work_is_taken_without_pub_sub(redis_url: str, namespace: s
         await trio.sleep(0.05)  # let the runner go idle first
         t0 = trio.current_time()
         await client.enqueue("jobs", b"x")
-        await wait_for(lambda: _true(len(rec.done) == 1), timeout=3)
+        await wait_for(lambda: _true(len(rec.done) == 1), within=3)
         assert trio.current_time() - t0 < w.timing.interval + 0.2
 
 
@@ -299,7 +300,7 @@ async def test_killed_pub_sub_connection_loses_neither_cancel_nor_work(
         await client._conn.execute("CLIENT", "KILL", "TYPE", "pubsub")
         assert await client.cancel("jobs", b"a") == 1
         await client.enqueue("jobs", b"b")
-        await wait_for(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 2), timeout=3)
+        await wait_for(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 2), within=3)
         assert rec.started[1].task == b"b"
 
 
@@ -317,7 +318,7 @@ async def test_failing_handler_retries_then_dead_letters(redis_url: str, namespa
         async def dead() -> bool:
             return await client.dead_letters("jobs") == [b"bad"]
 
-        await wait_for(dead, timeout=5)
+        await wait_for(dead, within=5)
         assert attempts == [0, 1, 2]
         info = await client.queue_info("jobs")
         assert (info.queued, info.delayed, info.running, info.dead) == (0, 0, 0, 1)

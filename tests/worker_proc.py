@@ -58,7 +58,7 @@ async def main(args: argparse.Namespace) -> None:
             await worker.start_work("jobs", job, concurrency=args.concurrency)
         await log("ready")
         if args.manual:
-            while (p := await worker.dequeue("manual")) is None:
+            while (p := await worker.dequeue("manual")) is None:  # noqa: ASYNC110
                 await trio.sleep(0.01)
             await log("claimed", p)
             await trio.sleep(args.hold)  # the test pauses us in here
