@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from ._connection import Connection
-from ._errors import FencedError, MeshConnectionError
+from ._errors import CommandError, FencedError, MeshConnectionError
 from ._scripts import Binding
 from ._types import Process
 
@@ -140,11 +140,12 @@ class QueueRunner:
                 except FencedError as exc:
                     self._on_fenced(str(exc))
                     return
-                except MeshConnectionError as exc:
-                    log.debug("queue %s: %s; retrying in %.2fs", self.config.queue, exc, backoff)
+                except (MeshConnectionError, CommandError) as exc:
+                    log.warning("queue %s: %s; retrying in %.2fs", self.config.queue, exc, backoff)
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
-                    await self._resync()
+                    if isinstance(exc, MeshConnectionError):
+                        await self._resync()
                     continue
                 if self._done or self._failed:
                     continue
@@ -234,6 +235,6 @@ class QueueRunner:
                     self.config.queue,
                     len(lost),
                 )
-            except MeshConnectionError:
+            except (MeshConnectionError, CommandError):
                 return
         self._maybe_work = True

@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from ._connection import Connection
-from ._errors import MeshConnectionError
+from ._errors import CommandError, MeshConnectionError
 from ._scripts import Binding
 
 __all__ = ["Reaper"]
@@ -119,7 +119,7 @@ class Reaper:
             try:
                 await self.reap_once()
                 backoff = 0.05
-            except MeshConnectionError as exc:
+            except (MeshConnectionError, CommandError) as exc:
                 log.debug("reaper: %s; retrying in %.2fs", exc, backoff)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_interval)

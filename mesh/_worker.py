@@ -348,31 +348,41 @@ class Worker:
                 return
 
     async def _register(self, gen: _Generation, *, first: bool) -> None:
-        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": 0}).encode()
+        """Join the mesh as ``gen``. The first time, errors propagate (a bad
+        id, an unreachable Redis). When rejoining after a fence, every
+        expected error is retried with backoff, under a fresh id where the
+        old one may be taken, until it works or the worker is closed."""
         backoff = 0.05
         while True:
             try:
-                now = await self._binding.register(
-                    self._conn, gen.id, gen.incarnation, int(self.timing.ttl * 1000), info
-                )
-                break
-            except ConfigError:
+                await self._join(gen)
+                return
+            except (MeshConnectionError, CommandError, FencedError, ConfigError) as exc:
                 if first:
                     raise
-                gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
-            except MeshConnectionError:
-                if first:
-                    raise
+                if self._closing:
+                    return
+                log.warning("worker %s could not rejoin yet (%s); retrying", gen.id, exc)
+                if isinstance(exc, ConfigError | FencedError):
+                    gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.timing.interval)
-        # record when it started, by the Redis clock
-        info = json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "started": now / 1000}
-        ).encode()
+
+    async def _join(self, gen: _Generation) -> None:
+        host, pid = socket.gethostname(), os.getpid()
+        info = json.dumps({"host": host, "pid": pid, "started": 0}).encode()
+        now = await self._binding.register(
+            self._conn, gen.id, gen.incarnation, int(self.timing.ttl * 1000), info
+        )
+        # when it started, by the Redis clock
+        info = json.dumps({"host": host, "pid": pid, "started": now / 1000}).encode()
         await self._conn.execute("HSET", self._keys.info, gen.id, info)
         for q in list(self._queues):
             await self._binding.serve(self._conn, gen.id, gen.incarnation, q)
-        await self._pubsub.subscribe(self._keys.cancel_channel(gen.id))
+        try:
+            await self._pubsub.subscribe(self._keys.cancel_channel(gen.id))
+        except MeshConnectionError:
+            pass  # it stays registered and is subscribed on the reconnect
 
     async def _retire(self, gen: _Generation) -> None:
         """Hand back what ``gen`` still holds and remove it; retried until Redis
@@ -388,7 +398,8 @@ class Worker:
                 break
             except FencedError:
                 break  # superseded by someone else: nothing of ours to hand back
-            except MeshConnectionError:
+            except (MeshConnectionError, CommandError) as exc:
+                log.debug("worker %s could not hand back yet: %s", gen.id, exc)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
         try:
@@ -412,8 +423,10 @@ class Worker:
             except FencedError as exc:
                 gen.fence(str(exc))
                 return
-            except MeshConnectionError as exc:
-                log.debug("heartbeat of %s failed: %s", gen.id, exc)
+            except (MeshConnectionError, CommandError) as exc:
+                # Retried until it works or the fence deadline passes (an OOM
+                # Redis refuses the lease renewal: we fence, we do not crash).
+                log.warning("heartbeat of worker %s failed: %s", gen.id, exc)
                 await trio.sleep(min(t.interval / 4, 0.25))
                 continue
             if reply is None:
@@ -495,7 +508,10 @@ class Worker:
         expired = f"__keyevent@{self._conn.config.db}__:expired".encode()
         work = k.work_prefix.encode()
         cancel = k.cancel_prefix.encode()
-        await self._pubsub.subscribe(expired)
+        try:
+            await self._pubsub.subscribe(expired)
+        except MeshConnectionError:
+            pass  # subscribed on the reconnect
         async for msg in self._pubsub:
             self._dispatch(msg, expired, work, cancel)
 

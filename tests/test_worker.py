@@ -487,3 +487,24 @@ async def test_delete_queue_cancels_running_and_empties_it(redis_url: str, names
         await wait_for(lambda: _true(len(rec.cancelled) == 1))
         assert await client.queue_info("q") == mesh.QueueInfo("q", 0, 0, 0, 0, 0)
         assert "q" not in await client.queues()
+
+
+async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(own_redis: RedisServer) -> None:
+    rec = Recorder()
+    async with client_and_workers(own_redis.url, "oom", 1) as (client, (w,)):
+        await w.start_work("devices", rec.forever)
+        await client.ensure("devices", "d")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        first_id = w.id
+        # every write that could grow memory is refused from now on
+        await client._conn.execute("CONFIG", "SET", "maxmemory", "1")
+        await wait_for(lambda: _true(len(rec.cancelled) == 1), within=w.timing.ttl + 1)
+        assert w.statistics().fenced == 1  # fenced, still running
+        await client._conn.execute("CONFIG", "SET", "maxmemory", "0")
+
+        async def running_again() -> bool:
+            ps = await client.processes("devices")
+            return len(ps) == 1 and ps[0].worker_id == w.id != first_id
+
+        await wait_for(running_again, within=5)
+        assert rec.started[-1].token > rec.started[0].token
