@@ -110,7 +110,8 @@ class Client:
         someone else may survive or be cancelled. Safe to repeat.
 
         Returns:
-            The payloads added and the payloads cancelled.
+            The payloads this call added and the payloads this call cancelled
+            (one that a concurrent call cancelled first is not reported).
         """
         conn = self._check()
         check_queue(queue)
@@ -122,9 +123,11 @@ class Client:
         if want:
             flags = await self._binding.ensure(conn, queue, want)
             added = [p for p, f in zip(want, flags, strict=True) if f]
+        cancelled: list[bytes] = []
         for p in extra:
-            await self._binding.cancel(conn, queue, p)
-        return ReconcileResult(tuple(added), tuple(extra))
+            if sum(await self._binding.cancel(conn, queue, p)):
+                cancelled.append(p)
+        return ReconcileResult(tuple(added), tuple(cancelled))
 
     async def cancel(self, queue: str, task: bytes | str) -> int:
         """Cancel a task by payload anywhere in the mesh: every queued (or
