@@ -652,13 +652,24 @@ async def open_connection(
         raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
     stream, reader, _ = await connect(config, name=name)
     conn = Connection(config, stream, reader, name=name, reconnect=reconnect)
+    # The connection's trio tasks are shielded from cancellations of the
+    # caller's scopes, and stopped only when the block is left: a block
+    # cancelled from outside can still use the connection in its shielded
+    # clean-up (a worker hands its processes back that way).
+    shield = trio.CancelScope(shield=True)
+
+    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with shield:
+            await conn._run(task_status=task_status)
+
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(conn._run)
+            await nursery.start(run)
             try:
                 yield conn
             finally:
                 conn._close()
+                shield.cancel()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
         raise_single(eg)
