@@ -127,12 +127,14 @@ class Report:
         holders: after each step, which replica held each connection.
         reconciled: every reconcile that changed something, as
             ``(replica, added, cancelled)``.
-        handover: seconds from stopping a replica until the other held all
-            of its connections.
+        stopped: the replica that was stopped.
+        handover: seconds from stopping it until the other held all of its
+            connections.
     """
 
     holders: list[dict[str, str]]
     reconciled: list[tuple[str, list[str], list[str]]]
+    stopped: str
     handover: float
 
 
@@ -198,7 +200,7 @@ async def run(
     reconciled = [
         (r.name, _names(res.added), _names(res.cancelled)) for r in replicas for res in r.reconciled
     ]
-    return Report(holders, reconciled, handover)
+    return Report(holders, reconciled, leaving.name, handover)
 
 
 def main(argv: list[str] | None = None) -> int:
