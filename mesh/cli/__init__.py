@@ -1,0 +1,93 @@
+"""The ``mesh`` command: run workers, put and cancel tasks, look at a mesh,
+and ``mesh demo``.
+
+Exit status: 0 ok, 1 failure (Redis unreachable, a refused operation), 2 usage
+error (bad option, URL, name or APP), 130 interrupted. Expected failures print
+one line on stderr, never a traceback, and never a password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Sequence
+
+import mesh
+
+from . import _demo, _status, _tasks, _worker
+from ._common import EXIT_INTERRUPTED, CliError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mesh`` argument parser, with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="mesh",
+        description="trio-mesh: a peer-supervised worker mesh on Redis. Every subcommand "
+        "takes --redis URL (or $MESH_REDIS_URL) and --namespace NS (or $MESH_NAMESPACE); "
+        "'mesh SUBCOMMAND --help' says more.",
+        epilog="Start with 'mesh demo'. Exit status: 0 ok, 1 failure, 2 usage error, "
+        "130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"trio-mesh {mesh.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
+    _demo.register(sub)
+    _worker.register(sub)
+    _tasks.register(sub)
+    _status.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``mesh`` command.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status. Usage errors found by argparse exit 2 through
+        :class:`SystemExit`.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = f"mesh {args.command}"
+    try:
+        status: int = args.func(args)
+        return status
+    except BaseException as exc:
+        leaves = list(_leaves(exc))
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        expected = [e for e in leaves if isinstance(e, CliError | mesh.MeshError)]
+        if not expected or not all(
+            isinstance(e, CliError | mesh.MeshError | KeyboardInterrupt) for e in leaves
+        ):
+            raise
+        err = expected[0]
+        print(f"{prog}: error: {_one_line(str(err), args)}", file=sys.stderr)
+        return err.exit_code if isinstance(err, CliError) else 1
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            yield from _leaves(e)
+    else:
+        yield exc
+
+
+def _one_line(message: str, args: argparse.Namespace) -> str:
+    """One line, and, belt and braces, without the password of ``--redis``."""
+    message = " ".join(message.split())
+    url = getattr(args, "redis", None) or os.environ.get("MESH_REDIS_URL")
+    if url:
+        try:
+            password = mesh.parse_url(url).password
+        except mesh.ConfigError:
+            password = None
+        if password:
+            message = message.replace(password, "***")
+    return message or "failed"

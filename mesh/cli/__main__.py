@@ -1,0 +1,5 @@
+"""``python -m mesh.cli``: the ``mesh`` command."""
+
+from mesh.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""What every subcommand shares: the connection options, errors and exit
+codes, reading tasks, and printing payloads, tables and durations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import IO, Any, NoReturn
+
+import attrs
+import trio
+
+import mesh
+from mesh._keys import Keys, check_queue
+
+__all__ = [
+    "DEFAULT_URL",
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CliError",
+    "Target",
+    "UsageError",
+    "add_target_options",
+    "dump_json",
+    "fail",
+    "format_ms",
+    "format_seconds",
+    "json_task",
+    "positive_float",
+    "queue_arg",
+    "read_tasks",
+    "run_client",
+    "show_task",
+    "table",
+    "target",
+    "task_bytes",
+    "tasks_from_args",
+]
+
+DEFAULT_URL = "redis://127.0.0.1:6379"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """An expected failure of a command: printed as one line, exit status 1."""
+
+    exit_code = EXIT_FAILURE
+
+
+class UsageError(CliError):
+    """The command line (or what it names) is wrong: exit status 2."""
+
+    exit_code = EXIT_USAGE
+
+
+@attrs.frozen
+class Target:
+    """Which mesh a command talks to."""
+
+    config: mesh.RedisConfig
+    namespace: str
+
+    @property
+    def shown(self) -> str:
+        """The Redis URL without its password."""
+        return self.config.redacted()
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--redis`` and ``--namespace`` to a subcommand's parser."""
+    group = parser.add_argument_group("mesh")
+    group.add_argument(
+        "--redis",
+        metavar="URL",
+        help=f"Redis URL (default: $MESH_REDIS_URL, else {DEFAULT_URL}); the password may "
+        "also come from $MESH_REDIS_PASSWORD",
+    )
+    group.add_argument(
+        "--namespace",
+        metavar="NS",
+        help="the mesh's namespace (default: $MESH_NAMESPACE, else 'mesh')",
+    )
+
+
+def target(args: argparse.Namespace) -> Target:
+    """The URL and namespace from the options, else the environment, else the defaults.
+
+    Raises:
+        UsageError: a malformed URL or namespace (the message has no password).
+    """
+    url = args.redis or os.environ.get("MESH_REDIS_URL") or DEFAULT_URL
+    namespace = args.namespace or os.environ.get("MESH_NAMESPACE") or "mesh"
+    try:
+        config = mesh.parse_url(url)
+        Keys(namespace)
+    except mesh.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return Target(config, namespace)
+
+
+def task_bytes(arg: str) -> bytes:
+    """A task given on the command line, as the bytes the shell passed."""
+    return os.fsencode(arg)
+
+
+def read_tasks(stream: IO[bytes]) -> list[bytes]:
+    """Tasks from a byte stream, one per line. Line ends (``\\n`` or ``\\r\\n``)
+    are not part of a task; empty lines are skipped."""
+    out = []
+    for line in stream.read().split(b"\n"):
+        line = line.removesuffix(b"\r")
+        if line:
+            out.append(line)
+    return out
+
+
+def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> list[bytes]:
+    """The TASK words of a command, where ``-`` stands for the lines of stdin.
+
+    Raises:
+        UsageError: ``-`` given more than once.
+    """
+    if words.count("-") > 1:
+        raise UsageError("'-' (read tasks from stdin) may be given once")
+    out: list[bytes] = []
+    for w in words:
+        if w == "-":
+            out += read_tasks(stdin if stdin is not None else sys.stdin.buffer)
+        else:
+            out.append(task_bytes(w))
+    return out
+
+
+def show_task(task: bytes, width: int = 60) -> str:
+    """A payload for humans: its text when it is printable UTF-8, else a
+    ``b'...'`` literal; cut to ``width`` characters."""
+    try:
+        text = task.decode()
+    except UnicodeDecodeError:
+        text = repr(task)
+    else:
+        if not text.isprintable():
+            text = repr(task)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def json_task(task: bytes) -> str:
+    """A payload in JSON output: its UTF-8 text, with undecodable bytes as
+    ``\\xNN`` escapes."""
+    return task.decode(errors="backslashreplace")
+
+
+def dump_json(obj: Any, out: IO[str] | None = None) -> None:
+    """Print ``obj`` as one line of JSON."""
+    print(json.dumps(obj, separators=(",", ":")), file=out or sys.stdout, flush=True)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: str = "") -> list[str]:
+    """Rows as aligned text lines, headers first. Columns whose header is in
+    ``right`` (names separated by spaces) are right-aligned; the last column is
+    not padded."""
+    body = [[str(c) for c in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in body:
+        widths = [max(w, len(c)) for w, c in zip(widths, r, strict=True)]
+    right_cols = set(right.split())
+    lines = []
+    for r in [list(headers), *body]:
+        cells = [
+            c.rjust(w) if h in right_cols else c.ljust(w)
+            for h, c, w in zip(headers, r, widths, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration, short: ``850ms``, ``4.2s``, ``3m05s``, ``2h07m``."""
+    if not math.isfinite(seconds):
+        return "-"
+    neg = seconds < 0
+    s = abs(seconds)
+    if s < 1:
+        text = f"{s * 1000:.0f}ms"
+    elif s < 60:
+        text = f"{s:.1f}s"
+    elif s < 3600:
+        text = f"{int(s // 60)}m{int(s % 60):02d}s"
+    else:
+        text = f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return "-" + text if neg else text
+
+
+def format_ms(seconds: float) -> str:
+    """A duration in whole milliseconds, e.g. ``1712 ms``."""
+    return f"{seconds * 1000:.0f} ms"
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the command with an expected failure (exit status 1)."""
+    raise CliError(message)
+
+
+def run_client(t: Target, fn: Callable[[mesh.Client], Awaitable[int]]) -> int:
+    """Run ``await fn(client)`` under ``trio.run`` with a client of ``t``.
+
+    Returns:
+        What ``fn`` returned: the exit status.
+    """
+
+    async def go() -> int:
+        async with mesh.open_client(t.config, namespace=t.namespace) as client:
+            return await fn(client)
+
+    return trio.run(go)
+
+
+def queue_arg(name: str) -> str:
+    """An argparse type for queue names."""
+    try:
+        return check_queue(name)
+    except mesh.ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}")
+    return v

@@ -1,0 +1,607 @@
+"""``mesh demo``: a live tour of a mesh, unattended, in a few seconds.
+
+It starts a throwaway redis-server (unless given ``--redis``), launches peer
+workers as real OS processes (``mesh worker mesh.cli.demo_app:queues``),
+ensures persistent "device connection" tasks and enqueues one-shot jobs,
+SIGKILLs the peer that owns the most devices and measures the takeover,
+cancels a device by payload and measures how fast it stops, then stops every
+peer with SIGTERM and prints a summary. Whatever happens (an error, Ctrl-C,
+SIGTERM), every child process is stopped and every temporary file removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import math
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO, TypeVar
+
+import attrs
+import trio
+
+import mesh
+from mesh._connection import open_connection
+from mesh._server import run_redis_server
+
+from ._common import (
+    CliError,
+    UsageError,
+    format_ms,
+)
+
+__all__ = ["register"]
+
+TTL = 1.5
+"""The peers' lease TTL: a killed peer's devices move after about this long."""
+JOB_SLOTS = 2
+"""Jobs at once per peer."""
+POLL = 0.005
+"""How often the demo looks at Redis while it waits for something."""
+
+T = TypeVar("T")
+
+_ROOT = str(Path(mesh.__file__).resolve().parent.parent)
+"""Where the ``mesh`` package is, for the peers' ``PYTHONPATH``."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``demo`` to the ``mesh`` parser."""
+    p = sub.add_parser(
+        "demo",
+        help="watch peers own devices, lose a peer, take over, cancel (about 6 s)",
+        description="A live tour: start redis-server (unless --redis), launch peer worker "
+        "processes, give them persistent device connections and one-shot jobs, SIGKILL "
+        "the busiest peer and time the takeover, cancel a device by payload and time it, "
+        "stop everything and print a summary. Needs no input; leaves nothing behind.",
+    )
+    p.add_argument(
+        "--redis",
+        metavar="URL",
+        help="use this Redis (in a fresh namespace demo-XXXX, removed afterwards) instead "
+        "of starting a throwaway redis-server",
+    )
+    p.add_argument(
+        "--peers", type=int, default=3, metavar="N", help="peer processes, 2 to 8 (default 3)"
+    )
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="after the tour, keep the mesh running (try 'mesh status --watch' in another "
+        "terminal) until Ctrl-C, then stop it",
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="show the peers' logs on stderr")
+    p.set_defaults(func=_demo)
+
+
+class DemoError(CliError):
+    """The demo could not go on (a peer died, something timed out)."""
+
+
+@attrs.define
+class Event:
+    """One line a peer's handler printed (see :mod:`mesh.cli.demo_app`)."""
+
+    kind: str
+    queue: str
+    task: str
+    token: int
+    worker: str
+    at: float  # trio.current_time() when the demo read it
+
+
+@attrs.define(eq=False)
+class Peer:
+    name: str
+    proc: trio.Process
+    launched: float
+    events: list[Event] = attrs.Factory(list)
+    log: collections.deque[str] = attrs.Factory(lambda: collections.deque(maxlen=20))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if not 2 <= args.peers <= 8:
+        raise UsageError("--peers must be from 2 to 8 (one is killed, the others take over)")
+    if args.redis:
+        try:
+            mesh.parse_url(args.redis)
+        except mesh.ConfigError as exc:
+            raise UsageError(str(exc)) from None
+    return trio.run(_main, args)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    demo = Demo(args, sys.stdout)
+    signalled: list[int] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    signalled.append(signum)
+                    if demo.waiting_for_signal:
+                        demo.signal.set()
+                    else:
+                        nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(on_signal)
+            await demo.run()
+            nursery.cancel_scope.cancel()
+    if signalled and not demo.waiting_for_signal:
+        print(
+            "mesh demo: interrupted; every peer and Redis were stopped and removed",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace, out: IO[str]) -> None:
+        self.args = args
+        self.out = out
+        self.n_peers: int = args.peers
+        self.n_devices = 2 * self.n_peers
+        self.n_jobs = 4 * self.n_peers
+        # After one peer dies, the others must be able to hold every device.
+        self.device_slots = math.ceil(self.n_devices / (self.n_peers - 1))
+        self.devices = [f"device-{i}" for i in range(1, self.n_devices + 1)]
+        self.jobs = [f"job-{i:02d}" for i in range(1, self.n_jobs + 1)]
+        self.peers: list[Peer] = []
+        self.victim: Peer | None = None
+        self.waiting_for_signal = False
+        self.signal = trio.Event()
+        self.figures: dict[str, str] = {}
+        self.started = trio.current_time()
+
+    # --- output ------------------------------------------------------------
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def section(self, title: str) -> None:
+        self.say()
+        self.say(f"== {title}")
+
+    def elapsed(self, since: float) -> str:
+        return format_ms(trio.current_time() - since)
+
+    # --- the tour -------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.say(
+            f"trio-mesh demo: {self.n_peers} peers, {self.n_devices} device connections "
+            f"(persistent tasks), {self.n_jobs} jobs (one-shot tasks), "
+            f"lease TTL {format_ms(TTL)}"
+        )
+        with contextlib.ExitStack() as stack:
+            self.section("Redis")
+            if self.args.redis:
+                url = self.args.redis
+                namespace = f"demo-{secrets.token_hex(3)}"
+                shown = mesh.parse_url(url).redacted()
+                self.say(f"  using {shown}, namespace {namespace} (removed at the end)")
+            else:
+                server = stack.enter_context(run_redis_server())
+                url, namespace, shown = server.url, "mesh", server.url
+                version = ".".join(map(str, server.version()))
+                self.say(
+                    f"  started redis-server {version} at {server.url} (pid {server.pid}), "
+                    f"in a temporary directory"
+                )
+            try:
+                async with mesh.open_client(url, namespace=namespace) as client:
+                    try:
+                        await self.tour(client, url, namespace, shown)
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            await self.stop_peers(quiet=True)
+                            if self.args.redis:
+                                with trio.move_on_after(5):
+                                    await _wipe_namespace(url, namespace)
+            finally:
+                if not self.args.redis:
+                    stack.close()
+                    self.say("  redis-server stopped, its temporary directory removed")
+        self.summary()
+
+    async def tour(self, client: mesh.Client, url: str, namespace: str, shown: str) -> None:
+        async with trio.open_nursery() as readers:
+            try:
+                await self.start_peers(client, readers, url, namespace)
+                await self.own_devices(client)
+                await self.start_jobs(client)
+                moved = await self.kill_busiest(client)
+                await self.cancel_one(client, moved)
+                await self.finish_jobs(client)
+                if self.args.keep_going:
+                    await self.keep_going(shown, namespace)
+                await self.stop(client)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.stop_peers(quiet=True)
+                readers.cancel_scope.cancel()
+
+    async def start_peers(
+        self, client: mesh.Client, readers: trio.Nursery, url: str, namespace: str
+    ) -> None:
+        self.section(f"{self.n_peers} peers: each one is a `mesh worker` OS process")
+        env = dict(os.environ, MESH_REDIS_URL=url, MESH_NAMESPACE=namespace, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        for i in range(1, self.n_peers + 1):
+            name = f"peer-{i}"
+            cmd = [
+                sys.executable, "-m", "mesh.cli", "worker", "mesh.cli.demo_app:queues",
+                "--worker-id", name,
+                "--ttl", str(TTL),
+                "--queue-concurrency", f"devices={self.device_slots}",
+                "--queue-concurrency", f"jobs={JOB_SLOTS}",
+                "--backoff", "0.1",
+                "--max-attempts", "3",
+            ]  # fmt: skip
+            # A session of its own: a Ctrl-C in the terminal reaches the demo,
+            # which stops the peers in order, rather than every peer at once.
+            proc = await trio.lowlevel.open_process(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+            peer = Peer(name, proc, trio.current_time())
+            self.peers.append(peer)
+            assert proc.stdout is not None and proc.stderr is not None
+            readers.start_soon(self.read_events, peer, proc.stdout)
+            readers.start_soon(self.read_log, peer, proc.stderr)
+        ready: dict[str, float] = {}
+
+        async def all_ready() -> bool:
+            for w in await client.workers():
+                if w.alive and w.id not in ready and set(w.queues) >= {"devices", "jobs"}:
+                    ready[w.id] = trio.current_time()
+            return len(ready) == self.n_peers
+
+        await self.until(all_ready, 30, "every peer to join the mesh")
+        for p in self.peers:
+            self.say(
+                f"  {p.name}  pid {p.pid}  joined after {format_ms(ready[p.name] - p.launched)}"
+            )
+
+    async def own_devices(self, client: mesh.Client) -> None:
+        t0 = trio.current_time()
+        await client.ensure_many("devices", self.devices)
+
+        async def all_owned() -> list[mesh.Process] | None:
+            ps = await client.processes("devices")
+            return ps if len({p.task for p in ps}) == self.n_devices else None
+
+        procs = await self.until(all_owned, 10, "every device to be owned")
+        self.section(
+            f"{self.n_devices} devices ensured: each is owned by exactly one peer "
+            f"(#N is its fencing token)"
+        )
+        self.say(f"  (all connected {self.elapsed(t0)} after ensure_many)")
+        by_peer = {p.name: [x for x in procs if x.worker_id == p.name] for p in self.peers}
+        width = max(len(d) for d in self.devices) + 1
+        for name, held in by_peer.items():
+            cells = "  ".join(f"{x.task.decode():<{width}}#{x.token:<3}" for x in held)
+            self.say(f"  {name}  {cells or '(none: a spare)'}".rstrip())
+
+    async def start_jobs(self, client: mesh.Client) -> None:
+        await client.enqueue_many("jobs", self.jobs)
+        slots: int = min(self.n_jobs, JOB_SLOTS * self.n_peers)
+
+        async def busy() -> bool:
+            return len(await client.processes("jobs")) >= slots
+
+        await self.until(busy, 10, "the jobs to start")
+        self.section(f"{self.n_jobs} jobs enqueued")
+        info = await client.queue_info("jobs")
+        self.say(f"  {info.running} running ({JOB_SLOTS} per peer at most), {info.queued} queued")
+
+    async def kill_busiest(self, client: mesh.Client) -> list[mesh.Process]:
+        procs = await client.processes()
+        devices = [p for p in procs if p.queue == "devices"]
+        victim = max(self.peers, key=lambda p: sum(d.worker_id == p.name for d in devices))
+        self.victim = victim
+        before = sorted((d for d in devices if d.worker_id == victim.name), key=lambda d: d.task)
+        jobs_held = sorted(
+            p.task.decode() for p in procs if p.queue == "jobs" and p.worker_id == victim.name
+        )
+        self.section(
+            f"SIGKILL {victim.name} (pid {victim.pid}): it owns {len(before)} devices "
+            f"and runs {len(jobs_held)} jobs"
+        )
+        self.say(
+            f"  no goodbye: the others take over when its lease runs out "
+            f"(at most {format_ms(TTL)} after its last heartbeat)"
+        )
+        os.kill(victim.pid, signal.SIGKILL)
+        t0 = trio.current_time()
+        moved: dict[bytes, tuple[mesh.Process, float]] = {}
+        wanted = {d.task for d in before}
+
+        async def taken_over() -> bool:
+            now_running = await client.processes("devices")
+            t = trio.current_time()
+            for p in now_running:
+                if p.task in wanted and p.worker_id != victim.name and p.task not in moved:
+                    moved[p.task] = (p, t - t0)
+            return len({p.task for p in now_running}) == self.n_devices and all(
+                p.worker_id != victim.name for p in now_running
+            )
+
+        await self.until(taken_over, 4 * TTL + 5, "the takeover")
+        took = trio.current_time() - t0
+        for old in before:
+            new, after = moved[old.task]
+            self.say(
+                f"  {old.task.decode():<10} {old.worker_id} #{old.token:<3} -> "
+                f"{new.worker_id} #{new.token:<3} after {format_ms(after)}"
+            )
+            if new.token <= old.token:
+                raise DemoError(f"fencing token did not grow for {old.task!r}")
+        with trio.move_on_after(5):
+            await victim.proc.wait()
+        self.say(
+            f"  every device runs again {format_ms(took)} after the kill (TTL {format_ms(TTL)});"
+            " the new tokens are higher, so a device can refuse the old owner"
+        )
+        if jobs_held:
+            self.say(
+                f"  its jobs {', '.join(jobs_held)} went back to the queue and run again "
+                "elsewhere (at-least-once)"
+            )
+        self.figures["takeover"] = (
+            f"{len(before)} devices moved {format_ms(took)} after SIGKILL "
+            f"(lease TTL {format_ms(TTL)})"
+        )
+        self.figures["takeover_ms"] = f"{took * 1000:.0f}"
+        return [moved[d.task][0] for d in before]
+
+    async def cancel_one(self, client: mesh.Client, moved: list[mesh.Process]) -> None:
+        # Cancel a device that just moved, so the cancel crosses the mesh to a
+        # peer that the caller never talked to.
+        pool = moved or await client.processes("devices")
+        target = pool[0]
+        name = target.task.decode()
+        owner = next(p for p in self.peers if p.name == target.worker_id)
+        self.section(f"Cancel {name} by payload (it runs on {owner.name})")
+        t0 = trio.current_time()
+        n = await client.cancel("devices", target.task)
+        returned = trio.current_time() - t0
+
+        async def gone() -> bool:
+            return all(p.task != target.task for p in await client.processes("devices"))
+
+        await self.until(gone, 5, f"{name} to stop")
+        left = trio.current_time() - t0
+
+        async def disconnected() -> Event | None:
+            for e in owner.events:
+                if e.kind == "disconnect" and e.task == name and e.token == target.token:
+                    return e
+            return None
+
+        ev = await self.until(disconnected, 5, f"{owner.name}'s handler to disconnect {name}")
+        seen = ev.at - t0
+        persistent = await client.persistent_tasks("devices")
+        if target.task in persistent:
+            raise DemoError(f"{name} is still a persistent task after cancel")
+        self.say(f"  client.cancel('devices', {name!r}) returned {n} after {format_ms(returned)}")
+        self.say(f"  gone from client.processes() after {format_ms(left)}")
+        self.say(
+            f"  {owner.name}'s handler got the cancel and disconnected {name} #{target.token} "
+            f"after {format_ms(max(seen, 0))}"
+        )
+        self.say(f"  {len(persistent)} devices left; {name} will not be started again")
+        self.figures["cancel"] = (
+            f"{format_ms(left)} until gone from processes(), "
+            f"{format_ms(max(seen, 0))} until the handler saw it"
+        )
+
+    async def finish_jobs(self, client: mesh.Client) -> None:
+        async def drained() -> bool:
+            i = await client.queue_info("jobs")
+            return i.queued == i.delayed == i.running == 0
+
+        try:
+            await self.until(drained, 20, "every job to finish")
+        except DemoError as exc:
+            i = await client.queue_info("jobs")
+            raise DemoError(
+                f"{exc} ({i.queued} queued, {i.delayed} delayed, {i.running} running)"
+            ) from None
+        events = [e for p in self.peers for e in p.events if e.queue == "jobs"]
+        runs = collections.Counter(e.task for e in events if e.kind == "start")
+        done = {e.task for e in events if e.kind == "done"}
+        again = sorted(t for t, n in runs.items() if n > 1)
+        dead = await client.dead_letters("jobs")
+        self.section("Jobs")
+        self.say(
+            f"  {len(done)}/{self.n_jobs} done in {sum(runs.values())} runs"
+            + (
+                f"; {', '.join(again)} ran twice (the first run died with its peer)"
+                if again
+                else ""
+            )
+            + (f"; {len(dead)} dead-lettered" if dead else "")
+        )
+        per_peer = collections.Counter(e.worker for e in events if e.kind == "done")
+        self.say("  finished by: " + ", ".join(f"{k} {v}" for k, v in sorted(per_peer.items())))
+        self.figures["jobs"] = f"{len(done)}/{self.n_jobs} done, {sum(runs.values())} runs"
+
+    async def keep_going(self, shown: str, namespace: str) -> None:
+        self.section("The mesh keeps running: press Ctrl-C to stop it")
+        ns = "" if namespace == "mesh" else f" --namespace {namespace}"
+        self.say(f"  in another terminal:  mesh status --watch --processes --redis {shown}{ns}")
+        self.say(f"  or:                   mesh ensure devices device-99 --redis {shown}{ns}")
+        self.waiting_for_signal = True
+        await self.signal.wait()
+
+    async def stop(self, client: mesh.Client) -> None:
+        live = [p for p in self.peers if p.running]
+        self.section(f"Stop: SIGTERM to {', '.join(p.name for p in live)}")
+        t0 = trio.current_time()
+        for p in live:
+            p.proc.send_signal(signal.SIGTERM)
+        for p in live:
+            with trio.move_on_after(TTL + 5):
+                await p.proc.wait()
+            if p.proc.returncode is None:
+                raise DemoError(f"{p.name} did not stop within {TTL + 5:g} s of SIGTERM")
+            self.say(f"  {p.name}  exit {p.proc.returncode} after {self.elapsed(t0)}")
+        took = trio.current_time() - t0
+        bad = [p.name for p in live if p.proc.returncode != 0]
+        if bad:
+            raise DemoError(f"{', '.join(bad)} exited with an error: {self.last_log(bad[0])}")
+        info = await client.queue_info("devices")
+        workers = await client.workers()
+        self.say(
+            f"  every device went back to the queue at once: {info.queued} queued, "
+            f"{info.running} running; {len(workers)} workers left"
+        )
+        self.figures["stop"] = (
+            f"{len(live)} peers stopped with SIGTERM in {format_ms(took)}, "
+            f"handing back {info.queued} devices"
+        )
+
+    def summary(self) -> None:
+        if "stop" not in self.figures:
+            return
+        self.section("Summary")
+        victim = self.victim.name if self.victim else "-"
+        rows = [
+            ("peers", f"{self.n_peers} processes; {victim} killed with SIGKILL"),
+            ("takeover", self.figures["takeover"]),
+            ("cancel", self.figures["cancel"]),
+            ("jobs", self.figures["jobs"]),
+            ("stop", self.figures["stop"]),
+            ("total", f"{trio.current_time() - self.started:.1f} s"),
+        ]
+        for k, v in rows:
+            self.say(f"  {k:<9} {v}")
+
+    # --- helpers -----------------------------------------------------------------
+
+    async def until(
+        self, pred: Callable[[], Awaitable[T | bool | None]], within: float, what: str
+    ) -> T:
+        """Poll ``pred`` (state in Redis, or events the peers printed) until it
+        returns something true; fail after ``within`` seconds, or as soon as a
+        peer that should run has exited."""
+        with trio.move_on_after(within):
+            while True:  # a poll with a deadline
+                self.check_peers()
+                r = await pred()
+                if r:
+                    return r  # type: ignore[return-value]
+                await trio.sleep(POLL)
+        raise DemoError(f"timed out after {within:g} s waiting for {what}")
+
+    def check_peers(self) -> None:
+        for p in self.peers:
+            if p is not self.victim and not p.running:
+                raise DemoError(
+                    f"{p.name} exited with status {p.proc.returncode}: {self.last_log(p.name)}"
+                )
+
+    def last_log(self, name: str) -> str:
+        """The last telling line a peer wrote on stderr: an error message
+        rather than a traceback's frame or an exception group's frame line."""
+        peer = next(p for p in self.peers if p.name == name)
+        for line in reversed(peer.log):
+            text = line.strip().lstrip("|").strip()
+            if text and text[0] not in "+-^~" and not text.startswith(("File ", "Traceback")):
+                return text
+        return "(no output; try --verbose)"
+
+    async def stop_peers(self, *, quiet: bool) -> None:
+        """SIGTERM every peer still running, wait a little, SIGKILL the rest;
+        reap them all."""
+        live = [p for p in self.peers if p.running]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.proc.send_signal(signal.SIGTERM)
+        with trio.move_on_after(TTL + 2):
+            for p in live:
+                await p.proc.wait()
+        for p in self.peers:
+            if p.running:
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.kill()
+                await p.proc.wait()
+            for stream in (p.proc.stdout, p.proc.stderr):
+                if stream is not None:
+                    await stream.aclose()
+
+    async def read_events(self, peer: Peer, stream: trio.abc.ReceiveStream) -> None:
+        await _read_lines(stream, lambda line: self.on_event(peer, line))
+
+    def on_event(self, peer: Peer, line: bytes) -> None:
+        try:
+            d = json.loads(line)
+            ev = Event(
+                d["event"], d["queue"], d["task"], int(d["token"]), d["worker"],
+                trio.current_time(),
+            )  # fmt: skip
+        except (ValueError, KeyError, TypeError):
+            peer.log.append(line.decode(errors="replace"))
+            return
+        peer.events.append(ev)
+
+    async def read_log(self, peer: Peer, stream: trio.abc.ReceiveStream) -> None:
+        await _read_lines(stream, lambda line: self.on_log(peer, line))
+
+    def on_log(self, peer: Peer, line: bytes) -> None:
+        text = line.decode(errors="replace")
+        peer.log.append(text)
+        if self.args.verbose:
+            print(f"  [{peer.name}] {text}", file=sys.stderr, flush=True)
+
+
+async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[bytes], None]) -> None:
+    """Call ``on_line`` with each line of ``stream`` until it ends."""
+    buf = b""
+    try:
+        async for chunk in stream:
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                on_line(line)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass
+    if buf:
+        on_line(buf)
+
+
+async def _wipe_namespace(url: str, namespace: str) -> None:
+    """Delete every key of the demo's own, fresh namespace."""
+    async with open_connection(url, name="mesh-demo-cleanup") as conn:
+        cursor = b"0"
+        while True:
+            cursor, keys = await conn.execute(
+                "SCAN", cursor, "MATCH", f"{{{namespace}}}:*", "COUNT", 1000
+            )
+            if keys:
+                await conn.execute("DEL", *keys)
+            if cursor in (b"0", 0, "0"):
+                return

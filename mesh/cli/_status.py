@@ -1,0 +1,239 @@
+"""``mesh status``: the workers and queues of a namespace, once or live."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from typing import Any
+
+import attrs
+import trio
+
+import mesh
+
+from ._common import (
+    Target,
+    add_target_options,
+    dump_json,
+    format_seconds,
+    json_task,
+    positive_float,
+    show_task,
+    table,
+    target,
+)
+
+__all__ = ["Snapshot", "as_json", "redis_time", "register", "render", "snapshot"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``status`` to the ``mesh`` parser."""
+    p = sub.add_parser(
+        "status",
+        help="show workers and queues",
+        description="Show the workers (alive, age, lease left, queues, processes) and the "
+        "queues (queued, delayed, running, persistent, dead) of a namespace.",
+    )
+    add_target_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON (one line per refresh)")
+    p.add_argument("--processes", "-p", action="store_true", help="also list every running process")
+    p.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C (then exit 0)")
+    p.add_argument(
+        "--interval",
+        "-n",
+        type=positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes with --watch (default 1)",
+    )
+    p.set_defaults(func=_status)
+
+
+@attrs.frozen
+class Snapshot:
+    """One look at a namespace."""
+
+    now: float  # seconds, Redis clock
+    workers: list[mesh.WorkerInfo]
+    queues: list[mesh.QueueInfo]
+    processes: list[mesh.Process] | None
+
+
+async def redis_time(client: mesh.Client) -> float:
+    """Now, in seconds of the Redis clock (the clock that stamped the workers'
+    and processes' start times)."""
+    # The public Client has no TIME; the CLI lives in this package, so it may
+    # use the connection directly.
+    sec, usec = await client._conn.execute("TIME")
+    return int(sec) + int(usec) / 1e6
+
+
+async def snapshot(client: mesh.Client, *, processes: bool = False) -> Snapshot:
+    """Read workers, queue counts and (optionally) processes."""
+    now = await redis_time(client)
+    workers = await client.workers()
+    queues = [await client.queue_info(q) for q in await client.queues()]
+    procs = await client.processes() if processes else None
+    return Snapshot(now, workers, queues, procs)
+
+
+def render(snap: Snapshot, t: Target) -> list[str]:
+    """The snapshot as aligned text lines."""
+    alive = sum(w.alive for w in snap.workers)
+    lines = [
+        f"{t.shown}  namespace {t.namespace}  "
+        f"{time.strftime('%H:%M:%S', time.localtime(snap.now))}",
+        "",
+    ]
+    if snap.workers:
+        lines.append(f"WORKERS ({alive} alive, {len(snap.workers) - alive} dead)")
+        lines += table(
+            ["ID", "ALIVE", "AGE", "LEASE", "PROCS", "QUEUES", "HOST", "PID"],
+            [
+                [
+                    w.id,
+                    "yes" if w.alive else "DEAD",
+                    format_seconds(snap.now - w.started) if w.started else "-",
+                    format_seconds(w.lease_left),
+                    w.processes,
+                    ",".join(w.queues) or "-",
+                    w.host or "-",
+                    w.pid or "-",
+                ]
+                for w in snap.workers
+            ],
+            right="AGE LEASE PROCS PID",
+        )
+    else:
+        lines.append("WORKERS: none")
+    lines.append("")
+    if snap.queues:
+        lines.append("QUEUES")
+        lines += table(
+            ["QUEUE", "QUEUED", "DELAYED", "RUNNING", "PERSISTENT", "DEAD"],
+            [[q.name, q.queued, q.delayed, q.running, q.persistent, q.dead] for q in snap.queues],
+            right="QUEUED DELAYED RUNNING PERSISTENT DEAD",
+        )
+    else:
+        lines.append("QUEUES: none")
+    if snap.processes is not None:
+        lines.append("")
+        if snap.processes:
+            lines.append("PROCESSES")
+            lines += table(
+                ["TOKEN", "QUEUE", "TASK", "KIND", "WORKER", "AGE", "ATTEMPTS"],
+                [
+                    [
+                        p.token,
+                        p.queue,
+                        show_task(p.task, 40),
+                        "persistent" if p.persistent else "one-shot",
+                        p.worker_id,
+                        format_seconds(snap.now - p.started) if p.started else "-",
+                        p.attempts,
+                    ]
+                    for p in snap.processes
+                ],
+                right="TOKEN AGE ATTEMPTS",
+            )
+        else:
+            lines.append("PROCESSES: none")
+    return lines
+
+
+def as_json(snap: Snapshot, t: Target) -> dict[str, Any]:
+    """The snapshot as a JSON-able dict."""
+    out: dict[str, Any] = {
+        "redis": t.shown,
+        "namespace": t.namespace,
+        "time": snap.now,
+        "workers": [
+            {
+                "id": w.id,
+                "alive": w.alive,
+                "age": round(snap.now - w.started, 3) if w.started else None,
+                "lease_left": round(w.lease_left, 3),
+                "queues": list(w.queues),
+                "processes": w.processes,
+                "host": w.host,
+                "pid": w.pid,
+            }
+            for w in snap.workers
+        ],
+        "queues": [attrs.asdict(q) for q in snap.queues],
+    }
+    if snap.processes is not None:
+        out["processes"] = [
+            {
+                "id": p.id,
+                "token": p.token,
+                "queue": p.queue,
+                "task": json_task(p.task),
+                "persistent": p.persistent,
+                "worker": p.worker_id,
+                "attempts": p.attempts,
+                "started": p.started,
+            }
+            for p in snap.processes
+        ]
+    return out
+
+
+def _status(args: argparse.Namespace) -> int:
+    t = target(args)
+    return trio.run(_run, args, t)
+
+
+async def _run(args: argparse.Namespace, t: Target) -> int:
+    async with mesh.open_client(t.config, namespace=t.namespace) as client:
+        if not args.watch:
+            snap = await snapshot(client, processes=args.processes)
+            if args.json:
+                dump_json(as_json(snap, t))
+            else:
+                print("\n".join(render(snap, t)))
+            return 0
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                await _watch(client, args, t)
+    return 0
+
+
+async def _watch(client: mesh.Client, args: argparse.Namespace, t: Target) -> None:
+    tty = sys.stdout.isatty() and not args.json
+    if tty:
+        sys.stdout.write("\x1b[2J")
+    try:
+        while True:
+            try:
+                snap = await snapshot(client, processes=args.processes)
+            except mesh.MeshConnectionError as exc:
+                # Keep watching: the connection reconnects by itself.
+                lines = [f"{t.shown}  namespace {t.namespace}", "", f"Redis: {exc}"]
+                if args.json:
+                    dump_json({"redis": t.shown, "namespace": t.namespace, "error": str(exc)})
+            else:
+                lines = render(snap, t)
+                if args.json:
+                    dump_json(as_json(snap, t))
+            if not args.json:
+                if tty:
+                    # Home, each line then clear to its end, then clear below:
+                    # redraws in place without flicker.
+                    sys.stdout.write("\x1b[H" + "".join(f"{ln}\x1b[K\n" for ln in lines) + "\x1b[J")
+                else:
+                    sys.stdout.write("\n".join(lines) + "\n\n")
+                sys.stdout.flush()
+            await trio.sleep(args.interval)
+    finally:
+        if tty:
+            sys.stdout.flush()

@@ -1,0 +1,263 @@
+"""``mesh enqueue``, ``ensure``, ``cancel``, ``reconcile`` and ``delete-queue``:
+one client call each."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import trio
+
+import mesh
+
+from ._common import (
+    UsageError,
+    add_target_options,
+    dump_json,
+    json_task,
+    queue_arg,
+    read_tasks,
+    run_client,
+    show_task,
+    target,
+    task_bytes,
+    tasks_from_args,
+)
+
+__all__ = ["register"]
+
+_BATCH = 10_000  # tasks per script call when many come from stdin
+
+_TASKS_HELP = (
+    "task payloads; '-' reads more, one per line, from stdin (empty lines are skipped). "
+    "Put '--' before tasks that start with '-'"
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the task subcommands to the ``mesh`` parser."""
+    p = sub.add_parser(
+        "enqueue",
+        help="put one-shot tasks on a queue",
+        description="Put one-shot tasks at the back of QUEUE, in order. Each runs once "
+        "(at least once: a task whose worker dies runs again elsewhere).",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument("tasks", metavar="TASK", nargs="+", help=_TASKS_HELP)
+    _data_options(p)
+    p.set_defaults(func=_enqueue)
+
+    p = sub.add_parser(
+        "ensure",
+        help="make tasks persistent tasks of a queue",
+        description="Make each TASK a persistent task of QUEUE: owned by exactly one live "
+        "worker until cancelled, moved when that worker dies or stops. A task that is "
+        "there already is left alone.",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument("tasks", metavar="TASK", nargs="+", help=_TASKS_HELP)
+    _data_options(p)
+    p.set_defaults(func=_ensure)
+
+    p = sub.add_parser(
+        "cancel",
+        help="cancel a task by payload, wherever it is",
+        description="Cancel TASK on QUEUE: remove its queued copies, stop it being a "
+        "persistent task, and cancel every running process of it on whatever worker runs it.",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument("task", metavar="TASK", help="the payload")
+    _data_options(p)
+    p.set_defaults(func=_cancel)
+
+    p = sub.add_parser(
+        "reconcile",
+        help="make a queue's persistent tasks exactly a given set",
+        description="Make the persistent tasks of QUEUE exactly the tasks listed, one per "
+        "line, in FILE or on stdin: ensure the missing ones, cancel the others.",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument(
+        "--file", "-f", metavar="FILE", help="the desired tasks, one per line (default: stdin)"
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="accept an empty set (cancels every persistent task of QUEUE)",
+    )
+    _data_options(p)
+    p.set_defaults(func=_reconcile)
+
+    p = sub.add_parser(
+        "delete-queue",
+        help="delete a queue and everything in it",
+        description="Delete QUEUE: its queued, delayed, dead-lettered and persistent tasks; "
+        "its running processes are cancelled. Asks first unless --yes.",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    _data_options(p)
+    p.set_defaults(func=_delete_queue)
+
+
+def _data_options(p: argparse.ArgumentParser) -> None:
+    add_target_options(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _enqueue(args: argparse.Namespace) -> int:
+    t = target(args)
+    tasks = tasks_from_args(args.tasks)
+
+    async def go(client: mesh.Client) -> int:
+        n = 0
+        for i in range(0, len(tasks), _BATCH):
+            n += await client.enqueue_many(args.queue, tasks[i : i + _BATCH])
+        if args.json:
+            dump_json({"queue": args.queue, "enqueued": n})
+        else:
+            print(f"enqueued {_count(n, 'task')} on {args.queue}")
+        return 0
+
+    return run_client(t, go)
+
+
+def _ensure(args: argparse.Namespace) -> int:
+    t = target(args)
+    tasks = list(dict.fromkeys(tasks_from_args(args.tasks)))
+
+    async def go(client: mesh.Client) -> int:
+        added: list[bytes] = []
+        existing: list[bytes] = []
+        for i in range(0, len(tasks), _BATCH):
+            batch = tasks[i : i + _BATCH]
+            for task, new in zip(batch, await client.ensure_many(args.queue, batch), strict=True):
+                (added if new else existing).append(task)
+        if args.json:
+            dump_json(
+                {
+                    "queue": args.queue,
+                    "added": [json_task(x) for x in added],
+                    "existing": [json_task(x) for x in existing],
+                }
+            )
+        else:
+            print(
+                f"{args.queue}: {len(added)} added, {len(existing)} there already" + _listing(added)
+            )
+        return 0
+
+    return run_client(t, go)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    t = target(args)
+    task = task_bytes(args.task)
+
+    async def go(client: mesh.Client) -> int:
+        n = await client.cancel(args.queue, task)
+        if args.json:
+            dump_json({"queue": args.queue, "task": json_task(task), "cancelled": n})
+        elif n:
+            print(
+                f"cancelled {show_task(task)} on {args.queue}: "
+                + _count(n, "queued copy or running process", "queued copies or running processes")
+            )
+        else:
+            print(f"nothing to cancel: {show_task(task)} is not on {args.queue}")
+        return 0
+
+    return run_client(t, go)
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    t = target(args)
+    if args.file in (None, "-"):
+        tasks = read_tasks(sys.stdin.buffer)
+    else:
+        try:
+            with open(args.file, "rb") as f:
+                tasks = read_tasks(f)
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    tasks = list(dict.fromkeys(tasks))
+    if not tasks and not args.allow_empty:
+        raise UsageError(
+            "the desired set is empty: that would cancel every persistent task of "
+            f"{args.queue}; pass --allow-empty if you mean it"
+        )
+
+    async def go(client: mesh.Client) -> int:
+        r = await client.reconcile(args.queue, tasks)
+        if args.json:
+            dump_json(
+                {
+                    "queue": args.queue,
+                    "added": [json_task(x) for x in r.added],
+                    "cancelled": [json_task(x) for x in r.cancelled],
+                    "unchanged": len(tasks) - len(r.added),
+                }
+            )
+        else:
+            print(
+                f"{args.queue}: {len(r.added)} added{_listing(r.added)}, "
+                f"{len(r.cancelled)} cancelled{_listing(r.cancelled)}, "
+                f"{len(tasks) - len(r.added)} unchanged"
+            )
+        return 0
+
+    return run_client(t, go)
+
+
+def _delete_queue(args: argparse.Namespace) -> int:
+    t = target(args)
+    if not args.yes and not sys.stdin.isatty():
+        raise UsageError(
+            f"refusing to delete queue {args.queue} without --yes (stdin is not a terminal)"
+        )
+
+    async def go(client: mesh.Client) -> int:
+        if not args.yes:
+            i = await client.queue_info(args.queue)
+            question = (
+                f"delete queue {args.queue} ({i.queued} queued, {i.delayed} delayed, "
+                f"{i.running} running, {i.persistent} persistent, {i.dead} dead)? [y/N] "
+            )
+            answer = await trio.to_thread.run_sync(_ask, question, abandon_on_cancel=True)
+            if answer.strip().lower() not in ("y", "yes"):
+                print("not deleted", file=sys.stderr)
+                return 1
+        n = await client.delete_queue(args.queue)
+        out: dict[str, Any] = {"queue": args.queue, "deleted": n}
+        if args.json:
+            dump_json(out)
+        else:
+            print(
+                f"deleted queue {args.queue}: "
+                + _count(
+                    n, "task removed or process cancelled", "tasks removed or processes cancelled"
+                )
+            )
+        return 0
+
+    return run_client(t, go)
+
+
+def _ask(question: str) -> str:
+    try:
+        return input(question)
+    except EOFError:
+        return ""
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def _listing(tasks: tuple[bytes, ...] | list[bytes], limit: int = 5) -> str:
+    if not tasks:
+        return ""
+    shown = ", ".join(show_task(x, 30) for x in tasks[:limit])
+    more = f", ... {len(tasks) - limit} more" if len(tasks) > limit else ""
+    return f" ({shown}{more})"

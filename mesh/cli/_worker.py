@@ -1,0 +1,285 @@
+"""``mesh worker APP``: run a peer that serves the queues of an app.
+
+APP is ``module:attribute`` naming a mapping ``{queue name: handler}``, where a
+handler is ``async def handler(process: mesh.Process)``. The current directory
+is put on ``sys.path`` first, as uvicorn and arq do, so ``mesh worker
+tasks:queues`` finds ``./tasks.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+import mesh
+from mesh._keys import check_queue, check_worker_id
+from mesh._worker import Timing
+
+from ._common import Target, UsageError, add_target_options, positive_float, show_task, target
+
+__all__ = ["load_app", "register"]
+
+log = logging.getLogger("mesh.cli")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``worker`` to the ``mesh`` parser."""
+    p = sub.add_parser(
+        "worker",
+        help="run a worker (a peer) that serves the queues of an app",
+        description="Run a worker that serves every queue of APP, a 'module:attribute' "
+        "naming a mapping {queue: handler}, e.g. 'tasks:queues' for a dict 'queues' in "
+        "./tasks.py. SIGINT or SIGTERM hands every process back (peers take over at once) "
+        "and exits 0.",
+    )
+    p.add_argument("app", metavar="APP", help="module:attribute, a mapping {queue: handler}")
+    add_target_options(p)
+    p.add_argument(
+        "--concurrency",
+        "-c",
+        type=_count_arg,
+        default=10,
+        metavar="N",
+        help="processes at once per queue (default 10)",
+    )
+    p.add_argument(
+        "--queue-concurrency",
+        "-q",
+        action="append",
+        default=[],
+        type=_queue_count,
+        metavar="Q=N",
+        help="processes at once for queue Q (repeatable; overrides --concurrency)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="attempts of a one-shot task before it is dead-lettered (0: no limit; default 5)",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="delay before the first retry of a failed task, doubling after (default 1)",
+    )
+    p.add_argument(
+        "--backoff-max", type=float, default=60.0, metavar="S", help="longest retry delay (60)"
+    )
+    p.add_argument(
+        "--ttl",
+        type=positive_float,
+        default=3.0,
+        metavar="S",
+        help="lease TTL in seconds: how long after a crash peers take over (default 3)",
+    )
+    p.add_argument("--worker-id", metavar="ID", help="worker id (default: <host>-<pid>-<random>)")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info); logs go to stderr, one line per event",
+    )
+    p.set_defaults(func=_worker)
+
+
+def _count_arg(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def _queue_count(text: str) -> tuple[str, int]:
+    queue, eq, n = text.rpartition("=")
+    if not eq or not queue:
+        raise argparse.ArgumentTypeError(f"expected QUEUE=N, not {text!r}")
+    try:
+        check_queue(queue)
+    except mesh.ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return queue, _count_arg(n)
+
+
+def load_app(spec: str) -> dict[str, mesh.Handler]:
+    """Import ``module:attribute`` and check that it maps queue names to handlers.
+
+    The current directory goes first on ``sys.path`` (as with uvicorn).
+
+    Raises:
+        UsageError: a malformed spec, no such module or attribute, or not a
+            mapping of valid queue names to callables. An exception raised
+            while importing the module itself propagates (it is a bug there).
+    """
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise UsageError(f"APP must be 'module:attribute', e.g. 'tasks:queues'; got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the named module (or a parent package) missing is a usage error;
+        # an import that fails inside it is a bug to show with its traceback.
+        if exc.name and (module_name + ".").startswith(exc.name + "."):
+            raise UsageError(
+                f"cannot import {module_name!r} (from APP {spec!r}): no such module"
+            ) from None
+        raise
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Mapping):
+        raise UsageError(
+            f"APP {spec!r} is a {type(obj).__name__}, not a mapping {{queue name: handler}}"
+        )
+    if not obj:
+        raise UsageError(f"APP {spec!r} maps no queue")
+    app: dict[str, mesh.Handler] = {}
+    for queue, handler in obj.items():
+        try:
+            check_queue(queue)
+        except (TypeError, mesh.ConfigError) as exc:
+            raise UsageError(f"APP {spec!r}: {exc}") from None
+        if not callable(handler):
+            raise UsageError(f"APP {spec!r}: the handler of queue {queue!r} is not callable")
+        app[queue] = handler
+    return app
+
+
+def _worker(args: argparse.Namespace) -> int:
+    t = target(args)
+    app = load_app(args.app)
+    concurrency = dict(args.queue_concurrency)
+    unknown = sorted(set(concurrency) - set(app))
+    if unknown:
+        raise UsageError(f"--queue-concurrency names queues that APP does not serve: {unknown}")
+    try:
+        Timing.make(args.ttl, None, None)
+        if args.worker_id is not None:
+            check_worker_id(args.worker_id)
+    except mesh.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if args.max_attempts < 0:
+        raise UsageError("--max-attempts must be 0 (no limit) or more")
+    if not 0 <= args.backoff <= args.backoff_max:
+        raise UsageError("need 0 <= --backoff <= --backoff-max")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return trio.run(_serve, args, t, app, concurrency)
+
+
+class _Stopping:
+    """``now`` is set once the worker is stopping (so cancelled handlers are
+    logged as handed back, not as cancelled)."""
+
+    def __init__(self) -> None:
+        self.now = False
+
+
+def _logged(handler: mesh.Handler, stopping: _Stopping) -> mesh.Handler:
+    async def run(p: mesh.Process) -> Any:
+        what = f"{p.queue} {show_task(p.task)!r} token {p.token}"
+        log.info(
+            "start %s%s%s",
+            what,
+            " (persistent)" if p.persistent else "",
+            f" attempt {p.attempts + 1}" if p.attempts else "",
+        )
+        t0 = time.monotonic()
+        try:
+            result = await handler(p)
+        except trio.Cancelled:
+            how = "handed back (stopping)" if stopping.now else "cancelled"
+            log.info("%s %s after %.0f ms", how, what, (time.monotonic() - t0) * 1000)
+            raise
+        log.info("finish %s in %.0f ms", what, (time.monotonic() - t0) * 1000)
+        return result
+
+    return run
+
+
+async def _serve(
+    args: argparse.Namespace,
+    t: Target,
+    app: dict[str, mesh.Handler],
+    concurrency: dict[str, int],
+) -> int:
+    stopping = _Stopping()
+    stop = trio.Event()
+    started = False
+    # Catch the signals first: one that arrives while we start still stops us
+    # cleanly instead of killing the process with processes held.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    stopping.now = True
+                    if started:
+                        log.info("%s received: stopping", name)
+                        stop.set()  # leave the worker's block: it hands everything back
+                    else:
+                        log.info("%s received while starting: stopping", name)
+                        nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(on_signal)
+            async with mesh.open_worker(
+                t.config, namespace=t.namespace, ttl=args.ttl, worker_id=args.worker_id
+            ) as worker:
+                for queue, handler in app.items():
+                    await worker.start_work(
+                        queue,
+                        _logged(handler, stopping),
+                        concurrency=concurrency.get(queue, args.concurrency),
+                        max_attempts=args.max_attempts,
+                        backoff=args.backoff,
+                        backoff_max=args.backoff_max,
+                    )
+                started = True
+                log.info(
+                    "worker %s serves %s on %s namespace %s (ttl %gs, pid %d)",
+                    worker.id,
+                    ", ".join(f"{q}[{concurrency.get(q, args.concurrency)}]" for q in app),
+                    t.shown,
+                    t.namespace,
+                    args.ttl,
+                    os.getpid(),
+                )
+                await stop.wait()
+                s = worker.statistics()
+                log.info(
+                    "worker %s stopping: handing back %d running processes "
+                    "(%d started, %d finished, %d failed, %d cancelled)",
+                    worker.id,
+                    s.running,
+                    s.processes_started,
+                    s.processes_finished,
+                    s.processes_failed,
+                    s.processes_cancelled,
+                )
+            nursery.cancel_scope.cancel()
+    log.info("worker stopped")
+    return 0
