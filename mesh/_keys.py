@@ -109,6 +109,9 @@ class Keys:
     def dead(self, q: str) -> str:
         return f"{self.prefix}dead:{q}"
 
+    def servers(self, q: str) -> str:
+        return f"{self.prefix}servers:{q}"
+
     # per worker
     def heartbeat(self, w: str) -> str:
         return f"{self.prefix}worker:{w}"

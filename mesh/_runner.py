@@ -36,6 +36,7 @@ class QueueConfig:
     max_attempts: int
     backoff: float
     backoff_max: float
+    balance: bool = True
 
 
 @attrs.define
@@ -67,6 +68,7 @@ class QueueRunner:
         config: QueueConfig,
         counters: Counters,
         on_fenced: Callable[[str], None],
+        balance_wait: float = 1.0,
     ) -> None:
         self._conn = conn
         self._binding = binding
@@ -83,6 +85,8 @@ class QueueRunner:
         self._wakeup = trio.Event()
         self._scope = trio.CancelScope()
         self._exited = trio.Event()
+        self._balance_wait = balance_wait
+        self._held_back_since: float | None = None
 
     # --- signals from the worker (sync, no I/O) ----------------------------
 
@@ -155,10 +159,21 @@ class QueueRunner:
 
     async def _claim(self, handlers: trio.Nursery, n: int) -> None:
         c = self.config
+        now = trio.current_time()
+        # Fair share first; a worker held back by it that still sees work one
+        # balance_wait later takes it: peers with room had their chance.
+        held_back = self._held_back_since
+        fair = c.balance and (held_back is None or now - held_back < self._balance_wait)
         reply = await self._binding.claim(
-            self._conn, self._wid, self._inc, c.queue, n, c.max_attempts
+            self._conn, self._wid, self._inc, c.queue, n, c.max_attempts, fair=fair
         )
         self._maybe_work = reply.remaining > 0
+        if reply.held_back:
+            if held_back is None:
+                self._held_back_since = now
+            self.wake_in(self._balance_wait)
+        else:
+            self._held_back_since = None
         for p in reply.processes:
             slot = _Slot(p)
             self.running[p.id] = slot

@@ -173,6 +173,7 @@ class ClaimReply:
     now_ms: int
     remaining: int
     processes: tuple[Process, ...]
+    held_back: bool = False  # the fair share left persistent tasks for peers
 
 
 @attrs.frozen
@@ -210,7 +211,7 @@ class Binding:
         await self._run(
             conn,
             "serve",
-            [k.heartbeat(worker), k.serves(worker), k.queues],
+            [k.heartbeat(worker), k.serves(worker), k.queues, k.servers(queue)],
             [worker, incarnation, queue],
         )
 
@@ -235,7 +236,15 @@ class Binding:
         )
 
     async def claim(
-        self, conn: Executor, worker: str, incarnation: str, queue: str, n: int, max_attempts: int
+        self,
+        conn: Executor,
+        worker: str,
+        incarnation: str,
+        queue: str,
+        n: int,
+        max_attempts: int,
+        *,
+        fair: bool = False,
     ) -> ClaimReply:
         k = self.keys
         keys = [
@@ -248,8 +257,10 @@ class Binding:
             k.attempts(queue),
             k.delayed(queue),
             k.token,
+            k.servers(queue),
         ]
-        r = await self._run(conn, "claim", keys, [worker, incarnation, queue, n, max_attempts])
+        args = [worker, incarnation, queue, n, max_attempts, 1 if fair else 0]
+        r = await self._run(conn, "claim", keys, args)
         now = int(r[0])
         started = now / 1000
         procs = []
@@ -260,7 +271,8 @@ class Binding:
                     pid, queue, r[i + 3], int(pid), worker, r[i + 1] == 1, int(r[i + 2]), started
                 )
             )
-        return ClaimReply(now, int(r[1]), tuple(procs))
+        left = int(r[1])
+        return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0)
 
     async def finish(
         self, conn: Executor, worker: str, incarnation: str, queue: str, ids: Sequence[str]
@@ -321,8 +333,9 @@ class Binding:
             k.persistent(queue),
             k.attempts(queue),
             k.dead(queue),
+            k.servers(queue),
         ]
-        return int(await self._run(conn, "unserve", keys, [queue, k.work_channel(queue)]))
+        return int(await self._run(conn, "unserve", keys, [queue, k.work_channel(queue), worker]))
 
     async def recycle(
         self,
@@ -348,6 +361,7 @@ class Binding:
                     k.persistent(q),
                     k.attempts(q),
                     k.dead(q),
+                    k.servers(q),
                 )
             args = [worker, "leave" if leave else "dead", incarnation, k.work_prefix, *qs]
             r = await self._run(conn, "recycle", keys, args)

@@ -187,6 +187,7 @@ class Worker:
         max_attempts: int = 5,
         backoff: float = 1.0,
         backoff_max: float = 60.0,
+        balance: bool = True,
     ) -> None:
         """Serve ``queue``.
 
@@ -205,6 +206,12 @@ class Worker:
             concurrency: at most this many processes of this queue at once
                 (for persistent tasks: how many this worker may own).
             max_attempts: 0 for no limit.
+            balance: claim persistent tasks only up to a fair share
+                (ceil(persistent tasks / workers serving the queue), counted
+                against all this worker's processes of the queue), so they
+                spread over the peers. Tasks a fair share leaves queued are
+                taken anyway one heartbeat interval later if no peer took
+                them. Live processes are never moved to rebalance.
 
         Raises:
             ConfigError: bad queue name or arguments, or already served.
@@ -223,7 +230,9 @@ class Worker:
         async with self._queue_lock:
             if queue in self._queues:
                 raise ConfigError(f"queue {queue!r} is served already; stop_work() it first")
-            cfg = QueueConfig(queue, handler, concurrency, max_attempts, backoff, backoff_max)
+            cfg = QueueConfig(
+                queue, handler, concurrency, max_attempts, backoff, backoff_max, balance
+            )
             self._queues[queue] = cfg
             try:
                 await self._pubsub.subscribe(self._keys.work_channel(queue))
@@ -337,7 +346,14 @@ class Worker:
         if cfg.handler is None or gen.nursery is None:
             return
         runner = QueueRunner(
-            self._conn, self._binding, gen.id, gen.incarnation, cfg, self._counters, gen.fence
+            self._conn,
+            self._binding,
+            gen.id,
+            gen.incarnation,
+            cfg,
+            self._counters,
+            gen.fence,
+            balance_wait=self.timing.interval,
         )
         gen.runners[cfg.queue] = runner
         await gen.nursery.start(runner.run)

@@ -1,6 +1,12 @@
 -- claim.lua: a worker claims up to N tasks from the head of a queue; each
 -- becomes a process with a new fencing token (= its process id).
 --
+-- Fair share: with ARGV[6] = 1, W takes a persistent task only while it holds
+-- fewer processes on Q than ceil(persistent tasks of Q / workers serving Q);
+-- persistent tasks it may not take stay at the head of the queue for peers.
+-- Callers that were held back and still see work later claim with ARGV[6] = 0,
+-- so a peer with spare capacity never leaves a task waiting.
+--
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
 -- KEYS[2] {ns}:serves:<W>        SET of queues W serves
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads, head = next
@@ -10,13 +16,16 @@
 -- KEYS[7] {ns}:attempts:<Q>      HASH payload -> failed attempts so far
 -- KEYS[8] {ns}:delayed:<Q>       ZSET payload -> due time (ms); due ones move to the head
 -- KEYS[9] {ns}:token             STRING fencing token counter
+-- KEYS[10] {ns}:servers:<Q>      SET of the workers that serve Q
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
 -- ARGV[4] N, how many to claim at most (1..1000)
 -- ARGV[5] max attempts for one-shot tasks claimed now (0 = no limit)
--- Returns: {now_ms, queued tasks left, then per process: id, persistent (1/0),
---           failed attempts so far, payload}
+-- ARGV[6] 1 to claim only a fair share of persistent tasks, 0 for no limit
+-- Returns: {now_ms, queued tasks left (-1: some were left for peers by the
+--           fair share), then per process: id, persistent (1/0), failed
+--           attempts so far, payload}
 -- Errors: FENCED, NOT_SERVING (W does not serve Q), BAD_ARG.
 -- Publishes: nothing.
 --!include lib.lua
@@ -27,6 +36,9 @@ if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
 local max_attempts
 max_attempts, err = count_arg(ARGV[5], 'max attempts')
 if err then return err end
+if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
+  return redis.error_reply('BAD_ARG fair share flag must be 0 or 1')
+end
 err = lease_error(KEYS[1], ARGV[1], ARGV[2])
 if err then return err end
 if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
@@ -45,13 +57,32 @@ end
 local items = redis.call('LPOP', KEYS[3], n)
 if not items then return {now, 0} end
 
-local last = redis.call('INCRBY', KEYS[9], #items)
 local has_persistent = redis.call('EXISTS', KEYS[4]) == 1
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
-local out = {now, redis.call('LLEN', KEYS[3])}
-for i, payload in ipairs(items) do
-  local id = int(last - #items + i)
+local room = #items
+if has_persistent and ARGV[6] == '1' then
+  local servers = math.max(1, redis.call('SCARD', KEYS[10]))
+  local share = math.ceil(redis.call('HLEN', KEYS[4]) / servers)
+  room = share - redis.call('SCARD', KEYS[6])
+end
+local take, left = {}, {}
+for _, payload in ipairs(items) do
   local persistent = has_persistent and redis.call('HGET', KEYS[4], payload) == ''
+  if persistent and room <= 0 then
+    left[#left + 1] = payload
+  else
+    if persistent then room = room - 1 end
+    take[#take + 1] = {payload, persistent}
+  end
+end
+for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
+
+local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3])}
+if #take == 0 then return out end
+local last = redis.call('INCRBY', KEYS[9], #take)
+for i, t in ipairs(take) do
+  local payload, persistent = t[1], t[2]
+  local id = int(last - #take + i)
   if persistent then redis.call('HSET', KEYS[4], payload, id) end
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end

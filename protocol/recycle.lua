@@ -11,9 +11,9 @@
 -- KEYS[3] {ns}:info          HASH worker descriptions
 -- KEYS[4] {ns}:serves:<W>    SET of queues W serves
 -- KEYS[5] {ns}:inbox:<W>     SET of W's unacknowledged cancels
--- then for each queue Q_i named in ARGV, six keys:
+-- then for each queue Q_i named in ARGV, seven keys:
 --   {ns}:held:<W>:<Q>, {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>,
---   {ns}:attempts:<Q>, {ns}:dead:<Q>
+--   {ns}:attempts:<Q>, {ns}:dead:<Q>, {ns}:servers:<Q>
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "dead" or "leave"
 -- ARGV[3] incarnation (mode "leave"; ignored for "dead")
@@ -33,8 +33,8 @@ if mode ~= 'dead' and mode ~= 'leave' then
   return redis.error_reply('BAD_ARG mode must be "dead" or "leave"')
 end
 local nq = #ARGV - 4
-if #KEYS ~= 5 + 6 * nq then
-  return redis.error_reply('BAD_ARG expected ' .. (5 + 6 * nq) .. ' keys for ' .. nq .. ' queues')
+if #KEYS ~= 5 + 7 * nq then
+  return redis.error_reply('BAD_ARG expected ' .. (5 + 7 * nq) .. ' keys for ' .. nq .. ' queues')
 end
 if mode == 'dead' then
   if redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
@@ -54,9 +54,10 @@ if #missing > 1 then return missing end
 
 local back, buried = 0, 0
 for i = 1, nq do
-  local k = 5 + 6 * (i - 1)
+  local k = 5 + 7 * (i - 1)
   local b, d = return_held(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
     KEYS[k + 6], mode == 'dead')
+  redis.call('SREM', KEYS[k + 7], ARGV[1])
   if b > 0 then redis.call('PUBLISH', ARGV[4] .. ARGV[4 + i], b) end
   back, buried = back + b, buried + d
 end

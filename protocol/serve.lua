@@ -3,6 +3,7 @@
 -- KEYS[1] {ns}:worker:<W>   heartbeat key
 -- KEYS[2] {ns}:serves:<W>   SET of the queues W serves
 -- KEYS[3] {ns}:queues       SET of known queue names
+-- KEYS[4] {ns}:servers:<Q>  SET of the workers that serve Q
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
@@ -15,4 +16,5 @@ local err = lease_error(KEYS[1], ARGV[1], ARGV[2])
 if err then return err end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('SADD', KEYS[4], ARGV[1])
 return 1

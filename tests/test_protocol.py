@@ -413,3 +413,34 @@ def test_every_script_states_its_contract_in_a_header() -> None:
         assert head.startswith(f"-- {name}.lua: "), name
         for part in ("KEYS[1]", "ARGV[1]", "Returns:", "Errors:", "Publishes:"):
             assert part in head, (name, part)
+
+
+async def test_fair_claim_takes_a_fair_share_of_persistent_tasks(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    i1 = await join(b, conn, "w1", Q)
+    i2 = await join(b, conn, "w2", Q)
+    assert sorted(await conn.execute("SMEMBERS", keys.servers(Q))) == [b"w1", b"w2"]
+    await b.ensure(conn, Q, [b"d1", b"d2", b"d3"])
+    await b.enqueue(conn, "other", [b"x"])  # other queues do not count
+    r1 = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
+    assert [p.task for p in r1.processes] == [b"d1", b"d2"] and r1.held_back  # ceil(3/2) = 2
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"d3"]  # left at the head
+    r1 = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
+    assert r1.processes == () and r1.held_back
+    r2 = await b.claim(conn, "w2", i2, Q, 10, 0, fair=True)
+    assert [p.task for p in r2.processes] == [b"d3"] and not r2.held_back
+    # one-shot tasks are never held back; an unfair claim takes anything
+    await b.enqueue(conn, Q, [b"job"])
+    r1 = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
+    assert [p.task for p in r1.processes] == [b"job"]
+    # the servers set follows unserve and recycle
+    await b.unserve(conn, "w2", Q)
+    assert await conn.execute("SMEMBERS", keys.servers(Q)) == [b"w1"]
+    await expire_worker(conn, keys, "w1")
+    await b.recycle(conn, "w1", leave=False)
+    assert await conn.execute("EXISTS", keys.servers(Q)) == 0
+    with pytest.raises(CommandError, match="BAD_ARG"):
+        await conn.execute(
+            "EVALSHA", b.scripts["claim"].sha, 10, *(["k"] * 10), "w", "i", Q, 1, 0, 2
+        )

@@ -489,7 +489,9 @@ async def test_delete_queue_cancels_running_and_empties_it(redis_url: str, names
         assert "q" not in await client.queues()
 
 
-async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(own_redis: RedisServer) -> None:
+async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(
+    own_redis: RedisServer,
+) -> None:
     rec = Recorder()
     async with client_and_workers(own_redis.url, "oom", 1) as (client, (w,)):
         await w.start_work("devices", rec.forever)
@@ -508,3 +510,35 @@ async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(own_redis
 
         await wait_for(running_again, within=5)
         assert rec.started[-1].token > rec.started[0].token
+
+
+async def test_persistent_tasks_spread_over_the_peers(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 3) as (client, workers):
+        for w in workers:
+            await w.start_work("devices", rec.forever, concurrency=10)
+        await client.ensure_many("devices", [f"d{i}" for i in range(6)])
+
+        async def six_running() -> bool:
+            return len(await client.processes("devices")) == 6
+
+        await wait_for(six_running)
+        owners = [p.worker_id for p in await client.processes("devices")]
+        assert sorted(owners.count(w.id) for w in workers) == [2, 2, 2]
+
+
+async def test_a_fair_share_never_leaves_a_task_waiting_for_a_full_peer(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 2) as (client, (small, big)):
+        await small.start_work("devices", rec.forever, concurrency=1)
+        await big.start_work("devices", rec.forever, concurrency=10)
+        await client.ensure_many("devices", ["a", "b", "c", "d"])  # fair share: 2 each
+
+        async def all_running() -> bool:
+            return len(await client.processes("devices")) == 4
+
+        await wait_for(all_running, within=big.timing.interval * 3 + 1)
+        owners = [p.worker_id for p in await client.processes("devices")]
+        assert owners.count(small.id) == 1 and owners.count(big.id) == 3
