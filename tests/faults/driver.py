@@ -1,0 +1,266 @@
+"""A worker as a real OS process, for the fault tests and the soak.
+
+Run as ``python driver.py --redis URL --sink URL --prefix P --namespace NS ...``.
+It serves a persistent queue (``--persistent``), a one-shot queue
+(``--oneshot``) and optionally a queue served without a handler
+(``--manual``), and reports everything its handlers do to the fenced sink
+(see ``sink.py``): actions ``start``/``act``/``done`` (fenced by token), and
+notes ``ready``, ``id`` (the worker rejoined under a new id), ``cancelled``,
+``claimed``, ``finish``, ``log`` (a warning of the mesh), ``exit`` (with the
+worker's statistics). SIGTERM or SIGINT leaves the worker block gracefully
+(every process handed back) and exits 0.
+
+A payload starting with ``!`` carries directives for the handler, separated by
+``;``: ``kill`` (SIGKILL this process when the handler starts), ``hold=S`` (a
+one-shot job takes S seconds), ``stallwrite`` (a persistent handler, at its
+third action, blocks the whole process until the sink has seen a newer owner,
+then writes with a *synchronous* client: a write already on its way when the
+owner was paused, which no cancellation can stop), ``ignorecancel`` (a
+one-shot job sleeps ``hold`` seconds shielded from cancellation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import mesh
+from mesh._client import DEFAULT_MAX_PAYLOAD
+from mesh._connection import open_connection
+from tests.faults import sink
+
+
+def directives(task: bytes) -> dict[str, str]:
+    if not task.startswith(b"!"):
+        return {}
+    out = {}
+    for part in task[1:].decode("ascii", "replace").split(";"):
+        k, _, v = part.partition("=")
+        out[k.strip()] = v.strip()
+    return out
+
+
+class Captured(logging.Handler):
+    """Keeps the mesh's warnings to send to the sink as ``log`` notes."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(f"{record.levelname} {record.name}: {record.getMessage()}"[:500])
+
+
+async def main(args: argparse.Namespace) -> int:
+    captured = Captured()
+    logging.getLogger("mesh").addHandler(captured)
+    async with open_connection(args.sink, name=f"sink:{args.tag}") as sconn:
+
+        async def report(
+            task: bytes, token: int, worker: str, action: str, extra: str = ""
+        ) -> bool:
+            cmd = sink.report_command(
+                args.prefix, task, token, worker, action, tag=args.tag, extra=extra
+            )
+            return bool(await sconn.execute(*cmd))
+
+        async def note_shielded(task: bytes, token: int, worker: str, action: str, x: str) -> None:
+            with trio.move_on_after(2) as cs:
+                cs.shield = True
+                await report(task, token, worker, action, x)
+
+        worker: mesh.Worker | None = None
+        stats: dict[str, object] = {}
+        try:
+            async with mesh.open_worker(
+                args.redis,
+                namespace=args.namespace,
+                ttl=args.ttl,
+                heartbeat_interval=args.interval,
+                fence_after=args.fence_after,
+                worker_id=args.worker_id,
+                max_payload=args.max_payload,
+            ) as worker:
+                await serve(args, worker, report, note_shielded, captured)
+                left_at = time.monotonic()
+        except mesh.MeshError as exc:
+            if worker is not None:
+                raise
+            await report(b"", 0, args.worker_id or "", "startfail", f"{type(exc).__name__}: {exc}")
+            print(f"driver: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        s = worker.statistics()
+        r = worker._reaper.statistics()
+        stats = {
+            "worker": s.worker_id,
+            "fenced": s.fenced,
+            "started": s.processes_started,
+            "finished": s.processes_finished,
+            "cancelled": s.processes_cancelled,
+            "heartbeats": s.heartbeats,
+            "reaper_workers": r.workers_recycled,
+            "reaper_processes": r.processes_recycled,
+            "leave_s": round(time.monotonic() - left_at, 4),
+        }
+        await report(b"", 0, worker.id, "exit", json.dumps(stats))
+    return 0
+
+
+async def serve(
+    args: argparse.Namespace,
+    worker: mesh.Worker,
+    report: Callable[..., Awaitable[bool]],
+    note_shielded: Callable[..., Awaitable[None]],
+    captured: Captured,
+) -> None:
+    """Serve the queues until SIGTERM or SIGINT."""
+
+    async def device(p: mesh.Process) -> None:
+        await report(p.task, p.token, p.worker_id, "start", str(p.attempts))
+        d = directives(p.task)
+        if "kill" in d:
+            os.kill(os.getpid(), signal.SIGKILL)
+        n = 0
+        try:
+            while True:
+                await trio.sleep(args.act_every)
+                n += 1
+                if "stallwrite" in d and n == 3:
+                    stall_then_write(args, p)
+                await report(p.task, p.token, p.worker_id, "act")
+        except trio.Cancelled:
+            await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
+            raise
+
+    async def job(p: mesh.Process) -> None:
+        await report(p.task, p.token, p.worker_id, "start", str(p.attempts))
+        d = directives(p.task)
+        if "kill" in d:
+            os.kill(os.getpid(), signal.SIGKILL)
+        hold = float(d.get("hold", args.job_time))
+        try:
+            if "ignorecancel" in d:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(hold)
+            else:
+                await trio.sleep(hold)
+        except trio.Cancelled:
+            await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
+            raise
+        await report(p.task, p.token, p.worker_id, "done")
+
+    async def manual() -> None:
+        while True:
+            try:
+                p = await worker.dequeue(args.manual)
+            except (mesh.MeshConnectionError, mesh.FencedError) as exc:
+                await report(b"", 0, worker.id, "log", f"dequeue: {exc}")
+                await trio.sleep(0.05)
+                continue
+            if p is None:
+                await trio.sleep(0.01)
+                continue
+            await report(p.task, p.token, p.worker_id, "claimed")
+            await trio.sleep(float(directives(p.task).get("hold", args.job_time)))
+            try:
+                ok = await worker.finish(p)
+            except mesh.MeshConnectionError as exc:
+                await report(p.task, p.token, p.worker_id, "log", f"finish: {exc}")
+                continue
+            await report(p.task, p.token, p.worker_id, "finish", str(ok))
+
+    async def watch_id() -> None:
+        last = worker.id
+        while True:
+            await trio.sleep(0.01)
+            if worker.id != last:
+                await report(b"", 0, worker.id, "id", last)
+                last = worker.id
+
+    async def flush_logs() -> None:
+        while True:
+            await trio.sleep(0.05)
+            recs, captured.records = captured.records, []
+            for r in recs:
+                await report(b"", 0, worker.id, "log", r)
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        for queue, handler in ((args.persistent, device), (args.oneshot, job), (args.manual, None)):
+            if queue:
+                await worker.start_work(
+                    queue,
+                    handler,
+                    concurrency=args.concurrency,
+                    max_attempts=args.max_attempts,
+                    backoff=args.backoff,
+                )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_id)
+            nursery.start_soon(flush_logs)
+            if args.manual:
+                nursery.start_soon(manual)
+            await report(b"", 0, worker.id, "ready", str(os.getpid()))
+            async for _ in signals:
+                break
+            nursery.cancel_scope.cancel()
+
+
+def stall_then_write(args: argparse.Namespace, p: mesh.Process) -> None:
+    """Freeze the whole process (no trio checkpoint) until the sink has a newer
+    owner of the task, then write one action synchronously: the write of a
+    paused owner that was already on its way."""
+    import redis
+
+    r = redis.Redis.from_url(args.sink)
+    hi, _ = sink.keys(args.prefix)
+    deadline = time.monotonic() + 20 * args.ttl
+    try:
+        while time.monotonic() < deadline:
+            v = r.hget(hi, p.task)
+            if v is not None and int(v) > p.token:
+                break
+            time.sleep(0.01)
+        cmd = sink.report_command(
+            args.prefix, p.task, p.token, p.worker_id, "act", tag=args.tag, extra="late"
+        )
+        r.execute_command(*cmd)
+    finally:
+        r.close()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--redis", required=True)
+    ap.add_argument("--sink", required=True)
+    ap.add_argument("--prefix", required=True)
+    ap.add_argument("--namespace", required=True)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--ttl", type=float, default=1.0)
+    ap.add_argument("--interval", type=float, default=None)
+    ap.add_argument("--fence-after", type=float, default=None)
+    ap.add_argument("--worker-id", default=None)
+    ap.add_argument("--persistent", default="devices")
+    ap.add_argument("--oneshot", default="jobs")
+    ap.add_argument("--manual", default="")
+    ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--max-attempts", type=int, default=5)
+    ap.add_argument("--backoff", type=float, default=1.0)
+    ap.add_argument("--act-every", type=float, default=0.05)
+    ap.add_argument("--job-time", type=float, default=0.02)
+    ap.add_argument("--max-payload", type=int, default=DEFAULT_MAX_PAYLOAD)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, parse_args()))

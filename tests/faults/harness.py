@@ -1,0 +1,263 @@
+"""The fault harness: worker driver processes, the sink's event log, proxies,
+snapshots of the mesh, and polls with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+import mesh
+from mesh._connection import Connection
+from mesh._keys import Keys
+
+from . import checks, sink
+from .proxy import Proxy
+
+DRIVER = str(Path(__file__).with_name("driver.py"))
+T = TypeVar("T")
+
+
+async def wait_until(
+    pred: Callable[[], Awaitable[T]], within: float, what: str, every: float = 0.01
+) -> T:
+    """Poll ``pred`` until it returns something truthy (returned); fail after
+    ``within`` seconds."""
+    with trio.move_on_after(within):
+        while True:
+            v = await pred()
+            if v:
+                return v
+            await trio.sleep(every)
+    raise AssertionError(f"timed out after {within} s waiting for {what}")
+
+
+class Driver:
+    """One worker process (``driver.py``)."""
+
+    def __init__(self, tag: str, popen: subprocess.Popen[bytes]) -> None:
+        self.tag = tag
+        self.popen = popen
+        self.stopped = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            os.kill(self.pid, sig)
+        self.stopped = sig == signal.SIGSTOP or (self.stopped and sig != signal.SIGCONT)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def cont(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def term(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def reap(self) -> None:
+        """Make sure the process is gone (SIGCONT then SIGKILL) and waited for."""
+        if self.alive:
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    async def wait_exit(self, within: float) -> int:
+        async def gone() -> bool:
+            return not self.alive
+
+        await wait_until(gone, within, f"driver {self.tag} to exit")
+        return self.popen.returncode
+
+
+class Harness:
+    """Everything one fault scenario needs. Get one from the ``harness`` fixture."""
+
+    def __init__(
+        self,
+        url: str,
+        sink_url: str,
+        namespace: str,
+        client: mesh.Client,
+        sconn: Connection,
+        nursery: trio.Nursery,
+        ttl: float,
+    ) -> None:
+        self.url = url
+        self.sink_url = sink_url
+        self.ns = namespace
+        self.prefix = "sink-" + namespace
+        self.keys = Keys(namespace)
+        self.client = client
+        self.sconn = sconn
+        self.nursery = nursery
+        self.ttl = ttl
+        self.log = sink.EventLog(sconn, self.prefix)
+        self.drivers: list[Driver] = []
+        self._n = 0
+
+    @property
+    def conn(self) -> Connection:
+        """A raw connection to the mesh's Redis (the client's)."""
+        return self.client._conn
+
+    # --- processes -------------------------------------------------------------
+
+    def spawn(self, tag: str | None = None, *args: str, url: str | None = None) -> Driver:
+        self._n += 1
+        tag = tag or f"w{self._n}"
+        cmd = [sys.executable, DRIVER, "--redis", url or self.url, "--sink", self.sink_url]
+        cmd += ["--prefix", self.prefix, "--namespace", self.ns, "--tag", tag]
+        if "--ttl" not in args:
+            cmd += ["--ttl", str(self.ttl)]
+        cmd += list(args)
+        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        d = Driver(tag, popen)
+        self.drivers.append(d)
+        return d
+
+    async def start(self, n: int = 1, *args: str, url: str | None = None) -> list[Driver]:
+        """Spawn ``n`` drivers and wait until every one serves its queues."""
+        ds = [self.spawn(None, *args, url=url) for _ in range(n)]
+        for d in ds:
+            await self.wait_ready(d)
+        return ds
+
+    async def wait_ready(self, d: Driver, within: float = 15) -> sink.Event:
+        return await self.wait_event(
+            lambda e: e.action == "ready" and e.tag == d.tag, within, f"driver {d.tag} ready"
+        )
+
+    def reap_all(self) -> None:
+        for d in self.drivers:
+            d.reap()
+
+    # --- the sink --------------------------------------------------------------
+
+    async def events(self) -> list[sink.Event]:
+        return await self.log.update()
+
+    async def wait_event(
+        self, pred: Callable[[sink.Event], bool], within: float, what: str
+    ) -> sink.Event:
+        async def find() -> sink.Event | None:
+            return next((e for e in await self.events() if pred(e)), None)
+
+        return await wait_until(find, within, what)
+
+    async def sink_now(self) -> float:
+        """The sink's clock (seconds): the clock of every event."""
+        return await sink.now_us(self.sconn) / 1e6
+
+    async def worker_id(self, d: Driver) -> str:
+        """The current worker id of driver ``d`` (as it last reported)."""
+        ids = [
+            e.worker for e in await self.events() if e.tag == d.tag and e.action in ("ready", "id")
+        ]
+        assert ids, f"driver {d.tag} never reported"
+        return ids[-1]
+
+    async def judge(self) -> sink.Verdict:
+        return sink.judge(await self.events())
+
+    async def warnings(self, d: Driver | None = None) -> list[str]:
+        return [
+            e.extra
+            for e in await self.events()
+            if e.action == "log" and (d is None or e.tag == d.tag)
+        ]
+
+    # --- the mesh --------------------------------------------------------------
+
+    async def snapshot(self, queues: Iterable[str] = ("devices", "jobs")) -> checks.Snapshot:
+        return await checks.snapshot(self.conn, self.keys, queues)
+
+    async def proxy(self, target_port: int | None = None) -> Proxy:
+        port = target_port if target_port is not None else int(self.url.rsplit(":", 1)[1])
+        p = Proxy(port)
+        await self.nursery.start(p.run)
+        return p
+
+    @asynccontextmanager
+    async def monitor(
+        self,
+        persistent: dict[str, set[bytes]],
+        oneshot: dict[str, set[bytes]] | None = None,
+        every: float = 0.02,
+    ) -> AsyncIterator[Monitor]:
+        """Check "one place" on a snapshot every ``every`` seconds while the block
+        runs (and once more at its end)."""
+        mon = Monitor(self, persistent, oneshot or {})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mon.run, every)
+            try:
+                yield mon
+            finally:
+                nursery.cancel_scope.cancel()
+        await mon.sample()
+
+
+class Monitor:
+    def __init__(
+        self,
+        h: Harness,
+        persistent: dict[str, set[bytes]],
+        oneshot: dict[str, set[bytes]],
+    ) -> None:
+        self.h = h
+        self.persistent = persistent
+        self.oneshot = oneshot
+        self.samples = 0
+        self.errors = 0
+        self.violations: list[str] = []
+        self.queues = sorted(set(persistent) | set(oneshot))
+
+    async def sample(self) -> None:
+        try:
+            snap = await checks.snapshot(self.h.conn, self.h.keys, self.queues)
+        except (mesh.MeshConnectionError, mesh.CommandError):
+            self.errors += 1  # Redis down, stalled or busy: nothing to check
+            return
+        self.samples += 1
+        self.violations += checks.one_place_violations(snap, self.persistent, self.oneshot)
+
+    async def run(self, every: float) -> None:
+        while True:
+            with trio.move_on_after(max(1.0, every * 5)):
+                await self.sample()
+            await trio.sleep(every)
+
+
+def payloads(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+def first(events: Iterable[sink.Event], pred: Callable[[sink.Event], bool]) -> sink.Event | None:
+    return next((e for e in events if pred(e)), None)
+
+
+def any_of(x: Any) -> bool:
+    return bool(x)
+
+
+def figure(name: str, **values: object) -> None:
+    """Print a measured figure (``pytest -s`` shows them; docs/reliability.md
+    quotes them)."""
+    print(f"FIGURE {name} " + " ".join(f"{k}={v}" for k, v in values.items()))

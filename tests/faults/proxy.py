@@ -1,0 +1,171 @@
+"""A TCP proxy between a worker and Redis that can pass, stall or cut the
+traffic, and lose the reply of a chosen command after Redis ran it.
+
+It runs in the test's trio loop: ``await nursery.start(proxy.run)``, then
+point the worker at ``proxy.url``.
+
+* :meth:`stall`: stop forwarding in both directions, on every connection,
+  new ones included (a partition: bytes wait, nothing is refused). :meth:`heal`
+  delivers what waited and forwards again, as TCP would after a short outage.
+* :meth:`cut`: close every connection and refuse new ones (accept, then close
+  at once) until :meth:`heal`.
+* :meth:`lose_reply_to`: the next command whose words contain ``marker``
+  (e.g. the SHA of ``claim.lua``) is forwarded; once Redis's reply to it is
+  complete (so it certainly ran), that reply is dropped and the connection
+  closed. Commands and replies are counted with ``hiredis`` readers on both
+  directions, so "its reply" is exact even with pipelining.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import hiredis
+import trio
+
+_BUF = 256 * 1024
+
+
+class _Link:
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.lose_from: int | None = None  # 1-based number of the marked command
+        self.commands = 0
+
+    def close(self) -> None:
+        self.scope.cancel()
+
+
+class Proxy:
+    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.target_port = target_port
+        self.port = 0
+        self._flowing = trio.Event()
+        self._flowing.set()
+        self._refuse = False
+        self._links: set[_Link] = set()
+        self._marker: bytes | None = None
+        self._lost = trio.Event()
+        self.lost_replies = 0
+        self.connections = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}"
+
+    # --- control (sync: no I/O) ---------------------------------------------
+
+    def stall(self) -> None:
+        if self._flowing.is_set():
+            self._flowing = trio.Event()
+
+    def cut(self) -> None:
+        self._refuse = True
+        for link in list(self._links):
+            link.close()
+
+    def heal(self) -> None:
+        self._refuse = False
+        self._flowing.set()
+
+    def lose_reply_to(self, marker: bytes) -> trio.Event:
+        """Arm: lose the reply of the next command containing ``marker``.
+        Returns an event set once a reply was lost."""
+        self._marker = marker
+        self._lost = trio.Event()
+        return self._lost
+
+    @property
+    def stalled(self) -> bool:
+        return not self._flowing.is_set()
+
+    # --- serving ------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1")
+            )
+            self.port = listeners[0].socket.getsockname()[1]
+            task_status.started()
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        if self._refuse:
+            await trio.aclose_forcefully(client)
+            return
+        try:
+            upstream = await trio.open_tcp_stream(self.host, self.target_port)
+        except OSError:
+            await trio.aclose_forcefully(client)
+            return
+        link = _Link()
+        self._links.add(link)
+        self.connections += 1
+        try:
+            with link.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._requests, link, client, upstream)
+                    nursery.start_soon(self._replies, link, upstream, client)
+        finally:
+            self._links.discard(link)
+            await trio.aclose_forcefully(client)
+            await trio.aclose_forcefully(upstream)
+
+    async def _flow(self) -> None:
+        while not self._flowing.is_set():
+            await self._flowing.wait()
+
+    async def _requests(self, link: _Link, src: Any, dst: Any) -> None:
+        reader: Any = hiredis.Reader()
+        try:
+            while True:
+                data = await src.receive_some(_BUF)
+                if not data:
+                    break
+                await self._flow()
+                if reader is not None:
+                    try:
+                        reader.feed(data)
+                        while (cmd := reader.gets()) is not False:
+                            link.commands += 1
+                            if (
+                                self._marker is not None
+                                and link.lose_from is None
+                                and isinstance(cmd, list)
+                                and any(isinstance(a, bytes) and self._marker in a for a in cmd)
+                            ):
+                                link.lose_from = link.commands
+                                self._marker = None
+                    except hiredis.ProtocolError:
+                        reader = None  # not RESP (inline commands): just forward
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        link.close()
+
+    async def _replies(self, link: _Link, src: Any, dst: Any) -> None:
+        reader: Any = hiredis.Reader()
+        replies = 0
+        try:
+            while True:
+                data = await src.receive_some(_BUF)
+                if not data:
+                    break
+                await self._flow()
+                try:
+                    reader.feed(data)
+                    while reader.gets() is not False:
+                        replies += 1
+                except hiredis.ProtocolError:  # pragma: no cover - Redis speaks RESP
+                    pass
+                if link.lose_from is not None and replies >= link.lose_from:
+                    # The marked command ran and its reply is complete: drop it.
+                    self.lost_replies += 1
+                    self._lost.set()
+                    break
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        link.close()
