@@ -162,6 +162,7 @@ class Worker:
         return self._gen.id
 
     def statistics(self) -> WorkerStatistics:
+        """A snapshot of the worker's counters (sync: no I/O)."""
         c = self._counters
         r = self._reaper.statistics()
         running = sum(len(rn.running) for rn in self._gen.runners.values())
@@ -216,6 +217,10 @@ class Worker:
         Raises:
             ConfigError: bad queue name or arguments, or already served.
             FencedError, MeshConnectionError: as from Redis.
+
+        On cancellation (or any error) the queue is not served by this object;
+        Redis may still list the worker as a server of it until the worker
+        leaves, which only affects the fair share.
         """
         check_queue(queue)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -251,6 +256,9 @@ class Worker:
             How many processes were handed back.
         Raises:
             ConfigError: the queue is not served.
+            MeshConnectionError: Redis could not be reached; the handlers are
+                stopped already and whatever is still held is handed back when
+                the worker leaves (or recycled by peers).
         """
         check_queue(queue)
         self._check_open()
@@ -275,6 +283,10 @@ class Worker:
         Raises:
             ConfigError: the queue is not served.
             FencedError: the worker's lease is gone (it is rejoining).
+
+        On cancellation or a connection error the claim may have happened
+        without the caller seeing it: that process stays held by this worker
+        until :meth:`stop_work` or leaving the worker hands it back.
         """
         check_queue(queue)
         self._check_open()
@@ -296,6 +308,9 @@ class Worker:
             True if it was still this worker's live process; False if it had
             been recycled, cancelled or finished already, or this worker's
             lease is gone (then nothing changed).
+        Raises:
+            MeshConnectionError: unknown whether it finished; calling again is
+                safe (it then returns False if the first call went through).
         """
         self._check_open()
         r = await self._binding.finish(
@@ -314,6 +329,9 @@ class Worker:
 
         Returns:
             False if it was no longer this worker's process (nothing changed).
+        Raises:
+            MeshConnectionError: unknown whether it was handed back; calling
+                again is safe.
         """
         self._check_open()
         cfg = self._queues.get(process.queue)
