@@ -1,0 +1,1 @@
+"""trio-mesh benchmarks: ``python -m bench`` runs them all (see ``docs/performance.md``)."""

@@ -1,0 +1,60 @@
+"""What every benchmark gets: the options of the run, and where to report progress."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._util import REPO
+
+PEERS_VENV = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trio-mesh" / "bench-peers"
+)
+PEER_CHILD = REPO / "bench" / "_peer_child.py"
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Context:
+    runs: int = 3
+    quick: bool = False
+    peers_python: str | None = None
+    log: Callable[[str], None] = field(default=_stderr)
+    _peer_versions: dict[str, str | None] = field(default_factory=dict)
+
+    def peer_python(self) -> str:
+        """The interpreter for the peers: ``--peers-python``, else the peers'
+        virtual environment made by ``python -m bench --setup-peers``, else
+        this interpreter."""
+        if self.peers_python:
+            return self.peers_python
+        venv_python = PEERS_VENV / "bin" / "python"
+        if venv_python.exists():
+            return str(venv_python)
+        return sys.executable
+
+    def peer_version(self, lib: str) -> str | None:
+        """``"<version> <redis client>-<version>"`` of a peer, or None if it
+        cannot be imported by :meth:`peer_python`."""
+        if lib not in self._peer_versions:
+            try:
+                r = subprocess.run(
+                    [self.peer_python(), str(PEER_CHILD), lib, "version"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                line = r.stdout.strip()
+                self._peer_versions[lib] = (
+                    line.removeprefix("version ") if r.returncode == 0 and line else None
+                )
+            except (OSError, subprocess.TimeoutExpired):
+                self._peer_versions[lib] = None
+        return self._peer_versions[lib]

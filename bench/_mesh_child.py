@@ -1,0 +1,158 @@
+"""trio-mesh worker processes for the benchmarks (run by the parent as
+``python -m bench._mesh_child ROLE ...``; see :mod:`bench._util` for the line
+protocol).
+
+Roles:
+
+* ``produce``: enqueues ``--n`` one-shot tasks with one ``enqueue_many`` and
+  prints ``enqueued <seconds>`` (connection set-up not included).
+* ``throughput``: one worker; prints ``ready``, waits for ``go``, then serves
+  the queue with a no-op handler.
+* ``failover``: one worker serving ``devices`` (persistent tasks, concurrency
+  1); each handler start prints ``start <token> <monotonic ns>``. SIGTERM makes
+  it leave its ``open_worker`` block (a graceful stop).
+* ``hold``: ``--workers`` workers in this process, each serving the queue with
+  handlers that run until cancelled; a cancelled handler notes
+  ``time.monotonic_ns()``. Prints ``worker <id>`` for each, then ``ready``.
+  Answers ``count`` with ``count <running handlers>`` and ``dump`` with one
+  ``cancelled <payload> <ns>`` line per cancelled handler, then ``end``.
+
+Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
+process of the machine (Linux), so the parent can compare them with its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import trio
+
+import mesh
+
+
+def out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class Stdin:
+    def __init__(self) -> None:
+        self._stream = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+        self._buf = b""
+
+    async def readline(self) -> str | None:
+        while b"\n" not in self._buf:
+            data = await self._stream.receive_some(4096)
+            if not data:
+                return None
+            self._buf += data
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+
+async def produce(args: argparse.Namespace) -> None:
+    payloads = [b"%d" % i for i in range(args.n)]
+    async with mesh.open_client(args.url, namespace=args.ns) as client:
+        t = time.perf_counter()
+        await client.enqueue_many(args.queue, payloads)
+        out(f"enqueued {time.perf_counter() - t:.6f}")
+
+
+async def throughput(args: argparse.Namespace) -> None:
+    async def noop(process: mesh.Process) -> None:
+        pass
+
+    stdin = Stdin()
+    async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
+        out("ready")
+        if await stdin.readline() != "go":
+            return
+        await worker.start_work(args.queue, noop, concurrency=args.concurrency)
+        out("started")
+        await trio.sleep_forever()
+
+
+async def failover(args: argparse.Namespace) -> None:
+    async def device(process: mesh.Process) -> None:
+        out(f"start {process.token} {time.monotonic_ns()}")
+        await trio.sleep_forever()
+
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
+            await worker.start_work("devices", device, concurrency=1)
+            out("ready")
+            async for _ in signals:
+                break
+        # leaving the block cancelled the handler and handed the task back
+
+
+async def hold(args: argparse.Namespace) -> None:
+    cancelled: list[tuple[bytes, int]] = []
+    running = 0
+
+    async def handler(process: mesh.Process) -> None:
+        nonlocal running
+        running += 1
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append((process.task, time.monotonic_ns()))
+            raise
+        finally:
+            running -= 1
+
+    ready = 0
+    all_ready = trio.Event()
+
+    async def one(i: int) -> None:
+        nonlocal ready
+        async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
+            await worker.start_work(args.queue, handler, concurrency=args.concurrency)
+            out(f"worker {worker.id}")
+            ready += 1
+            if ready == args.workers:
+                all_ready.set()
+            await trio.sleep_forever()
+
+    stdin = Stdin()
+    async with trio.open_nursery() as nursery:
+        for i in range(args.workers):
+            nursery.start_soon(one, i)
+        await all_ready.wait()
+        out("ready")
+        while (line := await stdin.readline()) is not None:
+            if line == "count":
+                out(f"count {running}")
+            elif line == "dump":
+                for task, ns in cancelled:
+                    out(f"cancelled {task.decode()} {ns}")
+                cancelled.clear()
+                out("end")
+        nursery.cancel_scope.cancel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["produce", "throughput", "failover", "hold"])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--ns", required=True)
+    parser.add_argument("--queue", default="bench")
+    parser.add_argument("--ttl", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--n", type=int, default=0)
+    args = parser.parse_args()
+    roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
+    role = roles[args.role]
+    try:
+        trio.run(role, args)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Figures, targets, and how they are printed and written to
+``docs/performance.md``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ._util import median
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target for a figure's median: ``op`` is ``"<"`` or ``">="``."""
+
+    op: str
+    value: float
+    text: str
+
+    def verdict(self, v: float, unit: str) -> str:
+        if math.isnan(v):
+            return "not measured"
+        met = v < self.value if self.op == "<" else v >= self.value
+        if met:
+            return "met"
+        gap = abs(v - self.value)
+        rel = gap / self.value * 100 if self.value else math.inf
+        return f"missed by {_num(gap)} {unit} ({rel:.0f}%)"
+
+
+@dataclass
+class Figure:
+    """One measured quantity: one value per run (for latency figures, each
+    run's percentile), reported as median, min and max."""
+
+    label: str
+    unit: str
+    runs: list[float]
+    target: Target | None = None
+    note: str = ""
+    quoted: str = ""  # set for figures not measured here: the quoted range
+
+    @property
+    def median(self) -> float:
+        return median([v for v in self.runs if not math.isnan(v)])
+
+    @property
+    def min(self) -> float:
+        xs = [v for v in self.runs if not math.isnan(v)]
+        return min(xs) if xs else math.nan
+
+    @property
+    def max(self) -> float:
+        xs = [v for v in self.runs if not math.isnan(v)]
+        return max(xs) if xs else math.nan
+
+    def verdict(self) -> str:
+        if self.target is None:
+            return ""
+        return self.target.verdict(self.median, self.unit)
+
+    def cells(self) -> list[str]:
+        if self.quoted:
+            return [self.label, self.quoted, "", "", self.unit, "", "quoted, not measured here"]
+        t = self.target.text if self.target else ""
+        return [
+            self.label,
+            _num(self.median),
+            _num(self.min),
+            _num(self.max),
+            self.unit,
+            t,
+            self.verdict(),
+        ]
+
+
+@dataclass
+class Section:
+    name: str
+    title: str
+    method: str
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    runs: int = 0
+
+
+HEADER = ["figure", "median", "min", "max", "unit", "target", "verdict"]
+
+
+def _num(v: float) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        return "n/a"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def text_table(section: Section) -> str:
+    rows = [HEADER] + [f.cells() for f in section.figures]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    lines = [f"== {section.title} ({section.runs} runs) =="]
+    for j, r in enumerate(rows):
+        cells = [
+            c.ljust(widths[i]) if i in (0, 4, 5, 6) else c.rjust(widths[i]) for i, c in enumerate(r)
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines += [f"  note: {n}" for n in section.notes]
+    return "\n".join(lines)
+
+
+def markdown_table(section: Section) -> str:
+    rows = [HEADER] + [f.cells() for f in section.figures]
+    rule = "|" + "|".join(["---"] + ["--:"] * 3 + ["---"] * 3) + "|"
+    out = ["| " + " | ".join(rows[0]) + " |", rule]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows[1:]]
+    return "\n".join(out)
+
+
+def markdown(sections: Sequence[Section], machine: dict[str, str], command: str, when: str) -> str:
+    parts = [
+        "# Performance",
+        "",
+        "Written by `python -m bench` (the figures below are what that run measured; "
+        "nothing here is typed in by hand). Every benchmark starts its own "
+        "redis-server on 127.0.0.1 and its own worker processes; each figure is the "
+        "median of the runs, with the smallest and largest run. Targets are those of "
+        "issue 4; the verdict compares the median with the target.",
+        "",
+        f"Run: `{command}`, {when}.",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    parts += [f"| {k} | {v} |" for k, v in machine.items()]
+    parts += ["", "## Targets", "", "| figure | median | unit | target | verdict |",
+              "|---|--:|---|---|---|"]  # fmt: skip
+    for s in sections:
+        for f in s.figures:
+            if f.target is not None:
+                parts.append(
+                    f"| {s.title}: {f.label} | {_num(f.median)} | {f.unit} | "
+                    f"{f.target.text} | {f.verdict()} |"
+                )
+    for s in sections:
+        parts += ["", f"## {s.title}", "", s.method.strip(), "", f"Runs: {s.runs}.", ""]
+        parts.append(markdown_table(s))
+        if s.notes:
+            parts.append("")
+            parts += [f"- {n}" for n in s.notes]
+    return "\n".join(parts) + "\n"

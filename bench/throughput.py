@@ -1,0 +1,271 @@
+"""Throughput: N no-op one-shot tasks, enqueue time and processing time, one
+worker OS process with concurrency 10 (the shape of SAQ's own benchmark), for
+trio-mesh, SAQ, arq and streaQ on the same redis-server; and trio-mesh with 2
+worker processes.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from mesh._connection import Connection, open_connection
+from mesh._keys import Keys
+from mesh._server import run_redis_server
+
+from ._context import PEER_CHILD, Context
+from ._report import Figure, Section, Target
+from ._util import children, cpu_seconds, mesh_child, poll_until, redis_cpu
+
+QUEUE = "bench"
+POLL = 0.002
+
+
+@dataclass(frozen=True)
+class Sizes:
+    tasks: int = 20_000
+    concurrency: int = 10
+    peers: bool = True
+
+
+FULL = Sizes()
+QUICK = Sizes(tasks=2_000)
+
+
+@dataclass(frozen=True)
+class Contender:
+    label: str
+    lib: str  # "mesh" or a peer
+    processes: int = 1
+    extra: tuple[str, ...] = ()
+
+
+def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
+    out = [
+        Contender("trio-mesh, 1 worker process", "mesh"),
+        Contender("trio-mesh, 2 worker processes", "mesh", processes=2),
+    ]
+    notes = []
+    if not sizes.peers:
+        return out, notes
+    for lib, label, extra in (
+        ("saq", "SAQ {v}", ()),
+        ("streaq", "streaQ {v} (asyncio)", ()),
+        ("arq", "arq {v} (defaults, poll_delay 0.5 s)", ()),
+        ("arq", "arq {v} (poll_delay 10 ms)", ("--poll-delay", "0.01")),
+    ):
+        v = ctx.peer_version(lib)
+        if v is None:
+            notes.append(
+                f"{lib} skipped: it cannot be imported by {ctx.peer_python()} "
+                "(run `python -m bench --setup-peers`)"
+            )
+            continue
+        out.append(Contender(label.format(v=v.split()[0]), lib, extra=extra))
+    return out, notes
+
+
+def pending_probe(lib: str, ns: str) -> Callable[[Connection], Awaitable[int]]:
+    """How many tasks are not done yet, read from each library's own state:
+    trio-mesh: queued + running processes; SAQ: its ``incomplete`` sorted set
+    (what SAQ's benchmark polls); arq: its queue sorted set (a job leaves it
+    when finished); streaQ: the stream length (a finished task is XACKed and
+    XDELed)."""
+    if lib == "mesh":
+        k = Keys(ns)
+
+        async def mesh_pending(conn: Connection) -> int:
+            a, b = await conn.pipeline([("LLEN", k.queue(QUEUE)), ("HLEN", k.procs(QUEUE))])
+            return int(a) + int(b)
+
+        return mesh_pending
+    cmd = {
+        "saq": ("ZCARD", f"saq:{QUEUE}:incomplete"),
+        "arq": ("ZCARD", "arq:queue"),
+        "streaq": ("XLEN", f"streaq:{QUEUE}:queues:normal"),
+    }[lib]
+
+    async def peer_pending(conn: Connection) -> int:
+        return int(await conn.execute(*cmd))
+
+    return peer_pending
+
+
+@dataclass
+class RunResult:
+    enqueue: float
+    processing: float
+    redis_cpu: float
+    worker_cpu: float
+
+
+async def one_run(
+    ctx: Context, url: str, conn: Connection, c: Contender, sizes: Sizes
+) -> RunResult:
+    n = sizes.tasks
+    await conn.execute("FLUSHALL")
+    ns = "tp" + secrets.token_hex(3)
+    pending = pending_probe(c.lib, ns)
+    within = max(120.0, n / 50)
+    async with children() as kids:
+        workers = []
+        for i in range(c.processes):
+            if c.lib == "mesh":
+                argv = mesh_child(
+                    "throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
+                    "--concurrency", str(sizes.concurrency),
+                )  # fmt: skip
+            else:
+                argv = [
+                    ctx.peer_python(), str(PEER_CHILD), c.lib, "work", "--url", url,
+                    "--concurrency", str(sizes.concurrency), *c.extra,
+                ]  # fmt: skip
+            workers.append(await kids.spawn(f"{c.lib} worker {i}", argv))
+        for w in workers:
+            await w.expect("ready", 60)
+        if c.lib == "mesh":
+            argv = mesh_child("produce", "--url", url, "--ns", ns, "--queue", QUEUE, "--n", str(n))
+        else:
+            argv = [
+                ctx.peer_python(), str(PEER_CHILD), c.lib, "produce", "--url", url, "--n", str(n),
+            ]  # fmt: skip
+        producer = await kids.spawn(f"{c.lib} producer", argv)
+        enqueue = float((await producer.expect("enqueued", within)).split()[1])
+        got = await pending(conn)
+        if got != n:
+            raise RuntimeError(f"{c.label}: {got} tasks pending after enqueueing {n}")
+        cpu0 = await redis_cpu(conn)
+        wcpu0 = sum(cpu_seconds(w.pid) for w in workers)
+        t0 = trio.current_time()
+        for w in workers:
+            await w.send("go")
+
+        async def done() -> bool:
+            return await pending(conn) == 0
+
+        t1 = await poll_until(done, interval=POLL, within=within)
+        wcpu1 = sum(cpu_seconds(w.pid) for w in workers)
+        cpu1 = await redis_cpu(conn)
+    return RunResult(enqueue, t1 - t0, cpu1 - cpu0, wcpu1 - wcpu0)
+
+
+async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
+    sizes = sizes or (QUICK if ctx.quick else FULL)
+    n = sizes.tasks
+    conts, notes = contenders(ctx, sizes)
+    section = Section(
+        "throughput",
+        "Throughput",
+        METHOD.format(n=n, c=sizes.concurrency, poll=POLL * 1000),
+        runs=ctx.runs,
+        notes=notes,
+    )
+    results: dict[str, list[RunResult | None]] = {c.label: [] for c in conts}
+    with run_redis_server() as server:
+        async with open_connection(server.url) as conn:
+            for r in range(ctx.runs):
+                for c in conts:
+                    ctx.log(f"throughput: run {r + 1}/{ctx.runs}: {c.label}")
+                    try:
+                        res = await one_run(ctx, server.url, conn, c, sizes)
+                    except trio.TooSlowError:
+                        ctx.log(f"throughput: {c.label} timed out")
+                        res = None
+                        section.notes.append(f"{c.label}: run {r + 1} timed out")
+                    results[c.label].append(res)
+                    if res:
+                        ctx.log(
+                            f"  enqueue {res.enqueue:.3f} s, processing {res.processing:.3f} s "
+                            f"= {n / res.processing:,.0f} tasks/s"
+                        )
+    nan = math.nan
+    best_peer = 0.0
+    rates: dict[str, Figure] = {}
+    for c in conts:
+        rs = results[c.label]
+        rate = Figure(
+            f"{c.label}: processing",
+            "tasks/s",
+            [n / x.processing if x else nan for x in rs],
+        )
+        rates[c.label] = rate
+        if c.lib != "mesh":
+            best_peer = max(best_peer, rate.median)
+    for c in conts:
+        rs = results[c.label]
+        enq = Figure(f"{c.label}: enqueue {n:,}", "s", [x.enqueue if x else nan for x in rs])
+        if c.lib == "mesh" and c.processes == 1:
+            enq.target = Target("<", 0.1 * n / 20_000, f"< {0.1 * n / 20_000:g} s")
+        section.figures.append(enq)
+        rate = rates[c.label]
+        if c.lib == "mesh" and c.processes == 1:
+            rate.target = Target(">=", 10_000, ">= 10,000 tasks/s")
+        section.figures.append(rate)
+        section.figures.append(
+            Figure(
+                f"{c.label}: Redis CPU per task",
+                "µs",
+                [x.redis_cpu / n * 1e6 if x else nan for x in rs],
+            )
+        )
+        section.figures.append(
+            Figure(
+                f"{c.label}: worker CPU per task",
+                "µs",
+                [x.worker_cpu / n * 1e6 if x else nan for x in rs],
+            )
+        )
+    if best_peer > 0:
+        mesh1 = rates["trio-mesh, 1 worker process"]
+        section.figures.append(
+            Figure(
+                "trio-mesh (1 process) / best peer",
+                "x",
+                [v / best_peer for v in mesh1.runs],
+                target=Target(">=", 1.0, "ahead of every peer"),
+                note="per run, divided by the best peer's median",
+            )
+        )
+    section.figures.append(
+        Figure("Worqr 1.2.3 (TypeScript, Node)", "tasks/s", [], quoted="5,900-7,300")
+    )
+    section.notes.append(
+        "Worqr's figure was measured outside this repository on a machine of the same "
+        "kind (Worqr is not in the package registries here); it is quoted, not measured."
+    )
+    return section
+
+
+METHOD = """
+{n:,} no-op one-shot tasks per run, one worker OS process with concurrency {c}
+(SAQ's own benchmark shape), every library on the same redis-server in the same
+run (FLUSHALL before each library). For each library and run:
+
+1. the worker process(es) start, connect and build their worker, then wait for a
+   `go` line on stdin (so interpreter start-up and imports are not timed);
+2. a separate producer process enqueues the tasks the library's fastest
+   documented way, timed inside the producer around the enqueue call only:
+   trio-mesh `enqueue_many` (one script call), streaQ `enqueue_many` (one
+   pipeline), SAQ `enqueue` and arq `enqueue_job` with 20 concurrent calls (as in
+   SAQ's `benchmarks/simple.py`);
+3. the parent sends `go` to the workers and polls the library's own record of
+   unfinished tasks every {poll:g} ms on its own connection: trio-mesh queued +
+   running processes (`LLEN` + `HLEN`), SAQ its `incomplete` sorted set (what
+   SAQ's benchmark polls), arq its queue sorted set (a job leaves it when it is
+   finished), streaQ the stream length (finished tasks are acknowledged and
+   deleted). Processing time runs from `go` to the first poll that sees zero, so
+   it includes each worker's own start (registration, first fetch).
+
+The handler does nothing (no extra Redis command per task for anyone). The
+producer, the workers, the polling parent and redis-server share the machine's
+cores. "Redis CPU per task" is the server's `used_cpu_user + used_cpu_sys`
+delta over the processing time divided by the number of tasks (the parent's
+polling included, the same for every library); "worker CPU per task" is the
+worker processes' user + system time over the same span. The peers run in their
+own virtual environment (`bench/peers.txt`) because arq needs redis-py < 6 and
+SAQ's redis extra redis-py < 8, while trio-mesh needs redis-py 8.
+"""
