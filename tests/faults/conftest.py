@@ -25,7 +25,7 @@ def sink_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-async def harness(
+async def h(
     redis_url: str, sink_server: RedisServer, namespace: str, nursery: trio.Nursery
 ) -> AsyncIterator[Harness]:
     async with (

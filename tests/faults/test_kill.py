@@ -11,8 +11,8 @@ from .harness import Harness, figure, payloads, wait_until
 pytestmark = pytest.mark.slow
 
 
-async def test_sigkill_mid_task_moves_everything_to_a_live_peer(harness: Harness) -> None:
-    h = harness
+async def test_sigkill_mid_task_moves_everything_to_a_live_peer(h: Harness) -> None:
+
     (a,) = await h.start(1)
     devices = payloads("dev", 5)
     jobs = [b"!hold=1.5;job%d" % i for i in range(5)]
