@@ -46,19 +46,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--concurrency",
         "-c",
-        type=_count_arg,
-        default=10,
-        metavar="N",
-        help="processes at once per queue (default 10)",
-    )
-    p.add_argument(
-        "--queue-concurrency",
-        "-q",
         action="append",
         default=[],
-        type=_queue_count,
-        metavar="Q=N",
-        help="processes at once for queue Q (repeatable; overrides --concurrency)",
+        type=_concurrency_arg,
+        metavar="[Q=]N",
+        help="processes at once: 'Q=N' for queue Q, a bare 'N' for every other queue "
+        "(repeatable; default 10)",
     )
     p.add_argument(
         "--max-attempts",
@@ -104,10 +97,12 @@ def _count_arg(text: str) -> int:
     return n
 
 
-def _queue_count(text: str) -> tuple[str, int]:
+def _concurrency_arg(text: str) -> tuple[str | None, int]:
     queue, eq, n = text.rpartition("=")
-    if not eq or not queue:
-        raise argparse.ArgumentTypeError(f"expected QUEUE=N, not {text!r}")
+    if not eq:
+        return None, _count_arg(text)
+    if not queue:
+        raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, not {text!r}")
     try:
         check_queue(queue)
     except mesh.ConfigError as exc:
@@ -167,10 +162,15 @@ def load_app(spec: str) -> dict[str, mesh.Handler]:
 def _worker(args: argparse.Namespace) -> int:
     t = target(args)
     app = load_app(args.app)
-    concurrency = dict(args.queue_concurrency)
-    unknown = sorted(set(concurrency) - set(app))
+    default = 10
+    for queue, n in args.concurrency:
+        if queue is None:
+            default = n
+    per_queue = {q: n for q, n in args.concurrency if q is not None}
+    unknown = sorted(set(per_queue) - set(app))
     if unknown:
-        raise UsageError(f"--queue-concurrency names queues that APP does not serve: {unknown}")
+        raise UsageError(f"--concurrency names queues that APP does not serve: {unknown}")
+    concurrency = {q: per_queue.get(q, default) for q in app}
     try:
         Timing.make(args.ttl, None, None)
         if args.worker_id is not None:
@@ -253,7 +253,7 @@ async def _serve(
                     await worker.start_work(
                         queue,
                         _logged(handler, stopping),
-                        concurrency=concurrency.get(queue, args.concurrency),
+                        concurrency=concurrency[queue],
                         max_attempts=args.max_attempts,
                         backoff=args.backoff,
                         backoff_max=args.backoff_max,
@@ -262,7 +262,7 @@ async def _serve(
                 log.info(
                     "worker %s serves %s on %s namespace %s (ttl %gs, pid %d)",
                     worker.id,
-                    ", ".join(f"{q}[{concurrency.get(q, args.concurrency)}]" for q in app),
+                    ", ".join(f"{q}[{n}]" for q, n in concurrency.items()),
                     t.shown,
                     t.namespace,
                     args.ttl,
