@@ -199,7 +199,10 @@ class Demo:
                 shown = mesh.parse_url(url).redacted()
                 self.say(f"  using {shown}, namespace {namespace} (removed at the end)")
             else:
-                server = stack.enter_context(run_redis_server())
+                try:
+                    server = stack.enter_context(run_redis_server())
+                except RuntimeError as exc:  # it exited at start, or never answered
+                    raise DemoError(f"could not start redis-server: {exc}") from None
                 url, namespace, shown = server.url, "mesh", server.url
                 version = ".".join(map(str, server.version()))
                 self.say(
@@ -251,8 +254,8 @@ class Demo:
                 sys.executable, "-m", "mesh.cli", "worker", "mesh.cli.demo_app:queues",
                 "--worker-id", name,
                 "--ttl", str(TTL),
-                "--queue-concurrency", f"devices={self.device_slots}",
-                "--queue-concurrency", f"jobs={JOB_SLOTS}",
+                "--concurrency", f"devices={self.device_slots}",
+                "--concurrency", f"jobs={JOB_SLOTS}",
                 "--backoff", "0.1",
                 "--max-attempts", "3",
             ]  # fmt: skip
@@ -362,9 +365,10 @@ class Demo:
         with trio.move_on_after(5):
             await victim.proc.wait()
         self.say(
-            f"  every device runs again {format_ms(took)} after the kill (TTL {format_ms(TTL)});"
-            " the new tokens are higher, so a device can refuse the old owner"
+            f"  every device runs again {format_ms(took)} after the kill "
+            f"({took / TTL:.2f} x the TTL of {format_ms(TTL)})"
         )
+        self.say("  the new tokens are higher, so a device can refuse the old owner")
         if jobs_held:
             self.say(
                 f"  its jobs {', '.join(jobs_held)} went back to the queue and run again "
@@ -372,7 +376,7 @@ class Demo:
             )
         self.figures["takeover"] = (
             f"{len(before)} devices moved {format_ms(took)} after SIGKILL "
-            f"(lease TTL {format_ms(TTL)})"
+            f"= {took / TTL:.2f} x TTL ({format_ms(TTL)})"
         )
         self.figures["takeover_ms"] = f"{took * 1000:.0f}"
         return [moved[d.task][0] for d in before]
@@ -427,6 +431,9 @@ class Demo:
             await self.until(drained, 20, "every job to finish")
         except DemoError as exc:
             i = await client.queue_info("jobs")
+            import os as _o
+            if _o.environ.get("DEMO_DEBUG"):
+                print(await client.processes("jobs"), await client.workers(), file=sys.stderr)
             raise DemoError(
                 f"{exc} ({i.queued} queued, {i.delayed} delayed, {i.running} running)"
             ) from None
@@ -447,7 +454,7 @@ class Demo:
         )
         per_peer = collections.Counter(e.worker for e in events if e.kind == "done")
         self.say("  finished by: " + ", ".join(f"{k} {v}" for k, v in sorted(per_peer.items())))
-        self.figures["jobs"] = f"{len(done)}/{self.n_jobs} done, {sum(runs.values())} runs"
+        self.figures["jobs"] = f"{len(done)}/{self.n_jobs} jobs done in {sum(runs.values())} runs"
 
     async def keep_going(self, shown: str, namespace: str) -> None:
         self.section("The mesh keeps running: press Ctrl-C to stop it")
@@ -489,11 +496,12 @@ class Demo:
             return
         self.section("Summary")
         victim = self.victim.name if self.victim else "-"
+        connects = sum(e.kind == "connect" for p in self.peers for e in p.events)
         rows = [
             ("peers", f"{self.n_peers} processes; {victim} killed with SIGKILL"),
+            ("tasks", f"{self.figures['jobs']}; {connects} device connections made"),
             ("takeover", self.figures["takeover"]),
             ("cancel", self.figures["cancel"]),
-            ("jobs", self.figures["jobs"]),
             ("stop", self.figures["stop"]),
             ("total", f"{trio.current_time() - self.started:.1f} s"),
         ]
