@@ -205,22 +205,34 @@ class QueueRunner:
 
     async def _report(self) -> None:
         c = self.config
-        done, failed = self._done, self._failed
-        if done:
-            results = await self._binding.finish(self._conn, self._wid, self._inc, c.queue, done)
-            self._done = []
+        # Take the lists before awaiting: handlers that end while a report is
+        # in flight append to fresh lists, for the next report. On an error
+        # the taken ones go back, to be reported again.
+        if self._done:
+            done, self._done = self._done, []
+            try:
+                results = await self._binding.finish(
+                    self._conn, self._wid, self._inc, c.queue, done
+                )
+            except BaseException:
+                self._done = done + self._done
+                raise
             self._counters.finished += sum(results)
-        if failed:
-            outcomes = await self._binding.give_back(
-                self._conn,
-                self._wid,
-                c.queue,
-                failed,
-                failed=True,
-                backoff_ms=int(c.backoff * 1000),
-                backoff_cap_ms=int(c.backoff_max * 1000),
-            )
-            self._failed = []
+        if self._failed:
+            failed, self._failed = self._failed, []
+            try:
+                outcomes = await self._binding.give_back(
+                    self._conn,
+                    self._wid,
+                    c.queue,
+                    failed,
+                    failed=True,
+                    backoff_ms=int(c.backoff * 1000),
+                    backoff_cap_ms=int(c.backoff_max * 1000),
+                )
+            except BaseException:
+                self._failed = failed + self._failed
+                raise
             self._counters.failed += len(failed)
             for outcome, delay in outcomes:
                 if outcome == 2:

@@ -95,6 +95,7 @@ class RedisServer:
             "--logfile", str(self.dir / "redis.log"),
             "--maxmemory-policy", "noeviction",
             "--notify-keyspace-events", "Ex",
+            *(["--enable-debug-command", "local"] if self.version() >= (7,) else []),
             *self.args,
         ]  # fmt: skip
         self.process = subprocess.Popen(
