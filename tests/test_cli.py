@@ -1,0 +1,540 @@
+"""The ``mesh`` command, end to end: every subcommand runs as a real
+subprocess (``python -m mesh.cli``, and the installed console script once)
+against a redis-server the tests started, and each test checks what the
+command printed, its exit status, and what it did in Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import trio
+
+import mesh
+from mesh._connection import open_connection
+from mesh._server import RedisServer
+from mesh.cli import build_parser
+
+from .test_worker import wait_for
+
+UNREACHABLE = "redis://127.0.0.1:1"
+PASSWORD = "pw-0f9a1c77e2"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without any MESH_* variable (so that nothing can reach
+    a Redis the test did not start), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESH_")}
+    env.update(extra)
+    return env
+
+
+async def mesh_cli(
+    *args: str,
+    stdin: bytes = b"",
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    command: Sequence[str] = (sys.executable, "-m", "mesh.cli"),
+) -> subprocess.CompletedProcess[bytes]:
+    """Run the ``mesh`` command to its end (within 60 s)."""
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [*command, *args],
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env if env is not None else clean_env(),
+            cwd=cwd,
+        )
+
+
+def text(r: subprocess.CompletedProcess[bytes]) -> str:
+    return (r.stdout + r.stderr).decode(errors="replace")
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess[bytes], code: int) -> str:
+    """The command failed with ``code``, said why on one stderr line, and
+    printed no traceback."""
+    err = r.stderr.decode()
+    assert r.returncode == code, text(r)
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 or code == 2, err  # argparse prints its usage line too
+    assert lines[-1].startswith("mesh"), err
+    return lines[-1]
+
+
+@pytest.fixture
+def ns_args(redis_url: str, namespace: str) -> list[str]:
+    return ["--redis", redis_url, "--namespace", namespace]
+
+
+# --- usage -----------------------------------------------------------------
+
+SUBCOMMANDS = [
+    "demo",
+    "worker",
+    "enqueue",
+    "ensure",
+    "cancel",
+    "reconcile",
+    "delete-queue",
+    "status",
+]
+
+
+def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    [sub_action] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(sub_action.choices) == sorted(SUBCOMMANDS)
+    for sub in SUBCOMMANDS:
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([sub, "--help"])
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: mesh {sub}"), out
+        if sub != "demo":
+            assert "--namespace" in out and "--redis" in out
+
+
+async def test_help_in_a_subprocess() -> None:
+    r = await mesh_cli("--help")
+    assert r.returncode == 0
+    for sub in SUBCOMMANDS:
+        assert sub in r.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["frobnicate"],
+        ["enqueue"],
+        ["enqueue", "bad queue name!", "x"],
+        ["status", "--interval", "0"],
+        ["status", "--redis", "http://example.com"],
+        ["status", "--namespace", "no spaces"],
+        ["worker", "no_such_module_xyz:queues"],
+        ["worker", "not-a-spec"],
+        ["worker", "mesh.cli.demo_app:queues", "--ttl", "0.01"],
+        ["worker", "mesh.cli.demo_app:queues", "--concurrency", "nosuchqueue=3"],
+        ["worker", "mesh.cli.demo_app:nothing"],
+        ["worker", "mesh.cli.demo_app:job"],
+        ["demo", "--peers", "1"],
+        ["reconcile", "q"],  # an empty desired set, without --allow-empty
+        ["reconcile", "q", "--file", "/no/such/file"],
+        ["delete-queue", "q"],  # no --yes, and stdin is not a terminal
+        ["enqueue", "q", "-", "-"],
+    ],
+)
+async def test_usage_errors_exit_2(args: list[str]) -> None:
+    # Every one of these fails before it connects: the URL goes nowhere.
+    r = await mesh_cli(*args, env=clean_env(MESH_REDIS_URL=UNREACHABLE))
+    assert_one_line_error(r, 2)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["enqueue", "q", "t"],
+        ["worker", "mesh.cli.demo_app:queues"],
+    ],
+)
+async def test_unreachable_redis_exits_1_with_one_line(args: list[str]) -> None:
+    r = await mesh_cli(*args, "--redis", UNREACHABLE)
+    line = assert_one_line_error(r, 1)
+    assert "127.0.0.1:1" in line, line
+    assert r.stdout == b""
+
+
+# --- tasks -------------------------------------------------------------------
+
+
+async def test_enqueue_ensure_cancel_reconcile_delete(
+    redis_url: str, namespace: str, ns_args: list[str], tmp_path: Path
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        # enqueue: words, then '-' for the lines of stdin, in order
+        r = await mesh_cli("enqueue", "jobs", "a", "-", "d", *ns_args, stdin=b"b\r\n\nc\n")
+        assert r.returncode == 0, text(r)
+        assert r.stdout.decode() == "enqueued 4 tasks on jobs\n"
+        assert await client.tasks("jobs") == [b"a", b"b", b"c", b"d"]
+        r = await mesh_cli("enqueue", "jobs", "e", "--json", *ns_args)
+        assert json.loads(r.stdout) == {"queue": "jobs", "enqueued": 1}
+
+        # ensure: new ones are added, a repeat is left alone
+        r = await mesh_cli("ensure", "devices", "d1", "d2", *ns_args)
+        assert r.returncode == 0, text(r)
+        assert "2 added, 0 there already" in r.stdout.decode()
+        r = await mesh_cli("ensure", "devices", "d2", "d3", "--json", *ns_args)
+        assert json.loads(r.stdout) == {"queue": "devices", "added": ["d3"], "existing": ["d2"]}
+        assert sorted(await client.persistent_tasks("devices")) == [b"d1", b"d2", b"d3"]
+
+        # enqueue of a payload that is a persistent task: refused, exit 1
+        r = await mesh_cli("enqueue", "devices", "d1", *ns_args)
+        assert_one_line_error(r, 1)
+
+        # cancel, by payload
+        r = await mesh_cli("cancel", "jobs", "b", "--json", *ns_args)
+        assert json.loads(r.stdout) == {"queue": "jobs", "task": "b", "cancelled": 1}
+        assert await client.tasks("jobs") == [b"a", b"c", b"d", b"e"]
+        r = await mesh_cli("cancel", "jobs", "zzz", *ns_args)
+        assert r.returncode == 0 and "nothing to cancel" in r.stdout.decode()
+
+        # reconcile: from a file, then from stdin
+        want = tmp_path / "want.txt"
+        want.write_bytes(b"d2\nd4\n")
+        r = await mesh_cli("reconcile", "devices", "--file", str(want), "--json", *ns_args)
+        assert r.returncode == 0, text(r)
+        assert json.loads(r.stdout) == {
+            "queue": "devices",
+            "added": ["d4"],
+            "cancelled": ["d1", "d3"],
+            "unchanged": 1,
+        }
+        assert sorted(await client.persistent_tasks("devices")) == [b"d2", b"d4"]
+        r = await mesh_cli("reconcile", "devices", *ns_args, stdin=b"d4\nd5\n")
+        assert r.stdout.decode() == "devices: 1 added (d5), 1 cancelled (d2), 1 unchanged\n"
+        assert sorted(await client.persistent_tasks("devices")) == [b"d4", b"d5"]
+        r = await mesh_cli("reconcile", "devices", "--allow-empty", *ns_args)
+        assert r.returncode == 0, text(r)
+        assert await client.persistent_tasks("devices") == {}
+
+        # delete-queue
+        r = await mesh_cli("delete-queue", "jobs", "--yes", "--json", *ns_args)
+        assert json.loads(r.stdout) == {"queue": "jobs", "deleted": 4}
+        assert await client.queue_length("jobs") == 0
+
+
+async def test_namespace_and_url_from_the_environment(redis_url: str, namespace: str) -> None:
+    env = clean_env(MESH_REDIS_URL=redis_url, MESH_NAMESPACE=namespace)
+    r = await mesh_cli("enqueue", "q", "from-env", env=env)
+    assert r.returncode == 0, text(r)
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.tasks("q") == [b"from-env"]
+
+
+# --- status ------------------------------------------------------------------
+
+
+async def hold_forever(process: mesh.Process) -> None:
+    await trio.sleep_forever()
+
+
+async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: list[str]) -> None:
+    async with (
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        mesh.open_worker(redis_url, namespace=namespace, worker_id="w-status") as worker,
+    ):
+        await worker.start_work("devices", hold_forever)
+        await client.ensure_many("devices", ["d1", "d2"])
+        await client.enqueue_many("jobs", ["j1", "j2", "j3"])
+
+        async def both_running() -> bool:
+            return len(await client.processes("devices")) == 2
+
+        await wait_for(both_running, what="both devices to run")
+
+        r = await mesh_cli("status", "--json", "--processes", *ns_args)
+        assert r.returncode == 0, text(r)
+        snap = json.loads(r.stdout)
+        assert snap["namespace"] == namespace
+        [w] = snap["workers"]
+        assert w["id"] == "w-status" and w["alive"] and w["processes"] == 2
+        assert w["queues"] == ["devices"] and 0 < w["lease_left"] <= 3
+        queues = {q["name"]: q for q in snap["queues"]}
+        assert queues["devices"] == {
+            "name": "devices",
+            "queued": 0,
+            "delayed": 0,
+            "running": 2,
+            "persistent": 2,
+            "dead": 0,
+        }
+        assert queues["jobs"]["queued"] == 3
+        assert sorted(p["task"] for p in snap["processes"]) == ["d1", "d2"]
+
+        # The table: the columns of each row start where their header does.
+        r = await mesh_cli("status", *ns_args)
+        assert r.returncode == 0, text(r)
+        lines = r.stdout.decode().splitlines()
+        header = next(ln for ln in lines if ln.startswith("QUEUE "))
+        row = next(ln for ln in lines if ln.startswith("jobs "))
+        for col, value in [("QUEUED", "3"), ("RUNNING", "0"), ("DEAD", "0")]:
+            end = header.index(col) + len(col)  # right-aligned under its header
+            assert row[end - len(value) : end] == value, (header, row)
+        wrow = next(ln for ln in lines if ln.startswith("w-status "))
+        assert " yes " in wrow and " devices " in wrow
+
+
+async def test_status_watch_redraws_until_interrupted(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue("jobs", "x")
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "mesh.cli", "status", "--watch", "--interval", "0.05", *ns_args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=clean_env(),
+        )
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            buf = b""
+            with trio.fail_after(20):
+                # Two refreshes, then one after the queue changed.
+                while buf.count(b"QUEUES") < 2:
+                    buf += await proc.stdout.receive_some()
+                await client.enqueue("jobs", "y")
+                seen = len(buf)
+                while not re.search(rb"jobs +2 ", buf[seen:]):
+                    buf += await proc.stdout.receive_some()
+                proc.send_signal(signal.SIGINT)
+                assert await proc.wait() == 0
+            assert b"Traceback" not in await proc.stderr.receive_some()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+# --- the console script --------------------------------------------------------
+
+
+async def test_the_installed_console_script(redis_url: str, ns_args: list[str]) -> None:
+    script = Path(sys.executable).with_name("mesh")
+    assert script.exists(), "pip install -e . installs the 'mesh' script"
+    r = await mesh_cli("enqueue", "q", "via-script", "--json", *ns_args, command=[str(script)])
+    assert json.loads(r.stdout) == {"queue": "q", "enqueued": 1}
+    r = await mesh_cli("status", "--json", *ns_args, command=[str(script)])
+    assert r.returncode == 0, text(r)
+    assert [q["queued"] for q in json.loads(r.stdout)["queues"]] == [1]
+
+
+# --- passwords ---------------------------------------------------------------
+
+
+async def test_a_password_is_never_printed(own_redis: RedisServer) -> None:
+    # (run_redis_server cannot start with --requirepass: it waits for +PONG.)
+    async with open_connection(own_redis.url) as admin:
+        await admin.execute("CONFIG", "SET", "requirepass", PASSWORD)
+    password_redis = own_redis
+    good = f"redis://:{PASSWORD}@127.0.0.1:{password_redis.port}"
+    wrong = f"redis://:{PASSWORD}x@127.0.0.1:{password_redis.port}"
+    nowhere = f"redis://user:{PASSWORD}@127.0.0.1:1"
+    malformed = f"redis://user:{PASSWORD}@127.0.0.1:notaport"
+    outputs = []
+
+    r = await mesh_cli("enqueue", "q", "t", "--redis", good)
+    assert r.returncode == 0, text(r)
+    outputs.append(r)
+    r = await mesh_cli("status", "--redis", good)
+    assert r.returncode == 0 and "redis://:***@127.0.0.1" in r.stdout.decode(), text(r)
+    outputs.append(r)
+    r = await mesh_cli("status", "--json", env=clean_env(MESH_REDIS_URL=good))
+    assert json.loads(r.stdout)["redis"].startswith("redis://:***@")
+    outputs.append(r)
+    for url, code in [(wrong, 1), (nowhere, 1), (malformed, 2)]:
+        r = await mesh_cli("status", "--redis", url)
+        assert_one_line_error(r, code)
+        outputs.append(r)
+
+    # A worker logs where it connects: without the password.
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "mesh.cli", "worker", "mesh.cli.demo_app:queues"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(MESH_REDIS_URL=good),
+    )
+    try:
+        assert proc.stderr is not None
+        log = b""
+        with trio.fail_after(20):
+            while b"serves" not in log:
+                log += await proc.stderr.receive_some()
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+            async for chunk in proc.stderr:
+                log += chunk
+        assert b"redis://:***@127.0.0.1" in log, log
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    for r in outputs:
+        assert PASSWORD not in text(r), text(r)
+    assert PASSWORD.encode() not in log
+
+
+# --- the worker -------------------------------------------------------------------
+
+APP = """
+import trio
+
+async def hold(process):
+    await trio.sleep_forever()
+
+async def work(process):
+    pass
+
+queues = {"devices": hold, "jobs": work}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_worker_hands_everything_back_on_a_signal(
+    redis_url: str, namespace: str, ns_args: list[str], tmp_path: Path, signum: int
+) -> None:
+    (tmp_path / "cli_test_app.py").write_text(APP)
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "worker", "cli_test_app:queues", "--ttl", "30"),
+            *("--concurrency", "devices=2", "--concurrency", "1", "--worker-id", "w-cli"),
+            *ns_args,
+        ],
+        cwd=tmp_path,  # APP is found in the current directory
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            await client.ensure_many("devices", ["d1", "d2", "d3"])
+            await client.enqueue_many("jobs", ["j1", "j2"])
+
+            async def busy() -> bool:
+                ps = await client.processes("devices")
+                return len(ps) == 2 and await client.queue_length("jobs") == 0
+
+            await wait_for(busy, within=20, what="the worker to hold 2 devices, run the jobs")
+            [w] = await client.workers()
+            assert w.id == "w-cli" and w.alive and w.pid == proc.pid
+            assert w.queues == ("devices", "jobs")
+
+            proc.send_signal(signum)
+            with trio.fail_after(10):
+                assert await proc.wait() == 0
+            # Handed back before it exited (the TTL is 30 s: no peer recycled
+            # them): every device is queued again, and the worker is gone.
+            assert await client.processes() == []
+            assert sorted(await client.tasks("devices")) == [b"d1", b"d2", b"d3"]
+            assert await client.workers() == []
+            assert proc.stderr is not None
+            log = b""
+            async for chunk in proc.stderr:
+                log += chunk
+            assert b"Traceback" not in log, log
+            assert f"{signal.Signals(signum).name} received: stopping".encode() in log, log
+            assert b"handing back 2 running processes" in log, log
+            assert b"finish jobs 'j2'" in log, log
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+# --- the demo ------------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def demo_pids(out: str) -> list[int]:
+    pids = [int(p) for p in re.findall(r"\bpid (\d+)", out)]
+    return pids
+
+
+@pytest.mark.slow
+async def test_demo_with_its_own_redis(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with trio.fail_after(60):
+        t0 = trio.current_time()
+        r = await mesh_cli("demo", env=clean_env(TMPDIR=str(tmp)), cwd=tmp_path)
+        took = trio.current_time() - t0
+    out = r.stdout.decode()
+    assert r.returncode == 0, text(r)
+    assert took < 30
+    assert "Traceback" not in text(r)
+    # redis-server and three peers, each with its pid
+    pids = demo_pids(out)
+    assert len(pids) == 1 + 3 + 1, out  # redis, 3 peers, the killed peer again
+    assert "started redis-server" in out
+    m = re.search(r"takeover +(\d+) devices moved (\d+) ms after SIGKILL = ([\d.]+) x TTL", out)
+    assert m, out
+    moved, ms, ratio = int(m[1]), int(m[2]), float(m[3])
+    assert moved >= 1 and 0 < ms < 10_000 and ratio == pytest.approx(ms / 1500, abs=0.01)
+    for line in ["== Summary", "  tasks     12/12 jobs done", "  cancel ", "  stop "]:
+        assert line in out, out
+    assert re.search(r"handler got the cancel and disconnected device-\d+ #\d+ after \d+ ms", out)
+    # Nothing left behind: no process, no temporary file.
+    assert not [p for p in pids if pid_alive(p)]
+    assert list(tmp.iterdir()) == []
+
+
+@pytest.mark.slow
+async def test_demo_on_a_given_redis_leaves_no_key(redis_url: str) -> None:
+    r = await mesh_cli("demo", "--redis", redis_url, "--peers", "2")
+    out = r.stdout.decode()
+    assert r.returncode == 0, text(r)
+    m = re.search(r"namespace (demo-[0-9a-f]+)", out)
+    assert m, out
+    assert "2 processes; peer-" in out
+    async with mesh.open_client(redis_url, namespace=m[1]) as client:
+        assert await client.queues() == []
+        assert await client.workers() == []
+        keys = await client._conn.execute("KEYS", f"{{{m[1]}}}*")  # a test may use KEYS
+        assert keys == []
+    assert not [p for p in demo_pids(out) if pid_alive(p)]
+
+
+@pytest.mark.slow
+async def test_demo_interrupted_leaves_nothing_behind(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "mesh.cli", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(TMPDIR=str(tmp)),
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        out = b""
+        with trio.fail_after(30):
+            # Interrupt while the victim's lease runs out: peers are running.
+            while b"no goodbye" not in out:
+                out += await proc.stdout.receive_some()
+            proc.send_signal(signal.SIGINT)
+            assert await proc.wait() == 130
+            async for chunk in proc.stdout:
+                out += chunk
+            err = b""
+            async for chunk in proc.stderr:
+                err += chunk
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    assert err.decode().strip().splitlines()[-1].startswith("mesh demo: interrupted"), err
+    assert b"Traceback" not in err
+    pids = demo_pids(out.decode())
+    assert len(pids) >= 4, out
+    assert not [p for p in pids if pid_alive(p)]
+    assert list(tmp.iterdir()) == []
