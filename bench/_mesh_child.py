@@ -9,7 +9,8 @@ Roles:
 * ``throughput``: one worker; prints ``ready``, waits for ``go``, then serves
   the queue with a no-op handler.
 * ``failover``: one worker serving ``devices`` (persistent tasks, concurrency
-  1); each handler start prints ``start <token> <monotonic ns>``. SIGTERM makes
+  1); prints ``ready <worker id>``; each handler start prints
+  ``start <token> <monotonic ns>``. SIGTERM makes
   it leave its ``open_worker`` block (a graceful stop).
 * ``hold``: ``--workers`` workers in this process, each serving the queue with
   handlers that run until cancelled; a cancelled handler notes
@@ -84,7 +85,7 @@ async def failover(args: argparse.Namespace) -> None:
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
             await worker.start_work("devices", device, concurrency=1)
-            out("ready")
+            out(f"ready {worker.id}")
             async for _ in signals:
                 break
         # leaving the block cancelled the handler and handed the task back

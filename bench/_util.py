@@ -140,15 +140,18 @@ class Children:
         self._nursery = nursery
         self.all: list[Child] = []
 
-    async def spawn(self, name: str, argv: Sequence[str], *, cwd: Path = REPO) -> Child:
+    async def spawn(self, name: str, argv: Sequence[str]) -> Child:
+        """Start ``argv`` in our working directory, with ``bench`` importable
+        (appended to ``PYTHONPATH``: whatever ``mesh`` the parent would import
+        comes first, so parent and children run the same code)."""
         errfile = tempfile.TemporaryFile(prefix="trio-mesh-bench-")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join([*path, str(REPO)]))
         proc = await trio.lowlevel.open_process(
             list(argv),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=errfile,
-            cwd=str(cwd),
             env=env,
         )
         child = Child(name, proc, errfile)

@@ -1,0 +1,137 @@
+"""Failover: the OS process that owns a persistent task is killed with SIGKILL
+(or stopped with SIGTERM); how long until the task runs on a live peer.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+
+import trio
+
+import mesh
+from mesh._server import run_redis_server
+
+from ._context import Context
+from ._report import Figure, Section, Target
+from ._util import Child, Children, children, mesh_child, percentile, terminate
+
+
+@dataclass(frozen=True)
+class Sizes:
+    trials: int = 20
+    ttl: float = 1.0
+
+
+FULL = Sizes()
+QUICK = Sizes(trials=5)
+
+
+async def spawn_worker(kids: Children, url: str, ns: str, ttl: float, i: int) -> tuple[Child, str]:
+    child = await kids.spawn(
+        f"failover worker {i}",
+        mesh_child("failover", "--url", url, "--ns", ns, "--ttl", str(ttl)),
+    )
+    line = await child.expect("ready", 60)
+    return child, line.split()[1]
+
+
+async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
+    """One run: ``sizes.trials`` takeovers, each after ``sig`` hit the owner.
+    Returns the seconds from the signal to the handler's start on the peer."""
+    ns = "fo" + secrets.token_hex(3)
+    out: list[float] = []
+    async with children() as kids, mesh.open_client(url, namespace=ns) as client:
+        n = 0
+        a, a_id = await spawn_worker(kids, url, ns, sizes.ttl, n)
+        b, _ = await spawn_worker(kids, url, ns, sizes.ttl, n + 1)
+        n += 2
+        await client.ensure("devices", "device-1")
+        with trio.fail_after(30):
+            while not (procs := await client.processes("devices")):  # noqa: ASYNC110
+                await trio.sleep(0.005)
+        owner, standby = (a, b) if procs[0].worker_id == a_id else (b, a)
+        await owner.expect("start", 10)
+        for _ in range(sizes.trials):
+            t0 = time.monotonic_ns()
+            owner.signal(sig)
+            line = await standby.expect("start", sizes.ttl + 30)
+            out.append((int(line.split()[2]) - t0) / 1e9)
+            if sig == signal.SIGKILL:
+                await owner.kill()
+            else:
+                await terminate(owner, signal.SIGKILL, grace=sizes.ttl + 5)
+            fresh, _ = await spawn_worker(kids, url, ns, sizes.ttl, n)
+            n += 1
+            owner, standby = standby, fresh
+    return out
+
+
+async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
+    sizes = sizes or (QUICK if ctx.quick else FULL)
+    ttl = sizes.ttl
+    section = Section(
+        "failover",
+        "Failover",
+        METHOD.format(trials=sizes.trials, ttl=ttl),
+        runs=ctx.runs,
+    )
+    kill: list[list[float]] = []
+    term: list[list[float]] = []
+    with run_redis_server() as server:
+        for r in range(ctx.runs):
+            ctx.log(f"failover: run {r + 1}/{ctx.runs}: SIGKILL x {sizes.trials}")
+            kill.append(await trials(server.url, signal.SIGKILL, sizes))
+            ctx.log(f"  p50 {percentile(kill[-1], 50):.3f} s, p99 {percentile(kill[-1], 99):.3f} s")
+            ctx.log(f"failover: run {r + 1}/{ctx.runs}: SIGTERM x {sizes.trials}")
+            term.append(await trials(server.url, signal.SIGTERM, sizes))
+            ctx.log(
+                f"  p50 {percentile(term[-1], 50) * 1000:.1f} ms, "
+                f"p99 {percentile(term[-1], 99) * 1000:.1f} ms"
+            )
+    p = percentile
+    section.figures += [
+        Figure("SIGKILL: p50", "s", [p(x, 50) for x in kill]),
+        Figure(
+            "SIGKILL: p99",
+            "s",
+            [p(x, 99) for x in kill],
+            target=Target("<", ttl + 0.25, f"< TTL + 0.25 s = {ttl + 0.25:g} s"),
+        ),
+        Figure("SIGKILL: p50 / TTL", "x", [p(x, 50) / ttl for x in kill]),
+        Figure("SIGKILL: p99 / TTL", "x", [p(x, 99) / ttl for x in kill]),
+        Figure("SIGKILL: max", "s", [max(x, default=math.nan) for x in kill]),
+        Figure("graceful stop (SIGTERM): p50", "ms", [p(x, 50) * 1000 for x in term]),
+        Figure(
+            "graceful stop (SIGTERM): p99",
+            "ms",
+            [p(x, 99) * 1000 for x in term],
+            target=Target("<", 50, "< 50 ms"),
+        ),
+        Figure(
+            "graceful stop (SIGTERM): max", "ms", [max(x, default=math.nan) * 1000 for x in term]
+        ),
+    ]
+    return section
+
+
+METHOD = """
+Two worker OS processes (`open_worker(ttl={ttl:g})`, heartbeat every TTL/3) serve
+the queue `devices`; one persistent task is ensured and runs on one of them. A
+trial sends the owner's process SIGKILL (or SIGTERM, upon which the worker leaves
+its `open_worker` block: it cancels its handler and hands the task back), then
+waits for the handler to start on the surviving peer; the peer's handler prints
+`time.monotonic_ns()` when it starts, the parent took the same clock
+(CLOCK_MONOTONIC, shared by every process of the machine) just before the
+signal. Then a fresh worker process joins as the next standby and the next
+trial kills the new owner. {trials} trials per run, p50 and p99 per run
+(linear interpolation between closest ranks), figures are the median, min and
+max over the runs. The server has `notify-keyspace-events Ex`, so peers reap on
+the lease key's expiry event; after SIGKILL the task cannot move before the
+lease, renewed at most TTL/3 earlier, runs out, so takeover is expected between
+2/3 TTL and TTL plus the detection delay (Redis' active expiry) and one reap +
+claim.
+"""
