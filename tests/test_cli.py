@@ -538,3 +538,47 @@ async def test_demo_interrupted_leaves_nothing_behind(tmp_path: Path) -> None:
     assert len(pids) >= 4, out
     assert not [p for p in pids if pid_alive(p)]
     assert list(tmp.iterdir()) == []
+
+
+# --- the README ------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    readme = README.read_text()
+    ci = (README.parent / ".ci" / "run").read_text()
+    blocks = re.findall(r"```sh\n(.*?)\n```", readme, re.S)
+    demo, tests = blocks[0], blocks[1]
+    assert demo == (
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[demo]' && .venv/bin/mesh demo"
+    )
+    install, run = tests.split(" && ", 1)[1].split(" && ")
+    assert install == ".venv/bin/pip install -e '.[test]'"
+    assert run in ci.splitlines(), "the README runs the tests as .ci/run does"
+
+
+async def test_readme_embedding_example_runs(redis_url: str, namespace: str) -> None:
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert code
+    source = code[1]
+    assert 15 <= source.count("\n") <= 25
+    source = source.replace('"redis://127.0.0.1:6379"', repr(redis_url))
+    source = source.replace('namespace="plant"', f"namespace={namespace!r}")
+    source = source.replace("trio.run(main)", "")  # run it here, not in a new loop
+    scope: dict[str, object] = {}
+    exec(compile(source, str(README), "exec"), scope)
+    async with mesh.open_client(redis_url, namespace=namespace) as client, trio.open_nursery() as n:
+        n.start_soon(scope["main"])  # type: ignore[arg-type]
+
+        async def held() -> bool:
+            return len(await client.processes("devices")) == 3
+
+        await wait_for(held, what="the README's worker to hold its 3 devices")
+        ps = await client.processes("devices")
+        assert sorted(p.task for p in ps) == [b"pump-1", b"pump-2", b"valve-7"]
+        assert len({p.token for p in ps}) == 3
+        n.cancel_scope.cancel()
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.processes() == []  # handed back on the way out
+        assert sorted(await client.tasks("devices")) == [b"pump-1", b"pump-2", b"valve-7"]
