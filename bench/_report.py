@@ -12,7 +12,7 @@ from ._util import median
 
 @dataclass(frozen=True)
 class Target:
-    """A target for a figure's median: ``op`` is ``"<"`` or ``">="``."""
+    """A target for a figure's median: ``op`` is ``"<"``, ``"<="`` or ``">="``."""
 
     op: str
     value: float
@@ -21,7 +21,7 @@ class Target:
     def verdict(self, v: float, unit: str) -> str:
         if math.isnan(v):
             return "not measured"
-        met = v < self.value if self.op == "<" else v >= self.value
+        met = {"<": v < self.value, "<=": v <= self.value, ">=": v >= self.value}[self.op]
         if met:
             return "met"
         gap = abs(v - self.value)
