@@ -431,9 +431,6 @@ class Demo:
             await self.until(drained, 20, "every job to finish")
         except DemoError as exc:
             i = await client.queue_info("jobs")
-            import os as _o
-            if _o.environ.get("DEMO_DEBUG"):
-                print(await client.processes("jobs"), await client.workers(), file=sys.stderr)
             raise DemoError(
                 f"{exc} ({i.queued} queued, {i.delayed} delayed, {i.running} running)"
             ) from None
