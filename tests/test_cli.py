@@ -455,9 +455,14 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def files_in(d: Path) -> list[str]:
+    """What a (temporary) directory holds: nothing, once the demo is over."""
+    return os.listdir(d)
+
+
 def demo_pids(out: str) -> list[int]:
-    pids = [int(p) for p in re.findall(r"\bpid (\d+)", out)]
-    return pids
+    """The pids the demo printed: its redis-server's and its peers'."""
+    return [int(p) for p in re.findall(r"\bpid (\d+)", out)]
 
 
 @pytest.mark.slow
@@ -485,7 +490,7 @@ async def test_demo_with_its_own_redis(tmp_path: Path) -> None:
     assert re.search(r"handler got the cancel and disconnected device-\d+ #\d+ after \d+ ms", out)
     # Nothing left behind: no process, no temporary file.
     assert not [p for p in pids if pid_alive(p)]
-    assert list(tmp.iterdir()) == []
+    assert files_in(tmp) == []
 
 
 @pytest.mark.slow
@@ -537,7 +542,44 @@ async def test_demo_interrupted_leaves_nothing_behind(tmp_path: Path) -> None:
     pids = demo_pids(out.decode())
     assert len(pids) >= 4, out
     assert not [p for p in pids if pid_alive(p)]
-    assert list(tmp.iterdir()) == []
+    assert files_in(tmp) == []
+
+
+@pytest.mark.slow
+async def test_demo_keep_going_serves_until_interrupted(tmp_path: Path) -> None:
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "mesh.cli", "demo", "--keep-going", "--verbose"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(TMPDIR=str(tmp_path)),
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        out = b""
+        with trio.fail_after(30):
+            while b"press Ctrl-C" not in out:
+                out += await proc.stdout.receive_some()
+            # The mesh it left running answers another 'mesh' command.
+            m = re.search(rb"at (redis://127.0.0.1:\d+)", out)
+            assert m, out
+            r = await mesh_cli("status", "--json", "--redis", m[1].decode())
+            snap = json.loads(r.stdout)
+            assert sum(w["alive"] for w in snap["workers"]) == 2
+            proc.send_signal(signal.SIGINT)
+            assert await proc.wait() == 0
+            async for chunk in proc.stdout:
+                out += chunk
+            err = b""
+            async for chunk in proc.stderr:
+                err += chunk
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    assert b"== Summary" in out
+    assert b"[peer-2] " in err and b"Traceback" not in err  # --verbose shows the peers' logs
+    assert not [p for p in demo_pids(out.decode()) if pid_alive(p)]
+    assert files_in(tmp_path) == []
 
 
 # --- the README ------------------------------------------------------------------------
