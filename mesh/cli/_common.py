@@ -9,7 +9,7 @@ import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 import attrs
 import trio
@@ -21,14 +21,12 @@ __all__ = [
     "DEFAULT_URL",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
-    "EXIT_OK",
     "EXIT_USAGE",
     "CliError",
     "Target",
     "UsageError",
     "add_target_options",
     "dump_json",
-    "fail",
     "format_ms",
     "format_seconds",
     "json_task",
@@ -45,7 +43,6 @@ __all__ = [
 
 DEFAULT_URL = "redis://127.0.0.1:6379"
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -204,11 +201,6 @@ def format_seconds(seconds: float) -> str:
 def format_ms(seconds: float) -> str:
     """A duration in whole milliseconds, e.g. ``1712 ms``."""
     return f"{seconds * 1000:.0f} ms"
-
-
-def fail(message: str) -> NoReturn:
-    """Stop the command with an expected failure (exit status 1)."""
-    raise CliError(message)
 
 
 def run_client(t: Target, fn: Callable[[mesh.Client], Awaitable[int]]) -> int:
