@@ -127,6 +127,8 @@ async def test_help_in_a_subprocess() -> None:
         ["worker", "not-a-spec"],
         ["worker", "mesh.cli.demo_app:queues", "--ttl", "0.01"],
         ["worker", "mesh.cli.demo_app:queues", "--concurrency", "nosuchqueue=3"],
+        ["worker", "mesh.cli.demo_app:queues", "--queue-concurrency", "3"],
+        ["worker", "mesh.cli.demo_app:queues", "--queue-concurrency", "jobs=0"],
         ["worker", "mesh.cli.demo_app:nothing"],
         ["worker", "mesh.cli.demo_app:job"],
         ["demo", "--peers", "1"],

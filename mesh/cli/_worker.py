@@ -54,6 +54,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(repeatable; default 10)",
     )
     p.add_argument(
+        "--queue-concurrency",
+        "-q",
+        dest="concurrency",
+        action="append",
+        type=_queue_concurrency_arg,
+        metavar="Q=N",
+        help="the same as --concurrency Q=N",
+    )
+    p.add_argument(
         "--max-attempts",
         type=int,
         default=5,
@@ -108,6 +117,13 @@ def _concurrency_arg(text: str) -> tuple[str | None, int]:
     except mesh.ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return queue, _count_arg(n)
+
+
+def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
+    queue, n = _concurrency_arg(text)
+    if queue is None:
+        raise argparse.ArgumentTypeError(f"expected QUEUE=N, not {text!r}")
+    return queue, n
 
 
 def load_app(spec: str) -> dict[str, mesh.Handler]:
