@@ -118,6 +118,18 @@ class QueueRunner:
             with self._scope:
                 await self._run(task_status)
         finally:
+            # Handlers that returned or raised before the loop was stopped
+            # still get their outcome reported (shielded, bounded): otherwise
+            # leaving or stop_work() would hand a finished task back to its
+            # queue and it would run again. What is not reported in time is
+            # handed back, as before.
+            if self._done or self._failed:
+                with trio.move_on_after(self._balance_wait) as cs:
+                    cs.shield = True
+                    try:
+                        await self._report()
+                    except (MeshConnectionError, CommandError, FencedError):
+                        pass
             self._exited.set()
 
     async def stop(self) -> None:
