@@ -495,6 +495,15 @@ async def test_demo_with_its_own_redis(tmp_path: Path) -> None:
     assert files_in(tmp) == []
 
 
+async def test_demo_with_a_broken_redis_server_binary_fails_in_one_line(tmp_path: Path) -> None:
+    r = await mesh_cli("demo", env=clean_env(MESH_REDIS_SERVER="/bin/false", TMPDIR=str(tmp_path)))
+    line = assert_one_line_error(r, 1)
+    assert "could not start /bin/false" in line, line
+    assert files_in(tmp_path) == []
+    r = await mesh_cli("demo", env=clean_env(MESH_REDIS_SERVER=str(tmp_path / "nope")))
+    assert "is not an executable file" in assert_one_line_error(r, 1)
+
+
 @pytest.mark.slow
 async def test_demo_on_a_given_redis_leaves_no_key(redis_url: str) -> None:
     r = await mesh_cli("demo", "--redis", redis_url, "--peers", "2")

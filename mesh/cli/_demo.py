@@ -30,7 +30,7 @@ import trio
 
 import mesh
 from mesh._connection import open_connection
-from mesh._server import run_redis_server
+from mesh._server import find_redis_server, run_redis_server
 
 from ._common import (
     CliError,
@@ -199,12 +199,18 @@ class Demo:
                 shown = mesh.parse_url(url).redacted()
                 self.say(f"  using {shown}, namespace {namespace} (removed at the end)")
             else:
+                binary = find_redis_server()  # ConfigError: it says where it looked
                 try:
-                    server = stack.enter_context(run_redis_server())
-                except RuntimeError as exc:  # it exited at start, or never answered
-                    raise DemoError(f"could not start redis-server: {exc}") from None
+                    server = stack.enter_context(run_redis_server(binary=binary))
+                    version = ".".join(map(str, server.version()))
+                except Exception as exc:
+                    # It exited at start, never answered, or is not a
+                    # redis-server at all ($MESH_REDIS_SERVER=/bin/false):
+                    # whatever the binary did, say so in one line.
+                    raise DemoError(
+                        f"could not start {binary}: {type(exc).__name__}: {exc}"
+                    ) from None
                 url, namespace, shown = server.url, "mesh", server.url
-                version = ".".join(map(str, server.version()))
                 self.say(
                     f"  started redis-server {version} at {server.url} (pid {server.pid}), "
                     f"in a temporary directory"
