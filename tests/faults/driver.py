@@ -16,7 +16,8 @@ one-shot job takes S seconds), ``stallwrite`` (a persistent handler, at its
 third action, blocks the whole process until the sink has seen a newer owner,
 then writes with a *synchronous* client: a write already on its way when the
 owner was paused, which no cancellation can stop), ``ignorecancel`` (a
-one-shot job sleeps ``hold`` seconds shielded from cancellation).
+one-shot job sleeps ``hold`` seconds shielded from cancellation), ``fail``
+(a one-shot handler raises).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def directives(task: bytes) -> dict[str, str]:
 class Captured(logging.Handler):
     """Keeps the mesh's warnings to send to the sink as ``log`` notes."""
 
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
         self.records: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -63,8 +64,9 @@ class Captured(logging.Handler):
 
 
 async def main(args: argparse.Namespace) -> int:
-    captured = Captured()
+    captured = Captured(getattr(logging, args.log_level))
     logging.getLogger("mesh").addHandler(captured)
+    logging.getLogger("mesh").setLevel(captured.level)
     async with open_connection(args.sink, name=f"sink:{args.tag}") as sconn:
 
         async def report(
@@ -148,6 +150,8 @@ async def serve(
         d = directives(p.task)
         if "kill" in d:
             os.kill(os.getpid(), signal.SIGKILL)
+        if "fail" in d:
+            raise RuntimeError(f"task {p.task!r} fails on purpose")
         hold = float(d.get("hold", args.job_time))
         try:
             if "ignorecancel" in d:
@@ -258,6 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backoff", type=float, default=1.0)
     ap.add_argument("--act-every", type=float, default=0.05)
     ap.add_argument("--job-time", type=float, default=0.02)
+    ap.add_argument("--log-level", default="WARNING", help="mesh log records sent as notes")
     ap.add_argument("--max-payload", type=int, default=DEFAULT_MAX_PAYLOAD)
     return ap.parse_args(argv)
 

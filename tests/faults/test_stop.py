@@ -1,0 +1,56 @@
+"""SIGTERM: a worker that stops gracefully hands every process back at once
+(milliseconds, not a TTL), with no overlap of owners and no attempt counted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import TTL
+from .harness import Harness, figure, payloads, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+async def test_sigterm_hands_everything_back_at_once_without_overlap(h: Harness) -> None:
+    (a,) = await h.start(1)
+    devices = payloads("dev", 4)
+    jobs = [b"!hold=60;job%d" % i for i in range(4)]
+    await h.client.ensure_many("devices", devices)
+    await h.client.enqueue_many("jobs", jobs)
+
+    async def a_runs_all() -> bool:
+        started = {e.task for e in await h.events() if e.action == "start" and e.tag == a.tag}
+        return started >= set(devices + jobs)
+
+    await wait_until(a_runs_all, 5, "A runs every task")
+    a_id = await h.worker_id(a)
+    (b,) = await h.start(1)
+    async with h.monitor({"devices": set(devices)}, {"jobs": set(jobs)}) as mon:
+        term_at = await h.sink_now()
+        a.term()
+
+        async def b_runs_all() -> bool:
+            started = {e.task for e in await h.events() if e.action == "start" and e.tag == b.tag}
+            return started >= set(devices + jobs)
+
+        await wait_until(b_runs_all, TTL, "B takes every task at once")
+        assert await a.wait_exit(5) == 0
+    ev = await h.events()
+    took = []
+    for t in devices + jobs:
+        a_events = [e for e in ev if e.task == t and e.tag == a.tag]
+        b_start = next(e for e in ev if e.task == t and e.tag == b.tag and e.action == "start")
+        # A's handler stopped (and acted for the last time) before B started
+        assert a_events[-1].action == "cancelled" and a_events[-1].seq < b_start.seq
+        if t in jobs:
+            assert b_start.extra == "0"  # handed back: no failed attempt counted
+        took.append(b_start.t - term_at)
+    assert max(took) < TTL / 2
+    assert mon.violations == []
+    v = await h.judge()
+    assert v.rejected == 0 and v.overlaps == [] and v.max_owners == 1
+    assert a_id not in {w.id for w in await h.client.workers()}
+    stats = json.loads(next(e.extra for e in ev if e.action == "exit" and e.tag == a.tag))
+    figure("sigterm", ttl=TTL, handback_max=round(max(took), 3), leave_s=stats["leave_s"])
