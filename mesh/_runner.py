@@ -81,6 +81,7 @@ class QueueRunner:
         self._done: list[str] = []
         self._failed: list[str] = []
         self._maybe_work = True
+        self._resync_needed = False
         self._next_due = float("inf")
         self._wakeup = trio.Event()
         self._scope = trio.CancelScope()
@@ -143,6 +144,8 @@ class QueueRunner:
             backoff = 0.02
             while True:
                 try:
+                    if self._resync_needed:
+                        await self._resync()
                     if self._done or self._failed:
                         await self._report()
                     free = self.config.concurrency - len(self.running)
@@ -161,7 +164,8 @@ class QueueRunner:
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
                     if isinstance(exc, MeshConnectionError):
-                        await self._resync()
+                        # until a re-check succeeds: it can lose its connection too
+                        self._resync_needed = True
                     continue
                 if self._done or self._failed:
                     continue
@@ -255,25 +259,21 @@ class QueueRunner:
 
     async def _resync(self) -> None:
         """After a connection error a claim's reply may have been lost: hand
-        back the processes Redis says we hold on this queue but we do not run."""
-        try:
-            held = await self._conn.execute(
-                "SMEMBERS", self._binding.keys.held(self._wid, self.config.queue)
-            )
-        except MeshConnectionError:
-            return
+        back the processes Redis says we hold on this queue but we do not run.
+        A connection or command error propagates and the loop tries again."""
+        held = await self._conn.execute(
+            "SMEMBERS", self._binding.keys.held(self._wid, self.config.queue)
+        )
         ours = set(self.running) | set(self._done) | set(self._failed)
         lost = [pid.decode() for pid in held if pid.decode() not in ours]
         if lost:
-            try:
-                await self._binding.give_back(
-                    self._conn, self._wid, self.config.queue, lost, failed=False
-                )
-                log.info(
-                    "queue %s: handed back %d processes whose claim reply was lost",
-                    self.config.queue,
-                    len(lost),
-                )
-            except (MeshConnectionError, CommandError):
-                return
+            await self._binding.give_back(
+                self._conn, self._wid, self.config.queue, lost, failed=False
+            )
+            log.info(
+                "queue %s: handed back %d processes whose claim reply was lost",
+                self.config.queue,
+                len(lost),
+            )
+        self._resync_needed = False
         self._maybe_work = True

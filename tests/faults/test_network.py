@@ -114,7 +114,6 @@ async def test_a_lost_claim_reply_is_handed_back_and_run(h: Harness) -> None:
     assert not [e for e in ev if e.action == "id"]  # no fencing needed
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: Runner._resync gives up on a connection error")
 async def test_a_lost_claim_reply_is_recovered_even_if_the_recovery_is_cut_too(
     h: Harness,
 ) -> None:
