@@ -9,11 +9,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 
-import mesh
-from mesh._connection import open_connection
 from mesh._server import RedisServer, run_redis_server
 
-from .harness import Harness
+from .harness import Harness, open_harness
 
 TTL = 1.0
 
@@ -28,12 +26,31 @@ def sink_server() -> Iterator[RedisServer]:
 async def h(
     redis_url: str, sink_server: RedisServer, namespace: str, nursery: trio.Nursery
 ) -> AsyncIterator[Harness]:
-    async with (
-        mesh.open_client(redis_url, namespace=namespace) as client,
-        open_connection(sink_server.url) as sconn,
-    ):
-        h = Harness(redis_url, sink_server.url, namespace, client, sconn, nursery, TTL)
-        try:
-            yield h
-        finally:
-            h.reap_all()
+    """A harness on the session's shared mesh Redis."""
+    async with open_harness(redis_url, sink_server.url, namespace, nursery, TTL) as h:
+        yield h
+
+
+@pytest.fixture
+def mesh_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A mesh Redis of the test's own, started with the extra arguments of
+    ``@pytest.mark.redis_args(...)``; for tests that kill, stall or
+    reconfigure it."""
+    marker = request.node.get_closest_marker("redis_args")
+    args = list(marker.args) if marker else []
+    with run_redis_server(args) as server:
+        yield server
+
+
+@pytest.fixture
+async def ho(
+    mesh_redis: RedisServer, sink_server: RedisServer, namespace: str, nursery: trio.Nursery
+) -> AsyncIterator[Harness]:
+    """A harness on a mesh Redis of its own (``ho.server``)."""
+    async with open_harness(mesh_redis.url, sink_server.url, namespace, nursery, TTL) as h:
+        h.server = mesh_redis
+        yield h
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "redis_args(*args): extra redis-server arguments")

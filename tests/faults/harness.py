@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 import trio
 
 import mesh
-from mesh._connection import Connection
+from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
+from mesh._server import RedisServer
 
 from . import checks, sink
 from .proxy import Proxy
@@ -112,6 +113,7 @@ class Harness:
         self.log = sink.EventLog(sconn, self.prefix)
         self.drivers: list[Driver] = []
         self._n = 0
+        self.server: RedisServer | None = None
 
     @property
     def conn(self) -> Connection:
@@ -212,6 +214,23 @@ class Harness:
             finally:
                 nursery.cancel_scope.cancel()
         await mon.sample()
+
+
+@asynccontextmanager
+async def open_harness(
+    url: str, sink_url: str, namespace: str, nursery: trio.Nursery, ttl: float
+) -> AsyncIterator[Harness]:
+    """A :class:`Harness` on the mesh Redis at ``url``; every driver process it
+    started is killed and waited for when the block is left."""
+    async with (
+        mesh.open_client(url, namespace=namespace) as client,
+        open_connection(sink_url) as sconn,
+    ):
+        h = Harness(url, sink_url, namespace, client, sconn, nursery, ttl)
+        try:
+            yield h
+        finally:
+            h.reap_all()
 
 
 class Monitor:
