@@ -179,18 +179,33 @@ class Client:
 
     async def queue_info(self, queue: str) -> QueueInfo:
         """Counts of one queue, read in one round trip."""
-        check_queue(queue)
+        (info,) = await self.queue_infos([queue])
+        return info
+
+    async def queue_infos(self, queues: Iterable[str] | None = None) -> list[QueueInfo]:
+        """Counts of several queues (default: every known queue, sorted), read
+        in one round trip after the list of queues."""
+        names = [check_queue(q) for q in queues] if queues is not None else await self.queues()
+        if not names:
+            return []
         k = self._keys
-        r = await self._check().pipeline(
-            [
-                ("LLEN", k.queue(queue)),
-                ("ZCARD", k.delayed(queue)),
-                ("HLEN", k.procs(queue)),
-                ("HLEN", k.persistent(queue)),
-                ("LLEN", k.dead(queue)),
+        cmds = []
+        for q in names:
+            cmds += [
+                ("LLEN", k.queue(q)),
+                ("ZCARD", k.delayed(q)),
+                ("HLEN", k.procs(q)),
+                ("HLEN", k.persistent(q)),
+                ("LLEN", k.dead(q)),
             ]
-        )
-        return QueueInfo(queue, *(int(x) for x in r))
+        r = await self._check().pipeline(cmds)
+        return [QueueInfo(q, *(int(x) for x in r[5 * i : 5 * i + 5])) for i, q in enumerate(names)]
+
+    async def time(self) -> float:
+        """The Redis clock, in seconds: the clock that ``Process.started``,
+        ``WorkerInfo.started`` and every lease use."""
+        sec, usec = await self._check().execute("TIME")
+        return int(sec) + int(usec) / 1e6
 
     async def dead_letters(self, queue: str) -> list[bytes]:
         """One-shot tasks of ``queue`` that failed their last allowed attempt,

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -99,7 +101,15 @@ class RedisServer:
             *self.args,
         ]  # fmt: skip
         self.process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            # the kernel ties the child to the *thread* that started it: only
+            # the main thread lives as long as the process
+            preexec_fn=_die_with_parent
+            if threading.current_thread() is threading.main_thread()
+            else None,
         )
         deadline = time.monotonic() + timeout
         while True:
@@ -136,11 +146,25 @@ class RedisServer:
         return tuple(int(x) for x in v.split("."))
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, have the kernel SIGKILL the server
+    when the process that started it dies, even by SIGKILL (nothing else
+    could clean up then). Elsewhere, a no-op."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            # a server started with --requirepass answers, but with NOAUTH
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 

@@ -575,3 +575,16 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
 
         await wait_for(all_reported, within=10, what="every process reported")
         assert sorted(finished) == sorted(str(i).encode() for i in range(200))
+
+
+async def test_queue_infos_and_the_redis_clock(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.queue_infos() == []
+        await client.enqueue_many("b", ["1", "2"])
+        await client.ensure("a", "p")
+        infos = await client.queue_infos()
+        assert infos == [mesh.QueueInfo("a", 1, 0, 0, 1, 0), mesh.QueueInfo("b", 2, 0, 0, 0, 0)]
+        assert await client.queue_infos(["b"]) == infos[1:]
+        t = await client.time()
+        sec, _ = await client._conn.execute("TIME")
+        assert abs(t - int(sec)) < 2
