@@ -1,0 +1,149 @@
+"""``python -m bench``: run the benchmarks, print a table, write docs/performance.md.
+
+Every benchmark starts its own redis-server (127.0.0.1, a free port, never
+6379) and its own worker processes, and kills them when it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+import mesh
+from mesh._server import find_redis_server
+
+from . import cancel, failover, memory, scale, throughput
+from ._context import PEERS_VENV, Context
+from ._report import Section, markdown, text_table
+from ._util import REPO, machine, redis_server_version
+
+BENCHMARKS = {
+    "throughput": throughput.run,
+    "failover": failover.run,
+    "cancel": cancel.run,
+    "scale": scale.run,
+    "memory": memory.run,
+}
+DEFAULT_OUTPUT = REPO / "docs" / "performance.md"
+FINDINGS = REPO / "bench" / "findings.md"
+
+
+def setup_peers() -> int:
+    """Create the peers' virtualenv and install bench/peers.txt into it."""
+    print(f"creating {PEERS_VENV} and installing bench/peers.txt into it", file=sys.stderr)
+    PEERS_VENV.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    pip = [str(PEERS_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "-r", str(REPO / "bench" / "peers.txt")], check=True)
+    return 0
+
+
+def revision() -> str:
+    """Which trio-mesh was measured: its version, and the git commit of the
+    checkout it was imported from (with a note if mesh/ or protocol/ had
+    uncommitted changes), or ``$BENCH_REVISION``."""
+    src = Path(mesh.__file__).resolve().parent.parent
+    rev = os.environ.get("BENCH_REVISION", "")
+    if not rev:
+        try:
+            head = subprocess.run(
+                ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(src), "status", "--porcelain", "--", "mesh", "protocol"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            rev = f"commit {head}" + (
+                " with uncommitted changes in mesh/ or protocol/" if dirty else ""
+            )
+        except (OSError, subprocess.CalledProcessError):
+            rev = f"from {src} (not a git checkout)"
+    return f"{mesh.__version__}, {rev}"
+
+
+async def main(args: argparse.Namespace) -> list[Section]:
+    ctx = Context(runs=args.runs, quick=args.quick, peers_python=args.peers_python)
+    sections = []
+    names = [args.only] if args.only else list(BENCHMARKS)
+    for name in names:
+        t = time.monotonic()
+        section = await BENCHMARKS[name](ctx)
+        ctx.log(f"{name}: {time.monotonic() - t:.0f} s")
+        print(text_table(section), flush=True)
+        print(flush=True)
+        sections.append(section)
+    return sections
+
+
+def cli(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--only", choices=list(BENCHMARKS), help="run one benchmark")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help=f"write the report here (default {DEFAULT_OUTPUT.relative_to(REPO)} for a full "
+        "run; --quick and --only runs write nothing unless given --output)",
+    )
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--peers-python",
+        help=f"interpreter with SAQ, arq and streaQ (default: {PEERS_VENV}/bin/python if it "
+        "exists, else this one)",
+    )
+    parser.add_argument(
+        "--setup-peers",
+        action="store_true",
+        help=f"create {PEERS_VENV} with bench/peers.txt and exit",
+    )
+    args = parser.parse_args(argv)
+    if args.setup_peers:
+        return setup_peers()
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    output = args.output
+    if output is None and not (args.quick or args.only or args.no_write):
+        output = DEFAULT_OUTPUT
+    if args.no_write:
+        output = None
+    started = datetime.datetime.now(datetime.UTC)
+    sections = trio.run(main, args)
+    if output is not None:
+        info = machine(redis_server_version(find_redis_server()))
+        info["trio-mesh"] = revision()
+        info["load average before the run"] = LOAD_BEFORE
+        command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        when = started.strftime("%Y-%m-%d %H:%M UTC")
+        text = markdown(sections, info, command.strip(), when)
+        if FINDINGS.exists():
+            text += "\n" + FINDINGS.read_text()
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        print(f"wrote {output}", file=sys.stderr)
+    return 0
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+LOAD_BEFORE = _loadavg()
+
+if __name__ == "__main__":
+    sys.exit(cli())

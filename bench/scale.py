@@ -1,0 +1,510 @@
+"""Scale: 1,000 workers (250 ``open_worker``s in each of 4 OS processes)
+holding 10,000 persistent tasks. Idle Redis CPU, heartbeat and reap cost,
+the Redis time to recycle 1, 10 and 100 dead workers, and the cost of a
+claim from a queue of 10 and of 1,000,000 tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+import mesh
+from mesh._connection import Connection, open_connection
+from mesh._keys import Keys
+from mesh._scripts import Binding, load_scripts
+from mesh._server import run_redis_server
+
+from ._context import Context
+from ._report import Figure, Section, Target
+from ._util import (
+    Child,
+    Children,
+    SlowlogWindow,
+    children,
+    chunks,
+    cpu_seconds,
+    median,
+    mesh_child,
+    percentile,
+    poll_until,
+    redis_cpu,
+)
+
+QUEUE = "devices"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    processes: int = 4
+    per_process: int = 250
+    concurrency: int = 10  # x workers = how many persistent tasks
+    ttl: float = 10.0
+    idle_window: float = 12.0  # a whole reaper period (ttl x 1..1.2)
+    slowlog_window: float = 12.0
+    recycle: tuple[int, ...] = (1, 10, 100)
+    herd: int = 100  # dead workers for the natural (expiry-driven) reap
+    long_queue: int = 1_000_000
+    claim_samples: int = 200
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    processes=2,
+    per_process=100,
+    idle_window=3.0,
+    slowlog_window=3.0,
+    recycle=(1, 10),
+    herd=10,
+    long_queue=100_000,
+    claim_samples=50,
+)
+
+
+@dataclass
+class Run:
+    redis_cpu: float = math.nan  # % of one core
+    worker_cpu: float = math.nan  # % of one core, all worker processes
+    script: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    # name -> (calls/s, mean µs, p99 µs)
+    all_us_per_s: float = math.nan
+    recycle_us: dict[int, float] = field(default_factory=dict)  # N -> Redis µs
+    recycle_wall: dict[int, float] = field(default_factory=dict)  # N -> s (sequential calls)
+    herd_wall: float = math.nan  # s from SIGKILL to all tasks back (includes TTL)
+    herd_ttl: float = math.nan
+    herd_us: dict[str, float] = field(default_factory=dict)  # reaper script -> total µs
+    herd_calls: dict[str, int] = field(default_factory=dict)
+    isolated_us: dict[int, float] = field(default_factory=dict)  # subscribers -> Redis µs
+    claim_us: dict[tuple[int, int], float] = field(default_factory=dict)  # (queue, n) -> µs
+    claim_wall: dict[tuple[int, int], float] = field(default_factory=dict)
+
+
+def sha_names() -> dict[bytes, str]:
+    return {s.sha.encode(): name for name, s in load_scripts().items()}
+
+
+def by_script(entries: list[tuple[int, list[bytes]]]) -> dict[str, list[int]]:
+    names = sha_names()
+    out: dict[str, list[int]] = {}
+    for us, args in entries:
+        if len(args) >= 2 and args[0].upper() == b"EVALSHA":
+            name = names.get(args[1], "other script")
+        else:
+            name = args[0].decode(errors="replace").upper() if args else "?"
+        out.setdefault(name, []).append(us)
+    return out
+
+
+async def spawn_group(
+    kids: Children, url: str, ns: str, n: int, ttl: float, concurrency: int, name: str
+) -> tuple[Child, list[str]]:
+    child = await kids.spawn(
+        name,
+        mesh_child(
+            "hold", "--url", url, "--ns", ns, "--queue", QUEUE, "--workers", str(n),
+            "--ttl", str(ttl), "--concurrency", str(concurrency),
+        ),
+    )  # fmt: skip
+    ids = []
+    with trio.fail_after(300):
+        while True:
+            line = await child.expect("", 300)
+            if line == "ready":
+                return child, ids
+            if line.startswith("worker "):
+                ids.append(line.split()[1])
+
+
+async def procs_held(conn: Connection, k: Keys) -> tuple[int, int]:
+    a, b = await conn.pipeline([("HLEN", k.procs(QUEUE)), ("LLEN", k.queue(QUEUE))])
+    return int(a), int(b)
+
+
+async def wait_held(conn: Connection, k: Keys, held: int, queued: int, within: float) -> None:
+    async def ok() -> bool:
+        return await procs_held(conn, k) == (held, queued)
+
+    await poll_until(ok, interval=0.05, within=within)
+
+
+async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run:
+    res = Run()
+    await conn.execute("FLUSHALL")
+    ns = "sc" + secrets.token_hex(3)
+    k = Keys(ns)
+    b = Binding(k)
+    nworkers = sizes.processes * sizes.per_process
+    ntasks = nworkers * sizes.concurrency
+    async with children() as kids, mesh.open_client(url, namespace=ns) as client:
+        ctx.log(f"scale: starting {nworkers:,} workers")
+        groups = []
+        for i in range(sizes.processes):
+            groups.append(
+                await spawn_group(
+                    kids, url, ns, sizes.per_process, sizes.ttl, sizes.concurrency, f"group {i}"
+                )
+            )
+        ctx.log(f"scale: ensuring {ntasks:,} persistent tasks")
+        for batch in chunks([f"device-{i:06d}" for i in range(ntasks)], 1_000):
+            await client.ensure_many(QUEUE, batch)
+        await wait_held(conn, k, ntasks, 0, 300)
+        await trio.sleep(min(sizes.ttl, 5.0))  # every worker heartbeats and reaps at least once
+
+        # --- idle CPU ------------------------------------------------------------
+        ctx.log(f"scale: idle CPU over {sizes.idle_window:g} s")
+        pids = [c.pid for c, _ in groups]
+        c0, w0, t0 = await redis_cpu(conn), sum(map(cpu_seconds, pids)), trio.current_time()
+        await trio.sleep(sizes.idle_window)
+        c1, w1, t1 = await redis_cpu(conn), sum(map(cpu_seconds, pids)), trio.current_time()
+        res.redis_cpu = (c1 - c0) / (t1 - t0) * 100
+        res.worker_cpu = (w1 - w0) / (t1 - t0) * 100
+
+        # --- what the idle mesh runs ------------------------------------------------
+        ctx.log(f"scale: SLOWLOG of the idle mesh over {sizes.slowlog_window:g} s")
+        async with SlowlogWindow(conn, max_len=200_000) as w:
+            t0 = trio.current_time()
+            await trio.sleep(sizes.slowlog_window)
+            t1 = trio.current_time()
+        span = t1 - t0
+        groups_us = by_script(w.entries)
+        for name, us in groups_us.items():
+            res.script[name] = (len(us) / span, sum(us) / len(us), percentile(us, 99))
+        res.all_us_per_s = sum(us for us, _ in w.entries) / span
+
+        # --- recycle N dead workers, by the script alone ------------------------------
+        for n in sizes.recycle:
+            ctx.log(f"scale: recycle {n} dead workers")
+            victims, ids = await spawn_group(
+                kids, url, ns, n, 600.0, sizes.concurrency, f"victims {n}"
+            )
+            extra = [f"victim-{n}-{i:05d}" for i in range(n * sizes.concurrency)]
+            await client.ensure_many(QUEUE, extra)
+            await wait_held(conn, k, ntasks + len(extra), 0, 120)
+            await victims.kill()
+            # Their leases would run out in 600 s: end them now. DEL sends no
+            # expiry event and the lease deadlines are still ahead, so no peer
+            # reaps them; only our calls below do.
+            await conn.pipeline([("DEL", k.heartbeat(wid)) for wid in ids])
+            async with SlowlogWindow(conn) as w:
+                t0 = trio.current_time()
+                for wid in ids:
+                    r = await b.recycle(conn, wid, leave=False)
+                    if r.alive or r.returned != sizes.concurrency:
+                        raise RuntimeError(f"recycle of {wid}: {r}")
+                t1 = trio.current_time()
+            res.recycle_us[n] = sum(us for us, _ in w.script_calls(b.scripts["recycle"].sha))
+            res.recycle_wall[n] = t1 - t0
+            await wait_held(conn, k, ntasks, len(extra), 30)
+            for p in extra:
+                await client.cancel(QUEUE, p)
+            await wait_held(conn, k, ntasks, 0, 30)
+
+        # --- the natural path: N workers die, every peer hears the expiry -------------
+        n = sizes.herd
+        ttl = 1.0
+        ctx.log(f"scale: {n} workers (ttl {ttl:g} s) die, peers reap them")
+        victims, ids = await spawn_group(kids, url, ns, n, ttl, sizes.concurrency, f"herd {n}")
+        extra = [f"herd-{i:05d}" for i in range(n * sizes.concurrency)]
+        await client.ensure_many(QUEUE, extra)
+        await wait_held(conn, k, ntasks + len(extra), 0, 120)
+        async with SlowlogWindow(conn, max_len=1_000_000) as w:
+            t0 = time.monotonic()
+            await victims.kill()
+            await wait_held(conn, k, ntasks, len(extra), 60)
+            res.herd_wall = time.monotonic() - t0
+            await trio.sleep(1.0)  # reapers that woke late
+        res.herd_ttl = ttl
+        for name, us in by_script(w.entries).items():
+            if name in ("reap_check", "recycle"):
+                res.herd_us[name] = sum(us)
+                res.herd_calls[name] = len(us)
+        for p in extra:
+            await client.cancel(QUEUE, p)
+
+        # --- claim from a short and from a long queue (the workers are still there) ----
+        await claims(ctx, conn, sizes, res)
+    # --- recycle with no other load, with and without the work channel's subscribers
+    n = max(sizes.recycle)
+    for subscribers in (0, nworkers):
+        ctx.log(f"scale: recycle {n} dead workers on a quiet server, {subscribers} subscribers")
+        res.isolated_us[subscribers] = await recycle_quiet(
+            url, conn, n, sizes.concurrency, subscribers
+        )
+    return res
+
+
+async def recycle_quiet(
+    url: str, conn: Connection, n: int, per_worker: int, subscribers: int
+) -> float:
+    """Redis time of recycling ``n`` dead workers holding ``per_worker``
+    persistent processes each, with no worker processes running, while
+    ``subscribers`` idle connections subscribe to the queue's work channel
+    (what every worker serving the queue does). Returns µs."""
+    await conn.execute("FLUSHALL")
+    k = Keys("rq" + secrets.token_hex(3))
+    b = Binding(k)
+    host, port = url.removeprefix("redis://").split(":")
+    streams = []
+    try:
+        for _ in range(subscribers):
+            s = await trio.open_tcp_stream(host, int(port))
+            streams.append(s)
+            await s.send_all(b"SUBSCRIBE " + k.work_channel(QUEUE).encode() + b"\r\n")
+        ids = []
+        for i in range(n):
+            wid, inc = f"dead-{i}", secrets.token_hex(8)
+            await b.register(conn, wid, inc, 600_000, b"{}")
+            await b.serve(conn, wid, inc, QUEUE)
+            await b.ensure(conn, QUEUE, [f"q{i}-{j}".encode() for j in range(per_worker)])
+            r = await b.claim(conn, wid, inc, QUEUE, per_worker, 0)
+            if len(r.processes) != per_worker:
+                raise RuntimeError(f"{wid} claimed {len(r.processes)}")
+            ids.append(wid)
+        await conn.pipeline([("DEL", k.heartbeat(wid)) for wid in ids])
+        async with SlowlogWindow(conn) as w:
+            for wid in ids:
+                await b.recycle(conn, wid, leave=False)
+        return float(sum(us for us, _ in w.script_calls(b.scripts["recycle"].sha)))
+    finally:
+        for s in streams:
+            await s.aclose()
+
+
+async def claims(ctx: Context, conn: Connection, sizes: Sizes, res: Run) -> None:
+    """Claim cost from a queue of 10 and of ``sizes.long_queue`` tasks, in
+    alternating blocks (so drift in the background load hits both alike):
+    each sample claims n (1 or 10); then, outside what is measured, the
+    processes are finished and as many tasks enqueued again, so the lengths
+    stay put."""
+    k = Keys("cl" + secrets.token_hex(3))
+    b = Binding(k)
+    inc = secrets.token_hex(8)
+    wid = "claim-probe"
+    await b.register(conn, wid, inc, 3_600_000, b"{}")
+    lengths = {"short": 10, "long": sizes.long_queue}
+    for q, length in lengths.items():
+        await b.serve(conn, wid, inc, q)
+        for batch in chunks([b"%d" % i for i in range(length)], 10_000):
+            await b.enqueue(conn, q, batch)
+    ctx.log(f"scale: claims from queues of 10 and {sizes.long_queue:,}")
+    sha = b.scripts["claim"].sha
+    blocks = 5
+    for n in (1, 10):
+        us: dict[str, list[int]] = {q: [] for q in lengths}
+        walls: dict[str, list[float]] = {q: [] for q in lengths}
+        for _ in range(blocks):
+            for q in lengths:
+                async with SlowlogWindow(conn) as w:
+                    for _ in range(max(1, sizes.claim_samples // blocks)):
+                        t0 = time.perf_counter()
+                        r = await b.claim(conn, wid, inc, q, n, 0)
+                        walls[q].append(time.perf_counter() - t0)
+                        await b.finish(conn, wid, inc, q, [p.id for p in r.processes])
+                        await b.enqueue(conn, q, [p.task for p in r.processes])
+                us[q] += [u for u, _ in w.script_calls(sha)]
+        for q, length in lengths.items():
+            res.claim_us[(length, n)] = median(us[q])
+            res.claim_wall[(length, n)] = median(walls[q]) * 1e6
+    for q, length in lengths.items():
+        if int(await conn.execute("LLEN", k.queue(q))) != length:
+            raise RuntimeError("a queue of the claim benchmark changed length")
+        await conn.execute("DEL", k.queue(q))
+
+
+async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
+    sizes = sizes or (QUICK if ctx.quick else FULL)
+    nworkers = sizes.processes * sizes.per_process
+    ntasks = nworkers * sizes.concurrency
+    section = Section(
+        "scale",
+        "Scale",
+        METHOD.format(
+            w=nworkers,
+            t=ntasks,
+            p=sizes.processes,
+            per=sizes.per_process,
+            ttl=sizes.ttl,
+            idle=sizes.idle_window,
+            slow=sizes.slowlog_window,
+            herd=sizes.herd,
+            nrec=max(sizes.recycle),
+            samples=sizes.claim_samples,
+            block=max(1, sizes.claim_samples // 5),
+            long=sizes.long_queue,
+        ),
+        runs=ctx.runs,
+    )
+    runs: list[Run] = []
+    # enough clients: two connections per worker
+    with run_redis_server(["--maxclients", str(max(10_000, 3 * nworkers))]) as server:
+        async with open_connection(server.url) as conn:
+            for r in range(ctx.runs):
+                ctx.log(f"scale: run {r + 1}/{ctx.runs}")
+                runs.append(await one_run(ctx, server.url, conn, sizes))
+                x = runs[-1]
+                ctx.log(
+                    f"  idle Redis CPU {x.redis_cpu:.2f}%, recycle "
+                    + ", ".join(f"{n}: {us / 1000:.2f} ms" for n, us in x.recycle_us.items())
+                )
+    f = section.figures
+    f.append(
+        Figure(
+            f"idle Redis CPU, {nworkers:,} workers",
+            "% of a core",
+            [x.redis_cpu for x in runs],
+            target=Target("<", 5, "< 5%"),
+        )
+    )
+    f.append(
+        Figure(
+            f"idle CPU of the {sizes.processes} worker processes",
+            "% of a core",
+            [x.worker_cpu for x in runs],
+        )
+    )
+    for name in ("heartbeat", "reap_check"):
+        f.append(
+            Figure(
+                f"{name}: calls per second",
+                "/s",
+                [x.script.get(name, (math.nan,) * 3)[0] for x in runs],
+            )
+        )
+        f.append(
+            Figure(
+                f"{name}: Redis time per call, mean",
+                "µs",
+                [x.script.get(name, (math.nan,) * 3)[1] for x in runs],
+            )
+        )
+        f.append(
+            Figure(
+                f"{name}: Redis time per call, p99",
+                "µs",
+                [x.script.get(name, (math.nan,) * 3)[2] for x in runs],
+            )
+        )
+    f.append(
+        Figure(
+            "idle: Redis time of all commands",
+            "ms/s",
+            [x.all_us_per_s / 1000 for x in runs],
+            note="command execution only, from SLOWLOG",
+        )
+    )
+    for n in sizes.recycle:
+        f.append(
+            Figure(
+                f"recycle {n} dead worker{'s' if n > 1 else ''} ({n * sizes.concurrency:,} "
+                "processes): Redis time",
+                "ms",
+                [x.recycle_us.get(n, math.nan) / 1000 for x in runs],
+                target=Target("<", 50, "< 50 ms") if n == 100 else None,
+            )
+        )
+        f.append(
+            Figure(
+                f"recycle {n} dead worker{'s' if n > 1 else ''}: wall time, one call after another",
+                "ms",
+                [x.recycle_wall.get(n, math.nan) * 1000 for x in runs],
+            )
+        )
+    n = max(sizes.recycle)
+    for subs in (0, nworkers):
+        f.append(
+            Figure(
+                f"recycle {n} dead workers, quiet server, {subs:,} work-channel subscribers: "
+                "Redis time",
+                "ms",
+                [x.isolated_us.get(subs, math.nan) / 1000 for x in runs],
+            )
+        )
+    f.append(
+        Figure(
+            f"{sizes.herd} workers SIGKILLed (ttl 1 s): until every task is back in the queue",
+            "s",
+            [x.herd_wall for x in runs],
+        )
+    )
+    for name in ("reap_check", "recycle"):
+        f.append(
+            Figure(
+                f"{sizes.herd} workers SIGKILLed: {name} calls by all peers",
+                "calls",
+                [float(x.herd_calls.get(name, 0)) for x in runs],
+            )
+        )
+        f.append(
+            Figure(
+                f"{sizes.herd} workers SIGKILLed: {name} Redis time, all peers",
+                "ms",
+                [x.herd_us.get(name, 0) / 1000 for x in runs],
+            )
+        )
+    for n in (1, 10):
+        short = [x.claim_us.get((10, n), math.nan) for x in runs]
+        long = [x.claim_us.get((sizes.long_queue, n), math.nan) for x in runs]
+        f.append(Figure(f"claim {n} from a queue of 10: Redis time, median", "µs", short))
+        f.append(
+            Figure(
+                f"claim {n} from a queue of {sizes.long_queue:,}: Redis time, median", "µs", long
+            )
+        )
+        f.append(
+            Figure(
+                f"claim {n}: queue of {sizes.long_queue:,} / queue of 10",
+                "x",
+                [a / b for a, b in zip(long, short, strict=True)],
+                target=Target("<", 1.25, "the same (< 1.25x)"),
+            )
+        )
+        f.append(
+            Figure(
+                f"claim {n} from a queue of {sizes.long_queue:,}: client wall time, median",
+                "µs",
+                [x.claim_wall.get((sizes.long_queue, n), math.nan) for x in runs],
+            )
+        )
+    return section
+
+
+METHOD = """
+{p} worker OS processes run {per} `open_worker`s each ({w:,} workers, ttl {ttl:g} s,
+so heartbeats every {ttl:g}/3 s, concurrency 10 each) and hold {t:,} persistent
+tasks whose handlers sleep. Once every task runs, and after a settling pause:
+
+- **Idle CPU**: `INFO cpu` `used_cpu_user + used_cpu_sys` of redis-server over
+  {idle:g} s (and the worker processes' user + system time from `/proc`).
+- **Heartbeat and reap cost**: then, for {slow:g} s, `SLOWLOG` with a threshold of
+  0 µs records every command with the server's own execution time (no network,
+  no queueing); EVALSHA calls are attributed to scripts by their SHA. SLOWLOG is
+  off during the CPU window, since recording every command costs CPU itself.
+- **Recycle N dead workers** (N = 1, 10, 100): a further OS process starts N
+  workers (lease 600 s) which claim 10 new persistent tasks each; the process is
+  SIGKILLed and their lease keys DELeted (no expiry event, and their lease
+  deadlines are still ahead, so no peer reaps them); then the parent calls
+  `Binding.recycle` for each, one after the other, and the Redis time is the sum
+  of the `recycle.lua` calls' SLOWLOG durations (two calls per worker: the
+  first learns which queues it served). Wall time includes the round trips.
+- **The same on a quiet server**: after the worker processes are gone, the
+  recycle of {nrec} dead workers (10 processes each) is measured again with no
+  other load, once with no subscriber and once with {w:,} idle connections
+  subscribed to the queue's work channel, as the workers are: `recycle.lua`
+  publishes there, and a PUBLISH costs Redis time per subscriber.
+- **The natural path**: {herd} workers with a 1 s lease and 10 tasks each are
+  SIGKILLed; every one of the {w:,} peers receives each lease key's expiry event
+  and runs `reap_check.lua`; one of them wins each `recycle.lua`. Reported: the
+  time from SIGKILL until every task is back in the queue (the lease has to run
+  out first), and the calls and Redis time of both scripts, summed over all
+  peers, from SIGKILL to one second after the last task came back.
+- **Claim**: in another namespace a probe worker claims from a queue of 10 and
+  of {long:,} one-shot tasks ({samples} claims of 1 and of 10 tasks from each,
+  in alternating blocks of {block}; after each claim the processes are finished
+  and as many tasks enqueued again, so the lengths stay put). Reported: the
+  median SLOWLOG duration of `claim.lua`, and the median wall time of
+  `Binding.claim` on a loopback connection.
+"""

@@ -1,0 +1,106 @@
+"""Smoke tests of ``bench/``: every benchmark runs in a tiny configuration and
+produces figures of the right shape. Nothing here asserts a speed: timed
+assertions would only measure the machine the tests run on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import cancel, failover, memory, scale, throughput
+from bench._context import Context
+from bench._report import Figure, Section, markdown, text_table
+
+pytestmark = pytest.mark.slow
+
+
+def ctx() -> Context:
+    return Context(runs=1, log=lambda line: None)
+
+
+def figure(section: Section, label: str) -> Figure:
+    for f in section.figures:
+        if f.label == label:
+            return f
+    raise AssertionError(f"no figure {label!r} in {[f.label for f in section.figures]}")
+
+
+def check(section: Section, name: str) -> None:
+    assert section.name == name
+    assert section.runs == 1
+    assert section.method.strip()
+    for f in section.figures:
+        if f.quoted:
+            assert not f.runs
+            continue
+        assert len(f.runs) == 1, f.label
+        assert all(not math.isnan(v) for v in f.runs), f.label
+        assert f.min <= f.median <= f.max
+    text = text_table(section)
+    assert section.title in text
+    md = markdown([section], {"CPU": "test"}, "python -m bench", "now")
+    assert f"## {section.title}" in md
+    assert "| figure | median | min | max |" in md
+
+
+async def test_throughput() -> None:
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False))
+    check(s, "throughput")
+    rate = figure(s, "trio-mesh, 1 worker process: processing")
+    assert rate.unit == "tasks/s" and rate.median > 0
+    assert rate.target is not None
+    assert rate.verdict() == "met" or rate.verdict().startswith("missed by")
+    assert figure(s, "trio-mesh, 2 worker processes: processing").median > 0
+    enq = figure(s, "trio-mesh, 1 worker process: enqueue 300")
+    assert enq.unit == "s" and enq.target is not None
+    assert figure(s, "Worqr 1.2.3 (TypeScript, Node)").quoted
+
+
+async def test_failover() -> None:
+    s = await failover.run(ctx(), failover.Sizes(trials=2, ttl=0.5))
+    check(s, "failover")
+    p99 = figure(s, "SIGKILL: p99")
+    # no worker can take over before the dead one's lease runs out
+    assert p99.median > 0.5 * 2 / 3 - 0.05
+    assert figure(s, "SIGKILL: p99 / TTL").median == pytest.approx(p99.median / 0.5)
+    assert figure(s, "graceful stop (SIGTERM): p99").unit == "ms"
+
+
+async def test_cancel() -> None:
+    s = await cancel.run(ctx(), cancel.Sizes(workers=2, per_process=2, processes=20))
+    check(s, "cancel")
+    for kind in ("persistent", "one-shot"):
+        p99 = figure(s, f"{kind}: after cancel() returned, p99")
+        assert p99.unit == "ms" and p99.median >= 0 and p99.target is not None
+        assert 0 <= figure(s, f"{kind}: cancelled before cancel() returned").median <= 100
+
+
+async def test_scale() -> None:
+    sizes = scale.Sizes(
+        processes=1,
+        per_process=4,
+        concurrency=2,
+        ttl=1.0,
+        idle_window=0.3,
+        slowlog_window=1.5,
+        recycle=(1, 2),
+        herd=2,
+        long_queue=1_000,
+        claim_samples=10,
+    )
+    s = await scale.run(ctx(), sizes)
+    check(s, "scale")
+    assert figure(s, "idle Redis CPU, 4 workers").target is not None
+    assert figure(s, "heartbeat: calls per second").median > 0
+    assert figure(s, "recycle 2 dead workers (4 processes): Redis time").median > 0
+    assert figure(s, "claim 1: queue of 1,000 / queue of 10").target is not None
+    assert figure(s, "2 workers SIGKILLed: recycle calls by all peers").median >= 2
+
+
+async def test_memory() -> None:
+    s = await memory.run(ctx(), memory.Sizes(tasks=500))
+    check(s, "memory")
+    queued = figure(s, "one-shot: per queued task (32 B payload)")
+    assert queued.unit == "B" and queued.median > 0 and queued.target is not None
+    assert figure(s, "persistent: per running process (32 B payload)").median > 0
