@@ -14,6 +14,7 @@ import trio
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
+import _support  # noqa: E402
 import cancel_anywhere  # noqa: E402
 import device_owners  # noqa: E402
 import embedded_service  # noqa: E402
@@ -68,7 +69,7 @@ async def test_device_server_fences_sessions_and_commands_by_token() -> None:
         async def both_closed() -> bool:
             return server.connected("d1") is None and server.connected("d2") is None
 
-        await device_owners._support.wait_until(both_closed, within=5, what="closes")
+        await _support.wait_until(both_closed, within=5, what="closes")
         nursery.cancel_scope.cancel()
 
     events = [(e.device, e.token, e.event) for e in server.entries]
