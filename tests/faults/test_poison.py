@@ -1,0 +1,60 @@
+"""A poison task kills every worker that runs it: a one-shot task counts each
+crash as a failed attempt and is dead-lettered at the limit; a persistent
+task must back off instead of killing the next worker at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import TTL
+from .harness import Harness, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_poison_one_shot_task_is_dead_lettered_after_the_attempt_limit(
+    h: Harness,
+) -> None:
+    drivers = await h.start(4, "--max-attempts", "3")
+    await h.client.enqueue("jobs", b"!kill;poison")
+
+    async def dead() -> list[bytes]:
+        return await h.client.dead_letters("jobs")
+
+    assert await wait_until(dead, 3 * (TTL + 1), "the poison task dead-lettered") == [
+        b"!kill;poison"
+    ]
+    starts = [e for e in await h.events() if e.action == "start"]
+    assert [e.extra for e in starts] == ["0", "1", "2"]  # attempts before each run
+    assert [e.token for e in starts] == sorted({e.token for e in starts})
+    assert sum(not d.alive for d in drivers) == 3
+    # the survivor goes on working
+    jobs = [b"after%d" % i for i in range(10)]
+    await h.client.enqueue_many("jobs", jobs)
+
+    async def done() -> bool:
+        v = await h.judge()
+        return all(v.done_count.get(j) == 1 for j in jobs)
+
+    await wait_until(done, 5, "later jobs done")
+    info = await h.client.queue_info("jobs")
+    assert (info.queued, info.running, info.delayed, info.dead) == (0, 0, 0, 1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core: recycle.lua puts a dead worker's persistent tasks back at the front "
+    "at once (no attempt counted, no backoff), so a persistent task that kills its "
+    "worker kills the next one a TTL later, and so on through the fleet",
+)
+async def test_a_persistent_task_that_kills_its_worker_backs_off(h: Harness) -> None:
+    await h.start(3, "--backoff", "1.0")
+    await h.client.ensure("devices", b"!kill;pdev")
+
+    async def two_crashes() -> list[float] | None:
+        ts = [e.t for e in await h.events() if e.action == "start"]
+        return ts if len(ts) >= 2 else None
+
+    t = await wait_until(two_crashes, 6 * TTL, "two owners")
+    # a backoff of at least 1 s after the crash was recycled (at about TTL)
+    assert t[1] - t[0] > TTL + 0.5

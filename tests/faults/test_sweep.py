@@ -1,0 +1,67 @@
+"""Eight peers sweep at once after one dies: every process of the dead
+worker is recycled exactly once (one new owner per task, one attempt
+counted per one-shot task), however the recycles race."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from .conftest import TTL
+from .harness import Harness, figure, payloads, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+async def test_eight_peers_sweeping_at_once_recycle_each_task_once(h: Harness) -> None:
+    slow = ("--act-every", "0.25")
+    (victim,) = await h.start(1, "--concurrency", "100", *slow)
+    devices = payloads("dev", 24)
+    jobs = [b"!hold=60;job%d" % i for i in range(24)]
+    await h.client.ensure_many("devices", devices)
+    await h.client.enqueue_many("jobs", jobs)
+    everything = set(devices + jobs)
+
+    async def victim_runs_all() -> bool:
+        ev = await h.events()
+        return {e.task for e in ev if e.action == "start" and e.tag == victim.tag} >= everything
+
+    await wait_until(victim_runs_all, 5, "the victim runs everything")
+    sweepers = await h.start(8, *slow)
+    tags = {d.tag for d in sweepers}
+    async with h.monitor({"devices": set(devices)}, {"jobs": set(jobs)}) as mon:
+        killed_at = await h.sink_now()
+        victim.kill()
+
+        async def swept() -> bool:
+            ev = await h.events()
+            return {e.task for e in ev if e.action == "start" and e.tag in tags} >= everything
+
+        await wait_until(swept, 4 * TTL, "the sweepers take everything")
+        await trio.sleep(TTL)  # room for a second recycle to show up, if any
+    ev = await h.events()
+    restarts = [e for e in ev if e.action == "start" and e.tag in tags]
+    assert sorted(e.task for e in restarts) == sorted(everything)  # each exactly once
+    assert len({e.tag for e in restarts}) >= 4  # spread over the sweepers
+    snap = await h.snapshot()
+    assert {p.attempts for p in snap.queues["jobs"].procs.values()} == {1}
+    assert all(n == 1 for n in snap.places("jobs").values())
+    assert mon.violations == []
+    v = await h.judge()
+    assert v.overlaps == [] and v.max_owners == 1
+    for d in sweepers:
+        d.term()
+    for d in sweepers:
+        assert await d.wait_exit(10) == 0
+    stats = [json.loads(e.extra) for e in await h.events() if e.action == "exit"]
+    assert len(stats) == 8
+    assert sum(s["reaper_processes"] for s in stats) == len(everything)
+    figure(
+        "sweep8",
+        tasks=len(everything),
+        takeover_max=round(max(e.t for e in restarts) - killed_at, 3),
+        peers_that_recycled=sum(1 for s in stats if s["reaper_workers"]),
+        processes_recycled=sum(s["reaper_processes"] for s in stats),
+    )
