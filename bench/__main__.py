@@ -79,7 +79,12 @@ async def main(args: argparse.Namespace) -> list[Section]:
     names = [args.only] if args.only else list(BENCHMARKS)
     for name in names:
         t = time.monotonic()
+        load0 = _loadavg()
         section = await BENCHMARKS[name](ctx)
+        section.notes.append(
+            f"Load average (1, 5, 15 min) before: {load0}; after: {_loadavg()}; "
+            f"took {time.monotonic() - t:.0f} s."
+        )
         ctx.log(f"{name}: {time.monotonic() - t:.0f} s")
         print(text_table(section), flush=True)
         print(flush=True)

@@ -19,7 +19,7 @@ from mesh._server import run_redis_server
 
 from ._context import PEER_CHILD, Context
 from ._report import Figure, Section, Target
-from ._util import children, cpu_seconds, mesh_child, poll_until, redis_cpu
+from ._util import children, cpu_seconds, info, mesh_child, poll_until, redis_cpu
 
 QUEUE = "bench"
 POLL = 0.002
@@ -55,6 +55,7 @@ def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
     for lib, label, extra in (
         ("saq", "SAQ {v}", ()),
         ("streaq", "streaQ {v} (asyncio)", ()),
+        ("streaq", "streaQ {v} (trio)", ("--backend", "trio")),
         ("arq", "arq {v} (defaults, poll_delay 0.5 s)", ()),
         ("arq", "arq {v} (poll_delay 10 ms)", ("--poll-delay", "0.01")),
     ):
@@ -101,6 +102,8 @@ class RunResult:
     processing: float
     redis_cpu: float
     worker_cpu: float
+    commands: int  # Redis commands run while processing, inside scripts too (our polls excluded)
+    scripts: int  # EVALSHA/EVAL calls while processing
 
 
 async def one_run(
@@ -139,18 +142,37 @@ async def one_run(
         if got != n:
             raise RuntimeError(f"{c.label}: {got} tasks pending after enqueueing {n}")
         cpu0 = await redis_cpu(conn)
+        cmd0 = int((await info(conn, "stats"))["total_commands_processed"])
+        ev0 = await script_calls(conn)
         wcpu0 = sum(cpu_seconds(w.pid) for w in workers)
         t0 = trio.current_time()
         for w in workers:
             await w.send("go")
 
+        polls = 0
+
         async def done() -> bool:
+            nonlocal polls
+            polls += 1
             return await pending(conn) == 0
 
         t1 = await poll_until(done, interval=POLL, within=within)
         wcpu1 = sum(cpu_seconds(w.pid) for w in workers)
         cpu1 = await redis_cpu(conn)
-    return RunResult(enqueue, t1 - t0, cpu1 - cpu0, wcpu1 - wcpu0)
+        cmd1 = int((await info(conn, "stats"))["total_commands_processed"])
+        ev1 = await script_calls(conn)
+    ours = polls * (2 if c.lib == "mesh" else 1) + 3  # the polls, INFO cpu and commandstats
+    return RunResult(enqueue, t1 - t0, cpu1 - cpu0, wcpu1 - wcpu0, cmd1 - cmd0 - ours, ev1 - ev0)
+
+
+async def script_calls(conn: Connection) -> int:
+    """EVALSHA + EVAL calls so far (from INFO commandstats)."""
+    stats = await info(conn, "commandstats")
+    n = 0
+    for cmd in ("cmdstat_evalsha", "cmdstat_eval"):
+        if cmd in stats:
+            n += int(stats[cmd].split(",")[0].split("=")[1])
+    return n
 
 
 async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
@@ -214,6 +236,21 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
         )
         section.figures.append(
             Figure(
+                f"{c.label}: Redis commands per task",
+                "",
+                [x.commands / n if x else nan for x in rs],
+            )
+        )
+        if c.lib == "mesh":
+            section.figures.append(
+                Figure(
+                    f"{c.label}: script calls per task",
+                    "",
+                    [x.scripts / n if x else nan for x in rs],
+                )
+            )
+        section.figures.append(
+            Figure(
                 f"{c.label}: worker CPU per task",
                 "µs",
                 [x.worker_cpu / n * 1e6 if x else nan for x in rs],
@@ -264,7 +301,12 @@ The handler does nothing (no extra Redis command per task for anyone). The
 producer, the workers, the polling parent and redis-server share the machine's
 cores. "Redis CPU per task" is the server's `used_cpu_user + used_cpu_sys`
 delta over the processing time divided by the number of tasks (the parent's
-polling included, the same for every library); "worker CPU per task" is the
+polling included, the same for every library); "Redis commands per task" is the
+`total_commands_processed` delta over the same span without the parent's polls
+(commands run inside Lua scripts count too: it is the work Redis does, not the
+round trips); for trio-mesh "script calls per task" counts the `EVALSHA` calls
+(claims, finish reports, heartbeats, reaper checks), i.e. its round trips;
+"worker CPU per task" is the
 worker processes' user + system time over the same span. The peers run in their
 own virtual environment (`bench/peers.txt`) because arq needs redis-py < 6 and
 SAQ's redis extra redis-py < 8, while trio-mesh needs redis-py 8.
