@@ -43,6 +43,7 @@ class Client:
 
     @property
     def namespace(self) -> str:
+        """The namespace this client works in."""
         return self._keys.namespace
 
     def _check(self) -> Connection:

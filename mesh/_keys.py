@@ -1,5 +1,5 @@
 """Key and channel names of one namespace, and validation of the names that
-become part of them. ``protocol/schema.md`` is the contract this implements.
+become part of them. ``protocol/README.md`` is the contract this implements.
 
 Every key of namespace ``ns`` starts with ``{ns}:`` so that all of them share
 one Redis Cluster hash slot. A queue name is always the last part of a key or

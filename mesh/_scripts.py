@@ -7,7 +7,7 @@ as ``EVAL`` with the source, which also caches the script, so a flush is
 invisible to callers.
 
 A script's ``--!include NAME`` line is replaced by the file NAME of the same
-directory before the script is hashed and sent (see ``protocol/schema.md``).
+directory before the script is hashed and sent (see ``protocol/README.md``).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ async def run_script(
 
     Raises:
         FencedError, ProtocolError, ConfigError, ConflictError: the script's
-            error codes (see protocol/schema.md).
+            error codes (see protocol/README.md).
         CommandError: any other error reply.
         MeshConnectionError: from the connection.
     """

@@ -64,7 +64,16 @@ class WorkerInfo:
 
 @attrs.frozen
 class QueueInfo:
-    """A queue's counts (see :meth:`Client.queue_info`)."""
+    """A queue's counts (see :meth:`Client.queue_info`), read together.
+
+    Attributes:
+        name: the queue.
+        queued: tasks waiting to be claimed.
+        delayed: failed tasks waiting for their retry time.
+        running: processes (claimed tasks) on any worker.
+        persistent: persistent tasks of the queue, wherever they are.
+        dead: dead-lettered one-shot tasks.
+    """
 
     name: str
     queued: int

@@ -54,7 +54,7 @@ from ._supervisor import Reaper
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
-__all__ = ["Worker", "WorkerStatistics", "open_worker"]
+__all__ = ["LeaseTiming", "Worker", "WorkerStatistics", "open_worker"]
 
 log = logging.getLogger("mesh.worker")
 
@@ -76,16 +76,18 @@ class WorkerStatistics:
 
 
 @attrs.frozen
-class Timing:
-    """The lease timing: heartbeat every ``interval``, self-fence after
-    ``fence_after`` without a confirmed heartbeat, lease ``ttl``."""
+class LeaseTiming:
+    """A worker's lease timing (:attr:`Worker.timing`), in seconds: a heartbeat
+    every ``interval`` (H); every handler cancelled after ``fence_after`` (R)
+    without a confirmed heartbeat; peers may recycle the worker ``ttl`` (T)
+    after its last renewal. Always H < R < T."""
 
     ttl: float
     interval: float
     fence_after: float
 
     @classmethod
-    def make(cls, ttl: float, interval: float | None, fence_after: float | None) -> Timing:
+    def make(cls, ttl: float, interval: float | None, fence_after: float | None) -> LeaseTiming:
         """Raises:
         ConfigError: unless 0.01 <= interval < fence_after < ttl (whole ms)."""
         if not isinstance(ttl, int | float) or isinstance(ttl, bool):
@@ -114,6 +116,10 @@ class _Generation:
         self.nursery: trio.Nursery | None = None
         self.fence_reason: str | None = None
         self.beat = trio.Event()
+        # Cancels of process ids no runner knew yet (a claim reply still on
+        # its way): id -> when it came. A runner that then claims the id does
+        # not start it. Pruned after the TTL.
+        self.early_cancels: dict[str, float] = {}
 
     def fence(self, reason: str) -> None:
         if self.fence_reason is None:
@@ -129,7 +135,7 @@ class Worker:
         conn: Connection,
         pubsub: PubSub,
         keys: Keys,
-        timing: Timing,
+        timing: LeaseTiming,
         base_id: str,
         max_payload: int,
     ) -> None:
@@ -372,14 +378,17 @@ class Worker:
             self._counters,
             gen.fence,
             balance_wait=self.timing.interval,
+            early_cancels=gen.early_cancels,
         )
         gen.runners[cfg.queue] = runner
         await gen.nursery.start(runner.run)
 
     def _cancel_process(self, pid: str) -> None:
-        for runner in self._gen.runners.values():
+        gen = self._gen
+        for runner in gen.runners.values():
             if runner.cancel_process(pid):
                 return
+        gen.early_cancels[pid] = trio.current_time()
 
     async def _register(self, gen: _Generation, *, first: bool) -> None:
         """Join the mesh as ``gen``. The first time, errors propagate (a bad
@@ -470,6 +479,10 @@ class Worker:
             acks = list(reply.inbox)
             for pid in acks:
                 self._cancel_process(pid)
+            stale = sent - t.ttl
+            for pid, at in list(gen.early_cancels.items()):
+                if at < stale:
+                    del gen.early_cancels[pid]
             for q, state in zip(queues, reply.queue_states, strict=True):
                 runner = gen.runners.get(q)
                 if runner is None:
@@ -612,7 +625,7 @@ async def open_worker(
     """
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
-    timing = Timing.make(ttl, heartbeat_interval, fence_after)
+    timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     if worker_id is None:
         host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
         worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"

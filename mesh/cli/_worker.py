@@ -21,8 +21,8 @@ from typing import Any
 import trio
 
 import mesh
+from mesh import LeaseTiming
 from mesh._keys import check_queue, check_worker_id
-from mesh._worker import Timing
 
 from ._common import Target, UsageError, add_target_options, positive_float, show_task, target
 
@@ -188,7 +188,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(f"--concurrency names queues that APP does not serve: {unknown}")
     concurrency = {q: per_queue.get(q, default) for q in app}
     try:
-        Timing.make(args.ttl, None, None)
+        LeaseTiming.make(args.ttl, None, None)
         if args.worker_id is not None:
             check_worker_id(args.worker_id)
     except mesh.ConfigError as exc:
