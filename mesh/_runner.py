@@ -69,6 +69,7 @@ class QueueRunner:
         counters: Counters,
         on_fenced: Callable[[str], None],
         balance_wait: float = 1.0,
+        early_cancels: dict[str, float] | None = None,
     ) -> None:
         self._conn = conn
         self._binding = binding
@@ -88,6 +89,7 @@ class QueueRunner:
         self._exited = trio.Event()
         self._balance_wait = balance_wait
         self._held_back_since: float | None = None
+        self._early_cancels = {} if early_cancels is None else early_cancels
 
     # --- signals from the worker (sync, no I/O) ----------------------------
 
@@ -191,6 +193,11 @@ class QueueRunner:
         else:
             self._held_back_since = None
         for p in reply.processes:
+            if self._early_cancels.pop(p.id, None) is not None:
+                # Cancelled in the mesh before this reply reached us; Redis
+                # no longer holds it for us, so there is nothing to report.
+                self._counters.cancelled += 1
+                continue
             slot = _Slot(p)
             self.running[p.id] = slot
             self._counters.started += 1
@@ -258,14 +265,18 @@ class QueueRunner:
                         self._maybe_work = True
 
     async def _resync(self) -> None:
-        """After a connection error a claim's reply may have been lost: hand
-        back the processes Redis says we hold on this queue but we do not run.
-        A connection or command error propagates and the loop tries again."""
-        held = await self._conn.execute(
+        """Make what this runner runs agree with what Redis says it holds on
+        this queue. Held in Redis but not run here (a claim whose reply was
+        lost): handed back. Run here but no longer held (lost by Redis, e.g.
+        a failover that dropped writes; the task may have a new owner by
+        now): its handler is cancelled. A connection or command error
+        propagates and the loop tries again."""
+        reply = await self._conn.execute(
             "SMEMBERS", self._binding.keys.held(self._wid, self.config.queue)
         )
+        held = {pid.decode() for pid in reply}
         ours = set(self.running) | set(self._done) | set(self._failed)
-        lost = [pid.decode() for pid in held if pid.decode() not in ours]
+        lost = sorted(held - ours)
         if lost:
             await self._binding.give_back(
                 self._conn, self._wid, self.config.queue, lost, failed=False
@@ -275,5 +286,20 @@ class QueueRunner:
                 self.config.queue,
                 len(lost),
             )
+        ghosts = [pid for pid in self.running if pid not in held]
+        for pid in ghosts:
+            log.warning(
+                "queue %s: process %s is no longer held in Redis; cancelling it",
+                self.config.queue,
+                pid,
+            )
+            self.running[pid].scope.cancel()
         self._resync_needed = False
         self._maybe_work = True
+
+    def check_held(self, held_in_redis: int) -> None:
+        """The heartbeat saw ``held_in_redis`` processes of this queue held by
+        us in Redis. Fewer than we run means some were lost: re-check."""
+        if held_in_redis < len(self.running) + len(self._done) + len(self._failed):
+            self._resync_needed = True
+            self._wakeup.set()

@@ -166,6 +166,7 @@ class HeartbeatReply:
     next_deadline_ms: int
     inbox: tuple[str, ...]
     queue_states: tuple[int, ...]
+    held: tuple[int, ...]
 
 
 @attrs.frozen
@@ -227,12 +228,16 @@ class Binding:
         k = self.keys
         keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
         for q in queues:
-            keys += (k.queue(q), k.delayed(q))
+            keys += (k.queue(q), k.delayed(q), k.held(worker, q))
         r = await self._run(
             conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks]
         )
         return HeartbeatReply(
-            int(r[0]), int(r[1]), tuple(x.decode() for x in r[2]), tuple(int(x) for x in r[3])
+            int(r[0]),
+            int(r[1]),
+            tuple(x.decode() for x in r[2]),
+            tuple(int(x) for x in r[3]),
+            tuple(int(x) for x in r[4]),
         )
 
     async def claim(

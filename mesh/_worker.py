@@ -281,13 +281,13 @@ class Worker:
             return n
 
     async def dequeue(self, queue: str) -> Process | None:
-        """Claim the next task of ``queue`` (served without a handler, or with
-        one: then this claim is yours to finish, not the handler's).
+        """Claim the next task of ``queue``, a queue served without a handler
+        (a queue is served by a handler or by hand, not both).
 
         Returns:
             The new process, or None if the queue is empty.
         Raises:
-            ConfigError: the queue is not served.
+            ConfigError: the queue is not served, or served by a handler.
             FencedError: the worker's lease is gone (it is rejoining).
 
         On cancellation or a connection error the claim may have happened
@@ -300,6 +300,10 @@ class Worker:
         if cfg is None:
             raise ConfigError(
                 f"queue {queue!r} is not served by this worker; start_work() it first"
+            )
+        if cfg.handler is not None:
+            raise ConfigError(
+                f"queue {queue!r} is served by a handler; dequeue() is for queues without one"
             )
         gen = await self._current_generation()
         reply = await self._binding.claim(
@@ -483,10 +487,11 @@ class Worker:
             for pid, at in list(gen.early_cancels.items()):
                 if at < stale:
                     del gen.early_cancels[pid]
-            for q, state in zip(queues, reply.queue_states, strict=True):
+            for q, state, held in zip(queues, reply.queue_states, reply.held, strict=True):
                 runner = gen.runners.get(q)
                 if runner is None:
                     continue
+                runner.check_held(held)
                 if state == 0:
                     runner.nudge()
                 elif state > 0:

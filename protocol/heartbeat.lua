@@ -1,18 +1,23 @@
 -- heartbeat.lua: renew a worker's lease; collect its durable cancels; say which
--- of its queues have work; say when the next peer lease runs out.
+-- of its queues have work and how many processes Redis says it holds there;
+-- say when the next peer lease runs out.
 --
 -- KEYS[1] {ns}:worker:<W>   heartbeat key
 -- KEYS[2] {ns}:workers      ZSET lease deadlines
 -- KEYS[3] {ns}:inbox:<W>    SET of cancelled process ids not yet acknowledged
--- KEYS[4 + 2i], KEYS[5 + 2i] for each served queue i = 0..n-1:
---         {ns}:queue:<Q>, {ns}:delayed:<Q>
+-- KEYS[4 + 3i], KEYS[5 + 3i], KEYS[6 + 3i] for each served queue i = 0..n-1:
+--         {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:held:<W>:<Q>
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] ttl in ms
 -- ARGV[4] number k of acknowledged cancels, then ARGV[5..4+k] their process ids
 -- Returns: {now_ms, ms until the earliest lease deadline of any worker,
 --           {inbox process ids}, {per queue: 0 = tasks ready, -1 = none,
---           N = ms until the earliest delayed task is due}}
+--           N = ms until the earliest delayed task is due},
+--           {per queue: how many processes W holds there}}
+--          A worker that runs more processes of a queue than Redis says it
+--          holds must find out which are gone (they were lost, e.g. by a
+--          failover that dropped writes) and stop them.
 -- Errors: FENCED (lease expired, recycled or superseded: the worker must stop
 --         every process and re-register under a new id), BAD_ARG.
 -- Publishes: nothing.
@@ -32,8 +37,9 @@ redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 for i = 5, 4 + k do redis.call('SREM', KEYS[3], ARGV[i]) end
 local inbox = redis.call('SMEMBERS', KEYS[3])
 
-local states = {}
-for i = 4, #KEYS, 2 do
+local states, held = {}, {}
+for i = 4, #KEYS, 3 do
+  held[#held + 1] = redis.call('SCARD', KEYS[i + 2])
   local state = -1
   if redis.call('LLEN', KEYS[i]) > 0 then
     state = 0
@@ -45,4 +51,4 @@ for i = 4, #KEYS, 2 do
 end
 
 local earliest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return {now, tonumber(earliest[2]) - now, inbox, states}
+return {now, tonumber(earliest[2]) - now, inbox, states, held}

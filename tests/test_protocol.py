@@ -241,8 +241,11 @@ async def test_heartbeat_renews_reports_inbox_and_queue_states(
     inc = await join(b, conn, "w1", Q, "empty", "later", ttl_ms=1000)
     await b.enqueue(conn, Q, [b"a"])
     await conn.execute("ZADD", keys.delayed("later"), 10**15, b"x")  # far future
+    (p,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await b.enqueue(conn, Q, [b"b"])
     hb = await b.heartbeat(conn, "w1", inc, 5000, [], [Q, "empty", "later"])
     assert hb.queue_states[:2] == (0, -1) and hb.queue_states[2] > 10**9
+    assert hb.held == (1, 0, 0)  # what Redis says w1 holds, per queue
     assert 4000 < await conn.execute("PTTL", keys.heartbeat("w1")) <= 5000
     assert int(await conn.execute("ZSCORE", keys.workers, "w1")) == hb.now_ms + 5000
     await conn.execute("SADD", keys.inbox("w1"), "7", "8")

@@ -591,3 +591,41 @@ async def test_queue_infos_and_the_redis_clock(redis_url: str, namespace: str) -
         t = await client.time()
         sec, _ = await client._conn.execute("TIME")
         assert abs(t - int(sec)) < 2
+
+
+async def test_a_process_that_redis_lost_is_stopped_within_a_heartbeat(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("devices", rec.forever)
+        await client.ensure("devices", "d")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        (p,) = await client.processes("devices")
+        # As after a failover that dropped the claim: Redis forgets the
+        # process and has the task queued again (and it gets a new owner).
+        k = client._keys
+        await client._conn.pipeline(
+            [
+                ("HDEL", k.procs("devices"), p.id),
+                ("SREM", k.held(w.id, "devices"), p.id),
+                ("HSET", k.persistent("devices"), "d", ""),
+                ("LPUSH", k.queue("devices"), "d"),
+                ("PUBLISH", k.work_channel("devices"), "1"),
+            ]
+        )
+        t0 = trio.current_time()
+        await wait_for(lambda: _true(len(rec.cancelled) == 1), within=3)
+        assert trio.current_time() - t0 < w.timing.interval + 0.3
+        assert rec.cancelled[0].token == p.token
+        await wait_for(lambda: _true(len(rec.started) == 2))
+        assert [x.task for x in rec.running()] == [b"d"]  # one live owner again
+        assert rec.running()[0].token > p.token
+
+
+async def test_dequeue_is_for_queues_without_a_handler(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (_, (w,)):
+        await w.start_work("auto", rec.quick)
+        with pytest.raises(ConfigError, match="served by a handler"):
+            await w.dequeue("auto")
