@@ -17,8 +17,9 @@ from .harness import Driver, Harness, figure, payloads, wait_until
 pytestmark = pytest.mark.slow
 
 
-async def starts(h: Harness, d: Driver) -> set[bytes]:
-    return {e.task for e in await h.events() if e.action == "start" and e.tag == d.tag}
+async def starts(h: Harness, d: Driver, since: float = 0.0) -> set[bytes]:
+    ev = await h.events()
+    return {e.task for e in ev if e.action == "start" and e.tag == d.tag and e.t > since}
 
 
 @pytest.mark.parametrize("how", ["stall", "cut"])
@@ -56,11 +57,12 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
         new_id = e.worker
         assert new_id != a_id
         assert (await h.snapshot()).workers.get(new_id) is True
-        # it serves again: new persistent tasks are shared with it
-        more = payloads("more", 4)
-        await h.client.ensure_many("devices", more)
-        await wait_until(lambda: _any(starts(h, a), more), 4 * TTL, "A runs new devices")
-        mon.persistent["devices"] |= set(more)
+        # it serves again: when B leaves, A takes everything at once
+        left_at = await h.sink_now()
+        b.term()
+        await wait_until(
+            lambda: _has(starts(h, a, since=left_at), devices + jobs), TTL, "A takes all back"
+        )
     assert mon.violations == []
     v = await h.judge()
     assert v.rejected == 0 and v.overlaps == [] and v.max_owners == 1
