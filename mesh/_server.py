@@ -141,9 +141,17 @@ class RedisServer:
             self.process.wait()
 
     def version(self) -> tuple[int, ...]:
-        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout
-        v = out.split("v=")[1].split()[0]
-        return tuple(int(x) for x in v.split("."))
+        """The server's version, e.g. ``(7, 0, 15)``; ``()`` if the binary does
+        not say (then it is started with no version-specific options, and
+        fails, if it does, with its own words)."""
+        try:
+            out = subprocess.run(
+                [self.binary, "--version"], capture_output=True, text=True, timeout=10
+            ).stdout
+            v = out.split("v=")[1].split()[0]
+            return tuple(int(x) for x in v.split("."))
+        except (OSError, IndexError, ValueError, subprocess.TimeoutExpired):
+            return ()
 
 
 def _die_with_parent() -> None:

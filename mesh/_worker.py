@@ -167,6 +167,37 @@ class Worker:
         rejoined under a new identity."""
         return self._gen.id
 
+    def check_lease(self, process: Process | None = None) -> None:
+        """Raise unless this worker still holds its lease by its own reckoning:
+        no fence happened and the self-fence deadline (R after the last
+        confirmed heartbeat was sent) has not passed. With ``process``, also
+        raise if that process belongs to an identity this worker has given
+        up. Sync: it looks at the clock, not at Redis.
+
+        Call it right before an external write that must not come from a
+        stale owner. After a pause (SIGSTOP, a long GC, a suspended VM) the
+        deadline has passed as soon as the process runs again, even in the
+        one step a handler may take before its cancellation is delivered.
+        Fencing tokens checked downstream remain the real defence.
+
+        Raises:
+            FencedError: the lease is, or may be, gone.
+        """
+        gen = self._gen
+        if gen.fence_reason is not None:
+            raise FencedError(f"worker {gen.id} is fenced ({gen.fence_reason})")
+        if trio.current_time() >= gen.scope.deadline:
+            raise FencedError(
+                f"worker {gen.id}: no heartbeat confirmed within {self.timing.fence_after} s"
+            )
+        if gen.scope.cancel_called:
+            raise FencedError(f"worker {gen.id} is stopping")
+        if process is not None and process.worker_id != gen.id:
+            raise FencedError(
+                f"process {process.id} belongs to worker {process.worker_id}, "
+                f"which this worker gave up (it is {gen.id} now)"
+            )
+
     def statistics(self) -> WorkerStatistics:
         """A snapshot of the worker's counters (sync: no I/O)."""
         c = self._counters

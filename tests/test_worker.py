@@ -629,3 +629,39 @@ async def test_dequeue_is_for_queues_without_a_handler(redis_url: str, namespace
         await w.start_work("auto", rec.quick)
         with pytest.raises(ConfigError, match="served by a handler"):
             await w.dequeue("auto")
+
+
+async def test_check_lease_fails_once_the_fence_deadline_has_passed(
+    redis_url: str, namespace: str
+) -> None:
+    verdicts: list[str] = []
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+
+        async def device(p: Process) -> None:
+            w.check_lease(p)  # fine while the lease is held
+            verdicts.append("ok")
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                try:
+                    w.check_lease(p)  # what a write on the way out would ask
+                    verdicts.append("still ok")
+                except mesh.FencedError as exc:
+                    verdicts.append(f"fenced: {exc}")
+                raise
+
+        await w.start_work("devices", device)
+        await client.ensure("devices", "d")
+        await wait_for(lambda: _true(verdicts == ["ok"]))
+        (p,) = await client.processes("devices")
+
+        async def stalled(*args: object, **kw: object) -> object:
+            await trio.sleep_forever()
+            raise AssertionError
+
+        w._binding.heartbeat = stalled  # type: ignore[method-assign]
+        await wait_for(lambda: _true(len(verdicts) >= 2), within=3)  # it may rejoin at once
+        assert verdicts[1].startswith("fenced: ") and "no heartbeat confirmed" in verdicts[1]
+        with pytest.raises(mesh.FencedError):
+            w.check_lease(p)
