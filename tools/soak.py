@@ -1,0 +1,392 @@
+"""Randomized soak: real worker processes, random faults, then a full check.
+
+    .venv/bin/python tools/soak.py --duration 180
+
+Starts a mesh redis-server and a sink redis-server of its own (127.0.0.1,
+free ports), N worker processes (``tests/faults/driver.py``), each behind a
+TCP proxy of its own, ensures P persistent tasks and enqueues J one-shot
+tasks over the first part of the run, and injects faults drawn at random:
+
+* ``kill``: SIGKILL a worker, start a new one a moment later;
+* ``term``: SIGTERM a worker (graceful leave), start a new one;
+* ``stop``: SIGSTOP a worker for 0.2 to 2.5 TTL, then SIGCONT;
+* ``cut``: stall or cut a worker's proxy for 0.2 to 2.5 TTL, then heal;
+* ``pubsub``: ``CLIENT KILL TYPE pubsub`` (every worker's subscriber);
+* ``flush``: ``SCRIPT FLUSH``.
+
+At most ``--max-impaired`` workers are stopped, cut or dead at once. When
+the time is up, every fault is healed, and the soak waits until every
+one-shot task is done and every persistent task runs, then checks:
+
+* lost: one-shot tasks acknowledged by enqueue that were never done and are
+  nowhere in the mesh; persistent tasks not in the mesh;
+* two places: snapshots (every 0.25 s during the run, and at the end) that
+  found a task in more than one place (queue, delayed, a process, dead);
+* overlaps: a stale owner that acted more than once after a newer owner of
+  the same persistent task had acted (the sink refuses lower tokens, and
+  counts what it refused);
+* every persistent task owned by exactly one live worker, whose token is the
+  highest the sink has seen for it, and which acted in the last second.
+
+Prints the figures and exits 1 on any violation. Nothing is left behind:
+every process is killed and the servers' directories are removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mesh
+from mesh._connection import open_connection
+from mesh._server import run_redis_server
+from tests.faults import checks, sink
+from tests.faults.harness import Driver, Harness
+from tests.faults.proxy import Proxy
+
+FAULTS = ("kill", "term", "stop", "cut", "pubsub", "flush")
+
+
+class Soak:
+    def __init__(self, h: Harness, args: argparse.Namespace, rng: random.Random) -> None:
+        self.h = h
+        self.args = args
+        self.rng = rng
+        self.ttl = args.ttl
+        self.slots: list[Driver | None] = [None] * args.workers
+        self.proxies: list[Proxy] = []
+        self.impaired: set[int] = set()
+        self.faults: Counter[str] = Counter()
+        self.kills: list[tuple[float, str]] = []  # (sink time, tag)
+        self.generation = [0] * args.workers
+        self.acknowledged: list[bytes] = []
+        self.enqueue_errors = 0
+        self.snapshots = 0
+        self.two_places: list[str] = []
+        self.persistent = [b"p%03d" % i for i in range(args.persistent)]
+        self.log_every = 10.0
+        self.done: set[bytes] = set()
+        self.rejected = 0
+        self._seen = 0
+
+    # --- workers --------------------------------------------------------------
+
+    def spawn(self, i: int) -> Driver:
+        self.generation[i] += 1
+        tag = f"w{i}.{self.generation[i]}"
+        d = self.h.spawn(
+            tag,
+            "--ttl", str(self.ttl),
+            "--concurrency", "100",
+            "--max-attempts", "0",
+            "--backoff", "0.2",
+            "--act-every", str(self.args.act_every),
+            url=self.proxies[i].url,
+        )  # fmt: skip
+        self.slots[i] = d
+        return d
+
+    async def restart_later(self, i: int, delay: float) -> None:
+        await trio.sleep(delay)
+        self.spawn(i)
+        self.impaired.discard(i)
+
+    # --- faults ---------------------------------------------------------------
+
+    async def inject(self, nursery: trio.Nursery) -> None:
+        kind = self.rng.choice(FAULTS)
+        if kind in ("pubsub", "flush"):
+            cmd = ("CLIENT", "KILL", "TYPE", "pubsub") if kind == "pubsub" else ("SCRIPT", "FLUSH")
+            await self.h.conn.execute(*cmd)
+            self.faults[kind] += 1
+            return
+        free = [i for i in range(len(self.slots)) if i not in self.impaired]
+        if len(self.impaired) >= self.args.max_impaired or not free:
+            return
+        i = self.rng.choice(free)
+        d = self.slots[i]
+        assert d is not None
+        self.impaired.add(i)
+        self.faults[kind] += 1
+        length = self.rng.uniform(0.2, 2.5) * self.ttl
+        if kind == "kill":
+            self.kills.append((await self.h.sink_now(), d.tag))
+            d.kill()
+            nursery.start_soon(self.restart_later, i, self.rng.uniform(0.2, 3.0))
+        elif kind == "term":
+            d.term()
+            nursery.start_soon(self.restart_later, i, self.rng.uniform(0.2, 3.0))
+        elif kind == "stop":
+            d.stop()
+            nursery.start_soon(self.resume_later, i, d, length)
+        else:
+            p = self.proxies[i]
+            p.stall() if self.rng.random() < 0.5 else p.cut()
+            nursery.start_soon(self.heal_later, i, length)
+
+    async def resume_later(self, i: int, d: Driver, delay: float) -> None:
+        await trio.sleep(delay)
+        d.cont()
+        self.impaired.discard(i)
+
+    async def heal_later(self, i: int, delay: float) -> None:
+        await trio.sleep(delay)
+        self.proxies[i].heal()
+        self.impaired.discard(i)
+
+    async def fault_loop(self, until: float) -> None:
+        async with trio.open_nursery() as nursery:
+            while trio.current_time() < until:
+                await trio.sleep(self.rng.expovariate(1 / self.args.fault_every))
+                if trio.current_time() < until:
+                    await self.inject(nursery)
+
+    # --- load and watching ----------------------------------------------------
+
+    async def enqueue_loop(self, until: float) -> None:
+        n = self.args.oneshot
+        batch = 10
+        per_batch = max(0.001, (until - trio.current_time()) / math.ceil(n / batch))
+        sent = 0
+        while sent < n:
+            payloads = [
+                b"!hold=%.3f;j%05d" % (self.rng.uniform(0.005, 0.2), k)
+                for k in range(sent, min(n, sent + batch))
+            ]
+            for _ in range(100):  # retried until acknowledged
+                try:
+                    await self.h.client.enqueue_many("jobs", payloads)
+                    break
+                except mesh.MeshConnectionError:  # pragma: no cover - Redis is not faulted
+                    self.enqueue_errors += 1
+                    await trio.sleep(0.05)
+            self.acknowledged += payloads
+            sent += len(payloads)
+            await trio.sleep(per_batch)
+
+    async def watch(self) -> None:
+        pers = {"devices": set(self.persistent)}
+        while True:
+            await trio.sleep(0.25)
+            snap = await checks.snapshot(self.h.conn, self.h.keys, ["devices", "jobs"])
+            self.snapshots += 1
+            one = {"jobs": set(self.acknowledged)}
+            self.two_places += checks.one_place_violations(snap, pers, one)
+
+    async def update(self) -> None:
+        """Read the sink's new events (cheap: only what is new)."""
+        ev = await self.h.events()
+        for e in ev[self._seen :]:
+            if e.fenced and e.ok and e.action == "done":
+                self.done.add(e.task)
+            elif e.fenced and not e.ok:
+                self.rejected += 1
+        self._seen = len(ev)
+
+    async def progress(self, started: float) -> None:
+        while True:
+            await trio.sleep(self.log_every)
+            await self.update()
+            print(
+                f"[{trio.current_time() - started:6.1f}s] faults={dict(self.faults)} "
+                f"done={len(self.done)}/{len(self.acknowledged)} rejected={self.rejected} "
+                f"impaired={sorted(self.impaired)} two_places={len(self.two_places)}",
+                flush=True,
+            )
+
+    # --- the end --------------------------------------------------------------
+
+    def heal_everything(self) -> None:
+        for p in self.proxies:
+            p.heal()
+        for i, d in enumerate(self.slots):
+            if d is not None and d.alive:
+                d.cont()
+            else:
+                self.spawn(i)
+        self.impaired.clear()
+
+    async def quiescent(self) -> bool:
+        await self.update()
+        if len(self.done) < len(self.acknowledged):
+            return False
+        snap = await checks.snapshot(self.h.conn, self.h.keys, ["devices", "jobs"])
+        return not checks.owner_violations(snap, "devices", self.persistent) and all(
+            snap.workers.values()
+        )
+
+
+async def run(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    wall = time.time()
+    with run_redis_server() as mesh_server, run_redis_server() as sink_server:
+        ns = f"soak{rng.randrange(10**6)}"
+        async with (
+            trio.open_nursery() as nursery,
+            mesh.open_client(mesh_server.url, namespace=ns) as client,
+            open_connection(sink_server.url) as sconn,
+        ):
+            h = Harness(mesh_server.url, sink_server.url, ns, client, sconn, nursery, args.ttl)
+            soak = Soak(h, args, rng)
+            try:
+                for _ in range(args.workers):
+                    p = Proxy(mesh_server.port)
+                    await nursery.start(p.run)
+                    soak.proxies.append(p)
+                for i in range(args.workers):
+                    soak.spawn(i)
+                for d in list(h.drivers):
+                    await h.wait_ready(d, within=30)
+                await client.ensure_many("devices", soak.persistent)
+                t0 = trio.current_time()
+                end = t0 + args.duration
+                async with trio.open_nursery() as run_nursery:
+                    run_nursery.start_soon(soak.watch)
+                    run_nursery.start_soon(soak.progress, t0)
+                    run_nursery.start_soon(soak.enqueue_loop, t0 + args.duration * 0.6)
+                    await soak.fault_loop(end)
+                    print("faults stop; healing and waiting for quiescence", flush=True)
+                    soak.heal_everything()
+                    settle_from = trio.current_time()
+                    with trio.move_on_after(args.settle) as cs:
+                        while not await soak.quiescent():  # noqa: ASYNC110 - poll, deadline
+                            await trio.sleep(0.25)
+                    settle = trio.current_time() - settle_from
+                    run_nursery.cancel_scope.cancel()
+                report = await final_report(soak, settle, cs.cancelled_caught)
+            finally:
+                h.reap_all()
+                nursery.cancel_scope.cancel()
+    report["wall_s"] = round(time.time() - wall, 1)
+    print(json.dumps(report, indent=1))
+    bad = (
+        report["lost"]
+        or report["two_places"]
+        or report["overlaps"]
+        or report["ownership_violations"]
+        or report["settle_timed_out"]
+    )
+    print("VIOLATIONS" if bad else "OK: no violation")
+    return 1 if bad else 0
+
+
+async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, object]:
+    h = soak.h
+    ev = await h.events()
+    v = sink.judge(ev)
+    snap = await checks.snapshot(h.conn, h.keys, ["devices", "jobs"])
+    pers = {"devices": set(soak.persistent)}
+    final_two = checks.one_place_violations(snap, pers, {"jobs": set(soak.acknowledged)})
+    places = snap.places("jobs")
+    lost = [p for p in soak.acknowledged if not v.done_count.get(p) and not places[p]]
+    lost += [p for p in soak.persistent if snap.places("devices")[p] != 1]
+    ownership = checks.owner_violations(snap, "devices", soak.persistent)
+    # the owner Redis names is the one the sink knows as newest, and it acts
+    latest: dict[bytes, sink.Event] = {}
+    for e in ev:
+        if e.fenced and e.ok:
+            latest[e.task] = e
+    now = await h.sink_now()
+    for p in soak.persistent:
+        (owner,) = snap.owners("devices", p) or (None,)
+        last = latest.get(p)
+        if owner is None or last is None:
+            continue
+        if int(owner.id) != last.token:
+            ownership.append(f"{p!r}: Redis says process {owner.id}, sink's newest is {last.token}")
+        elif now - last.t > 1.0 + soak.args.act_every:
+            ownership.append(f"{p!r}: its owner has not acted for {now - last.t:.1f} s")
+    # takeover after a kill: from the kill to the next start of each task the
+    # killed worker was running (a task waiting out a crash backoff counts too)
+    takeovers: dict[str, list[float]] = {"persistent": [], "oneshot": []}
+    pset = set(soak.persistent)
+    for killed_at, tag in soak.kills:
+        held: dict[bytes, str] = {}
+        for e in ev:
+            if e.t > killed_at:
+                break
+            if e.action == "start":
+                held[e.task] = e.tag
+            elif e.action in ("done", "cancelled") and held.get(e.task) == e.tag:
+                del held[e.task]
+        for t in (t for t, who in held.items() if who == tag):
+            nxt = next(
+                (e for e in ev if e.t > killed_at and e.action == "start" and e.task == t), None
+            )
+            if nxt is not None:
+                takeovers["persistent" if t in pset else "oneshot"].append(nxt.t - killed_at)
+    fenced = sum(1 for e in ev if e.action == "id")
+    return {
+        "duration_s": soak.args.duration,
+        "ttl_s": soak.ttl,
+        "workers": soak.args.workers,
+        "persistent_tasks": len(soak.persistent),
+        "oneshot_acknowledged": len(soak.acknowledged),
+        "faults": dict(soak.faults),
+        "faults_total": sum(soak.faults.values()),
+        "rejoins_under_new_id": fenced,
+        "lost": len(lost),
+        "lost_examples": [x.decode() for x in lost[:5]],
+        "two_places": len(soak.two_places) + len(final_two),
+        "two_places_examples": (soak.two_places + final_two)[:5],
+        "snapshots_checked": soak.snapshots + 1,
+        "oneshot_duplicates": v.duplicates,
+        "stale_actions_rejected": v.rejected,
+        "overlaps": len(v.overlaps),
+        "overlap_examples": [repr(o) for o in v.overlaps[:5]],
+        "late_attempts_in_flight": v.late_attempts,
+        "max_owners_accepted": v.max_owners,
+        "max_owners_attempting": v.max_attempting_owners,
+        "ownership_violations": len(ownership),
+        "ownership_examples": ownership[:5],
+        "takeover_after_kill_s": {k: spread(v) for k, v in takeovers.items()},
+        "settle_s": round(settle, 2),
+        "settle_timed_out": timed_out,
+        "events": len(ev),
+    }
+
+
+def spread(xs: list[float]) -> dict[str, object]:
+    if not xs:
+        return {"n": 0}
+    xs = sorted(xs)
+    return {
+        "n": len(xs),
+        "median": round(statistics.median(xs), 3),
+        "p90": round(xs[int(0.9 * (len(xs) - 1))], 3),
+        "max": round(xs[-1], 3),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=180.0, help="seconds of faults")
+    ap.add_argument("--workers", type=int, default=10)
+    ap.add_argument("--persistent", type=int, default=200)
+    ap.add_argument("--oneshot", type=int, default=5000)
+    ap.add_argument("--ttl", type=float, default=1.5)
+    ap.add_argument("--act-every", type=float, default=0.25, help="persistent handler period")
+    ap.add_argument("--fault-every", type=float, default=1.5, help="mean seconds between faults")
+    ap.add_argument("--max-impaired", type=int, default=3)
+    ap.add_argument("--settle", type=float, default=120.0, help="max seconds to quiesce")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    if args.seed is None:
+        args.seed = random.randrange(2**32)
+    print(f"soak: seed={args.seed} {vars(args)}", flush=True)
+    return trio.run(run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
