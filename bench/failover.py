@@ -93,26 +93,36 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 f"p99 {percentile(term[-1], 99) * 1000:.1f} ms"
             )
     p = percentile
+    allk = [x for run in kill for x in run]
+    allt = [x for run in term for x in run]
+    n = len(allk)
     section.figures += [
         Figure("SIGKILL: p50", "s", [p(x, 50) for x in kill]),
+        Figure("SIGKILL: p99", "s", [p(x, 99) for x in kill]),
         Figure(
-            "SIGKILL: p99",
+            f"SIGKILL: p99 of all {n} trials pooled",
             "s",
-            [p(x, 99) for x in kill],
+            [p(allk, 99)],
             target=Target("<", ttl + 0.25, f"< TTL + 0.25 s = {ttl + 0.25:g} s"),
         ),
         Figure("SIGKILL: p50 / TTL", "x", [p(x, 50) / ttl for x in kill]),
         Figure("SIGKILL: p99 / TTL", "x", [p(x, 99) / ttl for x in kill]),
         Figure("SIGKILL: max", "s", [max(x, default=math.nan) for x in kill]),
         Figure("graceful stop (SIGTERM): p50", "ms", [p(x, 50) * 1000 for x in term]),
+        Figure("graceful stop (SIGTERM): p99", "ms", [p(x, 99) * 1000 for x in term]),
         Figure(
-            "graceful stop (SIGTERM): p99",
+            f"graceful stop (SIGTERM): p99 of all {len(allt)} trials pooled",
             "ms",
-            [p(x, 99) * 1000 for x in term],
+            [p(allt, 99) * 1000],
             target=Target("<", 50, "< 50 ms"),
         ),
         Figure(
             "graceful stop (SIGTERM): max", "ms", [max(x, default=math.nan) * 1000 for x in term]
+        ),
+        Figure(
+            "graceful stop (SIGTERM): trials over 50 ms",
+            "trials",
+            [float(sum(1 for v in x if v > 0.05)) for x in term],
         ),
     ]
     return section
@@ -129,9 +139,10 @@ waits for the handler to start on the surviving peer; the peer's handler prints
 signal. Then a fresh worker process joins as the next standby and the next
 trial kills the new owner. {trials} trials per run, p50 and p99 per run
 (linear interpolation between closest ranks), figures are the median, min and
-max over the runs. The server has `notify-keyspace-events Ex`, so peers reap on
-the lease key's expiry event; after SIGKILL the task cannot move before the
-lease, renewed at most TTL/3 earlier, runs out, so takeover is expected between
-2/3 TTL and TTL plus the detection delay (Redis' active expiry) and one reap +
-claim.
+max over the runs; since a p99 of {trials} trials is nearly the largest of them,
+the targets are judged on the p99 of all trials of all runs pooled. The server
+has `notify-keyspace-events Ex`, so peers reap on the lease key's expiry
+event; after SIGKILL the task cannot move before the lease, renewed at most
+TTL/3 earlier, runs out, so takeover is expected between 2/3 TTL and TTL plus
+the detection delay (Redis' active expiry) and one reap + claim.
 """

@@ -61,6 +61,7 @@ async def test_failover() -> None:
     s = await failover.run(ctx(), failover.Sizes(trials=2, ttl=0.5))
     check(s, "failover")
     p99 = figure(s, "SIGKILL: p99")
+    assert figure(s, "SIGKILL: p99 of all 2 trials pooled").target is not None
     # no worker can take over before the dead one's lease runs out
     assert p99.median > 0.5 * 2 / 3 - 0.05
     assert figure(s, "SIGKILL: p99 / TTL").median == pytest.approx(p99.median / 0.5)
