@@ -183,7 +183,15 @@ class QueueRunner:
         held_back = self._held_back_since
         fair = c.balance and (held_back is None or now - held_back < self._balance_wait)
         reply = await self._binding.claim(
-            self._conn, self._wid, self._inc, c.queue, n, c.max_attempts, fair=fair
+            self._conn,
+            self._wid,
+            self._inc,
+            c.queue,
+            n,
+            c.max_attempts,
+            fair=fair,
+            backoff_ms=int(c.backoff * 1000),
+            backoff_cap_ms=int(c.backoff_max * 1000),
         )
         self._maybe_work = reply.remaining > 0
         if reply.held_back:

@@ -250,6 +250,8 @@ class Binding:
         max_attempts: int,
         *,
         fair: bool = False,
+        backoff_ms: int = 1000,
+        backoff_cap_ms: int = 60_000,
     ) -> ClaimReply:
         k = self.keys
         keys = [
@@ -264,7 +266,16 @@ class Binding:
             k.token,
             k.servers(queue),
         ]
-        args = [worker, incarnation, queue, n, max_attempts, 1 if fair else 0]
+        args = [
+            worker,
+            incarnation,
+            queue,
+            n,
+            max_attempts,
+            1 if fair else 0,
+            backoff_ms,
+            backoff_cap_ms,
+        ]
         r = await self._run(conn, "claim", keys, args)
         now = int(r[0])
         started = now / 1000
@@ -339,6 +350,7 @@ class Binding:
             k.attempts(queue),
             k.dead(queue),
             k.servers(queue),
+            k.delayed(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.work_channel(queue), worker]))
 
@@ -367,6 +379,7 @@ class Binding:
                     k.attempts(q),
                     k.dead(q),
                     k.servers(q),
+                    k.delayed(q),
                 )
             args = [worker, "leave" if leave else "dead", incarnation, k.work_prefix, *qs]
             r = await self._run(conn, "recycle", keys, args)
@@ -450,17 +463,17 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
     Raises:
         ProtocolError: the record is not of the documented shape.
     """
-    parts = rec.split(b"\0", 5)
-    if len(parts) != 6 or parts[1] not in (b"p", b"o"):
+    parts = rec.split(b"\0", 7)
+    if len(parts) != 8 or parts[1] not in (b"p", b"o"):
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)
     return Process(
         str(p),
         queue,
-        parts[5],
+        parts[7],
         p,
         parts[0].decode(),
         parts[1] == b"p",
         int(parts[2]),
-        int(parts[4]) / 1000,
+        int(parts[6]) / 1000,
     )

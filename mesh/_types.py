@@ -16,10 +16,11 @@ class Process:
             ``token``).
         queue: the queue the task came from.
         task: the payload, byte for byte as it was enqueued.
-        token: the fencing token: strictly increasing across the namespace, so
-            a later owner of the same task always holds a higher token than
-            any earlier one. Hand it to downstream systems that should refuse
-            a stale owner.
+        token: the fencing token: strictly increasing across the namespace
+            (at least the Redis clock in microseconds, so also across a Redis
+            restart that lost the data), so a later owner of the same task
+            always holds a higher token than any earlier one. Hand it to
+            downstream systems that should refuse a stale owner.
         worker_id: the worker that holds the process.
         persistent: True for a persistent task.
         attempts: how many earlier attempts of this payload failed (0 the

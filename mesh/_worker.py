@@ -338,7 +338,14 @@ class Worker:
             )
         gen = await self._current_generation()
         reply = await self._binding.claim(
-            self._conn, gen.id, gen.incarnation, queue, 1, cfg.max_attempts
+            self._conn,
+            gen.id,
+            gen.incarnation,
+            queue,
+            1,
+            cfg.max_attempts,
+            backoff_ms=int(cfg.backoff * 1000),
+            backoff_cap_ms=int(cfg.backoff_max * 1000),
         )
         return reply.processes[0] if reply.processes else None
 

@@ -1,5 +1,8 @@
 -- claim.lua: a worker claims up to N tasks from the head of a queue; each
--- becomes a process with a new fencing token (= its process id).
+-- becomes a process with a new fencing token (= its process id). Tokens are
+-- max(last token + 1, Redis time in microseconds): they keep increasing even
+-- across a restart or failover that lost {ns}:token, as long as the Redis
+-- clock does not go back.
 --
 -- Fair share: with ARGV[6] = 1, W takes a persistent task only while it holds
 -- fewer processes on Q than ceil(persistent tasks of Q / workers serving Q);
@@ -23,6 +26,8 @@
 -- ARGV[4] N, how many to claim at most (1..1000)
 -- ARGV[5] max attempts for one-shot tasks claimed now (0 = no limit)
 -- ARGV[6] 1 to claim only a fair share of persistent tasks, 0 for no limit
+-- ARGV[7] backoff base in ms, ARGV[8] backoff cap in ms: stored in each
+--         process record, for peers that recycle it after a crash
 -- Returns: {now_ms, queued tasks left (-1: some were left for peers by the
 --           fair share), then per process: id, persistent (1/0), failed
 --           attempts so far, payload}
@@ -33,8 +38,12 @@
 local n, err = count_arg(ARGV[4], 'claim count', 1000)
 if err then return err end
 if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
-local max_attempts
+local max_attempts, backoff, backoff_cap
 max_attempts, err = count_arg(ARGV[5], 'max attempts')
+if err then return err end
+backoff, err = count_arg(ARGV[7], 'backoff')
+if err then return err end
+backoff_cap, err = count_arg(ARGV[8], 'backoff cap')
 if err then return err end
 if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
   return redis.error_reply('BAD_ARG fair share flag must be 0 or 1')
@@ -79,14 +88,16 @@ for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
 local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3])}
 if #take == 0 then return out end
-local last = redis.call('INCRBY', KEYS[9], #take)
+local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
+redis.call('SET', KEYS[9], int(first + #take - 1))
 for i, t in ipairs(take) do
   local payload, persistent = t[1], t[2]
-  local id = int(last - #take + i)
+  local id = int(first + i - 1)
   if persistent then redis.call('HSET', KEYS[4], payload, id) end
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end
-  redis.call('HSET', KEYS[5], id, pack_record(ARGV[1], persistent, attempts, max_attempts, now, payload))
+  redis.call('HSET', KEYS[5], id, pack_record(ARGV[1], persistent, attempts, max_attempts, backoff,
+    backoff_cap, now, payload))
   redis.call('SADD', KEYS[6], id)
   out[#out + 1] = id
   out[#out + 1] = persistent and 1 or 0

@@ -51,25 +51,17 @@ for i = 6, #ARGV do
         front[#front + 1] = {tonumber(id), r.payload}
         outcome = 1
       else
-        local a
-        if r.persistent and now - r.started > cap then
-          a = 1
-          redis.call('HSET', KEYS[5], r.payload, 1)
-        else
-          a = redis.call('HINCRBY', KEYS[5], r.payload, 1)
-        end
-        if not r.persistent and r.max_attempts > 0 and a >= r.max_attempts then
+        local where
+        where, delay = fail_attempt(r, now, KEYS[5], base, cap, false)
+        if where == 'dead' then
           redis.call('RPUSH', KEYS[7], r.payload)
-          redis.call('HDEL', KEYS[5], r.payload)
           outcome = 3
+        elseif where == 'later' then
+          redis.call('ZADD', KEYS[6], now + delay, r.payload)
+          outcome = 2
         else
-          delay = math.floor(math.min(base * 2 ^ (a - 1), cap))
-          if delay > 0 then
-            redis.call('ZADD', KEYS[6], now + delay, r.payload)
-          else
-            redis.call('RPUSH', KEYS[3], r.payload)
-            ready = ready + 1
-          end
+          redis.call('RPUSH', KEYS[3], r.payload)
+          ready = ready + 1
           outcome = 2
         end
       end

@@ -2,11 +2,13 @@
 -- splices this file where a script has the line `--!include lib.lua`.
 --
 -- Process record (the value of a field of {ns}:procs:<Q>, the field being the
--- process id): six fields joined by NUL bytes, the payload last so that it may
--- contain NUL bytes itself:
---   worker \0 kind \0 attempts \0 max_attempts \0 started_ms \0 payload
+-- process id): eight fields joined by NUL bytes, the payload last so that it
+-- may contain NUL bytes itself:
+--   worker \0 kind \0 attempts \0 max_attempts \0 backoff_ms \0 backoff_cap_ms
+--   \0 started_ms \0 payload
 -- kind is "p" (persistent) or "o" (one-shot); attempts is how many earlier
--- attempts of this payload failed; max_attempts 0 means no limit.
+-- attempts of this payload failed; max_attempts 0 means no limit; the
+-- backoff is the claiming worker's, applied when a peer recycles the process.
 
 -- Whole milliseconds from the Redis clock (the only clock that judges).
 local function now_ms()
@@ -14,20 +16,28 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Whole microseconds from the Redis clock (two scripts never share one).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- Integers as plain decimal strings (tostring() turns 1e15 into "1e+15").
 local function int(n)
   return string.format('%.0f', n)
 end
 
-local function pack_record(worker, persistent, attempts, max_attempts, started, payload)
+local function pack_record(worker, persistent, attempts, max_attempts, backoff, backoff_cap,
+                           started, payload)
   return worker .. '\0' .. (persistent and 'p' or 'o') .. '\0' .. int(attempts) .. '\0'
-    .. int(max_attempts) .. '\0' .. int(started) .. '\0' .. payload
+    .. int(max_attempts) .. '\0' .. int(backoff) .. '\0' .. int(backoff_cap) .. '\0'
+    .. int(started) .. '\0' .. payload
 end
 
 local function unpack_record(rec)
   local f = {}
   local pos = 1
-  for i = 1, 5 do
+  for i = 1, 7 do
     local e = string.find(rec, '\0', pos, true)
     f[i] = string.sub(rec, pos, e - 1)
     pos = e + 1
@@ -37,9 +47,38 @@ local function unpack_record(rec)
     persistent = (f[2] == 'p'),
     attempts = tonumber(f[3]),
     max_attempts = tonumber(f[4]),
-    started = tonumber(f[5]),
+    backoff = tonumber(f[5]),
+    backoff_cap = tonumber(f[6]),
+    started = tonumber(f[7]),
     payload = string.sub(rec, pos),
   }
+end
+
+-- Count a failed attempt of the process `r` (a record) and say where its
+-- task goes: 'dead' (a one-shot task at its attempt limit), 'front' (a
+-- crash-recycled task's first failure: failover at once), 'later' (after
+-- `delay` ms: base * 2^(n-1), capped) or 'back' (no backoff). A persistent
+-- task that ran longer than the cap before failing starts counting again.
+local function fail_attempt(r, now, attempts, base, cap, first_at_front)
+  local a
+  if r.persistent and now - r.started > cap then
+    a = 1
+    redis.call('HSET', attempts, r.payload, 1)
+  else
+    a = redis.call('HINCRBY', attempts, r.payload, 1)
+  end
+  if not r.persistent and r.max_attempts > 0 and a >= r.max_attempts then
+    redis.call('HDEL', attempts, r.payload)
+    return 'dead', 0
+  end
+  local n = a
+  if first_at_front then
+    if a == 1 then return 'front', 0 end
+    n = a - 1
+  end
+  local delay = math.floor(math.min(base * 2 ^ (n - 1), cap))
+  if delay > 0 then return 'later', delay end
+  return 'back', 0
 end
 
 -- nil if `worker` holds the lease stored at `key` under `incarnation`, else an
@@ -71,10 +110,13 @@ local function sorted_ids(ids)
 end
 
 -- Hand every process in `held` (a worker's set of process ids on one queue)
--- back to the front of `queue`, oldest claim first. With count_attempt, a
--- one-shot task's failed-attempt counter goes up and a task that reached its
--- max_attempts goes to `dead` instead. Returns (handed back, dead-lettered).
-local function return_held(held, procs, queue, persistent, attempts, dead, count_attempt)
+-- back to the front of `queue`, oldest claim first. With count_attempt (the
+-- worker crashed), the crash counts as a failed attempt of each task: the
+-- first goes back to the front at once, a repeated one waits in `delayed`
+-- for its backoff, and a one-shot task at its max_attempts goes to `dead`.
+-- Returns (handed back or delayed, dead-lettered).
+local function return_held(held, procs, queue, persistent, attempts, dead, delayed, count_attempt,
+                           now)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
   local back, buried = 0, 0
   for i = #ids, 1, -1 do
@@ -82,22 +124,22 @@ local function return_held(held, procs, queue, persistent, attempts, dead, count
     if rec then
       local r = unpack_record(rec)
       redis.call('HDEL', procs, ids[i])
-      if r.persistent then
-        redis.call('HSET', persistent, r.payload, '')
-        redis.call('LPUSH', queue, r.payload)
-        back = back + 1
-      elseif count_attempt then
-        local a = redis.call('HINCRBY', attempts, r.payload, 1)
-        if r.max_attempts > 0 and a >= r.max_attempts then
-          redis.call('RPUSH', dead, r.payload)
-          redis.call('HDEL', attempts, r.payload)
-          buried = buried + 1
-        else
-          redis.call('LPUSH', queue, r.payload)
-          back = back + 1
-        end
+      local where, delay = 'front', 0
+      if count_attempt then
+        where, delay = fail_attempt(r, now, attempts, r.backoff, r.backoff_cap, true)
+      end
+      if where == 'dead' then
+        redis.call('RPUSH', dead, r.payload)
+        buried = buried + 1
       else
-        redis.call('LPUSH', queue, r.payload)
+        if r.persistent then redis.call('HSET', persistent, r.payload, '') end
+        if where == 'front' then
+          redis.call('LPUSH', queue, r.payload)
+        elseif where == 'later' then
+          redis.call('ZADD', delayed, now + delay, r.payload)
+        else
+          redis.call('RPUSH', queue, r.payload)
+        end
         back = back + 1
       end
     end

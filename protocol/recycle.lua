@@ -1,7 +1,10 @@
 -- recycle.lua: put every process of a worker back at the front of its queue
 -- and remove the worker. Mode "dead": a peer recycles a worker whose lease
--- expired (refused while the heartbeat key exists); a one-shot task counts
--- the crash as a failed attempt and is dead-lettered at its limit. Mode
+-- expired (refused while the heartbeat key exists); the crash counts as a
+-- failed attempt of each task: its first failure goes back to the front at
+-- once, a repeated one waits for the claiming worker's backoff in the
+-- delayed set (a task that kills every worker does not take the fleet down
+-- one TTL at a time), and a one-shot task at its limit is dead-lettered. Mode
 -- "leave": the worker itself leaves (graceful stop, or after it found itself
 -- fenced); no attempt is counted. Safe to run twice: the second run finds
 -- nothing left and returns {0, 0, 0}.
@@ -11,15 +14,15 @@
 -- KEYS[3] {ns}:info          HASH worker descriptions
 -- KEYS[4] {ns}:serves:<W>    SET of queues W serves
 -- KEYS[5] {ns}:inbox:<W>     SET of W's unacknowledged cancels
--- then for each queue Q_i named in ARGV, seven keys:
+-- then for each queue Q_i named in ARGV, eight keys:
 --   {ns}:held:<W>:<Q>, {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>,
---   {ns}:attempts:<Q>, {ns}:dead:<Q>, {ns}:servers:<Q>
+--   {ns}:attempts:<Q>, {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "dead" or "leave"
 -- ARGV[3] incarnation (mode "leave"; ignored for "dead")
 -- ARGV[4] prefix of work channels ({ns}:work:), the queue name is appended
 -- ARGV[5..] the queue names Q_i, in the order of their keys
--- Returns: {0, handed back, dead-lettered} when done;
+-- Returns: {0, handed back (or delayed), dead-lettered} when done;
 --          {1} when the worker is alive (mode "dead": nothing changed);
 --          {2, Q...} when W serves queues whose keys were not passed
 --          (nothing changed: call again with those queues' keys too).
@@ -33,8 +36,8 @@ if mode ~= 'dead' and mode ~= 'leave' then
   return redis.error_reply('BAD_ARG mode must be "dead" or "leave"')
 end
 local nq = #ARGV - 4
-if #KEYS ~= 5 + 7 * nq then
-  return redis.error_reply('BAD_ARG expected ' .. (5 + 7 * nq) .. ' keys for ' .. nq .. ' queues')
+if #KEYS ~= 5 + 8 * nq then
+  return redis.error_reply('BAD_ARG expected ' .. (5 + 8 * nq) .. ' keys for ' .. nq .. ' queues')
 end
 if mode == 'dead' then
   if redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
@@ -52,11 +55,12 @@ for _, q in ipairs(redis.call('SMEMBERS', KEYS[4])) do
 end
 if #missing > 1 then return missing end
 
+local now = now_ms()
 local back, buried = 0, 0
 for i = 1, nq do
-  local k = 5 + 7 * (i - 1)
+  local k = 5 + 8 * (i - 1)
   local b, d = return_held(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
-    KEYS[k + 6], mode == 'dead')
+    KEYS[k + 6], KEYS[k + 8], mode == 'dead', now)
   redis.call('SREM', KEYS[k + 7], ARGV[1])
   if b > 0 then redis.call('PUBLISH', ARGV[4] .. ARGV[4 + i], b) end
   back, buried = back + b, buried + d

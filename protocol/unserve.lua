@@ -9,6 +9,7 @@
 -- KEYS[6] {ns}:attempts:<Q>      (passed for the shared helper; not written)
 -- KEYS[7] {ns}:dead:<Q>          (passed for the shared helper; not written)
 -- KEYS[8] {ns}:servers:<Q>       SET of the workers that serve Q
+-- KEYS[9] {ns}:delayed:<Q>       (passed for the shared helper; not written)
 -- ARGV[1] queue name Q
 -- ARGV[2] the work channel of Q
 -- ARGV[3] worker id W
@@ -17,7 +18,7 @@
 -- Publishes: that number on ARGV[2], if not 0.
 --!include lib.lua
 
-local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], false)
+local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], false, 0)
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[3])
 if back > 0 then redis.call('PUBLISH', ARGV[2], back) end

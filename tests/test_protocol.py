@@ -223,7 +223,7 @@ async def test_failed_persistent_task_backs_off_without_limit(
     inc = await join(b, conn, "w1", Q)
     await b.ensure(conn, Q, [b"dev"])
     for _ in range(4):
-        await conn.execute("ZADD", keys.delayed(Q), 0, b"dev")  # no-op the first time round
+        await conn.execute("ZADD", keys.delayed(Q), "XX", 0, b"dev")  # due now, if delayed
         (p,) = (await b.claim(conn, "w1", inc, Q, 1, 1)).processes
         assert p.persistent
         [(outcome, _)] = await b.give_back(
@@ -241,7 +241,7 @@ async def test_heartbeat_renews_reports_inbox_and_queue_states(
     inc = await join(b, conn, "w1", Q, "empty", "later", ttl_ms=1000)
     await b.enqueue(conn, Q, [b"a"])
     await conn.execute("ZADD", keys.delayed("later"), 10**15, b"x")  # far future
-    (p,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    (_,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
     await b.enqueue(conn, Q, [b"b"])
     hb = await b.heartbeat(conn, "w1", inc, 5000, [], [Q, "empty", "later"])
     assert hb.queue_states[:2] == (0, -1) and hb.queue_states[2] > 10**9
@@ -285,7 +285,7 @@ async def test_recycle_touches_only_the_dead_workers_processes(
     assert s["held"]["w2"] == {x.id for x in w2}  # the live peer keeps its own
     assert set(s["procs"]) == {x.id.encode() for x in w2}
     assert s["persistent"] == {b"p": b""}
-    assert s["attempts"] == {b"a": b"1", b"b": b"1"}  # a crash counts as an attempt
+    assert s["attempts"] == {b"a": b"1", b"b": b"1", b"p": b"1"}  # a crash counts
     assert await conn.execute("LRANGE", keys.queue("q2"), 0, -1) == [b"z"]
     assert await conn.execute("ZSCORE", keys.workers, "w1") is None
     assert await conn.execute("EXISTS", keys.serves("w1"), keys.info) == 1  # info holds w2 only
@@ -306,6 +306,7 @@ async def test_recycle_dead_letters_a_task_that_keeps_killing_workers(
     for n in range(3):
         w = f"w{n}"
         inc = await join(b, conn, w, Q)
+        await conn.execute("ZADD", keys.delayed(Q), "XX", 0, b"poison")  # due now, if delayed
         (p,) = (await b.claim(conn, w, inc, Q, 1, 3)).processes
         assert p.attempts == n
         await expire_worker(conn, keys, w)
@@ -447,3 +448,40 @@ async def test_fair_claim_takes_a_fair_share_of_persistent_tasks(
         await conn.execute(
             "EVALSHA", b.scripts["claim"].sha, 10, *(["k"] * 10), "w", "i", Q, 1, 0, 2
         )
+
+
+async def test_a_repeated_crash_backs_off_with_the_claimers_backoff(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    await b.ensure(conn, Q, [b"dev"])
+    where = []
+    for n in range(3):
+        w = f"w{n}"
+        inc = await join(b, conn, w, Q)
+        await conn.execute("ZADD", keys.delayed(Q), "XX", 0, b"dev")  # due now, if delayed
+        await b.claim(conn, w, inc, Q, 1, 0, backoff_ms=500, backoff_cap_ms=800)
+        await expire_worker(conn, keys, w)
+        await b.recycle(conn, w, leave=False)
+        s = await snapshot(conn, keys, Q, [])
+        score = await conn.execute("ZSCORE", keys.delayed(Q), b"dev")
+        where.append((s["queue"], s["delayed"], score is not None))
+        assert s["persistent"] == {b"dev": b""}  # never dead-lettered
+    assert where[0] == ([b"dev"], [], False)  # first crash: failover at once
+    assert where[1] == ([], [b"dev"], True)  # then the claimer's backoff
+    sec, usec = await conn.execute("TIME")
+    now = int(sec) * 1000 + int(usec) // 1000
+    due = int(float(await conn.execute("ZSCORE", keys.delayed(Q), b"dev")))
+    assert 0 < due - now <= 800  # base 500 doubled, capped at 800
+
+
+async def test_tokens_keep_increasing_when_redis_loses_the_counter(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b"])
+    (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await conn.execute("DEL", keys.token)  # as after a restart without persistence
+    (bb,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    assert bb.token > a.token
+    now_us = int((await conn.execute("TIME"))[0]) * 10**6
+    assert abs(bb.token - now_us) < 5 * 10**6  # floored at the Redis clock

@@ -108,11 +108,6 @@ async def test_restart_without_persistence_workers_notice_and_rejoin(ho: Harness
     assert a.alive and b.alive
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: the token counter restarts at 1 when Redis lost its data, so new "
-    "owners get tokens lower than old ones and a fenced downstream refuses them",
-)
 async def test_tokens_keep_increasing_across_a_restart_that_lost_the_data(ho: Harness) -> None:
     h = ho
     assert h.server is not None
