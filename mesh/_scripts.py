@@ -412,49 +412,33 @@ class Binding:
     async def cancel(self, conn: Executor, queue: str, payload: bytes) -> tuple[int, int]:
         """(queued copies removed, running processes cancelled)."""
         k = self.keys
-        workers: list[str] = []
-        for _ in range(10):
-            keys = [
-                k.queue(queue),
-                k.persistent(queue),
-                k.procs(queue),
-                k.attempts(queue),
-                k.delayed(queue),
-            ]
-            for w in workers:
-                keys += (k.held(w, queue), k.inbox(w))
-            r = await self._run(conn, "cancel", keys, [payload, k.cancel_prefix, *workers])
-            if int(r[0]) == 0:
-                return int(r[1]), int(r[2])
-            workers += [w.decode() for w in r[1:]]
-        raise ProtocolError(f"cancel on queue {queue}: the running processes kept changing")
+        keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
+        keys.append(k.delayed(queue))
+        return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
         """(queued and delayed tasks removed, running processes cancelled)."""
         k = self.keys
+        keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
+        keys += [k.delayed(queue), k.dead(queue), k.queues]
+        args = [queue, k.cancel_prefix, k.delete_channel(queue)]
+        return await self._cancelling(conn, "delete_queue", queue, keys, args)
+
+    async def _cancelling(
+        self, conn: Executor, name: str, queue: str, keys: list[str], args: list[Any]
+    ) -> tuple[int, int]:
+        """Run a script that cancels running processes of ``queue``: it needs
+        the held and inbox keys of their workers, and names the workers whose
+        keys it was not given (then nothing changed); call again with them."""
+        k = self.keys
         workers: list[str] = []
         for _ in range(10):
-            keys = [
-                k.queue(queue),
-                k.persistent(queue),
-                k.procs(queue),
-                k.attempts(queue),
-                k.delayed(queue),
-                k.dead(queue),
-                k.queues,
-            ]
-            for w in workers:
-                keys += (k.held(w, queue), k.inbox(w))
-            r = await self._run(
-                conn,
-                "delete_queue",
-                keys,
-                [queue, k.cancel_prefix, k.delete_channel(queue), *workers],
-            )
+            wkeys = [key for w in workers for key in (k.held(w, queue), k.inbox(w))]
+            r = await self._run(conn, name, keys + wkeys, args + workers)
             if int(r[0]) == 0:
                 return int(r[1]), int(r[2])
             workers += [w.decode() for w in r[1:]]
-        raise ProtocolError(f"delete of queue {queue}: the running processes kept changing")
+        raise ProtocolError(f"{name} on queue {queue}: the running processes kept changing")
 
 
 def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:

@@ -37,16 +37,8 @@ if owner then
 else
   found = find_processes(KEYS[3], payload)
 end
-local wkeys, given = {}, {}
-for j = 1, nw do
-  given[ARGV[2 + j]] = true
-  wkeys[ARGV[2 + j]] = {KEYS[4 + 2 * j], KEYS[5 + 2 * j]}
-end
-local missing = missing_workers(found, given)
-if #missing > 0 then
-  table.insert(missing, 1, 1)
-  return missing
-end
+local wkeys, missing = worker_keys(found, 2, 5, nw)
+if missing then return missing end
 
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
 redis.call('HDEL', KEYS[2], payload)

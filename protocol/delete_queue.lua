@@ -27,16 +27,8 @@ if #KEYS ~= 7 + 2 * nw then
   return redis.error_reply('BAD_ARG expected ' .. (7 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local found = find_processes(KEYS[3], false)
-local wkeys, given = {}, {}
-for j = 1, nw do
-  given[ARGV[3 + j]] = true
-  wkeys[ARGV[3 + j]] = {KEYS[6 + 2 * j], KEYS[7 + 2 * j]}
-end
-local missing = missing_workers(found, given)
-if #missing > 0 then
-  table.insert(missing, 1, 1)
-  return missing
-end
+local wkeys, missing = worker_keys(found, 3, 7, nw)
+if missing then return missing end
 
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
 cancel_found(found, KEYS[3], wkeys, ARGV[2])

@@ -165,17 +165,24 @@ local function find_processes(procs, payload)
   return found
 end
 
--- Workers named in `found` that are not in `given` (a set); empty when every
--- key the caller must pass was passed.
-local function missing_workers(found, given)
-  local missing, seen = {}, {}
+-- The worker keys a cancelling script was given: worker ids are ARGV[a + j]
+-- and their {held, inbox} keys KEYS[k + 2j - 1], KEYS[k + 2j], j = 1..n.
+-- Returns the keys by worker, and, when a process in `found` runs on a
+-- worker that is not among them, the reply the script must return at once
+-- ({1, missing worker ids...}: the caller calls again with their keys).
+local function worker_keys(found, a, k, n)
+  local wkeys, missing, seen = {}, {1}, {}
+  for j = 1, n do
+    wkeys[ARGV[a + j]] = {KEYS[k + 2 * j - 1], KEYS[k + 2 * j]}
+  end
   for _, f in ipairs(found) do
-    if not given[f[2]] and not seen[f[2]] then
+    if not wkeys[f[2]] and not seen[f[2]] then
       seen[f[2]] = true
       missing[#missing + 1] = f[2]
     end
   end
-  return missing
+  if #missing > 1 then return wkeys, missing end
+  return wkeys, nil
 end
 
 -- Cancel the running processes in `found`: drop their records, take them out
