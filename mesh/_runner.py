@@ -182,18 +182,26 @@ class QueueRunner:
         # balance_wait later takes it: peers with room had their chance.
         held_back = self._held_back_since
         fair = c.balance and (held_back is None or now - held_back < self._balance_wait)
-        reply = await self._binding.claim(
-            self._conn,
-            self._wid,
-            self._inc,
-            c.queue,
-            n,
-            c.max_attempts,
-            fair=fair,
-            backoff_ms=int(c.backoff * 1000),
-            backoff_cap_ms=int(c.backoff_max * 1000),
-        )
-        self._maybe_work = reply.remaining > 0
+        # Clear the flag before the round trip: a nudge that arrives while the
+        # claim is in flight (work enqueued after Redis ran it) sets it again
+        # and must not be overwritten by this reply.
+        self._maybe_work = False
+        try:
+            reply = await self._binding.claim(
+                self._conn,
+                self._wid,
+                self._inc,
+                c.queue,
+                n,
+                c.max_attempts,
+                fair=fair,
+                backoff_ms=int(c.backoff * 1000),
+                backoff_cap_ms=int(c.backoff_max * 1000),
+            )
+        except BaseException:
+            self._maybe_work = True
+            raise
+        self._maybe_work = self._maybe_work or reply.remaining > 0
         if reply.held_back:
             if held_back is None:
                 self._held_back_since = now

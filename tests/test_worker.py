@@ -665,3 +665,32 @@ async def test_check_lease_fails_once_the_fence_deadline_has_passed(
         assert verdicts[1].startswith("fenced: ") and "no heartbeat confirmed" in verdicts[1]
         with pytest.raises(mesh.FencedError):
             w.check_lease(p)
+
+
+async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("jobs", rec.quick)
+        await trio.sleep(0.05)  # idle: the runner waits for a nudge
+        real = w._binding.claim
+        calls = 0
+
+        async def claim(*args: object, **kw: object) -> object:
+            # The first claim runs in Redis and finds nothing; before its reply
+            # reaches the runner, a task is enqueued and announced.
+            nonlocal calls
+            calls += 1
+            reply = await real(*args, **kw)  # type: ignore[arg-type]
+            if calls == 1:
+                await client.enqueue("jobs", b"late")
+                await trio.sleep(0.02)  # the work message is dispatched meanwhile
+            return reply
+
+        w._binding.claim = claim  # type: ignore[method-assign]
+        t0 = trio.current_time()
+        w._gen.runners["jobs"].nudge()
+        await wait_for(lambda: _true(len(rec.done) == 1), within=3)
+        # taken on the nudge, not at the next heartbeat H later
+        assert trio.current_time() - t0 < w.timing.interval / 2
