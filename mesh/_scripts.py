@@ -391,9 +391,13 @@ class Binding:
             qs += [q.decode() for q in r[1:]]
         raise ProtocolError(f"recycle of worker {worker}: its queues kept changing")
 
-    async def reap_check(self, conn: Executor, limit: int = 100) -> tuple[int, int, list[str]]:
-        """(now ms, ms until the next lease deadline or -1, expired worker ids)."""
-        r = await self._run(conn, "reap_check", [self.keys.workers], [limit])
+    async def reap_check(
+        self, conn: Executor, limit: int = 100, lease_ms: int = 0
+    ) -> tuple[int, int, list[str]]:
+        """(now ms, ms until the next lease deadline or -1, expired worker ids);
+        with ``lease_ms``, the ids returned are hidden from other callers for
+        that long."""
+        r = await self._run(conn, "reap_check", [self.keys.workers], [limit, lease_ms])
         return int(r[0]), int(r[1]), [w.decode() for w in r[2:]]
 
     async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:

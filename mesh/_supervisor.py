@@ -5,8 +5,10 @@ O(log n) in the number of workers) which leases have run out by the Redis
 clock, recycles each such worker with ``recycle.lua`` (one atomic script that
 touches only that worker's processes), and then sleeps until the next lease
 deadline Redis told it about, or until woken by a key-expiry notification.
-Peers racing to recycle the same worker are harmless: the script is
-idempotent and the losers find nothing to do.
+Each check takes a short reap lease on the one dead worker it returns, so
+peers woken by the same deaths recycle different workers: n deaths cost
+about n recycle calls in the whole mesh. Peers racing anyway are harmless:
+the script is idempotent and the losers find nothing to do.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ log = logging.getLogger("mesh.supervisor")
 @attrs.frozen
 class ReaperStatistics:
     checks: int
+    recycle_calls: int
     workers_recycled: int
     processes_recycled: int
     dead_lettered: int
@@ -58,6 +61,7 @@ class Reaper:
         self._jitter = jitter
         self._wakeup = trio.Event()
         self._checks = 0
+        self._recycle_calls = 0
         self._workers = 0
         self._processes = 0
         self._dead = 0
@@ -68,7 +72,9 @@ class Reaper:
         self._wakeup.set()
 
     def statistics(self) -> ReaperStatistics:
-        return ReaperStatistics(self._checks, self._workers, self._processes, self._dead)
+        return ReaperStatistics(
+            self._checks, self._recycle_calls, self._workers, self._processes, self._dead
+        )
 
     async def reap_once(self) -> int:
         """One pass: recycle every worker whose lease has run out.
@@ -80,33 +86,28 @@ class Reaper:
                 is safe to repeat.
         """
         total = 0
+        lease_ms = max(200, int(self.max_interval * 500))
         while True:
-            _, nxt, dead = await self._binding.reap_check(self._conn, 100)
+            _, nxt, dead = await self._binding.reap_check(self._conn, 1, lease_ms)
             self._checks += 1
             self._next_ms = nxt
             if not dead:
                 return total
-            alive = 0
-            for worker in dead:
-                r = await self._binding.recycle(self._conn, worker, leave=False)
-                if r.alive:
-                    alive += 1
-                    continue
-                total += 1
-                self._workers += 1
-                self._processes += r.returned
-                self._dead += r.dead_lettered
-                log.info(
-                    "recycled dead worker %s: %d processes back in their queues, %d dead-lettered",
-                    worker,
-                    r.returned,
-                    r.dead_lettered,
-                )
-            if alive == len(dead):
-                # Deadline passed but the key is still there (same-millisecond
-                # renew): look again in a moment rather than spin.
-                self._next_ms = 1
-                return total
+            (worker,) = dead
+            self._recycle_calls += 1
+            r = await self._binding.recycle(self._conn, worker, leave=False)
+            if r.alive:
+                continue  # renewed after all; its deadline is back in place
+            total += 1
+            self._workers += 1
+            self._processes += r.returned
+            self._dead += r.dead_lettered
+            log.info(
+                "recycled dead worker %s: %d processes back in their queues, %d dead-lettered",
+                worker,
+                r.returned,
+                r.dead_lettered,
+            )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reap until cancelled. Connection errors are retried with backoff;

@@ -1,21 +1,32 @@
--- reap_check.lua: which workers' leases have run out, and when the next one
--- will. Read-only; the Redis clock decides.
+-- reap_check.lua: which workers' leases have run out (by the Redis clock),
+-- and when the next one will. With a reap lease, each worker returned is
+-- hidden from other callers for that long (its deadline in the index moves
+-- lease ms ahead), so peers that all woke for the same deaths each take
+-- different dead workers: recycling n dead workers costs about n recycle
+-- calls in the whole mesh, not n per peer. A caller that dies holding a
+-- lease only delays that recycle by the lease.
 --
 -- KEYS[1] {ns}:workers       ZSET worker id -> lease deadline (ms)
 -- ARGV[1] at most this many worker ids (1..1000)
+-- ARGV[2] reap lease in ms (0: none, nothing is written)
 -- Returns: {now_ms, ms until the earliest deadline still ahead (-1: none),
 --           worker ids whose deadline has passed...}
---          A listed worker may have renewed since; recycle.lua checks.
+--          A listed worker may have renewed since; recycle.lua checks, and
+--          puts its true deadline back.
 -- Errors: BAD_ARG.
 -- Publishes: nothing.
 --!include lib.lua
 
 local limit, err = count_arg(ARGV[1], 'limit', 1000)
 if err then return err end
+local lease
+lease, err = count_arg(ARGV[2], 'reap lease')
+if err then return err end
 local now = now_ms()
 local out = {now, -1}
 for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)) do
   out[#out + 1] = w
+  if lease > 0 then redis.call('ZADD', KEYS[1], 'XX', now + lease, w) end
 end
 local nxt = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if #nxt > 0 then out[2] = tonumber(nxt[2]) - now end

@@ -23,7 +23,8 @@
 -- ARGV[4] prefix of work channels ({ns}:work:), the queue name is appended
 -- ARGV[5..] the queue names Q_i, in the order of their keys
 -- Returns: {0, handed back (or delayed), dead-lettered} when done;
---          {1} when the worker is alive (mode "dead": nothing changed);
+--          {1} when the worker is alive (mode "dead": nothing changed but
+--          its deadline in {ns}:workers, set back to its key's PTTL);
 --          {2, Q...} when W serves queues whose keys were not passed
 --          (nothing changed: call again with those queues' keys too).
 -- Errors: BAD_ARG (mode, key count), FENCED (mode "leave" and the lease is
@@ -40,7 +41,13 @@ if #KEYS ~= 5 + 8 * nq then
   return redis.error_reply('BAD_ARG expected ' .. (5 + 8 * nq) .. ' keys for ' .. nq .. ' queues')
 end
 if mode == 'dead' then
-  if redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
+  local left = redis.call('PTTL', KEYS[1])
+  if left ~= -2 then
+    -- alive after all (it renewed in the same millisecond): put its true
+    -- deadline back, which a reap lease may have moved
+    if left >= 0 then redis.call('ZADD', KEYS[2], 'XX', now_ms() + left, ARGV[1]) end
+    return {1}
+  end
 else
   local v = redis.call('GET', KEYS[1])
   if v and v ~= ARGV[3] then

@@ -485,3 +485,26 @@ async def test_tokens_keep_increasing_when_redis_loses_the_counter(
     assert bb.token > a.token
     now_us = int((await conn.execute("TIME"))[0]) * 10**6
     assert abs(bb.token - now_us) < 5 * 10**6  # floored at the Redis clock
+
+
+async def test_a_reap_lease_gives_each_dead_worker_to_one_caller(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    for w in ("w1", "w2", "w3"):
+        await join(b, conn, w, Q)
+    await expire_worker(conn, keys, "w1")
+    await expire_worker(conn, keys, "w2")
+    now, _, first = await b.reap_check(conn, 1, 5000)
+    _, _, second = await b.reap_check(conn, 1, 5000)
+    _, _, third = await b.reap_check(conn, 1, 5000)
+    assert sorted(first + second) == ["w1", "w2"] and third == []
+    leased = int(float(await conn.execute("ZSCORE", keys.workers, first[0])))
+    assert 5000 <= leased - now < 5100
+    # a listed worker that is alive after all gets its true deadline back
+    await conn.execute("ZADD", keys.workers, 0, "w3")
+    _, _, (w,) = await b.reap_check(conn, 1, 60_000)
+    assert w == "w3" and (await b.recycle(conn, "w3", leave=False)).alive
+    pttl = await conn.execute("PTTL", keys.heartbeat("w3"))
+    sec, usec = await conn.execute("TIME")
+    deadline = int(float(await conn.execute("ZSCORE", keys.workers, "w3")))
+    assert abs(deadline - (int(sec) * 1000 + int(usec) // 1000 + pttl)) < 50

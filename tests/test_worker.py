@@ -694,3 +694,35 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
         await wait_for(lambda: _true(len(rec.done) == 1), within=3)
         # taken on the nudge, not at the next heartbeat H later
         assert trio.current_time() - t0 < w.timing.interval / 2
+
+
+async def test_many_deaths_at_once_cost_one_recycle_each_in_the_whole_mesh(
+    own_redis: RedisServer,
+) -> None:
+    from mesh._keys import Keys
+    from mesh._scripts import Binding
+
+    async with client_and_workers(own_redis.url, "herd", 20) as (client, peers):
+        b, k = Binding(Keys("herd")), client._keys
+        dead = [f"dead-{i}" for i in range(50)]
+        for d in dead:
+            inc = "i-" + d
+            await b.register(client._conn, d, inc, 60_000, b"{}")
+            await b.serve(client._conn, d, inc, "jobs")
+        await client.enqueue_many("jobs", dead)
+        for d in dead:
+            await b.claim(client._conn, d, "i-" + d, "jobs", 1, 0)
+        # all 50 die at the same moment
+        await client._conn.pipeline(
+            [("DEL", *(k.heartbeat(d) for d in dead))] + [("ZADD", k.workers, 0, d) for d in dead]
+        )
+
+        async def all_recycled() -> bool:
+            return len(await client.workers()) == 20
+
+        await wait_for(all_recycled, within=10, what="50 dead workers recycled")
+        assert sorted(await client.tasks("jobs")) == sorted(d.encode() for d in dead)
+        stats = [p._reaper.statistics() for p in peers]
+        assert sum(s.workers_recycled for s in stats) == 50
+        # each dead worker went to one peer (a same-moment race may add a few)
+        assert sum(s.recycle_calls for s in stats) <= 55
