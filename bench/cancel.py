@@ -73,6 +73,7 @@ async def one_run(url: str, sizes: Sizes, kind: str) -> Samples:
             kids.append(await kids_.spawn(f"cancel workers {i}", argv))
         for k in kids:
             await k.expect("ready", 120)
+        await trio.sleep(0.5)  # first claims back: a nudge during one is lost (findings.md)
         if kind == "persistent":
             await client.ensure_many(QUEUE, payloads)
         else:

@@ -114,9 +114,15 @@ async def spawn_group(
         while True:
             line = await child.expect("", 300)
             if line == "ready":
-                return child, ids
+                break
             if line.startswith("worker "):
                 ids.append(line.split()[1])
+    # A work nudge that arrives while a runner's first claim is in flight is
+    # lost (the claim's "queue empty" reply overwrites it; see findings.md),
+    # and the task would then wait for the next heartbeat: ttl/3, 200 s for
+    # the 600 s leases below. Give the first claims time to come back.
+    await trio.sleep(0.5)
+    return child, ids
 
 
 async def procs_held(conn: Connection, k: Keys) -> tuple[int, int]:
