@@ -12,7 +12,12 @@ tasks over the first part of the run, and injects faults drawn at random:
 * ``stop``: SIGSTOP a worker for 0.2 to 2.5 TTL, then SIGCONT;
 * ``cut``: stall or cut a worker's proxy for 0.2 to 2.5 TTL, then heal;
 * ``pubsub``: ``CLIENT KILL TYPE pubsub`` (every worker's subscriber);
-* ``flush``: ``SCRIPT FLUSH``.
+* ``flush``: ``SCRIPT FLUSH``;
+* ``late``: a new persistent task whose first owner, at its third action,
+  blocks its whole process (a handler that blocks the event loop) until a
+  peer has taken the task over, then sends one write with its old token: the
+  write of a paused owner that was already on its way, which the sink must
+  refuse. At most one is pending at a time.
 
 At most ``--max-impaired`` workers are stopped, cut or dead at once. When
 the time is up, every fault is healed, and the soak waits until every
@@ -55,7 +60,7 @@ from tests.faults import checks, sink
 from tests.faults.harness import Driver, Harness
 from tests.faults.proxy import Proxy
 
-FAULTS = ("kill", "term", "stop", "cut", "pubsub", "flush")
+FAULTS = ("kill", "term", "stop", "cut", "pubsub", "flush", "late")
 
 
 class Soak:
@@ -75,6 +80,8 @@ class Soak:
         self.snapshots = 0
         self.two_places: list[str] = []
         self.persistent = [b"p%03d" % i for i in range(args.persistent)]
+        self.late: dict[bytes, float] = {}  # late-write task -> when ensured
+        self.late_seen: set[bytes] = set()  # ... whose late write reached the sink
         self.log_every = 10.0
         self.done: set[bytes] = set()
         self.rejected = 0
@@ -106,6 +113,16 @@ class Soak:
 
     async def inject(self, nursery: trio.Nursery) -> None:
         kind = self.rng.choice(FAULTS)
+        if kind == "late":
+            now = trio.current_time()
+            if any(t not in self.late_seen and now - at < 20 for t, at in self.late.items()):
+                return  # one at a time (a stall that was killed counts for 20 s)
+            task = b"!stallonce;late%03d" % len(self.late)
+            await self.h.client.ensure("devices", task)
+            self.late[task] = now
+            self.persistent.append(task)
+            self.faults[kind] += 1
+            return
         if kind in ("pubsub", "flush"):
             cmd = ("CLIENT", "KILL", "TYPE", "pubsub") if kind == "pubsub" else ("SCRIPT", "FLUSH")
             await self.h.conn.execute(*cmd)
@@ -176,9 +193,9 @@ class Soak:
             await trio.sleep(per_batch)
 
     async def watch(self) -> None:
-        pers = {"devices": set(self.persistent)}
         while True:
             await trio.sleep(0.25)
+            pers = {"devices": set(self.persistent)}  # taken before the snapshot
             snap = await checks.snapshot(self.h.conn, self.h.keys, ["devices", "jobs"])
             self.snapshots += 1
             one = {"jobs": set(self.acknowledged)}
@@ -192,6 +209,8 @@ class Soak:
                 self.done.add(e.task)
             elif e.fenced and not e.ok:
                 self.rejected += 1
+            if e.extra == "late":
+                self.late_seen.add(e.task)
         self._seen = len(ev)
 
     async def progress(self, started: float) -> None:
@@ -276,6 +295,7 @@ async def run(args: argparse.Namespace) -> int:
         or report["overlaps"]
         or report["ownership_violations"]
         or report["settle_timed_out"]
+        or report["late_writes_accepted"]
     )
     print("VIOLATIONS" if bad else "OK: no violation")
     return 1 if bad else 0
@@ -343,6 +363,8 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
         "snapshots_checked": soak.snapshots + 1,
         "oneshot_duplicates": v.duplicates,
         "stale_actions_rejected": v.rejected,
+        "late_writes": sum(1 for e in ev if e.extra == "late"),
+        "late_writes_accepted": sum(1 for e in ev if e.extra == "late" and e.ok),
         "overlaps": len(v.overlaps),
         "overlap_examples": [repr(o) for o in v.overlaps[:5]],
         "late_attempts_in_flight": v.late_attempts,

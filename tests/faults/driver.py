@@ -17,7 +17,9 @@ third action, blocks the whole process until the sink has seen a newer owner,
 then writes with a *synchronous* client: a write already on its way when the
 owner was paused, which no cancellation can stop), ``ignorecancel`` (a
 one-shot job sleeps ``hold`` seconds shielded from cancellation), ``fail``
-(a one-shot handler raises).
+(a one-shot handler raises), ``stallonce`` (as ``stallwrite``, but only the
+first owner of the task that reaches its third action stalls: the soak's
+"late write" fault, which must not turn into a poison task).
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ async def serve(
             while True:
                 await trio.sleep(args.act_every)
                 n += 1
-                if "stallwrite" in d and n == 3:
+                if n == 3 and ("stallwrite" in d or ("stallonce" in d and first_stall(args, p))):
                     stall_then_write(args, p)
                 await report(p.task, p.token, p.worker_id, "act")
         except trio.Cancelled:
@@ -218,6 +220,17 @@ async def serve(
             async for _ in signals:
                 break
             nursery.cancel_scope.cancel()
+
+
+def first_stall(args: argparse.Namespace, p: mesh.Process) -> bool:
+    """Whether this owner is the first of its task to ask (SET NX in the sink)."""
+    import redis
+
+    r = redis.Redis.from_url(args.sink)
+    try:
+        return bool(r.set(f"{args.prefix}:stalled:".encode() + p.task, p.token, nx=True))
+    finally:
+        r.close()
 
 
 def stall_then_write(args: argparse.Namespace, p: mesh.Process) -> None:
