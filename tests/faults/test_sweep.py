@@ -1,14 +1,22 @@
 """Eight peers sweep at once after one dies: every process of the dead
 worker is recycled exactly once (one new owner per task, one attempt
-counted per one-shot task), however the recycles race."""
+counted per one-shot task), whether the peers coordinate (the reapers do)
+or eight recycles race in Redis."""
 
 from __future__ import annotations
 
 import json
+from contextlib import AsyncExitStack
 
 import pytest
 import trio
 
+from mesh._connection import Connection, open_connection
+from mesh._keys import Keys
+from mesh._scripts import Binding
+
+from ..protocol_helpers import expire_worker, join
+from . import checks
 from .conftest import TTL
 from .harness import Harness, figure, payloads, wait_until
 
@@ -65,3 +73,43 @@ async def test_eight_peers_sweeping_at_once_recycle_each_task_once(h: Harness) -
         peers_that_recycled=sum(1 for s in stats if s["reaper_workers"]),
         processes_recycled=sum(s["reaper_processes"] for s in stats),
     )
+
+
+async def test_eight_recycles_of_one_dead_worker_racing_in_redis(
+    redis_url: str, namespace: str
+) -> None:
+    """The same race without the reapers' coordination: eight connections send
+    ``recycle.lua`` for one dead worker at the same moment. The script is
+    atomic and safe to repeat: one of them does the work, the others find
+    nothing left."""
+    keys = Keys(namespace)
+    b = Binding(keys)
+    async with AsyncExitStack() as stack:
+        conns = [await stack.enter_async_context(open_connection(redis_url)) for _ in range(9)]
+        c = conns[8]
+        inc = await join(b, c, "dead", "devices", "jobs")
+        devices = [b"d%02d" % i for i in range(25)]
+        jobs = [b"j%02d" % i for i in range(25)]
+        await b.ensure(c, "devices", devices)
+        await b.enqueue(c, "jobs", jobs)
+        for q in ("devices", "jobs"):
+            reply = await b.claim(c, "dead", inc, q, 100, 5)
+            assert len(reply.processes) == 25
+        await expire_worker(c, keys, "dead")
+        results = []
+
+        async def one(conn: Connection) -> None:
+            results.append(await b.recycle(conn, "dead", leave=False))
+
+        async with trio.open_nursery() as nursery:
+            for conn in conns[:8]:
+                nursery.start_soon(one, conn)
+        assert sorted(r.returned for r in results) == [0] * 7 + [50]
+        snap = await checks.snapshot(c, keys, ["devices", "jobs"])
+        assert sorted(snap.queues["devices"].queued) == devices
+        assert sorted(snap.queues["jobs"].queued) == jobs
+        attempts = await c.execute("HGETALL", keys.attempts("jobs"))
+        assert sorted(attempts[1::2]) == [b"1"] * 25  # one crash counted, once
+        assert (
+            checks.one_place_violations(snap, {"devices": set(devices)}, {"jobs": set(jobs)}) == []
+        )
