@@ -41,21 +41,33 @@ async def spawn_worker(kids: Children, url: str, ns: str, ttl: float, i: int) ->
 
 async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
     """One run: ``sizes.trials`` takeovers, each after ``sig`` hit the owner.
-    Returns the seconds from the signal to the handler's start on the peer."""
+    Returns the seconds from the signal to the handler's start on the peer.
+
+    Every trial moves a task of its own: the core counts a crash as a failed
+    attempt and backs off a persistent task whose owners keep dying within
+    ``backoff_max`` of claiming it (a crash loop), so killing the owner of the
+    same task twenty times in a row would measure that backoff, not a
+    failover (see findings.md)."""
     ns = "fo" + secrets.token_hex(3)
     out: list[float] = []
     async with children() as kids, mesh.open_client(url, namespace=ns) as client:
-        n = 0
-        a, a_id = await spawn_worker(kids, url, ns, sizes.ttl, n)
-        b, _ = await spawn_worker(kids, url, ns, sizes.ttl, n + 1)
-        n += 2
-        await client.ensure("devices", "device-1")
-        with trio.fail_after(30):
-            while not (procs := await client.processes("devices")):  # noqa: ASYNC110
-                await trio.sleep(0.005)
-        owner, standby = (a, b) if procs[0].worker_id == a_id else (b, a)
-        await owner.expect("start", 10)
-        for _ in range(sizes.trials):
+        live: dict[str, Child] = {}
+        for i in range(2):
+            child, wid = await spawn_worker(kids, url, ns, sizes.ttl, i)
+            live[wid] = child
+        n = 2
+        for trial in range(sizes.trials):
+            task = f"device-{trial}"
+            if trial:
+                await client.cancel("devices", f"device-{trial - 1}")
+            await client.ensure("devices", task)
+            with trio.fail_after(30):
+                while not (procs := await client.processes("devices")):  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            owner_id = procs[0].worker_id
+            owner = live.pop(owner_id)
+            ((_, standby),) = live.items()
+            await owner.expect("start", 10)
             t0 = time.monotonic_ns()
             owner.signal(sig)
             line = await standby.expect("start", sizes.ttl + 30)
@@ -64,9 +76,9 @@ async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
                 await owner.kill()
             else:
                 await terminate(owner, signal.SIGKILL, grace=sizes.ttl + 5)
-            fresh, _ = await spawn_worker(kids, url, ns, sizes.ttl, n)
+            child, wid = await spawn_worker(kids, url, ns, sizes.ttl, n)
+            live[wid] = child
             n += 1
-            owner, standby = standby, fresh
     return out
 
 
@@ -130,19 +142,23 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
 
 METHOD = """
 Two worker OS processes (`open_worker(ttl={ttl:g})`, heartbeat every TTL/3) serve
-the queue `devices`; one persistent task is ensured and runs on one of them. A
-trial sends the owner's process SIGKILL (or SIGTERM, upon which the worker leaves
-its `open_worker` block: it cancels its handler and hands the task back), then
-waits for the handler to start on the surviving peer; the peer's handler prints
-`time.monotonic_ns()` when it starts, the parent took the same clock
-(CLOCK_MONOTONIC, shared by every process of the machine) just before the
-signal. Then a fresh worker process joins as the next standby and the next
-trial kills the new owner. {trials} trials per run, p50 and p99 per run
-(linear interpolation between closest ranks), figures are the median, min and
-max over the runs; since a p99 of {trials} trials is nearly the largest of them,
-the targets are judged on the p99 of all trials of all runs pooled. The server
-has `notify-keyspace-events Ex`, so peers reap on the lease key's expiry
-event; after SIGKILL the task cannot move before the lease, renewed at most
-TTL/3 earlier, runs out, so takeover is expected between 2/3 TTL and TTL plus
-the detection delay (Redis' active expiry) and one reap + claim.
+the queue `devices`. A trial ensures a persistent task of its own (and cancels
+the previous trial's), waits until it runs, then sends the owner's process
+SIGKILL (or SIGTERM, upon which the worker leaves its `open_worker` block: it
+cancels its handler and hands the task back), and waits for the handler to
+start on the surviving peer; the peer's handler prints `time.monotonic_ns()`
+when it starts, the parent took the same clock (CLOCK_MONOTONIC, shared by
+every process of the machine) just before the signal. Then a fresh worker
+process joins, so the next trial again has an owner and one standby. A task of
+its own per trial, because the core counts a crash as a failed attempt of the
+task and backs off a persistent task whose owners keep dying soon after
+claiming it: twenty kills of one task's owner in a row would measure that
+backoff. {trials} trials per run, p50 and p99 per run (linear interpolation
+between closest ranks), figures are the median, min and max over the runs;
+since a p99 of {trials} trials is nearly the largest of them, the targets are
+judged on the p99 of all trials of all runs pooled. The server has
+`notify-keyspace-events Ex`, so peers reap on the lease key's expiry event;
+after SIGKILL the task cannot move before the lease, renewed at most TTL/3
+earlier, runs out, so takeover is expected between 2/3 TTL and TTL plus the
+detection delay (Redis' active expiry) and one reap + claim.
 """
