@@ -329,7 +329,9 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
             ownership.append(f"{p!r}: its owner has not acted for {now - last.t:.1f} s")
     # takeover after a kill: from the kill to the next start of each task the
     # killed worker was running (a task waiting out a crash backoff counts too)
-    takeovers: dict[str, list[float]] = {"persistent": [], "oneshot": []}
+    takeovers: dict[str, list[float]] = {
+        f"{k}_{c}_crash": [] for k in ("persistent", "oneshot") for c in ("first", "repeated")
+    }
     pset = set(soak.persistent)
     for killed_at, tag in soak.kills:
         held: dict[bytes, str] = {}
@@ -345,7 +347,11 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
                 (e for e in ev if e.t > killed_at and e.action == "start" and e.task == t), None
             )
             if nxt is not None:
-                takeovers["persistent" if t in pset else "oneshot"].append(nxt.t - killed_at)
+                kind = "persistent" if t in pset else "oneshot"
+                # attempts == 1: the first crash of a series goes back at once;
+                # later ones wait out the crash backoff by design
+                kind += "_first_crash" if nxt.extra == "1" else "_repeated_crash"
+                takeovers[kind].append(nxt.t - killed_at)
     fenced = sum(1 for e in ev if e.action == "id")
     return {
         "duration_s": soak.args.duration,
@@ -386,7 +392,7 @@ def spread(xs: list[float]) -> dict[str, object]:
     return {
         "n": len(xs),
         "median": round(statistics.median(xs), 3),
-        "p90": round(xs[int(0.9 * (len(xs) - 1))], 3),
+        "p90": round(xs[math.ceil(0.9 * len(xs)) - 1], 3),
         "max": round(xs[-1], 3),
     }
 
