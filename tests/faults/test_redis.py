@@ -71,6 +71,40 @@ async def test_restart_with_aof_loses_no_acknowledged_task(ho: Harness) -> None:
     figure("restart_aof", jobs=len(jobs), lost=0, duplicates=v.duplicates, down_s=1.5 * TTL)
 
 
+@pytest.mark.redis_args("--appendonly", "yes", "--appendfsync", "always")
+async def test_a_redis_restart_shorter_than_r_is_absorbed(ho: Harness) -> None:
+    """Down for less than R - H: no worker fences, no handler stops, no job
+    runs twice (commands wait for the reconnect; finish reports that failed
+    meanwhile are sent again)."""
+    h = ho
+    assert h.server is not None
+    await h.start(2, "--concurrency", "10")
+    devices = [b"dev%d" % i for i in range(4)]
+    await h.client.ensure_many("devices", devices)
+    await wait_until(lambda: owned_by_live_workers(h, devices), 5, "devices owned")
+    jobs = [b"!hold=0.3;j%d" % i for i in range(60)]
+    await h.client.enqueue_many("jobs", jobs)
+    await h.wait_event(lambda e: e.action == "start" and e.task in jobs, 5, "jobs running")
+    starts = {e.token for e in await h.events() if e.action == "start" and e.task in devices}
+    h.server.stop()
+    await trio.sleep(0.1)
+    h.server.start()
+
+    async def all_done() -> bool:
+        v = await h.judge()
+        return all(v.done_count.get(j) for j in jobs)
+
+    await wait_until(all_done, 10 * TTL, "every job done")
+    ev = await h.events()
+    assert not [e for e in ev if e.action in ("id", "cancelled")]
+    assert {e.token for e in ev if e.action == "start" and e.task in devices} == starts
+    v = await h.judge()
+    assert v.duplicates == 0 and v.overlaps == []
+    # the workers did reconnect to the new server (commands and subscriptions)
+    clients = (await h.conn.execute("CLIENT", "LIST")).decode()
+    assert clients.count("name=mesh-worker:") == 2 and clients.count("name=mesh-events:") == 2
+
+
 async def test_restart_without_persistence_workers_notice_and_rejoin(ho: Harness) -> None:
     """Everything in Redis is lost (documented in docs/reliability.md): queued
     and running tasks, persistent tasks, dead letters, the token counter. The
