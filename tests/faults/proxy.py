@@ -9,6 +9,9 @@ point the worker at ``proxy.url``.
   delivers what waited and forwards again, as TCP would after a short outage.
 * :meth:`cut`: close every connection and refuse new ones (accept, then close
   at once) until :meth:`heal`.
+* :meth:`freeze`: every connection open now forwards nothing, ever, and is
+  never closed (a half-open connection: the peer vanished without a reset,
+  a NAT forgot the flow); new connections pass.
 * :meth:`lose_reply_to`: the next command whose words contain ``marker``
   (e.g. the SHA of ``claim.lua``) is forwarded; once Redis's reply to it is
   complete (so it certainly ran), that reply is dropped and the connection
@@ -31,6 +34,7 @@ class _Link:
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
         self.lose_from: int | None = None  # 1-based number of the marked command
+        self.frozen = False
         self.commands = 0
 
     def close(self) -> None:
@@ -60,6 +64,10 @@ class Proxy:
     def stall(self) -> None:
         if self._flowing.is_set():
             self._flowing = trio.Event()
+
+    def freeze(self) -> None:
+        for link in self._links:
+            link.frozen = True
 
     def cut(self) -> None:
         self._refuse = True
@@ -113,8 +121,10 @@ class Proxy:
             await trio.aclose_forcefully(client)
             await trio.aclose_forcefully(upstream)
 
-    async def _flow(self) -> None:
-        while not self._flowing.is_set():
+    async def _flow(self, link: _Link) -> None:
+        while not self._flowing.is_set() or link.frozen:
+            if link.frozen:
+                await trio.sleep_forever()
             await self._flowing.wait()
 
     async def _requests(self, link: _Link, src: Any, dst: Any) -> None:
@@ -124,7 +134,7 @@ class Proxy:
                 data = await src.receive_some(_BUF)
                 if not data:
                     break
-                await self._flow()
+                await self._flow(link)
                 if reader is not None:
                     try:
                         reader.feed(data)
@@ -153,7 +163,7 @@ class Proxy:
                 data = await src.receive_some(_BUF)
                 if not data:
                     break
-                await self._flow()
+                await self._flow(link)
                 try:
                     reader.feed(data)
                     while reader.gets() is not False:
