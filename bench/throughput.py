@@ -270,6 +270,10 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     section.figures.append(
         Figure("Worqr 1.2.3 (TypeScript, Node)", "tasks/s", [], quoted="5,900-7,300")
     )
+    peers = sorted({c.lib for c in conts if c.lib != "mesh"})
+    if peers:
+        versions = ", ".join(f"{lib} {ctx.peer_version(lib)}" for lib in peers)
+        section.notes.append(f"Peers ran under {ctx.peer_python()}: {versions}.")
     section.notes.append(
         "Worqr's figure was measured outside this repository on a machine of the same "
         "kind (Worqr is not in the package registries here); it is quoted, not measured."
