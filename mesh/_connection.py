@@ -28,6 +28,7 @@ nil ``None``, arrays ``list``. Error replies become :class:`~mesh.CommandError`.
 from __future__ import annotations
 
 import collections
+import math
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -305,10 +306,12 @@ class Connection:
         *,
         name: str | None,
         reconnect: bool,
+        reply_timeout: float | None = None,
     ) -> None:
         self.config = config
         self._name = name
         self._reconnect = reconnect
+        self._reply_timeout = reply_timeout
         self._stream = stream
         self._reader = reader
         self._where = config.redacted()
@@ -582,7 +585,17 @@ class Connection:
         not_enough = _NOT_ENOUGH_DATA
         try:
             while True:
-                data = await stream.receive_some(_RECEIVE_SIZE)
+                with trio.move_on_after(self._reply_timeout or math.inf) as waited:
+                    data = await stream.receive_some(_RECEIVE_SIZE)
+                if waited.cancelled_caught:
+                    if not in_flight:
+                        continue  # idle: nothing is owed
+                    # Replies are owed and nothing came: a half-open socket
+                    # (the peer host vanished, a NAT forgot the flow). Break it
+                    # so the connection reconnects instead of waiting for TCP.
+                    self._broken(None, f"no reply within reply_timeout={self._reply_timeout:g}s")
+                    scope.cancel()
+                    return
                 if not data:
                     self._broken(None, "Redis closed the connection")
                     scope.cancel()
@@ -623,6 +636,7 @@ async def open_connection(
     *,
     name: str | None = None,
     reconnect: bool = True,
+    reply_timeout: float | None = None,
 ) -> AsyncIterator[Connection]:
     """Connect to Redis and yield a :class:`Connection` for the ``async with`` block.
 
@@ -632,6 +646,10 @@ async def open_connection(
         reconnect: reconnect in the background when the socket breaks. If false, a
             broken connection stays broken and every call raises
             :class:`MeshConnectionError`.
+        reply_timeout: if replies are owed and no byte arrives for this many
+            seconds, the socket counts as broken (half-open): in-flight calls
+            fail with :class:`MeshConnectionError` and it reconnects. ``None``
+            waits as long as TCP does. Do not use with blocking commands.
 
     Yields:
         The connected :class:`Connection`.
@@ -651,7 +669,9 @@ async def open_connection(
     elif not isinstance(config, RedisConfig):
         raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
     stream, reader, _ = await connect(config, name=name)
-    conn = Connection(config, stream, reader, name=name, reconnect=reconnect)
+    conn = Connection(
+        config, stream, reader, name=name, reconnect=reconnect, reply_timeout=reply_timeout
+    )
     # The connection's trio tasks are shielded from cancellations of the
     # caller's scopes, and stopped only when the block is left: a block
     # cancelled from outside can still use the connection in its shielded

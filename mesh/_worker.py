@@ -673,7 +673,11 @@ async def open_worker(
         host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
         worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
     check_worker_id(worker_id)
-    async with open_connection(config, name=f"mesh-worker:{worker_id}") as conn:
+    # A half-open socket must not hold a fenced worker's hand-back forever.
+    reply_timeout = max(2 * timing.ttl, 5.0)
+    async with open_connection(
+        config, name=f"mesh-worker:{worker_id}", reply_timeout=reply_timeout
+    ) as conn:
         await _check_server(conn)
         async with open_pubsub(config, name=f"mesh-events:{worker_id}") as pubsub:
             worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)

@@ -565,3 +565,26 @@ async def test_config_object_accepted(redis_server: RedisServer) -> None:
     with pytest.raises(ConfigError):
         async with open_connection(42):  # type: ignore[arg-type]
             pass  # pragma: no cover
+
+
+async def test_reply_timeout_breaks_a_half_open_connection(own_redis: RedisServer) -> None:
+    """CLIENT PAUSE stands in for a silent peer: replies stop coming, the
+    socket stays open. With reply_timeout the call fails and the connection
+    comes back by itself; an idle connection is never broken."""
+    async with open_connection(own_redis.url, reply_timeout=0.3) as conn:
+        await trio.sleep(0.5)  # idle longer than the timeout: nothing happens
+        assert await conn.execute("PING") == b"PONG"
+        async with open_connection(own_redis.url) as admin:
+            await admin.execute("CLIENT", "PAUSE", 1000)
+            t0 = trio.current_time()
+            with pytest.raises(MeshConnectionError, match="no reply within reply_timeout=0.3s"):
+                await conn.execute("PING")
+            assert trio.current_time() - t0 < 0.9
+        with trio.fail_after(5):
+            while True:  # noqa: ASYNC110 - a poll with a deadline
+                try:
+                    assert await conn.execute("PING") == b"PONG"
+                    break
+                except MeshConnectionError:
+                    await trio.sleep(0.05)
+        assert conn.statistics().reconnects >= 1

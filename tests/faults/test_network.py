@@ -87,13 +87,6 @@ def sha(name: str) -> bytes:
     return load_scripts()[name].sha.encode()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: the command connection has no liveness check (no reply timeout, no "
-    "keepalive): when it goes half-open the worker fences itself at R, as it must, but "
-    "its retire waits for a reply on the dead socket forever (until TCP gives up, about "
-    "15 min on Linux), so it never rejoins although a new connection would work",
-)
 async def test_a_worker_whose_connection_went_half_open_rejoins(h: Harness) -> None:
     """The connection is not reset but silently dead (the peer host vanished, a
     NAT forgot the flow); a new connection would work. The worker must stand
