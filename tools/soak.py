@@ -84,6 +84,7 @@ class Soak:
         self.late_seen: set[bytes] = set()  # ... whose late write reached the sink
         self.log_every = 10.0
         self.done: set[bytes] = set()
+        self.latest: dict[bytes, sink.Event] = {}  # task -> newest accepted action
         self.rejected = 0
         self._seen = 0
 
@@ -205,6 +206,8 @@ class Soak:
         """Read the sink's new events (cheap: only what is new)."""
         ev = await self.h.events()
         for e in ev[self._seen :]:
+            if e.fenced and e.ok:
+                self.latest[e.task] = e
             if e.fenced and e.ok and e.action == "done":
                 self.done.add(e.task)
             elif e.fenced and not e.ok:
@@ -303,49 +306,57 @@ async def run(args: argparse.Namespace) -> int:
 
 async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, object]:
     h = soak.h
-    ev = await h.events()
-    v = sink.judge(ev)
+    # First the end state, cheaply: heavy analysis blocks this trio loop, and
+    # with it the proxies every worker talks through (they would all fence).
+    await soak.update()
     snap = await checks.snapshot(h.conn, h.keys, ["devices", "jobs"])
+    now = await h.sink_now()
     pers = {"devices": set(soak.persistent)}
     final_two = checks.one_place_violations(snap, pers, {"jobs": set(soak.acknowledged)})
     places = snap.places("jobs")
-    lost = [p for p in soak.acknowledged if not v.done_count.get(p) and not places[p]]
-    lost += [p for p in soak.persistent if snap.places("devices")[p] != 1]
     ownership = checks.owner_violations(snap, "devices", soak.persistent)
     # the owner Redis names is the one the sink knows as newest, and it acts
-    latest: dict[bytes, sink.Event] = {}
-    for e in ev:
-        if e.fenced and e.ok:
-            latest[e.task] = e
-    now = await h.sink_now()
     for p in soak.persistent:
         (owner,) = snap.owners("devices", p) or (None,)
-        last = latest.get(p)
+        last = soak.latest.get(p)
         if owner is None or last is None:
             continue
         if int(owner.id) != last.token:
             ownership.append(f"{p!r}: Redis says process {owner.id}, sink's newest is {last.token}")
         elif now - last.t > 1.0 + soak.args.act_every:
             ownership.append(f"{p!r}: its owner has not acted for {now - last.t:.1f} s")
+    h.reap_all()  # the end state is taken: stop the fleet, then analyse
+    ev = await h.events()
+    v = sink.judge(ev)
+    lost = [p for p in soak.acknowledged if not v.done_count.get(p) and not places[p]]
+    lost += [p for p in soak.persistent if snap.places("devices")[p] != 1]
     # takeover after a kill: from the kill to the next start of each task the
     # killed worker was running (a task waiting out a crash backoff counts too)
     takeovers: dict[str, list[float]] = {
         f"{k}_{c}_crash": [] for k in ("persistent", "oneshot") for c in ("first", "repeated")
     }
     pset = set(soak.persistent)
-    for killed_at, tag in soak.kills:
-        held: dict[bytes, str] = {}
-        for e in ev:
-            if e.t > killed_at:
-                break
-            if e.action == "start":
-                held[e.task] = e.tag
-            elif e.action in ("done", "cancelled") and held.get(e.task) == e.tag:
-                del held[e.task]
-        for t in (t for t, who in held.items() if who == tag):
-            nxt = next(
-                (e for e in ev if e.t > killed_at and e.action == "start" and e.task == t), None
-            )
+    starts: dict[bytes, list[sink.Event]] = {}
+    for e in ev:
+        if e.action == "start":
+            starts.setdefault(e.task, []).append(e)
+    kills = sorted(soak.kills)
+    held: dict[bytes, str] = {}  # task -> tag of its last starter still running it
+    at_kill: list[tuple[float, list[bytes]]] = []
+    k = 0
+    for e in [*ev, None]:
+        while k < len(kills) and (e is None or kills[k][0] < e.t):
+            at_kill.append((kills[k][0], [t for t, who in held.items() if who == kills[k][1]]))
+            k += 1
+        if e is None:
+            break
+        if e.action == "start":
+            held[e.task] = e.tag
+        elif e.action in ("done", "cancelled") and held.get(e.task) == e.tag:
+            del held[e.task]
+    for killed_at, tasks in at_kill:
+        for t in tasks:
+            nxt = next((e for e in starts.get(t, ()) if e.t > killed_at), None)
             if nxt is not None:
                 kind = "persistent" if t in pset else "oneshot"
                 # attempts == 1: the first crash of a series goes back at once;
