@@ -99,13 +99,25 @@ async def test_a_worker_whose_connection_went_half_open_rejoins(h: Harness) -> N
     await wait_until(lambda: _has(starts(h, a), devices), 5, "A runs the devices")
     (b,) = await h.start(1)
     a_tokens = {e.token for e in await h.events() if e.action == "start" and e.tag == a.tag}
+    # a worker gives up on a connection that owes replies and sends nothing
+    # for max(2 T, 5 s), then reconnects
+    reply_timeout = max(2 * TTL, 5.0)
     async with h.monitor({"devices": set(devices)}) as mon:
+        frozen_at = await h.sink_now()
         proxy.freeze()
         await wait_until(lambda: _has(starts(h, b), devices), 4 * TTL, "B takes over")
         ev = await h.events()
         assert {e.token for e in ev if e.action == "cancelled" and e.tag == a.tag} == a_tokens
-        await h.wait_event(lambda e: e.action == "id" and e.tag == a.tag, 5 * TTL, "A rejoins")
+        e = await h.wait_event(
+            lambda e: e.action == "id" and e.tag == a.tag, reply_timeout + 3 * TTL, "A rejoins"
+        )
+        rejoined = e.t - frozen_at
+        assert rejoined < reply_timeout + TTL
+        assert (await h.snapshot(["devices"])).workers.get(e.worker) is True
     assert mon.violations == []
+    v = await h.judge()
+    assert v.rejected == 0 and v.overlaps == []
+    figure("half_open", ttl=TTL, reply_timeout=reply_timeout, rejoined=round(rejoined, 3))
 
 
 async def test_a_lost_claim_reply_is_handed_back_and_run(h: Harness) -> None:
