@@ -69,6 +69,7 @@ class QueueRunner:
         counters: Counters,
         on_fenced: Callable[[str], None],
         balance_wait: float = 1.0,
+        ttl: float = 0.0,
         early_cancels: dict[str, float] | None = None,
     ) -> None:
         self._conn = conn
@@ -88,6 +89,7 @@ class QueueRunner:
         self._scope = trio.CancelScope()
         self._exited = trio.Event()
         self._balance_wait = balance_wait
+        self._ttl_ms = int(ttl * 1000)
         self._held_back_since: float | None = None
         self._early_cancels = {} if early_cancels is None else early_cancels
 
@@ -197,6 +199,7 @@ class QueueRunner:
                 fair=fair,
                 backoff_ms=int(c.backoff * 1000),
                 backoff_cap_ms=int(c.backoff_max * 1000),
+                ttl_ms=self._ttl_ms,
             )
         except BaseException:
             self._maybe_work = True

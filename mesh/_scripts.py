@@ -252,6 +252,7 @@ class Binding:
         fair: bool = False,
         backoff_ms: int = 1000,
         backoff_cap_ms: int = 60_000,
+        ttl_ms: int = 0,
     ) -> ClaimReply:
         k = self.keys
         keys = [
@@ -275,6 +276,7 @@ class Binding:
             1 if fair else 0,
             backoff_ms,
             backoff_cap_ms,
+            ttl_ms,
         ]
         r = await self._run(conn, "claim", keys, args)
         now = int(r[0])
@@ -451,17 +453,17 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
     Raises:
         ProtocolError: the record is not of the documented shape.
     """
-    parts = rec.split(b"\0", 7)
-    if len(parts) != 8 or parts[1] not in (b"p", b"o"):
+    parts = rec.split(b"\0", 8)
+    if len(parts) != 9 or parts[1] not in (b"p", b"o"):
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)
     return Process(
         str(p),
         queue,
-        parts[7],
+        parts[8],
         p,
         parts[0].decode(),
         parts[1] == b"p",
         int(parts[2]),
-        int(parts[6]) / 1000,
+        int(parts[7]) / 1000,
     )

@@ -346,6 +346,7 @@ class Worker:
             cfg.max_attempts,
             backoff_ms=int(cfg.backoff * 1000),
             backoff_cap_ms=int(cfg.backoff_max * 1000),
+            ttl_ms=int(self.timing.ttl * 1000),
         )
         return reply.processes[0] if reply.processes else None
 
@@ -420,6 +421,7 @@ class Worker:
             self._counters,
             gen.fence,
             balance_wait=self.timing.interval,
+            ttl=self.timing.ttl,
             early_cancels=gen.early_cancels,
         )
         gen.runners[cfg.queue] = runner

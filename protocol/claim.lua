@@ -26,8 +26,9 @@
 -- ARGV[4] N, how many to claim at most (1..1000)
 -- ARGV[5] max attempts for one-shot tasks claimed now (0 = no limit)
 -- ARGV[6] 1 to claim only a fair share of persistent tasks, 0 for no limit
--- ARGV[7] backoff base in ms, ARGV[8] backoff cap in ms: stored in each
---         process record, for peers that recycle it after a crash
+-- ARGV[7] backoff base in ms, ARGV[8] backoff cap in ms, ARGV[9] the
+--         worker's lease ttl in ms: stored in each process record, for peers
+--         that recycle it after a crash
 -- Returns: {now_ms, queued tasks left (-1: some were left for peers by the
 --           fair share), then per process: id, persistent (1/0), failed
 --           attempts so far, payload}
@@ -44,6 +45,9 @@ if err then return err end
 backoff, err = count_arg(ARGV[7], 'backoff')
 if err then return err end
 backoff_cap, err = count_arg(ARGV[8], 'backoff cap')
+if err then return err end
+local ttl
+ttl, err = count_arg(ARGV[9], 'ttl')
 if err then return err end
 if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
   return redis.error_reply('BAD_ARG fair share flag must be 0 or 1')
@@ -97,7 +101,7 @@ for i, t in ipairs(take) do
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end
   redis.call('HSET', KEYS[5], id, pack_record(ARGV[1], persistent, attempts, max_attempts, backoff,
-    backoff_cap, now, payload))
+    backoff_cap, ttl, now, payload))
   redis.call('SADD', KEYS[6], id)
   out[#out + 1] = id
   out[#out + 1] = persistent and 1 or 0

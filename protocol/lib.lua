@@ -2,13 +2,14 @@
 -- splices this file where a script has the line `--!include lib.lua`.
 --
 -- Process record (the value of a field of {ns}:procs:<Q>, the field being the
--- process id): eight fields joined by NUL bytes, the payload last so that it
+-- process id): nine fields joined by NUL bytes, the payload last so that it
 -- may contain NUL bytes itself:
 --   worker \0 kind \0 attempts \0 max_attempts \0 backoff_ms \0 backoff_cap_ms
---   \0 started_ms \0 payload
+--   \0 ttl_ms \0 started_ms \0 payload
 -- kind is "p" (persistent) or "o" (one-shot); attempts is how many earlier
 -- attempts of this payload failed; max_attempts 0 means no limit; the
--- backoff is the claiming worker's, applied when a peer recycles the process.
+-- backoff and lease ttl are the claiming worker's, applied when a peer
+-- recycles the process.
 
 -- Whole milliseconds from the Redis clock (the only clock that judges).
 local function now_ms()
@@ -28,16 +29,16 @@ local function int(n)
 end
 
 local function pack_record(worker, persistent, attempts, max_attempts, backoff, backoff_cap,
-                           started, payload)
+                           ttl, started, payload)
   return worker .. '\0' .. (persistent and 'p' or 'o') .. '\0' .. int(attempts) .. '\0'
     .. int(max_attempts) .. '\0' .. int(backoff) .. '\0' .. int(backoff_cap) .. '\0'
-    .. int(started) .. '\0' .. payload
+    .. int(ttl) .. '\0' .. int(started) .. '\0' .. payload
 end
 
 local function unpack_record(rec)
   local f = {}
   local pos = 1
-  for i = 1, 7 do
+  for i = 1, 8 do
     local e = string.find(rec, '\0', pos, true)
     f[i] = string.sub(rec, pos, e - 1)
     pos = e + 1
@@ -49,7 +50,8 @@ local function unpack_record(rec)
     max_attempts = tonumber(f[4]),
     backoff = tonumber(f[5]),
     backoff_cap = tonumber(f[6]),
-    started = tonumber(f[7]),
+    ttl = tonumber(f[7]),
+    started = tonumber(f[8]),
     payload = string.sub(rec, pos),
   }
 end
@@ -58,10 +60,15 @@ end
 -- task goes: 'dead' (a one-shot task at its attempt limit), 'front' (a
 -- crash-recycled task's first failure: failover at once), 'later' (after
 -- `delay` ms: base * 2^(n-1), capped) or 'back' (no backoff). A persistent
--- task that ran longer than the cap before failing starts counting again.
+-- task that ran longer than the cap before failing starts counting again;
+-- so does one whose worker crashed after it had run for at least one lease
+-- ttl (a crash is recycled at least ttl after it happened): a task that
+-- kills its worker does so at once, a healthy one was merely unlucky.
 local function fail_attempt(r, now, attempts, base, cap, first_at_front)
   local a
-  if r.persistent and now - r.started > cap then
+  local ran = now - r.started
+  if first_at_front then ran = ran - r.ttl end
+  if r.persistent and (ran > cap or (first_at_front and r.ttl > 0 and ran >= r.ttl)) then
     a = 1
     redis.call('HSET', attempts, r.payload, 1)
   else

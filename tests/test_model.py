@@ -250,7 +250,7 @@ class MeshModel(RuleBasedStateMachine):
             dead = self.r.lrange(k.dead(q), 0, -1)
             places += dead
             procs = self.r.hgetall(k.procs(q))
-            places += [rec.split(b"\0", 7)[7] for rec in procs.values()]
+            places += [rec.split(b"\0", 8)[8] for rec in procs.values()]
             assert len(places) == len(set(places)), f"a task in two places in {q}: {places}"
             # dead letters leave the live set as the model learns of them
             self.live[q] -= set(dead) - set(self.persistent[q])

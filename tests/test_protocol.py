@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from mesh import ConfigError, ConflictError, FencedError, ProtocolError
 from mesh._connection import Connection, open_connection
@@ -508,3 +509,20 @@ async def test_a_reap_lease_gives_each_dead_worker_to_one_caller(
     sec, usec = await conn.execute("TIME")
     deadline = int(float(await conn.execute("ZSCORE", keys.workers, "w3")))
     assert abs(deadline - (int(sec) * 1000 + int(usec) // 1000 + pttl)) < 50
+
+
+async def test_a_persistent_task_that_ran_a_lease_before_each_crash_fails_over_at_once(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    await b.ensure(conn, Q, [b"dev"])
+    for n in range(3):
+        w = f"w{n}"
+        inc = await join(b, conn, w, Q)
+        (p,) = (await b.claim(conn, w, inc, Q, 1, 0, backoff_ms=500, ttl_ms=20)).processes
+        assert p.task == b"dev"
+        await trio.sleep(0.06)  # it ran for more than its worker's lease ttl
+        await expire_worker(conn, keys, w)
+        await b.recycle(conn, w, leave=False)
+        s = await snapshot(conn, keys, Q, [])
+        assert (s["queue"], s["delayed"]) == ([b"dev"], [])  # back at once, every time
+        assert s["attempts"] == {b"dev": b"1"}  # the count starts over

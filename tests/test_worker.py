@@ -504,7 +504,7 @@ async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(
         # fenced (handler cancelled, the generation counted), not crashed
         await wait_for(
             lambda: _true(len(rec.cancelled) == 1 and w.statistics().fenced == 1),
-            within=w.timing.ttl + 1,
+            within=10,  # a deadline for the state, not a speed claim
         )
         await client._conn.execute("CONFIG", "SET", "maxmemory", "0")
 
@@ -512,7 +512,7 @@ async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(
             ps = await client.processes("devices")
             return len(ps) == 1 and ps[0].worker_id == w.id != first_id
 
-        await wait_for(running_again, within=5)
+        await wait_for(running_again, within=15)
         assert rec.started[-1].token > rec.started[0].token
 
 

@@ -99,9 +99,9 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
     for q, (queued, delayed, procs, pers, dead, held) in zip(qs, r[1], strict=True):
         ps = {}
         for pid, rec in _pairs(procs).items():
-            parts = rec.split(b"\0", 7)
+            parts = rec.split(b"\0", 8)
             ps[pid.decode()] = Proc(
-                pid.decode(), parts[0].decode(), parts[1] == b"p", int(parts[2]), parts[7]
+                pid.decode(), parts[0].decode(), parts[1] == b"p", int(parts[2]), parts[8]
             )
         out[q] = QueueState(
             list(queued),

@@ -60,14 +60,6 @@ async def test_a_persistent_task_that_kills_its_worker_backs_off(h: Harness) -> 
     assert second - first > 0.5, (first, second)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: every crash of a worker counts a failed attempt of each persistent "
-    "task it held, and the count starts over only after a run longer than backoff_max "
-    "(60 s by default): a healthy persistent task whose workers happen to die twice "
-    "within a minute waits out the crash backoff instead of failing over in about T "
-    "(the soak measured waits of up to 52 s with backoff=0.2)",
-)
 async def test_a_healthy_persistent_task_fails_over_promptly_after_a_second_crash(
     h: Harness,
 ) -> None:
