@@ -115,6 +115,20 @@ async def test_payloads_round_trip_byte_for_byte(redis_url: str, namespace: str)
     assert sorted(p.task for p in rec.done) == sorted(expected)
 
 
+def stall_heartbeats(w: mesh.Worker) -> list[float]:
+    """From now on every heartbeat of ``w`` hangs (a stalled connection); the
+    list gets the time each stalled heartbeat was sent."""
+    sent: list[float] = []
+
+    async def stalled(*args: object, **kw: object) -> object:
+        sent.append(trio.current_time())
+        await trio.sleep_forever()
+        raise AssertionError
+
+    w._binding.heartbeat = stalled  # type: ignore[method-assign]
+    return sent
+
+
 async def _true(v: bool) -> bool:
     return v
 
@@ -217,14 +231,7 @@ async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
         # Heartbeats stop getting through (a stalled connection, simulated by
         # a heartbeat call that never returns).
         real = w._binding.heartbeat
-        cut_at: list[float] = []
-
-        async def stalled(*args: object, **kw: object) -> object:
-            cut_at.append(trio.current_time())
-            await trio.sleep_forever()
-            raise AssertionError
-
-        w._binding.heartbeat = stalled  # type: ignore[method-assign]
+        cut_at = stall_heartbeats(w)
         await wait_for(lambda: _true(bool(rec.cancelled)), within=3)
         cancelled_at = trio.current_time()
         # Cancelled at R after the last confirmed heartbeat was sent: that is
@@ -655,12 +662,7 @@ async def test_check_lease_fails_once_the_fence_deadline_has_passed(
         await client.ensure("devices", "d")
         await wait_for(lambda: _true(verdicts == ["ok"]))
         (p,) = await client.processes("devices")
-
-        async def stalled(*args: object, **kw: object) -> object:
-            await trio.sleep_forever()
-            raise AssertionError
-
-        w._binding.heartbeat = stalled  # type: ignore[method-assign]
+        stall_heartbeats(w)
         await wait_for(lambda: _true(len(verdicts) >= 2), within=3)  # it may rejoin at once
         assert verdicts[1].startswith("fenced: ") and "no heartbeat confirmed" in verdicts[1]
         with pytest.raises(mesh.FencedError):
