@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import attrs
 
@@ -182,6 +182,24 @@ class RecycleReply:
     alive: bool
     returned: int
     dead_lettered: int
+
+
+@attrs.frozen
+class RecycleManyReply:
+    """What one ``recycle.lua`` call did."""
+
+    recycled: int  # workers that had anything left to recycle
+    alive: list[str]  # workers found alive after all (left alone)
+    returned: int  # processes handed back (or delayed)
+    dead_lettered: int
+    queues: list[str]  # the queues the call was given (learned ones included)
+
+
+class ReapCheck(NamedTuple):
+    now_ms: int
+    next_ms: int  # until the earliest lease deadline still ahead; -1: none
+    workers: int  # registered workers, live or not yet recycled
+    dead: list[str]  # ids whose lease has run out
 
 
 class Binding:
@@ -366,15 +384,37 @@ class Binding:
         queues: Iterable[str] = (),
     ) -> RecycleReply:
         """Recycle (``leave=False``, the worker must be dead) or retire
-        (``leave=True``) a worker. Learns the worker's queues from the script
+        (``leave=True``) one worker. Learns the worker's queues from the script
         when ``queues`` misses some; safe to call again after any failure."""
+        r = await self._recycle(conn, [worker], "leave" if leave else "dead", incarnation, queues)
+        return RecycleReply(bool(r.alive), r.returned, r.dead_lettered)
+
+    async def recycle_dead(
+        self, conn: Executor, workers: Sequence[str], *, queues: Iterable[str] = ()
+    ) -> RecycleManyReply:
+        """Recycle several dead workers in one script call (one PUBLISH per
+        queue however many they are). Workers found alive are left alone and
+        listed in the reply. ``queues`` is a hint: the queues the workers
+        serve that it misses cost one more call."""
+        return await self._recycle(conn, workers, "dead", "", queues)
+
+    async def _recycle(
+        self,
+        conn: Executor,
+        workers: Sequence[str],
+        mode: str,
+        incarnation: str,
+        queues: Iterable[str],
+    ) -> RecycleManyReply:
         k = self.keys
+        ws = list(dict.fromkeys(workers))
         qs = list(dict.fromkeys(queues))
         for _ in range(10):
-            keys = [k.heartbeat(worker), k.workers, k.info, k.serves(worker), k.inbox(worker)]
+            keys = [k.workers, k.info]
+            for w in ws:
+                keys += (k.heartbeat(w), k.serves(w), k.inbox(w))
             for q in qs:
                 keys += (
-                    k.held(worker, q),
                     k.procs(q),
                     k.queue(q),
                     k.persistent(q),
@@ -383,24 +423,26 @@ class Binding:
                     k.servers(q),
                     k.delayed(q),
                 )
-            args = [worker, "leave" if leave else "dead", incarnation, k.work_prefix, *qs]
+            for w in ws:
+                keys += (k.held(w, q) for q in qs)
+            args = [mode, incarnation, k.work_prefix, len(ws), *ws, *qs]
             r = await self._run(conn, "recycle", keys, args)
-            status = int(r[0])
-            if status == 0:
-                return RecycleReply(False, int(r[1]), int(r[2]))
-            if status == 1:
-                return RecycleReply(True, 0, 0)
+            if int(r[0]) == 0:
+                return RecycleManyReply(
+                    recycled=int(r[3]),
+                    alive=[w.decode() for w in r[4:]],
+                    returned=int(r[1]),
+                    dead_lettered=int(r[2]),
+                    queues=qs,
+                )
             qs += [q.decode() for q in r[1:]]
-        raise ProtocolError(f"recycle of worker {worker}: its queues kept changing")
+        raise ProtocolError(f"recycle of workers {ws}: their queues kept changing")
 
-    async def reap_check(
-        self, conn: Executor, limit: int = 100, lease_ms: int = 0
-    ) -> tuple[int, int, list[str]]:
-        """(now ms, ms until the next lease deadline or -1, expired worker ids);
-        with ``lease_ms``, the ids returned are hidden from other callers for
-        that long."""
+    async def reap_check(self, conn: Executor, limit: int = 100, lease_ms: int = 0) -> ReapCheck:
+        """Which workers' leases have run out; with ``lease_ms``, the ids
+        returned are hidden from other callers for that long."""
         r = await self._run(conn, "reap_check", [self.keys.workers], [limit, lease_ms])
-        return int(r[0]), int(r[1]), [w.decode() for w in r[2:]]
+        return ReapCheck(int(r[0]), int(r[1]), int(r[2]), [w.decode() for w in r[3:]])
 
     async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
         k = self.keys

@@ -2,16 +2,25 @@
 
 Every worker runs one :class:`Reaper`. It asks Redis (``reap_check.lua``,
 O(log n) in the number of workers) which leases have run out by the Redis
-clock, recycles each such worker with ``recycle.lua`` (one atomic script that
-touches only that worker's processes), and then sleeps until the next lease
-deadline Redis told it about, or until woken by a key-expiry notification.
-Each check takes a short reap lease on the one dead worker it returns, so
-peers woken by the same deaths recycle different workers: n deaths cost
-about n recycle calls in the whole mesh. Peers racing anyway are harmless:
-the script is idempotent and the losers find nothing to do.
-"""
+clock, and recycles up to ``batch`` such workers per ``recycle.lua`` call (one
+atomic script; one PUBLISH per queue per call, however many workers it
+recycles). Each check takes a short reap lease on the dead workers it
+returns, so peers that check at once recycle different workers: n deaths cost
+about n / batch recycle calls in the whole mesh. Peers racing anyway are
+harmless: the script is idempotent and the losers find nothing to do.
 
-from __future__ import annotations
+Who looks, and when. With N workers in the mesh, every one of them hears each
+lease expiry, and if each checked, one death would cost N checks. So each
+reaper acts on an expiry event with probability ``herd`` / N (about ``herd``
+act on each event), and after every pass draws, with the same probability,
+whether to be *on watch* until its next pass: a reaper on watch also wakes at
+the next lease deadline Redis told it about (so failover does not wait for
+the event, which Redis may send late or, unconfigured, never) and acts on
+every event. Every reaper also checks every ``max_interval``, and when its
+worker's heartbeat reports a lease deadline passed more than ``grace`` ago
+(nobody drawn acted): the backstop, which the mesh provides every T/3 / N on
+average, since heartbeats are spread at random.
+"""
 
 import logging
 import random
@@ -32,17 +41,18 @@ log = logging.getLogger("mesh.supervisor")
 class ReaperStatistics:
     checks: int
     recycle_calls: int
-    workers_recycled: int
+    workers_recycled: int  # workers that had anything left to recycle
     processes_recycled: int
     dead_lettered: int
 
 
 class Reaper:
     """Args:
-    max_interval: the longest sleep between checks (a safety net: expiry
-        notifications and deadlines normally wake it first).
-    follow_deadlines: wake at the next lease deadline Redis reports. Needed
-        for a prompt failover when the server sends no expiry notifications.
+    max_interval: the longest sleep between checks (the safety net).
+    batch: at most this many dead workers per ``recycle.lua`` call.
+    herd: how many reapers of the mesh are on watch at once, on average.
+    jitter: on watch, wake up to this many seconds after a deadline (so the
+        reapers on watch do not all check in the same millisecond).
     """
 
     def __init__(
@@ -51,13 +61,15 @@ class Reaper:
         binding: Binding,
         *,
         max_interval: float,
-        follow_deadlines: bool = True,
+        batch: int = 16,
+        herd: int = 3,
         jitter: float = 0.02,
     ) -> None:
         self._conn = conn
         self._binding = binding
         self.max_interval = max_interval
-        self.follow_deadlines = follow_deadlines
+        self.batch = batch
+        self.herd = herd
         self._jitter = jitter
         self._wakeup = trio.Event()
         self._checks = 0
@@ -66,10 +78,35 @@ class Reaper:
         self._processes = 0
         self._dead = 0
         self._next_ms = -1
+        self._mesh_size = 0
+        self._on_watch = True
+        self._queues: list[str] = []  # the queues dead workers served lately
+
+    @property
+    def grace(self) -> float:
+        """How long after a lease deadline the backstop acts: seconds."""
+        return min(max(self.max_interval / 20, 0.025), 0.25)
+
+    @property
+    def on_watch(self) -> bool:
+        return self._on_watch
 
     def wake(self) -> None:
         """Check now (sync: just sets a flag)."""
         self._wakeup.set()
+
+    def heard_expiry(self) -> None:
+        """A worker's lease key expired (every peer hears it): check now if
+        on watch, or if drawn for this event (probability ``herd`` / N)."""
+        if self._on_watch or random.random() * self._mesh_size < self.herd:
+            self._wakeup.set()
+
+    def deadline_passed(self, overdue: float) -> None:
+        """A heartbeat reported a lease deadline ``overdue`` seconds ago:
+        check now if on watch, or if nobody on watch acted within
+        :attr:`grace`."""
+        if self._on_watch or overdue >= self.grace:
+            self._wakeup.set()
 
     def statistics(self) -> ReaperStatistics:
         return ReaperStatistics(
@@ -83,28 +120,30 @@ class Reaper:
             How many workers were recycled.
         Raises:
             MeshConnectionError: Redis could not be reached; a partial pass
-                is safe to repeat.
+                is safe to repeat (the reap lease hides the workers it had
+                taken from other reapers for a while; then any takes them).
         """
         total = 0
         lease_ms = max(200, int(self.max_interval * 500))
         while True:
-            _, nxt, dead = await self._binding.reap_check(self._conn, 1, lease_ms)
+            check = await self._binding.reap_check(self._conn, self.batch, lease_ms)
             self._checks += 1
-            self._next_ms = nxt
-            if not dead:
+            self._next_ms = check.next_ms
+            self._mesh_size = check.workers
+            if not check.dead:
                 return total
-            (worker,) = dead
             self._recycle_calls += 1
-            r = await self._binding.recycle(self._conn, worker, leave=False)
-            if r.alive:
-                continue  # renewed after all; its deadline is back in place
-            total += 1
-            self._workers += 1
+            r = await self._binding.recycle_dead(self._conn, check.dead, queues=self._queues)
+            self._queues = r.queues[-64:]
+            total += r.recycled
+            self._workers += r.recycled
             self._processes += r.returned
             self._dead += r.dead_lettered
             log.info(
-                "recycled dead worker %s: %d processes back in their queues, %d dead-lettered",
-                worker,
+                "recycled %d dead worker(s) (%s): %d processes back in their queues, "
+                "%d dead-lettered",
+                r.recycled,
+                ", ".join(w for w in check.dead if w not in r.alive),
                 r.returned,
                 r.dead_lettered,
             )
@@ -125,8 +164,9 @@ class Reaper:
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_interval)
                 continue
+            self._on_watch = random.random() * self._mesh_size < self.herd
             timeout = self.max_interval * (1 + random.random() * 0.2)
-            if self.follow_deadlines and self._next_ms >= 0:
+            if self._on_watch and self._next_ms >= 0:
                 timeout = min(timeout, self._next_ms / 1000 + random.random() * self._jitter)
             with trio.move_on_after(max(timeout, 0.001)):
                 await self._wakeup.wait()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import secrets
 import socket
 from collections.abc import AsyncIterator
@@ -498,6 +499,11 @@ class Worker:
         t = self.timing
         ttl_ms = int(t.ttl * 1000)
         acks: list[str] = []
+        # Renew a little early, at random (never late: R counts from the last
+        # confirmed renewal), so that peers started together do not renew in
+        # lockstep: their heartbeats are the reapers' backstop, and a
+        # mesh-wide burst of them would wake every reaper at once.
+        spread = 0.5
         while True:
             sent = trio.current_time()
             queues = list(gen.runners)
@@ -537,10 +543,11 @@ class Worker:
                 elif state > 0:
                     runner.wake_in(state / 1000)
             if reply.next_deadline_ms <= 0:
-                self._reaper.wake()
+                self._reaper.deadline_passed(-reply.next_deadline_ms / 1000)
             gen.beat.set()
             gen.beat = trio.Event()
-            await trio.sleep_until(sent + t.interval)
+            await trio.sleep_until(sent + t.interval * (1 - spread * random.random()))
+            spread = 0.1
 
     async def _run_generations(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -624,7 +631,7 @@ class Worker:
                 self._cancel_process(msg.data.decode())
         elif ch == expired:
             if self._keys.parse_heartbeat_key(msg.data) is not None:
-                self._reaper.wake()
+                self._reaper.heard_expiry()
 
     async def _close(self) -> None:
         """Cancel every handler, wait for them to exit, hand everything back
@@ -684,7 +691,6 @@ async def open_worker(
         async with open_pubsub(config, name=f"mesh-events:{worker_id}") as pubsub:
             worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)
             reaper = worker._reaper
-            reaper.follow_deadlines = not await _expiry_events_enabled(conn)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(worker._listen)
@@ -716,12 +722,3 @@ async def _check_server(conn: Connection) -> None:
                 f"Redis maxmemory-policy is {policy!r}: it may evict leases and tasks; "
                 "trio-mesh needs 'noeviction'"
             )
-
-
-async def _expiry_events_enabled(conn: Connection) -> bool:
-    try:
-        r = await conn.execute("CONFIG", "GET", "notify-keyspace-events")
-    except CommandError:
-        return False
-    flags = r[1].decode() if len(r) == 2 else ""
-    return ("E" in flags) and ("x" in flags or "A" in flags)

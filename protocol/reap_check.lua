@@ -10,6 +10,7 @@
 -- ARGV[1] at most this many worker ids (1..1000)
 -- ARGV[2] reap lease in ms (0: none, nothing is written)
 -- Returns: {now_ms, ms until the earliest deadline still ahead (-1: none),
+--           how many workers are registered (live or not yet recycled),
 --           worker ids whose deadline has passed...}
 --          A listed worker may have renewed since; recycle.lua checks, and
 --          puts its true deadline back.
@@ -23,7 +24,7 @@ local lease
 lease, err = count_arg(ARGV[2], 'reap lease')
 if err then return err end
 local now = now_ms()
-local out = {now, -1}
+local out = {now, -1, redis.call('ZCARD', KEYS[1])}
 for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)) do
   out[#out + 1] = w
   if lease > 0 then redis.call('ZADD', KEYS[1], 'XX', now + lease, w) end

@@ -1,78 +1,121 @@
--- recycle.lua: put every process of a worker back at the front of its queue
--- and remove the worker. Mode "dead": a peer recycles a worker whose lease
--- expired (refused while the heartbeat key exists); the crash counts as a
--- failed attempt of each task: its first failure goes back to the front at
--- once, a repeated one waits for the claiming worker's backoff in the
--- delayed set (a task that kills every worker does not take the fleet down
--- one TTL at a time), and a one-shot task at its limit is dead-lettered. Mode
--- "leave": the worker itself leaves (graceful stop, or after it found itself
--- fenced); no attempt is counted. Safe to run twice: the second run finds
--- nothing left and returns {0, 0, 0}.
+-- recycle.lua: put every process of one or more workers back at the front of
+-- its queue and remove the workers. Mode "dead": a peer recycles workers
+-- whose lease expired (each one whose heartbeat key still exists is left
+-- alone); the crash counts as a failed attempt of each task: its first
+-- failure goes back to the front at once, a repeated one waits for the
+-- claiming worker's backoff in the delayed set (a task that kills every
+-- worker does not take the fleet down one TTL at a time), and a one-shot task
+-- at its limit is dead-lettered. Mode "leave": one worker leaves by itself
+-- (graceful stop, or after it found itself fenced); no attempt is counted.
+-- Several dead workers recycled in one call publish once per queue, not once
+-- per worker: a PUBLISH costs Redis time per subscriber, and every worker
+-- serving the queue subscribes. Safe to run twice: the second run finds
+-- nothing left, recycles nobody and returns {0, 0, 0, 0}.
 --
--- KEYS[1] {ns}:worker:<W>    heartbeat key
--- KEYS[2] {ns}:workers       ZSET lease deadlines
--- KEYS[3] {ns}:info          HASH worker descriptions
--- KEYS[4] {ns}:serves:<W>    SET of queues W serves
--- KEYS[5] {ns}:inbox:<W>     SET of W's unacknowledged cancels
--- then for each queue Q_i named in ARGV, eight keys:
---   {ns}:held:<W>:<Q>, {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>,
---   {ns}:attempts:<Q>, {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>
--- ARGV[1] worker id W
--- ARGV[2] mode: "dead" or "leave"
--- ARGV[3] incarnation (mode "leave"; ignored for "dead")
--- ARGV[4] prefix of work channels ({ns}:work:), the queue name is appended
--- ARGV[5..] the queue names Q_i, in the order of their keys
--- Returns: {0, handed back (or delayed), dead-lettered} when done;
---          {1} when the worker is alive (mode "dead": nothing changed but
---          its deadline in {ns}:workers, set back to its key's PTTL);
---          {2, Q...} when W serves queues whose keys were not passed
---          (nothing changed: call again with those queues' keys too).
--- Errors: BAD_ARG (mode, key count), FENCED (mode "leave" and the lease is
---         held by another incarnation).
--- Publishes: per queue, the number of tasks put back on its work channel.
+-- KEYS[1] {ns}:workers       ZSET lease deadlines
+-- KEYS[2] {ns}:info          HASH worker descriptions
+-- then for each worker W_j named in ARGV (j = 1..n), three keys:
+--   {ns}:worker:<W_j> (heartbeat key), {ns}:serves:<W_j> (SET of queues it
+--   serves), {ns}:inbox:<W_j> (SET of its unacknowledged cancels)
+-- then for each queue Q_i named in ARGV (i = 1..m), seven keys:
+--   {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>, {ns}:attempts:<Q>,
+--   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>
+-- then for each worker j and each queue i (worker by worker), one key:
+--   {ns}:held:<W_j>:<Q_i>
+-- ARGV[1] mode: "dead" or "leave"
+-- ARGV[2] incarnation (mode "leave"; ignored for "dead")
+-- ARGV[3] prefix of work channels ({ns}:work:), the queue name is appended
+-- ARGV[4] n, the number of workers (1..1000; exactly 1 in mode "leave")
+-- ARGV[5..4+n] the worker ids W_j, then the queue names Q_i, in the order of
+--   their keys. A queue that a worker does not serve is harmless.
+-- Returns: {0, handed back (or delayed), dead-lettered, workers recycled,
+--           ids of workers found alive...} when done. A worker counts as
+--          recycled if anything of it was left (a lease deadline, a
+--          description, a process); one found alive (mode "dead": it renewed
+--          in the same millisecond) is left as it was, but for its deadline
+--          in {ns}:workers, set back to its key's PTTL.
+--          {2, Q...} when a worker to recycle serves queues whose keys were
+--          not passed (nothing changed: call again with those queues too).
+-- Errors: BAD_ARG (mode, worker count, key count), FENCED (mode "leave" and
+--         the lease is held by another incarnation).
+-- Publishes: per queue, the number of tasks put back (if any) on its work
+--            channel, once per call.
 --!include lib.lua
 
-local mode = ARGV[2]
+local mode = ARGV[1]
 if mode ~= 'dead' and mode ~= 'leave' then
   return redis.error_reply('BAD_ARG mode must be "dead" or "leave"')
 end
-local nq = #ARGV - 4
-if #KEYS ~= 5 + 8 * nq then
-  return redis.error_reply('BAD_ARG expected ' .. (5 + 8 * nq) .. ' keys for ' .. nq .. ' queues')
+local n, err = count_arg(ARGV[4], 'worker count', 1000)
+if err then return err end
+if n < 1 or (mode == 'leave' and n ~= 1) or 4 + n > #ARGV then
+  return redis.error_reply('BAD_ARG worker count must be 1 in mode "leave", 1 to 1000 in mode "dead"')
 end
-if mode == 'dead' then
-  local left = redis.call('PTTL', KEYS[1])
-  if left ~= -2 then
-    -- alive after all (it renewed in the same millisecond): put its true
-    -- deadline back, which a reap lease may have moved
-    if left >= 0 then redis.call('ZADD', KEYS[2], 'XX', now_ms() + left, ARGV[1]) end
-    return {1}
-  end
-else
-  local v = redis.call('GET', KEYS[1])
-  if v and v ~= ARGV[3] then
-    return redis.error_reply('FENCED worker ' .. ARGV[1] .. ' lease superseded')
-  end
+local m = #ARGV - 4 - n
+if #KEYS ~= 2 + 3 * n + 7 * m + n * m then
+  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 7 * m + n * m) .. ' keys for '
+    .. n .. ' workers and ' .. m .. ' queues')
 end
+local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 7(i-1) + 1..7]
+local hbase = qbase + 7 * m         -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
+
+-- Check everything before the first write.
 local given = {}
-for i = 5, #ARGV do given[ARGV[i]] = true end
-local missing = {2}
-for _, q in ipairs(redis.call('SMEMBERS', KEYS[4])) do
-  if not given[q] then missing[#missing + 1] = q end
+for i = 1, m do given[ARGV[4 + n + i]] = true end
+local todo, alive, missing, seen = {}, {}, {2}, {}
+for j = 1, n do
+  local w, hb = ARGV[4 + j], KEYS[3 + 3 * (j - 1)]
+  local live = false
+  if mode == 'dead' then
+    live = redis.call('PTTL', hb) ~= -2
+  else
+    local v = redis.call('GET', hb)
+    if v and v ~= ARGV[2] then
+      return redis.error_reply('FENCED worker ' .. w .. ' lease superseded')
+    end
+  end
+  if live then
+    alive[#alive + 1] = j
+  else
+    todo[#todo + 1] = j
+    for _, q in ipairs(redis.call('SMEMBERS', KEYS[4 + 3 * (j - 1)])) do
+      if not given[q] and not seen[q] then
+        seen[q] = true
+        missing[#missing + 1] = q
+      end
+    end
+  end
 end
 if #missing > 1 then return missing end
 
-local now = now_ms()
-local back, buried = 0, 0
-for i = 1, nq do
-  local k = 5 + 8 * (i - 1)
-  local b, d = return_held(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
-    KEYS[k + 6], KEYS[k + 8], mode == 'dead', now)
-  redis.call('SREM', KEYS[k + 7], ARGV[1])
-  if b > 0 then redis.call('PUBLISH', ARGV[4] .. ARGV[4 + i], b) end
-  back, buried = back + b, buried + d
+local out = {0, 0, 0, 0}
+for _, j in ipairs(alive) do
+  -- alive after all: put its true deadline back, which a reap lease may have moved
+  local left = redis.call('PTTL', KEYS[3 + 3 * (j - 1)])
+  if left >= 0 then redis.call('ZADD', KEYS[1], 'XX', now_ms() + left, ARGV[4 + j]) end
+  out[#out + 1] = ARGV[4 + j]
 end
-redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-return {0, back, buried}
+
+local now = now_ms()
+local back_q = {}
+for i = 1, m do back_q[i] = 0 end
+for _, j in ipairs(todo) do
+  local w, wk = ARGV[4 + j], 3 * (j - 1)
+  local known = redis.call('ZREM', KEYS[1], w) + redis.call('HDEL', KEYS[2], w)
+  local back, buried = 0, 0
+  for i = 1, m do
+    local q = qbase + 7 * (i - 1)
+    local b, d = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
+      KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now)
+    redis.call('SREM', KEYS[q + 6], w)
+    back_q[i] = back_q[i] + b
+    back, buried = back + b, buried + d
+  end
+  redis.call('DEL', KEYS[3 + wk], KEYS[4 + wk], KEYS[5 + wk])
+  if known > 0 or back + buried > 0 then out[4] = out[4] + 1 end
+  out[2], out[3] = out[2] + back, out[3] + buried
+end
+for i = 1, m do
+  if back_q[i] > 0 then redis.call('PUBLISH', ARGV[3] .. ARGV[4 + n + i], back_q[i]) end
+end
+return out

@@ -205,6 +205,33 @@ class MeshModel(RuleBasedStateMachine):
             assert run(self.b.recycle(self.x, w, leave=False)).returned == 0  # twice
         assert self.others_held(w) == before  # per-worker ownership
 
+    @precondition(lambda self: len(self.dead) + len(self.workers) >= 2)
+    @rule(data=st.data())
+    def recycle_several(self, data: st.DataObject) -> None:
+        """Several workers die at once and one call recycles them (and leaves
+        a live one it was given alone)."""
+        while len(self.dead) < 2:
+            self.expire(data)
+        pool = sorted(self.dead)
+        ws = data.draw(st.lists(st.sampled_from(pool), min_size=2, max_size=4, unique=True))
+        if self.workers and data.draw(st.booleans()):
+            ws.append(data.draw(st.sampled_from(sorted(self.workers))))
+        dead = [w for w in ws if w not in self.workers]
+        kept = sorted((set(self.workers) | self.dead) - set(dead))
+        before = {(o, q): self.r.smembers(self.keys.held(o, q)) for o in kept for q in QUEUES}
+        # no queue hint for one call in two: the script names the missing ones
+        hint = data.draw(st.sampled_from([[], list(QUEUES)]))
+        r = run(self.b.recycle_dead(self.x, ws, queues=hint))
+        assert sorted(r.alive) == sorted(w for w in ws if w in self.workers)
+        assert r.recycled == len(dead)  # each was still registered
+        for w in dead:
+            self.drop_worker(w, count_attempts=True)
+        again = run(self.b.recycle_dead(self.x, ws, queues=QUEUES))
+        assert (again.recycled, again.returned) == (0, 0)  # twice
+        # per-worker ownership: nobody else's processes moved
+        after = {(o, q): self.r.smembers(self.keys.held(o, q)) for o in kept for q in QUEUES}
+        assert after == before
+
     @precondition(lambda self: self.workers)
     @rule(data=st.data())
     def leave(self, data: st.DataObject) -> None:

@@ -13,6 +13,7 @@ from mesh import ConfigError, ConflictError, FencedError, ProtocolError
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
+from mesh._pubsub import open_pubsub
 from mesh._scripts import Binding, load_scripts, parse_record
 
 from .protocol_helpers import expire_worker, join, snapshot
@@ -300,6 +301,44 @@ async def test_recycle_touches_only_the_dead_workers_processes(
     assert await b.give_back(conn, "w1", Q, [w1[0].id], failed=False) == [(0, 0)]
 
 
+async def test_recycle_takes_several_dead_workers_and_publishes_once_per_queue(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str
+) -> None:
+    incs = {w: await join(b, conn, w, Q) for w in ("w1", "w2", "w3", "w4")}
+    await b.ensure(conn, Q, [b"p%d" % i for i in range(8)])
+    for w, inc in incs.items():
+        assert len((await b.claim(conn, w, inc, Q, 2, 0)).processes) == 2
+    for w in ("w1", "w2", "w3"):
+        await expire_worker(conn, keys, w)
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.subscribe(keys.work_channel(Q))
+        # w4 is alive: left alone and named; the hint misses Q: learnt
+        r = await b.recycle_dead(conn, ["w1", "w2", "w3", "w4"])
+        await conn.execute("PUBLISH", keys.work_channel(Q), "end")
+        got = []
+        with trio.fail_after(5):
+            async for msg in pubsub:
+                got.append(msg.data)
+                if msg.data == b"end":
+                    break
+    assert (r.recycled, r.alive, r.returned, r.dead_lettered) == (3, ["w4"], 6, 0)
+    assert r.queues == [Q]
+    assert got == [b"6", b"end"]  # one message for the six tasks of three workers
+    s = await snapshot(conn, keys, Q, ["w1", "w2", "w3", "w4"])
+    assert len(s["queue"]) == 6 and len(s["held"]["w4"]) == 2
+    assert [s["held"][w] for w in ("w1", "w2", "w3")] == [set(), set(), set()]
+    assert await conn.execute("ZRANGE", keys.workers, 0, -1) == [b"w4"]
+    # twice: nobody left to recycle, nothing published, nothing changed
+    again = await b.recycle_dead(conn, ["w1", "w2", "w3"], queues=[Q])
+    assert (again.recycled, again.returned) == (0, 0)
+    assert await snapshot(conn, keys, Q, ["w1", "w2", "w3", "w4"]) == s
+    # leave is for one worker at a time
+    with pytest.raises(CommandError, match="BAD_ARG"):
+        await conn.execute(
+            "EVALSHA", b.scripts["recycle"].sha, 8, *(["k"] * 8), "leave", "i", "p", 2, "a", "b"
+        )
+
+
 async def test_recycle_dead_letters_a_task_that_keeps_killing_workers(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
@@ -398,11 +437,13 @@ async def test_reap_check_lists_expired_workers_and_the_next_deadline(
 ) -> None:
     await join(b, conn, "w1", ttl_ms=60_000)
     await join(b, conn, "w2", ttl_ms=30_000)
-    _, nxt, dead = await b.reap_check(conn)
-    assert dead == [] and 29_000 < nxt <= 30_000
+    _, nxt, n, dead = await b.reap_check(conn)
+    assert dead == [] and 29_000 < nxt <= 30_000 and n == 2
     await expire_worker(conn, keys, "w2")
-    _, _, dead = await b.reap_check(conn)
-    assert dead == ["w2"]
+    _, _, n, dead = await b.reap_check(conn)
+    assert dead == ["w2"] and n == 2  # counted until recycled
+    await b.recycle(conn, "w2", leave=False)
+    assert (await b.reap_check(conn)).workers == 1
 
 
 async def test_scripts_survive_script_flush(conn: Connection, b: Binding) -> None:
@@ -495,15 +536,15 @@ async def test_a_reap_lease_gives_each_dead_worker_to_one_caller(
         await join(b, conn, w, Q)
     await expire_worker(conn, keys, "w1")
     await expire_worker(conn, keys, "w2")
-    now, _, first = await b.reap_check(conn, 1, 5000)
-    _, _, second = await b.reap_check(conn, 1, 5000)
-    _, _, third = await b.reap_check(conn, 1, 5000)
+    now, _, _, first = await b.reap_check(conn, 1, 5000)
+    _, _, _, second = await b.reap_check(conn, 1, 5000)
+    _, _, _, third = await b.reap_check(conn, 1, 5000)
     assert sorted(first + second) == ["w1", "w2"] and third == []
     leased = int(float(await conn.execute("ZSCORE", keys.workers, first[0])))
     assert 5000 <= leased - now < 5100
     # a listed worker that is alive after all gets its true deadline back
     await conn.execute("ZADD", keys.workers, 0, "w3")
-    _, _, (w,) = await b.reap_check(conn, 1, 60_000)
+    _, _, _, (w,) = await b.reap_check(conn, 1, 60_000)
     assert w == "w3" and (await b.recycle(conn, "w3", leave=False)).alive
     pttl = await conn.execute("PTTL", keys.heartbeat("w3"))
     sec, usec = await conn.execute("TIME")
