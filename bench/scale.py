@@ -18,6 +18,7 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._scripts import Binding, load_scripts
 from mesh._server import run_redis_server
+from mesh._supervisor import Reaper
 
 from ._context import Context
 from ._report import Figure, Section, Target
@@ -73,7 +74,8 @@ class Run:
     # name -> (calls/s, mean µs, p99 µs)
     all_us_per_s: float = math.nan
     recycle_us: dict[int, float] = field(default_factory=dict)  # N -> Redis µs
-    recycle_wall: dict[int, float] = field(default_factory=dict)  # N -> s (sequential calls)
+    recycle_calls: dict[int, int] = field(default_factory=dict)  # N -> recycle.lua calls
+    recycle_wall: dict[int, float] = field(default_factory=dict)  # N -> s (one reaper pass)
     herd_wall: float = math.nan  # s from SIGKILL to all tasks back (includes TTL)
     herd_ttl: float = math.nan
     herd_us: dict[str, float] = field(default_factory=dict)  # reaper script -> total µs
@@ -181,7 +183,7 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
             res.script[name] = (len(us) / span, sum(us) / len(us), percentile(us, 99))
         res.all_us_per_s = sum(us for us, _ in w.entries) / span
 
-        # --- recycle N dead workers, by the script alone ------------------------------
+        # --- recycle N dead workers, the way a reaper does ----------------------------
         for n in sizes.recycle:
             ctx.log(f"scale: recycle {n} dead workers")
             victims, ids = await spawn_group(
@@ -191,20 +193,25 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
             await client.ensure_many(QUEUE, extra)
             await wait_held(conn, k, ntasks + len(extra), 0, 120)
             await victims.kill()
-            # Their leases would run out in 600 s: end them now. DEL sends no
-            # expiry event and the lease deadlines are still ahead, so no peer
-            # reaps them; only our calls below do.
-            await conn.pipeline([("DEL", k.heartbeat(wid)) for wid in ids])
+            # Their leases would run out in 600 s: end them now, all at once.
+            # DEL sends no expiry event; the deadlines move into the past, so
+            # the first check finds them all.
+            await conn.pipeline(
+                [("DEL", k.heartbeat(wid)) for wid in ids]
+                + [("ZADD", k.workers, "XX", 0, wid) for wid in ids]
+            )
             async with SlowlogWindow(conn) as w:
                 t0 = trio.current_time()
-                for wid in ids:
-                    r = await b.recycle(conn, wid, leave=False)
-                    if r.alive or r.returned != sizes.concurrency:
-                        raise RuntimeError(f"recycle of {wid}: {r}")
+                done = await Reaper(conn, b, max_interval=sizes.ttl).reap_once()
                 t1 = trio.current_time()
-            res.recycle_us[n] = sum(us for us, _ in w.script_calls(b.scripts["recycle"].sha))
+                await wait_held(conn, k, ntasks, len(extra), 30)  # peers may take some
+            if done < n:
+                ctx.log(f"  (peers recycled {n - done} of them)")
+            calls = w.script_calls(b.scripts["recycle"].sha)
+            checks = w.script_calls(b.scripts["reap_check"].sha)
+            res.recycle_us[n] = sum(us for us, _ in calls + checks)
+            res.recycle_calls[n] = len(calls)
             res.recycle_wall[n] = t1 - t0
-            await wait_held(conn, k, ntasks, len(extra), 30)
             for p in extra:
                 await client.cancel(QUEUE, p)
             await wait_held(conn, k, ntasks, 0, 30)
@@ -270,11 +277,15 @@ async def recycle_quiet(
             if len(r.processes) != per_worker:
                 raise RuntimeError(f"{wid} claimed {len(r.processes)}")
             ids.append(wid)
-        await conn.pipeline([("DEL", k.heartbeat(wid)) for wid in ids])
+        await conn.pipeline(
+            [("DEL", k.heartbeat(wid)) for wid in ids]
+            + [("ZADD", k.workers, "XX", 0, wid) for wid in ids]
+        )
         async with SlowlogWindow(conn) as w:
-            for wid in ids:
-                await b.recycle(conn, wid, leave=False)
-        return float(sum(us for us, _ in w.script_calls(b.scripts["recycle"].sha)))
+            if await Reaper(conn, b, max_interval=600).reap_once() != n:
+                raise RuntimeError("the reaper did not recycle every dead worker")
+        sha = (b.scripts["recycle"].sha, b.scripts["reap_check"].sha)
+        return float(sum(us for us, _ in w.script_calls(sha[0]) + w.script_calls(sha[1])))
     finally:
         for s in streams:
             await s.aclose()
@@ -410,11 +421,19 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 "ms",
                 [x.recycle_us.get(n, math.nan) / 1000 for x in runs],
                 target=Target("<", 50, "< 50 ms") if n == 100 else None,
+                note="reap_check + recycle, all callers",
             )
         )
         f.append(
             Figure(
-                f"recycle {n} dead worker{'s' if n > 1 else ''}: wall time, one call after another",
+                f"recycle {n} dead worker{'s' if n > 1 else ''}: recycle.lua calls",
+                "calls",
+                [float(x.recycle_calls.get(n, 0)) for x in runs],
+            )
+        )
+        f.append(
+            Figure(
+                f"recycle {n} dead worker{'s' if n > 1 else ''}: wall time of the reaper's pass",
                 "ms",
                 [x.recycle_wall.get(n, math.nan) * 1000 for x in runs],
             )
@@ -491,19 +510,25 @@ tasks whose handlers sleep. Once every task runs, and after a settling pause:
   off during the CPU window, since recording every command costs CPU itself.
 - **Recycle N dead workers** (N = 1, 10, 100): a further OS process starts N
   workers (lease 600 s) which claim 10 new persistent tasks each; the process is
-  SIGKILLed and their lease keys DELeted (no expiry event, and their lease
-  deadlines are still ahead, so no peer reaps them); then the parent calls
-  `Binding.recycle` for each, one after the other, and the Redis time is the sum
-  of the `recycle.lua` calls' SLOWLOG durations (two calls per worker: the
-  first learns which queues it served). Wall time includes the round trips.
+  SIGKILLed, their lease keys DELeted (no expiry event) and their deadlines
+  moved into the past, all at once; then the parent runs one pass of a
+  `Reaper` (the worker's own supervisor: `reap_check.lua` for up to 16 dead
+  workers, `recycle.lua` for those 16 in one call, until none is left). The
+  Redis time is the sum of the SLOWLOG durations of every `reap_check.lua` and
+  `recycle.lua` call in the window, whoever made it (a live peer's periodic
+  check may take some of the dead workers; the window lasts until every task is
+  back). Wall time is the reaper's pass, round trips included.
 - **The same on a quiet server**: after the worker processes are gone, the
   recycle of {nrec} dead workers (10 processes each) is measured again with no
   other load, once with no subscriber and once with {w:,} idle connections
   subscribed to the queue's work channel, as the workers are: `recycle.lua`
-  publishes there, and a PUBLISH costs Redis time per subscriber.
+  publishes there (once per call), and a PUBLISH costs Redis time per
+  subscriber.
 - **The natural path**: {herd} workers with a 1 s lease and 10 tasks each are
-  SIGKILLed; every one of the {w:,} peers receives each lease key's expiry event
-  and runs `reap_check.lua`; one of them wins each `recycle.lua`. Reported: the
+  SIGKILLed; every one of the {w:,} peers receives each lease key's expiry
+  event; about three act on each (see the supervisor's design in
+  `mesh/_supervisor.py`), and the reap lease gives each dead worker to one
+  `recycle.lua`. Reported: the
   time from SIGKILL until every task is back in the queue (the lease has to run
   out first), and the calls and Redis time of both scripts, summed over all
   peers, from SIGKILL to one second after the last task came back.

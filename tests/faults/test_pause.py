@@ -56,7 +56,9 @@ async def test_a_paused_owner_is_replaced_and_cannot_act_when_it_wakes(h: Harnes
             cancelled = {e.token for e in ev if e.action == "cancelled" and e.tag == a.tag}
             finished = [e for e in ev if e.action == "finish" and e.tag == a.tag]
             rejoined = any(e.action == "id" and e.tag == a.tag for e in ev)
-            return cancelled >= set(a_tokens.values()) and bool(finished) and rejoined
+            # its warning is flushed to the sink every 50 ms, after the fact
+            warned = any(e.action == "log" and "fenced" in e.extra for e in ev if e.tag == a.tag)
+            return cancelled >= set(a_tokens.values()) and bool(finished) and rejoined and warned
 
         await wait_until(a_stood_down, 5 * TTL, "A stands down and rejoins")
     ev = await h.events()
