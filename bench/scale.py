@@ -232,7 +232,7 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
             await trio.sleep(1.0)  # reapers that woke late
         res.herd_ttl = ttl
         for name, us in by_script(w.entries).items():
-            if name in ("reap_check", "recycle"):
+            if name in ("reap_check", "recycle", "claim"):
                 res.herd_us[name] = sum(us)
                 res.herd_calls[name] = len(us)
         for p in extra:
@@ -455,7 +455,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
             [x.herd_wall for x in runs],
         )
     )
-    for name in ("reap_check", "recycle"):
+    for name in ("reap_check", "recycle", "claim"):
         f.append(
             Figure(
                 f"{sizes.herd} workers SIGKILLed: {name} calls by all peers",
@@ -531,7 +531,10 @@ tasks whose handlers sleep. Once every task runs, and after a settling pause:
   `recycle.lua`. Reported: the
   time from SIGKILL until every task is back in the queue (the lease has to run
   out first), and the calls and Redis time of both scripts, summed over all
-  peers, from SIGKILL to one second after the last task came back.
+  peers, from SIGKILL to one second after the last task came back; and of
+  `claim.lua`: each recycle's work message wakes the runners of every peer
+  serving the queue, and each claims (these peers are at their fair share, so
+  the tasks stay queued).
 - **Claim**: in another namespace a probe worker claims from a queue of 10 and
   of {long:,} one-shot tasks ({samples} claims of 1 and of 10 tasks from each,
   in alternating blocks of {block}; after each claim the processes are finished

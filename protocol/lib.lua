@@ -116,43 +116,69 @@ local function sorted_ids(ids)
   return ids
 end
 
+-- redis.call(cmd, key, <head...>, items...) in chunks (Lua's unpack() has a
+-- limit on the number of values); does nothing when `items` is empty.
+local function call_chunked(cmd, key, items, step)
+  step = step or 1
+  local chunk = 1000 * step
+  for i = 1, #items, chunk do
+    redis.call(cmd, key, unpack(items, i, math.min(i + chunk - 1, #items)))
+  end
+end
+
 -- Hand every process in `held` (a worker's set of process ids on one queue)
 -- back to the front of `queue`, oldest claim first. With count_attempt (the
 -- worker crashed), the crash counts as a failed attempt of each task: the
 -- first goes back to the front at once, a repeated one waits in `delayed`
 -- for its backoff, and a one-shot task at its max_attempts goes to `dead`.
+-- One Redis call per kind of write, not one per process.
 -- Returns (handed back or delayed, dead-lettered).
 local function return_held(held, procs, queue, persistent, attempts, dead, delayed, count_attempt,
                            now)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
-  local back, buried = 0, 0
+  if #ids == 0 then return 0, 0 end
+  local recs = {}
+  for i = 1, #ids, 1000 do
+    local part = redis.call('HMGET', procs, unpack(ids, i, math.min(i + 999, #ids)))
+    for j = 1, #part do recs[i + j - 1] = part[j] end
+  end
+  local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
+  -- newest claim first: the last LPUSHed, the oldest, ends up at the head
   for i = #ids, 1, -1 do
-    local rec = redis.call('HGET', procs, ids[i])
+    local rec = recs[i]
     if rec then
       local r = unpack_record(rec)
-      redis.call('HDEL', procs, ids[i])
+      gone[#gone + 1] = ids[i]
       local where, delay = 'front', 0
       if count_attempt then
         where, delay = fail_attempt(r, now, attempts, r.backoff, r.backoff_cap, true)
       end
       if where == 'dead' then
-        redis.call('RPUSH', dead, r.payload)
-        buried = buried + 1
+        buried[#buried + 1] = r.payload
       else
-        if r.persistent then redis.call('HSET', persistent, r.payload, '') end
-        if where == 'front' then
-          redis.call('LPUSH', queue, r.payload)
-        elseif where == 'later' then
-          redis.call('ZADD', delayed, now + delay, r.payload)
-        else
-          redis.call('RPUSH', queue, r.payload)
+        if r.persistent then
+          pers[#pers + 1] = r.payload
+          pers[#pers + 1] = ''
         end
-        back = back + 1
+        if where == 'front' then
+          front[#front + 1] = r.payload
+        elseif where == 'later' then
+          later[#later + 1] = now + delay
+          later[#later + 1] = r.payload
+        else
+          back_end[#back_end + 1] = r.payload
+        end
       end
     end
   end
+  call_chunked('HDEL', procs, gone)
+  call_chunked('HSET', persistent, pers, 2)
+  call_chunked('LPUSH', queue, front)
+  call_chunked('ZADD', delayed, later, 2)
+  call_chunked('RPUSH', queue, back_end)
+  call_chunked('RPUSH', dead, buried)
   redis.call('DEL', held)
-  return back, buried
+  return #front + #later / 2 + #back_end, #buried
 end
 
 -- Running processes of `procs` whose payload is `payload` (all of them when
