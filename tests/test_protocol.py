@@ -540,6 +540,13 @@ async def test_a_reap_lease_gives_each_dead_worker_to_one_caller(
     _, _, _, second = await b.reap_check(conn, 1, 5000)
     _, _, _, third = await b.reap_check(conn, 1, 5000)
     assert sorted(first + second) == ["w1", "w2"] and third == []
+    # a caller that took a lease and died: the worker comes back once it ends
+    await conn.execute("ZADD", keys.workers, "XX", 0, "w1")
+    _, _, _, taken = await b.reap_check(conn, 1, 100)
+    assert taken == ["w1"] and (await b.reap_check(conn, 1, 100)).dead == []
+    await trio.sleep(0.15)
+    assert (await b.reap_check(conn, 1, 5000)).dead == ["w1"]
+    await conn.execute("ZADD", keys.workers, "XX", now + 5000, "w1")
     leased = int(float(await conn.execute("ZSCORE", keys.workers, first[0])))
     assert 5000 <= leased - now < 5100
     # a listed worker that is alive after all gets its true deadline back
