@@ -266,6 +266,7 @@ class Binding:
             k.delayed(queue),
             k.token,
             k.servers(queue),
+            k.standby(queue),
         ]
         args = [
             worker,
@@ -329,6 +330,7 @@ class Binding:
             k.attempts(queue),
             k.delayed(queue),
             k.dead(queue),
+            k.standby(queue),
         ]
         args = [
             worker,
@@ -353,6 +355,7 @@ class Binding:
             k.dead(queue),
             k.servers(queue),
             k.delayed(queue),
+            k.standby(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.work_channel(queue), worker]))
 
@@ -382,6 +385,7 @@ class Binding:
                     k.dead(q),
                     k.servers(q),
                     k.delayed(q),
+                    k.standby(q),
                 )
             args = [worker, "leave" if leave else "dead", incarnation, k.work_prefix, *qs]
             r = await self._run(conn, "recycle", keys, args)
@@ -404,14 +408,14 @@ class Binding:
 
     async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
         k = self.keys
-        keys = [k.queue(queue), k.queues, k.persistent(queue)]
+        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue)]
         return int(
             await self._run(conn, "enqueue", keys, [queue, k.work_channel(queue), *payloads])
         )
 
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
-        keys = [k.queue(queue), k.queues, k.persistent(queue)]
+        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue)]
         r = await self._run(conn, "ensure", keys, [queue, k.work_channel(queue), *payloads])
         return [x == 1 for x in r]
 
@@ -419,14 +423,14 @@ class Binding:
         """(queued copies removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys.append(k.delayed(queue))
+        keys += [k.delayed(queue), k.standby(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
         """(queued and delayed tasks removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys += [k.delayed(queue), k.dead(queue), k.queues]
+        keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 

@@ -56,6 +56,13 @@ local function unpack_record(rec)
   }
 end
 
+-- Whether `payload` is a persistent task of a queue: queued or delayed (a
+-- member of its standby set) or running (a field of its persistent hash).
+local function is_persistent(running, standby, payload)
+  return redis.call('SISMEMBER', standby, payload) == 1
+    or redis.call('HEXISTS', running, payload) == 1
+end
+
 -- Count a failed attempt of the process `r` (a record) and say where its
 -- task goes: 'dead' (a one-shot task at its attempt limit), 'front' (a
 -- crash-recycled task's first failure: failover at once), 'later' (after
@@ -121,9 +128,10 @@ end
 -- worker crashed), the crash counts as a failed attempt of each task: the
 -- first goes back to the front at once, a repeated one waits in `delayed`
 -- for its backoff, and a one-shot task at its max_attempts goes to `dead`.
--- Returns (handed back or delayed, dead-lettered).
+-- A persistent task moves from `persistent` (running) to `standby` (queued
+-- or delayed). Returns (handed back or delayed, dead-lettered).
 local function return_held(held, procs, queue, persistent, attempts, dead, delayed, count_attempt,
-                           now)
+                           now, standby)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
   local back, buried = 0, 0
   for i = #ids, 1, -1 do
@@ -139,7 +147,10 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
         redis.call('RPUSH', dead, r.payload)
         buried = buried + 1
       else
-        if r.persistent then redis.call('HSET', persistent, r.payload, '') end
+        if r.persistent then
+          redis.call('HDEL', persistent, r.payload)
+          redis.call('SADD', standby, r.payload)
+        end
         if where == 'front' then
           redis.call('LPUSH', queue, r.payload)
         elseif where == 'later' then

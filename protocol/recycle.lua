@@ -14,9 +14,10 @@
 -- KEYS[3] {ns}:info          HASH worker descriptions
 -- KEYS[4] {ns}:serves:<W>    SET of queues W serves
 -- KEYS[5] {ns}:inbox:<W>     SET of W's unacknowledged cancels
--- then for each queue Q_i named in ARGV, eight keys:
+-- then for each queue Q_i named in ARGV, nine keys:
 --   {ns}:held:<W>:<Q>, {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>,
---   {ns}:attempts:<Q>, {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>
+--   {ns}:attempts:<Q>, {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>,
+--   {ns}:standby:<Q>
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "dead" or "leave"
 -- ARGV[3] incarnation (mode "leave"; ignored for "dead")
@@ -37,8 +38,8 @@ if mode ~= 'dead' and mode ~= 'leave' then
   return redis.error_reply('BAD_ARG mode must be "dead" or "leave"')
 end
 local nq = #ARGV - 4
-if #KEYS ~= 5 + 8 * nq then
-  return redis.error_reply('BAD_ARG expected ' .. (5 + 8 * nq) .. ' keys for ' .. nq .. ' queues')
+if #KEYS ~= 5 + 9 * nq then
+  return redis.error_reply('BAD_ARG expected ' .. (5 + 9 * nq) .. ' keys for ' .. nq .. ' queues')
 end
 if mode == 'dead' then
   local left = redis.call('PTTL', KEYS[1])
@@ -65,9 +66,9 @@ if #missing > 1 then return missing end
 local now = now_ms()
 local back, buried = 0, 0
 for i = 1, nq do
-  local k = 5 + 8 * (i - 1)
+  local k = 5 + 9 * (i - 1)
   local b, d = return_held(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
-    KEYS[k + 6], KEYS[k + 8], mode == 'dead', now)
+    KEYS[k + 6], KEYS[k + 8], mode == 'dead', now, KEYS[k + 9])
   redis.call('SREM', KEYS[k + 7], ARGV[1])
   if b > 0 then redis.call('PUBLISH', ARGV[4] .. ARGV[4 + i], b) end
   back, buried = back + b, buried + d
