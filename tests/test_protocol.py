@@ -90,6 +90,12 @@ async def test_enqueue_of_a_persistent_payload_changes_nothing(
     with pytest.raises(ConflictError, match="task 1 of this call"):
         await b.enqueue(conn, Q, [b"x", b"dev-1"])
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"dev-1"]
+    # running: still a persistent task of Q
+    inc = await join(b, conn, "w1", Q)
+    await b.claim(conn, "w1", inc, Q, 1, 0)
+    with pytest.raises(ConflictError, match="task 0 of this call"):
+        await b.enqueue(conn, Q, [b"dev-1"])
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == []
 
 
 async def test_ensure_is_unique_per_queue_and_payload(
@@ -383,6 +389,61 @@ async def test_cancel_of_a_persistent_task(conn: Connection, b: Binding, keys: K
     assert await b.ensure(conn, Q, [b"dev"]) == [True]  # can be ensured again
 
 
+async def test_a_persistent_task_is_in_standby_while_queued_and_in_persistent_while_running(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """The persistent task's payload moves standby set -> persistent hash on
+    each claim and back on each way a process is handed back; never in both."""
+    i1 = await join(b, conn, "w1", Q)
+    i2 = await join(b, conn, "w2", Q)
+
+    async def where() -> tuple[set[bytes], dict[bytes, bytes]]:
+        s = await snapshot(conn, keys, Q, [])
+        assert not s["standby"] & set(s["persistent"]), s  # never in both
+        return s["standby"], s["persistent"]
+
+    async def claim(w: str, inc: str) -> str:
+        await conn.execute("ZADD", keys.delayed(Q), "XX", 0, b"dev")  # due now, if delayed
+        (p,) = (await b.claim(conn, w, inc, Q, 1, 0)).processes
+        assert p.persistent and p.task == b"dev"
+        assert await where() == (set(), {b"dev": p.id.encode()})
+        return p.id
+
+    await b.ensure(conn, Q, [b"dev"])
+    assert await where() == ({b"dev"}, {})
+    pid = await claim("w1", i1)
+    assert await b.give_back(conn, "w1", Q, [pid], failed=False) == [(1, 0)]
+    assert await where() == ({b"dev"}, {})
+    pid = await claim("w1", i1)
+    [(outcome, _)] = await b.give_back(
+        conn, "w1", Q, [pid], failed=True, backoff_ms=10_000, backoff_cap_ms=10_000
+    )
+    assert outcome == 2 and await conn.execute("ZRANGE", keys.delayed(Q), 0, -1) == [b"dev"]
+    assert await where() == ({b"dev"}, {})  # delayed is standby too
+    await claim("w1", i1)
+    assert await b.unserve(conn, "w1", Q) == 1
+    assert await where() == ({b"dev"}, {})
+    await claim("w2", i2)
+    await expire_worker(conn, keys, "w2")
+    assert (await b.recycle(conn, "w2", leave=False)).returned == 1
+    assert await where() == ({b"dev"}, {})
+    await b.serve(conn, "w1", i1, Q)
+    await claim("w1", i1)
+    assert (await b.recycle(conn, "w1", leave=True, incarnation=i1)).returned == 1
+    assert await where() == ({b"dev"}, {})
+    i3 = await join(b, conn, "w3", Q)
+    pid = await claim("w3", i3)
+    assert await b.cancel(conn, Q, b"dev") == (0, 1)
+    assert await where() == (set(), {})
+    assert await b.finish(conn, "w3", i3, Q, [pid]) == [False]
+    assert await where() == (set(), {})
+    # cancelled while standing by (queued): in neither either
+    await b.ensure(conn, Q, [b"dev"])
+    assert await b.cancel(conn, Q, b"dev") == (1, 0)
+    assert await where() == (set(), {})
+    assert await conn.execute("EXISTS", keys.standby(Q), keys.persistent(Q)) == 0
+
+
 async def test_delete_queue_removes_everything_and_cancels_running(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
@@ -441,8 +502,10 @@ async def test_fair_claim_takes_a_fair_share_of_persistent_tasks(
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"d3"]  # left at the head
     r1 = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
     assert r1.processes == () and r1.held_back
+    # queued and running persistent tasks both count: ceil((2 + 2) / 2) = 2
+    await b.ensure(conn, Q, [b"d4"])
     r2 = await b.claim(conn, "w2", i2, Q, 10, 0, fair=True)
-    assert [p.task for p in r2.processes] == [b"d3"] and not r2.held_back
+    assert [p.task for p in r2.processes] == [b"d3", b"d4"] and not r2.held_back
     # one-shot tasks are never held back; an unfair claim takes anything
     await b.enqueue(conn, Q, [b"job"])
     r1 = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
