@@ -109,11 +109,12 @@ On an empty redis-server (FLUSHALL before each run) one worker is registered
 and serves the queue; then `INFO memory` `used_memory` is read, {n:,} tasks of
 {size} bytes each (distinct payloads) are put on the queue in script calls of
 1,000 (`enqueue.lua` for one-shot tasks, `ensure.lua` for persistent tasks,
-which also keeps the payload in the queue's uniqueness hash), `used_memory` is
+which also keeps the payload in the queue's standby set), `used_memory` is
 read again, then the worker claims every task (`claim.lua`, 1,000 per call)
 and `used_memory` is read a third time. Bytes per queued task = second minus
 first reading, divided by {n:,}; bytes per running process = third minus first
 reading divided by {n:,} (everything Redis keeps for the task while it runs:
 the process record with its payload, the worker's held set entry, and for a
-persistent task its uniqueness entry). The queue list itself is empty then.
+persistent task its entry in the persistent hash, payload -> process id). The
+queue list and the standby set are empty then.
 """

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ._connection import Connection, open_connection
-from ._errors import ClosedError
+from ._errors import ClosedError, CommandError
 from ._keys import Keys, check_queue
 from ._scripts import Binding, parse_record, payload_bytes
 from ._types import Process, QueueInfo, ReconcileResult, WorkerInfo
@@ -117,7 +117,7 @@ class Client:
         conn = self._check()
         check_queue(queue)
         want = list(dict.fromkeys(self._payloads(tasks)))
-        have = set(await conn.execute("HKEYS", self._keys.persistent(queue)))
+        have = set(await self._persistent(conn, queue))
         wanted = set(want)
         extra = sorted(have - wanted)
         added: list[bytes] = []
@@ -185,7 +185,8 @@ class Client:
 
     async def queue_infos(self, queues: Iterable[str] | None = None) -> list[QueueInfo]:
         """Counts of several queues (default: every known queue, sorted), read
-        in one round trip after the list of queues."""
+        together in one transaction and one round trip after the list of
+        queues."""
         names = [check_queue(q) for q in queues] if queues is not None else await self.queues()
         if not names:
             return []
@@ -197,10 +198,15 @@ class Client:
                 ("ZCARD", k.delayed(q)),
                 ("HLEN", k.procs(q)),
                 ("HLEN", k.persistent(q)),
+                ("SCARD", k.standby(q)),
                 ("LLEN", k.dead(q)),
             ]
-        r = await self._check().pipeline(cmds)
-        return [QueueInfo(q, *(int(x) for x in r[5 * i : 5 * i + 5])) for i, q in enumerate(names)]
+        r = [int(x) for x in await _transaction(self._check(), cmds)]
+        out = []
+        for i, q in enumerate(names):
+            queued, delayed, running, p_running, p_standby, dead = r[6 * i : 6 * i + 6]
+            out.append(QueueInfo(q, queued, delayed, running, p_running + p_standby, dead))
+        return out
 
     async def time(self) -> float:
         """The Redis clock, in seconds: the clock that ``Process.started``,
@@ -218,8 +224,19 @@ class Client:
         """The persistent tasks of ``queue``, each with the id of the process
         that runs it, or None while it is queued or waiting for a retry."""
         check_queue(queue)
-        r = await self._check().execute("HGETALL", self._keys.persistent(queue))
-        return {r[i]: (r[i + 1].decode() or None) for i in range(0, len(r), 2)}
+        return await self._persistent(self._check(), queue)
+
+    async def _persistent(self, conn: Connection, queue: str) -> dict[bytes, str | None]:
+        """Payload -> process id (running) or None (queued or delayed), read in
+        one transaction: a claim or a give back moves a payload between the
+        two keys, and two separate reads could miss it."""
+        k = self._keys
+        running, standby = await _transaction(
+            conn, [("HGETALL", k.persistent(queue)), ("SMEMBERS", k.standby(queue))]
+        )
+        out: dict[bytes, str | None] = dict.fromkeys(standby)
+        out.update((running[i], running[i + 1].decode()) for i in range(0, len(running), 2))
+        return out
 
     async def processes(self, queue: str | None = None) -> list[Process]:
         """Running processes of one queue, or of every known queue, in claim order."""
@@ -288,6 +305,20 @@ def _load_info(raw: bytes | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return info if isinstance(info, dict) else {}
+
+
+async def _transaction(conn: Connection, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """The replies of ``commands`` run in ``MULTI``/``EXEC``: one consistent
+    view of several keys (scripts move tasks between them), one round trip.
+
+    Raises:
+        CommandError: a command got an error reply (the others ran).
+    """
+    *_, replies = await conn.pipeline([("MULTI",), *commands, ("EXEC",)])
+    for reply in replies:
+        if isinstance(reply, CommandError):
+            raise reply
+    return list(replies)
 
 
 @asynccontextmanager

@@ -15,7 +15,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "1"
+PROTOCOL_VERSION = "2"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -95,7 +95,12 @@ class Keys:
         return f"{self.prefix}queue:{q}"
 
     def persistent(self, q: str) -> str:
+        """HASH: the running persistent tasks of ``q``, payload -> process id."""
         return f"{self.prefix}persistent:{q}"
+
+    def standby(self, q: str) -> str:
+        """SET: the persistent tasks of ``q`` that are queued or delayed."""
+        return f"{self.prefix}standby:{q}"
 
     def procs(self, q: str) -> str:
         return f"{self.prefix}procs:{q}"

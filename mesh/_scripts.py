@@ -284,6 +284,7 @@ class Binding:
             k.delayed(queue),
             k.token,
             k.servers(queue),
+            k.standby(queue),
         ]
         args = [
             worker,
@@ -347,6 +348,7 @@ class Binding:
             k.attempts(queue),
             k.delayed(queue),
             k.dead(queue),
+            k.standby(queue),
         ]
         args = [
             worker,
@@ -371,6 +373,7 @@ class Binding:
             k.dead(queue),
             k.servers(queue),
             k.delayed(queue),
+            k.standby(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.work_channel(queue), worker]))
 
@@ -422,6 +425,7 @@ class Binding:
                     k.dead(q),
                     k.servers(q),
                     k.delayed(q),
+                    k.standby(q),
                 )
             for w in ws:
                 keys += (k.held(w, q) for q in qs)
@@ -446,14 +450,14 @@ class Binding:
 
     async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
         k = self.keys
-        keys = [k.queue(queue), k.queues, k.persistent(queue)]
+        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue)]
         return int(
             await self._run(conn, "enqueue", keys, [queue, k.work_channel(queue), *payloads])
         )
 
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
-        keys = [k.queue(queue), k.queues, k.persistent(queue)]
+        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue)]
         r = await self._run(conn, "ensure", keys, [queue, k.work_channel(queue), *payloads])
         return [x == 1 for x in r]
 
@@ -461,14 +465,14 @@ class Binding:
         """(queued copies removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys.append(k.delayed(queue))
+        keys += [k.delayed(queue), k.standby(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
         """(queued and delayed tasks removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys += [k.delayed(queue), k.dead(queue), k.queues]
+        keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 

@@ -5,10 +5,11 @@
 -- to its cancel channel.
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[2] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- KEYS[2] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
 -- KEYS[3] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[4] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[5] {ns}:delayed:<Q>       ZSET payload -> due time
+-- KEYS[6] {ns}:standby:<Q>       SET of persistent payloads queued or delayed
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] the payload
@@ -22,26 +23,24 @@
 --!include lib.lua
 
 local nw = #ARGV - 2
-if #KEYS ~= 5 + 2 * nw then
-  return redis.error_reply('BAD_ARG expected ' .. (5 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+if #KEYS ~= 6 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (6 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local payload = ARGV[1]
-local found
+local found = {}
 local owner = redis.call('HGET', KEYS[2], payload)
 if owner then
-  found = {}
-  if owner ~= '' then
-    local rec = redis.call('HGET', KEYS[3], owner)
-    if rec then found[1] = {owner, unpack_record(rec).worker} end
-  end
-else
+  local rec = redis.call('HGET', KEYS[3], owner)
+  if rec then found[1] = {owner, unpack_record(rec).worker} end
+elseif redis.call('SISMEMBER', KEYS[6], payload) == 0 then
   found = find_processes(KEYS[3], payload)
 end
-local wkeys, missing = worker_keys(found, 2, 5, nw)
+local wkeys, missing = worker_keys(found, 2, 6, nw)
 if missing then return missing end
 
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
 redis.call('HDEL', KEYS[2], payload)
+redis.call('SREM', KEYS[6], payload)
 redis.call('HDEL', KEYS[4], payload)
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
 return {0, removed, #found}

@@ -13,13 +13,15 @@
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
 -- KEYS[2] {ns}:serves:<W>        SET of queues W serves
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads, head = next
--- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> "" (queued) or owner process id
+-- KEYS[4] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
 -- KEYS[5] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[6] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[7] {ns}:attempts:<Q>      HASH payload -> failed attempts so far
 -- KEYS[8] {ns}:delayed:<Q>       ZSET payload -> due time (ms); due ones move to the head
 -- KEYS[9] {ns}:token             STRING fencing token counter
 -- KEYS[10] {ns}:servers:<Q>      SET of the workers that serve Q
+-- KEYS[11] {ns}:standby:<Q>      SET of persistent payloads queued or delayed; a
+--                                claimed one moves to KEYS[4]
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
@@ -70,17 +72,19 @@ end
 local items = redis.call('LPOP', KEYS[3], n)
 if not items then return {now, 0} end
 
-local has_persistent = redis.call('EXISTS', KEYS[4]) == 1
+-- a queued payload is persistent iff it is in the standby set: without the
+-- set, nothing popped is persistent and the fair share does not matter
+local has_persistent = redis.call('EXISTS', KEYS[11]) == 1
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
 local room = #items
 if has_persistent and ARGV[6] == '1' then
   local servers = math.max(1, redis.call('SCARD', KEYS[10]))
-  local share = math.ceil(redis.call('HLEN', KEYS[4]) / servers)
+  local share = math.ceil((redis.call('SCARD', KEYS[11]) + redis.call('HLEN', KEYS[4])) / servers)
   room = share - redis.call('SCARD', KEYS[6])
 end
 local take, left = {}, {}
 for _, payload in ipairs(items) do
-  local persistent = has_persistent and redis.call('HGET', KEYS[4], payload) == ''
+  local persistent = has_persistent and redis.call('SISMEMBER', KEYS[11], payload) == 1
   if persistent and room <= 0 then
     left[#left + 1] = payload
   else
@@ -97,7 +101,10 @@ redis.call('SET', KEYS[9], int(first + #take - 1))
 for i, t in ipairs(take) do
   local payload, persistent = t[1], t[2]
   local id = int(first + i - 1)
-  if persistent then redis.call('HSET', KEYS[4], payload, id) end
+  if persistent then
+    redis.call('SREM', KEYS[11], payload)
+    redis.call('HSET', KEYS[4], payload, id)
+  end
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end
   redis.call('HSET', KEYS[5], id, pack_record(ARGV[1], persistent, attempts, max_attempts, backoff,

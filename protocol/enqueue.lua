@@ -2,7 +2,8 @@
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[2] {ns}:queues            SET of known queue names
--- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- KEYS[3] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
+-- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed
 -- ARGV[1] queue name Q
 -- ARGV[2] the work channel of Q ({ns}:work:<Q>)
 -- ARGV[3..] payloads, in order
@@ -13,9 +14,9 @@
 
 local n = #ARGV - 2
 if n == 0 then return redis.call('LLEN', KEYS[1]) end
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
   for i = 3, #ARGV do
-    if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+    if is_persistent(KEYS[3], KEYS[4], ARGV[i]) then
       return redis.error_reply('CONFLICT task ' .. (i - 3) .. ' of this call is a persistent task of queue '
         .. ARGV[1] .. '; a payload is one-shot or persistent in a queue, not both')
     end

@@ -4,7 +4,8 @@
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[2] {ns}:queues            SET of known queue names
--- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> "" (not running) or owner process id
+-- KEYS[3] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
+-- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed
 -- ARGV[1] queue name Q
 -- ARGV[2] the work channel of Q
 -- ARGV[3..] payloads
@@ -15,10 +16,10 @@
 
 local out, added = {}, 0
 for i = 3, #ARGV do
-  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+  if is_persistent(KEYS[3], KEYS[4], ARGV[i]) then
     out[#out + 1] = 0
   else
-    redis.call('HSET', KEYS[3], ARGV[i], '')
+    redis.call('SADD', KEYS[4], ARGV[i])
     redis.call('RPUSH', KEYS[1], ARGV[i])
     out[#out + 1] = 1
     added = added + 1

@@ -7,10 +7,12 @@
 -- KEYS[1] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- KEYS[4] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[6] {ns}:delayed:<Q>       ZSET payload -> due time (ms)
 -- KEYS[7] {ns}:dead:<Q>          LIST of dead-lettered payloads
+-- KEYS[8] {ns}:standby:<Q>       SET of persistent payloads queued or delayed; a
+--                                given-back one moves there from KEYS[4]
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return" or "fail"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped)
@@ -46,7 +48,10 @@ for i = 6, #ARGV do
     if r.worker == ARGV[1] then
       redis.call('HDEL', KEYS[1], id)
       redis.call('SREM', KEYS[2], id)
-      if r.persistent then redis.call('HSET', KEYS[4], r.payload, '') end
+      if r.persistent then
+        redis.call('HDEL', KEYS[4], r.payload)
+        redis.call('SADD', KEYS[8], r.payload)
+      end
       if mode == 'return' then
         front[#front + 1] = {tonumber(id), r.payload}
         outcome = 1

@@ -56,6 +56,13 @@ local function unpack_record(rec)
   }
 end
 
+-- Whether `payload` is a persistent task of a queue: queued or delayed (a
+-- member of its standby set) or running (a field of its persistent hash).
+local function is_persistent(running, standby, payload)
+  return redis.call('SISMEMBER', standby, payload) == 1
+    or redis.call('HEXISTS', running, payload) == 1
+end
+
 -- Count a failed attempt of the process `r` (a record) and say where its
 -- task goes: 'dead' (a one-shot task at its attempt limit), 'front' (a
 -- crash-recycled task's first failure: failover at once), 'later' (after
@@ -126,15 +133,23 @@ local function call_chunked(cmd, key, items, step)
   end
 end
 
+-- Keep persistent tasks (payloads) as queued or delayed: out of the
+-- running hash `persistent`, into the set `standby`.
+local function to_standby(persistent, standby, payloads)
+  call_chunked('HDEL', persistent, payloads)
+  call_chunked('SADD', standby, payloads)
+end
+
 -- Hand every process in `held` (a worker's set of process ids on one queue)
 -- back to the front of `queue`, oldest claim first. With count_attempt (the
 -- worker crashed), the crash counts as a failed attempt of each task: the
 -- first goes back to the front at once, a repeated one waits in `delayed`
 -- for its backoff, and a one-shot task at its max_attempts goes to `dead`.
--- One Redis call per kind of write, not one per process.
+-- A persistent task leaves `persistent` as running, and is kept as queued
+-- (see to_standby). One Redis call per kind of write, not one per process.
 -- Returns (handed back or delayed, dead-lettered).
 local function return_held(held, procs, queue, persistent, attempts, dead, delayed, count_attempt,
-                           now)
+                           now, standby)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
   if #ids == 0 then return 0, 0 end
   local recs = {}
@@ -158,7 +173,6 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       else
         if r.persistent then
           pers[#pers + 1] = r.payload
-          pers[#pers + 1] = ''
         end
         if where == 'front' then
           front[#front + 1] = r.payload
@@ -172,7 +186,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     end
   end
   call_chunked('HDEL', procs, gone)
-  call_chunked('HSET', persistent, pers, 2)
+  to_standby(persistent, standby, pers)
   call_chunked('LPUSH', queue, front)
   call_chunked('ZADD', delayed, later, 2)
   call_chunked('RPUSH', queue, back_end)

@@ -5,11 +5,13 @@
 -- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[3] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[4] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[5] {ns}:persistent:<Q>    HASH persistent payload -> state
+-- KEYS[5] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
 -- KEYS[6] {ns}:attempts:<Q>      (passed for the shared helper; not written)
 -- KEYS[7] {ns}:dead:<Q>          (passed for the shared helper; not written)
 -- KEYS[8] {ns}:servers:<Q>       SET of the workers that serve Q
 -- KEYS[9] {ns}:delayed:<Q>       (passed for the shared helper; not written)
+-- KEYS[10] {ns}:standby:<Q>      SET of persistent payloads queued or delayed; a
+--                                handed-back one moves there from KEYS[5]
 -- ARGV[1] queue name Q
 -- ARGV[2] the work channel of Q
 -- ARGV[3] worker id W
@@ -18,7 +20,8 @@
 -- Publishes: that number on ARGV[2], if not 0.
 --!include lib.lua
 
-local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], false, 0)
+local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], false, 0,
+  KEYS[10])
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[3])
 if back > 0 then redis.call('PUBLISH', ARGV[2], back) end

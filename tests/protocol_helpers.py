@@ -37,6 +37,7 @@ async def snapshot(conn: Connection, keys: Keys, queue: str, workers: list[str])
             ("HGETALL", keys.attempts(queue)),
             ("ZRANGE", keys.delayed(queue), 0, -1),
             ("LRANGE", keys.dead(queue), 0, -1),
+            ("SMEMBERS", keys.standby(queue)),
         ]
         + [("SMEMBERS", keys.held(w, queue)) for w in workers]
         + [("SMEMBERS", keys.inbox(w)) for w in workers]
@@ -53,6 +54,7 @@ async def snapshot(conn: Connection, keys: Keys, queue: str, workers: list[str])
         "attempts": pairs(r[3]),
         "delayed": list(r[4]),
         "dead": list(r[5]),
-        "held": {w: {x.decode() for x in r[6 + i]} for i, w in enumerate(workers)},
-        "inbox": {w: {x.decode() for x in r[6 + n + i]} for i, w in enumerate(workers)},
+        "standby": set(r[6]),
+        "held": {w: {x.decode() for x in r[7 + i]} for i, w in enumerate(workers)},
+        "inbox": {w: {x.decode() for x in r[7 + n + i]} for i, w in enumerate(workers)},
     }

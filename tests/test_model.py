@@ -9,7 +9,10 @@ cancel / expire / recycle / leave steps, and after every step checks:
 5. per-worker ownership: each worker's held sets are exactly its processes,
    and recycling one worker leaves every other worker's processes alone;
 8. finish is True exactly once, and False for a recycled, cancelled, given
-   back or fenced process.
+   back or fenced process;
+9. persistent state follows the task: a persistent task is in the standby set
+   while queued or delayed and in the persistent hash (-> its process id)
+   while running, never in both.
 
 The steps run synchronously: the binding's coroutines are driven to
 completion over redis-py's blocking client (a real connection to the real
@@ -274,6 +277,7 @@ class MeshModel(RuleBasedStateMachine):
             places: list[bytes] = []
             places += self.r.lrange(k.queue(q), 0, -1)
             places += self.r.zrange(k.delayed(q), 0, -1)
+            waiting = set(places)  # queued or delayed
             dead = self.r.lrange(k.dead(q), 0, -1)
             places += dead
             procs = self.r.hgetall(k.procs(q))
@@ -292,12 +296,19 @@ class MeshModel(RuleBasedStateMachine):
                 assert held == {
                     pid for pid, (pw, pq, _) in self.procs.items() if pw == w and pq == q
                 }
-            # persistent tasks: registered exactly while alive; owner pid or ""
-            state = self.r.hgetall(k.persistent(q))
-            assert set(state) == self.persistent[q]
-            for p, owner in state.items():
-                running = [pid for pid, (_, pq, pp) in self.procs.items() if pq == q and pp == p]
-                assert owner.decode() == (running[0] if running else ""), p
+            # persistent tasks: registered exactly while alive, in the standby
+            # set while queued or delayed, in the persistent hash (-> the pid
+            # of its process) while running; never in both
+            standby = self.r.smembers(k.standby(q))
+            running = self.r.hgetall(k.persistent(q))
+            assert not standby & set(running), f"in standby and running in {q}"
+            assert standby | set(running) == self.persistent[q]
+            assert standby == waiting & self.persistent[q], f"standby is not what waits in {q}"
+            assert running == {
+                pp: pid.encode()
+                for pid, (_, pq, pp) in self.procs.items()
+                if pq == q and pp in self.persistent[q]
+            }
 
 
 @pytest.mark.slow

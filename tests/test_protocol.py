@@ -91,6 +91,12 @@ async def test_enqueue_of_a_persistent_payload_changes_nothing(
     with pytest.raises(ConflictError, match="task 1 of this call"):
         await b.enqueue(conn, Q, [b"x", b"dev-1"])
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"dev-1"]
+    # running: still a persistent task of Q
+    inc = await join(b, conn, "w1", Q)
+    await b.claim(conn, "w1", inc, Q, 1, 0)
+    with pytest.raises(ConflictError, match="task 0 of this call"):
+        await b.enqueue(conn, Q, [b"dev-1"])
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == []
 
 
 async def test_ensure_is_unique_per_queue_and_payload(
@@ -99,11 +105,14 @@ async def test_ensure_is_unique_per_queue_and_payload(
     assert await b.ensure(conn, Q, [b"p1", b"p1", b"p2"]) == [True, False, True]
     assert await b.ensure(conn, Q, [b"p1"]) == [False]
     assert await b.ensure(conn, "other", [b"p1"]) == [True]
+    s = await snapshot(conn, keys, Q, [])
+    assert s["queue"] == [b"p1", b"p2"] and s["standby"] == {b"p1", b"p2"}
+    assert s["persistent"] == {}
     inc = await join(b, conn, "w1", Q)
     await b.claim(conn, "w1", inc, Q, 10, 0)
     assert await b.ensure(conn, Q, [b"p1", b"p2"]) == [False, False]  # running
     s = await snapshot(conn, keys, Q, ["w1"])
-    assert s["queue"] == []
+    assert s["queue"] == [] and s["standby"] == set()
     assert set(s["persistent"]) == {b"p1", b"p2"}
 
 
@@ -116,6 +125,7 @@ async def test_claim_makes_processes_with_increasing_tokens(
     r = await b.claim(conn, "w1", inc, Q, 3, 4)
     assert [p.task for p in r.processes] == [b"a", b"b", b"c"]
     assert r.remaining == 1
+    assert (await snapshot(conn, keys, Q, []))["standby"] == {b"p"}
     tokens = [p.token for p in r.processes]
     assert tokens == sorted(tokens) and len(set(tokens)) == 3
     assert all(
@@ -127,7 +137,7 @@ async def test_claim_makes_processes_with_increasing_tokens(
     assert r2.remaining == 0
     s = await snapshot(conn, keys, Q, ["w1"])
     assert s["held"]["w1"] == {x.id for x in (*r.processes, p)}
-    assert s["persistent"] == {b"p": p.id.encode()}
+    assert s["persistent"] == {b"p": p.id.encode()} and s["standby"] == set()
     rec = parse_record(p.id.encode(), s["procs"][p.id.encode()], Q)
     assert rec == p
     assert (await b.claim(conn, "w1", inc, Q, 3, 4)).processes == ()
@@ -166,7 +176,8 @@ async def test_finish_reports_true_once_and_never_for_a_stranger(
     assert await b.finish(conn, "w1", i1, Q, [a.id, p.id, "999"]) == [True, True, False]
     assert await b.finish(conn, "w1", i1, Q, [a.id, p.id]) == [False, False]  # twice: no change
     s = await snapshot(conn, keys, Q, ["w1"])
-    assert s["procs"] == {} and s["held"]["w1"] == set() and s["persistent"] == {}
+    assert s["procs"] == {} and s["held"]["w1"] == set()
+    assert s["persistent"] == {} and s["standby"] == set()
 
 
 async def test_give_back_return_puts_tasks_at_the_front_in_claim_order(
@@ -233,7 +244,8 @@ async def test_failed_persistent_task_backs_off_without_limit(
         )
         assert outcome == 2
     s = await snapshot(conn, keys, Q, ["w1"])
-    assert s["dead"] == [] and s["delayed"] == [b"dev"] and s["persistent"] == {b"dev": b""}
+    assert s["dead"] == [] and s["delayed"] == [b"dev"]
+    assert s["persistent"] == {} and s["standby"] == {b"dev"}
     assert await b.ensure(conn, Q, [b"dev"]) == [False]
 
 
@@ -286,7 +298,7 @@ async def test_recycle_touches_only_the_dead_workers_processes(
     assert s["queue"] == [b"a", b"b", b"p"]  # front, in claim order
     assert s["held"]["w2"] == {x.id for x in w2}  # the live peer keeps its own
     assert set(s["procs"]) == {x.id.encode() for x in w2}
-    assert s["persistent"] == {b"p": b""}
+    assert s["persistent"] == {} and s["standby"] == {b"p"}
     assert s["attempts"] == {b"a": b"1", b"b": b"1", b"p": b"1"}  # a crash counts
     assert await conn.execute("LRANGE", keys.queue("q2"), 0, -1) == [b"z"]
     assert await conn.execute("ZSCORE", keys.workers, "w1") is None
@@ -367,7 +379,8 @@ async def test_leave_hands_back_without_counting_attempts(
     r = await b.recycle(conn, "w1", leave=True, incarnation=inc, queues=[Q])
     assert (r.returned, r.dead_lettered) == (2, 0)
     s = await snapshot(conn, keys, Q, ["w1"])
-    assert s["queue"] == [b"a", b"p"] and s["attempts"] == {} and s["persistent"] == {b"p": b""}
+    assert s["queue"] == [b"a", b"p"] and s["attempts"] == {}
+    assert s["persistent"] == {} and s["standby"] == {b"p"}
     assert await conn.execute("EXISTS", keys.heartbeat("w1")) == 0
 
 
@@ -410,8 +423,64 @@ async def test_cancel_of_a_persistent_task(conn: Connection, b: Binding, keys: K
     assert await b.cancel(conn, Q, b"dev") == (0, 1)
     assert await b.cancel(conn, Q, b"") == (1, 0)  # empty payload, still queued
     s = await snapshot(conn, keys, Q, ["w1"])
-    assert s["persistent"] == {} and s["queue"] == [] and s["inbox"]["w1"] == {procs[0].id}
+    assert s["persistent"] == {} and s["standby"] == set()
+    assert s["queue"] == [] and s["inbox"]["w1"] == {procs[0].id}
     assert await b.ensure(conn, Q, [b"dev"]) == [True]  # can be ensured again
+
+
+async def test_a_persistent_task_is_in_standby_while_queued_and_in_persistent_while_running(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """The persistent task's payload moves standby set -> persistent hash on
+    each claim and back on each way a process is handed back; never in both."""
+    i1 = await join(b, conn, "w1", Q)
+    i2 = await join(b, conn, "w2", Q)
+
+    async def where() -> tuple[set[bytes], dict[bytes, bytes]]:
+        s = await snapshot(conn, keys, Q, [])
+        assert not s["standby"] & set(s["persistent"]), s  # never in both
+        return s["standby"], s["persistent"]
+
+    async def claim(w: str, inc: str) -> str:
+        await conn.execute("ZADD", keys.delayed(Q), "XX", 0, b"dev")  # due now, if delayed
+        (p,) = (await b.claim(conn, w, inc, Q, 1, 0)).processes
+        assert p.persistent and p.task == b"dev"
+        assert await where() == (set(), {b"dev": p.id.encode()})
+        return p.id
+
+    await b.ensure(conn, Q, [b"dev"])
+    assert await where() == ({b"dev"}, {})
+    pid = await claim("w1", i1)
+    assert await b.give_back(conn, "w1", Q, [pid], failed=False) == [(1, 0)]
+    assert await where() == ({b"dev"}, {})
+    pid = await claim("w1", i1)
+    [(outcome, _)] = await b.give_back(
+        conn, "w1", Q, [pid], failed=True, backoff_ms=10_000, backoff_cap_ms=10_000
+    )
+    assert outcome == 2 and await conn.execute("ZRANGE", keys.delayed(Q), 0, -1) == [b"dev"]
+    assert await where() == ({b"dev"}, {})  # delayed is standby too
+    await claim("w1", i1)
+    assert await b.unserve(conn, "w1", Q) == 1
+    assert await where() == ({b"dev"}, {})
+    await claim("w2", i2)
+    await expire_worker(conn, keys, "w2")
+    assert (await b.recycle(conn, "w2", leave=False)).returned == 1
+    assert await where() == ({b"dev"}, {})
+    await b.serve(conn, "w1", i1, Q)
+    await claim("w1", i1)
+    assert (await b.recycle(conn, "w1", leave=True, incarnation=i1)).returned == 1
+    assert await where() == ({b"dev"}, {})
+    i3 = await join(b, conn, "w3", Q)
+    pid = await claim("w3", i3)
+    assert await b.cancel(conn, Q, b"dev") == (0, 1)
+    assert await where() == (set(), {})
+    assert await b.finish(conn, "w3", i3, Q, [pid]) == [False]
+    assert await where() == (set(), {})
+    # cancelled while standing by (queued): in neither either
+    await b.ensure(conn, Q, [b"dev"])
+    assert await b.cancel(conn, Q, b"dev") == (1, 0)
+    assert await where() == (set(), {})
+    assert await conn.execute("EXISTS", keys.standby(Q), keys.persistent(Q)) == 0
 
 
 async def test_delete_queue_removes_everything_and_cancels_running(
@@ -426,7 +495,7 @@ async def test_delete_queue_removes_everything_and_cancels_running(
     s = await snapshot(conn, keys, Q, ["w1"])
     assert s == {
         "queue": [], "persistent": {}, "procs": {}, "attempts": {}, "delayed": [], "dead": [],
-        "held": {"w1": set()}, "inbox": {"w1": {a.id}},
+        "standby": set(), "held": {"w1": set()}, "inbox": {"w1": {a.id}},
     }  # fmt: skip
     assert Q.encode() not in await conn.execute("SMEMBERS", keys.queues)
     assert await b.delete_queue(conn, Q) == (0, 0)
@@ -474,8 +543,10 @@ async def test_fair_claim_takes_a_fair_share_of_persistent_tasks(
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"d3"]  # left at the head
     r1 = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
     assert r1.processes == () and r1.held_back
+    # queued and running persistent tasks both count: ceil((2 + 2) / 2) = 2
+    await b.ensure(conn, Q, [b"d4"])
     r2 = await b.claim(conn, "w2", i2, Q, 10, 0, fair=True)
-    assert [p.task for p in r2.processes] == [b"d3"] and not r2.held_back
+    assert [p.task for p in r2.processes] == [b"d3", b"d4"] and not r2.held_back
     # one-shot tasks are never held back; an unfair claim takes anything
     await b.enqueue(conn, Q, [b"job"])
     r1 = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
@@ -488,7 +559,7 @@ async def test_fair_claim_takes_a_fair_share_of_persistent_tasks(
     assert await conn.execute("EXISTS", keys.servers(Q)) == 0
     with pytest.raises(CommandError, match="BAD_ARG"):
         await conn.execute(
-            "EVALSHA", b.scripts["claim"].sha, 10, *(["k"] * 10), "w", "i", Q, 1, 0, 2
+            "EVALSHA", b.scripts["claim"].sha, 11, *(["k"] * 11), "w", "i", Q, 1, 0, 2
         )
 
 
@@ -507,7 +578,7 @@ async def test_a_repeated_crash_backs_off_with_the_claimers_backoff(
         s = await snapshot(conn, keys, Q, [])
         score = await conn.execute("ZSCORE", keys.delayed(Q), b"dev")
         where.append((s["queue"], s["delayed"], score is not None))
-        assert s["persistent"] == {b"dev": b""}  # never dead-lettered
+        assert s["persistent"] == {} and s["standby"] == {b"dev"}  # never dead-lettered
     assert where[0] == ([b"dev"], [], False)  # first crash: failover at once
     assert where[1] == ([], [b"dev"], True)  # then the claimer's backoff
     sec, usec = await conn.execute("TIME")

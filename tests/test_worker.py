@@ -616,7 +616,8 @@ async def test_a_process_that_redis_lost_is_stopped_within_a_heartbeat(
             [
                 ("HDEL", k.procs("devices"), p.id),
                 ("SREM", k.held(w.id, "devices"), p.id),
-                ("HSET", k.persistent("devices"), "d", ""),
+                ("HDEL", k.persistent("devices"), "d"),
+                ("SADD", k.standby("devices"), "d"),
                 ("LPUSH", k.queue("devices"), "d"),
                 ("PUBLISH", k.work_channel("devices"), "1"),
             ]

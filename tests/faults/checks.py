@@ -39,6 +39,7 @@ for i = 2, #ARGV do
     redis.call('HGETALL', p .. 'persistent:' .. q),
     redis.call('LRANGE', p .. 'dead:' .. q, 0, -1),
     held,
+    redis.call('SMEMBERS', p .. 'standby:' .. q),
   }
 end
 out[2] = qs
@@ -62,9 +63,10 @@ class QueueState:
     queued: list[bytes]
     delayed: list[bytes]
     procs: dict[str, Proc]
-    persistent: dict[bytes, str]  # payload -> "" or process id
+    persistent: dict[bytes, str]  # running persistent payload -> process id
     dead: list[bytes]
     held: dict[str, set[str]]  # worker -> process ids
+    standby: set[bytes]  # persistent payloads queued or delayed
 
 
 @attrs.frozen
@@ -96,7 +98,7 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
     workers = {w.decode(): bool(e) for w, e in r[0]}
     names = [w.decode() for w, _ in r[0]]
     out = {}
-    for q, (queued, delayed, procs, pers, dead, held) in zip(qs, r[1], strict=True):
+    for q, (queued, delayed, procs, pers, dead, held, standby) in zip(qs, r[1], strict=True):
         ps = {}
         for pid, rec in _pairs(procs).items():
             parts = rec.split(b"\0", 8)
@@ -110,6 +112,7 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
             {k: v.decode() for k, v in _pairs(pers).items()},
             list(dead),
             {w: {x.decode() for x in h} for w, h in zip(names, held, strict=True)},
+            set(standby),
         )
     return Snapshot(workers, out, int(r[2]))
 
@@ -136,11 +139,13 @@ def one_place_violations(
             if p in state.dead:
                 bad.append(f"{queue}: persistent {p!r} is dead-lettered")
             mark = state.persistent.get(p)
-            if mark is None:
-                bad.append(f"{queue}: persistent {p!r} is not in the persistent set")
-            elif mark == "":
+            if mark is not None and p in state.standby:
+                bad.append(f"{queue}: persistent {p!r} is both standing by and running as {mark}")
+            elif p in state.standby:
                 if p not in state.queued and p not in state.delayed:
-                    bad.append(f"{queue}: persistent {p!r} marked queued but is not")
+                    bad.append(f"{queue}: persistent {p!r} is standing by but not queued")
+            elif mark is None:
+                bad.append(f"{queue}: persistent {p!r} is in neither standby nor persistent")
             else:
                 proc = state.procs.get(mark)
                 if proc is None or proc.payload != p:

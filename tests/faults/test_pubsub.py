@@ -67,7 +67,7 @@ async def test_cancel_and_work_published_while_pubsub_is_down_still_land(h: Harn
         assert sum(e.action == "start" and e.task == victim for e in ev) == 1
     snap = await h.snapshot()
     assert snap.queues["jobs"].procs == {} and snap.queues["devices"].procs == {}
-    assert snap.queues["devices"].persistent == {}
+    assert snap.queues["devices"].persistent == {} and snap.queues["devices"].standby == set()
     figure(
         "pubsub_kill",
         h=round(H, 3),
