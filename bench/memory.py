@@ -24,10 +24,12 @@ WORKER = "probe-worker-0"
 class Sizes:
     tasks: int = 100_000
     payload: int = 32
+    short_queues: tuple[int, ...] = (10, 100)  # also measured: queues this long
+    short_total: int = 20_000  # tasks over all the short queues
 
 
 FULL = Sizes()
-QUICK = Sizes(tasks=10_000)
+QUICK = Sizes(tasks=10_000, short_total=2_000)
 
 
 def payloads(n: int, size: int) -> list[bytes]:
@@ -68,13 +70,33 @@ async def measure(conn: Connection, sizes: Sizes, kind: str) -> Costs:
     return Costs((m1 - m0) / sizes.tasks, (m2 - m0) / sizes.tasks)
 
 
+async def measure_short(conn: Connection, sizes: Sizes, kind: str, length: int) -> float:
+    """Bytes per queued task when the tasks are spread over many queues of
+    ``length`` tasks each (a queue's own keys are part of the cost)."""
+    await conn.execute("FLUSHALL")
+    b = Binding(Keys("m" + secrets.token_hex(3)))
+    tasks = payloads(sizes.short_total, sizes.payload)
+    m0 = await used_memory(conn)
+    for i, batch in enumerate(chunks(tasks, length)):
+        if kind == "persistent":
+            await b.ensure(conn, f"{QUEUE}-{i}", batch)
+        else:
+            await b.enqueue(conn, f"{QUEUE}-{i}", batch)
+    return (await used_memory(conn) - m0) / len(tasks)
+
+
 async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     sizes = sizes or (QUICK if ctx.quick else FULL)
     limit = sizes.payload + 100
     section = Section(
         "memory",
         "Memory",
-        METHOD.format(n=sizes.tasks, size=sizes.payload),
+        METHOD.format(
+            n=sizes.tasks,
+            size=sizes.payload,
+            short=sizes.short_total,
+            lengths=" and ".join(map(str, sizes.short_queues)),
+        ),
         runs=ctx.runs,
     )
     with run_redis_server() as server:
@@ -88,6 +110,12 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                         f"  {res[-1].queued:.1f} B per queued task, "
                         f"{res[-1].running:.1f} B per running process"
                     )
+                short = {}
+                for length in sizes.short_queues:
+                    short[length] = []
+                    for _ in range(ctx.runs):
+                        short[length].append(await measure_short(conn, sizes, kind, length))
+                    ctx.log(f"  {short[length][-1]:.1f} B per queued task, queues of {length}")
                 section.figures += [
                     Figure(
                         f"{kind}: per queued task ({sizes.payload} B payload)",
@@ -101,6 +129,15 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                         [c.running for c in res],
                     ),
                 ]
+                section.figures += [
+                    Figure(
+                        f"{kind}: per queued task, in queues of {length}",
+                        "B",
+                        short[length],
+                        target=Target("<=", limit, f"<= payload + 100 = {limit} B"),
+                    )
+                    for length in sizes.short_queues
+                ]
     return section
 
 
@@ -109,7 +146,8 @@ On an empty redis-server (FLUSHALL before each run) one worker is registered
 and serves the queue; then `INFO memory` `used_memory` is read, {n:,} tasks of
 {size} bytes each (distinct payloads) are put on the queue in script calls of
 1,000 (`enqueue.lua` for one-shot tasks, `ensure.lua` for persistent tasks,
-which also keeps the payload in the queue's standby set), `used_memory` is
+which also keeps the payload in the queue's standby set: at this size the
+persistent hash is not compact), `used_memory` is
 read again, then the worker claims every task (`claim.lua`, 1,000 per call)
 and `used_memory` is read a third time. Bytes per queued task = second minus
 first reading, divided by {n:,}; bytes per running process = third minus first
@@ -117,4 +155,10 @@ reading divided by {n:,} (everything Redis keeps for the task while it runs:
 the process record with its payload, the worker's held set entry, and for a
 persistent task its entry in the persistent hash, payload -> process id). The
 queue list and the standby set are empty then.
+
+The same {short:,} tasks of {size} bytes spread over queues of {lengths}
+tasks each (one script call per queue) measure small queues, where a queue's
+own keys count and Redis keeps small hashes compact (a persistent task's
+payload then waits in the persistent hash with an empty value, not in the
+standby set: see `to_standby` in `protocol/lib.lua`).
 """

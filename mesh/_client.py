@@ -228,14 +228,15 @@ class Client:
 
     async def _persistent(self, conn: Connection, queue: str) -> dict[bytes, str | None]:
         """Payload -> process id (running) or None (queued or delayed), read in
-        one transaction: a claim or a give back moves a payload between the
-        two keys, and two separate reads could miss it."""
+        one transaction: a claim or a give back may move a payload between
+        the two keys, and two separate reads could miss it."""
         k = self._keys
         running, standby = await _transaction(
             conn, [("HGETALL", k.persistent(queue)), ("SMEMBERS", k.standby(queue))]
         )
         out: dict[bytes, str | None] = dict.fromkeys(standby)
-        out.update((running[i], running[i + 1].decode()) for i in range(0, len(running), 2))
+        # a queued one may also be a field with the value "" (while the hash is small)
+        out.update((running[i], running[i + 1].decode() or None) for i in range(0, len(running), 2))
         return out
 
     async def processes(self, queue: str | None = None) -> list[Process]:

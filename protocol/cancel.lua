@@ -5,11 +5,11 @@
 -- to its cancel channel.
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[2] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
+-- KEYS[2] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[3] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[4] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[5] {ns}:delayed:<Q>       ZSET payload -> due time
--- KEYS[6] {ns}:standby:<Q>       SET of persistent payloads queued or delayed
+-- KEYS[6] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] the payload

@@ -13,14 +13,14 @@
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
 -- KEYS[2] {ns}:serves:<W>        SET of queues W serves
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads, head = next
--- KEYS[4] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[5] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[6] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[7] {ns}:attempts:<Q>      HASH payload -> failed attempts so far
 -- KEYS[8] {ns}:delayed:<Q>       ZSET payload -> due time (ms); due ones move to the head
 -- KEYS[9] {ns}:token             STRING fencing token counter
 -- KEYS[10] {ns}:servers:<Q>      SET of the workers that serve Q
--- KEYS[11] {ns}:standby:<Q>      SET of persistent payloads queued or delayed; a
+-- KEYS[11] {ns}:standby:<Q>      SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                claimed one moves to KEYS[4]
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
@@ -72,9 +72,9 @@ end
 local items = redis.call('LPOP', KEYS[3], n)
 if not items then return {now, 0} end
 
--- a queued payload is persistent iff it is in the standby set: without the
--- set, nothing popped is persistent and the fair share does not matter
-local has_persistent = redis.call('EXISTS', KEYS[11]) == 1
+-- without persistent tasks, nothing popped is persistent and the fair share
+-- does not matter
+local has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
 local room = #items
 if has_persistent and ARGV[6] == '1' then
@@ -84,7 +84,7 @@ if has_persistent and ARGV[6] == '1' then
 end
 local take, left = {}, {}
 for _, payload in ipairs(items) do
-  local persistent = has_persistent and redis.call('SISMEMBER', KEYS[11], payload) == 1
+  local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
   if persistent and room <= 0 then
     left[#left + 1] = payload
   else

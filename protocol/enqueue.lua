@@ -2,8 +2,8 @@
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[2] {ns}:queues            SET of known queue names
--- KEYS[3] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
--- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- ARGV[1] queue name Q
 -- ARGV[2] the work channel of Q ({ns}:work:<Q>)
 -- ARGV[3..] payloads, in order

@@ -4,8 +4,8 @@
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[2] {ns}:queues            SET of known queue names
--- KEYS[3] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
--- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- ARGV[1] queue name Q
 -- ARGV[2] the work channel of Q
 -- ARGV[3..] payloads
@@ -19,7 +19,7 @@ for i = 3, #ARGV do
   if is_persistent(KEYS[3], KEYS[4], ARGV[i]) then
     out[#out + 1] = 0
   else
-    redis.call('SADD', KEYS[4], ARGV[i])
+    to_standby(KEYS[3], KEYS[4], {ARGV[i]}, false)
     redis.call('RPUSH', KEYS[1], ARGV[i])
     out[#out + 1] = 1
     added = added + 1

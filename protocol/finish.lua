@@ -3,7 +3,7 @@
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
 -- KEYS[2] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[3] {ns}:held:<W>:<Q>      SET of W's process ids on Q
--- KEYS[4] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation

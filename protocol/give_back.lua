@@ -7,11 +7,11 @@
 -- KEYS[1] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[4] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[6] {ns}:delayed:<Q>       ZSET payload -> due time (ms)
 -- KEYS[7] {ns}:dead:<Q>          LIST of dead-lettered payloads
--- KEYS[8] {ns}:standby:<Q>       SET of persistent payloads queued or delayed; a
+-- KEYS[8] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                given-back one moves there from KEYS[4]
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return" or "fail"
@@ -48,10 +48,7 @@ for i = 6, #ARGV do
     if r.worker == ARGV[1] then
       redis.call('HDEL', KEYS[1], id)
       redis.call('SREM', KEYS[2], id)
-      if r.persistent then
-        redis.call('HDEL', KEYS[4], r.payload)
-        redis.call('SADD', KEYS[8], r.payload)
-      end
+      if r.persistent then to_standby(KEYS[4], KEYS[8], {r.payload}, true) end
       if mode == 'return' then
         front[#front + 1] = {tonumber(id), r.payload}
         outcome = 1

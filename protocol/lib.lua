@@ -57,7 +57,9 @@ local function unpack_record(rec)
 end
 
 -- Whether `payload` is a persistent task of a queue: queued or delayed (a
--- member of its standby set) or running (a field of its persistent hash).
+-- member of its standby set, or a field of its persistent hash with the
+-- value "": see to_standby) or running (a field of the hash, with the id of
+-- the process that runs it).
 local function is_persistent(running, standby, payload)
   return redis.call('SISMEMBER', standby, payload) == 1
     or redis.call('HEXISTS', running, payload) == 1
@@ -133,11 +135,42 @@ local function call_chunked(cmd, key, items, step)
   end
 end
 
--- Keep persistent tasks (payloads) as queued or delayed: out of the
--- running hash `persistent`, into the set `standby`.
-local function to_standby(persistent, standby, payloads)
-  call_chunked('HDEL', persistent, payloads)
-  call_chunked('SADD', standby, payloads)
+-- Keep persistent tasks (payloads) as queued or delayed. Where depends on
+-- what costs Redis less memory, never on meaning (a queued persistent task
+-- is a member of `standby` or a field of `persistent` with the value ""):
+-- a hash of at most 128 fields of at most 64 bytes is compact (a listpack,
+-- a ziplist before Redis 7: the defaults of hash-max-listpack-entries and
+-- -value), a few bytes per entry, and a set of strings is not before Redis
+-- 7.2; a bigger hash is a hash table, which spends an 8-byte value string on
+-- each entry that a set does not. So a payload stays in the hash (value "")
+-- while the hash is compact and stays so, and goes to the set otherwise.
+-- `running`: the payloads are fields of `persistent` now (they stop running).
+local function to_standby(persistent, standby, payloads, running)
+  if #payloads == 0 then return end
+  local compact = redis.call('OBJECT', 'ENCODING', persistent) ~= 'hashtable'
+  local size = redis.call('HLEN', persistent)
+  local in_hash, in_set, gone = {}, {}, {}
+  for _, p in ipairs(payloads) do
+    if compact and #p <= 64 and (running or size < 128) then
+      in_hash[#in_hash + 1] = p
+      in_hash[#in_hash + 1] = ''
+      if not running then size = size + 1 end
+    else
+      in_set[#in_set + 1] = p
+      if running then gone[#gone + 1] = p end
+    end
+  end
+  call_chunked('HDEL', persistent, gone)
+  call_chunked('HSET', persistent, in_hash, 2)
+  call_chunked('SADD', standby, in_set)
+end
+
+-- Whether a payload popped from a queue is a persistent task (see
+-- to_standby).
+local function is_queued_persistent(persistent, standby, payload)
+  local v = redis.call('HGET', persistent, payload)
+  if v then return v == '' end
+  return redis.call('SISMEMBER', standby, payload) == 1
 end
 
 -- Hand every process in `held` (a worker's set of process ids on one queue)
@@ -186,7 +219,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     end
   end
   call_chunked('HDEL', procs, gone)
-  to_standby(persistent, standby, pers)
+  to_standby(persistent, standby, pers, true)
   call_chunked('LPUSH', queue, front)
   call_chunked('ZADD', delayed, later, 2)
   call_chunked('RPUSH', queue, back_end)

@@ -5,12 +5,12 @@
 -- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[3] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[4] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[5] {ns}:persistent:<Q>    HASH running persistent payload -> owner process id
+-- KEYS[5] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[6] {ns}:attempts:<Q>      (passed for the shared helper; not written)
 -- KEYS[7] {ns}:dead:<Q>          (passed for the shared helper; not written)
 -- KEYS[8] {ns}:servers:<Q>       SET of the workers that serve Q
 -- KEYS[9] {ns}:delayed:<Q>       (passed for the shared helper; not written)
--- KEYS[10] {ns}:standby:<Q>      SET of persistent payloads queued or delayed; a
+-- KEYS[10] {ns}:standby:<Q>      SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                handed-back one moves there from KEYS[5]
 -- ARGV[1] queue name Q
 -- ARGV[2] the work channel of Q

@@ -47,14 +47,19 @@ async def snapshot(conn: Connection, keys: Keys, queue: str, workers: list[str])
         return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
     n = len(workers)
+    # A queued persistent task is a member of the standby set or a field of
+    # the persistent hash with the value "" (lib.lua's to_standby picks by
+    # memory): "standby" is both, "persistent" only the running ones.
+    pers, in_set = pairs(r[1]), set(r[6])
+    assert not in_set & set(pers), f"in the standby set and the hash: {in_set & set(pers)}"
     return {
         "queue": list(r[0]),
-        "persistent": pairs(r[1]),
+        "persistent": {p: v for p, v in pers.items() if v},
         "procs": pairs(r[2]),
         "attempts": pairs(r[3]),
         "delayed": list(r[4]),
         "dead": list(r[5]),
-        "standby": set(r[6]),
+        "standby": in_set | {p for p, v in pers.items() if not v},
         "held": {w: {x.decode() for x in r[7 + i]} for i, w in enumerate(workers)},
         "inbox": {w: {x.decode() for x in r[7 + n + i]} for i, w in enumerate(workers)},
     }

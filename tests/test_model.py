@@ -296,12 +296,15 @@ class MeshModel(RuleBasedStateMachine):
                 assert held == {
                     pid for pid, (pw, pq, _) in self.procs.items() if pw == w and pq == q
                 }
-            # persistent tasks: registered exactly while alive, in the standby
-            # set while queued or delayed, in the persistent hash (-> the pid
-            # of its process) while running; never in both
-            standby = self.r.smembers(k.standby(q))
-            running = self.r.hgetall(k.persistent(q))
-            assert not standby & set(running), f"in standby and running in {q}"
+            # persistent tasks: registered exactly while alive; while queued or
+            # delayed in the standby set or the persistent hash with the value
+            # "", while running in the hash (-> the pid of its process); never
+            # in the set and the hash
+            in_set = self.r.smembers(k.standby(q))
+            marks = self.r.hgetall(k.persistent(q))
+            assert not in_set & set(marks), f"in the standby set and the hash in {q}"
+            standby = in_set | {p for p, v in marks.items() if v == b""}
+            running = {p: v for p, v in marks.items() if v != b""}
             assert standby | set(running) == self.persistent[q]
             assert standby == waiting & self.persistent[q], f"standby is not what waits in {q}"
             assert running == {

@@ -645,3 +645,44 @@ async def test_a_persistent_task_that_ran_a_lease_before_each_crash_fails_over_a
         s = await snapshot(conn, keys, Q, [])
         assert (s["queue"], s["delayed"]) == ([b"dev"], [])  # back at once, every time
         assert s["attempts"] == {b"dev": b"1"}  # the count starts over
+
+
+async def test_a_queued_persistent_task_is_kept_where_it_costs_least(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """While the persistent hash is compact (at most 128 fields of at most 64
+    bytes), a queued task is a field with the value ""; otherwise a member of
+    the standby set. Never both; either way it is claimed as persistent."""
+
+    async def raw() -> tuple[set[bytes], dict[bytes, bytes], bytes]:
+        in_set, pers, enc = await conn.pipeline(
+            [
+                ("SMEMBERS", keys.standby(Q)),
+                ("HGETALL", keys.persistent(Q)),
+                ("OBJECT", "ENCODING", keys.persistent(Q)),
+            ]
+        )
+        marks = {pers[i]: pers[i + 1] for i in range(0, len(pers), 2)}
+        assert not set(in_set) & set(marks)
+        return set(in_set), marks, enc or b""
+
+    long = b"x" * 65
+    await b.ensure(conn, Q, [b"p0", long])
+    in_set, marks, enc = await raw()
+    assert (in_set, marks) == ({long}, {b"p0": b""}) and enc != b"hashtable"
+    await b.ensure(conn, Q, [b"p%d" % i for i in range(1, 200)])
+    in_set, marks, enc = await raw()
+    assert len(marks) == 128 and set(marks.values()) == {b""} and enc != b"hashtable"
+    assert len(in_set) == 200 - 128 + 1  # the rest, and the long one
+    # claim everything: each leaves the set or its "" for its process id
+    inc = await join(b, conn, "w1", Q)
+    got = (await b.claim(conn, "w1", inc, Q, 1000, 0)).processes
+    assert len(got) == 201 and all(p.persistent for p in got)
+    in_set, marks, enc = await raw()
+    assert in_set == set() and len(marks) == 201 and b"" not in marks.values()
+    assert enc == b"hashtable"
+    # the hash is a hash table now: handed back, they go to the set
+    await b.give_back(conn, "w1", Q, [p.id for p in got[:150]], failed=False)
+    in_set, marks, _ = await raw()
+    assert in_set == {p.task for p in got[:150]} and len(marks) == 51
+    assert {p.task for p in (await b.claim(conn, "w1", inc, Q, 1000, 0)).processes} == in_set

@@ -105,14 +105,17 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
             ps[pid.decode()] = Proc(
                 pid.decode(), parts[0].decode(), parts[1] == b"p", int(parts[2]), parts[8]
             )
+        # a queued persistent task: in the standby set, or a field of the
+        # persistent hash with the value "" (lib.lua's to_standby)
+        marks = _pairs(pers)
         out[q] = QueueState(
             list(queued),
             list(delayed),
             ps,
-            {k: v.decode() for k, v in _pairs(pers).items()},
+            {k: v.decode() for k, v in marks.items() if v},
             list(dead),
             {w: {x.decode() for x in h} for w, h in zip(names, held, strict=True)},
-            set(standby),
+            set(standby) | {k for k, v in marks.items() if not v},
         )
     return Snapshot(workers, out, int(r[2]))
 
