@@ -309,8 +309,9 @@ polling included, the same for every library); "Redis commands per task" is the
 `total_commands_processed` delta over the same span without the parent's polls
 (commands run inside Lua scripts count too: it is the work Redis does, not the
 round trips); for trio-mesh "script calls per task" counts the `EVALSHA` calls
-(claims, finish reports, heartbeats, reaper checks), i.e. its round trips;
-"worker CPU per task" is the
+(claims, finish reports, heartbeats, reaper checks); a finish report and the
+next claim share one round trip, so a busy worker makes about half as many
+round trips as script calls; "worker CPU per task" is the
 worker processes' user + system time over the same span. The peers run in their
 own virtual environment (`bench/peers.txt`) because arq needs redis-py < 6 and
 SAQ's redis extra redis-py < 8, while trio-mesh needs redis-py 8.

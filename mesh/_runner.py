@@ -4,7 +4,9 @@ own cancel scope, report outcomes in batches.
 The runner claims as many tasks as it has free slots in one ``claim.lua``
 call, and reports every process that ended since the last call in one
 ``finish.lua`` (and one ``give_back.lua`` for failures) call, so a busy queue
-costs about two script calls per batch rather than per task.
+costs about two script calls per batch rather than per task. A finish report
+and the next claim go out in the same write (one round trip): Redis runs the
+finish first, so the claim can take the slots it freed.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import outcome
 import trio
 
 from ._connection import Connection
-from ._errors import CommandError, FencedError, MeshConnectionError
-from ._scripts import Binding
+from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
+from ._scripts import Binding, ClaimReply
 from ._types import Process
 
 __all__ = ["Handler", "QueueConfig", "QueueRunner"]
@@ -150,8 +153,11 @@ class QueueRunner:
                 try:
                     if self._resync_needed:
                         await self._resync()
-                    if self._done or self._failed:
-                        await self._report()
+                    if self._failed:
+                        await self._give_back_failed()
+                    # Finished processes left self.running when their handler
+                    # ended: their slots count as free, and the finish report
+                    # goes out with the claim, ahead of it.
                     free = self.config.concurrency - len(self.running)
                     if self._next_due <= trio.current_time():
                         self._next_due = float("inf")
@@ -160,6 +166,8 @@ class QueueRunner:
                         await self._claim(handlers, min(free, 1000))
                         backoff = 0.02
                         continue
+                    if self._done:
+                        await self._finish()
                 except FencedError as exc:
                     self._on_fenced(str(exc))
                     return
@@ -178,6 +186,11 @@ class QueueRunner:
                 self._wakeup = trio.Event()
 
     async def _claim(self, handlers: trio.Nursery, n: int) -> None:
+        """Claim up to ``n`` tasks and start them; processes that finished
+        since the last report are reported in the same round trip, before
+        the claim runs. Each of the two is handled as if sent alone: a
+        claim that went through is started even if the finish failed, and
+        the other way round; then the error is raised (a FencedError first)."""
         c = self.config
         now = trio.current_time()
         # Fair share first; a worker held back by it that still sees work one
@@ -188,22 +201,68 @@ class QueueRunner:
         # claim is in flight (work enqueued after Redis ran it) sets it again
         # and must not be overwritten by this reply.
         self._maybe_work = False
+        # Take the finished list before awaiting: handlers that end while it
+        # is in flight append to a fresh one, for the next report.
+        done, self._done = self._done, []
+        args = (self._conn, self._wid, self._inc, c.queue)
+        backoff_ms, cap_ms = int(c.backoff * 1000), int(c.backoff_max * 1000)
         try:
-            reply = await self._binding.claim(
-                self._conn,
-                self._wid,
-                self._inc,
-                c.queue,
-                n,
-                c.max_attempts,
-                fair=fair,
-                backoff_ms=int(c.backoff * 1000),
-                backoff_cap_ms=int(c.backoff_max * 1000),
-                ttl_ms=self._ttl_ms,
-            )
+            if done:
+                finished, claimed = await self._binding.finish_and_claim(
+                    *args,
+                    done,
+                    n,
+                    c.max_attempts,
+                    fair=fair,
+                    backoff_ms=backoff_ms,
+                    backoff_cap_ms=cap_ms,
+                    ttl_ms=self._ttl_ms,
+                )
+            else:
+                finished = None
+                claimed = outcome.Value(
+                    await self._binding.claim(
+                        *args,
+                        n,
+                        c.max_attempts,
+                        fair=fair,
+                        backoff_ms=backoff_ms,
+                        backoff_cap_ms=cap_ms,
+                        ttl_ms=self._ttl_ms,
+                    )
+                )
         except BaseException:
+            # No reply (a connection error, an error reply to a claim sent
+            # alone, a cancellation): report these again later. After a
+            # connection error the loop re-checks what Redis holds for us.
+            self._done = done + self._done
             self._maybe_work = True
             raise
+        # Each reply is taken as if it had come alone: a claim that went
+        # through is started even if the finish failed, and the other way
+        # round; then the error is raised, a FencedError first.
+        errors: list[MeshError] = []
+        if finished is not None:
+            try:
+                self._counters.finished += sum(finished.unwrap())
+            except MeshError as exc:
+                self._done = done + self._done
+                errors.append(exc)
+        try:
+            reply = claimed.unwrap()
+        except MeshError as exc:
+            self._maybe_work = True
+            errors.append(exc)
+        else:
+            self._start_claimed(handlers, reply, now, held_back)
+        if errors:
+            raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
+
+    def _start_claimed(
+        self, handlers: trio.Nursery, reply: ClaimReply, now: float, held_back: float | None
+    ) -> None:
+        """Take a claim's reply: start its processes."""
+        c = self.config
         self._maybe_work = self._maybe_work or reply.remaining > 0
         if reply.held_back:
             if held_back is None:
@@ -246,42 +305,49 @@ class QueueRunner:
         self._wakeup.set()
 
     async def _report(self) -> None:
-        c = self.config
-        # Take the lists before awaiting: handlers that end while a report is
-        # in flight append to fresh lists, for the next report. On an error
-        # the taken ones go back, to be reported again.
+        """Report every outcome in hand, without claiming."""
         if self._done:
-            done, self._done = self._done, []
-            try:
-                results = await self._binding.finish(
-                    self._conn, self._wid, self._inc, c.queue, done
-                )
-            except BaseException:
-                self._done = done + self._done
-                raise
-            self._counters.finished += sum(results)
+            await self._finish()
         if self._failed:
-            failed, self._failed = self._failed, []
-            try:
-                outcomes = await self._binding.give_back(
-                    self._conn,
-                    self._wid,
-                    c.queue,
-                    failed,
-                    failed=True,
-                    backoff_ms=int(c.backoff * 1000),
-                    backoff_cap_ms=int(c.backoff_max * 1000),
-                )
-            except BaseException:
-                self._failed = failed + self._failed
-                raise
-            self._counters.failed += len(failed)
-            for outcome, delay in outcomes:
-                if outcome == 2:
-                    if delay > 0:
-                        self.wake_in(delay / 1000)
-                    else:
-                        self._maybe_work = True
+            await self._give_back_failed()
+
+    async def _finish(self) -> None:
+        # Take the list before awaiting: handlers that end while a report is
+        # in flight append to a fresh list, for the next report. On an error
+        # the taken ones go back, to be reported again.
+        done, self._done = self._done, []
+        try:
+            results = await self._binding.finish(
+                self._conn, self._wid, self._inc, self.config.queue, done
+            )
+        except BaseException:
+            self._done = done + self._done
+            raise
+        self._counters.finished += sum(results)
+
+    async def _give_back_failed(self) -> None:
+        c = self.config
+        failed, self._failed = self._failed, []
+        try:
+            outcomes = await self._binding.give_back(
+                self._conn,
+                self._wid,
+                c.queue,
+                failed,
+                failed=True,
+                backoff_ms=int(c.backoff * 1000),
+                backoff_cap_ms=int(c.backoff_max * 1000),
+            )
+        except BaseException:
+            self._failed = failed + self._failed
+            raise
+        self._counters.failed += len(failed)
+        for result, delay in outcomes:
+            if result == 2:
+                if delay > 0:
+                    self.wake_in(delay / 1000)
+                else:
+                    self._maybe_work = True
 
     async def _resync(self) -> None:
         """Make what this runner runs agree with what Redis says it holds on

@@ -15,19 +15,31 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import attrs
+import outcome
 
 from ._errors import CommandError, ConfigError, ConflictError, FencedError, ProtocolError
 from ._keys import PROTOCOL_VERSION, Keys
 from ._types import Process
 
-__all__ = ["Binding", "Executor", "Script", "load_scripts", "payload_bytes"]
+__all__ = [
+    "Binding",
+    "Executor",
+    "PipelineExecutor",
+    "Script",
+    "ScriptCall",
+    "load_scripts",
+    "payload_bytes",
+    "run_pipelined",
+]
+
+T = TypeVar("T")
 
 SCRIPT_NAMES = (
     "register",
@@ -60,6 +72,15 @@ class Executor(Protocol):
     """What the binding needs of a connection."""
 
     async def execute(self, *args: bytes | str | int | float) -> Any: ...
+
+
+class PipelineExecutor(Executor, Protocol):
+    """What :func:`run_pipelined` needs: a connection that sends several
+    commands in one write, in order (:meth:`Connection.pipeline`)."""
+
+    async def pipeline(
+        self, commands: Sequence[Sequence[bytes | str | int | float]], *, raise_on_error: bool
+    ) -> list[Any]: ...
 
 
 @attrs.frozen
@@ -161,6 +182,72 @@ async def run_script(
 
 
 @attrs.frozen
+class ScriptCall(Generic[T]):
+    """One script call, built but not sent (sans-IO): the script, its keys and
+    arguments, and ``parse``, which turns the call's reply into its result."""
+
+    script: Script
+    keys: Sequence[str] = attrs.field(repr=False)
+    args: Sequence[Any] = attrs.field(repr=False)
+    parse: Callable[[Any], T] = attrs.field(repr=False)
+
+    def command(self, *, source: bool = False) -> tuple[Any, ...]:
+        """The ``EVALSHA`` command, or with ``source`` the ``EVAL`` one."""
+        head = ("EVAL", self.script.source) if source else ("EVALSHA", self.script.sha)
+        return (*head, len(self.keys), *self.keys, *self.args)
+
+
+async def run_pipelined(
+    conn: PipelineExecutor, calls: Sequence[ScriptCall[Any]]
+) -> list[outcome.Outcome[Any]]:
+    """Send several script calls in one write and return each one's outcome.
+
+    Redis runs them in the order given, one after the other, with no command
+    of another client in between (they arrive in one write); each is atomic
+    on its own, not the group. Calls that got ``NOSCRIPT`` are sent again,
+    together and in order, as ``EVAL``: should only some of them have got it
+    (the script cache was flushed between two of them), those run after the
+    others.
+
+    Returns:
+        Per call, in order: ``outcome.Value`` of its parsed reply, or
+        ``outcome.Error`` of what :func:`run_script` would raise for it
+        (FencedError and the other script error codes, CommandError).
+    Raises:
+        MeshConnectionError: from the connection; then it is unknown which of
+            the calls ran.
+
+    On cancellation, as for :meth:`Connection.pipeline`: the calls are
+    dropped if they were not written yet, otherwise they run in Redis and
+    their replies are discarded.
+    """
+    results: list[outcome.Outcome[Any] | None] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    source = False
+    while todo:
+        replies = await conn.pipeline(
+            [calls[i].command(source=source) for i in todo], raise_on_error=False
+        )
+        retry = []
+        for i, reply in zip(todo, replies, strict=True):
+            if isinstance(reply, CommandError):
+                if reply.code == "NOSCRIPT" and not source:
+                    retry.append(i)
+                    continue
+                mapped = _map_error(reply)
+                if mapped is not reply:
+                    mapped.__cause__ = reply
+                results[i] = outcome.Error(mapped)
+                continue
+            try:
+                results[i] = outcome.Value(calls[i].parse(reply))
+            except Exception as exc:  # a malformed reply: that call's error
+                results[i] = outcome.Error(exc)
+        todo, source = retry, True
+    return [r for r in results if r is not None]
+
+
+@attrs.frozen
 class HeartbeatReply:
     now_ms: int
     next_deadline_ms: int
@@ -258,9 +345,8 @@ class Binding:
             tuple(int(x) for x in r[4]),
         )
 
-    async def claim(
+    def claim_call(
         self,
-        conn: Executor,
         worker: str,
         incarnation: str,
         queue: str,
@@ -271,7 +357,7 @@ class Binding:
         backoff_ms: int = 1000,
         backoff_cap_ms: int = 60_000,
         ttl_ms: int = 0,
-    ) -> ClaimReply:
+    ) -> ScriptCall[ClaimReply]:
         k = self.keys
         keys = [
             k.heartbeat(worker),
@@ -297,23 +383,60 @@ class Binding:
             backoff_cap_ms,
             ttl_ms,
         ]
-        r = await self._run(conn, "claim", keys, args)
-        now = int(r[0])
-        started = now / 1000
-        procs = []
-        for i in range(2, len(r), 4):
-            pid = r[i].decode()
-            procs.append(
-                Process(
-                    pid, queue, r[i + 3], int(pid), worker, r[i + 1] == 1, int(r[i + 2]), started
-                )
-            )
-        left = int(r[1])
-        return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0)
 
-    async def finish(
-        self, conn: Executor, worker: str, incarnation: str, queue: str, ids: Sequence[str]
-    ) -> list[bool]:
+        def parse(r: Any) -> ClaimReply:
+            now = int(r[0])
+            started = now / 1000
+            procs = []
+            for i in range(2, len(r), 4):
+                pid = r[i].decode()
+                procs.append(
+                    Process(
+                        pid,
+                        queue,
+                        r[i + 3],
+                        int(pid),
+                        worker,
+                        r[i + 1] == 1,
+                        int(r[i + 2]),
+                        started,
+                    )
+                )
+            left = int(r[1])
+            return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0)
+
+        return ScriptCall(self.scripts["claim"], keys, args, parse)
+
+    async def claim(
+        self,
+        conn: Executor,
+        worker: str,
+        incarnation: str,
+        queue: str,
+        n: int,
+        max_attempts: int,
+        *,
+        fair: bool = False,
+        backoff_ms: int = 1000,
+        backoff_cap_ms: int = 60_000,
+        ttl_ms: int = 0,
+    ) -> ClaimReply:
+        call = self.claim_call(
+            worker,
+            incarnation,
+            queue,
+            n,
+            max_attempts,
+            fair=fair,
+            backoff_ms=backoff_ms,
+            backoff_cap_ms=backoff_cap_ms,
+            ttl_ms=ttl_ms,
+        )
+        return call.parse(await run_script(conn, call.script, call.keys, call.args))
+
+    def finish_call(
+        self, worker: str, incarnation: str, queue: str, ids: Sequence[str]
+    ) -> ScriptCall[list[bool]]:
         k = self.keys
         keys = [
             k.heartbeat(worker),
@@ -322,10 +445,55 @@ class Binding:
             k.persistent(queue),
             k.attempts(queue),
         ]
-        r = await self._run(
-            conn, "finish", keys, [worker, incarnation, k.done_channel(queue), *ids]
+        args = [worker, incarnation, k.done_channel(queue), *ids]
+        return ScriptCall(self.scripts["finish"], keys, args, _parse_finish)
+
+    async def finish(
+        self, conn: Executor, worker: str, incarnation: str, queue: str, ids: Sequence[str]
+    ) -> list[bool]:
+        call = self.finish_call(worker, incarnation, queue, ids)
+        return call.parse(await run_script(conn, call.script, call.keys, call.args))
+
+    async def finish_and_claim(
+        self,
+        conn: PipelineExecutor,
+        worker: str,
+        incarnation: str,
+        queue: str,
+        ids: Sequence[str],
+        n: int,
+        max_attempts: int,
+        *,
+        fair: bool = False,
+        backoff_ms: int = 1000,
+        backoff_cap_ms: int = 60_000,
+        ttl_ms: int = 0,
+    ) -> tuple[outcome.Outcome[list[bool]], outcome.Outcome[ClaimReply]]:
+        """:meth:`finish` ``ids``, then :meth:`claim` up to ``n``, in one
+        round trip. Redis runs the finish first, so the claim sees those
+        processes gone (the fair share no longer counts them). The two are
+        not one atomic step, and either may fail alone.
+
+        Returns:
+            The outcome of each (see :func:`run_pipelined`): what
+            :meth:`finish` and :meth:`claim` would have returned or raised.
+        Raises:
+            MeshConnectionError: unknown whether either ran.
+        """
+        finish = self.finish_call(worker, incarnation, queue, ids)
+        claim = self.claim_call(
+            worker,
+            incarnation,
+            queue,
+            n,
+            max_attempts,
+            fair=fair,
+            backoff_ms=backoff_ms,
+            backoff_cap_ms=backoff_cap_ms,
+            ttl_ms=ttl_ms,
         )
-        return [x == 1 for x in r]
+        finished, claimed = await run_pipelined(conn, [finish, claim])
+        return finished, claimed
 
     async def give_back(
         self,
@@ -491,6 +659,10 @@ class Binding:
                 return int(r[1]), int(r[2])
             workers += [w.decode() for w in r[1:]]
         raise ProtocolError(f"{name} on queue {queue}: the running processes kept changing")
+
+
+def _parse_finish(r: Any) -> list[bool]:
+    return [x == 1 for x in r]
 
 
 def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:

@@ -521,6 +521,61 @@ async def test_scripts_survive_script_flush(conn: Connection, b: Binding) -> Non
     assert await b.enqueue(conn, Q, [b"b"]) == 2
 
 
+async def test_finish_and_claim_runs_the_finish_first_in_one_write(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    i1 = await join(b, conn, "w1", Q)
+    await join(b, conn, "w2", Q)
+    await b.ensure(conn, Q, [b"d1", b"d2"])  # a fair share of 1 each
+    (d1,) = (await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)).processes
+    await conn.execute("SCRIPT", "LOAD", b.scripts["finish"].source)  # no NOSCRIPT detour
+    writes = conn.statistics().writes
+    f, c = await b.finish_and_claim(conn, "w1", i1, Q, [d1.id], 10, 0, fair=True)
+    assert conn.statistics().writes == writes + 1
+    assert f.unwrap() == [True]
+    # the claim saw d1 finished: w1 holds nothing, so d2 is within its share
+    r = c.unwrap()
+    assert [p.task for p in r.processes] == [b"d2"] and not r.held_back
+    s = await snapshot(conn, keys, Q, ["w1"])
+    (d2,) = r.processes
+    assert s["held"]["w1"] == {d2.id} and s["persistent"] == {b"d2": d2.id.encode()}
+
+
+async def test_finish_and_claim_returns_each_outcome_on_its_own(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b"])
+    (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    # the finish goes through, the claim is refused (a bad count)
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], 0, 0)
+    assert f.unwrap() == [True]
+    with pytest.raises(CommandError, match="BAD_ARG"):
+        c.unwrap()
+    # a lease gone: the finish changes nothing, the claim is fenced
+    await expire_worker(conn, keys, "w1")
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], 1, 0)
+    assert f.unwrap() == [False]
+    with pytest.raises(FencedError, match="no lease"):
+        c.unwrap()
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"b"]
+
+
+async def test_finish_and_claim_survives_script_flush(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b"])
+    (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await conn.execute("SCRIPT", "FLUSH")
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], 1, 0)
+    assert f.unwrap() == [True]
+    (p,) = c.unwrap().processes
+    assert p.task == b"b"
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert list(s["procs"]) == [p.id.encode()]
+
+
 def test_every_script_states_its_contract_in_a_header() -> None:
     proto = Path(__file__).resolve().parent.parent / "protocol"
     for name in load_scripts():

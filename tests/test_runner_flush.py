@@ -43,6 +43,7 @@ async def test_stop_work_reports_what_already_finished(redis_url: str, namespace
         # outcomes are still unreported when the runners stop.
         binding = worker._binding
         real_finish, real_give_back = binding.finish, binding.give_back
+        real_finish_and_claim = binding.finish_and_claim
         hung: set[str] = set()
 
         async def finish(*args: Any, **kwargs: Any) -> Any:
@@ -51,6 +52,13 @@ async def test_stop_work_reports_what_already_finished(redis_url: str, namespace
                 await trio.sleep_forever()
             return await real_finish(*args, **kwargs)
 
+        async def finish_and_claim(*args: Any, **kwargs: Any) -> Any:
+            # a report that goes out with the next claim (work was announced)
+            if "finish" not in hung:
+                hung.add("finish")
+                await trio.sleep_forever()
+            return await real_finish_and_claim(*args, **kwargs)
+
         async def give_back(*args: Any, **kwargs: Any) -> Any:
             if "give_back" not in hung:
                 hung.add("give_back")
@@ -58,6 +66,7 @@ async def test_stop_work_reports_what_already_finished(redis_url: str, namespace
             return await real_give_back(*args, **kwargs)
 
         binding.finish = finish  # type: ignore[method-assign]
+        binding.finish_and_claim = finish_and_claim  # type: ignore[method-assign]
         binding.give_back = give_back  # type: ignore[method-assign]
 
         await worker.start_work("reports", report)
