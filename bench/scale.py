@@ -202,7 +202,7 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
             )
             async with SlowlogWindow(conn) as w:
                 t0 = trio.current_time()
-                done = await Reaper(conn, b, max_interval=sizes.ttl).reap_once()
+                done = await Reaper(conn, b, ttl=sizes.ttl).reap_once()
                 t1 = trio.current_time()
                 await wait_held(conn, k, ntasks, len(extra), 30)  # peers may take some
             if done < n:
@@ -282,7 +282,7 @@ async def recycle_quiet(
             + [("ZADD", k.workers, "XX", 0, wid) for wid in ids]
         )
         async with SlowlogWindow(conn) as w:
-            if await Reaper(conn, b, max_interval=600).reap_once() != n:
+            if await Reaper(conn, b, ttl=600).reap_once() != n:
                 raise RuntimeError("the reaper did not recycle every dead worker")
         sha = (b.scripts["recycle"].sha, b.scripts["reap_check"].sha)
         return float(sum(us for us, _ in w.script_calls(sha[0]) + w.script_calls(sha[1])))

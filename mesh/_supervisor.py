@@ -16,10 +16,10 @@ act on each event), and after every pass draws, with the same probability,
 whether to be *on watch* until its next pass: a reaper on watch also wakes at
 the next lease deadline Redis told it about (so failover does not wait for
 the event, which Redis may send late or, unconfigured, never) and acts on
-every event. Every reaper also checks every ``max_interval``, and when its
-worker's heartbeat reports a lease deadline passed more than ``grace`` ago
-(nobody drawn acted): the backstop, which the mesh provides every T/3 / N on
-average, since heartbeats are spread at random.
+every event. Every reaper also checks when its worker's heartbeat reports a
+lease deadline passed more than ``grace`` ago (nobody drawn acted): the
+backstop, which the mesh provides every T/3 / N on average, since heartbeats
+are spread at random. And every 3 T at least, a safety net that costs little.
 """
 
 import logging
@@ -48,9 +48,12 @@ class ReaperStatistics:
 
 class Reaper:
     """Args:
-    max_interval: the longest sleep between checks (the safety net).
+    ttl: the workers' lease TTL T, which sets the other times: a check at
+        least every 3 T (the safety net: a reaper on watch and the heartbeat
+        backstop act first), a reap lease of T/2, a grace of T/20 (25 ms to
+        250 ms).
     batch: at most this many dead workers per ``recycle.lua`` call.
-    herd: how many reapers of the mesh are on watch at once, on average.
+    herd: how many reapers of the mesh act on a death, on average.
     jitter: on watch, wake up to this many seconds after a deadline (so the
         reapers on watch do not all check in the same millisecond).
     """
@@ -60,14 +63,16 @@ class Reaper:
         conn: Connection,
         binding: Binding,
         *,
-        max_interval: float,
+        ttl: float,
         batch: int = 16,
         herd: int = 3,
         jitter: float = 0.02,
     ) -> None:
         self._conn = conn
         self._binding = binding
-        self.max_interval = max_interval
+        self.interval = 3 * ttl
+        self.lease_ms = max(200, int(ttl * 500))
+        self.grace = min(max(ttl / 20, 0.025), 0.25)
         self.batch = batch
         self.herd = herd
         self._jitter = jitter
@@ -81,11 +86,6 @@ class Reaper:
         self._mesh_size = 0
         self._on_watch = True
         self._queues: list[str] = []  # the queues dead workers served lately
-
-    @property
-    def grace(self) -> float:
-        """How long after a lease deadline the backstop acts: seconds."""
-        return min(max(self.max_interval / 20, 0.025), 0.25)
 
     @property
     def on_watch(self) -> bool:
@@ -124,9 +124,8 @@ class Reaper:
                 taken from other reapers for a while; then any takes them).
         """
         total = 0
-        lease_ms = max(200, int(self.max_interval * 500))
         while True:
-            check = await self._binding.reap_check(self._conn, self.batch, lease_ms)
+            check = await self._binding.reap_check(self._conn, self.batch, self.lease_ms)
             self._checks += 1
             self._next_ms = check.next_ms
             self._mesh_size = check.workers
@@ -162,10 +161,10 @@ class Reaper:
             except (MeshConnectionError, CommandError) as exc:
                 log.debug("reaper: %s; retrying in %.2fs", exc, backoff)
                 await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.max_interval)
+                backoff = min(backoff * 2, self.interval)
                 continue
             self._on_watch = random.random() * self._mesh_size < self.herd
-            timeout = self.max_interval * (1 + random.random() * 0.2)
+            timeout = self.interval * (1 + random.random() * 0.2)
             if self._on_watch and self._next_ms >= 0:
                 timeout = min(timeout, self._next_ms / 1000 + random.random() * self._jitter)
             with trio.move_on_after(max(timeout, 0.001)):

@@ -155,7 +155,7 @@ class Worker:
         self._counters = Counters()
         self._fenced = 0
         self._heartbeats = 0
-        self._reaper = Reaper(conn, self._binding, max_interval=timing.ttl)
+        self._reaper = Reaper(conn, self._binding, ttl=timing.ttl)
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
@@ -547,7 +547,7 @@ class Worker:
             gen.beat.set()
             gen.beat = trio.Event()
             await trio.sleep_until(sent + t.interval * (1 - spread * random.random()))
-            spread = 0.1
+            spread = 0.05
 
     async def _run_generations(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -688,7 +688,13 @@ async def open_worker(
         config, name=f"mesh-worker:{worker_id}", reply_timeout=reply_timeout
     ) as conn:
         await _check_server(conn)
-        async with open_pubsub(config, name=f"mesh-events:{worker_id}") as pubsub:
+        # The event link only speeds things up: every H the heartbeat brings
+        # the durable state (work, cancels, overdue leases) anyway. Probing it
+        # every T, not every second, is enough, and 1,000 idle workers then
+        # cost Redis 1,000 / T pings a second, not 1,000.
+        ping = max(1.0, timing.ttl)
+        name = f"mesh-events:{worker_id}"
+        async with open_pubsub(config, name=name, ping_interval=ping) as pubsub:
             worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)
             reaper = worker._reaper
             try:
