@@ -135,6 +135,17 @@ local function call_chunked(cmd, key, items, step)
   end
 end
 
+-- HMGET of every field in `fields` (chunked like call_chunked): the values,
+-- false for a missing one, in the order of `fields`.
+local function hmget_all(key, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
 -- Keep persistent tasks (payloads) as queued or delayed. Where depends on
 -- what costs Redis less memory, never on meaning (a queued persistent task
 -- is a member of `standby` or a field of `persistent` with the value ""):
@@ -185,11 +196,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
                            now, standby)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
   if #ids == 0 then return 0, 0 end
-  local recs = {}
-  for i = 1, #ids, 1000 do
-    local part = redis.call('HMGET', procs, unpack(ids, i, math.min(i + 999, #ids)))
-    for j = 1, #part do recs[i + j - 1] = part[j] end
-  end
+  local recs = hmget_all(procs, ids)
   local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
   -- newest claim first: the last LPUSHed, the oldest, ends up at the head
   for i = #ids, 1, -1 do

@@ -741,3 +741,29 @@ async def test_a_queued_persistent_task_is_kept_where_it_costs_least(
     in_set, marks, _ = await raw()
     assert in_set == {p.task for p in got[:150]} and len(marks) == 51
     assert {p.task for p in (await b.claim(conn, "w1", inc, Q, 1000, 0)).processes} == in_set
+
+
+async def test_finish_counts_an_id_given_twice_once(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b"])
+    a, c = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.subscribe(keys.done_channel(Q))
+        assert await b.finish(conn, "w1", inc, Q, [a.id, a.id, "nope", c.id]) == [
+            True,
+            False,
+            False,
+            True,
+        ]
+        await conn.execute("PUBLISH", keys.done_channel(Q), "end")
+        got = []
+        with trio.fail_after(5):
+            async for msg in pubsub:
+                got.append(msg.data)
+                if msg.data == b"end":
+                    break
+    assert got == [b"a", b"b", b"end"]  # one done message per task
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["procs"] == {} and s["held"]["w1"] == set()
