@@ -196,13 +196,16 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
             # Their leases would run out in 600 s: end them now, all at once.
             # DEL sends no expiry event; the deadlines move into the past, so
             # the first check finds them all.
-            await conn.pipeline(
-                [("DEL", k.heartbeat(wid)) for wid in ids]
-                + [("ZADD", k.workers, "XX", 0, wid) for wid in ids]
-            )
+            # The window opens first: a live peer's heartbeat may see the
+            # overdue deadlines and its reaper take some of them at once.
             async with SlowlogWindow(conn) as w:
+                await conn.pipeline(
+                    [("DEL", k.heartbeat(wid)) for wid in ids]
+                    + [("ZADD", k.workers, "XX", 0, wid) for wid in ids]
+                )
                 t0 = trio.current_time()
-                done = await Reaper(conn, b, ttl=sizes.ttl).reap_once()
+                reaper = Reaper(conn, b, ttl=sizes.ttl, queues=lambda: [QUEUE])
+                done = await reaper.reap_once()
                 t1 = trio.current_time()
                 await wait_held(conn, k, ntasks, len(extra), 30)  # peers may take some
             if done < n:
@@ -282,7 +285,7 @@ async def recycle_quiet(
             + [("ZADD", k.workers, "XX", 0, wid) for wid in ids]
         )
         async with SlowlogWindow(conn) as w:
-            if await Reaper(conn, b, ttl=600).reap_once() != n:
+            if await Reaper(conn, b, ttl=600, queues=lambda: [QUEUE]).reap_once() != n:
                 raise RuntimeError("the reaper did not recycle every dead worker")
         sha = (b.scripts["recycle"].sha, b.scripts["reap_check"].sha)
         return float(sum(us for us, _ in w.script_calls(sha[0]) + w.script_calls(sha[1])))

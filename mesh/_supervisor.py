@@ -24,6 +24,7 @@ are spread at random. And every 3 T at least, a safety net that costs little.
 
 import logging
 import random
+from collections.abc import Callable, Iterable
 
 import attrs
 import trio
@@ -52,6 +53,9 @@ class Reaper:
         least every 3 T (the safety net: a reaper on watch and the heartbeat
         backstop act first), a reap lease of T/2, a grace of T/20 (25 ms to
         250 ms).
+    queues: the queues a dead peer most likely served (the worker's own), to
+        name in the first ``recycle.lua`` call; the ones it misses cost a
+        second call, and are remembered.
     batch: at most this many dead workers per ``recycle.lua`` call.
     herd: how many reapers of the mesh act on a death, on average.
     jitter: on watch, wake up to this many seconds after a deadline (so the
@@ -64,6 +68,7 @@ class Reaper:
         binding: Binding,
         *,
         ttl: float,
+        queues: Callable[[], Iterable[str]] = tuple,
         batch: int = 16,
         herd: int = 3,
         jitter: float = 0.02,
@@ -85,6 +90,7 @@ class Reaper:
         self._next_ms = -1
         self._mesh_size = 0
         self._on_watch = True
+        self._own_queues = queues
         self._queues: list[str] = []  # the queues dead workers served lately
 
     @property
@@ -132,7 +138,8 @@ class Reaper:
             if not check.dead:
                 return total
             self._recycle_calls += 1
-            r = await self._binding.recycle_dead(self._conn, check.dead, queues=self._queues)
+            hint = dict.fromkeys([*self._own_queues(), *self._queues])
+            r = await self._binding.recycle_dead(self._conn, check.dead, queues=hint)
             self._queues = r.queues[-64:]
             total += r.recycled
             self._workers += r.recycled

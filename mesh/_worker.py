@@ -155,7 +155,7 @@ class Worker:
         self._counters = Counters()
         self._fenced = 0
         self._heartbeats = 0
-        self._reaper = Reaper(conn, self._binding, ttl=timing.ttl)
+        self._reaper = Reaper(conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues)
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
