@@ -65,36 +65,48 @@ local function is_persistent(running, standby, payload)
     or redis.call('HEXISTS', running, payload) == 1
 end
 
--- Count a failed attempt of the process `r` (a record) and say where its
--- task goes: 'dead' (a one-shot task at its attempt limit), 'front' (a
+-- A failed attempt of the process `r` (a record) whose payload had `prev`
+-- failed attempts before: the count to keep (false: forget it), and where
+-- the task goes: 'dead' (a one-shot task at its attempt limit), 'front' (a
 -- crash-recycled task's first failure: failover at once), 'later' (after
 -- `delay` ms: base * 2^(n-1), capped) or 'back' (no backoff). A persistent
 -- task that ran longer than the cap before failing starts counting again;
 -- so does one whose worker crashed after it had run for at least one lease
 -- ttl (a crash is recycled at least ttl after it happened): a task that
 -- kills its worker does so at once, a healthy one was merely unlucky.
-local function fail_attempt(r, now, attempts, base, cap, first_at_front)
+local function next_attempt(r, now, prev, base, cap, first_at_front)
   local a
   local ran = now - r.started
   if first_at_front then ran = ran - r.ttl end
   if r.persistent and (ran > cap or (first_at_front and r.ttl > 0 and ran >= r.ttl)) then
     a = 1
-    redis.call('HSET', attempts, r.payload, 1)
   else
-    a = redis.call('HINCRBY', attempts, r.payload, 1)
+    a = prev + 1
   end
   if not r.persistent and r.max_attempts > 0 and a >= r.max_attempts then
-    redis.call('HDEL', attempts, r.payload)
-    return 'dead', 0
+    return false, 'dead', 0
   end
   local n = a
   if first_at_front then
-    if a == 1 then return 'front', 0 end
+    if a == 1 then return a, 'front', 0 end
     n = a - 1
   end
   local delay = math.floor(math.min(base * 2 ^ (n - 1), cap))
-  if delay > 0 then return 'later', delay end
-  return 'back', 0
+  if delay > 0 then return a, 'later', delay end
+  return a, 'back', 0
+end
+
+-- next_attempt for one process, with its count read from and written to the
+-- hash `attempts`; returns where, delay.
+local function fail_attempt(r, now, attempts, base, cap, first_at_front)
+  local prev = tonumber(redis.call('HGET', attempts, r.payload) or '0')
+  local a, where, delay = next_attempt(r, now, prev, base, cap, first_at_front)
+  if a then
+    redis.call('HSET', attempts, r.payload, a)
+  else
+    redis.call('HDEL', attempts, r.payload)
+  end
+  return where, delay
 end
 
 -- nil if `worker` holds the lease stored at `key` under `incarnation`, else an
@@ -120,8 +132,17 @@ local function count_arg(v, name, max)
 end
 
 -- Process ids in claim order (ids are tokens, increasing with claim time).
+-- Decimal strings without leading zeros of one length sort as numbers do,
+-- and a plain sort of strings is much cheaper in Lua than a comparator.
 local function sorted_ids(ids)
-  table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
+  local len = ids[1] and #ids[1]
+  for i = 2, #ids do
+    if #ids[i] ~= len then
+      table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
+      return ids
+    end
+  end
+  table.sort(ids)
   return ids
 end
 
@@ -197,34 +218,67 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   local ids = sorted_ids(redis.call('SMEMBERS', held))
   if #ids == 0 then return 0, 0 end
   local recs = hmget_all(procs, ids)
-  local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
   -- newest claim first: the last LPUSHed, the oldest, ends up at the head
+  local rs = {}
   for i = #ids, 1, -1 do
-    local rec = recs[i]
-    if rec then
-      local r = unpack_record(rec)
-      gone[#gone + 1] = ids[i]
-      local where, delay = 'front', 0
-      if count_attempt then
-        where, delay = fail_attempt(r, now, attempts, r.backoff, r.backoff_cap, true)
+    if recs[i] then
+      local r = unpack_record(recs[i])
+      r.id = ids[i]
+      rs[#rs + 1] = r
+    end
+  end
+  -- With count_attempt: every payload's count read in one HMGET, counted
+  -- here in the order above (a payload may run twice), written back in one
+  -- HSET and one HDEL.
+  local count, order = {}, {}
+  if count_attempt and #rs > 0 then
+    for _, r in ipairs(rs) do
+      if count[r.payload] == nil then
+        count[r.payload] = 0
+        order[#order + 1] = r.payload
       end
-      if where == 'dead' then
-        buried[#buried + 1] = r.payload
+    end
+    local vals = hmget_all(attempts, order)
+    for i, p in ipairs(order) do count[p] = tonumber(vals[i] or '0') end
+  end
+  local keep = {}
+  local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
+  for _, r in ipairs(rs) do
+    gone[#gone + 1] = r.id
+    local where, delay = 'front', 0
+    if count_attempt then
+      local a
+      a, where, delay = next_attempt(r, now, count[r.payload], r.backoff, r.backoff_cap, true)
+      count[r.payload] = a or 0
+      keep[r.payload] = a
+    end
+    if where == 'dead' then
+      buried[#buried + 1] = r.payload
+    else
+      if r.persistent then
+        pers[#pers + 1] = r.payload
+      end
+      if where == 'front' then
+        front[#front + 1] = r.payload
+      elseif where == 'later' then
+        later[#later + 1] = now + delay
+        later[#later + 1] = r.payload
       else
-        if r.persistent then
-          pers[#pers + 1] = r.payload
-        end
-        if where == 'front' then
-          front[#front + 1] = r.payload
-        elseif where == 'later' then
-          later[#later + 1] = now + delay
-          later[#later + 1] = r.payload
-        else
-          back_end[#back_end + 1] = r.payload
-        end
+        back_end[#back_end + 1] = r.payload
       end
     end
   end
+  local kept, forgot = {}, {}
+  for _, p in ipairs(order) do
+    if keep[p] then
+      kept[#kept + 1] = p
+      kept[#kept + 1] = keep[p]
+    else
+      forgot[#forgot + 1] = p
+    end
+  end
+  call_chunked('HSET', attempts, kept, 2)
+  call_chunked('HDEL', attempts, forgot)
   call_chunked('HDEL', procs, gone)
   to_standby(persistent, standby, pers, true)
   call_chunked('LPUSH', queue, front)

@@ -767,3 +767,27 @@ async def test_finish_counts_an_id_given_twice_once(
     assert got == [b"a", b"b", b"end"]  # one done message per task
     s = await snapshot(conn, keys, Q, ["w1"])
     assert s["procs"] == {} and s["held"]["w1"] == set()
+
+
+async def test_a_crash_counts_once_for_each_process_of_a_payload(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """A worker may hold two processes of one one-shot payload (enqueued
+    twice); its crash is a failed attempt of each, counted in claim order."""
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"dup", b"dup", b"once"])
+    assert len((await b.claim(conn, "w1", inc, Q, 3, 0)).processes) == 3
+    await expire_worker(conn, keys, "w1")
+    await b.recycle(conn, "w1", leave=False)
+    s = await snapshot(conn, keys, Q, [])
+    assert s["attempts"] == {b"dup": b"2", b"once": b"1"}
+    # the second crash of each copy waits for its backoff; at a limit of 3 the
+    # third (counted on the oldest claim, which went back to the head) is dead
+    assert s["queue"] == [b"dup", b"once"] and len(s["delayed"]) == 1
+    inc2 = await join(b, conn, "w2", Q)
+    got = (await b.claim(conn, "w2", inc2, Q, 1, 3)).processes
+    assert [(p.task, p.attempts) for p in got] == [(b"dup", 2)]
+    await expire_worker(conn, keys, "w2")
+    r = await b.recycle(conn, "w2", leave=False)
+    assert (r.returned, r.dead_lettered) == (0, 1)
+    assert (await snapshot(conn, keys, Q, []))["dead"] == [b"dup"]
