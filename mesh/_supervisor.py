@@ -12,8 +12,9 @@ harmless: the script is idempotent and the losers find nothing to do.
 Who looks, and when. With N workers in the mesh, every one of them hears each
 lease expiry, and if each checked, one death would cost N checks. So each
 reaper acts on an expiry event with probability ``herd`` / N (about ``herd``
-act on each event), and after every pass draws, with the same probability,
-whether to be *on watch* until its next pass: a reaper on watch also wakes at
+act on each event), and at each of its periodic checks draws, with the same
+probability, whether to be *on watch* until the next one (so about ``herd``
+are on watch at any time): a reaper on watch also wakes at
 the next lease deadline Redis told it about (so failover does not wait for
 the event, which Redis may send late or, unconfigured, never) and acts on
 every event. Every reaper also checks when its worker's heartbeat reports a
@@ -159,6 +160,7 @@ class Reaper:
         nothing else is expected (an unexpected error propagates)."""
         task_status.started()
         backoff = 0.05
+        periodic = True  # the first pass draws too
         while True:
             self._wakeup = trio.Event()
             self._next_ms = -1
@@ -170,9 +172,16 @@ class Reaper:
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.interval)
                 continue
-            self._on_watch = random.random() * self._mesh_size < self.herd
+            # Draw only at the periodic passes, which every reaper makes at
+            # the same rate: a reaper on watch also passes at every deadline,
+            # and redrawing there would make the watch a rare state.
+            if periodic:
+                self._on_watch = random.random() * self._mesh_size < self.herd
             timeout = self.interval * (1 + random.random() * 0.2)
-            if self._on_watch and self._next_ms >= 0:
-                timeout = min(timeout, self._next_ms / 1000 + random.random() * self._jitter)
+            periodic = True
+            if self._on_watch and 0 <= self._next_ms < timeout * 1000:
+                timeout = self._next_ms / 1000 + random.random() * self._jitter
+                periodic = False
             with trio.move_on_after(max(timeout, 0.001)):
                 await self._wakeup.wait()
+                periodic = False

@@ -774,3 +774,35 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
             assert checks <= 15
         assert prompt >= 2
         assert sum(on_watch) < 4 * n / 2
+
+
+async def test_a_reaper_keeps_its_watch_between_periodic_checks(own_redis: RedisServer) -> None:
+    """Whether a reaper is on watch is drawn at its periodic checks only: a
+    reaper on watch passes at every deadline, and redrawing there would
+    leave almost nobody on watch (about 3/4.5 of the intended 3)."""
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+    from mesh._scripts import Binding
+    from mesh._supervisor import Reaper
+
+    b = Binding(Keys("watch2"))
+    async with open_connection(own_redis.url) as conn:
+        for i in range(30):
+            await join(b, conn, f"w{i}", ttl_ms=600_000)
+        reaper = Reaper(conn, b, ttl=600.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reaper.run)
+            seen = []
+            for _ in range(60):
+                checks = reaper.statistics().checks
+                reaper.wake()
+
+                async def passed(c: int = checks) -> bool:
+                    return reaper.statistics().checks > c
+
+                await wait_for(passed, within=5, what="a pass")
+                await trio.sleep(0.002)
+                seen.append(reaper.on_watch)
+            nursery.cancel_scope.cancel()
+    assert reaper.statistics().checks >= 61
+    assert len(set(seen)) == 1  # redrawn 60 times, it would have changed
