@@ -13,12 +13,25 @@ from mesh import ConfigError, ConflictError, FencedError, ProtocolError
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
-from mesh._pubsub import open_pubsub
+from mesh._pubsub import PubSub, open_pubsub
 from mesh._scripts import Binding, load_scripts, parse_record
 
 from .protocol_helpers import expire_worker, join, snapshot
 
 Q = "jobs"
+
+
+async def messages_until_end(conn: Connection, pubsub: PubSub, channel: str) -> list[bytes]:
+    """The messages ``pubsub`` got on ``channel`` until now: publishes a
+    marker and collects up to it (the marker included)."""
+    await conn.execute("PUBLISH", channel, "end")
+    got = []
+    with trio.fail_after(5):
+        async for msg in pubsub:
+            got.append(msg.data)
+            if msg.data == b"end":
+                return got
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture
@@ -326,13 +339,7 @@ async def test_recycle_takes_several_dead_workers_and_publishes_once_per_queue(
         await pubsub.subscribe(keys.work_channel(Q))
         # w4 is alive: left alone and named; the hint misses Q: learnt
         r = await b.recycle_dead(conn, ["w1", "w2", "w3", "w4"])
-        await conn.execute("PUBLISH", keys.work_channel(Q), "end")
-        got = []
-        with trio.fail_after(5):
-            async for msg in pubsub:
-                got.append(msg.data)
-                if msg.data == b"end":
-                    break
+        got = await messages_until_end(conn, pubsub, keys.work_channel(Q))
     assert (r.recycled, r.alive, r.returned, r.dead_lettered) == (3, ["w4"], 6, 0)
     assert r.queues == [Q]
     assert got == [b"6", b"end"]  # one message for the six tasks of three workers
@@ -757,13 +764,7 @@ async def test_finish_counts_an_id_given_twice_once(
             False,
             True,
         ]
-        await conn.execute("PUBLISH", keys.done_channel(Q), "end")
-        got = []
-        with trio.fail_after(5):
-            async for msg in pubsub:
-                got.append(msg.data)
-                if msg.data == b"end":
-                    break
+        got = await messages_until_end(conn, pubsub, keys.done_channel(Q))
     assert got == [b"a", b"b", b"end"]  # one done message per task
     s = await snapshot(conn, keys, Q, ["w1"])
     assert s["procs"] == {} and s["held"]["w1"] == set()
