@@ -691,8 +691,9 @@ async def open_worker(
         # The event link only speeds things up: every H the heartbeat brings
         # the durable state (work, cancels, overdue leases) anyway. Probing it
         # every T, not every second, is enough, and 1,000 idle workers then
-        # cost Redis 1,000 / T pings a second, not 1,000.
-        ping = max(1.0, timing.ttl)
+        # cost Redis 1,000 / T pings a second, not 1,000. At most every 30 s:
+        # with long leases H is long too, and a dead link would cost that.
+        ping = min(max(1.0, timing.ttl), 30.0)
         name = f"mesh-events:{worker_id}"
         async with open_pubsub(config, name=name, ping_interval=ping) as pubsub:
             worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)

@@ -806,3 +806,13 @@ async def test_a_reaper_keeps_its_watch_between_periodic_checks(own_redis: Redis
             nursery.cancel_scope.cancel()
     assert reaper.statistics().checks >= 61
     assert len(set(seen)) == 1  # redrawn 60 times, it would have changed
+
+
+@pytest.mark.parametrize(("ttl", "ping"), [(0.9, 1.0), (3.0, 3.0), (600.0, 30.0)])
+async def test_the_event_link_is_probed_every_ttl_within_bounds(
+    redis_url: str, namespace: str, ttl: float, ping: float
+) -> None:
+    """Every T (not every second: 1,000 idle workers would cost Redis 1,000
+    PINGs a second), but at least every second and at most every 30 s."""
+    async with mesh.open_worker(redis_url, namespace=namespace, ttl=ttl) as w:
+        assert w._pubsub._ping_interval == ping
