@@ -14,17 +14,19 @@
 -- Publishes: the number added on ARGV[2], if not 0.
 --!include lib.lua
 
-local out, added = {}, 0
+local out, new, seen = {}, {}, {}
 for i = 3, #ARGV do
-  if is_persistent(KEYS[3], KEYS[4], ARGV[i]) then
+  local p = ARGV[i]
+  if seen[p] or is_persistent(KEYS[3], KEYS[4], p) then
     out[#out + 1] = 0
   else
-    to_standby(KEYS[3], KEYS[4], {ARGV[i]}, false)
-    redis.call('RPUSH', KEYS[1], ARGV[i])
+    seen[p] = true  -- a payload given twice is added once
+    new[#new + 1] = p
     out[#out + 1] = 1
-    added = added + 1
   end
 end
+to_standby(KEYS[3], KEYS[4], new, false)
+call_chunked('RPUSH', KEYS[1], new)
 redis.call('SADD', KEYS[2], ARGV[1])
-if added > 0 then redis.call('PUBLISH', ARGV[2], added) end
+if #new > 0 then redis.call('PUBLISH', ARGV[2], #new) end
 return out

@@ -38,7 +38,7 @@ cap, err = count_arg(ARGV[4], 'backoff cap')
 if err then return err end
 
 local now = now_ms()
-local out, front, ready = {}, {}, 0
+local out, front, pers, ready = {}, {}, {}, 0
 for i = 6, #ARGV do
   local id = ARGV[i]
   local rec = redis.call('HGET', KEYS[1], id)
@@ -48,7 +48,7 @@ for i = 6, #ARGV do
     if r.worker == ARGV[1] then
       redis.call('HDEL', KEYS[1], id)
       redis.call('SREM', KEYS[2], id)
-      if r.persistent then to_standby(KEYS[4], KEYS[8], {r.payload}, true) end
+      if r.persistent then pers[#pers + 1] = r.payload end
       if mode == 'return' then
         front[#front + 1] = {tonumber(id), r.payload}
         outcome = 1
@@ -72,6 +72,7 @@ for i = 6, #ARGV do
   out[#out + 1] = outcome
   out[#out + 1] = delay
 end
+to_standby(KEYS[4], KEYS[8], pers, true)
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
 for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end
