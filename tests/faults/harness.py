@@ -176,6 +176,15 @@ class Harness:
         assert ids, f"driver {d.tag} never reported"
         return ids[-1]
 
+    async def started(self, d: Driver, since: float = 0.0) -> set[bytes]:
+        """The tasks driver ``d`` started after ``since`` (the sink's clock)."""
+        ev = await self.events()
+        return {e.task for e in ev if e.action == "start" and e.tag == d.tag and e.t > since}
+
+    async def runs(self, d: Driver, tasks: list[bytes], since: float = 0.0) -> bool:
+        """Whether driver ``d`` started every one of ``tasks`` after ``since``."""
+        return await self.started(d, since) >= set(tasks)
+
     async def judge(self) -> sink.Verdict:
         return sink.judge(await self.events())
 

@@ -19,11 +19,7 @@ async def test_sigkill_mid_task_moves_everything_to_a_live_peer(h: Harness) -> N
     await h.client.ensure_many("devices", devices)
     await h.client.enqueue_many("jobs", jobs)
 
-    async def a_runs_all() -> bool:
-        started = {e.task for e in await h.events() if e.action == "start" and e.tag == a.tag}
-        return started >= set(devices + jobs)
-
-    await wait_until(a_runs_all, 5, "A runs every task")
+    await wait_until(lambda: h.runs(a, devices + jobs), 5, "A runs every task")
     (b,) = await h.start(1)
     a_id = await h.worker_id(a)
     lease_left = await h.conn.execute("PTTL", h.keys.heartbeat(a_id)) / 1000

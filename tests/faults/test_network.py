@@ -12,14 +12,9 @@ from mesh import MeshConnectionError
 from mesh._scripts import load_scripts
 
 from .conftest import TTL
-from .harness import Driver, Harness, figure, payloads, wait_until
+from .harness import Harness, figure, payloads, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-async def starts(h: Harness, d: Driver, since: float = 0.0) -> set[bytes]:
-    ev = await h.events()
-    return {e.task for e in ev if e.action == "start" and e.tag == d.tag and e.t > since}
 
 
 @pytest.mark.parametrize("how", ["stall", "cut"])
@@ -30,14 +25,14 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
     jobs = [b"!hold=60;job%d" % i for i in range(4)]
     await h.client.ensure_many("devices", devices)
     await h.client.enqueue_many("jobs", jobs)
-    await wait_until(lambda: _has(starts(h, a), devices + jobs), 5, "A runs every task")
+    await wait_until(lambda: h.runs(a, devices + jobs), 5, "A runs every task")
     a_id = await h.worker_id(a)
     (b,) = await h.start(1)
     lease_left = await h.conn.execute("PTTL", h.keys.heartbeat(a_id)) / 1000
     async with h.monitor({"devices": set(devices)}, {"jobs": set(jobs)}) as mon:
         cut_at = await h.sink_now()
         getattr(proxy, how)()
-        await wait_until(lambda: _has(starts(h, b), devices + jobs), 4 * TTL, "B takes over")
+        await wait_until(lambda: h.runs(b, devices + jobs), 4 * TTL, "B takes over")
         ev = await h.events()
         fenced_at, taken_at = [], []
         for t in devices + jobs:
@@ -61,7 +56,7 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
         left_at = await h.sink_now()
         b.term()
         await wait_until(
-            lambda: _has(starts(h, a, since=left_at), devices + jobs), TTL, "A takes all back"
+            lambda: h.runs(a, devices + jobs, since=left_at), TTL, "A takes all back"
         )
     assert mon.violations == []
     v = await h.judge()
@@ -73,10 +68,6 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
         takeover_min=round(min(taken_at), 3),
         margin=round(min(taken_at) - max(fenced_at), 3),
     )
-
-
-async def _has(coro: object, want: list[bytes]) -> bool:
-    return await coro >= set(want)  # type: ignore[operator, misc]
 
 
 async def _any(coro: object, want: list[bytes]) -> bool:
@@ -96,7 +87,7 @@ async def test_a_worker_whose_connection_went_half_open_rejoins(h: Harness) -> N
     (a,) = await h.start(1, url=proxy.url)
     devices = payloads("dev", 3)
     await h.client.ensure_many("devices", devices)
-    await wait_until(lambda: _has(starts(h, a), devices), 5, "A runs the devices")
+    await wait_until(lambda: h.runs(a, devices), 5, "A runs the devices")
     (b,) = await h.start(1)
     a_tokens = {e.token for e in await h.events() if e.action == "start" and e.tag == a.tag}
     # a worker gives up on a connection that owes replies and sends nothing
@@ -105,7 +96,7 @@ async def test_a_worker_whose_connection_went_half_open_rejoins(h: Harness) -> N
     async with h.monitor({"devices": set(devices)}) as mon:
         frozen_at = await h.sink_now()
         proxy.freeze()
-        await wait_until(lambda: _has(starts(h, b), devices), 4 * TTL, "B takes over")
+        await wait_until(lambda: h.runs(b, devices), 4 * TTL, "B takes over")
         ev = await h.events()
         assert {e.token for e in ev if e.action == "cancelled" and e.tag == a.tag} == a_tokens
         e = await h.wait_event(
@@ -225,7 +216,7 @@ async def test_a_lost_leave_reply_on_sigterm_is_retried_safely(h: Harness) -> No
     (b,) = await h.start(1)
     devices = payloads("dev", 4)
     await h.client.ensure_many("devices", devices)
-    await wait_until(lambda: _any(starts(h, a), devices), 5, "A runs a device")
+    await wait_until(lambda: _any(h.started(a), devices), 5, "A runs a device")
     await trio.sleep(0.2)
     lost = proxy.lose_reply_to(sha("recycle"))
     async with h.monitor({"devices": set(devices)}) as mon:

@@ -16,17 +16,12 @@ from .harness import Driver, Harness, figure, payloads, wait_until
 pytestmark = pytest.mark.slow
 
 
-async def started_by(h: Harness, d: Driver, tasks: list[bytes]) -> bool:
-    started = {e.task for e in await h.events() if e.action == "start" and e.tag == d.tag}
-    return started >= set(tasks)
-
-
 async def test_a_paused_owner_is_replaced_and_cannot_act_when_it_wakes(h: Harness) -> None:
     (a,) = await h.start(1, "--manual", "manual")
     devices = payloads("dev", 3)
     await h.client.ensure_many("devices", devices)
     await h.client.enqueue("manual", b"!hold=2.5;m")
-    await wait_until(lambda: started_by(h, a, devices), 5, "A runs the devices")
+    await wait_until(lambda: h.runs(a, devices), 5, "A runs the devices")
     await h.wait_event(lambda e: e.action == "claimed" and e.tag == a.tag, 5, "A claims m")
     (b,) = await h.start(1, "--manual", "manual")
     a_id = await h.worker_id(a)
@@ -37,7 +32,7 @@ async def test_a_paused_owner_is_replaced_and_cannot_act_when_it_wakes(h: Harnes
     async with h.monitor({"devices": set(devices)}, {"manual": {b"!hold=2.5;m"}}) as mon:
         stopped_at = await h.sink_now()
         a.stop()
-        await wait_until(lambda: started_by(h, b, devices), 4 * TTL, "B takes the devices")
+        await wait_until(lambda: h.runs(b, devices), 4 * TTL, "B takes the devices")
         ev = await h.events()
         took = (
             max(

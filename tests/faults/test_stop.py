@@ -20,11 +20,7 @@ async def test_sigterm_hands_everything_back_at_once_without_overlap(h: Harness)
     await h.client.ensure_many("devices", devices)
     await h.client.enqueue_many("jobs", jobs)
 
-    async def a_runs_all() -> bool:
-        started = {e.task for e in await h.events() if e.action == "start" and e.tag == a.tag}
-        return started >= set(devices + jobs)
-
-    await wait_until(a_runs_all, 5, "A runs every task")
+    await wait_until(lambda: h.runs(a, devices + jobs), 5, "A runs every task")
     a_id = await h.worker_id(a)
     (b,) = await h.start(1)
     async with h.monitor({"devices": set(devices)}, {"jobs": set(jobs)}) as mon:
