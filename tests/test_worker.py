@@ -816,3 +816,47 @@ async def test_the_event_link_is_probed_every_ttl_within_bounds(
     PINGs a second), but at least every second and at most every 30 s."""
     async with mesh.open_worker(redis_url, namespace=namespace, ttl=ttl) as w:
         assert w._pubsub._ping_interval == ping
+
+
+async def test_peers_started_together_do_not_renew_in_lockstep(own_redis: RedisServer) -> None:
+    """The first renewal comes 0.5-1 H after the start, at random: the
+    heartbeats of a fleet started at once spread over half an interval (they
+    are the reapers' backstop, and a burst of them would wake every reaper)."""
+    async with client_and_workers(own_redis.url, "lockstep", 20, ttl=3.0) as (client, _):
+        await trio.sleep(1.2)  # H = 1 s: everyone renewed once after its start
+        r = await client._conn.execute("ZRANGE", client._keys.workers, 0, -1, "WITHSCORES")
+    deadlines = [float(r[i + 1]) for i in range(0, len(r), 2)]
+    assert len(deadlines) == 20
+    assert max(deadlines) - min(deadlines) > 200  # ms; started together: a few ms
+
+
+async def test_a_reaper_names_its_own_queues_in_its_first_recycle(own_redis: RedisServer) -> None:
+    """One recycle.lua call for a dead peer that served the reaper's queues:
+    without the hint the first call comes back asking for them."""
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+    from mesh._scripts import Binding
+    from mesh._supervisor import Reaper
+
+    b = Binding(Keys("hint"))
+
+    async def evalsha_calls(conn: mesh._connection.Connection) -> int:
+        stats = (await conn.execute("INFO", "commandstats")).decode()
+        line = next(x for x in stats.splitlines() if x.startswith("cmdstat_evalsha:"))
+        return int(line.split("calls=")[1].split(",")[0])
+
+    async with open_connection(own_redis.url) as conn:
+        calls = []
+        for hint in (["jobs"], []):
+            inc = await join(b, conn, "dead", "jobs")
+            await b.enqueue(conn, "jobs", [b"t"])
+            await b.claim(conn, "dead", inc, "jobs", 1, 0)
+            await expire_worker(conn, b.keys, "dead")
+            before = await evalsha_calls(conn)
+            assert await Reaper(conn, b, ttl=1.0, queues=lambda h=hint: h).reap_once() == 1
+            calls.append(await evalsha_calls(conn) - before)
+            assert await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1) == [b"t"]
+            await conn.execute("DEL", b.keys.queue("jobs"), b.keys.attempts("jobs"))
+    # reap_check (finds it), recycle, reap_check (none left); a second
+    # recycle call without the hint
+    assert calls == [3, 4]
