@@ -7,7 +7,8 @@ as ``EVAL`` with the source, which also caches the script, so a flush is
 invisible to callers.
 
 A script's ``--!include NAME`` line is replaced by the file NAME of the same
-directory before the script is hashed and sent (see ``protocol/README.md``).
+directory, less the functions the script does not use, before the script is
+hashed and sent (see ``protocol/README.md``).
 """
 
 from __future__ import annotations
@@ -101,11 +102,53 @@ def _protocol_dir() -> Traversable:
     return Path(__file__).resolve().parent.parent / "protocol"
 
 
+# A top-level function of an included file: its leading comment lines, then
+# ``local function NAME(`` at column 0, up to and including ``end`` at column 0.
+_UNIT = re.compile(
+    rb"^(?:--[^\n]*\n)*local function ([A-Za-z_][A-Za-z0-9_]*)\(.*?^end[ \t]*\n?", re.M | re.S
+)
+
+
+def _prune(lib: bytes, user: bytes) -> bytes:
+    """Keep only the functions of the included file ``lib`` that ``user`` (the
+    rest of the script) calls, directly or through each other.
+
+    Lua creates a closure for every ``local function`` each time a script runs,
+    so splicing all of lib.lua into every script cost each call about 4 µs of
+    Redis time (a heartbeat: 23 µs with all of it, 18.5 µs with what it uses).
+    Anything outside a function (the file's header comment) is kept as is.
+    Definition order is kept, so a function is still defined before its users.
+    """
+    units = list(_UNIT.finditer(lib))
+    if not units:
+        return lib
+    bodies = {m.group(1): m.group(0) for m in units}
+    ident = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+    wanted: set[bytes] = set()
+    todo = [user]
+    while todo:
+        for word in set(ident.findall(todo.pop())):
+            if word in bodies and word not in wanted:
+                wanted.add(word)
+                todo.append(bodies[word])
+    out, pos = [], 0
+    for m in units:
+        out.append(lib[pos : m.start()])
+        if m.group(1) in wanted:
+            out.append(m.group(0))
+        pos = m.end()
+    out.append(lib[pos:])
+    return b"".join(out)
+
+
 def _expand(d: Traversable, name: str, seen: tuple[str, ...] = ()) -> bytes:
     if name in seen:
         raise ProtocolError(f"protocol/{name}: include cycle {' -> '.join((*seen, name))}")
     text = d.joinpath(name).read_bytes()
-    return _INCLUDE.sub(lambda m: _expand(d, m.group(1).decode(), (*seen, name)), text)
+    user = _INCLUDE.sub(b"", text)
+    return _INCLUDE.sub(
+        lambda m: _prune(_expand(d, m.group(1).decode(), (*seen, name)), user), text
+    )
 
 
 @functools.cache

@@ -14,7 +14,7 @@ from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
-from mesh._scripts import Binding, load_scripts, parse_record
+from mesh._scripts import Binding, _expand, load_scripts, parse_record
 
 from .protocol_helpers import expire_worker, join, snapshot
 
@@ -581,6 +581,22 @@ async def test_finish_and_claim_survives_script_flush(
     assert p.task == b"b"
     s = await snapshot(conn, keys, Q, ["w1"])
     assert list(s["procs"]) == [p.id.encode()]
+
+
+def test_an_include_keeps_only_the_functions_a_script_uses(tmp_path: Path) -> None:
+    (tmp_path / "lib.lua").write_text(
+        "-- lib header\n\n"
+        "-- b's comment\nlocal function b(x)\n  return x\nend\n\n"
+        "local function unused()\n  return b(1)\nend\n\n"
+        "-- a calls b\nlocal function a(x)\n  if x then\n    return b(x)\n  end\nend\n"
+    )
+    (tmp_path / "s.lua").write_text("-- s.lua\n--!include lib.lua\nreturn a(1)\n")
+    out = _expand(tmp_path, "s.lua").decode()
+    assert "-- lib header" in out and "return a(1)" in out
+    assert "local function unused" not in out
+    # b is kept (a calls it), with its comment, and still defined before a
+    assert out.index("-- b's comment\nlocal function b(x)") < out.index("local function a(x)")
+    assert out.count("end\n") == 3  # b's, a's if and a's own: whole functions
 
 
 def test_every_script_states_its_contract_in_a_header() -> None:

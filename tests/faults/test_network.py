@@ -55,9 +55,7 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
         # it serves again: when B leaves, A takes everything at once
         left_at = await h.sink_now()
         b.term()
-        await wait_until(
-            lambda: h.runs(a, devices + jobs, since=left_at), TTL, "A takes all back"
-        )
+        await wait_until(lambda: h.runs(a, devices + jobs, since=left_at), TTL, "A takes all back")
     assert mon.violations == []
     v = await h.judge()
     assert v.rejected == 0 and v.overlaps == [] and v.max_owners == 1
