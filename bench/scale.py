@@ -28,6 +28,7 @@ from ._util import (
     SlowlogWindow,
     children,
     chunks,
+    command_stats,
     cpu_seconds,
     median,
     mesh_child,
@@ -73,6 +74,8 @@ class Run:
     script: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     # name -> (calls/s, mean µs, p99 µs)
     all_us_per_s: float = math.nan
+    idle_scripts: float = math.nan  # script calls per second while idle
+    idle_script_us: float = math.nan  # mean Redis time per call (commandstats)
     recycle_us: dict[int, float] = field(default_factory=dict)  # N -> Redis µs
     recycle_calls: dict[int, int] = field(default_factory=dict)  # N -> recycle.lua calls
     recycle_wall: dict[int, float] = field(default_factory=dict)  # N -> s (one reaper pass)
@@ -165,11 +168,15 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
         # --- idle CPU ------------------------------------------------------------
         ctx.log(f"scale: idle CPU over {sizes.idle_window:g} s")
         pids = [c.pid for c, _ in groups]
+        e0 = await command_stats(conn, "evalsha")
         c0, w0, t0 = await redis_cpu(conn), sum(map(cpu_seconds, pids)), trio.current_time()
         await trio.sleep(sizes.idle_window)
         c1, w1, t1 = await redis_cpu(conn), sum(map(cpu_seconds, pids)), trio.current_time()
+        e1 = await command_stats(conn, "evalsha")
         res.redis_cpu = (c1 - c0) / (t1 - t0) * 100
         res.worker_cpu = (w1 - w0) / (t1 - t0) * 100
+        res.idle_scripts = (e1[0] - e0[0]) / (t1 - t0)
+        res.idle_script_us = (e1[1] - e0[1]) / max(1, e1[0] - e0[0])
 
         # --- what the idle mesh runs ------------------------------------------------
         ctx.log(f"scale: SLOWLOG of the idle mesh over {sizes.slowlog_window:g} s")
@@ -410,6 +417,22 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
         )
     f.append(
         Figure(
+            "idle: script calls per second, all scripts",
+            "/s",
+            [x.idle_scripts for x in runs],
+            note="INFO commandstats over the idle-CPU window (no SLOWLOG)",
+        )
+    )
+    f.append(
+        Figure(
+            "idle: Redis time per script call, mean, all scripts",
+            "µs",
+            [x.idle_script_us for x in runs],
+            note="INFO commandstats over the idle-CPU window (no SLOWLOG)",
+        )
+    )
+    f.append(
+        Figure(
             "idle: Redis time of all commands",
             "ms/s",
             [x.all_us_per_s / 1000 for x in runs],
@@ -506,19 +529,26 @@ so heartbeats every {ttl:g}/3 s, concurrency 10 each) and hold {t:,} persistent
 tasks whose handlers sleep. Once every task runs, and after a settling pause:
 
 - **Idle CPU**: `INFO cpu` `used_cpu_user + used_cpu_sys` of redis-server over
-  {idle:g} s (and the worker processes' user + system time from `/proc`).
+  {idle:g} s (and the worker processes' user + system time from `/proc`), and
+  the calls and Redis time of every script (`INFO commandstats`, EVALSHA) in
+  that window.
 - **Heartbeat and reap cost**: then, for {slow:g} s, `SLOWLOG` with a threshold of
   0 µs records every command with the server's own execution time (no network,
   no queueing); EVALSHA calls are attributed to scripts by their SHA. SLOWLOG is
-  off during the CPU window, since recording every command costs CPU itself.
+  off during the CPU window, since recording every command costs CPU itself:
+  with it on, Redis also writes an entry for every command a script runs, and
+  the script's time includes that (compare the mean per script call of both
+  windows). "All commands" counts the commands clients sent (a script's
+  commands are inside its time).
 - **Recycle N dead workers** (N = 1, 10, 100): a further OS process starts N
   workers (lease 600 s) which claim 10 new persistent tasks each; the process is
   SIGKILLed, their lease keys DELeted (no expiry event) and their deadlines
   moved into the past, all at once; then the parent runs one pass of a
   `Reaper` (the worker's own supervisor: `reap_check.lua` for up to 16 dead
   workers, `recycle.lua` for those 16 in one call, until none is left). The
-  Redis time is the sum of the SLOWLOG durations of every `reap_check.lua` and
-  `recycle.lua` call in the window, whoever made it (a live peer's periodic
+  Redis time (a little high: SLOWLOG, see above) is the sum of the SLOWLOG
+  durations of every `reap_check.lua` and `recycle.lua` call in the window,
+  whoever made it (a live peer's periodic
   check may take some of the dead workers; the window lasts until every task is
   back). Wall time is the reaper's pass, round trips included.
 - **The same on a quiet server**: after the worker processes are gone, the
