@@ -83,7 +83,10 @@ class Run:
     herd_ttl: float = math.nan
     herd_us: dict[str, float] = field(default_factory=dict)  # reaper script -> total µs
     herd_calls: dict[str, int] = field(default_factory=dict)
-    isolated_us: dict[int, float] = field(default_factory=dict)  # subscribers -> Redis µs
+    isolated_us: dict[int, float] = field(default_factory=dict)  # idle servers -> Redis µs
+    wake_calls: float = math.nan  # claim calls after one enqueue into an idle mesh
+    wake_us: float = math.nan  # their Redis time
+    wake_latency: float = math.nan  # s from enqueue to the task held
     claim_us: dict[tuple[int, int], float] = field(default_factory=dict)  # (queue, n) -> µs
     claim_wall: dict[tuple[int, int], float] = field(default_factory=dict)
 
@@ -250,33 +253,61 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
 
         # --- claim from a short and from a long queue (the workers are still there) ----
         await claims(ctx, conn, sizes, res)
-    # --- recycle with no other load, with and without the work channel's subscribers
+    # --- one task enqueued into a mesh of idle workers ------------------------------
+    ctx.log(f"scale: one task enqueued, {nworkers:,} idle workers")
+    await wake_idle(url, conn, sizes, res)
+    # --- recycle with no other load, with and without idle servers to wake -------
     n = max(sizes.recycle)
-    for subscribers in (0, nworkers):
-        ctx.log(f"scale: recycle {n} dead workers on a quiet server, {subscribers} subscribers")
-        res.isolated_us[subscribers] = await recycle_quiet(
-            url, conn, n, sizes.concurrency, subscribers
-        )
+    for idle in (0, nworkers):
+        ctx.log(f"scale: recycle {n} dead workers on a quiet server, {idle} idle servers")
+        res.isolated_us[idle] = await recycle_quiet(url, conn, n, sizes.concurrency, idle)
     return res
 
 
-async def recycle_quiet(
-    url: str, conn: Connection, n: int, per_worker: int, subscribers: int
-) -> float:
+async def wake_idle(url: str, conn: Connection, sizes: Sizes, res: Run) -> None:
+    """Every worker of the mesh serves a queue with a free slot and nothing
+    queued; one task is enqueued, which wakes two of them (the task's server
+    and a spare): count the claims and their Redis time, from the enqueue
+    to one second after the task was claimed."""
+    await conn.execute("FLUSHALL")
+    ns = "wk" + secrets.token_hex(3)
+    k = Keys(ns)
+    async with children() as kids, mesh.open_client(url, namespace=ns) as client:
+        for i in range(sizes.processes):
+            await spawn_group(kids, url, ns, sizes.per_process, sizes.ttl, 1, f"idle {i}")
+        sha = Binding(k).scripts["claim"].sha
+        async with SlowlogWindow(conn) as w:
+            t0 = time.monotonic()
+            await client.enqueue(QUEUE, b"one")
+            await wait_held(conn, k, 1, 0, 30)
+            res.wake_latency = time.monotonic() - t0
+            await trio.sleep(1.0)  # claims that came late
+        calls = w.script_calls(sha)
+        res.wake_calls = len(calls)
+        res.wake_us = sum(us for us, _ in calls)
+
+
+async def recycle_quiet(url: str, conn: Connection, n: int, per_worker: int, idle: int) -> float:
     """Redis time of recycling ``n`` dead workers holding ``per_worker``
     persistent processes each, with no worker processes running, while
-    ``subscribers`` idle connections subscribe to the queue's work channel
-    (what every worker serving the queue does). Returns µs."""
+    ``idle`` workers serve the queue with nothing to do (in its idle set),
+    each with a connection subscribed to its wake channel, as a worker is.
+    Returns µs."""
     await conn.execute("FLUSHALL")
     k = Keys("rq" + secrets.token_hex(3))
     b = Binding(k)
     host, port = url.removeprefix("redis://").split(":")
     streams = []
     try:
-        for _ in range(subscribers):
+        for i in range(idle):
+            wid, inc = f"idle-{i}", secrets.token_hex(8)
+            await b.register(conn, wid, inc, 600_000, b"{}")
+            await b.serve(conn, wid, inc, QUEUE)
+            if (await b.claim(conn, wid, inc, QUEUE, 1, 0)).processes:
+                raise RuntimeError(f"{wid} found a task")
             s = await trio.open_tcp_stream(host, int(port))
             streams.append(s)
-            await s.send_all(b"SUBSCRIBE " + k.work_channel(QUEUE).encode() + b"\r\n")
+            await s.send_all(b"SUBSCRIBE " + k.wake_channel(wid).encode() + b"\r\n")
         ids = []
         for i in range(n):
             wid, inc = f"dead-{i}", secrets.token_hex(8)
@@ -468,7 +499,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     for subs in (0, nworkers):
         f.append(
             Figure(
-                f"recycle {n} dead workers, quiet server, {subs:,} work-channel subscribers: "
+                f"recycle {n} dead workers, quiet server, {subs:,} idle servers to wake: "
                 "Redis time",
                 "ms",
                 [x.isolated_us.get(subs, math.nan) / 1000 for x in runs],
@@ -496,6 +527,28 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 [x.herd_us.get(name, 0) / 1000 for x in runs],
             )
         )
+    f.append(
+        Figure(
+            f"one task enqueued, {nworkers:,} idle workers: claim calls",
+            "calls",
+            [x.wake_calls for x in runs],
+            note="one per ready task and a spare (protocol 2: every idle runner claimed)",
+        )
+    )
+    f.append(
+        Figure(
+            f"one task enqueued, {nworkers:,} idle workers: claim Redis time",
+            "ms",
+            [x.wake_us / 1000 for x in runs],
+        )
+    )
+    f.append(
+        Figure(
+            f"one task enqueued, {nworkers:,} idle workers: until a worker holds it",
+            "ms",
+            [x.wake_latency * 1000 for x in runs],
+        )
+    )
     for n in (1, 10):
         short = [x.claim_us.get((10, n), math.nan) for x in runs]
         long = [x.claim_us.get((sizes.long_queue, n), math.nan) for x in runs]
@@ -553,10 +606,10 @@ tasks whose handlers sleep. Once every task runs, and after a settling pause:
   back). Wall time is the reaper's pass, round trips included.
 - **The same on a quiet server**: after the worker processes are gone, the
   recycle of {nrec} dead workers (10 processes each) is measured again with no
-  other load, once with no subscriber and once with {w:,} idle connections
-  subscribed to the queue's work channel, as the workers are: `recycle.lua`
-  publishes there (once per call), and a PUBLISH costs Redis time per
-  subscriber.
+  other load, once with no other server of the queue and once with {w:,} idle
+  servers (registered, in the queue's idle set, each with a connection
+  subscribed to its wake channel): each `recycle.lua` call wakes up to one idle
+  server per task it put back, and one more, with a PUBLISH each.
 - **The natural path**: {herd} workers with a 1 s lease and 10 tasks each are
   SIGKILLed; every one of the {w:,} peers receives each lease key's expiry
   event; about three act on each (see the supervisor's design in
@@ -565,9 +618,14 @@ tasks whose handlers sleep. Once every task runs, and after a settling pause:
   time from SIGKILL until every task is back in the queue (the lease has to run
   out first), and the calls and Redis time of both scripts, summed over all
   peers, from SIGKILL to one second after the last task came back; and of
-  `claim.lua`: each recycle's work message wakes the runners of every peer
-  serving the queue, and each claims (these peers are at their fair share, so
-  the tasks stay queued).
+  `claim.lua` (these peers are full, so none is idle and none is woken: the
+  tasks stay queued).
+- **One task into an idle mesh**: after those workers are gone, {w:,} new ones
+  (same processes and lease) serve the queue with concurrency 1 and nothing
+  queued; one task is enqueued. Reported: the `claim.lua` calls and their Redis
+  time from the enqueue until one second after a worker holds it (the enqueue
+  wakes two idle servers: one per task and a spare; under protocol 2 every
+  runner with a free slot claimed), and the time until it is held.
 - **Claim**: in another namespace a probe worker claims from a queue of 10 and
   of {long:,} one-shot tasks ({samples} claims of 1 and of 10 tasks from each,
   in alternating blocks of {block}; after each claim the processes are finished

@@ -15,7 +15,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "2"
+PROTOCOL_VERSION = "3"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -69,7 +69,7 @@ class Keys:
         "queues",
         "token",
         "version",
-        "work_prefix",
+        "wake_prefix",
         "workers",
     )
 
@@ -87,7 +87,7 @@ class Keys:
         self.workers = p + "workers"
         self.info = p + "info"
         self.version = p + "version"
-        self.work_prefix = p + "work:"
+        self.wake_prefix = p + "wake:"
         self.cancel_prefix = p + "cancel:"
 
     # per queue
@@ -97,6 +97,12 @@ class Keys:
     def persistent(self, q: str) -> str:
         """HASH: the running persistent tasks of ``q``, payload -> process id."""
         return f"{self.prefix}persistent:{q}"
+
+    def idle(self, q: str) -> str:
+        """SET: the workers serving ``q`` with a free slot whose last claim
+        found nothing (woken, one per ready task and a spare, by whoever
+        makes tasks ready)."""
+        return f"{self.prefix}idle:{q}"
 
     def standby(self, q: str) -> str:
         """SET: the persistent tasks of ``q`` that are queued or delayed."""
@@ -131,8 +137,9 @@ class Keys:
         return f"{self.prefix}held:{w}:{q}"
 
     # channels
-    def work_channel(self, q: str) -> str:
-        return self.work_prefix + q
+    def wake_channel(self, w: str) -> str:
+        """Where worker ``w`` hears that a queue it serves has tasks for it."""
+        return self.wake_prefix + w
 
     def done_channel(self, q: str) -> str:
         return f"{self.prefix}done:{q}"

@@ -254,16 +254,27 @@ class QueueRunner:
             self._maybe_work = True
             errors.append(exc)
         else:
-            self._start_claimed(handlers, reply, now, held_back)
+            self._start_claimed(handlers, reply, n, now, held_back)
         if errors:
             raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
 
     def _start_claimed(
-        self, handlers: trio.Nursery, reply: ClaimReply, now: float, held_back: float | None
+        self,
+        handlers: trio.Nursery,
+        reply: ClaimReply,
+        asked: int,
+        now: float,
+        held_back: float | None,
     ) -> None:
-        """Take a claim's reply: start its processes."""
+        """Take a claim's reply: start its processes.
+
+        A claim that took fewer than it asked for (and was not held back)
+        put this worker in the queue's idle set: whoever makes tasks ready
+        wakes it. One that took all it asked for did not, so this runner
+        claims again as soon as a slot frees (in the same write as the
+        finish report), whether or not anything is known to be queued."""
         c = self.config
-        self._maybe_work = self._maybe_work or reply.remaining > 0
+        self._maybe_work = self._maybe_work or reply.remaining > 0 or len(reply.processes) >= asked
         if reply.held_back:
             if held_back is None:
                 self._held_back_since = now
@@ -297,11 +308,12 @@ class QueueRunner:
             del self.running[p.id]
         if slot.scope.cancelled_caught:
             self._counters.cancelled += 1
-            return
-        if ok:
+        elif ok:
             self._done.append(p.id)
         elif failed:
             self._failed.append(p.id)
+        # A slot is free: the loop claims again if it may (a runner that is
+        # not in the queue's idle set must look by itself, or no one wakes it).
         self._wakeup.set()
 
     async def _report(self) -> None:

@@ -400,7 +400,11 @@ class Binding:
         backoff_ms: int = 1000,
         backoff_cap_ms: int = 60_000,
         ttl_ms: int = 0,
+        wake: bool = True,
     ) -> ScriptCall[ClaimReply]:
+        """One ``claim.lua`` call. ``wake``: put the worker in the queue's idle
+        set when it finds nothing (a runner waiting for work); False for a
+        claim by hand, which nobody should wake."""
         k = self.keys
         keys = [
             k.heartbeat(worker),
@@ -414,6 +418,7 @@ class Binding:
             k.token,
             k.servers(queue),
             k.standby(queue),
+            k.idle(queue),
         ]
         args = [
             worker,
@@ -425,6 +430,7 @@ class Binding:
             backoff_ms,
             backoff_cap_ms,
             ttl_ms,
+            1 if wake else 0,
         ]
 
         def parse(r: Any) -> ClaimReply:
@@ -463,6 +469,7 @@ class Binding:
         backoff_ms: int = 1000,
         backoff_cap_ms: int = 60_000,
         ttl_ms: int = 0,
+        wake: bool = True,
     ) -> ClaimReply:
         call = self.claim_call(
             worker,
@@ -474,6 +481,7 @@ class Binding:
             backoff_ms=backoff_ms,
             backoff_cap_ms=backoff_cap_ms,
             ttl_ms=ttl_ms,
+            wake=wake,
         )
         return call.parse(await run_script(conn, call.script, call.keys, call.args))
 
@@ -560,13 +568,15 @@ class Binding:
             k.delayed(queue),
             k.dead(queue),
             k.standby(queue),
+            k.idle(queue),
         ]
         args = [
             worker,
             "fail" if failed else "return",
             backoff_ms,
             backoff_cap_ms,
-            k.work_channel(queue),
+            k.wake_prefix,
+            queue,
             *ids,
         ]
         r = await self._run(conn, "give_back", keys, args)
@@ -585,8 +595,9 @@ class Binding:
             k.servers(queue),
             k.delayed(queue),
             k.standby(queue),
+            k.idle(queue),
         ]
-        return int(await self._run(conn, "unserve", keys, [queue, k.work_channel(queue), worker]))
+        return int(await self._run(conn, "unserve", keys, [queue, k.wake_prefix, worker]))
 
     async def recycle(
         self,
@@ -606,8 +617,8 @@ class Binding:
     async def recycle_dead(
         self, conn: Executor, workers: Sequence[str], *, queues: Iterable[str] = ()
     ) -> RecycleManyReply:
-        """Recycle several dead workers in one script call (one PUBLISH per
-        queue however many they are). Workers found alive are left alone and
+        """Recycle several dead workers in one script call (idle servers of a
+        queue are woken once, however many they are). Workers found alive are left alone and
         listed in the reply. ``queues`` is a hint: the queues the workers
         serve that it misses cost one more call."""
         return await self._recycle(conn, workers, "dead", "", queues)
@@ -637,10 +648,11 @@ class Binding:
                     k.servers(q),
                     k.delayed(q),
                     k.standby(q),
+                    k.idle(q),
                 )
             for w in ws:
                 keys += (k.held(w, q) for q in qs)
-            args = [mode, incarnation, k.work_prefix, len(ws), *ws, *qs]
+            args = [mode, incarnation, k.wake_prefix, len(ws), *ws, *qs]
             r = await self._run(conn, "recycle", keys, args)
             if int(r[0]) == 0:
                 return RecycleManyReply(
@@ -661,15 +673,13 @@ class Binding:
 
     async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
         k = self.keys
-        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue)]
-        return int(
-            await self._run(conn, "enqueue", keys, [queue, k.work_channel(queue), *payloads])
-        )
+        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
+        return int(await self._run(conn, "enqueue", keys, [queue, k.wake_prefix, *payloads]))
 
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
-        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue)]
-        r = await self._run(conn, "ensure", keys, [queue, k.work_channel(queue), *payloads])
+        keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
+        r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, *payloads])
         return [x == 1 for x in r]
 
     async def cancel(self, conn: Executor, queue: str, payload: bytes) -> tuple[int, int]:

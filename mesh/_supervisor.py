@@ -3,8 +3,8 @@
 Every worker runs one :class:`Reaper`. It asks Redis (``reap_check.lua``,
 O(log n) in the number of workers) which leases have run out by the Redis
 clock, and recycles up to ``batch`` such workers per ``recycle.lua`` call (one
-atomic script; one PUBLISH per queue per call, however many workers it
-recycles). Each check takes a short reap lease on the dead workers it
+atomic script; idle servers of a queue are woken once per call, however
+many workers it recycles). Each check takes a short reap lease on the dead workers it
 returns, so peers that check at once recycle different workers: n deaths cost
 about n / batch recycle calls in the whole mesh. Peers racing anyway are
 harmless: the script is idempotent and the losers find nothing to do.

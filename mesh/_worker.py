@@ -13,14 +13,15 @@ A worker runs, inside its own nursery:
   back what it still holds) and registers a new one: a fenced identity is
   never revived.
 * a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers.
-* a **listener** for pub/sub nudges: work on a queue, cancel of a process,
-  key expiry (a peer died). Pub/sub is only a nudge: the heartbeat reply
+* a **listener** for pub/sub nudges: a wake (a queue it serves has tasks
+  and Redis took it out of the queue's idle set), cancel of a process, key
+  expiry (a peer died). Pub/sub is only a nudge: the heartbeat reply
   carries the durable cancel inbox and which queues have work, and a
   reconnect triggers a full re-check.
 
 Leaving :func:`open_worker` cancels every handler, waits for them to exit,
 then hands every process back to the front of its queue in one script and
-publishes work, so a peer takes over at once.
+wakes idle peers, so a peer takes over at once.
 """
 
 from __future__ import annotations
@@ -278,7 +279,6 @@ class Worker:
             )
             self._queues[queue] = cfg
             try:
-                await self._pubsub.subscribe(self._keys.work_channel(queue))
                 gen = await self._current_generation()
                 await self._binding.serve(self._conn, gen.id, gen.incarnation, queue)
                 await self._start_runner(gen, cfg)
@@ -308,9 +308,7 @@ class Worker:
             runner = gen.runners.pop(queue, None)
             if runner is not None:
                 await runner.stop()
-            n = await self._binding.unserve(self._conn, gen.id, queue)
-            await self._pubsub.unsubscribe(self._keys.work_channel(queue))
-            return n
+            return await self._binding.unserve(self._conn, gen.id, queue)
 
     async def dequeue(self, queue: str) -> Process | None:
         """Claim the next task of ``queue``, a queue served without a handler
@@ -348,6 +346,7 @@ class Worker:
             backoff_ms=int(cfg.backoff * 1000),
             backoff_cap_ms=int(cfg.backoff_max * 1000),
             ttl_ms=int(self.timing.ttl * 1000),
+            wake=False,
         )
         return reply.processes[0] if reply.processes else None
 
@@ -468,7 +467,9 @@ class Worker:
         for q in list(self._queues):
             await self._binding.serve(self._conn, gen.id, gen.incarnation, q)
         try:
-            await self._pubsub.subscribe(self._keys.cancel_channel(gen.id))
+            await self._pubsub.subscribe(
+                self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
+            )
         except MeshConnectionError:
             pass  # it stays registered and is subscribed on the reconnect
 
@@ -491,7 +492,9 @@ class Worker:
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
         try:
-            await self._pubsub.unsubscribe(self._keys.cancel_channel(gen.id))
+            await self._pubsub.unsubscribe(
+                self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
+            )
         except MeshConnectionError:
             pass
 
@@ -605,16 +608,16 @@ class Worker:
     async def _listen(self) -> None:
         k = self._keys
         expired = f"__keyevent@{self._conn.config.db}__:expired".encode()
-        work = k.work_prefix.encode()
+        wake = k.wake_prefix.encode()
         cancel = k.cancel_prefix.encode()
         try:
             await self._pubsub.subscribe(expired)
         except MeshConnectionError:
             pass  # subscribed on the reconnect
         async for msg in self._pubsub:
-            self._dispatch(msg, expired, work, cancel)
+            self._dispatch(msg, expired, wake, cancel)
 
-    def _dispatch(self, msg: Message, expired: bytes, work: bytes, cancel: bytes) -> None:
+    def _dispatch(self, msg: Message, expired: bytes, wake: bytes, cancel: bytes) -> None:
         if msg.kind == "reconnected":
             # We may have missed anything: look at the durable state again.
             for runner in self._gen.runners.values():
@@ -622,10 +625,12 @@ class Worker:
             self._reaper.wake()
             return
         ch = msg.channel
-        if ch.startswith(work):
-            target = self._gen.runners.get(ch[len(work) :].decode())
-            if target is not None:
-                target.nudge()
+        if ch.startswith(wake):
+            # Redis took us out of the queue's idle set to wake us: claim.
+            if ch[len(wake) :].decode() == self._gen.id:
+                target = self._gen.runners.get(msg.data.decode())
+                if target is not None:
+                    target.nudge()
         elif ch.startswith(cancel):
             if ch[len(cancel) :].decode() == self._gen.id:
                 self._cancel_process(msg.data.decode())

@@ -22,6 +22,13 @@
 -- KEYS[10] {ns}:servers:<Q>      SET of the workers that serve Q
 -- KEYS[11] {ns}:standby:<Q>      SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                claimed one moves to KEYS[4]
+-- KEYS[12] {ns}:idle:<Q>         SET of idle servers of Q: with ARGV[10] = 1, W
+--                                is added when it takes fewer than N and was
+--                                not held back by the fair share (it has a
+--                                free slot and found nothing: whoever makes a
+--                                task ready wakes it), and removed otherwise
+--                                (it claims again when a slot frees, or after
+--                                being held back). See lib.lua wake_idle.
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
@@ -31,6 +38,8 @@
 -- ARGV[7] backoff base in ms, ARGV[8] backoff cap in ms, ARGV[9] the
 --         worker's lease ttl in ms: stored in each process record, for peers
 --         that recycle it after a crash
+-- ARGV[10] 1 if W is to be woken when it finds nothing (a runner that waits
+--         for work), 0 if not (a claim by hand: W is removed from KEYS[12])
 -- Returns: {now_ms, queued tasks left (-1: some were left for peers by the
 --           fair share), then per process: id, persistent (1/0), failed
 --           attempts so far, payload}
@@ -54,6 +63,10 @@ if err then return err end
 if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
   return redis.error_reply('BAD_ARG fair share flag must be 0 or 1')
 end
+if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
+  return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
+end
+local wake = ARGV[10] == '1'
 err = lease_error(KEYS[1], ARGV[1], ARGV[2])
 if err then return err end
 if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
@@ -70,7 +83,10 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
 end
 
 local items = redis.call('LPOP', KEYS[3], n)
-if not items then return {now, 0} end
+if not items then
+  redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
+  return {now, 0}
+end
 
 -- without persistent tasks, nothing popped is persistent and the fair share
 -- does not matter
@@ -95,6 +111,11 @@ end
 for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
 local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3])}
+if wake and #left == 0 and #take < n then
+  redis.call('SADD', KEYS[12], ARGV[1])
+else
+  redis.call('SREM', KEYS[12], ARGV[1])
+end
 if #take == 0 then return out end
 local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
 redis.call('SET', KEYS[9], int(first + #take - 1))

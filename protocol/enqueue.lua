@@ -4,12 +4,13 @@
 -- KEYS[2] {ns}:queues            SET of known queue names
 -- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
+-- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
 -- ARGV[1] queue name Q
--- ARGV[2] the work channel of Q ({ns}:work:<Q>)
+-- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
 -- ARGV[3..] payloads, in order
 -- Returns: the queue's length afterwards.
 -- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added).
--- Publishes: the number of tasks added on ARGV[2].
+-- Publishes: Q on the wake channels of up to n + 1 idle servers of Q.
 --!include lib.lua
 
 local n = #ARGV - 2
@@ -27,5 +28,5 @@ for i = 3, #ARGV, 4000 do
   len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
 end
 redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('PUBLISH', ARGV[2], n)
+wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
 return len

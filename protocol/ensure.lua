@@ -6,12 +6,13 @@
 -- KEYS[2] {ns}:queues            SET of known queue names
 -- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
+-- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
 -- ARGV[1] queue name Q
--- ARGV[2] the work channel of Q
+-- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3..] payloads
 -- Returns: per payload 1 if added, 0 if it existed already.
 -- Errors: none.
--- Publishes: the number added on ARGV[2], if not 0.
+-- Publishes: Q on the wake channels of up to (number added) + 1 idle servers.
 --!include lib.lua
 
 local out, new, seen = {}, {}, {}
@@ -28,5 +29,5 @@ end
 to_standby(KEYS[3], KEYS[4], new, false)
 call_chunked('RPUSH', KEYS[1], new)
 redis.call('SADD', KEYS[2], ARGV[1])
-if #new > 0 then redis.call('PUBLISH', ARGV[2], #new) end
+wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)
 return out

@@ -13,18 +13,21 @@
 -- KEYS[7] {ns}:dead:<Q>          LIST of dead-lettered payloads
 -- KEYS[8] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                given-back one moves there from KEYS[4]
+-- KEYS[9] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return" or "fail"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped)
 -- ARGV[4] backoff cap in ms; a persistent task that ran longer than this
 --         before failing starts its backoff again from the base
--- ARGV[5] the work channel of Q ({ns}:work:<Q>)
--- ARGV[6..] process ids
+-- ARGV[5] prefix of wake channels ({ns}:wake:)
+-- ARGV[6] queue name Q
+-- ARGV[7..] process ids
 -- Returns: per process id two numbers: an outcome (0 = not W's live process,
 --          nothing changed; 1 = back at the front; 2 = retry later or at the
 --          back; 3 = dead-lettered) and the delay in ms before it is due.
 -- Errors: BAD_ARG.
--- Publishes: the number of tasks made ready now on ARGV[5], if any.
+-- Publishes: Q on the wake channels of up to (tasks made ready now) + 1 idle
+--            servers of Q (none if no task is ready now).
 --!include lib.lua
 
 local mode = ARGV[2]
@@ -39,7 +42,7 @@ if err then return err end
 
 local now = now_ms()
 local out, front, pers, ready = {}, {}, {}, 0
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   local id = ARGV[i]
   local rec = redis.call('HGET', KEYS[1], id)
   local outcome, delay = 0, 0
@@ -77,5 +80,5 @@ to_standby(KEYS[4], KEYS[8], pers, true)
 table.sort(front, function(a, b) return a[1] < b[1] end)
 for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end
 ready = ready + #front
-if ready > 0 then redis.call('PUBLISH', ARGV[5], ready) end
+wake_idle(KEYS[9], ARGV[5], ARGV[6], ready)
 return out

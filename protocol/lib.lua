@@ -289,6 +289,21 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   return #front + #later / 2 + #back_end, #buried
 end
 
+-- Tasks of queue Q became ready: wake up to `ready` + 1 of Q's idle servers
+-- ({ns}:idle:<Q>: workers serving Q with a free slot whose last claim found
+-- nothing to take). Each is removed from the set and gets the queue name on
+-- its wake channel; it claims, and goes back into the set if it finds
+-- nothing. Busy servers are not woken: they claim again when a slot frees.
+-- One spare: a woken server may be held back by the fair share, or its
+-- message lost (its heartbeat then brings the news, within H).
+-- Returns how many were woken.
+local function wake_idle(idle, wake_prefix, queue, ready)
+  if ready <= 0 then return 0 end
+  local ws = redis.call('SPOP', idle, ready + 1)
+  for _, w in ipairs(ws) do redis.call('PUBLISH', wake_prefix .. w, queue) end
+  return #ws
+end
+
 -- Running processes of `procs` whose payload is `payload` (all of them when
 -- payload is false): a list of {id, worker}.
 local function find_processes(procs, payload)

@@ -7,9 +7,8 @@
 -- worker does not take the fleet down one TTL at a time), and a one-shot task
 -- at its limit is dead-lettered. Mode "leave": one worker leaves by itself
 -- (graceful stop, or after it found itself fenced); no attempt is counted.
--- Several dead workers recycled in one call publish once per queue, not once
--- per worker: a PUBLISH costs Redis time per subscriber, and every worker
--- serving the queue subscribes. Safe to run twice: the second run finds
+-- Several dead workers recycled in one call wake the idle servers of a queue
+-- once per call, not once per worker. Safe to run twice: the second run finds
 -- nothing left, recycles nobody and returns {0, 0, 0, 0}.
 --
 -- KEYS[1] {ns}:workers       ZSET lease deadlines
@@ -17,14 +16,15 @@
 -- then for each worker W_j named in ARGV (j = 1..n), three keys:
 --   {ns}:worker:<W_j> (heartbeat key), {ns}:serves:<W_j> (SET of queues it
 --   serves), {ns}:inbox:<W_j> (SET of its unacknowledged cancels)
--- then for each queue Q_i named in ARGV (i = 1..m), eight keys:
+-- then for each queue Q_i named in ARGV (i = 1..m), nine keys:
 --   {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>, {ns}:attempts:<Q>,
---   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>, {ns}:standby:<Q>
+--   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>, {ns}:standby:<Q>,
+--   {ns}:idle:<Q>
 -- then for each worker j and each queue i (worker by worker), one key:
 --   {ns}:held:<W_j>:<Q_i>
 -- ARGV[1] mode: "dead" or "leave"
 -- ARGV[2] incarnation (mode "leave"; ignored for "dead")
--- ARGV[3] prefix of work channels ({ns}:work:), the queue name is appended
+-- ARGV[3] prefix of wake channels ({ns}:wake:), the worker id is appended
 -- ARGV[4] n, the number of workers (1..1000; exactly 1 in mode "leave")
 -- ARGV[5..4+n] the worker ids W_j, then the queue names Q_i, in the order of
 --   their keys. A queue that a worker does not serve is harmless.
@@ -38,8 +38,9 @@
 --          not passed (nothing changed: call again with those queues too).
 -- Errors: BAD_ARG (mode, worker count, key count), FENCED (mode "leave" and
 --         the lease is held by another incarnation).
--- Publishes: per queue, the number of tasks put back (if any) on its work
---            channel, once per call.
+-- Publishes: per queue with tasks put back, the queue name on the wake
+--            channels of up to (tasks put back) + 1 of its idle servers, once
+--            per call (see lib.lua wake_idle).
 --!include lib.lua
 
 local mode = ARGV[1]
@@ -52,12 +53,12 @@ if n < 1 or (mode == 'leave' and n ~= 1) or 4 + n > #ARGV then
   return redis.error_reply('BAD_ARG worker count must be 1 in mode "leave", 1 to 1000 in mode "dead"')
 end
 local m = #ARGV - 4 - n
-if #KEYS ~= 2 + 3 * n + 8 * m + n * m then
-  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 8 * m + n * m) .. ' keys for '
+if #KEYS ~= 2 + 3 * n + 9 * m + n * m then
+  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 9 * m + n * m) .. ' keys for '
     .. n .. ' workers and ' .. m .. ' queues')
 end
-local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 8(i-1) + 1..8]
-local hbase = qbase + 8 * m         -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
+local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 9(i-1) + 1..9]
+local hbase = qbase + 9 * m         -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
 
 -- Check everything before the first write.
 local given = {}
@@ -104,10 +105,11 @@ for _, j in ipairs(todo) do
   local known = redis.call('ZREM', KEYS[1], w) + redis.call('HDEL', KEYS[2], w)
   local back, buried = 0, 0
   for i = 1, m do
-    local q = qbase + 8 * (i - 1)
+    local q = qbase + 9 * (i - 1)
     local b, d = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
       KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now, KEYS[q + 8])
     redis.call('SREM', KEYS[q + 6], w)
+    redis.call('SREM', KEYS[q + 9], w)
     back_q[i] = back_q[i] + b
     back, buried = back + b, buried + d
   end
@@ -116,6 +118,6 @@ for _, j in ipairs(todo) do
   out[2], out[3] = out[2] + back, out[3] + buried
 end
 for i = 1, m do
-  if back_q[i] > 0 then redis.call('PUBLISH', ARGV[3] .. ARGV[4 + n + i], back_q[i]) end
+  wake_idle(KEYS[qbase + 9 * i], ARGV[3], ARGV[4 + n + i], back_q[i])
 end
 return out

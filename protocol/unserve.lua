@@ -12,17 +12,20 @@
 -- KEYS[9] {ns}:delayed:<Q>       (passed for the shared helper; not written)
 -- KEYS[10] {ns}:standby:<Q>      SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                handed-back one moves there from KEYS[5]
+-- KEYS[11] {ns}:idle:<Q>         SET of idle servers of Q (see lib.lua wake_idle)
 -- ARGV[1] queue name Q
--- ARGV[2] the work channel of Q
+-- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3] worker id W
 -- Returns: how many processes were handed back.
 -- Errors: none.
--- Publishes: that number on ARGV[2], if not 0.
+-- Publishes: Q on the wake channels of up to (that number) + 1 idle servers
+--            of Q, if it is not 0.
 --!include lib.lua
 
 local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], false, 0,
   KEYS[10])
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[3])
-if back > 0 then redis.call('PUBLISH', ARGV[2], back) end
+redis.call('SREM', KEYS[11], ARGV[3])
+wake_idle(KEYS[11], ARGV[2], ARGV[1], back)
 return back

@@ -326,32 +326,127 @@ async def test_recycle_touches_only_the_dead_workers_processes(
     assert await b.give_back(conn, "w1", Q, [w1[0].id], failed=False) == [(0, 0)]
 
 
-async def test_recycle_takes_several_dead_workers_and_publishes_once_per_queue(
+async def wakes_until_end(conn: Connection, pubsub: PubSub, keys: Keys) -> list[tuple[str, bytes]]:
+    """(worker, message) of every wake ``pubsub`` (subscribed to the pattern
+    of all wake channels) got until now."""
+    got = await messages_until_end_p(conn, pubsub, keys.wake_channel("end-marker"))
+    return [(ch.decode().removeprefix(keys.wake_prefix), data) for ch, data in got]
+
+
+async def messages_until_end_p(
+    conn: Connection, pubsub: PubSub, channel: str
+) -> list[tuple[bytes, bytes]]:
+    await conn.execute("PUBLISH", channel, "end")
+    got = []
+    with trio.fail_after(5):
+        async for msg in pubsub:
+            if msg.data == b"end" and msg.channel == channel.encode():
+                return got
+            got.append((msg.channel, msg.data))
+    raise AssertionError("unreachable")
+
+
+async def idle(conn: Connection, keys: Keys, q: str) -> set[str]:
+    return {w.decode() for w in await conn.execute("SMEMBERS", keys.idle(q))}
+
+
+async def test_recycle_takes_several_dead_workers_and_wakes_idle_servers_once(
     conn: Connection, b: Binding, keys: Keys, redis_url: str
 ) -> None:
     incs = {w: await join(b, conn, w, Q) for w in ("w1", "w2", "w3", "w4")}
     await b.ensure(conn, Q, [b"p%d" % i for i in range(8)])
     for w, inc in incs.items():
         assert len((await b.claim(conn, w, inc, Q, 2, 0)).processes) == 2
+    # nine idle servers: they found nothing
+    for i in range(9):
+        inc = await join(b, conn, f"i{i}", Q)
+        assert (await b.claim(conn, f"i{i}", inc, Q, 1, 0)).processes == ()
+    assert await idle(conn, keys, Q) == {f"i{i}" for i in range(9)}
     for w in ("w1", "w2", "w3"):
         await expire_worker(conn, keys, w)
     async with open_pubsub(redis_url) as pubsub:
-        await pubsub.subscribe(keys.work_channel(Q))
+        await pubsub.psubscribe(keys.wake_prefix + "*")
         # w4 is alive: left alone and named; the hint misses Q: learnt
         r = await b.recycle_dead(conn, ["w1", "w2", "w3", "w4"])
-        got = await messages_until_end(conn, pubsub, keys.work_channel(Q))
+        got = await wakes_until_end(conn, pubsub, keys)
     assert (r.recycled, r.alive, r.returned, r.dead_lettered) == (3, ["w4"], 6, 0)
     assert r.queues == [Q]
-    assert got == [b"6", b"end"]  # one message for the six tasks of three workers
+    # six tasks back: seven idle servers woken (one spare), each once, and
+    # taken out of the idle set; the other two stay in it
+    woken = [w for w, _ in got]
+    assert len(woken) == 7 and len(set(woken)) == 7 and {m for _, m in got} == {Q.encode()}
+    assert await idle(conn, keys, Q) == {f"i{i}" for i in range(9)} - set(woken)
     s = await snapshot(conn, keys, Q, ["w1", "w2", "w3", "w4"])
     assert len(s["queue"]) == 6 and len(s["held"]["w4"]) == 2
     assert [s["held"][w] for w in ("w1", "w2", "w3")] == [set(), set(), set()]
-    assert await conn.execute("ZRANGE", keys.workers, 0, -1) == [b"w4"]
+    assert set(await conn.execute("ZRANGE", keys.workers, 0, -1)) == {b"w4"} | {
+        f"i{i}".encode() for i in range(9)
+    }
     # twice: nobody left to recycle, nothing published, nothing changed
     again = await b.recycle_dead(conn, ["w1", "w2", "w3"], queues=[Q])
     assert (again.recycled, again.returned) == (0, 0)
     assert await snapshot(conn, keys, Q, ["w1", "w2", "w3", "w4"]) == s
-    # leave is for one worker at a time
+
+
+async def test_idle_servers_are_woken_by_ready_tasks_and_only_they(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str
+) -> None:
+    i1, i2, i3 = [await join(b, conn, w, Q) for w in ("w1", "w2", "w3")]
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.psubscribe(keys.wake_prefix + "*")
+        # w1 found nothing: idle. A claim by hand (w2) is never woken; w3
+        # has not claimed.
+        assert (await b.claim(conn, "w1", i1, Q, 2, 0)).processes == ()
+        assert (await b.claim(conn, "w2", i2, Q, 2, 0, wake=False)).processes == ()
+        assert await idle(conn, keys, Q) == {"w1"}
+        await b.enqueue(conn, Q, [b"a", b"b", b"c"])
+        assert await wakes_until_end(conn, pubsub, keys) == [("w1", Q.encode())]
+        assert await idle(conn, keys, Q) == set()
+        # w1 takes all it asked for: not idle (it claims again when a slot
+        # frees); w3 takes fewer than it asked for: idle
+        p1 = (await b.claim(conn, "w1", i1, Q, 2, 0)).processes
+        assert len(p1) == 2 and await idle(conn, keys, Q) == set()
+        assert len((await b.claim(conn, "w3", i3, Q, 5, 0)).processes) == 1
+        assert await idle(conn, keys, Q) == {"w3"}
+        # tasks made ready by a give-back, an ensure, a leaving server wake it
+        await b.give_back(conn, "w1", Q, [p1[0].id], failed=False)
+        assert await wakes_until_end(conn, pubsub, keys) == [("w3", Q.encode())]
+        assert (await b.claim(conn, "w3", i3, Q, 5, 0)).processes != ()
+        assert await idle(conn, keys, Q) == {"w3"}
+        await b.ensure(conn, Q, [b"d"])
+        assert await wakes_until_end(conn, pubsub, keys) == [("w3", Q.encode())]
+        assert len((await b.claim(conn, "w3", i3, Q, 5, 0)).processes) == 1
+        assert await b.unserve(conn, "w1", Q) == 1  # hands p1[1] back
+        assert await wakes_until_end(conn, pubsub, keys) == [("w3", Q.encode())]
+        # nothing made ready, nobody woken
+        assert len((await b.claim(conn, "w3", i3, Q, 5, 0)).processes) == 1
+        assert await idle(conn, keys, Q) == {"w3"}
+        await b.enqueue(conn, Q, [])
+        assert await wakes_until_end(conn, pubsub, keys) == []
+        # a server that stops serving or dies leaves the idle set
+        assert await b.unserve(conn, "w3", Q) >= 1
+        assert await idle(conn, keys, Q) == set()
+        assert len((await b.claim(conn, "w2", i2, Q, 10, 0)).processes) == 4
+        assert await idle(conn, keys, Q) == {"w2"}
+        await expire_worker(conn, keys, "w2")
+        await b.recycle(conn, "w2", leave=False)
+        assert await idle(conn, keys, Q) == set()
+
+
+async def test_a_server_held_back_by_the_fair_share_is_not_idle(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    ia, ib = await join(b, conn, "wa", Q), await join(b, conn, "wb", Q)
+    await b.ensure(conn, Q, [b"d1", b"d2", b"d3", b"d4"])
+    r = await b.claim(conn, "wa", ia, Q, 10, 0, fair=True)
+    assert len(r.processes) == 2 and r.held_back
+    assert await idle(conn, keys, Q) == set()  # it retries by itself
+    r = await b.claim(conn, "wb", ib, Q, 10, 0, fair=True)
+    assert len(r.processes) == 2 and not r.held_back
+    assert await idle(conn, keys, Q) == {"wb"}
+
+
+async def test_recycle_leaves_one_worker_at_a_time(b: Binding, conn: Connection) -> None:
     with pytest.raises(CommandError, match="BAD_ARG"):
         await conn.execute(
             "EVALSHA", b.scripts["recycle"].sha, 8, *(["k"] * 8), "leave", "i", "p", 2, "a", "b"

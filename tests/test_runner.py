@@ -146,11 +146,19 @@ async def test_a_finish_and_the_next_claim_share_one_write(setup: Setup, redis_u
     ran = Ran()
     async with open_connection(redis_url) as conn, setup.running(conn, ran) as runner:
         await until(lambda: runner._counters.finished == 3)
+
+        async def idle() -> bool:
+            return await setup.conn.execute("SMEMBERS", setup.keys.idle(Q)) == [b"w1"]
+
+        await until(idle, what="the last claim put the runner in the idle set")
+        await trio.sleep(0.05)  # nothing more is sent
         stats = conn.statistics()
     assert ran.tasks == [b"t1", b"t2", b"t3"]
-    # claim t1; finish t1 + claim t2; finish t2 + claim t3; finish t3 (the
-    # third claim left the queue empty, so no claim goes with it)
-    assert (stats.commands_sent, stats.writes) == (6, 4)
+    # claim t1; finish t1 + claim t2; finish t2 + claim t3; finish t3 + a
+    # claim that finds nothing: each claim took all it asked for, so the
+    # runner was not in the idle set (nobody would have woken it) and looks
+    # again when a slot frees. The last one put it there.
+    assert (stats.commands_sent, stats.writes) == (7, 4)
     assert await setup.drained()
 
 

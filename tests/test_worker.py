@@ -619,7 +619,7 @@ async def test_a_process_that_redis_lost_is_stopped_within_a_heartbeat(
                 ("HDEL", k.persistent("devices"), "d"),
                 ("SADD", k.standby("devices"), "d"),
                 ("LPUSH", k.queue("devices"), "d"),
-                ("PUBLISH", k.work_channel("devices"), "1"),
+                ("PUBLISH", k.wake_channel(w.id), "devices"),
             ]
         )
         t0 = trio.current_time()
@@ -860,3 +860,44 @@ async def test_a_reaper_names_its_own_queues_in_its_first_recycle(own_redis: Red
     # reap_check (finds it), recycle, reap_check (none left); a second
     # recycle call without the hint
     assert calls == [3, 4]
+
+
+async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself(
+    redis_url: str, namespace: str
+) -> None:
+    """An enqueue wakes one idle server per task and a spare, not every idle
+    one; a server whose process was cancelled is not in the idle set (its
+    claim was full) and must look for work by itself. With a 30 s lease the
+    heartbeat (first after 5 s or more) cannot be what brings the work."""
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 4, ttl=30.0) as (client, workers):
+        for w in workers:
+            await w.start_work("devices", rec.forever, concurrency=1)
+        key = client._keys.idle("devices")
+
+        async def idle_count(n: int) -> bool:
+            return len(await client._conn.execute("SMEMBERS", key)) == n
+
+        def sent() -> list[int]:
+            return [w._conn.statistics().commands_sent for w in workers]
+
+        await wait_for(lambda: idle_count(4))
+        before = sent()
+        await client.ensure("devices", "a")
+        await wait_for(lambda: _true(len(rec.started) == 1), within=2)
+        # the spare found nothing and is idle again; the owner is full
+        await wait_for(lambda: idle_count(3), within=2)
+        await trio.sleep(0.1)
+        claims = [b - a for a, b in zip(before, sent(), strict=True)]
+        assert sorted(claims) == [0, 0, 1, 1]  # two woken, one claim each
+        (owner,) = [w for w in workers if w.id == rec.started[0].worker_id]
+        assert owner.id.encode() not in await client._conn.execute("SMEMBERS", key)
+        # cancelled in the mesh: the freed slot looks for work at once (one
+        # claim, nothing to take), and the owner is idle again
+        before = sent()
+        await client.cancel("devices", "a")
+        await wait_for(lambda: _true(len(rec.cancelled) == 1), within=2)
+        await wait_for(lambda: idle_count(4), within=2)
+        await trio.sleep(0.1)
+        claims = [b - a for a, b in zip(before, sent(), strict=True)]
+        assert claims == [1 if w is owner else 0 for w in workers]
