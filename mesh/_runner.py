@@ -394,6 +394,20 @@ class QueueRunner:
         self._resync_needed = False
         self._maybe_work = True
 
+    def check_idle(self, in_idle_set: bool) -> None:
+        """The heartbeat saw whether Redis has this runner's worker in the
+        queue's idle set. With a free slot, not held back by the fair share
+        and not about to claim anyway, a runner that is not there would never
+        be woken (its wake was popped, and the message lost): claim, which
+        puts it back if there is nothing to take."""
+        if (
+            not in_idle_set
+            and not self._maybe_work
+            and self._held_back_since is None
+            and len(self.running) < self.config.concurrency
+        ):
+            self.nudge()
+
     def check_held(self, held_in_redis: int) -> None:
         """The heartbeat saw ``held_in_redis`` processes of this queue held by
         us in Redis. Fewer than we run means some were lost: re-check."""

@@ -297,6 +297,7 @@ class HeartbeatReply:
     inbox: tuple[str, ...]
     queue_states: tuple[int, ...]
     held: tuple[int, ...]
+    idle: tuple[bool, ...]
 
 
 @attrs.frozen
@@ -376,7 +377,7 @@ class Binding:
         k = self.keys
         keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
         for q in queues:
-            keys += (k.queue(q), k.delayed(q), k.held(worker, q))
+            keys += (k.queue(q), k.delayed(q), k.held(worker, q), k.idle(q))
         r = await self._run(
             conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks]
         )
@@ -386,6 +387,7 @@ class Binding:
             tuple(x.decode() for x in r[2]),
             tuple(int(x) for x in r[3]),
             tuple(int(x) for x in r[4]),
+            tuple(x == 1 for x in r[5]),
         )
 
     def claim_call(
@@ -431,6 +433,7 @@ class Binding:
             backoff_cap_ms,
             ttl_ms,
             1 if wake else 0,
+            k.wake_prefix,
         ]
 
         def parse(r: Any) -> ClaimReply:

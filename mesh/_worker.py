@@ -536,11 +536,13 @@ class Worker:
             for pid, at in list(gen.early_cancels.items()):
                 if at < stale:
                     del gen.early_cancels[pid]
-            for q, state, held in zip(queues, reply.queue_states, reply.held, strict=True):
+            per_queue = zip(queues, reply.queue_states, reply.held, reply.idle, strict=True)
+            for q, state, held, idle in per_queue:
                 runner = gen.runners.get(q)
                 if runner is None:
                     continue
                 runner.check_held(held)
+                runner.check_idle(idle)
                 if state == 0:
                     runner.nudge()
                 elif state > 0:
@@ -669,7 +671,7 @@ async def open_worker(
 
     Leaving the block (normally, by an exception, or by cancellation) cancels
     every handler, waits for them to exit, then hands every process back to
-    the front of its queue and publishes work, so peers take over at once.
+    the front of its queue and wakes idle peers, so peers take over at once.
 
     Args:
         worker_id: default ``<host>-<pid>-<random>``. Must not be in use.

@@ -40,11 +40,15 @@
 --         that recycle it after a crash
 -- ARGV[10] 1 if W is to be woken when it finds nothing (a runner that waits
 --         for work), 0 if not (a claim by hand: W is removed from KEYS[12])
+-- ARGV[11] prefix of wake channels ({ns}:wake:): a claim held back by the
+--         fair share passes the wake on to as many idle servers as it left
+--         tasks, and one more (it was woken for them, and leaves the set)
 -- Returns: {now_ms, queued tasks left (-1: some were left for peers by the
 --           fair share), then per process: id, persistent (1/0), failed
 --           attempts so far, payload}
 -- Errors: FENCED, NOT_SERVING (W does not serve Q), BAD_ARG.
--- Publishes: nothing.
+-- Publishes: when held back, Q on the wake channels of up to (tasks left) + 1
+--            idle servers (see lib.lua wake_idle).
 --!include lib.lua
 
 local n, err = count_arg(ARGV[4], 'claim count', 1000)
@@ -116,6 +120,9 @@ if wake and #left == 0 and #take < n then
 else
   redis.call('SREM', KEYS[12], ARGV[1])
 end
+-- Held back: peers under their share may be idle and were not woken (the
+-- wake went to us). Each held-back server leaves the set, so the chain ends.
+if #left > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], #left) end
 if #take == 0 then return out end
 local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
 redis.call('SET', KEYS[9], int(first + #take - 1))

@@ -23,10 +23,13 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
+-- Wake first: a script's writes are not rolled back, so a refused SPOP or
+-- PUBLISH (an ACL without them) must fail before any task is added, or a
+-- retry would add them twice. Nobody can claim before the script ends.
+wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
 local len = 0
 for i = 3, #ARGV, 4000 do
   len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
 end
 redis.call('SADD', KEYS[2], ARGV[1])
-wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
 return len

@@ -1,12 +1,14 @@
 -- heartbeat.lua: renew a worker's lease; collect its durable cancels; say which
 -- of its queues have work and how many processes Redis says it holds there;
--- say when the next peer lease runs out.
+-- say when the next peer lease runs out; say whether W is in each queue's
+-- idle set.
 --
 -- KEYS[1] {ns}:worker:<W>   heartbeat key
 -- KEYS[2] {ns}:workers      ZSET lease deadlines
 -- KEYS[3] {ns}:inbox:<W>    SET of cancelled process ids not yet acknowledged
--- KEYS[4 + 3i], KEYS[5 + 3i], KEYS[6 + 3i] for each served queue i = 0..n-1:
---         {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:held:<W>:<Q>
+-- KEYS[4 + 4i], KEYS[5 + 4i], KEYS[6 + 4i], KEYS[7 + 4i] for each served
+--         queue i = 0..n-1: {ns}:queue:<Q>, {ns}:delayed:<Q>,
+--         {ns}:held:<W>:<Q>, {ns}:idle:<Q>
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] ttl in ms
@@ -14,10 +16,14 @@
 -- Returns: {now_ms, ms until the earliest lease deadline of any worker,
 --           {inbox process ids}, {per queue: 0 = tasks ready, -1 = none,
 --           N = ms until the earliest delayed task is due},
---           {per queue: how many processes W holds there}}
+--           {per queue: how many processes W holds there},
+--           {per queue: 1 if W is in its idle set, else 0}}
 --          A worker that runs more processes of a queue than Redis says it
 --          holds must find out which are gone (they were lost, e.g. by a
---          failover that dropped writes) and stop them.
+--          failover that dropped writes) and stop them. A worker with a
+--          free slot on a queue, not held back by the fair share, that is
+--          not in its idle set claims: nobody would wake it (its wake was
+--          lost).
 -- Errors: FENCED (lease expired, recycled or superseded: the worker must stop
 --         every process and re-register under a new id), BAD_ARG.
 -- Publishes: nothing.
@@ -37,9 +43,10 @@ redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 for i = 5, 4 + k do redis.call('SREM', KEYS[3], ARGV[i]) end
 local inbox = redis.call('SMEMBERS', KEYS[3])
 
-local states, held = {}, {}
-for i = 4, #KEYS, 3 do
+local states, held, idle = {}, {}, {}
+for i = 4, #KEYS, 4 do
   held[#held + 1] = redis.call('SCARD', KEYS[i + 2])
+  idle[#idle + 1] = redis.call('SISMEMBER', KEYS[i + 3], ARGV[1])
   local state = -1
   if redis.call('LLEN', KEYS[i]) > 0 then
     state = 0
@@ -51,4 +58,4 @@ for i = 4, #KEYS, 3 do
 end
 
 local earliest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return {now, tonumber(earliest[2]) - now, inbox, states, held}
+return {now, tonumber(earliest[2]) - now, inbox, states, held, idle}

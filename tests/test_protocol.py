@@ -15,6 +15,7 @@ from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
 from mesh._scripts import Binding, _expand, load_scripts, parse_record
+from mesh._server import RedisServer
 
 from .protocol_helpers import expire_worker, join, snapshot
 
@@ -431,6 +432,44 @@ async def test_idle_servers_are_woken_by_ready_tasks_and_only_they(
         await expire_worker(conn, keys, "w2")
         await b.recycle(conn, "w2", leave=False)
         assert await idle(conn, keys, Q) == set()
+
+
+async def test_a_held_back_claim_passes_the_wake_on(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str
+) -> None:
+    ia, ib = await join(b, conn, "wa", Q), await join(b, conn, "wb", Q)
+    await b.ensure(conn, Q, [b"d1", b"d2", b"d3", b"d4"])
+    for w, inc in (("wa", ia), ("wb", ib)):
+        assert len((await b.claim(conn, w, inc, Q, 2, 0, fair=True)).processes) == 2
+    await b.ensure(conn, Q, [b"d5"])  # nobody idle: nobody woken
+    await join(b, conn, "wd", Q)
+    # wd is an idle server (it found nothing earlier), under its share of
+    # ceil(5 / 3) = 2; the wake for d5 went to wa, which is at its share
+    await conn.execute("SADD", keys.idle(Q), "wd")
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.psubscribe(keys.wake_prefix + "*")
+        r = await b.claim(conn, "wa", ia, Q, 10, 0, fair=True)
+        assert r.processes == () and r.held_back
+        assert await wakes_until_end(conn, pubsub, keys) == [("wd", Q.encode())]
+    assert await idle(conn, keys, Q) == set()  # wd was taken out, wa left
+    r = await b.claim(conn, "wd", "inc-wd", Q, 10, 0, fair=True)
+    assert [p.task for p in r.processes] == [b"d5"]
+
+
+async def test_an_enqueue_refused_by_the_acl_adds_nothing(own_redis: RedisServer) -> None:
+    """The wake comes before the first write: a user whose ACL lacks SPOP
+    (an ACL written for protocol 2) gets an error and the queue is as it
+    was, so a retry cannot add the tasks twice."""
+    keys = Keys("acl")
+    b = Binding(keys)
+    async with open_connection(own_redis.url) as admin:
+        await admin.execute("ACL", "SETUSER", "old", "on", ">pw", "~*", "&*", "+@all", "-spop")
+        url = f"redis://old:pw@127.0.0.1:{own_redis.port}"
+        async with open_connection(url) as conn:
+            with pytest.raises(CommandError) as info:
+                await b.enqueue(conn, Q, [b"a", b"b"])
+        assert "can't run this command" in str(info.value)
+        assert await admin.execute("LLEN", keys.queue(Q)) == 0
 
 
 async def test_a_server_held_back_by_the_fair_share_is_not_idle(

@@ -901,3 +901,23 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         await trio.sleep(0.1)
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert claims == [1 if w is owner else 0 for w in workers]
+
+
+async def test_a_server_whose_wake_was_lost_is_back_in_the_idle_set_within_a_heartbeat(
+    redis_url: str, namespace: str
+) -> None:
+    """A wake takes the server out of the idle set; if the message is lost,
+    nothing else would put it back while the queue stays empty: the
+    heartbeat reports that it is not there, and it claims."""
+    async with client_and_workers(redis_url, namespace, 1, ttl=1.5) as (client, (w,)):
+        await w.start_work("jobs", Recorder().quick)
+        key = client._keys.idle("jobs")
+
+        async def member() -> bool:
+            return bool(await client._conn.execute("SISMEMBER", key, w.id))
+
+        await wait_for(member)
+        await client._conn.execute("SREM", key, w.id)  # popped by a wake that got lost
+        t0 = trio.current_time()
+        await wait_for(member, within=3 * w.timing.interval)
+        assert trio.current_time() - t0 <= w.timing.interval + 0.3
