@@ -87,6 +87,8 @@ class Run:
     wake_calls: float = math.nan  # claim calls after one enqueue into an idle mesh
     wake_us: float = math.nan  # their Redis time
     wake_latency: float = math.nan  # s from enqueue to the task held
+    due_calls: float = math.nan  # claim calls when a retry of an idle mesh is due
+    due_us: float = math.nan
     claim_us: dict[tuple[int, int], float] = field(default_factory=dict)  # (queue, n) -> µs
     claim_wall: dict[tuple[int, int], float] = field(default_factory=dict)
 
@@ -285,6 +287,18 @@ async def wake_idle(url: str, conn: Connection, sizes: Sizes, res: Run) -> None:
         calls = w.script_calls(sha)
         res.wake_calls = len(calls)
         res.wake_us = sum(us for us, _ in calls)
+        # A retry: a task in the delayed set, due after every worker's next
+        # heartbeat (each learns the due time from it).
+        due_in = sizes.ttl / 3 * 1.2
+        sec, usec = await conn.execute("TIME")
+        due = int(sec) * 1000 + int(usec) // 1000 + int(due_in * 1000)
+        async with SlowlogWindow(conn) as w:
+            await conn.execute("ZADD", k.delayed(QUEUE), due, b"retry")
+            await wait_held(conn, k, 2, 0, due_in + 30)
+            await trio.sleep(1.0)
+        calls = w.script_calls(sha)
+        res.due_calls = len(calls)
+        res.due_us = sum(us for us, _ in calls)
 
 
 async def recycle_quiet(url: str, conn: Connection, n: int, per_worker: int, idle: int) -> float:
@@ -549,6 +563,21 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
             [x.wake_latency * 1000 for x in runs],
         )
     )
+    f.append(
+        Figure(
+            f"a retry comes due, {nworkers - 1:,} idle workers: claim calls",
+            "calls",
+            [x.due_calls for x in runs],
+            note="about 3 act on the due time; the others learn at a heartbeat",
+        )
+    )
+    f.append(
+        Figure(
+            f"a retry comes due, {nworkers - 1:,} idle workers: claim Redis time",
+            "ms",
+            [x.due_us / 1000 for x in runs],
+        )
+    )
     for n in (1, 10):
         short = [x.claim_us.get((10, n), math.nan) for x in runs]
         long = [x.claim_us.get((sizes.long_queue, n), math.nan) for x in runs]
@@ -625,7 +654,10 @@ tasks whose handlers sleep. Once every task runs, and after a settling pause:
   queued; one task is enqueued. Reported: the `claim.lua` calls and their Redis
   time from the enqueue until one second after a worker holds it (the enqueue
   wakes two idle servers: one per task and a spare; under protocol 2 every
-  runner with a free slot claimed), and the time until it is held.
+  runner with a free slot claimed), and the time until it is held. Then a
+  task is put in the delayed set (a retry), due 1.2 H later so that every
+  worker learns its due time from a heartbeat: the `claim.lua` calls until one
+  second after it is held.
 - **Claim**: in another namespace a probe worker claims from a queue of 10 and
   of {long:,} one-shot tasks ({samples} claims of 1 and of 10 tasks from each,
   in alternating blocks of {block}; after each claim the processes are finished

@@ -12,6 +12,7 @@ finish first, so the claim can take the slots it freed.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,9 @@ from ._types import Process
 __all__ = ["Handler", "QueueConfig", "QueueRunner"]
 
 log = logging.getLogger("mesh.worker")
+
+#: About this many idle servers of a queue act on a delayed task's due time.
+HERD = 3
 
 Handler = Callable[[Process], Awaitable[Any]]
 
@@ -95,6 +99,7 @@ class QueueRunner:
         self._ttl_ms = int(ttl * 1000)
         self._held_back_since: float | None = None
         self._early_cancels = {} if early_cancels is None else early_cancels
+        self._due_drawn: tuple[int, bool] = (-1, False)
 
     # --- signals from the worker (sync, no I/O) ----------------------------
 
@@ -107,6 +112,21 @@ class QueueRunner:
         """A task becomes due for a retry in ``seconds``."""
         self._next_due = min(self._next_due, trio.current_time() + seconds)
         self._wakeup.set()
+
+    def retry_due(self, due_ms: int, seconds: float, idle_servers: int) -> None:
+        """The heartbeat says a delayed task of this queue is due at
+        ``due_ms`` (Redis clock), ``seconds`` from now. Every server of the
+        queue hears it, and if all claimed at that moment all but one would
+        claim in vain: each acts with probability ``HERD / idle_servers``,
+        drawn once per due time. One that does not act still claims at its
+        first heartbeat after the due time (the task then counts as ready),
+        and with many idle servers that heartbeat comes soon.
+        """
+        if self._due_drawn[0] != due_ms:
+            act = idle_servers <= HERD or random.random() * idle_servers < HERD
+            self._due_drawn = (due_ms, act)
+        if self._due_drawn[1]:
+            self.wake_in(seconds)
 
     def cancel_process(self, pid: str) -> bool:
         """Cancel the handler of process ``pid`` (cancelled in the mesh); its

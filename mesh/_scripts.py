@@ -298,6 +298,7 @@ class HeartbeatReply:
     queue_states: tuple[int, ...]
     held: tuple[int, ...]
     idle: tuple[bool, ...]
+    idle_servers: tuple[int, ...]
 
 
 @attrs.frozen
@@ -388,6 +389,7 @@ class Binding:
             tuple(int(x) for x in r[3]),
             tuple(int(x) for x in r[4]),
             tuple(x == 1 for x in r[5]),
+            tuple(int(x) for x in r[6]),
         )
 
     def claim_call(

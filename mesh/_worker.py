@@ -536,8 +536,15 @@ class Worker:
             for pid, at in list(gen.early_cancels.items()):
                 if at < stale:
                     del gen.early_cancels[pid]
-            per_queue = zip(queues, reply.queue_states, reply.held, reply.idle, strict=True)
-            for q, state, held, idle in per_queue:
+            per_queue = zip(
+                queues,
+                reply.queue_states,
+                reply.held,
+                reply.idle,
+                reply.idle_servers,
+                strict=True,
+            )
+            for q, state, held, idle, idle_servers in per_queue:
                 runner = gen.runners.get(q)
                 if runner is None:
                     continue
@@ -546,7 +553,7 @@ class Worker:
                 if state == 0:
                     runner.nudge()
                 elif state > 0:
-                    runner.wake_in(state / 1000)
+                    runner.retry_due(reply.now_ms + state, state / 1000, idle_servers)
             if reply.next_deadline_ms <= 0:
                 self._reaper.deadline_passed(-reply.next_deadline_ms / 1000)
             gen.beat.set()

@@ -17,13 +17,15 @@
 --           {inbox process ids}, {per queue: 0 = tasks ready, -1 = none,
 --           N = ms until the earliest delayed task is due},
 --           {per queue: how many processes W holds there},
---           {per queue: 1 if W is in its idle set, else 0}}
+--           {per queue: 1 if W is in its idle set, else 0},
+--           {per queue: how many servers are in its idle set}}
 --          A worker that runs more processes of a queue than Redis says it
 --          holds must find out which are gone (they were lost, e.g. by a
 --          failover that dropped writes) and stop them. A worker with a
 --          free slot on a queue, not held back by the fair share, that is
 --          not in its idle set claims: nobody would wake it (its wake was
---          lost).
+--          lost). Every idle server learns when a delayed task is due; the
+--          idle count lets about three of them act on it, not all.
 -- Errors: FENCED (lease expired, recycled or superseded: the worker must stop
 --         every process and re-register under a new id), BAD_ARG.
 -- Publishes: nothing.
@@ -43,10 +45,11 @@ redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 for i = 5, 4 + k do redis.call('SREM', KEYS[3], ARGV[i]) end
 local inbox = redis.call('SMEMBERS', KEYS[3])
 
-local states, held, idle = {}, {}, {}
+local states, held, idle, idles = {}, {}, {}, {}
 for i = 4, #KEYS, 4 do
   held[#held + 1] = redis.call('SCARD', KEYS[i + 2])
   idle[#idle + 1] = redis.call('SISMEMBER', KEYS[i + 3], ARGV[1])
+  idles[#idles + 1] = redis.call('SCARD', KEYS[i + 3])
   local state = -1
   if redis.call('LLEN', KEYS[i]) > 0 then
     state = 0
@@ -58,4 +61,4 @@ for i = 4, #KEYS, 4 do
 end
 
 local earliest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return {now, tonumber(earliest[2]) - now, inbox, states, held, idle}
+return {now, tonumber(earliest[2]) - now, inbox, states, held, idle, idles}

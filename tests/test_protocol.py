@@ -274,6 +274,12 @@ async def test_heartbeat_renews_reports_inbox_and_queue_states(
     hb = await b.heartbeat(conn, "w1", inc, 5000, [], [Q, "empty", "later"])
     assert hb.queue_states[:2] == (0, -1) and hb.queue_states[2] > 10**9
     assert hb.held == (1, 0, 0)  # what Redis says w1 holds, per queue
+    assert hb.idle == (False, False, False) and hb.idle_servers == (0, 0, 0)
+    await join(b, conn, "w2", "empty")
+    assert (await b.claim(conn, "w1", inc, "empty", 1, 0)).processes == ()
+    assert (await b.claim(conn, "w2", "inc-w2", "empty", 1, 0)).processes == ()
+    hb = await b.heartbeat(conn, "w1", inc, 5000, [], [Q, "empty", "later"])
+    assert hb.idle == (False, True, False) and hb.idle_servers == (0, 2, 0)
     assert 4000 < await conn.execute("PTTL", keys.heartbeat("w1")) <= 5000
     assert int(await conn.execute("ZSCORE", keys.workers, "w1")) == hb.now_ms + 5000
     await conn.execute("SADD", keys.inbox("w1"), "7", "8")

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import trio
 
-from mesh import Process
+from mesh import Process, _runner
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._runner import Counters, QueueConfig, QueueRunner
+from mesh._runner import HERD, Counters, QueueConfig, QueueRunner
 from mesh._scripts import Binding
 from mesh._server import RedisServer
 
@@ -327,3 +327,24 @@ async def test_an_unsent_finish_is_sent_when_the_runner_stops(setup: Setup, redi
     assert runner._counters.finished == 1
     s = await snapshot(setup.conn, setup.keys, Q, ["w1"])
     assert s["procs"] == {} and s["queue"] == [b"t2"]
+
+
+async def test_about_herd_idle_servers_act_on_a_retry_due_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every idle server hears a delayed task's due time in its heartbeat;
+    each acts with probability HERD / idle servers, drawn once per due time
+    (the same due time comes in every heartbeat until then)."""
+    config = QueueConfig(Q, None, 1, 0, 0.01, 0.01)
+    r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, Counters(), print)  # type: ignore[arg-type]
+    draws = iter([0.5, 0.001])
+    monkeypatch.setattr(_runner.random, "random", lambda: next(draws))
+    r.retry_due(1_000, 5.0, 300)  # 0.5 x 300 >= HERD: leaves it to others
+    r.retry_due(1_000, 4.0, 300)  # the same due time: no new draw
+    assert r._next_due == float("inf")
+    t = trio.current_time()
+    r.retry_due(2_000, 5.0, 300)  # 0.001 x 300 < HERD: acts
+    assert t + 5.0 <= r._next_due <= trio.current_time() + 5.0
+    r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, Counters(), print)  # type: ignore[arg-type]
+    r.retry_due(3_000, 1.0, HERD)  # few idle servers: every one acts, nothing drawn
+    assert r._next_due < float("inf")
