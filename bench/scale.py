@@ -541,43 +541,27 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 [x.herd_us.get(name, 0) / 1000 for x in runs],
             )
         )
-    f.append(
-        Figure(
-            f"one task enqueued, {nworkers:,} idle workers: claim calls",
-            "calls",
+    enqueued = f"one task enqueued, {nworkers:,} idle workers"
+    due = f"a retry comes due, {nworkers - 1:,} idle workers"
+    for what, calls, us, note in (
+        (
+            enqueued,
             [x.wake_calls for x in runs],
-            note="one per ready task and a spare (protocol 2: every idle runner claimed)",
-        )
-    )
-    f.append(
-        Figure(
-            f"one task enqueued, {nworkers:,} idle workers: claim Redis time",
-            "ms",
-            [x.wake_us / 1000 for x in runs],
-        )
-    )
-    f.append(
-        Figure(
-            f"one task enqueued, {nworkers:,} idle workers: until a worker holds it",
-            "ms",
-            [x.wake_latency * 1000 for x in runs],
-        )
-    )
-    f.append(
-        Figure(
-            f"a retry comes due, {nworkers - 1:,} idle workers: claim calls",
-            "calls",
+            [x.wake_us for x in runs],
+            "one per ready task and a spare (protocol 2: every idle runner claimed)",
+        ),
+        (
+            due,
             [x.due_calls for x in runs],
-            note="about 3 act on the due time; the others learn at a heartbeat",
-        )
-    )
-    f.append(
-        Figure(
-            f"a retry comes due, {nworkers - 1:,} idle workers: claim Redis time",
-            "ms",
-            [x.due_us / 1000 for x in runs],
-        )
-    )
+            [x.due_us for x in runs],
+            "about 3 act on the due time; the others learn at a heartbeat",
+        ),
+    ):
+        f.append(Figure(f"{what}: claim calls", "calls", calls, note=note))
+        f.append(Figure(f"{what}: claim Redis time", "ms", [u / 1000 for u in us]))
+        if what == enqueued:
+            latency = [x.wake_latency * 1000 for x in runs]
+            f.append(Figure(f"{what}: until a worker holds it", "ms", latency))
     for n in (1, 10):
         short = [x.claim_us.get((10, n), math.nan) for x in runs]
         long = [x.claim_us.get((sizes.long_queue, n), math.nan) for x in runs]
