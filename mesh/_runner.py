@@ -224,33 +224,26 @@ class QueueRunner:
         # Take the finished list before awaiting: handlers that end while it
         # is in flight append to a fresh one, for the next report.
         done, self._done = self._done, []
-        args = (self._conn, self._wid, self._inc, c.queue)
-        backoff_ms, cap_ms = int(c.backoff * 1000), int(c.backoff_max * 1000)
+        b = self._binding
+        claim = b.claim_call(
+            self._wid,
+            self._inc,
+            c.queue,
+            n,
+            c.max_attempts,
+            fair=fair,
+            backoff_ms=int(c.backoff * 1000),
+            backoff_cap_ms=int(c.backoff_max * 1000),
+            ttl_ms=self._ttl_ms,
+        )
         try:
             if done:
-                finished, claimed = await self._binding.finish_and_claim(
-                    *args,
-                    done,
-                    n,
-                    c.max_attempts,
-                    fair=fair,
-                    backoff_ms=backoff_ms,
-                    backoff_cap_ms=cap_ms,
-                    ttl_ms=self._ttl_ms,
+                finished, claimed = await b.finish_and_claim(
+                    self._conn, self._wid, self._inc, c.queue, done, claim
                 )
             else:
                 finished = None
-                claimed = outcome.Value(
-                    await self._binding.claim(
-                        *args,
-                        n,
-                        c.max_attempts,
-                        fair=fair,
-                        backoff_ms=backoff_ms,
-                        backoff_cap_ms=cap_ms,
-                        ttl_ms=self._ttl_ms,
-                    )
-                )
+                claimed = outcome.Value(await b.run(self._conn, claim))
         except BaseException:
             # No reply (a connection error, an error reply to a claim sent
             # alone, a cancellation): report these again later. After a

@@ -341,6 +341,11 @@ class Binding:
         self.keys = keys
         self.scripts = load_scripts()
 
+    async def run(self, conn: Executor, call: ScriptCall[T]) -> T:
+        """Send one built call (:meth:`claim_call`, :meth:`finish_call`) and
+        parse its reply; raises what :func:`run_script` raises."""
+        return call.parse(await run_script(conn, call.script, call.keys, call.args))
+
     async def _run(
         self, conn: Executor, name: str, keys: Sequence[str], args: Sequence[Any]
     ) -> Any:
@@ -488,7 +493,7 @@ class Binding:
             ttl_ms=ttl_ms,
             wake=wake,
         )
-        return call.parse(await run_script(conn, call.script, call.keys, call.args))
+        return await self.run(conn, call)
 
     def finish_call(
         self, worker: str, incarnation: str, queue: str, ids: Sequence[str]
@@ -507,8 +512,7 @@ class Binding:
     async def finish(
         self, conn: Executor, worker: str, incarnation: str, queue: str, ids: Sequence[str]
     ) -> list[bool]:
-        call = self.finish_call(worker, incarnation, queue, ids)
-        return call.parse(await run_script(conn, call.script, call.keys, call.args))
+        return await self.run(conn, self.finish_call(worker, incarnation, queue, ids))
 
     async def finish_and_claim(
         self,
@@ -517,37 +521,21 @@ class Binding:
         incarnation: str,
         queue: str,
         ids: Sequence[str],
-        n: int,
-        max_attempts: int,
-        *,
-        fair: bool = False,
-        backoff_ms: int = 1000,
-        backoff_cap_ms: int = 60_000,
-        ttl_ms: int = 0,
+        claim: ScriptCall[ClaimReply],
     ) -> tuple[outcome.Outcome[list[bool]], outcome.Outcome[ClaimReply]]:
-        """:meth:`finish` ``ids``, then :meth:`claim` up to ``n``, in one
-        round trip. Redis runs the finish first, so the claim sees those
+        """:meth:`finish` ``ids``, then ``claim`` (from :meth:`claim_call`), in
+        one round trip. Redis runs the finish first, so the claim sees those
         processes gone (the fair share no longer counts them). The two are
         not one atomic step, and either may fail alone.
 
         Returns:
             The outcome of each (see :func:`run_pipelined`): what
-            :meth:`finish` and :meth:`claim` would have returned or raised.
+            :meth:`finish` and :meth:`run` of the claim would have returned
+            or raised.
         Raises:
             MeshConnectionError: unknown whether either ran.
         """
         finish = self.finish_call(worker, incarnation, queue, ids)
-        claim = self.claim_call(
-            worker,
-            incarnation,
-            queue,
-            n,
-            max_attempts,
-            fair=fair,
-            backoff_ms=backoff_ms,
-            backoff_cap_ms=backoff_cap_ms,
-            ttl_ms=ttl_ms,
-        )
         finished, claimed = await run_pipelined(conn, [finish, claim])
         return finished, claimed
 

@@ -23,9 +23,8 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
--- Wake first: a script's writes are not rolled back, so a refused SPOP or
--- PUBLISH (an ACL without them) must fail before any task is added, or a
--- retry would add them twice. Nobody can claim before the script ends.
+-- Wake first (see wake_idle): refused, it must fail before any task is
+-- added, or a retry would add them twice.
 wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
 local len = 0
 for i = 3, #ARGV, 4000 do

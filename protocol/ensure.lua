@@ -26,8 +26,8 @@ for i = 3, #ARGV do
     out[#out + 1] = 1
   end
 end
+wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before the first write, as in enqueue.lua
 to_standby(KEYS[3], KEYS[4], new, false)
 call_chunked('RPUSH', KEYS[1], new)
 redis.call('SADD', KEYS[2], ARGV[1])
-wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)
 return out

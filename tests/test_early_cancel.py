@@ -27,13 +27,13 @@ async def test_a_cancel_that_overtakes_the_claim_reply_is_not_lost(
         mesh.open_client(redis_url, namespace=namespace) as client,
         mesh.open_worker(redis_url, namespace=namespace, ttl=0.6) as worker,
     ):
-        real_claim = worker._binding.claim
+        real_run = worker._binding.run
         cancels: list[int] = []
         returned = trio.Event()
 
-        async def claim(*args: Any, **kwargs: Any) -> Any:
-            reply = await real_claim(*args, **kwargs)
-            if reply.processes and not cancels:
+        async def run(conn: Any, call: Any) -> Any:
+            reply = await real_run(conn, call)
+            if call.script.name == "claim" and reply.processes and not cancels:
                 cancels.append(await client.cancel("devices", "dev-1"))
                 # The runner's trio task resumes late: two heartbeats (every
                 # 0.2 s) deliver and acknowledge the cancel meanwhile.
@@ -41,7 +41,7 @@ async def test_a_cancel_that_overtakes_the_claim_reply_is_not_lost(
                 returned.set()
             return reply
 
-        worker._binding.claim = claim  # type: ignore[method-assign]
+        worker._binding.run = run  # type: ignore[method-assign]
         await worker.start_work("devices", hold)
         await client.ensure("devices", "dev-1")
         with trio.fail_after(5):

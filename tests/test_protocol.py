@@ -677,7 +677,9 @@ async def test_finish_and_claim_runs_the_finish_first_in_one_write(
     (d1,) = (await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)).processes
     await conn.execute("SCRIPT", "LOAD", b.scripts["finish"].source)  # no NOSCRIPT detour
     writes = conn.statistics().writes
-    f, c = await b.finish_and_claim(conn, "w1", i1, Q, [d1.id], 10, 0, fair=True)
+    f, c = await b.finish_and_claim(
+        conn, "w1", i1, Q, [d1.id], b.claim_call("w1", i1, Q, 10, 0, fair=True)
+    )
     assert conn.statistics().writes == writes + 1
     assert f.unwrap() == [True]
     # the claim saw d1 finished: w1 holds nothing, so d2 is within its share
@@ -695,13 +697,13 @@ async def test_finish_and_claim_returns_each_outcome_on_its_own(
     await b.enqueue(conn, Q, [b"a", b"b"])
     (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
     # the finish goes through, the claim is refused (a bad count)
-    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], 0, 0)
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 0, 0))
     assert f.unwrap() == [True]
     with pytest.raises(CommandError, match="BAD_ARG"):
         c.unwrap()
     # a lease gone: the finish changes nothing, the claim is fenced
     await expire_worker(conn, keys, "w1")
-    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], 1, 0)
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 1, 0))
     assert f.unwrap() == [False]
     with pytest.raises(FencedError, match="no lease"):
         c.unwrap()
@@ -715,7 +717,7 @@ async def test_finish_and_claim_survives_script_flush(
     await b.enqueue(conn, Q, [b"a", b"b"])
     (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
     await conn.execute("SCRIPT", "FLUSH")
-    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], 1, 0)
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 1, 0))
     assert f.unwrap() == [True]
     (p,) = c.unwrap().processes
     assert p.task == b"b"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -677,21 +678,22 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("jobs", rec.quick)
         await trio.sleep(0.05)  # idle: the runner waits for a nudge
-        real = w._binding.claim
+        real = w._binding.run
         calls = 0
 
-        async def claim(*args: object, **kw: object) -> object:
+        async def run(conn: Any, call: Any) -> Any:
             # The first claim runs in Redis and finds nothing; before its reply
             # reaches the runner, a task is enqueued and announced.
             nonlocal calls
-            calls += 1
-            reply = await real(*args, **kw)  # type: ignore[arg-type]
-            if calls == 1:
-                await client.enqueue("jobs", b"late")
-                await trio.sleep(0.02)  # the work message is dispatched meanwhile
+            reply = await real(conn, call)
+            if call.script.name == "claim":
+                calls += 1
+                if calls == 1:
+                    await client.enqueue("jobs", b"late")
+                    await trio.sleep(0.02)  # the wake is dispatched meanwhile
             return reply
 
-        w._binding.claim = claim  # type: ignore[method-assign]
+        w._binding.run = run  # type: ignore[method-assign]
         t0 = trio.current_time()
         w._gen.runners["jobs"].nudge()
         await wait_for(lambda: _true(len(rec.done) == 1), within=3)
