@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from mesh import ConfigError, ConflictError, FencedError, ProtocolError
+from mesh import ConfigError, ConflictError, FencedError, Process, ProtocolError
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
@@ -690,12 +690,19 @@ async def test_finish_and_claim_runs_the_finish_first_in_one_write(
     assert s["held"]["w1"] == {d2.id} and s["persistent"] == {b"d2": d2.id.encode()}
 
 
-async def test_finish_and_claim_returns_each_outcome_on_its_own(
-    conn: Connection, b: Binding, keys: Keys
-) -> None:
+async def claimed_a_of_ab(b: Binding, conn: Connection) -> tuple[str, Process]:
+    """w1 serves Q, which holds a and b; w1 has claimed a. Returns (its
+    incarnation, the process of a)."""
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a", b"b"])
     (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    return inc, a
+
+
+async def test_finish_and_claim_returns_each_outcome_on_its_own(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc, a = await claimed_a_of_ab(b, conn)
     # the finish goes through, the claim is refused (a bad count)
     f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 0, 0))
     assert f.unwrap() == [True]
@@ -713,9 +720,7 @@ async def test_finish_and_claim_returns_each_outcome_on_its_own(
 async def test_finish_and_claim_survives_script_flush(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
-    inc = await join(b, conn, "w1", Q)
-    await b.enqueue(conn, Q, [b"a", b"b"])
-    (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    inc, a = await claimed_a_of_ab(b, conn)
     await conn.execute("SCRIPT", "FLUSH")
     f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 1, 0))
     assert f.unwrap() == [True]
@@ -810,9 +815,7 @@ async def test_a_repeated_crash_backs_off_with_the_claimers_backoff(
 async def test_tokens_keep_increasing_when_redis_loses_the_counter(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
-    inc = await join(b, conn, "w1", Q)
-    await b.enqueue(conn, Q, [b"a", b"b"])
-    (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    inc, a = await claimed_a_of_ab(b, conn)
     await conn.execute("DEL", keys.token)  # as after a restart without persistence
     (bb,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
     assert bb.token > a.token
