@@ -125,7 +125,7 @@ async def run(
             return info.queued == info.delayed == info.running == 0 and info.dead == 1
 
         await _support.wait_until(settled, within=15, what="the jobs to settle")
-        dead = [t.decode() for t in await client.dead_letters(QUEUE)]
+        dead = [d.task.decode() for d in await client.dead_letters(QUEUE)]
         narrate(f"queue empty; client.dead_letters({QUEUE!r}) -> {dead}")
         nursery.cancel_scope.cancel()
 

@@ -16,8 +16,8 @@ from typing import Any
 from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, ConfigError
 from ._keys import Keys, check_queue
-from ._scripts import Binding, parse_record, payload_bytes
-from ._types import DelayedTask, Process, QueueInfo, ReconcileResult, WorkerInfo
+from ._scripts import Binding, parse_dead, parse_record, payload_bytes
+from ._types import DeadLetter, DelayedTask, Process, QueueInfo, ReconcileResult, WorkerInfo
 from ._url import RedisConfig
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
@@ -259,11 +259,52 @@ class Client:
         sec, usec = await self._check().execute("TIME")
         return int(sec) + int(usec) / 1e6
 
-    async def dead_letters(self, queue: str) -> list[bytes]:
-        """One-shot tasks of ``queue`` that failed their last allowed attempt,
-        oldest first."""
+    async def dead_letters(self, queue: str) -> list[DeadLetter]:
+        """The dead letters of ``queue``, oldest first: one-shot tasks that
+        failed their last allowed attempt (or whose workers kept crashing),
+        each with its attempts, last error, last worker and the time it was
+        dead-lettered. A payload dead-lettered twice is listed twice.
+
+        Raises:
+            ProtocolError: an entry is not a protocol-4 record.
+        """
         check_queue(queue)
-        return list(await self._check().execute("LRANGE", self._keys.dead(queue), 0, -1))
+        r = await self._check().execute("LRANGE", self._keys.dead(queue), 0, -1)
+        return [parse_dead(rec, queue) for rec in r]
+
+    async def requeue_dead(self, queue: str, tasks: Iterable[bytes | str] | None = None) -> int:
+        """Put dead letters of ``queue`` back at the back of the queue, with
+        their attempt counts reset, atomically: all of them, or those whose
+        payload is in ``tasks``. A payload that has become a persistent task
+        of the queue since stays a dead letter.
+
+        Returns:
+            How many were requeued (a payload dead-lettered twice counts
+            twice, and is queued twice).
+        Raises:
+            TypeError, ValueError, ConfigError: bad payloads or queue name.
+        """
+        return await self._dead(queue, "requeue", tasks)
+
+    async def purge_dead(self, queue: str, tasks: Iterable[bytes | str] | None = None) -> int:
+        """Drop dead letters of ``queue``, atomically: all of them, or those
+        whose payload is in ``tasks``. The live queue is left alone.
+
+        Returns:
+            How many records were dropped.
+        Raises:
+            TypeError, ValueError, ConfigError: bad payloads or queue name.
+        """
+        return await self._dead(queue, "purge", tasks)
+
+    async def _dead(self, queue: str, mode: str, tasks: Iterable[bytes | str] | None) -> int:
+        conn = self._check()
+        check_queue(queue)
+        payloads = None if tasks is None else self._payloads(tasks)
+        if payloads == []:
+            return 0
+        done, _ = await self._binding.dead(conn, queue, mode, payloads)
+        return done
 
     async def persistent_tasks(self, queue: str) -> dict[bytes, str | None]:
         """The persistent tasks of ``queue``, each with the id of the process

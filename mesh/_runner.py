@@ -55,6 +55,20 @@ class Counters:
     given_back: int = 0
 
 
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """An exception as ``Type: message``, on one line, at most ``limit``
+    characters: what a dead-letter record keeps of a failure."""
+    msg = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def show_payload(task: bytes, limit: int = 60) -> str:
+    """A payload for a log line: its repr, cut to about ``limit`` characters."""
+    r = repr(task)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
 class _Slot:
     __slots__ = ("process", "scope")
 
@@ -89,6 +103,8 @@ class QueueRunner:
         self.running: dict[str, _Slot] = {}
         self._done: list[str] = []
         self._failed: list[str] = []
+        # process id -> (payload, error) of each failure not yet reported
+        self._fail_info: dict[str, tuple[bytes, str]] = {}
         self._maybe_work = True
         self._resync_needed = False
         self._next_due = float("inf")
@@ -313,12 +329,14 @@ class QueueRunner:
         p = slot.process
         ok = False
         failed = False
+        error = ""
         try:
             with slot.scope:
                 await self.config.handler(p)
                 ok = True
-        except Exception:
+        except Exception as exc:
             failed = True
+            error = describe_error(exc)
             log.exception("handler for task of queue %s (process %s) failed", p.queue, p.id)
         finally:
             del self.running[p.id]
@@ -328,6 +346,7 @@ class QueueRunner:
             self._done.append(p.id)
         elif failed:
             self._failed.append(p.id)
+            self._fail_info[p.id] = (p.task, error)
         # A slot is free: the loop claims again if it may (a runner that is
         # not in the queue's idle set must look by itself, or no one wakes it).
         self._wakeup.set()
@@ -365,12 +384,22 @@ class QueueRunner:
                 failed=True,
                 backoff_ms=int(c.backoff * 1000),
                 backoff_cap_ms=int(c.backoff_max * 1000),
+                errors=[self._fail_info.get(pid, (b"", ""))[1] for pid in failed],
             )
         except BaseException:
             self._failed = failed + self._failed
             raise
         self._counters.failed += len(failed)
-        for result, delay in outcomes:
+        for pid, (result, delay) in zip(failed, outcomes, strict=True):
+            task, error = self._fail_info.pop(pid, (b"", ""))
+            if result == 3:
+                log.warning(
+                    "queue %s: task %s dead-lettered (process %s): %s",
+                    c.queue,
+                    show_payload(task),
+                    pid,
+                    error or "failed",
+                )
             if result == 2:
                 if delay > 0:
                     self.wake_in(delay / 1000)

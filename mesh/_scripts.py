@@ -27,7 +27,7 @@ import outcome
 
 from ._errors import CommandError, ConfigError, ConflictError, FencedError, ProtocolError
 from ._keys import PROTOCOL_VERSION, Keys
-from ._types import Process
+from ._types import DeadLetter, Process
 
 __all__ = [
     "Binding",
@@ -57,6 +57,7 @@ SCRIPT_NAMES = (
     "cancel",
     "delete_queue",
     "delay",
+    "dead",
 )
 
 _INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
@@ -560,8 +561,12 @@ class Binding:
         failed: bool,
         backoff_ms: int = 0,
         backoff_cap_ms: int = 0,
+        errors: Sequence[str] | None = None,
     ) -> list[tuple[int, int]]:
-        """Per id: (outcome, delay ms); outcome 0 not ours, 1 front, 2 retry later, 3 dead."""
+        """Per id: (outcome, delay ms); outcome 0 not ours, 1 front, 2 retry later, 3 dead.
+
+        ``errors``: with ``failed``, the error of each id's attempt (kept in
+        its dead-letter record if it is dead-lettered)."""
         k = self.keys
         keys = [
             k.procs(queue),
@@ -574,15 +579,21 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
         ]
-        args = [
+        args: list[Any] = [
             worker,
             "fail" if failed else "return",
             backoff_ms,
             backoff_cap_ms,
             k.wake_prefix,
             queue,
-            *ids,
         ]
+        if failed and errors is not None:
+            args += [
+                f"{pid}\0{err}".encode(errors="replace")[: len(pid) + 1 + DEAD_ERROR_MAX]
+                for pid, err in zip(ids, errors, strict=True)
+            ]
+        else:
+            args += ids
         r = await self._run(conn, "give_back", keys, args)
         return [(int(r[i]), int(r[i + 1])) for i in range(0, len(r), 2)]
 
@@ -697,6 +708,26 @@ class Binding:
         r = await self._run(conn, "delay", keys, [queue, k.wake_prefix, mode, ms, *payloads])
         return DelayReply(int(r[0]), int(r[1]), int(r[2]))
 
+    async def dead(
+        self, conn: Executor, queue: str, mode: str, payloads: Sequence[bytes] | None
+    ) -> tuple[int, int]:
+        """``dead.lua``: requeue or purge dead letters (all, or those
+        payloads; an empty list: none); (records acted on, records left:
+        now persistent)."""
+        if payloads is not None and not payloads:
+            return 0, 0
+        k = self.keys
+        keys = [
+            k.dead(queue),
+            k.queue(queue),
+            k.attempts(queue),
+            k.persistent(queue),
+            k.standby(queue),
+            k.idle(queue),
+        ]
+        r = await self._run(conn, "dead", keys, [queue, k.wake_prefix, mode, *(payloads or ())])
+        return int(r[0]), int(r[1])
+
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
@@ -733,6 +764,30 @@ class Binding:
                 return int(r[1]), int(r[2])
             workers += [w.decode() for w in r[1:]]
         raise ProtocolError(f"{name} on queue {queue}: the running processes kept changing")
+
+
+#: The error kept in a dead-letter record is cut to this many bytes.
+DEAD_ERROR_MAX = 2000
+
+
+def parse_dead(rec: bytes, queue: str) -> DeadLetter:
+    """A :class:`DeadLetter` from an entry of ``{ns}:dead:<Q>``.
+
+    Raises:
+        ProtocolError: the entry is not of the documented shape.
+    """
+    parts = rec.split(b"\0", 4)
+    try:
+        when, attempts, worker, error, payload = parts
+        return DeadLetter(
+            payload,
+            int(attempts),
+            error.decode(errors="replace"),
+            worker.decode(errors="replace"),
+            int(when) / 1000,
+        )
+    except ValueError:
+        raise ProtocolError(f"malformed dead-letter record of queue {queue}") from None
 
 
 def _parse_finish(r: Any) -> list[bool]:

@@ -371,10 +371,13 @@ class Worker:
         )
         return r[0]
 
-    async def give_back(self, process: Process, *, failed: bool = False) -> bool:
+    async def give_back(
+        self, process: Process, *, failed: bool = False, error: str | None = None
+    ) -> bool:
         """Hand ``process`` back: to the front of its queue, or, with
         ``failed=True``, as a failed attempt (retry after a backoff, or dead
-        letter at the queue's attempt limit).
+        letter at the queue's attempt limit; ``error``, cut to 2,000
+        characters, is kept in the dead-letter record).
 
         Returns:
             False if it was no longer this worker's process (nothing changed).
@@ -393,6 +396,7 @@ class Worker:
             failed=failed,
             backoff_ms=int(backoff * 1000),
             backoff_cap_ms=int(cap * 1000),
+            errors=[error[:2000]] if failed and error else None,
         )
         return r[0][0] != 0
 

@@ -10,7 +10,7 @@
 -- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[6] {ns}:delayed:<Q>       ZSET payload -> due time (ms)
--- KEYS[7] {ns}:dead:<Q>          LIST of dead-lettered payloads
+-- KEYS[7] {ns}:dead:<Q>          LIST of dead-letter records (lib.lua dead_record)
 -- KEYS[8] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                given-back one moves there from KEYS[4]
 -- KEYS[9] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
@@ -21,7 +21,8 @@
 --         before failing starts its backoff again from the base
 -- ARGV[5] prefix of wake channels ({ns}:wake:)
 -- ARGV[6] queue name Q
--- ARGV[7..] process ids
+-- ARGV[7..] process ids; in mode "fail" each may be followed by a NUL byte
+--         and the error of that attempt (kept in a dead-letter record)
 -- Returns: per process id two numbers: an outcome (0 = not W's live process,
 --          nothing changed; 1 = back at the front; 2 = retry later or at the
 --          back; 3 = dead-lettered) and the delay in ms before it is due.
@@ -43,7 +44,9 @@ if err then return err end
 local now = now_ms()
 local out, front, pers, ready = {}, {}, {}, 0
 for i = 7, #ARGV do
-  local id = ARGV[i]
+  local id, why = ARGV[i], ''
+  local cut = string.find(id, '\0', 1, true)
+  if cut then id, why = string.sub(id, 1, cut - 1), string.sub(id, cut + 1) end
   local rec = redis.call('HGET', KEYS[1], id)
   local outcome, delay = 0, 0
   if rec then
@@ -56,10 +59,10 @@ for i = 7, #ARGV do
         front[#front + 1] = {tonumber(id), r.payload}
         outcome = 1
       else
-        local where
-        where, delay = fail_attempt(r, now, KEYS[5], base, cap, false)
+        local where, made
+        where, delay, made = fail_attempt(r, now, KEYS[5], base, cap, false)
         if where == 'dead' then
-          redis.call('RPUSH', KEYS[7], r.payload)
+          redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.payload))
           outcome = 3
         elseif where == 'later' then
           redis.call('ZADD', KEYS[6], now + delay, r.payload)

@@ -84,7 +84,7 @@ local function next_attempt(r, now, prev, base, cap, first_at_front)
     a = prev + 1
   end
   if not r.persistent and r.max_attempts > 0 and a >= r.max_attempts then
-    return false, 'dead', 0
+    return false, 'dead', 0, a
   end
   local n = a
   if first_at_front then
@@ -97,16 +97,26 @@ local function next_attempt(r, now, prev, base, cap, first_at_front)
 end
 
 -- next_attempt for one process, with its count read from and written to the
--- hash `attempts`; returns where, delay.
+-- hash `attempts`; returns where, delay, and for 'dead' the attempts made.
 local function fail_attempt(r, now, attempts, base, cap, first_at_front)
   local prev = tonumber(redis.call('HGET', attempts, r.payload) or '0')
-  local a, where, delay = next_attempt(r, now, prev, base, cap, first_at_front)
+  local a, where, delay, made = next_attempt(r, now, prev, base, cap, first_at_front)
   if a then
     redis.call('HSET', attempts, r.payload, a)
   else
     redis.call('HDEL', attempts, r.payload)
   end
-  return where, delay
+  return where, delay, made
+end
+
+-- An entry of a dead-letter list ({ns}:dead:<Q>): five fields joined by NUL
+-- bytes, the payload last (it may contain NUL bytes):
+--   when_ms \0 attempts \0 worker \0 error \0 payload
+-- `err` (the last failure) is cut to 2000 bytes and its NUL bytes become
+-- spaces.
+local function dead_record(now, attempts, worker, err, payload)
+  err = string.gsub(string.sub(err or '', 1, 2000), '%z', ' ')
+  return int(now) .. '\0' .. int(attempts) .. '\0' .. worker .. '\0' .. err .. '\0' .. payload
 end
 
 -- nil if `worker` holds the lease stored at `key` under `incarnation`, else an
@@ -246,14 +256,16 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   for _, r in ipairs(rs) do
     gone[#gone + 1] = r.id
     local where, delay = 'front', 0
+    local made = 0
     if count_attempt then
       local a
-      a, where, delay = next_attempt(r, now, count[r.payload], r.backoff, r.backoff_cap, true)
+      a, where, delay, made = next_attempt(r, now, count[r.payload], r.backoff, r.backoff_cap, true)
       count[r.payload] = a or 0
       keep[r.payload] = a
     end
     if where == 'dead' then
-      buried[#buried + 1] = r.payload
+      buried[#buried + 1] = dead_record(now, made, r.worker,
+        'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
     else
       if r.persistent then
         pers[#pers + 1] = r.payload

@@ -34,3 +34,47 @@ async def test_enqueue_delay_and_at(redis_url: str, namespace: str, ns_args: lis
     for bad in (["--delay", "-1"], ["--at", "2100-01-01T00:00:00"], ["--delay", "1", "--at", "5"]):
         r = await mesh_cli("enqueue", "q", "x", *bad, *ns_args)
         assert_one_line_error(r, 2)
+
+
+async def test_dead_letters_list_requeue_purge(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    from mesh._scripts import Binding
+
+    from .protocol_helpers import join
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        conn, b = client._conn, Binding(client._keys)
+        inc = await join(b, conn, "w1", "q")
+        await client.enqueue_many("q", ["a", "b", "c"])
+        c = await b.claim(conn, "w1", inc, "q", 3, 1)
+        await b.give_back(
+            conn,
+            "w1",
+            "q",
+            [p.id for p in c.processes],
+            failed=True,
+            errors=["ValueError: bad a", "ValueError: bad b", "OSError: c"],
+        )
+        r = await mesh_cli("dead-letters", "q", *ns_args)
+        assert r.returncode == 0, text(r)
+        lines = r.stdout.decode().splitlines()
+        assert lines[0].split() == ["WHEN", "(UTC)", "ATTEMPTS", "WORKER", "TASK", "ERROR"]
+        assert len(lines) == 4 and "ValueError: bad a" in lines[1] and " w1 " in lines[1]
+        r = await mesh_cli("dead-letters", "q", "--json", *ns_args)
+        got = json.loads(r.stdout)
+        assert [d["task"] for d in got["dead_letters"]] == ["a", "b", "c"]
+        assert got["dead_letters"][2]["error"] == "OSError: c"
+        assert got["dead_letters"][0]["attempts"] == 1
+        r = await mesh_cli("dead-letters", "q", "a", "--requeue", *ns_args)
+        assert r.stdout.decode() == "requeued 1 dead letter of q\n", text(r)
+        assert await client.tasks("q") == [b"a"]
+        r = await mesh_cli("dead-letters", "q", "--purge", "--json", *ns_args)
+        assert json.loads(r.stdout) == {"queue": "q", "purged": 2}
+        r = await mesh_cli("dead-letters", "q", *ns_args)
+        assert r.stdout.decode() == "no dead letters on q\n"
+        assert await client.tasks("q") == [b"a"]  # the live queue was left alone
+        r = await mesh_cli("dead-letters", "q", "a", *ns_args)
+        assert_one_line_error(r, 2)
+        r = await mesh_cli("dead-letters", "q", "--requeue", "--purge", *ns_args)
+        assert_one_line_error(r, 2)

@@ -244,3 +244,103 @@ async def test_a_task_due_while_a_worker_is_sigkilled_runs_once_on_a_live_peer(
             assert await client.delayed("jobs") == []
     finally:
         peers.stop_all()
+
+
+# --- dead letters ------------------------------------------------------------
+
+
+async def test_give_back_and_recycle_keep_dead_letter_records(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"x\0y", b"crash"])
+    c = await b.claim(conn, "w1", inc, Q, 2, 1)  # max_attempts 1: the first failure is the last
+    x, _crash = c.processes
+    t0 = await redis_ms(conn)
+    long_error = "ValueError: " + "e\0" * 3000
+    r = await b.give_back(conn, "w1", Q, [x.id], failed=True, errors=[long_error])
+    assert r == [(3, 0)]
+    # the crash of a worker is recorded too
+    from .protocol_helpers import expire_worker
+
+    await expire_worker(conn, keys, "w1")
+    rr = await b.recycle(conn, "w1", leave=False)
+    assert rr.dead_lettered == 1
+    from mesh._scripts import parse_dead
+
+    recs = [parse_dead(rec, Q) for rec in await conn.execute("LRANGE", keys.dead(Q), 0, -1)]
+    assert [d.task for d in recs] == [b"x\0y", b"crash"]
+    assert [d.attempts for d in recs] == [1, 1]
+    assert [d.worker for d in recs] == ["w1", "w1"]
+    assert recs[0].error.startswith("ValueError: e e e") and len(recs[0].error) <= 2000
+    assert "\0" not in recs[0].error
+    assert recs[1].error == "worker crashed: the lease of worker w1 expired"
+    assert all(t0 / 1000 - 0.001 <= d.when <= t0 / 1000 + 5 for d in recs)
+    assert await conn.execute("HLEN", keys.attempts(Q)) == 0
+
+
+async def test_dead_requeue_and_purge_by_payload_or_all(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b", b"a", b"c"])
+    c = await b.claim(conn, "w1", inc, Q, 4, 1)
+    await b.give_back(conn, "w1", Q, [p.id for p in c.processes], failed=True)
+    await b.claim(conn, "w1", inc, Q, 1, 1)  # finds nothing: idle
+    assert await b.dead(conn, Q, "requeue", [b"a"]) == (2, 0)  # both copies
+    snap = await snapshot(conn, keys, Q, ["w1"])
+    assert snap["queue"] == [b"a", b"a"] and snap["dead"] == [b"b", b"c"]
+    assert await conn.execute("SISMEMBER", keys.idle(Q), "w1") == 0  # woken
+    assert await b.dead(conn, Q, "requeue", [b"a"]) == (0, 0)  # twice: nothing more
+    assert await b.dead(conn, Q, "purge", [b"c", b"zzz"]) == (1, 0)
+    # a payload made persistent meanwhile is not requeued as one-shot
+    await b.ensure(conn, Q, [b"b"])
+    assert await b.dead(conn, Q, "requeue", None) == (0, 1)
+    assert await b.dead(conn, Q, "purge", None) == (1, 0)
+    snap = await snapshot(conn, keys, Q, ["w1"])
+    assert snap["dead"] == [] and snap["queue"] == [b"a", b"a", b"b"]
+    with pytest.raises(CommandError, match="BAD_ARG"):
+        await b.dead(conn, Q, "bury", None)
+
+
+async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: list[Process] = []
+
+    async def handler(p: Process) -> None:
+        runs.append(p)
+        if p.task.startswith(b"bad"):
+            raise KeyError("no such thing " + "x" * 5000)
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work(Q, handler, max_attempts=2, backoff=0.01, backoff_max=0.02)
+        t0 = await client.time()
+        with caplog.at_level("WARNING", logger="mesh.worker"):
+            await client.enqueue_many(Q, ["bad-1", "good"])
+
+            async def dead() -> bool:
+                return len(await client.dead_letters(Q)) == 1
+
+            await wait_for(dead, within=5, what="the dead letter")
+        (d,) = await client.dead_letters(Q)
+        assert d.task == b"bad-1" and d.attempts == 2 and d.worker == w.id
+        assert d.error.startswith("KeyError: 'no such thing xxx") and len(d.error) <= 2000
+        assert t0 <= d.when <= await client.time()
+        lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+        assert len(lines) == 1 and "bad-1" in lines[0] and Q in lines[0]
+        assert "\n" not in lines[0]
+
+        # requeued with attempts reset: it runs again, from attempt 0
+        assert await client.requeue_dead(Q) == 1
+        assert await client.dead_letters(Q) == []
+
+        async def dead_again() -> bool:
+            return len(await client.dead_letters(Q)) == 1
+
+        await wait_for(dead_again, within=5, what="dead-lettered again")
+        assert [p.attempts for p in runs if p.task == b"bad-1"] == [0, 1, 0, 1]
+        assert await client.purge_dead(Q, ["other"]) == 0
+        assert await client.purge_dead(Q, ["bad-1"]) == 1
+        assert await client.dead_letters(Q) == []
+        assert await client.requeue_dead(Q, []) == 0

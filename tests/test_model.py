@@ -244,7 +244,40 @@ class MeshModel(RuleBasedStateMachine):
         self.drop_worker(w, count_attempts=False)
         assert self.others_held(w) == before
 
+    @rule(q=st.sampled_from(QUEUES), n=st.integers(1, 3), ms=st.sampled_from([0, 1, 60_000]))
+    def delay(self, q: str, n: int, ms: int) -> None:
+        ps = [self.fresh() for _ in range(n)]
+        r = run(self.b.delay(self.x, q, ps, in_ms=ms))
+        assert r.added == n and r.due_ms == r.now_ms + ms
+        self.live[q].update(ps)
+        assert set(ps) <= set(self.r.zrange(self.keys.delayed(q), 0, -1))
+
+    @rule(q=st.sampled_from(QUEUES), data=st.data(), requeue=st.booleans())
+    def dead_letters(self, q: str, data: st.DataObject, requeue: bool) -> None:
+        """Requeue or purge all dead letters of a queue, or some of them."""
+        dead = self.dead_payloads(q)
+        chosen = (
+            data.draw(st.lists(st.sampled_from(dead), unique=True))
+            if dead and data.draw(st.booleans())
+            else None
+        )
+        mode = "requeue" if requeue else "purge"
+        done, refused = run(self.b.dead(self.x, q, mode, chosen))
+        assert refused == 0  # a dead-lettered one-shot payload is never made persistent here
+        assert done == (len(dead) if chosen is None else len(chosen))
+        left = [p for p in dead if chosen is not None and p not in chosen]
+        assert self.dead_payloads(q) == left
+        if requeue:
+            self.live[q].update(set(dead) - set(left))
+            back = sorted(set(dead) - set(left))
+            if back:  # attempts reset
+                assert self.r.hmget(self.keys.attempts(q), back) == [None] * len(back)
+        assert run(self.b.dead(self.x, q, mode, chosen)) == (0, 0)  # twice
+
     # --- model helpers -----------------------------------------------------------
+
+    def dead_payloads(self, q: str) -> list[bytes]:
+        return [rec.split(b"\0", 4)[4] for rec in self.r.lrange(self.keys.dead(q), 0, -1)]
 
     def make_due(self, q: str) -> None:
         for p in self.r.zrange(self.keys.delayed(q), 0, -1):
@@ -278,7 +311,7 @@ class MeshModel(RuleBasedStateMachine):
             places += self.r.lrange(k.queue(q), 0, -1)
             places += self.r.zrange(k.delayed(q), 0, -1)
             waiting = set(places)  # queued or delayed
-            dead = self.r.lrange(k.dead(q), 0, -1)
+            dead = self.dead_payloads(q)
             places += dead
             procs = self.r.hgetall(k.procs(q))
             places += [rec.split(b"\0", 8)[8] for rec in procs.values()]

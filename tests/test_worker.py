@@ -325,7 +325,7 @@ async def test_failing_handler_retries_then_dead_letters(redis_url: str, namespa
         await client.enqueue("jobs", b"bad")
 
         async def dead() -> bool:
-            return await client.dead_letters("jobs") == [b"bad"]
+            return [d.task for d in await client.dead_letters("jobs")] == [b"bad"]
 
         await wait_for(dead, within=5)
         assert attempts == [0, 1, 2]

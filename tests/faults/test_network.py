@@ -185,7 +185,7 @@ async def test_a_lost_give_back_reply_counts_the_failure_once(h: Harness) -> Non
         await lost.wait()
 
     async def dead() -> list[bytes]:
-        return await h.client.dead_letters("jobs")
+        return [d.task for d in await h.client.dead_letters("jobs")]
 
     assert await wait_until(dead, 5, "dead letter") == [b"!fail;p"]
     # three attempts, not fewer: the retried give_back did not count twice

@@ -19,7 +19,7 @@ async def test_a_poison_one_shot_task_is_dead_lettered_after_the_attempt_limit(
     await h.client.enqueue("jobs", b"!kill;poison")
 
     async def dead() -> list[bytes]:
-        return await h.client.dead_letters("jobs")
+        return [d.task for d in await h.client.dead_letters("jobs")]
 
     assert await wait_until(dead, 3 * (TTL + 1), "the poison task dead-lettered") == [
         b"!kill;poison"
