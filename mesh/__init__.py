@@ -20,6 +20,7 @@ from ._errors import MeshConnectionError as MeshConnectionError
 from ._errors import MeshError as MeshError
 from ._errors import ProtocolError as ProtocolError
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._policy import QueuePolicy as QueuePolicy
 from ._runner import Handler as Handler
 from ._types import DeadLetter as DeadLetter
 from ._types import DelayedTask as DelayedTask

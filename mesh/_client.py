@@ -16,6 +16,7 @@ from typing import Any
 from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, ConfigError
 from ._keys import Keys, check_queue
+from ._policy import QueuePolicy, parse_policy, policy_fields
 from ._scripts import Binding, parse_dead, parse_record, payload_bytes
 from ._types import DeadLetter, DelayedTask, Process, QueueInfo, ReconcileResult, WorkerInfo
 from ._url import RedisConfig
@@ -121,6 +122,80 @@ class Client:
         in_ms, at_ms = when
         r = await self._binding.delay(conn, queue, payloads, in_ms=in_ms, at_ms=at_ms)
         return r.added
+
+    async def configure(
+        self,
+        queue: str,
+        *,
+        max_attempts: int | None = None,
+        backoff: float | None = None,
+        backoff_max: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the handlers' timeout, not this call's
+        result_ttl: float | None = None,
+    ) -> QueuePolicy:
+        """Set the policy of ``queue`` in Redis; every worker serving it
+        applies it (within one heartbeat interval), whatever its
+        ``start_work`` options. Options not given (None) keep their stored
+        value, or the default for a queue without a policy.
+
+        Args:
+            max_attempts: failed attempts after which a one-shot task is
+                dead-lettered (0: no limit). Default 5.
+            backoff: retry n waits ``backoff * 2**(n-1)`` seconds, capped
+                at ``backoff_max``. Default 1.0.
+            backoff_max: the cap. Default 60.0.
+            timeout: seconds a handler may run; a longer one is cancelled
+                and the attempt counts as failed (``TimeoutError`` in its
+                dead-letter record). 0: no timeout (the default).
+            result_ttl: keep each finished task's return value (and each
+                dead letter's failure) this many seconds, for
+                :meth:`result`. 0: results are not kept (the
+                default; a plain queue costs nothing more).
+
+        Returns:
+            The policy stored now.
+        Raises:
+            ConfigError: a value out of range (nothing was written).
+        """
+        conn = self._check()
+        check_queue(queue)
+        fields = policy_fields(
+            max_attempts=max_attempts,
+            backoff=backoff,
+            backoff_max=backoff_max,
+            timeout=timeout,
+            result_ttl=result_ttl,
+        )
+        try:
+            raw = await self._binding.configure(conn, queue, "set", "configure", fields)
+        except CommandError as exc:
+            if exc.code == "BAD_ARG":
+                raise ConfigError(str(exc).removeprefix("BAD_ARG ")) from None
+            raise
+        assert raw is not None
+        return parse_policy(raw, queue)
+
+    async def policy(self, queue: str) -> QueuePolicy | None:
+        """The stored policy of ``queue``, or None if it has none (its
+        workers then apply their own ``start_work`` options, and the first of
+        them to serve it stores those)."""
+        check_queue(queue)
+        raw = await self._check().execute("HGET", self._keys.policy, queue)
+        return None if raw is None else parse_policy(raw, queue)
+
+    async def clear_policy(self, queue: str) -> bool:
+        """Remove the stored policy of ``queue``. Workers serving it keep
+        applying the policy they have until they restart; the next worker to
+        serve it stores its own options.
+
+        Returns:
+            Whether there was one.
+        """
+        check_queue(queue)
+        conn = self._check()
+        had = await conn.execute("HEXISTS", self._keys.policy, queue)
+        await self._binding.configure(conn, queue, "clear", "", [])
+        return bool(had)
 
     async def delayed(self, queue: str) -> list[DelayedTask]:
         """The tasks of ``queue`` waiting for their due time (enqueued with a

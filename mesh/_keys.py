@@ -65,6 +65,7 @@ class Keys:
         "cancel_prefix",
         "info",
         "namespace",
+        "policy",
         "prefix",
         "queues",
         "token",
@@ -87,6 +88,7 @@ class Keys:
         self.workers = p + "workers"
         self.info = p + "info"
         self.version = p + "version"
+        self.policy = p + "policy"
         self.wake_prefix = p + "wake:"
         self.cancel_prefix = p + "cancel:"
 

@@ -22,6 +22,7 @@ import trio
 
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
+from ._policy import QueuePolicy
 from ._scripts import Binding, ClaimReply
 from ._types import Process
 
@@ -44,6 +45,19 @@ class QueueConfig:
     backoff: float
     backoff_max: float
     balance: bool = True
+    timeout: float = 0.0  # seconds a handler may run (0: no limit)
+    result_ttl: float = 0.0  # seconds results are kept (0: not kept)
+
+    def with_policy(self, p: QueuePolicy) -> QueueConfig:
+        """This config under the queue's policy ``p``."""
+        return attrs.evolve(
+            self,
+            max_attempts=p.max_attempts,
+            backoff=p.backoff,
+            backoff_max=p.backoff_max,
+            timeout=p.timeout,
+            result_ttl=p.result_ttl,
+        )
 
 
 @attrs.define
@@ -330,10 +344,25 @@ class QueueRunner:
         ok = False
         failed = False
         error = ""
+        timeout = self.config.timeout
         try:
             with slot.scope:
-                await self.config.handler(p)
-                ok = True
+                if timeout > 0:
+                    with trio.move_on_after(timeout) as limit:
+                        await self.config.handler(p)
+                        ok = True
+                    if limit.cancelled_caught:
+                        failed = True
+                        error = f"TimeoutError: the handler ran longer than {timeout:g} s"
+                        log.warning(
+                            "handler for task of queue %s (process %s) timed out after %g s",
+                            p.queue,
+                            p.id,
+                            timeout,
+                        )
+                else:
+                    await self.config.handler(p)
+                    ok = True
         except Exception as exc:
             failed = True
             error = describe_error(exc)

@@ -58,6 +58,7 @@ SCRIPT_NAMES = (
     "delete_queue",
     "delay",
     "dead",
+    "configure",
 )
 
 _INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
@@ -727,6 +728,15 @@ class Binding:
         ]
         r = await self._run(conn, "dead", keys, [queue, k.wake_prefix, mode, *(payloads or ())])
         return int(r[0]), int(r[1])
+
+    async def configure(
+        self, conn: Executor, queue: str, mode: str, source: str, fields: Sequence[Any]
+    ) -> bytes | None:
+        """``configure.lua``: the policy JSON stored afterwards (None after
+        mode ``clear``)."""
+        k = self.keys
+        r = await self._run(conn, "configure", [k.policy, k.queues], [queue, mode, source, *fields])
+        return r if isinstance(r, bytes) else None
 
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys

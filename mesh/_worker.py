@@ -34,6 +34,7 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
@@ -49,6 +50,7 @@ from ._errors import (
     raise_single,
 )
 from ._keys import Keys, check_queue, check_worker_id
+from ._policy import QueuePolicy, differences, parse_policy, policy_fields, watch_policies
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Counters, Handler, QueueConfig, QueueRunner
 from ._scripts import Binding
@@ -224,9 +226,9 @@ class Worker:
         handler: Handler | None = None,
         *,
         concurrency: int = 10,
-        max_attempts: int = 5,
-        backoff: float = 1.0,
-        backoff_max: float = 60.0,
+        max_attempts: int | None = None,
+        backoff: float | None = None,
+        backoff_max: float | None = None,
         balance: bool = True,
     ) -> None:
         """Serve ``queue``.
@@ -245,7 +247,17 @@ class Worker:
         Args:
             concurrency: at most this many processes of this queue at once
                 (for persistent tasks: how many this worker may own).
-            max_attempts: 0 for no limit.
+            max_attempts: 0 for no limit; default 5. With ``backoff``
+                (default 1.0 s) and ``backoff_max`` (default 60.0 s) this is
+                the retry policy for a queue that has no policy in Redis:
+                then these become its policy (see :meth:`Client.configure`).
+                A queue with a policy gets that one; an option given here
+                that differs from it is reported with a warning on the
+                ``mesh.worker`` logger, and the policy wins. The policy's
+                ``timeout`` and ``result_ttl`` apply too. Every worker reads
+                the policies of its queues again each heartbeat interval.
+            backoff: seconds before the first retry (see ``max_attempts``).
+            backoff_max: the longest retry delay.
             balance: claim persistent tasks only up to a fair share
                 (ceil(persistent tasks / workers serving the queue), counted
                 against all this worker's processes of the queue), so they
@@ -264,10 +276,26 @@ class Worker:
         check_queue(queue)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 0:
+        explicit: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("max_attempts", max_attempts),
+                ("backoff", backoff),
+                ("backoff_max", backoff_max),
+            )
+            if v is not None
+        }
+        local = attrs.evolve(QueuePolicy(), **explicit)
+        if (
+            isinstance(local.max_attempts, bool)
+            or not isinstance(local.max_attempts, int)
+            or local.max_attempts < 0
+        ):
             raise ConfigError(f"max_attempts must be a whole number >= 0, got {max_attempts!r}")
-        if not (0 <= backoff <= backoff_max):
-            raise ConfigError(f"need 0 <= backoff <= backoff_max, got {backoff!r}, {backoff_max!r}")
+        if not (0 <= local.backoff <= local.backoff_max):
+            raise ConfigError(
+                f"need 0 <= backoff <= backoff_max, got {local.backoff!r}, {local.backoff_max!r}"
+            )
         if handler is not None and not callable(handler):
             raise TypeError("handler must be an async callable taking a Process")
         self._check_open()
@@ -275,12 +303,20 @@ class Worker:
             if queue in self._queues:
                 raise ConfigError(f"queue {queue!r} is served already; stop_work() it first")
             cfg = QueueConfig(
-                queue, handler, concurrency, max_attempts, backoff, backoff_max, balance
+                queue,
+                handler,
+                concurrency,
+                local.max_attempts,
+                local.backoff,
+                local.backoff_max,
+                balance,
             )
             self._queues[queue] = cfg
             try:
                 gen = await self._current_generation()
                 await self._binding.serve(self._conn, gen.id, gen.incarnation, queue)
+                policy = await self._adopt_policy(gen.id, queue, local, explicit)
+                cfg = self._queues[queue] = cfg.with_policy(policy)
                 await self._start_runner(gen, cfg)
             except BaseException:
                 del self._queues[queue]
@@ -430,6 +466,42 @@ class Worker:
         )
         gen.runners[cfg.queue] = runner
         await gen.nursery.start(runner.run)
+
+    async def _adopt_policy(
+        self, wid: str, queue: str, local: QueuePolicy, explicit: dict[str, Any]
+    ) -> QueuePolicy:
+        """The queue's stored policy; ``local`` (the start_work options) is
+        stored first if the queue has none. Options given explicitly that the
+        stored policy overrides are reported (a warning), not mixed in."""
+        fields = policy_fields(
+            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
+        )
+        raw = await self._binding.configure(self._conn, queue, "default", f"worker {wid}", fields)
+        assert raw is not None
+        policy = parse_policy(raw, queue)
+        diff = differences(policy, explicit)
+        if diff:
+            log.warning(
+                "queue %s: start_work options %s are overridden by the queue's policy (set by %s)",
+                queue,
+                ", ".join(diff),
+                policy.source or "configure",
+            )
+        return policy
+
+    def _apply_policy(self, queue: str, policy: QueuePolicy) -> None:
+        """A policy read from Redis: the runner of ``queue`` uses it from now on."""
+        cfg = self._queues.get(queue)
+        if cfg is None:
+            return
+        new = cfg.with_policy(policy)
+        if new == cfg:
+            return
+        self._queues[queue] = new
+        runner = self._gen.runners.get(queue)
+        if runner is not None:
+            runner.config = new
+        log.info("queue %s: applying the queue's policy %s", queue, policy)
 
     def _cancel_process(self, pid: str) -> None:
         gen = self._gen
@@ -586,6 +658,14 @@ class Worker:
                         async with trio.open_nursery() as nursery:
                             gen.nursery = nursery
                             nursery.start_soon(self._heartbeat_loop, gen)
+                            nursery.start_soon(
+                                watch_policies,
+                                self._conn,
+                                self._keys.policy,
+                                gen.runners,
+                                self._apply_policy,
+                                self.timing.interval,
+                            )
                             for cfg in list(self._queues.values()):
                                 await self._start_runner(gen, cfg)
                             self._gen_ready.set()

@@ -88,6 +88,8 @@ SUBCOMMANDS = [
     "cancel",
     "reconcile",
     "delete-queue",
+    "dead-letters",
+    "configure",
     "status",
 ]
 

@@ -78,3 +78,23 @@ async def test_dead_letters_list_requeue_purge(
         assert_one_line_error(r, 2)
         r = await mesh_cli("dead-letters", "q", "--requeue", "--purge", *ns_args)
         assert_one_line_error(r, 2)
+
+
+async def test_configure_shows_sets_and_clears_a_policy(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    r = await mesh_cli("configure", "q", *ns_args)
+    assert r.stdout.decode() == "q: no policy (its workers' options apply)\n", text(r)
+    r = await mesh_cli("configure", "q", "--max-attempts", "2", "--timeout", "30", *ns_args)
+    assert r.returncode == 0, text(r)
+    assert r.stdout.decode().startswith("q: max_attempts=2 backoff=1s backoff_max=60s timeout=30s")
+    r = await mesh_cli("configure", "q", "--json", *ns_args)
+    assert json.loads(r.stdout)["policy"]["timeout"] == 30.0
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.policy("q") == mesh.QueuePolicy(2, 1.0, 60.0, 30.0, 0.0, "configure")
+    r = await mesh_cli("configure", "q", "--backoff", "100", *ns_args)  # above backoff_max
+    assert "backoff" in assert_one_line_error(r, 1)
+    r = await mesh_cli("configure", "q", "--clear", *ns_args)
+    assert r.stdout.decode() == "q: policy cleared\n"
+    r = await mesh_cli("configure", "q", "--timeout", "-1", *ns_args)
+    assert_one_line_error(r, 2)

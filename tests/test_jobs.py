@@ -344,3 +344,133 @@ async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
         assert await client.purge_dead(Q, ["bad-1"]) == 1
         assert await client.dead_letters(Q) == []
         assert await client.requeue_dead(Q, []) == 0
+
+
+# --- queue policy and timeouts -------------------------------------------------
+
+
+async def test_configure_script_set_default_clear(conn: Connection, b: Binding, keys: Keys) -> None:
+    import json
+
+    raw = await b.configure(conn, Q, "default", "worker w1", ["max_attempts", 3])
+    assert raw is not None
+    assert json.loads(raw) == {
+        "max_attempts": 3,
+        "backoff_ms": 1000,
+        "backoff_max_ms": 60000,
+        "timeout_ms": 0,
+        "result_ttl_ms": 0,
+        "source": "worker w1",
+    }
+    # "default" leaves a stored policy alone (and returns it)
+    assert await b.configure(conn, Q, "default", "worker w2", ["max_attempts", 9]) == raw
+    # "set" replaces the fields given, keeps the others
+    raw = await b.configure(conn, Q, "set", "configure", ["timeout_ms", 250])
+    assert raw is not None
+    got = json.loads(raw)
+    assert (got["max_attempts"], got["timeout_ms"], got["source"]) == (3, 250, "configure")
+    assert await conn.execute("SISMEMBER", keys.queues, Q) == 1
+    for bad in (["colour", 1], ["timeout_ms", -1], ["backoff_ms", 70000], ["max_attempts"]):
+        with pytest.raises(CommandError, match="BAD_ARG"):
+            await b.configure(conn, Q, "set", "configure", bad)
+    assert await conn.execute("HGET", keys.policy, Q) == raw  # refused: unchanged
+    assert await b.configure(conn, Q, "clear", "", []) is None
+    assert await conn.execute("HEXISTS", keys.policy, Q) == 0
+
+
+async def test_client_configure_and_policy(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.policy(Q) is None
+        p = await client.configure(Q, max_attempts=2, backoff=0.5, timeout=3, result_ttl=60)
+        assert p == mesh.QueuePolicy(2, 0.5, 60.0, 3.0, 60.0, "configure")
+        assert await client.policy(Q) == p
+        p = await client.configure(Q, timeout=0)
+        assert (p.max_attempts, p.timeout) == (2, 0.0)
+        for bad in (
+            {"max_attempts": -1},
+            {"backoff": 5, "backoff_max": 1},
+            {"backoff": 120},  # above the stored backoff_max: refused by the script
+            {"timeout": float("inf")},
+            {"result_ttl": -2},
+        ):
+            with pytest.raises(ConfigError):
+                await client.configure(Q, **bad)
+        assert await client.policy(Q) == p
+        assert await client.clear_policy(Q) is True
+        assert await client.clear_policy(Q) is False
+
+
+async def test_the_queue_policy_wins_over_start_work_options_with_a_warning(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: list[Process] = []
+
+    async def fail(p: Process) -> None:
+        runs.append(p)
+        raise RuntimeError("no")
+
+    async with client_and_workers(redis_url, namespace, 2) as (client, (w1, w2)):
+        # the first server's options become the policy of a queue that has none
+        await w1.start_work(Q, fail, max_attempts=2, backoff=0.01, backoff_max=0.02)
+        policy = await client.policy(Q)
+        assert policy == mesh.QueuePolicy(2, 0.01, 0.02, 0.0, 0.0, f"worker {w1.id}")
+        with caplog.at_level("WARNING", logger="mesh.worker"):
+            await w2.start_work(Q, fail, max_attempts=7)
+        (line,) = [r.getMessage() for r in caplog.records if "overridden" in r.getMessage()]
+        assert "max_attempts=7" in line and f"worker {w1.id}" in line
+        await client.enqueue(Q, "x")
+
+        async def dead() -> bool:
+            return len(await client.dead_letters(Q)) == 1
+
+        await wait_for(dead, within=5)
+        assert len(runs) == 2  # both workers applied max_attempts=2, neither 7
+        # a policy changed later reaches running workers (within a heartbeat)
+        await client.configure(Q, max_attempts=3)
+
+        async def applied() -> bool:
+            return all(w._queues[Q].max_attempts == 3 for w in (w1, w2))
+
+        await wait_for(applied, within=3, what="the new policy applied by both workers")
+        await client.requeue_dead(Q)
+
+        async def dead_after_three() -> bool:
+            return len(runs) == 5 and len(await client.dead_letters(Q)) == 1
+
+        await wait_for(dead_after_three, within=5)
+        (d,) = await client.dead_letters(Q)
+        assert d.attempts == 3
+
+
+async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
+    redis_url: str, namespace: str
+) -> None:
+    cancelled: list[Process] = []
+    runs: list[Process] = []
+
+    async def slow(p: Process) -> None:
+        runs.append(p)
+        if p.task == b"quick":
+            return
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append(p)
+            raise
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await client.configure(Q, timeout=0.2, max_attempts=2, backoff=0.01, backoff_max=0.01)
+        await w.start_work(Q, slow)
+        await client.enqueue_many(Q, ["slow", "quick"])
+
+        async def dead() -> bool:
+            return len(await client.dead_letters(Q)) == 1
+
+        await wait_for(dead, within=5)
+        (d,) = await client.dead_letters(Q)
+        assert d.task == b"slow" and d.attempts == 2
+        assert d.error == "TimeoutError: the handler ran longer than 0.2 s"
+        assert [p.attempts for p in cancelled] == [0, 1]  # each attempt was cancelled
+        assert [p.task for p in runs].count(b"quick") == 1
+        st = w.statistics()
+        assert (st.processes_finished, st.processes_failed) == (1, 2)

@@ -1,10 +1,14 @@
-"""``mesh dead-letters``: list, requeue or purge a queue's dead letters."""
+"""``mesh dead-letters`` (list, requeue or purge a queue's dead letters) and
+``mesh configure`` (a queue's policy)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
+
+import attrs
 
 import mesh
 
@@ -47,6 +51,74 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_target_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_dead_letters)
+
+    p = sub.add_parser(
+        "configure",
+        help="show or set a queue's policy (attempts, backoff, timeout, result TTL)",
+        description="Set the policy of QUEUE in Redis: every worker serving it applies it "
+        "within one heartbeat interval, whatever its own options. Options not given keep "
+        "their value. Without options, show the policy.",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument("--max-attempts", type=int, metavar="N", help="0: no limit")
+    p.add_argument("--backoff", type=_seconds, metavar="S", help="first retry delay")
+    p.add_argument("--backoff-max", type=_seconds, metavar="S", help="longest retry delay")
+    p.add_argument("--timeout", type=_seconds, metavar="S", help="handler time limit (0: none)")
+    p.add_argument(
+        "--result-ttl", type=_seconds, metavar="S", help="keep results S seconds (0: not kept)"
+    )
+    p.add_argument("--clear", action="store_true", help="remove the queue's policy")
+    add_target_options(p)
+    p.add_argument("--json", action="store_true", help="print the policy as JSON")
+    p.set_defaults(func=_configure)
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"need a number of seconds >= 0, got {text!r}")
+    return v
+
+
+def _configure(args: argparse.Namespace) -> int:
+    t = target(args)
+    opts = {
+        k: getattr(args, k)
+        for k in ("max_attempts", "backoff", "backoff_max", "timeout", "result_ttl")
+        if getattr(args, k) is not None
+    }
+    if args.clear and opts:
+        raise UsageError("--clear takes no other option")
+
+    async def go(client: mesh.Client) -> int:
+        if args.clear:
+            had = await client.clear_policy(args.queue)
+            if args.json:
+                dump_json({"queue": args.queue, "cleared": had})
+            else:
+                print(f"{args.queue}: policy {'cleared' if had else 'was not set'}")
+            return 0
+        policy = await client.configure(args.queue, **opts) if opts else None
+        if policy is None:
+            policy = await client.policy(args.queue)
+        if args.json:
+            dump_json(
+                {"queue": args.queue, "policy": None if policy is None else attrs.asdict(policy)}
+            )
+        elif policy is None:
+            print(f"{args.queue}: no policy (its workers' options apply)")
+        else:
+            print(
+                f"{args.queue}: max_attempts={policy.max_attempts} backoff={policy.backoff:g}s "
+                f"backoff_max={policy.backoff_max:g}s timeout={policy.timeout:g}s "
+                f"result_ttl={policy.result_ttl:g}s (set by {policy.source or 'configure'})"
+            )
+        return 0
+
+    return run_client(t, go)
 
 
 def _dead_letters(args: argparse.Namespace) -> int:

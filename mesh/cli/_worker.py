@@ -65,19 +65,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--max-attempts",
         type=int,
-        default=5,
+        default=None,
         metavar="N",
-        help="attempts of a one-shot task before it is dead-lettered (0: no limit; default 5)",
+        help="attempts of a one-shot task before it is dead-lettered (0: no limit; default 5). "
+        "This and the backoff are the queue's policy only if it has none in Redis "
+        "(see 'mesh configure')",
     )
     p.add_argument(
         "--backoff",
         type=float,
-        default=1.0,
+        default=None,
         metavar="S",
         help="delay before the first retry of a failed task, doubling after (default 1)",
     )
     p.add_argument(
-        "--backoff-max", type=float, default=60.0, metavar="S", help="longest retry delay (60)"
+        "--backoff-max", type=float, default=None, metavar="S", help="longest retry delay (60)"
     )
     p.add_argument(
         "--ttl",
@@ -193,9 +195,11 @@ def _worker(args: argparse.Namespace) -> int:
             check_worker_id(args.worker_id)
     except mesh.ConfigError as exc:
         raise UsageError(str(exc)) from None
-    if args.max_attempts < 0:
+    if args.max_attempts is not None and args.max_attempts < 0:
         raise UsageError("--max-attempts must be 0 (no limit) or more")
-    if not 0 <= args.backoff <= args.backoff_max:
+    backoff = 1.0 if args.backoff is None else args.backoff
+    backoff_max = 60.0 if args.backoff_max is None else args.backoff_max
+    if not 0 <= backoff <= backoff_max:
         raise UsageError("need 0 <= --backoff <= --backoff-max")
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -1,0 +1,154 @@
+"""The policy of a queue: stored in Redis (``configure.lua``), applied by every
+worker that serves the queue.
+
+A queue's policy is its attempt limit, retry backoff, handler timeout and
+result TTL. ``Client.configure`` writes it; a worker's ``start_work``
+options become the policy of a queue that has none; a worker whose options
+differ from the stored policy logs a warning and applies the stored one.
+Workers read the policies of their queues when they start serving them and
+again on every heartbeat interval.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
+
+__all__ = ["QueuePolicy", "differences", "parse_policy", "policy_fields", "watch_policies"]
+
+log = logging.getLogger("mesh.worker")
+
+
+@attrs.frozen
+class QueuePolicy:
+    """The policy of a queue (see :meth:`Client.configure`).
+
+    Attributes:
+        max_attempts: failed attempts after which a one-shot task is
+            dead-lettered (0: no limit).
+        backoff: seconds before the first retry; the n-th waits
+            ``backoff * 2**(n-1)``, capped at ``backoff_max``.
+        backoff_max: the cap, in seconds.
+        timeout: a handler running longer is cancelled and the attempt
+            counts as failed (0.0: no timeout).
+        result_ttl: seconds a finished task's return value (or a dead
+            letter's failure) is kept for :meth:`Client.result` (0.0: results
+            are not kept).
+        source: who wrote it: ``"configure"``, or ``"worker <id>"`` when the
+            ``start_work`` options of that worker became the policy of a
+            queue that had none.
+    """
+
+    max_attempts: int = 5
+    backoff: float = 1.0
+    backoff_max: float = 60.0
+    timeout: float = 0.0
+    result_ttl: float = 0.0
+    source: str = ""
+
+
+_MS_FIELDS = {
+    "backoff": "backoff_ms",
+    "backoff_max": "backoff_max_ms",
+    "timeout": "timeout_ms",
+    "result_ttl": "result_ttl_ms",
+}
+
+
+def parse_policy(raw: bytes | str, queue: str) -> QueuePolicy:
+    """A :class:`QueuePolicy` from the JSON that ``configure.lua`` stores.
+
+    Raises:
+        ProtocolError: not the documented shape.
+    """
+    try:
+        d = json.loads(raw)
+        return QueuePolicy(
+            int(d["max_attempts"]),
+            int(d["backoff_ms"]) / 1000,
+            int(d["backoff_max_ms"]) / 1000,
+            int(d["timeout_ms"]) / 1000,
+            int(d["result_ttl_ms"]) / 1000,
+            str(d.get("source", "")),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"malformed policy of queue {queue}: {exc}") from None
+
+
+def _seconds(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return round(value * 1000)
+
+
+def policy_fields(**given: Any) -> list[Any]:
+    """The ``configure.lua`` field/value arguments for the options given
+    (those not None): seconds become ms.
+
+    Raises:
+        ConfigError: a value out of range, or backoff above backoff_max.
+    """
+    out: list[Any] = []
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name == "max_attempts":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"max_attempts must be a whole number >= 0, got {value!r}")
+            out += ["max_attempts", value]
+        elif name in _MS_FIELDS:
+            out += [
+                _MS_FIELDS[name],
+                _seconds(name, value),
+            ]
+        else:
+            raise ConfigError(f"unknown policy option {name}")
+    b, bm = given.get("backoff"), given.get("backoff_max")
+    if b is not None and bm is not None and b > bm:
+        raise ConfigError(f"need backoff <= backoff_max, got {b!r}, {bm!r}")
+    return out
+
+
+def differences(policy: QueuePolicy, explicit: dict[str, Any]) -> list[str]:
+    """``name=value`` of each explicit ``start_work`` option that the stored
+    policy overrides, for the warning."""
+    return [
+        f"{name}={value!r} (the queue's policy says {getattr(policy, name)!r})"
+        for name, value in explicit.items()
+        if value != getattr(policy, name)
+    ]
+
+
+async def watch_policies(
+    conn: Any,
+    policy_key: str,
+    runners: Mapping[str, Any],
+    apply: Callable[[str, QueuePolicy], None],
+    interval: float,
+) -> None:
+    """Every ``interval`` seconds, read the stored policies of the queues
+    that ``runners`` (a live mapping) names (one ``HMGET``) and ``apply`` each one that
+    exists. A queue whose policy was cleared keeps what it had. Errors are
+    logged and retried at the next interval; runs until cancelled."""
+    while True:
+        await trio.sleep(interval)
+        queues = sorted(runners)
+        if not queues:
+            continue
+        try:
+            raws = await conn.execute("HMGET", policy_key, *queues)
+            for q, raw in zip(queues, raws, strict=True):
+                if raw is not None:
+                    apply(q, parse_policy(raw, q))
+        except (MeshConnectionError, CommandError, ProtocolError) as exc:
+            log.warning("reading the queue policies failed: %s", exc)
