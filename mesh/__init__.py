@@ -15,6 +15,7 @@ from ._errors import ClosedError as ClosedError
 from ._errors import CommandError as CommandError
 from ._errors import ConfigError as ConfigError
 from ._errors import ConflictError as ConflictError
+from ._errors import DeadLetterError as DeadLetterError
 from ._errors import FencedError as FencedError
 from ._errors import MeshConnectionError as MeshConnectionError
 from ._errors import MeshError as MeshError
@@ -22,6 +23,7 @@ from ._errors import ProtocolError as ProtocolError
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._policy import QueuePolicy as QueuePolicy
 from ._runner import Handler as Handler
+from ._schedule import Schedule as Schedule
 from ._types import DeadLetter as DeadLetter
 from ._types import DelayedTask as DelayedTask
 from ._types import Process as Process

@@ -13,11 +13,16 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import outcome
+import trio
+
 from ._connection import Connection, open_connection
-from ._errors import ClosedError, CommandError, ConfigError
+from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
 from ._keys import Keys, check_queue
 from ._policy import QueuePolicy, parse_policy, policy_fields
-from ._scripts import Binding, parse_dead, parse_record, payload_bytes
+from ._pubsub import open_pubsub
+from ._schedule import Schedule, cron_next, parse_spec, spec_of, split_id
+from ._scripts import Binding, parse_dead, parse_record, parse_result, payload_bytes
 from ._types import DeadLetter, DelayedTask, Process, QueueInfo, ReconcileResult, WorkerInfo
 from ._url import RedisConfig
 
@@ -196,6 +201,168 @@ class Client:
         had = await conn.execute("HEXISTS", self._keys.policy, queue)
         await self._binding.configure(conn, queue, "clear", "", [])
         return bool(had)
+
+    async def result(
+        self,
+        queue: str,
+        task: bytes | str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - waiting is the point of this call
+    ) -> bytes | None:
+        """Wait for the outcome of the latest finished instance of ``task`` on
+        ``queue``, a queue whose policy keeps results (``result_ttl``, see
+        :meth:`configure`), and return what its handler returned: bytes
+        (a ``str`` was encoded as UTF-8), or None.
+
+        It returns at once if the outcome is there already (kept for
+        ``result_ttl`` seconds after the task finished). Otherwise it waits
+        for the queue's done message and checks again, and also checks
+        again after 50 ms, 100 ms, ... up to every second (a lost message
+        costs at most a second); no polling loop is needed in your code.
+        One pub/sub connection is opened for the wait.
+
+        Raises:
+            DeadLetterError: the latest outcome is a dead letter (it failed
+                its last allowed attempt); ``exc.dead_letter`` has its
+                attempts, last error, last worker and time. A dead letter
+                counts until it is requeued or purged.
+            TimeoutError: no outcome within ``timeout`` seconds (None: wait
+                for ever). On a queue without ``result_ttl`` nothing is kept,
+                so only a dead letter ends the wait.
+            TypeError, ValueError, ConfigError: a bad payload, queue name or
+                timeout.
+            MeshConnectionError: Redis could not be reached.
+
+        On cancellation nothing is left behind (the pub/sub connection is
+        closed).
+        """
+        conn = self._check()
+        check_queue(queue)
+        payload = payload_bytes(task, self._max_payload)
+        if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+            raise ConfigError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+        got = await self._outcome(conn, queue, payload)
+        if got is not None:
+            return got.unwrap()
+        async with open_pubsub(conn.config, name=f"mesh-result:{self.namespace}") as ps:
+            await ps.subscribe(self._keys.done_channel(queue))
+            wait = 0.05
+            while True:
+                # checked after subscribing: a finish before it is seen here
+                got = await self._outcome(conn, queue, payload)
+                if got is not None:
+                    return got.unwrap()
+                now = trio.current_time()
+                if now >= deadline:
+                    raise TimeoutError(
+                        f"no outcome of the task on queue {queue} within {timeout:g} s"
+                    )
+                with trio.move_on_at(min(deadline, now + wait)):
+                    async for msg in ps:
+                        if msg.data == payload or msg.kind == "reconnected":
+                            break
+                wait = min(wait * 2, 1.0)
+
+    async def _outcome(
+        self, conn: Connection, queue: str, payload: bytes
+    ) -> outcome.Outcome[bytes | None] | None:
+        """The latest outcome of ``payload``: its kept result or its latest
+        dead letter, whichever is later; None if neither exists."""
+        k = self._keys
+        rec, dead = await _transaction(
+            conn, [("GET", k.result(queue, payload)), ("LRANGE", k.dead(queue), 0, -1)]
+        )
+        res = parse_result(rec, payload) if rec is not None else None
+        last: DeadLetter | None = None
+        for raw in dead:
+            if raw.endswith(payload):
+                d = parse_dead(raw, queue)
+                if d.task == payload:
+                    last = d
+        if last is not None and (res is None or last.when >= res[0]):
+            return outcome.Error(
+                DeadLetterError(
+                    f"the task was dead-lettered after {last.attempts} attempts: "
+                    f"{last.error or 'failed'}",
+                    last,
+                )
+            )
+        if res is not None:
+            return outcome.Value(res[1])
+        return None
+
+    async def schedule(
+        self,
+        queue: str,
+        task: bytes | str,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+    ) -> bool:
+        """Make ``task`` a periodic task of ``queue``: each tick enqueues one
+        one-shot copy of it, exactly once across the mesh (any worker fires
+        it, whatever queues it serves). Unique per (queue, task): scheduling
+        it again replaces its period and restarts its ticks.
+
+        Args:
+            every: a tick every this many seconds (at least 0.05), the first
+                one period from now (Redis clock).
+            cron: a cron expression, evaluated in UTC (needs the ``cronsim``
+                package: ``pip install 'trio-mesh[cron]'``).
+
+        Exactly one of the two. While no worker runs, ticks are missed; the
+        first worker to run again fires one copy, not one per missed tick.
+
+        Returns:
+            True if the schedule is new, False if it replaced one.
+        Raises:
+            ConfigError: neither or both of every and cron, a period too
+                short, a bad cron expression, cronsim missing.
+            TypeError, ValueError: a bad payload or queue name.
+        """
+        conn = self._check()
+        check_queue(queue)
+        payload = payload_bytes(task, self._max_payload)
+        spec = spec_of(every, cron)
+        first = None
+        if cron is not None:
+            first = cron_next(spec[5:], round(await self.time() * 1000))
+        new, _ = await self._binding.schedule(conn, queue, payload, spec, first)
+        return new
+
+    async def unschedule(self, queue: str, task: bytes | str) -> bool:
+        """Remove the periodic task (``queue``, ``task``); copies it enqueued
+        already stay.
+
+        Returns:
+            Whether it existed.
+        """
+        conn = self._check()
+        check_queue(queue)
+        return await self._binding.unschedule(conn, queue, payload_bytes(task))
+
+    async def schedules(self, queue: str | None = None) -> list[Schedule]:
+        """The periodic tasks (of ``queue``, or of every queue), the next due
+        first."""
+        conn = self._check()
+        if queue is not None:
+            check_queue(queue)
+        k = self._keys
+        flat, specs = await _transaction(
+            conn,
+            [("ZRANGE", k.schedules, 0, -1, "WITHSCORES"), ("HGETALL", k.schedule_specs)],
+        )
+        spec_of_id = {specs[i]: specs[i + 1] for i in range(0, len(specs), 2)}
+        out = []
+        for i in range(0, len(flat), 2):
+            q, payload = split_id(flat[i])
+            spec = spec_of_id.get(flat[i])
+            if spec is None or (queue is not None and q != queue):
+                continue
+            every, expr = parse_spec(spec)
+            out.append(Schedule(q, payload, every, expr, int(float(flat[i + 1])) / 1000))
+        return out
 
     async def delayed(self, queue: str) -> list[DelayedTask]:
         """The tasks of ``queue`` waiting for their due time (enqueued with a

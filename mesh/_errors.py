@@ -14,6 +14,7 @@ __all__ = [
     "ClosedError",
     "CommandError",
     "ConflictError",
+    "DeadLetterError",
     "ConfigError",
     "FencedError",
     "MeshConnectionError",
@@ -63,6 +64,17 @@ class ProtocolError(MeshError):
 class ClosedError(MeshError, trio.ClosedResourceError):
     """The client or worker was used after it was closed (by your own code: its
     ``async with`` block was left)."""
+
+
+class DeadLetterError(MeshError):
+    """The task whose outcome was asked for (:meth:`Client.result`) was
+    dead-lettered: it failed its last allowed attempt. ``dead_letter`` is its
+    record (:class:`DeadLetter`: attempts, the last error, the last worker,
+    when)."""
+
+    def __init__(self, message: str, dead_letter: object) -> None:
+        super().__init__(message)
+        self.dead_letter = dead_letter
 
 
 class ConflictError(MeshError, ValueError):

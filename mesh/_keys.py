@@ -9,6 +9,7 @@ to the same key.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from ._errors import ConfigError
@@ -68,6 +69,8 @@ class Keys:
         "policy",
         "prefix",
         "queues",
+        "schedule_specs",
+        "schedules",
         "token",
         "version",
         "wake_prefix",
@@ -89,6 +92,8 @@ class Keys:
         self.info = p + "info"
         self.version = p + "version"
         self.policy = p + "policy"
+        self.schedules = p + "schedules"
+        self.schedule_specs = p + "schedule_specs"
         self.wake_prefix = p + "wake:"
         self.cancel_prefix = p + "cancel:"
 
@@ -121,6 +126,12 @@ class Keys:
 
     def dead(self, q: str) -> str:
         return f"{self.prefix}dead:{q}"
+
+    def result(self, q: str, payload: bytes) -> str:
+        """STRING: the result record of the latest finished instance of
+        ``payload`` on ``q`` (queues with a result TTL only). The payload is
+        named by its SHA-1, so the key is short and the queue name last."""
+        return f"{self.prefix}result:{hashlib.sha1(payload).hexdigest()}:{q}"
 
     def servers(self, q: str) -> str:
         return f"{self.prefix}servers:{q}"

@@ -23,7 +23,7 @@ import trio
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._policy import QueuePolicy
-from ._scripts import Binding, ClaimReply
+from ._scripts import Binding, ClaimReply, ResultsToKeep
 from ._types import Process
 
 __all__ = ["Handler", "QueueConfig", "QueueRunner"]
@@ -77,6 +77,25 @@ def describe_error(exc: BaseException, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def result_bytes(value: object, p: Process) -> bytes | None:
+    """A handler's return value as a result to keep: bytes (``str`` as
+    UTF-8) or None. Anything else is logged and kept as None."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    log.warning(
+        "queue %s: the handler of process %s returned a %s; only bytes, str or None are "
+        "kept as results (kept as None)",
+        p.queue,
+        p.id,
+        type(value).__name__,
+    )
+    return None
+
+
 def show_payload(task: bytes, limit: int = 60) -> str:
     """A payload for a log line: its repr, cut to about ``limit`` characters."""
     r = repr(task)
@@ -117,6 +136,9 @@ class QueueRunner:
         self.running: dict[str, _Slot] = {}
         self._done: list[str] = []
         self._failed: list[str] = []
+        # process id -> (payload, return value) of each finished process not
+        # yet reported, on a queue that keeps results
+        self._results: dict[str, tuple[bytes, bytes | None]] = {}
         # process id -> (payload, error) of each failure not yet reported
         self._fail_info: dict[str, tuple[bytes, str]] = {}
         self._maybe_work = True
@@ -269,7 +291,7 @@ class QueueRunner:
         try:
             if done:
                 finished, claimed = await b.finish_and_claim(
-                    self._conn, self._wid, self._inc, c.queue, done, claim
+                    self._conn, self._wid, self._inc, c.queue, done, claim, self._keep(done)
                 )
             else:
                 finished = None
@@ -345,11 +367,12 @@ class QueueRunner:
         failed = False
         error = ""
         timeout = self.config.timeout
+        value: Any = None
         try:
             with slot.scope:
                 if timeout > 0:
                     with trio.move_on_after(timeout) as limit:
-                        await self.config.handler(p)
+                        value = await self.config.handler(p)
                         ok = True
                     if limit.cancelled_caught:
                         failed = True
@@ -361,7 +384,7 @@ class QueueRunner:
                             timeout,
                         )
                 else:
-                    await self.config.handler(p)
+                    value = await self.config.handler(p)
                     ok = True
         except Exception as exc:
             failed = True
@@ -373,12 +396,28 @@ class QueueRunner:
             self._counters.cancelled += 1
         elif ok:
             self._done.append(p.id)
+            if self.config.result_ttl > 0:
+                self._results[p.id] = (p.task, result_bytes(value, p))
         elif failed:
             self._failed.append(p.id)
             self._fail_info[p.id] = (p.task, error)
         # A slot is free: the loop claims again if it may (a runner that is
         # not in the queue's idle set must look by itself, or no one wakes it).
         self._wakeup.set()
+
+    def _keep(self, done: list[str]) -> ResultsToKeep | None:
+        """The results to keep with the finish report of ``done`` (None: a
+        queue without a result TTL, or a result missing). Forgets those of
+        processes reported already."""
+        if not self._results:
+            return None
+        pending = set(done) | set(self._done)
+        for pid in [pid for pid in self._results if pid not in pending]:
+            del self._results[pid]
+        ttl_ms = round(self.config.result_ttl * 1000)
+        if ttl_ms < 1 or any(pid not in self._results for pid in done):
+            return None
+        return ResultsToKeep(ttl_ms, {pid: self._results[pid] for pid in done})
 
     async def _report(self) -> None:
         """Report every outcome in hand, without claiming."""
@@ -394,7 +433,7 @@ class QueueRunner:
         done, self._done = self._done, []
         try:
             results = await self._binding.finish(
-                self._conn, self._wid, self._inc, self.config.queue, done
+                self._conn, self._wid, self._inc, self.config.queue, done, self._keep(done)
             )
         except BaseException:
             self._done = done + self._done

@@ -59,6 +59,9 @@ SCRIPT_NAMES = (
     "delay",
     "dead",
     "configure",
+    "finish_results",
+    "schedule",
+    "fire",
 )
 
 _INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
@@ -321,6 +324,15 @@ class DelayReply:
 
 
 @attrs.frozen
+class ResultsToKeep:
+    """What a finish report keeps on a queue with a result TTL: per process
+    id, its payload and what its handler returned (None, or bytes)."""
+
+    ttl_ms: int
+    values: Mapping[str, tuple[bytes, bytes | None]]
+
+
+@attrs.frozen
 class RecycleReply:
     alive: bool
     returned: int
@@ -509,9 +521,18 @@ class Binding:
         return await self.run(conn, call)
 
     def finish_call(
-        self, worker: str, incarnation: str, queue: str, ids: Sequence[str]
+        self,
+        worker: str,
+        incarnation: str,
+        queue: str,
+        ids: Sequence[str],
+        results: ResultsToKeep | None = None,
     ) -> ScriptCall[list[bool]]:
+        """A ``finish.lua`` call; with ``results`` (a queue that keeps them),
+        a ``finish_results.lua`` call that keeps each id's result."""
         k = self.keys
+        if results is not None:
+            return self._finish_results_call(worker, incarnation, queue, ids, results)
         keys = [
             k.heartbeat(worker),
             k.procs(queue),
@@ -522,10 +543,39 @@ class Binding:
         args = [worker, incarnation, k.done_channel(queue), *ids]
         return ScriptCall(self.scripts["finish"], keys, args, _parse_finish)
 
+    def _finish_results_call(
+        self,
+        worker: str,
+        incarnation: str,
+        queue: str,
+        ids: Sequence[str],
+        results: ResultsToKeep,
+    ) -> ScriptCall[list[bool]]:
+        k = self.keys
+        keys = [
+            k.heartbeat(worker),
+            k.procs(queue),
+            k.held(worker, queue),
+            k.persistent(queue),
+            k.attempts(queue),
+        ]
+        args: list[Any] = [worker, incarnation, k.done_channel(queue), results.ttl_ms]
+        for pid in ids:
+            payload, value = results.values[pid]
+            keys.append(k.result(queue, payload))
+            args += [pid, "n" if value is None else "v", b"" if value is None else value]
+        return ScriptCall(self.scripts["finish_results"], keys, args, _parse_finish)
+
     async def finish(
-        self, conn: Executor, worker: str, incarnation: str, queue: str, ids: Sequence[str]
+        self,
+        conn: Executor,
+        worker: str,
+        incarnation: str,
+        queue: str,
+        ids: Sequence[str],
+        results: ResultsToKeep | None = None,
     ) -> list[bool]:
-        return await self.run(conn, self.finish_call(worker, incarnation, queue, ids))
+        return await self.run(conn, self.finish_call(worker, incarnation, queue, ids, results))
 
     async def finish_and_claim(
         self,
@@ -535,6 +585,7 @@ class Binding:
         queue: str,
         ids: Sequence[str],
         claim: ScriptCall[ClaimReply],
+        results: ResultsToKeep | None = None,
     ) -> tuple[outcome.Outcome[list[bool]], outcome.Outcome[ClaimReply]]:
         """:meth:`finish` ``ids``, then ``claim`` (from :meth:`claim_call`), in
         one round trip. Redis runs the finish first, so the claim sees those
@@ -548,7 +599,7 @@ class Binding:
         Raises:
             MeshConnectionError: unknown whether either ran.
         """
-        finish = self.finish_call(worker, incarnation, queue, ids)
+        finish = self.finish_call(worker, incarnation, queue, ids, results)
         finished, claimed = await run_pipelined(conn, [finish, claim])
         return finished, claimed
 
@@ -738,6 +789,42 @@ class Binding:
         r = await self._run(conn, "configure", [k.policy, k.queues], [queue, mode, source, *fields])
         return r if isinstance(r, bytes) else None
 
+    async def schedule(
+        self, conn: Executor, queue: str, payload: bytes, spec: str, first_ms: int | None
+    ) -> tuple[bool, int]:
+        """``schedule.lua`` mode add: (new, first tick ms)."""
+        k = self.keys
+        r = await self._run(
+            conn,
+            "schedule",
+            [k.schedules, k.schedule_specs, k.queues],
+            ["add", queue, payload, spec, "" if first_ms is None else first_ms],
+        )
+        return r[0] == 1, int(r[1])
+
+    async def unschedule(self, conn: Executor, queue: str, payload: bytes) -> bool:
+        """``schedule.lua`` mode remove: whether it existed."""
+        k = self.keys
+        r = await self._run(
+            conn,
+            "schedule",
+            [k.schedules, k.schedule_specs, k.queues],
+            ["remove", queue, payload, "", ""],
+        )
+        return int(r) == 1
+
+    async def fire(self, conn: Executor, ticks: Sequence[tuple[bytes, int, int]]) -> list[int]:
+        """``fire.lua``: per (schedule id, tick read, next tick), 1 fired, 0
+        not (another peer did), 2 skipped (now a persistent task)."""
+        k = self.keys
+        keys = [k.schedules, k.schedule_specs, k.queues]
+        args: list[Any] = [k.wake_prefix]
+        for sid, tick, nxt in ticks:
+            q = sid.partition(b"\0")[0].decode()
+            keys += [k.queue(q), k.persistent(q), k.standby(q), k.idle(q)]
+            args += [sid, tick, nxt]
+        return [int(x) for x in await self._run(conn, "fire", keys, args)]
+
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
@@ -798,6 +885,22 @@ def parse_dead(rec: bytes, queue: str) -> DeadLetter:
         )
     except ValueError:
         raise ProtocolError(f"malformed dead-letter record of queue {queue}") from None
+
+
+def parse_result(rec: bytes, payload: bytes) -> tuple[float, bytes | None] | None:
+    """(when, value) of a result record (``finish_results.lua``), or None if
+    the record is of another payload (a SHA-1 collision) or malformed."""
+    parts = rec.split(b"\0", 4)
+    if len(parts) != 5 or parts[0] not in (b"v", b"n"):
+        return None
+    try:
+        when, size = int(parts[1]), int(parts[3])
+    except ValueError:
+        return None
+    rest = parts[4]
+    if rest[size:] != payload:
+        return None
+    return when / 1000, (rest[:size] if parts[0] == b"v" else None)
 
 
 def _parse_finish(r: Any) -> list[bool]:

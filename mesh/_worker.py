@@ -53,6 +53,7 @@ from ._keys import Keys, check_queue, check_worker_id
 from ._policy import QueuePolicy, differences, parse_policy, policy_fields, watch_policies
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Counters, Handler, QueueConfig, QueueRunner
+from ._schedule import run_scheduler
 from ._scripts import Binding
 from ._supervisor import Reaper
 from ._types import Process
@@ -658,6 +659,9 @@ class Worker:
                         async with trio.open_nursery() as nursery:
                             gen.nursery = nursery
                             nursery.start_soon(self._heartbeat_loop, gen)
+                            nursery.start_soon(
+                                run_scheduler, self._conn, self._binding, self.timing.interval
+                            )
                             nursery.start_soon(
                                 watch_policies,
                                 self._conn,

@@ -90,6 +90,7 @@ SUBCOMMANDS = [
     "delete-queue",
     "dead-letters",
     "configure",
+    "schedule",
     "status",
 ]
 
@@ -104,7 +105,13 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         assert e.value.code == 0
         out = capsys.readouterr().out
         assert out.startswith(f"usage: mesh {sub}"), out
-        if sub != "demo":
+        if sub == "schedule":  # its actions take the target options
+            for action in ("add", "list", "remove"):
+                with pytest.raises(SystemExit):
+                    build_parser().parse_args([sub, action, "--help"])
+                out = capsys.readouterr().out
+                assert "--namespace" in out and "--redis" in out
+        elif sub != "demo":
             assert "--namespace" in out and "--redis" in out
 
 

@@ -98,3 +98,30 @@ async def test_configure_shows_sets_and_clears_a_policy(
     assert r.stdout.decode() == "q: policy cleared\n"
     r = await mesh_cli("configure", "q", "--timeout", "-1", *ns_args)
     assert_one_line_error(r, 2)
+
+
+async def test_schedule_add_list_remove(redis_url: str, namespace: str, ns_args: list[str]) -> None:
+    r = await mesh_cli("schedule", "add", "q", "report", "--every", "60", *ns_args)
+    assert r.stdout.decode() == "added periodic task report on q\n", text(r)
+    r = await mesh_cli("schedule", "add", "q", "report", "--every", "30", *ns_args)
+    assert r.stdout.decode() == "replaced periodic task report on q\n", text(r)
+    r = await mesh_cli("schedule", "add", "r", "nightly", "--cron", "0 3 * * *", *ns_args)
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("schedule", "list", *ns_args)
+    lines = r.stdout.decode().splitlines()
+    assert lines[0].split() == ["QUEUE", "TASK", "WHEN", "NEXT", "(UTC)"]
+    assert "every 30s" in lines[1] and "cron 0 3 * * *" in lines[2]
+    r = await mesh_cli("schedule", "list", "r", "--json", *ns_args)
+    (s,) = json.loads(r.stdout)
+    assert (s["task"], s["cron"], s["every"]) == ("nightly", "0 3 * * *", None)
+    assert s["next_run"] % 86400 == 3 * 3600
+    r = await mesh_cli("schedule", "remove", "q", "report", *ns_args)
+    assert r.stdout.decode() == "removed periodic task report from q\n"
+    r = await mesh_cli("schedule", "remove", "q", "report", "--json", *ns_args)
+    assert json.loads(r.stdout)["removed"] is False
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert [x.task for x in await client.schedules()] == [b"nightly"]
+    r = await mesh_cli("schedule", "add", "q", "x", "--cron", "99 * * * *", *ns_args)
+    assert "cron" in assert_one_line_error(r, 1)
+    r = await mesh_cli("schedule", "add", "q", "x", *ns_args)  # neither --every nor --cron
+    assert_one_line_error(r, 2)

@@ -474,3 +474,107 @@ async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
         assert [p.task for p in runs].count(b"quick") == 1
         st = w.statistics()
         assert (st.processes_finished, st.processes_failed) == (1, 2)
+
+
+# --- results ---------------------------------------------------------------
+
+
+async def test_finish_results_keeps_values_for_the_ttl(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    from mesh._scripts import ResultsToKeep, parse_result
+
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a\0", b"b", b"c"])
+    ps = (await b.claim(conn, "w1", inc, Q, 3, 0)).processes
+    keep = ResultsToKeep(
+        60_000, {ps[0].id: (b"a\0", b"v\0al"), ps[1].id: (b"b", None), ps[2].id: (b"c", b"")}
+    )
+    t0 = await redis_ms(conn)
+    assert await b.finish(conn, "w1", inc, Q, [p.id for p in ps], keep) == [True] * 3
+    got = [
+        parse_result(await conn.execute("GET", keys.result(Q, t)), t) for t in (b"a\0", b"b", b"c")
+    ]
+    assert [g[1] for g in got if g] == [b"v\0al", None, b""]
+    assert all(g is not None and t0 / 1000 <= g[0] < t0 / 1000 + 5 for g in got)
+    assert 59_000 < await conn.execute("PTTL", keys.result(Q, b"b")) <= 60_000
+    # twice: not the caller's process any more, nothing changes
+    assert await b.finish(conn, "w1", inc, Q, [ps[0].id], keep) == [False]
+    # a record of another payload under the key (a collision) is not taken
+    assert parse_result(await conn.execute("GET", keys.result(Q, b"b")), b"x") is None
+    snap = await snapshot(conn, keys, Q, ["w1"])
+    assert snap["procs"] == {} and snap["held"] == {"w1": set()}
+
+
+async def test_result_waits_for_the_handlers_value_and_raises_for_dead_letters(
+    redis_url: str, namespace: str
+) -> None:
+    release = trio.Event()
+
+    async def handler(p: Process) -> object:
+        if p.task == b"slow":
+            await release.wait()
+            return "done: slow"
+        if p.task == b"bad":
+            raise ValueError("cannot")
+        if p.task == b"none":
+            return None
+        if p.task == b"int":
+            return 42
+        return p.task.upper()
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await client.configure(Q, result_ttl=30, max_attempts=1)
+        await w.start_work(Q, handler)
+        await client.enqueue_many(Q, ["slow", "bad", "none", "abc", "int"])
+        async with trio.open_nursery() as nursery:
+            got: list[bytes | None] = []
+
+            async def wait_slow() -> None:
+                got.append(await client.result(Q, "slow", timeout=10))
+
+            nursery.start_soon(wait_slow)
+            await trio.sleep(0.2)
+            assert got == []  # still running: the call waits
+            release.set()
+        assert got == [b"done: slow"]
+        assert await client.result(Q, "abc", timeout=5) == b"ABC"
+        assert await client.result(Q, "none", timeout=5) is None
+        assert await client.result(Q, "int", timeout=5) is None  # not bytes/str: None
+        with pytest.raises(mesh.DeadLetterError) as ei:
+            await client.result(Q, "bad", timeout=5)
+        assert ei.value.dead_letter.error == "ValueError: cannot"
+        assert isinstance(ei.value, mesh.MeshError)
+        with pytest.raises(TimeoutError):
+            await client.result(Q, "never enqueued", timeout=0.2)
+
+
+async def test_results_expire_and_plain_queues_keep_none(
+    redis_url: str, namespace: str, keys: Keys
+) -> None:
+    async def handler(p: Process) -> bytes:
+        return b"r:" + p.task
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await client.configure(Q, result_ttl=0.3)
+        await w.start_work(Q, handler)
+        await w.start_work("plain", handler)
+        await client.enqueue(Q, "x")
+        await client.enqueue("plain", "y")
+        assert await client.result(Q, "x", timeout=5) == b"r:x"
+
+        async def plain_done() -> bool:
+            return w.statistics().processes_finished == 2
+
+        await wait_for(plain_done)
+        # nothing kept for a queue without result_ttl
+        assert await client._conn.execute("EXISTS", keys.result("plain", b"y")) == 0
+        with pytest.raises(TimeoutError):
+            await client.result("plain", "y", timeout=0.1)
+
+        async def expired() -> bool:
+            return await client._conn.execute("EXISTS", keys.result(Q, b"x")) == 0
+
+        await wait_for(expired, within=3, what="the result expired")
+        with pytest.raises(TimeoutError):
+            await client.result(Q, "x", timeout=0.1)

@@ -22,6 +22,7 @@ from ._common import (
     show_task,
     table,
     target,
+    task_bytes,
     tasks_from_args,
 )
 
@@ -71,6 +72,105 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_target_options(p)
     p.add_argument("--json", action="store_true", help="print the policy as JSON")
     p.set_defaults(func=_configure)
+
+    p = sub.add_parser(
+        "schedule",
+        help="add, list or remove periodic tasks",
+        description="Periodic tasks: each tick enqueues one one-shot copy of TASK on QUEUE, "
+        "exactly once across the mesh (any worker fires it).",
+    )
+    ssub = p.add_subparsers(dest="schedule_command", metavar="ACTION", required=True)
+    a = ssub.add_parser("add", help="add or replace a periodic task")
+    a.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    a.add_argument("task", metavar="TASK", help="the payload")
+    when = a.add_mutually_exclusive_group(required=True)
+    when.add_argument("--every", type=_seconds, metavar="S", help="a tick every S seconds")
+    when.add_argument("--cron", metavar="EXPR", help="a cron expression, in UTC (needs cronsim)")
+    add_target_options(a)
+    a.add_argument("--json", action="store_true", help="print the result as JSON")
+    a.set_defaults(func=_schedule_add)
+    ls = ssub.add_parser("list", help="list periodic tasks")
+    ls.add_argument("queue", metavar="QUEUE", type=queue_arg, nargs="?")
+    add_target_options(ls)
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=_schedule_list)
+    rm = ssub.add_parser("remove", help="remove a periodic task")
+    rm.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    rm.add_argument("task", metavar="TASK", help="the payload")
+    add_target_options(rm)
+    rm.add_argument("--json", action="store_true", help="print the result as JSON")
+    rm.set_defaults(func=_schedule_remove)
+
+
+def _schedule_add(args: argparse.Namespace) -> int:
+    t = target(args)
+    task = task_bytes(args.task)
+
+    async def go(client: mesh.Client) -> int:
+        new = await client.schedule(args.queue, task, every=args.every, cron=args.cron)
+        if args.json:
+            dump_json({"queue": args.queue, "task": json_task(task), "added": new})
+        else:
+            verb = "added" if new else "replaced"
+            print(f"{verb} periodic task {show_task(task)} on {args.queue}")
+        return 0
+
+    return run_client(t, go)
+
+
+def _schedule_list(args: argparse.Namespace) -> int:
+    t = target(args)
+
+    async def go(client: mesh.Client) -> int:
+        got = await client.schedules(args.queue)
+        if args.json:
+            dump_json(
+                [
+                    {
+                        "queue": s.queue,
+                        "task": json_task(s.task),
+                        "every": s.every,
+                        "cron": s.cron,
+                        "next_run": s.next_run,
+                    }
+                    for s in got
+                ]
+            )
+            return 0
+        if not got:
+            print("no periodic tasks")
+            return 0
+        rows = [
+            (
+                s.queue,
+                show_task(s.task, 40),
+                f"every {s.every:g}s" if s.every is not None else f"cron {s.cron}",
+                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.next_run)),
+            )
+            for s in got
+        ]
+        for line in table(("QUEUE", "TASK", "WHEN", "NEXT (UTC)"), rows):
+            print(line)
+        return 0
+
+    return run_client(t, go)
+
+
+def _schedule_remove(args: argparse.Namespace) -> int:
+    t = target(args)
+    task = task_bytes(args.task)
+
+    async def go(client: mesh.Client) -> int:
+        had = await client.unschedule(args.queue, task)
+        if args.json:
+            dump_json({"queue": args.queue, "task": json_task(task), "removed": had})
+        elif had:
+            print(f"removed periodic task {show_task(task)} from {args.queue}")
+        else:
+            print(f"no periodic task {show_task(task)} on {args.queue}")
+        return 0
+
+    return run_client(t, go)
 
 
 def _seconds(text: str) -> float:

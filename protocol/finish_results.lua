@@ -1,0 +1,67 @@
+-- finish_results.lua: finish.lua for a queue that keeps results (its policy
+-- has a result TTL): report processes as finished, and keep what each
+-- handler returned, under a key of its payload, for ARGV[4] ms.
+--
+-- KEYS[1] {ns}:worker:<W>        heartbeat key
+-- KEYS[2] {ns}:procs:<Q>         HASH process id -> process record
+-- KEYS[3] {ns}:held:<W>:<Q>      SET of W's process ids on Q
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
+-- KEYS[5 + i] {ns}:result:<H>:<Q> for each process i = 1..n: STRING, the
+--         result record of its payload (H: the SHA-1 of the payload, hex)
+-- ARGV[1] worker id W
+-- ARGV[2] incarnation
+-- ARGV[3] the done channel of Q ({ns}:done:<Q>)
+-- ARGV[4] result ttl in ms (>= 1)
+-- ARGV[5 + 3(i-1)], ARGV[6 + 3(i-1)], ARGV[7 + 3(i-1)] for each process i:
+--         its id, "v" (a value) or "n" (None), the value
+-- Returns: per process id, 1 if it was W's live process and is now finished
+--          (its result is kept), 0 if not (then nothing changes for it; if
+--          W holds no lease nothing changes at all).
+-- Errors: BAD_ARG (ttl, argument or key count).
+-- Publishes: the payload of each finished process on ARGV[3] (after its
+--            result is kept).
+-- The result record (a STRING with PX ttl): kind \0 when_ms \0 worker \0
+-- length of value \0 value payload; kind "v" or "n"; value and payload may
+-- hold NUL bytes; the payload is kept so that a reader can check that the
+-- record is of its payload.
+--!include lib.lua
+
+local ttl, err = count_arg(ARGV[4], 'result ttl')
+if err then return err end
+if ttl < 1 then return redis.error_reply('BAD_ARG result ttl must be >= 1') end
+local n = (#ARGV - 4) / 3
+if n ~= math.floor(n) or #KEYS ~= 5 + n then
+  return redis.error_reply('BAD_ARG expected 3 arguments and 1 key per process')
+end
+local out = {}
+if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
+  for i = 1, n do out[i] = 0 end
+  return out
+end
+local now = now_ms()
+for i = 1, n do
+  local a = 5 + 3 * (i - 1)
+  local id = ARGV[a]
+  local rec = redis.call('HGET', KEYS[2], id)
+  local done = 0
+  if rec then
+    local r = unpack_record(rec)
+    if r.worker == ARGV[1] then
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('SREM', KEYS[3], id)
+      if r.persistent and redis.call('HGET', KEYS[4], r.payload) == id then
+        redis.call('HDEL', KEYS[4], r.payload)
+      end
+      if r.attempts > 0 or r.persistent then redis.call('HDEL', KEYS[5], r.payload) end
+      local kind = ARGV[a + 1] == 'v' and 'v' or 'n'
+      local value = ARGV[a + 2]
+      redis.call('SET', KEYS[5 + i], kind .. '\0' .. int(now) .. '\0' .. ARGV[1] .. '\0'
+        .. #value .. '\0' .. value .. r.payload, 'PX', ttl)
+      redis.call('PUBLISH', ARGV[3], r.payload)
+      done = 1
+    end
+  end
+  out[i] = done
+end
+return out
