@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from bench import cancel, failover, memory, scale, throughput
+from bench import cancel, failover, memory, scale, throughput, worqr
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
 
@@ -45,7 +45,7 @@ def check(section: Section, name: str) -> None:
 
 
 async def test_throughput() -> None:
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False))
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False, worqr=False))
     check(s, "throughput")
     rate = figure(s, "trio-mesh, 1 worker process: processing")
     assert rate.unit == "tasks/s" and rate.median > 0
@@ -54,7 +54,36 @@ async def test_throughput() -> None:
     assert figure(s, "trio-mesh, 2 worker processes: processing").median > 0
     enq = figure(s, "trio-mesh, 1 worker process: enqueue 300")
     assert enq.unit == "s" and enq.target is not None
-    assert figure(s, "Worqr 1.2.3 (TypeScript, Node)").quoted
+    ratio = figure(s, "trio-mesh: 2 worker processes / 1")
+    assert ratio.target is not None and ratio.median > 0
+
+
+async def test_throughput_worqr() -> None:
+    """Worqr runs in the same run as trio-mesh, through the Node driver, with
+    the same figures as every peer (this machine has node and the tarball;
+    where it has not, the next test shows what happens)."""
+    w, why = worqr.prepare()
+    assert w is not None, why
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False))
+    check(s, "throughput")
+    label = f"Worqr {w.version.split()[0]} (Node)"
+    assert figure(s, f"{label}: processing").median > 0
+    # Worqr's dequeue + finishProcess are at least 8 commands per task
+    assert figure(s, f"{label}: Redis commands per task").median >= 8
+    assert figure(s, f"{label}: Redis CPU per task").median > 0
+    assert figure(s, f"{label}: worker CPU per task").median > 0
+    same = figure(s, "trio-mesh (1 process) / Worqr, same run")
+    assert same.target is not None and same.median > 0
+    assert any(n.startswith("Worqr ran under ") for n in s.notes)
+
+
+async def test_throughput_without_worqr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tarball: Worqr is skipped with a note, and the run goes on."""
+    monkeypatch.setenv("BENCH_WORQR_TGZ", "/nonexistent/worqr-1.2.3.tgz")
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=200, peers=False))
+    assert [n for n in s.notes if n.startswith("Worqr skipped: worqr-1.2.3.tgz not found")]
+    assert not [f for f in s.figures if "Worqr" in f.label]
+    assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
 
 
 async def test_failover() -> None:
