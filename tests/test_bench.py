@@ -5,10 +5,11 @@ assertions would only measure the machine the tests run on."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from bench import cancel, failover, memory, scale, throughput, worqr
+from bench import _charts, cancel, failover, memory, scale, throughput, worqr
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
 
@@ -95,6 +96,9 @@ async def test_failover() -> None:
     assert p99.median > 0.5 * 2 / 3 - 0.05
     assert figure(s, "SIGKILL: p99 / TTL").median == pytest.approx(p99.median / 0.5)
     assert figure(s, "graceful stop (SIGTERM): p99").unit == "ms"
+    # every trial is kept for the chart, the p99 among them
+    unit, kills = s.samples["SIGKILL"]
+    assert unit == "s" and len(kills) == 2 and max(kills) >= p99.median
 
 
 async def test_cancel() -> None:
@@ -135,3 +139,25 @@ async def test_memory() -> None:
     queued = figure(s, "one-shot: per queued task (32 B payload)")
     assert queued.unit == "B" and queued.median > 0 and queued.target is not None
     assert figure(s, "persistent: per running process (32 B payload)").median > 0
+
+
+def test_charts(tmp_path: Path) -> None:
+    """The charts are PNG files, embedded in the report, drawn from the
+    figures and samples only."""
+    tp = Section("throughput", "Throughput", "m", runs=3)
+    for label, v in (("trio-mesh, 1 worker process", 20_000.0), ("Worqr 1.2.3 (Node)", 9_000.0)):
+        tp.figures.append(Figure(f"{label}: processing", "tasks/s", [v * 0.9, v, v * 1.1]))
+    fo = Section("failover", "Failover", "m", runs=1)
+    fo.samples["SIGKILL"] = ("s", [0.8, 0.9, 1.0])
+    fo.limits["SIGKILL"] = 1.25
+    mem = Section("memory", "Memory", "m", runs=1)  # nothing to draw
+    assert _charts.available() == ""
+    _charts.draw([tp, fo, mem], tmp_path / "img")
+    assert [c.file for c in tp.charts] == ["bench-throughput.png"]
+    assert [c.file for c in fo.charts] == ["bench-failover.png"]
+    assert not mem.charts
+    for name in ("bench-throughput.png", "bench-failover.png"):
+        data = (tmp_path / "img" / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5_000
+    md = markdown([tp, fo, mem], {}, "python -m bench", "now", "img")
+    assert "](img/bench-throughput.png)" in md and "](img/bench-failover.png)" in md
