@@ -85,11 +85,11 @@ _ENCODER: Final = Encoder(  # type: ignore[no-untyped-call]
 
 
 def _pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
-    """Pack one command into one bytes object (in a list, the shape the writer
-    joins): ``str`` as UTF-8, ``int`` and ``float`` as their ``repr``, ``bytes``
-    and ``memoryview`` as they are; a first argument with spaces
-    (``"CLIENT KILL"``) is split into words. An argument of an unsupported
-    type is a ConfigError (nothing is sent)."""
+    """Pack one command into a list of bytes for the writer to join (a large
+    ``bytes`` argument is not copied here): ``str`` as UTF-8, ``int`` and
+    ``float`` as their ``repr``, ``bytes`` and ``memoryview`` as they are; a
+    first argument with spaces (``"CLIENT KILL"``) is split into words. An
+    argument of an unsupported type is a ConfigError (nothing is sent)."""
     if not args:
         raise ConfigError("a Redis command needs at least its name")
     first = args[0]
@@ -116,7 +116,7 @@ def _pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
         append(b"$%d\r\n" % len(b))
         append(b)
         append(b"\r\n")
-    return [b"".join(out)]
+    return out
 
 
 @attrs.frozen
