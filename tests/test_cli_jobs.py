@@ -63,7 +63,7 @@ async def test_dead_letters_list_requeue_purge(
         assert len(lines) == 4 and "ValueError: bad a" in lines[1] and " w1 " in lines[1]
         r = await mesh_cli("dead-letters", "q", "--json", *ns_args)
         got = json.loads(r.stdout)
-        assert [d["task"] for d in got["dead_letters"]] == ["a", "b", "c"]
+        assert [d["task"]["data"] for d in got["dead_letters"]] == ["a", "b", "c"]
         assert got["dead_letters"][2]["error"] == "OSError: c"
         assert got["dead_letters"][0]["attempts"] == 1
         r = await mesh_cli("dead-letters", "q", "a", "--requeue", *ns_args)
@@ -113,7 +113,7 @@ async def test_schedule_add_list_remove(redis_url: str, namespace: str, ns_args:
     assert "every 30s" in lines[1] and "cron 0 3 * * *" in lines[2]
     r = await mesh_cli("schedule", "list", "r", "--json", *ns_args)
     (s,) = json.loads(r.stdout)
-    assert (s["task"], s["cron"], s["every"]) == ("nightly", "0 3 * * *", None)
+    assert (s["task"]["data"], s["cron"], s["every"]) == ("nightly", "0 3 * * *", None)
     assert s["next_run"] % 86400 == 3 * 3600
     r = await mesh_cli("schedule", "remove", "q", "report", *ns_args)
     assert r.stdout.decode() == "removed periodic task report from q\n"
