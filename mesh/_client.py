@@ -137,6 +137,7 @@ class Client:
         backoff_max: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the handlers' timeout, not this call's
         result_ttl: float | None = None,
+        rate_limit: int | tuple[int, float] | None = None,
     ) -> QueuePolicy:
         """Set the policy of ``queue`` in Redis; every worker serving it
         applies it (within one heartbeat interval), whatever its
@@ -157,6 +158,11 @@ class Client:
                 :meth:`result`. 0: results are not kept (the
                 default; a plain queue costs nothing more).
 
+            rate_limit: at most N claims per second (``N``), or per
+                ``seconds`` (``(N, seconds)``), across the whole mesh: a
+                token bucket in Redis, checked by every claim (a full bucket
+                allows a burst of N). 0: no limit (the default).
+
         Returns:
             The policy stored now.
         Raises:
@@ -170,6 +176,7 @@ class Client:
             backoff_max=backoff_max,
             timeout=timeout,
             result_ttl=result_ttl,
+            rate_limit=rate_limit,
         )
         try:
             raw = await self._binding.configure(conn, queue, "set", "configure", fields)

@@ -133,6 +133,10 @@ class Keys:
         named by its SHA-1, so the key is short and the queue name last."""
         return f"{self.prefix}result:{hashlib.sha1(payload).hexdigest()}:{q}"
 
+    def rate(self, q: str) -> str:
+        """HASH: the token bucket of ``q``'s rate limit (tokens, at)."""
+        return f"{self.prefix}rate:{q}"
+
     def servers(self, q: str) -> str:
         return f"{self.prefix}servers:{q}"
 

@@ -39,6 +39,9 @@ class QueuePolicy:
         backoff_max: the cap, in seconds.
         timeout: a handler running longer is cancelled and the attempt
             counts as failed (0.0: no timeout).
+        rate_limit: at most this many claims per ``rate_period`` seconds
+            across the whole mesh (0: no limit).
+        rate_period: the period of the rate limit, in seconds.
         result_ttl: seconds a finished task's return value (or a dead
             letter's failure) is kept for :meth:`Client.result` (0.0: results
             are not kept).
@@ -52,6 +55,8 @@ class QueuePolicy:
     backoff_max: float = 60.0
     timeout: float = 0.0
     result_ttl: float = 0.0
+    rate_limit: int = 0
+    rate_period: float = 1.0
     source: str = ""
 
 
@@ -77,6 +82,8 @@ def parse_policy(raw: bytes | str, queue: str) -> QueuePolicy:
             int(d["backoff_max_ms"]) / 1000,
             int(d["timeout_ms"]) / 1000,
             int(d["result_ttl_ms"]) / 1000,
+            int(d.get("rate_limit", 0)),
+            int(d.get("rate_period_ms", 1000)) / 1000,
             str(d.get("source", "")),
         )
     except (ValueError, KeyError, TypeError) as exc:
@@ -102,7 +109,21 @@ def policy_fields(**given: Any) -> list[Any]:
     for name, value in given.items():
         if value is None:
             continue
-        if name == "max_attempts":
+        if name == "rate_limit":
+            bad = f"rate_limit must be N or (N, seconds) with N >= 0, got {value!r}"
+            if isinstance(value, int):
+                n, per = value, 1.0
+            elif isinstance(value, tuple) and len(value) == 2:
+                n, per = value
+            else:
+                raise ConfigError(bad)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ConfigError(bad)
+            ms = _seconds("rate_limit period", per)
+            if n > 0 and ms < 1:
+                raise ConfigError(f"the rate_limit period must be at least 1 ms, got {per!r}")
+            out += ["rate_limit", n, "rate_period_ms", max(ms, 1)]
+        elif name == "max_attempts":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"max_attempts must be a whole number >= 0, got {value!r}")
             out += ["max_attempts", value]

@@ -82,6 +82,7 @@ class QueueConfig:
     balance: bool = True
     timeout: float = 0.0  # seconds a handler may run (0: no limit)
     result_ttl: float = 0.0  # seconds results are kept (0: not kept)
+    rate: tuple[int, int] | None = None  # at most (claims, per ms) across the mesh
 
     def with_policy(self, p: QueuePolicy) -> QueueConfig:
         """This config under the queue's policy ``p``."""
@@ -92,6 +93,7 @@ class QueueConfig:
             backoff_max=p.backoff_max,
             timeout=p.timeout,
             result_ttl=p.result_ttl,
+            rate=(p.rate_limit, round(p.rate_period * 1000)) if p.rate_limit > 0 else None,
         )
 
 
@@ -322,6 +324,7 @@ class QueueRunner:
             backoff_ms=int(c.backoff * 1000),
             backoff_cap_ms=int(c.backoff_max * 1000),
             ttl_ms=self._ttl_ms,
+            rate=c.rate,
         )
         try:
             if done:

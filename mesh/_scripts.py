@@ -433,10 +433,12 @@ class Binding:
         backoff_cap_ms: int = 60_000,
         ttl_ms: int = 0,
         wake: bool = True,
+        rate: tuple[int, int] | None = None,
     ) -> ScriptCall[ClaimReply]:
         """One ``claim.lua`` call. ``wake``: put the worker in the queue's idle
         set when it finds nothing (a runner waiting for work); False for a
-        claim by hand, which nobody should wake."""
+        claim by hand, which nobody should wake. ``rate``: the queue's rate
+        limit (claims, period ms), enforced by a token bucket in Redis."""
         k = self.keys
         keys = [
             k.heartbeat(worker),
@@ -465,6 +467,9 @@ class Binding:
             1 if wake else 0,
             k.wake_prefix,
         ]
+        if rate is not None:
+            keys.append(k.rate(queue))
+            args += [rate[0], rate[1]]
 
         def parse(r: Any) -> ClaimReply:
             now = int(r[0])
@@ -505,6 +510,7 @@ class Binding:
         backoff_cap_ms: int = 60_000,
         ttl_ms: int = 0,
         wake: bool = True,
+        rate: tuple[int, int] | None = None,
     ) -> ClaimReply:
         call = self.claim_call(
             worker,
@@ -517,6 +523,7 @@ class Binding:
             backoff_cap_ms=backoff_cap_ms,
             ttl_ms=ttl_ms,
             wake=wake,
+            rate=rate,
         )
         return await self.run(conn, call)
 

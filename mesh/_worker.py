@@ -388,6 +388,7 @@ class Worker:
             backoff_cap_ms=int(cfg.backoff_max * 1000),
             ttl_ms=int(self.timing.ttl * 1000),
             wake=False,
+            rate=cfg.rate,
         )
         return reply.processes[0] if reply.processes else None
 

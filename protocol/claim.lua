@@ -40,6 +40,11 @@
 --         that recycle it after a crash
 -- ARGV[10] 1 if W is to be woken when it finds nothing (a runner that waits
 --         for work), 0 if not (a claim by hand: W is removed from KEYS[12])
+-- KEYS[13] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+--         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
+--         ARGV[13] = its period (ms): the claim takes at most the whole
+--         tokens there are, and with none left says in the reply's third
+--         field when the next one is due (the caller claims again then).
 -- ARGV[11] prefix of wake channels ({ns}:wake:): a claim held back by the
 --         fair share passes the wake on to as many idle servers as it left
 --         tasks, and one more (it was woken for them, and leaves the set)
@@ -74,6 +79,14 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
+local bucket, rate, per = KEYS[13], nil, nil
+if bucket then
+  rate, err = count_arg(ARGV[12], 'rate limit')
+  if err then return err end
+  per, err = count_arg(ARGV[13], 'rate period')
+  if err then return err end
+  if rate < 1 or per < 1 then return redis.error_reply('BAD_ARG rate limit and period must be >= 1') end
+end
 err = lease_error(KEYS[1], ARGV[1], ARGV[2])
 if err then return err end
 if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
@@ -98,6 +111,17 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
       wake_idle(KEYS[12], ARGV[11], ARGV[3], redis.call('ZCOUNT', KEYS[8], '-inf', now))
     end
   end
+end
+
+local tokens
+if bucket then
+  tokens = rate_tokens(bucket, rate, per, now)
+  if tokens < 1 then
+    redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
+    if redis.call('LLEN', KEYS[3]) > 0 then next_due = rate_wait(tokens, rate, per) end
+    return {now, 0, next_due}
+  end
+  n = math.min(n, math.floor(tokens))
 end
 
 local items = redis.call('LPOP', KEYS[3], n)
@@ -138,6 +162,15 @@ end
 -- wake went to us). Each held-back server leaves the set, so the chain ends.
 if #left > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], #left) end
 if #take == 0 then return out end
+if bucket then
+  tokens = tokens - #take
+  redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
+  redis.call('PEXPIRE', bucket, per + 1000)  -- full again by then anyway
+  if tokens < 1 and out[2] ~= 0 then
+    local wait = rate_wait(tokens, rate, per)
+    if out[3] < 0 or wait < out[3] then out[3] = wait end
+  end
+end
 local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
 redis.call('SET', KEYS[9], int(first + #take - 1))
 for i, t in ipairs(take) do

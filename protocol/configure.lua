@@ -3,7 +3,8 @@
 --
 -- The policy of Q is one JSON object, the field Q of {ns}:policy, with the
 -- whole-number fields max_attempts (0: no limit), backoff_ms, backoff_max_ms,
--- timeout_ms (0: none), result_ttl_ms (0: results are not kept), and the
+-- timeout_ms (0: none), result_ttl_ms (0: results are not kept), rate_limit
+-- (claims per rate_period_ms across the mesh; 0: no limit), and the
 -- string source: who wrote it ("configure", or "worker <W>" for a worker
 -- whose start_work options became the policy of a queue that had none).
 --
@@ -28,7 +29,7 @@ if mode ~= 'set' and mode ~= 'default' and mode ~= 'clear' then
   return redis.error_reply('BAD_ARG mode must be "set", "default" or "clear"')
 end
 local defaults = {max_attempts = 5, backoff_ms = 1000, backoff_max_ms = 60000, timeout_ms = 0,
-                  result_ttl_ms = 0}
+                  result_ttl_ms = 0, rate_limit = 0, rate_period_ms = 1000}
 local given = {}
 for i = 4, #ARGV - 1, 2 do
   local f = ARGV[i]
@@ -52,6 +53,9 @@ local p = {}
 if stored then p = cjson.decode(stored) end
 for f, v in pairs(defaults) do
   if given[f] ~= nil then p[f] = given[f] elseif p[f] == nil then p[f] = v end
+end
+if p.rate_period_ms < 1 then
+  return redis.error_reply('BAD_ARG rate_period_ms must be >= 1')
 end
 if p.backoff_ms > p.backoff_max_ms then
   return redis.error_reply('BAD_ARG backoff_ms must not be above backoff_max_ms')

@@ -91,7 +91,13 @@ async def test_configure_shows_sets_and_clears_a_policy(
     r = await mesh_cli("configure", "q", "--json", *ns_args)
     assert json.loads(r.stdout)["policy"]["timeout"] == 30.0
     async with mesh.open_client(redis_url, namespace=namespace) as client:
-        assert await client.policy("q") == mesh.QueuePolicy(2, 1.0, 60.0, 30.0, 0.0, "configure")
+        assert await client.policy("q") == mesh.QueuePolicy(
+            2, 1.0, 60.0, 30.0, 0.0, source="configure"
+        )
+    r = await mesh_cli("configure", "q", "--rate-limit", "100/60", *ns_args)
+    assert "rate_limit=100/60s" in r.stdout.decode(), text(r)
+    r = await mesh_cli("configure", "q", "--rate-limit", "x/1", *ns_args)
+    assert_one_line_error(r, 2)
     r = await mesh_cli("configure", "q", "--backoff", "100", *ns_args)  # above backoff_max
     assert "backoff" in assert_one_line_error(r, 1)
     r = await mesh_cli("configure", "q", "--clear", *ns_args)

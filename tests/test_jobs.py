@@ -207,9 +207,10 @@ async def test_a_delayed_task_runs_when_due_without_waiting_for_a_heartbeat(
 
         await wait_for(all_ran, within=5, what="the delayed tasks ran")
         by = {p.task: p for p in started}
+        ms = 0.001  # started is in whole ms of the Redis clock, t0 in µs
         assert by[b"now"].started < t0 + 0.4
-        assert t0 + 0.4 <= by[b"first"].started
-        assert t0 + 0.8 <= by[b"second"].started and t0 + 0.8 <= by[b"third"].started
+        assert t0 + 0.4 - ms <= by[b"first"].started
+        assert t0 + 0.8 - ms <= by[b"second"].started and t0 + 0.8 - ms <= by[b"third"].started
         assert len(started) == 4  # each once
         assert await client.delayed(Q) == []
 
@@ -360,6 +361,8 @@ async def test_configure_script_set_default_clear(conn: Connection, b: Binding, 
         "backoff_max_ms": 60000,
         "timeout_ms": 0,
         "result_ttl_ms": 0,
+        "rate_limit": 0,
+        "rate_period_ms": 1000,
         "source": "worker w1",
     }
     # "default" leaves a stored policy alone (and returns it)
@@ -382,7 +385,7 @@ async def test_client_configure_and_policy(redis_url: str, namespace: str) -> No
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         assert await client.policy(Q) is None
         p = await client.configure(Q, max_attempts=2, backoff=0.5, timeout=3, result_ttl=60)
-        assert p == mesh.QueuePolicy(2, 0.5, 60.0, 3.0, 60.0, "configure")
+        assert p == mesh.QueuePolicy(2, 0.5, 60.0, 3.0, 60.0, source="configure")
         assert await client.policy(Q) == p
         p = await client.configure(Q, timeout=0)
         assert (p.max_attempts, p.timeout) == (2, 0.0)
@@ -413,7 +416,7 @@ async def test_the_queue_policy_wins_over_start_work_options_with_a_warning(
         # the first server's options become the policy of a queue that has none
         await w1.start_work(Q, fail, max_attempts=2, backoff=0.01, backoff_max=0.02)
         policy = await client.policy(Q)
-        assert policy == mesh.QueuePolicy(2, 0.01, 0.02, 0.0, 0.0, f"worker {w1.id}")
+        assert policy == mesh.QueuePolicy(2, 0.01, 0.02, 0.0, 0.0, source=f"worker {w1.id}")
         with caplog.at_level("WARNING", logger="mesh.worker"):
             await w2.start_work(Q, fail, max_attempts=7)
         (line,) = [r.getMessage() for r in caplog.records if "overridden" in r.getMessage()]
@@ -578,3 +581,62 @@ async def test_results_expire_and_plain_queues_keep_none(
         await wait_for(expired, within=3, what="the result expired")
         with pytest.raises(TimeoutError):
             await client.result(Q, "x", timeout=0.1)
+
+
+# --- rate limit ----------------------------------------------------------------
+
+
+async def test_claim_takes_only_the_tokens_of_the_bucket(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"%d" % i for i in range(6)])
+    c = await b.claim(conn, "w1", inc, Q, 5, 0, rate=(2, 1000))
+    assert [p.task for p in c.processes] == [b"0", b"1"]  # a full bucket: a burst of 2
+    assert 400 <= c.next_due_ms <= 500  # the next token is due in 500 ms
+    c = await b.claim(conn, "w1", inc, Q, 5, 0, rate=(2, 1000))
+    assert c.processes == () and 1 <= c.next_due_ms <= 500
+    tokens, _ = await conn.execute("HMGET", keys.rate(Q), "tokens", "at")
+    assert float(tokens) < 1
+    # a second later (forced, not slept): full again, two more
+    now = await redis_ms(conn)
+    await conn.execute("HSET", keys.rate(Q), "at", now - 1000)
+    c = await b.claim(conn, "w1", inc, Q, 5, 0, rate=(2, 1000))
+    assert [p.task for p in c.processes] == [b"2", b"3"]
+    assert 0 < await conn.execute("PTTL", keys.rate(Q)) <= 2000
+    # an empty queue: no wait reported, no token spent
+    await conn.execute("DEL", keys.queue(Q), keys.rate(Q))
+    c = await b.claim(conn, "w1", inc, Q, 5, 0, rate=(2, 1000))
+    assert c.processes == () and c.next_due_ms == -1
+    assert await conn.execute("EXISTS", keys.rate(Q)) == 0
+    for bad in [(0, 1000), (2, 0)]:
+        with pytest.raises(CommandError, match="BAD_ARG"):
+            await b.claim(conn, "w1", inc, Q, 1, 0, rate=bad)
+
+
+async def test_three_workers_claim_at_the_rate_limit(redis_url: str, namespace: str) -> None:
+    runs: list[Process] = []
+
+    async def handler(p: Process) -> None:
+        runs.append(p)
+
+    async with client_and_workers(redis_url, namespace, 3) as (client, workers):
+        p = await client.configure(Q, rate_limit=(10, 0.5))  # 20 per second, bursts of 10
+        assert (p.rate_limit, p.rate_period) == (10, 0.5)
+        for w in workers:
+            await w.start_work(Q, handler)
+        await client.enqueue_many(Q, [str(i) for i in range(70)])
+
+        async def all_ran() -> bool:
+            return len(runs) == 70
+
+        await wait_for(all_ran, within=15)
+        starts = sorted(p.started for p in runs)
+        assert len({p.worker_id for p in runs}) >= 2  # spread over the workers
+        # after the first burst of 10, 20 per second across the mesh
+        steady = (len(starts) - 11) / (starts[-1] - starts[10])
+        assert 18 <= steady <= 22, steady
+        # never more than a burst plus the refill in any second
+        for i, t in enumerate(starts):
+            assert sum(1 for u in starts[i:] if u < t + 1.0) <= 10 + 20 + 1
+        assert (await client.configure(Q, rate_limit=0)).rate_limit == 0

@@ -1,6 +1,8 @@
 """Model-based test of the protocol: hypothesis drives the real Lua scripts on a
-real redis-server with random enqueue / ensure / claim / finish / give back /
-cancel / expire / recycle / leave steps, and after every step checks:
+real redis-server with random enqueue / delay / ensure / claim (rate-limited
+or not) / finish (keeping results or not) / give back / cancel / expire /
+recycle / leave / dead-letter requeue and purge / periodic tick steps, and
+after every step checks:
 
 1. one place: every task instance is in exactly one place (queue, delayed,
    one process of one worker, or dead letters), nothing lost, nothing made up;
@@ -32,7 +34,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from mesh._errors import CommandError, FencedError
 from mesh._keys import Keys
-from mesh._scripts import Binding
+from mesh._schedule import next_tick
+from mesh._scripts import Binding, ResultsToKeep, parse_result
 from mesh.testing import RedisServer
 
 T = TypeVar("T")
@@ -127,7 +130,11 @@ class MeshModel(RuleBasedStateMachine):
     def claim(self, data: st.DataObject, q: str, n: int) -> None:
         w = data.draw(st.sampled_from(sorted(self.workers)))
         self.make_due(q)
-        reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS))
+        # a rate-limited queue (a token bucket in Redis) now and then
+        rate = data.draw(st.sampled_from([None, None, (1, 60_000), (3, 1)]))
+        reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS, rate=rate))
+        if rate is not None:
+            assert len(reply.processes) <= rate[0]
         for p in reply.processes:
             assert p.id not in self.procs
             assert p.task in self.live[q]
@@ -140,20 +147,30 @@ class MeshModel(RuleBasedStateMachine):
         return data.draw(st.sampled_from(sorted(pool)))
 
     @precondition(lambda self: self.procs or self.old_pids)
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), keep=st.booleans())
+    def finish(self, data: st.DataObject, keep: bool) -> None:
         w, q, pid = self.pick_pid(data)
         inc = self.workers.get(w, "i-" + w)
         expected = pid in self.procs and w in self.workers
-        (ok,) = run(self.b.finish(self.x, w, inc, q, [pid]))
+        # with keep: finish_results.lua (a queue with a result TTL)
+        known = self.procs.get(pid, (w, q, b"gone"))[2]
+        results = ResultsToKeep(60_000, {pid: (known, b"r" + known)}) if keep else None
+        (ok,) = run(self.b.finish(self.x, w, inc, q, [pid], results))
         assert ok == expected, (w, pid)
+        if keep:
+            rec = self.r.get(self.keys.result(q, known))
+            assert (rec is not None and parse_result(rec, known) is not None) == (
+                ok or rec is not None
+            )
+            if ok:
+                assert parse_result(rec, known)[1] == b"r" + known  # type: ignore[index, arg-type]
         if ok:
             _, _, payload = self.procs.pop(pid)
             self.old_pids.append((w, q, pid))
             self.live[q].discard(payload)
             self.persistent[q].discard(payload)
             # run twice: no change
-            assert run(self.b.finish(self.x, w, inc, q, [pid])) == [False]
+            assert run(self.b.finish(self.x, w, inc, q, [pid], results)) == [False]
 
     @precondition(lambda self: self.procs or self.old_pids)
     @rule(data=st.data(), failed=st.booleans())
@@ -273,6 +290,23 @@ class MeshModel(RuleBasedStateMachine):
             if back:  # attempts reset
                 assert self.r.hmget(self.keys.attempts(q), back) == [None] * len(back)
         assert run(self.b.dead(self.x, q, mode, chosen)) == (0, 0)  # twice
+
+    @rule(q=st.sampled_from(QUEUES), peers=st.integers(1, 3), missed=st.integers(0, 4))
+    def schedule_tick(self, q: str, peers: int, missed: int) -> None:
+        """A periodic task comes due (after ``missed`` ticks nobody fired);
+        ``peers`` schedulers try to fire it: one copy is enqueued."""
+        p = self.fresh()
+        run(self.b.schedule(self.x, q, p, "every 1000", None))
+        sid = q.encode() + b"\0" + p
+        now = int(self.r.time()[0]) * 1000
+        tick = now - 1 - 1000 * missed
+        self.r.zadd(self.keys.schedules, {sid: tick})
+        nxt = next_tick(b"every 1000", tick, now)
+        fired = [run(self.b.fire(self.x, [(sid, tick, nxt)])) for _ in range(peers)]
+        assert fired == [[1]] + [[0]] * (peers - 1)  # one copy, however many peers
+        assert self.r.zscore(self.keys.schedules, sid) == nxt > now  # once, not per missed tick
+        self.live[q].add(p)
+        assert run(self.b.unschedule(self.x, q, p)) is True
 
     # --- model helpers -----------------------------------------------------------
 

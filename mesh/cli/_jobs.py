@@ -68,6 +68,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--result-ttl", type=_seconds, metavar="S", help="keep results S seconds (0: not kept)"
     )
+    p.add_argument(
+        "--rate-limit",
+        type=_rate,
+        metavar="N[/S]",
+        help="at most N claims per S seconds (default 1) across the mesh (0: no limit)",
+    )
     p.add_argument("--clear", action="store_true", help="remove the queue's policy")
     add_target_options(p)
     p.add_argument("--json", action="store_true", help="print the policy as JSON")
@@ -183,11 +189,23 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _rate(text: str) -> tuple[int, float]:
+    n, _, per = text.partition("/")
+    try:
+        count = int(n)
+        seconds = float(per) if per else 1.0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not N or N/S: {text!r}") from None
+    if count < 0 or not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"need N >= 0 and S > 0, got {text!r}")
+    return count, seconds
+
+
 def _configure(args: argparse.Namespace) -> int:
     t = target(args)
     opts = {
         k: getattr(args, k)
-        for k in ("max_attempts", "backoff", "backoff_max", "timeout", "result_ttl")
+        for k in ("max_attempts", "backoff", "backoff_max", "timeout", "result_ttl", "rate_limit")
         if getattr(args, k) is not None
     }
     if args.clear and opts:
@@ -214,7 +232,13 @@ def _configure(args: argparse.Namespace) -> int:
             print(
                 f"{args.queue}: max_attempts={policy.max_attempts} backoff={policy.backoff:g}s "
                 f"backoff_max={policy.backoff_max:g}s timeout={policy.timeout:g}s "
-                f"result_ttl={policy.result_ttl:g}s (set by {policy.source or 'configure'})"
+                f"result_ttl={policy.result_ttl:g}s"
+                + (
+                    f" rate_limit={policy.rate_limit}/{policy.rate_period:g}s"
+                    if policy.rate_limit
+                    else ""
+                )
+                + f" (set by {policy.source or 'configure'})"
             )
         return 0
 
