@@ -23,6 +23,7 @@ import trio
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._scripts import Binding, ClaimReply
+from ._stats import QueueCounters
 from ._types import Process
 
 __all__ = ["Handler", "QueueConfig", "QueueRunner"]
@@ -46,15 +47,6 @@ class QueueConfig:
     balance: bool = True
 
 
-@attrs.define
-class Counters:
-    started: int = 0
-    finished: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    given_back: int = 0
-
-
 class _Slot:
     __slots__ = ("process", "scope")
 
@@ -73,7 +65,7 @@ class QueueRunner:
         worker_id: str,
         incarnation: str,
         config: QueueConfig,
-        counters: Counters,
+        counters: QueueCounters,
         on_fenced: Callable[[str], None],
         balance_wait: float = 1.0,
         ttl: float = 0.0,
@@ -244,6 +236,7 @@ class QueueRunner:
             else:
                 finished = None
                 claimed = outcome.Value(await b.run(self._conn, claim))
+            self._counters.claim.observe(trio.current_time() - now)
         except BaseException:
             # No reply (a connection error, an error reply to a claim sent
             # alone, a cancellation): report these again later. After a
@@ -310,6 +303,7 @@ class QueueRunner:
         p = slot.process
         ok = False
         failed = False
+        began = trio.current_time()
         try:
             with slot.scope:
                 await self.config.handler(p)
@@ -319,6 +313,7 @@ class QueueRunner:
             log.exception("handler for task of queue %s (process %s) failed", p.queue, p.id)
         finally:
             del self.running[p.id]
+            self._counters.handler.observe(trio.current_time() - began)
         if slot.scope.cancelled_caught:
             self._counters.cancelled += 1
         elif ok:
@@ -366,7 +361,8 @@ class QueueRunner:
         except BaseException:
             self._failed = failed + self._failed
             raise
-        self._counters.failed += len(failed)
+        # outcome 0: no longer ours (recycled or cancelled meanwhile), not a failure we report
+        self._counters.failed += sum(1 for result, _ in outcomes if result != 0)
         for result, delay in outcomes:
             if result == 2:
                 if delay > 0:
