@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 import mesh
-from mesh._server import find_redis_server
+from mesh.testing import find_redis_server
 
 from . import cancel, failover, memory, scale, throughput
 from ._context import PEERS_VENV, Context

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import trio
 
 import mesh
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 from ._context import Context
 from ._report import Figure, Section, Target

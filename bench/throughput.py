@@ -15,7 +15,7 @@ import trio
 
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 from ._context import PEER_CHILD, Context
 from ._report import Figure, Section, Target

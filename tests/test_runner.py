@@ -18,8 +18,8 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._runner import HERD, QueueConfig, QueueRunner
 from mesh._scripts import Binding
-from mesh._server import RedisServer
 from mesh._stats import QueueCounters
+from mesh.testing import RedisServer
 
 from .faults.proxy import Proxy
 from .protocol_helpers import expire_worker, join, snapshot
