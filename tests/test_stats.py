@@ -80,7 +80,10 @@ async def test_per_queue_counters_follow_handler_outcomes(redis_url: str, namesp
 
 async def test_fences_are_counted_by_reason(redis_url: str, namespace: str) -> None:
     async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
-        await w.start_work("jobs", lambda p: trio.sleep_forever())
+        async def hold(p: mesh.Process) -> None:
+            await trio.sleep_forever()
+
+        await w.start_work("jobs", hold)
         old = w.id
         await expire_worker(w.client._conn, Keys(namespace), old)
         await until(lambda: w.statistics().generation == 2, what="rejoined")
