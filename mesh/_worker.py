@@ -72,8 +72,10 @@ class WorkerStatistics:
         worker_id: the current worker id.
         generation: 1, plus one per fence (each rejoin is a new identity).
         fenced: how many times it fenced itself (sum of ``fences``).
-        processes_started, processes_finished, processes_failed,
-            processes_cancelled: over all queues (see ``queues``).
+        processes_started: handlers started, over all queues (see ``queues``).
+        processes_finished: processes reported finished, over all queues.
+        processes_failed: handlers that raised, over all queues.
+        processes_cancelled: handlers stopped by a cancel or a fence.
         running: handlers running now.
         heartbeats: heartbeats Redis confirmed.
         peers_recycled: dead peers this worker recycled (takeovers).
