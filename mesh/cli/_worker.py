@@ -24,6 +24,7 @@ import mesh
 from mesh import LeaseTiming
 from mesh._keys import check_queue, check_worker_id
 
+from . import _metrics
 from ._common import Target, UsageError, add_target_options, positive_float, show_task, target
 
 __all__ = ["load_app", "register"]
@@ -93,6 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log level (default info); logs go to stderr, one line per event",
     )
+    _metrics.add_worker_options(p)
     p.set_defaults(func=_worker)
 
 
@@ -197,6 +199,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError("--max-attempts must be 0 (no limit) or more")
     if not 0 <= args.backoff <= args.backoff_max:
         raise UsageError("need 0 <= --backoff <= --backoff-max")
+    _metrics.check_worker_options(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -262,9 +265,12 @@ async def _serve(
                     return
 
             nursery.start_soon(on_signal)
-            async with mesh.open_worker(
-                t.config, namespace=t.namespace, ttl=args.ttl, worker_id=args.worker_id
-            ) as worker:
+            async with (
+                mesh.open_worker(
+                    t.config, namespace=t.namespace, ttl=args.ttl, worker_id=args.worker_id
+                ) as worker,
+                _metrics.serve_worker_metrics(worker, args),
+            ):
                 for queue, handler in app.items():
                     await worker.start_work(
                         queue,
