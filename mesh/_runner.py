@@ -20,6 +20,7 @@ import attrs
 import outcome
 import trio
 
+from . import _telemetry
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._scripts import Binding, ClaimReply
@@ -309,7 +310,10 @@ class QueueRunner:
         began = trio.current_time()
         try:
             with slot.scope:
-                await self.config.handler(p)
+                if _telemetry.tracer is None:
+                    await self.config.handler(p)
+                else:
+                    await _telemetry.traced(self.config.handler, p)
                 ok = True
         except Exception:
             failed = True
