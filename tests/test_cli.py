@@ -89,6 +89,8 @@ SUBCOMMANDS = [
     "reconcile",
     "delete-queue",
     "status",
+    "exporter",
+    "dashboard",
 ]
 
 

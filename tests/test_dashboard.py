@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import trio
 import mesh
 from mesh.dashboard import serve_dashboard
 
-from .test_cli import clean_env
+from .test_cli import clean_env, mesh_cli
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -250,3 +251,42 @@ async def test_the_page_never_shows_the_password(own_redis: Any) -> None:
         assert password not in body and "***" in json.loads(body)["redis"]
         status, html = await trio.to_thread.run_sync(http, page)
         assert password not in html
+
+
+async def test_mesh_dashboard_refuses_other_addresses_without_a_token() -> None:
+    r = await mesh_cli("dashboard", "--host", "0.0.0.0")
+    assert r.returncode == 2, r.stderr
+    assert b"--token" in r.stderr and b"Traceback" not in r.stderr
+    r = await mesh_cli("dashboard", "--token", "")
+    assert r.returncode == 2 and b"empty" in r.stderr
+
+
+@pytest.mark.slow
+async def test_mesh_dashboard_command_serves_and_stops(redis_url: str, namespace: str) -> None:
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "dashboard", "--port", "0"),
+            *("--redis", redis_url, "--namespace", namespace),
+        ],
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        assert proc.stderr is not None
+        log = b""
+        with trio.fail_after(20):
+            while not re.search(rb"http://\S+/", log):
+                chunk = await proc.stderr.receive_some()
+                assert chunk, log
+                log += chunk
+        m = re.search(rb"http://127\.0\.0\.1:\d+/", log)
+        assert m is not None, log  # loopback by default
+        status, body = await trio.to_thread.run_sync(http, m.group().decode() + "state")
+        assert status == 200 and json.loads(body)["namespace"] == namespace
+        proc.terminate()
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()

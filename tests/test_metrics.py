@@ -55,8 +55,11 @@ async def until_scraped(
     with trio.move_on_after(within):
         while True:
             s = await scrape(url)
-            if pred(s):
-                return s
+            try:
+                if pred(s):
+                    return s
+            except KeyError:
+                pass  # not there yet (e.g. a queue not served yet)
             await trio.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -122,7 +125,12 @@ async def test_worker_metrics_change_with_the_events_they_count(
                 lambda s: value(s, "mesh_worker_fences_total", reason="lease_expired") == 1,
                 what="a fence",
             )
-            assert value(s, "mesh_worker_info", worker_id=w.id, generation="2") == 1
+            # then it rejoins under a new id, its second generation
+            await until_scraped(
+                url,
+                lambda s: value(s, "mesh_worker_info", worker_id=w.id, generation="2") == 1,
+                what="the new generation",
+            )
 
 
 async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: str) -> None:

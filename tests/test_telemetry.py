@@ -27,6 +27,8 @@ def spans() -> Iterator[InMemorySpanExporter]:
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(provider)  # once per process: the API allows one
     yield EXPORTER
+    provider.shutdown()  # later tests' handler runs export nothing
+    EXPORTER.clear()
 
 
 async def until(pred: Callable[[], bool], within: float = 5.0) -> None:

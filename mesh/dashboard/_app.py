@@ -130,7 +130,7 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
         try:
             n = await poller.client.cancel(queue, task)
         except MeshError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=502)
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
         await poller.poll_once()  # show the result at once
         return JSONResponse({"cancelled": n})
 

@@ -201,7 +201,7 @@ class Poller:
         self.client = client
         self.interval = interval
         self._header = header
-        self._redact = redact
+        self.redact = redact
         self._tracker = Tracker()
         self._info: dict[str, dict[str, Any]] = {}
         self.state = json.dumps({**header, "now": None, "error": "connecting"})
@@ -213,7 +213,7 @@ class Poller:
         try:
             ov = await overview(self.client, self._info)
         except MeshError as exc:
-            state: dict[str, Any] = {"now": None, "error": self._redact(str(exc))}
+            state: dict[str, Any] = {"now": None, "error": self.redact(str(exc))}
         else:
             state = self._tracker.update(ov)
         self.state = json.dumps({**self._header, **state}, separators=(",", ":"))
