@@ -22,10 +22,12 @@ import attrs
 import outcome
 import trio
 
+from . import _telemetry
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._policy import QueuePolicy
 from ._scripts import Binding, ClaimReply, ResultsToKeep
+from ._stats import QueueCounters
 from ._types import Process
 
 __all__ = ["Handler", "QueueConfig", "QueueRunner", "check_handler"]
@@ -97,15 +99,6 @@ class QueueConfig:
         )
 
 
-@attrs.define
-class Counters:
-    started: int = 0
-    finished: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    given_back: int = 0
-
-
 def describe_error(exc: BaseException, limit: int = 2000) -> str:
     """An exception as ``Type: message``, on one line, at most ``limit``
     characters: what a dead-letter record keeps of a failure."""
@@ -157,7 +150,7 @@ class QueueRunner:
         worker_id: str,
         incarnation: str,
         config: QueueConfig,
-        counters: Counters,
+        counters: QueueCounters,
         on_fenced: Callable[[str], None],
         balance_wait: float = 1.0,
         ttl: float = 0.0,
@@ -334,6 +327,7 @@ class QueueRunner:
             else:
                 finished = None
                 claimed = outcome.Value(await b.run(self._conn, claim))
+            self._counters.claim.observe(trio.current_time() - now)
         except BaseException:
             # No reply (a connection error, an error reply to a claim sent
             # alone, a cancellation): report these again later. After a
@@ -398,6 +392,12 @@ class QueueRunner:
             self._counters.started += 1
             handlers.start_soon(self._run_handler, slot, name=f"mesh handler {c.queue}/{p.id}")
 
+    async def _call_handler(self, p: Process) -> Any:
+        assert self.config.handler is not None
+        if _telemetry.tracer is None:
+            return await self.config.handler(p)
+        return await _telemetry.traced(self.config.handler, p)
+
     async def _run_handler(self, slot: _Slot) -> None:
         assert self.config.handler is not None
         p = slot.process
@@ -406,11 +406,12 @@ class QueueRunner:
         error = ""
         timeout = self.config.timeout
         value: Any = None
+        began = trio.current_time()
         try:
             with slot.scope:
                 if timeout > 0:
                     with trio.move_on_after(timeout) as limit:
-                        value = await self.config.handler(p)
+                        value = await self._call_handler(p)
                         ok = True
                     if limit.cancelled_caught:
                         failed = True
@@ -422,7 +423,7 @@ class QueueRunner:
                             timeout,
                         )
                 else:
-                    value = await self.config.handler(p)
+                    value = await self._call_handler(p)
                     ok = True
         except Exception as exc:
             failed = True
@@ -430,6 +431,7 @@ class QueueRunner:
             log.exception("handler for task of queue %s (process %s) failed", p.queue, p.id)
         finally:
             del self.running[p.id]
+            self._counters.handler.observe(trio.current_time() - began)
         if slot.scope.cancelled_caught:
             self._counters.cancelled += 1
         elif ok:
@@ -495,7 +497,8 @@ class QueueRunner:
         except BaseException:
             self._failed = failed + self._failed
             raise
-        self._counters.failed += len(failed)
+        # outcome 0: no longer ours (recycled or cancelled meanwhile), not a failure we report
+        self._counters.failed += sum(1 for result, _ in outcomes if result != 0)
         for pid, (result, delay) in zip(failed, outcomes, strict=True):
             task, error = self._fail_info.pop(pid, (b"", ""))
             if result == 3:

@@ -99,6 +99,8 @@ SUBCOMMANDS = [
     "configure",
     "schedule",
     "status",
+    "exporter",
+    "dashboard",
 ]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import mesh
 
-from . import _demo, _jobs, _status, _tasks, _worker
+from . import _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
 from ._common import EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     _tasks.register(sub)
     _jobs.register(sub)
     _status.register(sub)
+    _metrics.register(sub)
+    _dashboard.register(sub)
     return parser
 
 
