@@ -192,3 +192,14 @@ def test_update_markdown_replaces_only_what_was_measured() -> None:
     assert new.count("## Targets") == 1 and new.count("## Machine") == 1
     with pytest.raises(ValueError, match="no Targets table"):
         update_markdown("# something else\n\n## A\n", [fresh], "note")
+
+
+async def test_parts() -> None:
+    """bench.parts times each piece of a runner's cycle (a real claim reply
+    is parsed: the protocol's reply shape, not a copy of it)."""
+    from bench import parts
+
+    rows = dict(await parts.run(rounds=20, repeat=1))
+    assert len(rows) == 7
+    assert all(v > 0 for v in rows.values())
+    assert "parse a claim reply of 10 processes" in rows
