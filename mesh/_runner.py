@@ -11,6 +11,8 @@ finish first, so the claim can take the slots it freed.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -20,12 +22,14 @@ import attrs
 import outcome
 import trio
 
+from . import _telemetry
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._scripts import Binding, ClaimReply
+from ._stats import QueueCounters
 from ._types import Process
 
-__all__ = ["Handler", "QueueConfig", "QueueRunner"]
+__all__ = ["Handler", "QueueConfig", "QueueRunner", "check_handler"]
 
 log = logging.getLogger("mesh.worker")
 
@@ -33,6 +37,39 @@ log = logging.getLogger("mesh.worker")
 HERD = 3
 
 Handler = Callable[[Process], Awaitable[Any]]
+
+
+def check_handler(handler: object) -> None:
+    """Refuse a handler that is not an async callable: an ``async def``
+    function or method, a :func:`functools.partial` of one, or an object
+    whose ``__call__`` is ``async def``. A plain ``def`` would run its side
+    effects, then fail every attempt on ``await`` until dead-lettered.
+
+    Raises:
+        TypeError: not callable, or not async; the message says what to do.
+    """
+    if not callable(handler):
+        raise TypeError(
+            f"handler must be an async callable taking a Process, not {type(handler).__name__}"
+        )
+    if _is_async_callable(handler):
+        return
+    name = getattr(handler, "__qualname__", None) or type(handler).__name__
+    raise TypeError(
+        f"handler {name} is not async: a handler is 'async def handler(process)', a "
+        "functools.partial of one, or an object with 'async def __call__' (a plain def, "
+        "or a lambda that returns a coroutine, is refused before any task runs)"
+    )
+
+
+def _is_async_callable(obj: object) -> bool:
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    if inspect.iscoroutinefunction(obj):
+        return True
+    if inspect.isroutine(obj) or inspect.isclass(obj):
+        return False
+    return inspect.iscoroutinefunction(getattr(obj, "__call__", None))  # noqa: B004
 
 
 @attrs.frozen
@@ -44,15 +81,6 @@ class QueueConfig:
     backoff: float
     backoff_max: float
     balance: bool = True
-
-
-@attrs.define
-class Counters:
-    started: int = 0
-    finished: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    given_back: int = 0
 
 
 class _Slot:
@@ -73,7 +101,7 @@ class QueueRunner:
         worker_id: str,
         incarnation: str,
         config: QueueConfig,
-        counters: Counters,
+        counters: QueueCounters,
         on_fenced: Callable[[str], None],
         balance_wait: float = 1.0,
         ttl: float = 0.0,
@@ -244,6 +272,7 @@ class QueueRunner:
             else:
                 finished = None
                 claimed = outcome.Value(await b.run(self._conn, claim))
+            self._counters.claim.observe(trio.current_time() - now)
         except BaseException:
             # No reply (a connection error, an error reply to a claim sent
             # alone, a cancellation): report these again later. After a
@@ -313,15 +342,20 @@ class QueueRunner:
         p = slot.process
         ok = False
         failed = False
+        began = trio.current_time()
         try:
             with slot.scope:
-                await self.config.handler(p)
+                if _telemetry.tracer is None:
+                    await self.config.handler(p)
+                else:
+                    await _telemetry.traced(self.config.handler, p)
                 ok = True
         except Exception:
             failed = True
             log.exception("handler for task of queue %s (process %s) failed", p.queue, p.id)
         finally:
             del self.running[p.id]
+            self._counters.handler.observe(trio.current_time() - began)
         if slot.scope.cancelled_caught:
             self._counters.cancelled += 1
         elif ok:
@@ -369,7 +403,8 @@ class QueueRunner:
         except BaseException:
             self._failed = failed + self._failed
             raise
-        self._counters.failed += len(failed)
+        # outcome 0: no longer ours (recycled or cancelled meanwhile), not a failure we report
+        self._counters.failed += sum(1 for result, _ in outcomes if result != 0)
         for result, delay in outcomes:
             if result == 2:
                 if delay > 0:
