@@ -57,6 +57,9 @@ async def test_throughput() -> None:
     assert enq.unit == "s" and enq.target is not None
     ratio = figure(s, "trio-mesh: 2 worker processes / 1")
     assert ratio.target is not None and ratio.median > 0
+    # issue 14's targets on the way: worker and Redis CPU per task
+    assert figure(s, "trio-mesh, 1 worker process: worker CPU per task").target is not None
+    assert figure(s, "trio-mesh, 1 worker process: Redis CPU per task").target is not None
 
 
 async def test_throughput_worqr() -> None:
