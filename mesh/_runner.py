@@ -22,9 +22,11 @@ import attrs
 import outcome
 import trio
 
+from . import _telemetry
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._scripts import Binding, ClaimReply
+from ._stats import QueueCounters
 from ._types import Process
 
 __all__ = ["Handler", "QueueConfig", "QueueRunner", "check_handler"]
@@ -102,15 +104,6 @@ class QueueConfig:
     balance: bool = True
 
 
-@attrs.define
-class Counters:
-    started: int = 0
-    finished: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    given_back: int = 0
-
-
 class _Slot:
     __slots__ = ("process", "scope")
 
@@ -129,7 +122,7 @@ class QueueRunner:
         worker_id: str,
         incarnation: str,
         config: QueueConfig,
-        counters: Counters,
+        counters: QueueCounters,
         on_fenced: Callable[[str], None],
         balance_wait: float = 1.0,
         ttl: float = 0.0,
@@ -309,6 +302,7 @@ class QueueRunner:
             else:
                 finished = None
                 claimed = outcome.Value(await b.run(self._conn, claim))
+            self._counters.claim.observe(trio.current_time() - now)
         except BaseException:
             # No reply (a connection error, an error reply to a claim sent
             # alone, a cancellation): report these again later. After a
@@ -378,9 +372,13 @@ class QueueRunner:
         p = slot.process
         ok = False
         failed = False
+        began = trio.current_time()
         try:
             with slot.scope:
-                await self.config.handler(p)
+                if _telemetry.tracer is None:
+                    await self.config.handler(p)
+                else:
+                    await _telemetry.traced(self.config.handler, p)
                 ok = True
         except Exception as exc:
             failed = True
@@ -388,6 +386,7 @@ class QueueRunner:
             log.debug("handler of queue %s, process %s raised:", p.queue, p.id, exc_info=True)
         finally:
             del self.running[p.id]
+            self._counters.handler.observe(trio.current_time() - began)
         if slot.scope.cancelled_caught:
             self._counters.cancelled += 1
         elif ok:
