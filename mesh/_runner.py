@@ -56,11 +56,15 @@ class Counters:
 
 
 class _Slot:
-    __slots__ = ("process", "scope")
+    __slots__ = ("process", "scope", "started", "stopping")
 
     def __init__(self, process: Process) -> None:
         self.process = process
         self.scope = trio.CancelScope()
+        self.started = trio.current_time()
+        # True once the handler was cancelled to hand its process back (a
+        # stop), not because the process was cancelled in the mesh.
+        self.stopping = False
 
 
 class QueueRunner:
@@ -89,6 +93,12 @@ class QueueRunner:
         self.running: dict[str, _Slot] = {}
         self._done: list[str] = []
         self._failed: list[str] = []
+        # Processes whose handler exited after a stop cancelled it: handed
+        # back unharmed (no attempt counted) by the loop, in batches.
+        self._returned: list[str] = []
+        self._stopping = False
+        self.handed_back = 0
+        """How many processes this runner handed back after a stop."""
         self._maybe_work = True
         self._resync_needed = False
         self._next_due = float("inf")
@@ -134,8 +144,33 @@ class QueueRunner:
         slot = self.running.get(pid)
         if slot is None:
             return False
+        slot.stopping = False
         slot.scope.cancel()
         return True
+
+    def begin_stop(self) -> None:
+        """Stop claiming and cancel every handler. The loop keeps running (and
+        the worker keeps renewing its lease): it hands each process back, to
+        the front of its queue and with no attempt counted, only once its
+        handler has exited, and ends when no handler is left (invariant 10).
+        A handler that returns or raises while stopping is reported as
+        finished or failed, as usual."""
+        self._stopping = True
+        for slot in self.running.values():
+            if not slot.scope.cancel_called:
+                slot.stopping = True
+                slot.scope.cancel()
+        self._wakeup.set()
+
+    @property
+    def exited(self) -> bool:
+        """Whether the loop ended (after a stop: every handler exited and every
+        outcome was reported, or the loop was cancelled)."""
+        return self._exited.is_set()
+
+    async def wait_exited(self) -> None:
+        """Wait until the loop has ended."""
+        await self._exited.wait()
 
     # --- the loop ------------------------------------------------------------
 
@@ -151,7 +186,7 @@ class QueueRunner:
             # leaving or stop_work() would hand a finished task back to its
             # queue and it would run again. What is not reported in time is
             # handed back, as before.
-            if self._done or self._failed:
+            if self._done or self._failed or self._returned:
                 with trio.move_on_after(self._balance_wait) as cs:
                     cs.shield = True
                     try:
@@ -160,10 +195,33 @@ class QueueRunner:
                         pass
             self._exited.set()
 
-    async def stop(self) -> None:
-        """Cancel the loop and every handler; return once all have exited."""
+    async def stop(self, grace: float = float("inf")) -> bool:
+        """Cancel every handler and hand each process back once its handler
+        has exited (:meth:`begin_stop`); wait at most ``grace`` seconds for
+        that.
+
+        Returns:
+            True if every handler exited within the grace. If not, the loop
+            keeps running: the handlers still running keep their processes,
+            and each is handed back when it exits (call :meth:`abort` to end
+            the loop instead, e.g. when the lease is given up).
+        """
+        self.begin_stop()
+        with trio.move_on_after(grace):
+            await self._exited.wait()
+        return self._exited.is_set()
+
+    def abort(self) -> None:
+        """Cancel the loop itself: it reports what it has in hand (bounded)
+        and ends once the handlers still running have exited; their
+        processes stay held (the worker's retirement, or its peers after
+        the lease ran out, hand them back)."""
         self._scope.cancel()
-        await self._exited.wait()
+
+    def stopping_slots(self) -> list[tuple[Process, float]]:
+        """The processes whose handlers still run, with when each started
+        (trio's clock)."""
+        return [(s.process, s.started) for s in self.running.values()]
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as handlers:
@@ -175,6 +233,16 @@ class QueueRunner:
                         await self._resync()
                     if self._failed:
                         await self._give_back_failed()
+                    if self._returned:
+                        await self._give_back_returned()
+                    if self._stopping:
+                        if self._done:
+                            await self._finish()
+                        if not self.running and not self._done:
+                            return
+                        await self._wakeup.wait()
+                        self._wakeup = trio.Event()
+                        continue
                     # Finished processes left self.running when their handler
                     # ended: their slots count as free, and the finish report
                     # goes out with the claim, ahead of it.
@@ -199,7 +267,7 @@ class QueueRunner:
                         # until a re-check succeeds: it can lose its connection too
                         self._resync_needed = True
                     continue
-                if self._done or self._failed:
+                if self._done or self._failed or self._returned:
                     continue
                 with trio.move_on_at(self._next_due):
                     await self._wakeup.wait()
@@ -300,6 +368,10 @@ class QueueRunner:
                 # no longer holds it for us, so there is nothing to report.
                 self._counters.cancelled += 1
                 continue
+            if self._stopping:
+                # Claimed while a stop began: never started, handed back.
+                self._returned.append(p.id)
+                continue
             slot = _Slot(p)
             self.running[p.id] = slot
             self._counters.started += 1
@@ -320,7 +392,10 @@ class QueueRunner:
         finally:
             del self.running[p.id]
         if slot.scope.cancelled_caught:
-            self._counters.cancelled += 1
+            if slot.stopping:
+                self._returned.append(p.id)
+            else:
+                self._counters.cancelled += 1
         elif ok:
             self._done.append(p.id)
         elif failed:
@@ -335,6 +410,8 @@ class QueueRunner:
             await self._finish()
         if self._failed:
             await self._give_back_failed()
+        if self._returned:
+            await self._give_back_returned()
 
     async def _finish(self) -> None:
         # Take the list before awaiting: handlers that end while a report is
@@ -374,6 +451,21 @@ class QueueRunner:
                 else:
                     self._maybe_work = True
 
+    async def _give_back_returned(self) -> None:
+        """Hand back, unharmed, the processes whose handlers a stop ended
+        (their handlers have exited: no two owners)."""
+        returned, self._returned = self._returned, []
+        try:
+            outcomes = await self._binding.give_back(
+                self._conn, self._wid, self.config.queue, returned, failed=False
+            )
+        except BaseException:
+            self._returned = returned + self._returned
+            raise
+        back = sum(1 for result, _ in outcomes if result)
+        self._counters.given_back += back
+        self.handed_back += back
+
     async def _resync(self) -> None:
         """Make what this runner runs agree with what Redis says it holds on
         this queue. Held in Redis but not run here (a claim whose reply was
@@ -385,7 +477,7 @@ class QueueRunner:
             "SMEMBERS", self._binding.keys.held(self._wid, self.config.queue)
         )
         held = {pid.decode() for pid in reply}
-        ours = set(self.running) | set(self._done) | set(self._failed)
+        ours = set(self.running) | set(self._done) | set(self._failed) | set(self._returned)
         lost = sorted(held - ours)
         if lost:
             await self._binding.give_back(
@@ -424,6 +516,7 @@ class QueueRunner:
     def check_held(self, held_in_redis: int) -> None:
         """The heartbeat saw ``held_in_redis`` processes of this queue held by
         us in Redis. Fewer than we run means some were lost: re-check."""
-        if held_in_redis < len(self.running) + len(self._done) + len(self._failed):
+        ours = len(self.running) + len(self._done) + len(self._failed) + len(self._returned)
+        if held_in_redis < ours:
             self._resync_needed = True
             self._wakeup.set()

@@ -19,9 +19,11 @@ A worker runs, inside its own nursery:
   carries the durable cancel inbox and which queues have work, and a
   reconnect triggers a full re-check.
 
-Leaving :func:`open_worker` cancels every handler, waits for them to exit,
-then hands every process back to the front of its queue in one script and
-wakes idle peers, so a peer takes over at once.
+Leaving :func:`open_worker` cancels every handler and keeps renewing the
+lease while they exit (at most ``stop_grace``): each process is handed back
+to the front of its queue, with no attempt counted, once its handler has
+exited, and idle peers are woken, so a peer takes over at once but never
+while the old handler may still run (invariant 10).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class WorkerStatistics:
     running: int
     heartbeats: int
     peers_recycled: int
+    processes_handed_back: int = 0
 
 
 @attrs.frozen
@@ -115,6 +118,9 @@ class _Generation:
         self.incarnation = secrets.token_hex(8)
         self.scope = trio.CancelScope()
         self.runners: dict[str, QueueRunner] = {}
+        # Runners of queues stop_work() left whose handlers outlived the
+        # stop grace: their processes are handed back as the handlers exit.
+        self.draining: dict[str, QueueRunner] = {}
         self.nursery: trio.Nursery | None = None
         self.fence_reason: str | None = None
         self.beat = trio.Event()
@@ -140,12 +146,16 @@ class Worker:
         timing: LeaseTiming,
         base_id: str,
         max_payload: int,
+        stop_grace: float = 10.0,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
         self._keys = keys
         self._binding = Binding(keys)
         self.timing = timing
+        self.stop_grace = stop_grace
+        """How long a stop waits for handlers to exit (seconds)."""
+        self._stop_started: float | None = None
         self._base_id = base_id
         self._queues: dict[str, QueueConfig] = {}
         self._gen = _Generation(base_id, 1)
@@ -216,6 +226,7 @@ class Worker:
             running,
             self._heartbeats,
             r.workers_recycled,
+            c.given_back,
         )
 
     async def start_work(
@@ -274,6 +285,11 @@ class Worker:
         async with self._queue_lock:
             if queue in self._queues:
                 raise ConfigError(f"queue {queue!r} is served already; stop_work() it first")
+            if queue in self._gen.draining:
+                raise ConfigError(
+                    f"queue {queue!r} is still stopping: handlers that outlived the stop "
+                    "grace still run"
+                )
             cfg = QueueConfig(
                 queue, handler, concurrency, max_attempts, backoff, backoff_max, balance
             )
@@ -287,11 +303,19 @@ class Worker:
                 raise
 
     async def stop_work(self, queue: str) -> int:
-        """Stop serving ``queue``: cancel its handlers, wait for them to exit,
-        and hand every process of it back to the front of the queue.
+        """Stop serving ``queue``: cancel its handlers and hand each process
+        of it back to the front of the queue (no attempt counted) once its
+        handler has exited. The lease is renewed meanwhile, so no peer starts
+        a task while its handler here may still run.
+
+        Returns after every handler exited and everything was handed back,
+        or after :attr:`stop_grace` seconds at the latest: the handlers still
+        running then keep their processes (the worker stays live and keeps
+        its lease), and each is handed back as it exits; the queue cannot be
+        served again until then.
 
         Returns:
-            How many processes were handed back.
+            How many processes were handed back by the time it returns.
         Raises:
             ConfigError: the queue is not served.
             MeshConnectionError: Redis could not be reached; the handlers are
@@ -306,9 +330,55 @@ class Worker:
             del self._queues[queue]
             gen = self._gen
             runner = gen.runners.pop(queue, None)
-            if runner is not None:
-                await runner.stop()
-            return await self._binding.unserve(self._conn, gen.id, queue)
+            if runner is not None and not await runner.stop(self.stop_grace):
+                left = runner.stopping_slots()
+                log.warning(
+                    "queue %s: %d handlers still run %g s after stop_work(); their processes "
+                    "are handed back as they exit",
+                    queue,
+                    len(left),
+                    self.stop_grace,
+                )
+                gen.draining[queue] = runner
+                if gen.nursery is not None:
+                    gen.nursery.start_soon(self._finish_draining, gen, queue, runner)
+                return runner.handed_back
+            back = await self._binding.unserve(self._conn, gen.id, queue)
+            return back + (runner.handed_back if runner is not None else 0)
+
+    async def _finish_draining(self, gen: _Generation, queue: str, runner: QueueRunner) -> None:
+        """Unserve ``queue`` once the handlers that outlived stop_work()'s
+        grace have exited (retried until Redis answers)."""
+        await runner.wait_exited()
+        backoff = 0.05
+        while True:
+            try:
+                await self._binding.unserve(self._conn, gen.id, queue)
+                break
+            except (MeshConnectionError, CommandError) as exc:
+                log.debug("queue %s: could not unserve yet: %s", queue, exc)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+        gen.draining.pop(queue, None)
+
+    def running(self) -> list[tuple[Process, float]]:
+        """The processes whose handlers run now, each with how long it has
+        been running (seconds). Sync: no I/O. During a stop, these are the
+        handlers the stop is waiting for."""
+        now = trio.current_time()
+        gen = self._gen
+        return [
+            (p, now - started)
+            for r in [*gen.runners.values(), *gen.draining.values()]
+            for p, started in r.stopping_slots()
+        ]
+
+    def stop_time_left(self) -> float | None:
+        """Seconds left of :attr:`stop_grace` while the worker is stopping
+        (None before). Sync."""
+        if self._stop_started is None:
+            return None
+        return max(0.0, self._stop_started + self.stop_grace - trio.current_time())
 
     async def dequeue(self, queue: str) -> Process | None:
         """Claim the next task of ``queue``, a queue served without a handler
@@ -483,6 +553,7 @@ class Worker:
                     self._conn, gen.id, leave=True, incarnation=gen.incarnation, queues=self._queues
                 )
                 if r.returned:
+                    self._counters.given_back += r.returned
                     log.info("worker %s handed back %d processes", gen.id, r.returned)
                 break
             except FencedError:
@@ -648,10 +719,33 @@ class Worker:
                 self._reaper.heard_expiry()
 
     async def _close(self) -> None:
-        """Cancel every handler, wait for them to exit, hand everything back
-        (bounded by the TTL: after that, peers recycle what is left)."""
+        """Cancel every handler and keep the lease while they exit, at most
+        :attr:`stop_grace`: each process is handed back once its handler has
+        exited. Then stop the heartbeat and retire (hand back whatever is
+        left, delete the lease). Handlers still running after the grace keep
+        their processes: the lease is no longer renewed, and peers recycle
+        them when it runs out (T later, counted as a crash)."""
         self._closing = True
-        self._gen.scope.cancel()
+        self._stop_started = trio.current_time()
+        gen = self._gen
+        runners = [*gen.runners.values(), *gen.draining.values()]
+        for r in runners:
+            r.begin_stop()
+        with trio.move_on_after(self.stop_grace):
+            for r in runners:
+                await r.wait_exited()
+        left = self.running()
+        if left:
+            log.warning(
+                "worker %s: %d handlers still run after the stop grace of %g s (%s); "
+                "the lease is no longer renewed: peers take their tasks over when it "
+                "runs out, counting a failed attempt",
+                gen.id,
+                len(left),
+                self.stop_grace,
+                ", ".join(f"{p.queue} token {p.token}" for p, _ in left[:10]),
+            )
+        gen.scope.cancel()
         with trio.move_on_after(self.timing.ttl + 1):
             await self._stopped.wait()
 
@@ -666,6 +760,7 @@ async def open_worker(
     fence_after: float | None = None,
     worker_id: str | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    stop_grace: float = 10.0,
 ) -> AsyncIterator[Worker]:
     """Join the mesh ``namespace`` at ``url`` as a worker.
 
@@ -677,11 +772,20 @@ async def open_worker(
     :meth:`Worker.start_work`.
 
     Leaving the block (normally, by an exception, or by cancellation) cancels
-    every handler, waits for them to exit, then hands every process back to
-    the front of its queue and wakes idle peers, so peers take over at once.
+    every handler and keeps renewing the lease while they exit; each process
+    is handed back to the front of its queue (no attempt counted) once its
+    handler has exited, and idle peers are woken, so peers take over at once
+    but never while the old handler may still run.
 
     Args:
         worker_id: default ``<host>-<pid>-<random>``. Must not be in use.
+        stop_grace: how long leaving (and :meth:`Worker.stop_work`) waits for
+            cancelled handlers to exit (a shielded cleanup), in seconds,
+            default 10. A handler still running after it keeps its process:
+            the lease is then no longer renewed, and peers recycle the
+            process when the lease runs out (T later), counting a failed
+            attempt, as after a crash. Leaving the block still waits for
+            such a handler (trio cannot abandon a trio task).
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
@@ -692,6 +796,12 @@ async def open_worker(
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
+    if (
+        isinstance(stop_grace, bool)
+        or not isinstance(stop_grace, int | float)
+        or not 0 <= stop_grace < float("inf")
+    ):
+        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
     if worker_id is None:
         host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
         worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -710,7 +820,7 @@ async def open_worker(
         ping = min(max(1.0, timing.ttl), 30.0)
         name = f"mesh-events:{worker_id}"
         async with open_pubsub(config, name=name, ping_interval=ping) as pubsub:
-            worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)
+            worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload, stop_grace)
             reaper = worker._reaper
             try:
                 async with trio.open_nursery() as nursery:
