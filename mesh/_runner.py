@@ -132,6 +132,7 @@ class QueueRunner:
         # back unharmed (no attempt counted) by the loop, in batches.
         self._returned: list[str] = []
         self._stopping = False
+        self._io_scope: trio.CancelScope | None = None
         self.handed_back = 0
         """How many processes this runner handed back after a stop."""
         self._maybe_work = True
@@ -191,6 +192,9 @@ class QueueRunner:
         A handler that returns or raises while stopping is reported as
         finished or failed, as usual."""
         self._stopping = True
+        if self._io_scope is not None:
+            # A claim or report in flight is dropped (see _run).
+            self._io_scope.cancel()
         for slot in self.running.values():
             if not slot.scope.cancel_called:
                 slot.stopping = True
@@ -263,50 +267,82 @@ class QueueRunner:
             task_status.started()
             backoff = 0.02
             while True:
-                try:
-                    if self._resync_needed:
-                        await self._resync()
-                    if self._failed:
-                        await self._give_back_failed()
-                    if self._returned:
-                        await self._give_back_returned()
-                    if self._stopping:
-                        if self._done:
-                            await self._finish()
-                        if not self.running and not self._done:
-                            return
-                        await self._wakeup.wait()
-                        self._wakeup = trio.Event()
-                        continue
-                    # Finished processes left self.running when their handler
-                    # ended: their slots count as free, and the finish report
-                    # goes out with the claim, ahead of it.
-                    free = self.config.concurrency - len(self.running)
-                    if self._next_due <= trio.current_time():
-                        self._next_due = float("inf")
-                        self._maybe_work = True
-                    if free > 0 and self._maybe_work:
-                        await self._claim(handlers, min(free, 1000))
-                        backoff = 0.02
-                        continue
-                    if self._done:
-                        await self._finish()
-                except FencedError as exc:
-                    self._on_fenced(str(exc))
-                    return
-                except (MeshConnectionError, CommandError) as exc:
-                    log.warning("queue %s: %s; retrying in %.2fs", self.config.queue, exc, backoff)
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, 1.0)
-                    if isinstance(exc, MeshConnectionError):
-                        # until a re-check succeeds: it can lose its connection too
-                        self._resync_needed = True
+                if self._stopping:
+                    if await self._stop_step():
+                        return
                     continue
-                if self._done or self._failed or self._returned:
-                    continue
-                with trio.move_on_at(self._next_due):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
+                # begin_stop() cancels this scope: a claim or report in flight
+                # is dropped (a report is sent again while stopping; what a
+                # dropped claim took stays held, and is handed back by unserve
+                # or the worker's retirement).
+                with trio.CancelScope() as self._io_scope:
+                    backoff = await self._step(handlers, backoff)
+                self._io_scope = None
+
+    async def _step(self, handlers: trio.Nursery, backoff: float) -> float:
+        """One turn of the loop while serving; returns the next error backoff."""
+        try:
+            if self._resync_needed:
+                await self._resync()
+            if self._failed:
+                await self._give_back_failed()
+            if self._returned:
+                await self._give_back_returned()
+            # Finished processes left self.running when their handler
+            # ended: their slots count as free, and the finish report
+            # goes out with the claim, ahead of it.
+            free = self.config.concurrency - len(self.running)
+            if self._next_due <= trio.current_time():
+                self._next_due = float("inf")
+                self._maybe_work = True
+            if free > 0 and self._maybe_work:
+                await self._claim(handlers, min(free, 1000))
+                return 0.02
+            if self._done:
+                await self._finish()
+        except FencedError as exc:
+            self._on_fenced(str(exc))
+            self.abort()
+            return backoff
+        except (MeshConnectionError, CommandError) as exc:
+            log.warning("queue %s: %s; retrying in %.2fs", self.config.queue, exc, backoff)
+            await trio.sleep(backoff)
+            if isinstance(exc, MeshConnectionError):
+                # until a re-check succeeds: it can lose its connection too
+                self._resync_needed = True
+            return min(backoff * 2, 1.0)
+        if self._done or self._failed or self._returned:
+            return backoff
+        with trio.move_on_at(self._next_due):
+            await self._wakeup.wait()
+        self._wakeup = trio.Event()
+        return backoff
+
+    async def _stop_step(self) -> bool:
+        """One turn of the loop while stopping: report outcomes, hand back
+        the processes whose handlers exited. Returns True once no handler is
+        left and everything was reported."""
+        try:
+            if self._failed:
+                await self._give_back_failed()
+            if self._returned:
+                await self._give_back_returned()
+            if self._done:
+                await self._finish()
+        except FencedError as exc:
+            self._on_fenced(str(exc))
+            self.abort()
+            return False
+        except (MeshConnectionError, CommandError) as exc:
+            log.warning("queue %s: %s; retrying in %.2fs", self.config.queue, exc, 0.1)
+            await trio.sleep(0.1)
+            return False
+        if not self.running and not (self._done or self._failed or self._returned):
+            return True
+        if self.running and not (self._done or self._failed or self._returned):
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+        return False
 
     async def _claim(self, handlers: trio.Nursery, n: int) -> None:
         """Claim up to ``n`` tasks and start them; processes that finished
