@@ -29,7 +29,7 @@ from ._types import ReconcileResult as ReconcileResult
 from ._types import WorkerInfo as WorkerInfo
 from ._url import RedisConfig as RedisConfig
 from ._url import parse_url as parse_url
-from ._worker import LeaseTiming as LeaseTiming
+from ._lease import LeaseTiming as LeaseTiming
 from ._worker import Worker as Worker
 from ._worker import WorkerStatistics as WorkerStatistics
 from ._worker import open_worker as open_worker

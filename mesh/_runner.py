@@ -24,7 +24,7 @@ import trio
 
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
-from ._scripts import Binding, ClaimReply
+from ._scripts import Binding, ClaimReply, QueueBeat
 from ._types import Process
 
 __all__ = ["Handler", "QueueConfig", "QueueRunner", "check_handler"]
@@ -173,6 +173,18 @@ class QueueRunner:
             self._due_drawn = (due_ms, act)
         if self._due_drawn[1]:
             self.wake_in(seconds)
+
+    def on_heartbeat(self, beat: QueueBeat) -> None:
+        """What the worker's heartbeat says about this queue (sync, no I/O):
+        re-check if Redis holds fewer processes than run here, claim if no
+        wake could reach this runner, and claim when tasks are ready or a
+        delayed one comes due."""
+        self.check_held(beat.held)
+        self.check_idle(beat.idle)
+        if beat.state == 0:
+            self.nudge()
+        elif beat.state > 0:
+            self.retry_due(beat.now_ms + beat.state, beat.state / 1000, beat.idle_servers)
 
     def cancel_process(self, pid: str) -> bool:
         """Cancel the handler of process ``pid`` (cancelled in the mesh); its

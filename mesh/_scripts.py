@@ -292,6 +292,17 @@ async def run_pipelined(
 
 
 @attrs.frozen
+class QueueBeat:
+    """What one heartbeat says about one served queue (see heartbeat.lua)."""
+
+    now_ms: int
+    state: int  # 0: tasks ready; -1: none; N > 0: ms until a delayed task is due
+    held: int  # processes Redis says the worker holds on the queue
+    idle: bool  # whether the worker is in the queue's idle set
+    idle_servers: int
+
+
+@attrs.frozen
 class HeartbeatReply:
     now_ms: int
     next_deadline_ms: int
@@ -300,6 +311,11 @@ class HeartbeatReply:
     held: tuple[int, ...]
     idle: tuple[bool, ...]
     idle_servers: tuple[int, ...]
+
+    def beats(self) -> list[QueueBeat]:
+        """One :class:`QueueBeat` per queue named in the call, in its order."""
+        per_queue = zip(self.queue_states, self.held, self.idle, self.idle_servers, strict=True)
+        return [QueueBeat(self.now_ms, s, h, i, n) for s, h, i, n in per_queue]
 
 
 @attrs.frozen

@@ -2,17 +2,11 @@
 
 A worker runs, inside its own nursery:
 
-* a **generation**: one identity (worker id + incarnation) with its lease.
-  The generation's trio tasks (the heartbeat and one runner per served queue,
-  with every handler) live in one cancel scope whose *deadline* is the
-  self-fence deadline: the time the last confirmed heartbeat was sent plus R.
-  Each confirmed heartbeat pushes the deadline on; if none is confirmed in
-  time, trio itself cancels every handler at R, before peers may take over at
-  T (R < T). A heartbeat that finds the lease gone or superseded cancels the
-  scope at once. Either way the worker then retires the old identity (hands
-  back what it still holds) and registers a new one: a fenced identity is
-  never revived.
-* a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers.
+* its **lease** (:mod:`mesh._lease`): one identity at a time, with the
+  heartbeat that renews it and fans its reply out to the runners, self-fencing,
+  and rejoining under a new identity after a fence;
+* one **runner** per queue served with a handler (:mod:`mesh._runner`);
+* a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers;
 * a **listener** for pub/sub nudges: a wake (a queue it serves has tasks
   and Redis took it out of the queue's idle set), cancel of a process, key
   expiry (a peer died). Pub/sub is only a nudge: the heartbeat reply
@@ -28,10 +22,8 @@ while the old handler may still run (invariant 10).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
 import secrets
 import socket
 from collections.abc import AsyncIterator
@@ -51,6 +43,7 @@ from ._errors import (
     raise_single,
 )
 from ._keys import Keys, check_queue, check_worker_id
+from ._lease import Generation, Lease, LeaseTiming
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Counters, Handler, QueueConfig, QueueRunner, check_handler
 from ._scripts import Binding
@@ -80,61 +73,6 @@ class WorkerStatistics:
     processes_handed_back: int = 0
 
 
-@attrs.frozen
-class LeaseTiming:
-    """A worker's lease timing (:attr:`Worker.timing`), in seconds: a heartbeat
-    every ``interval`` (H); every handler cancelled after ``fence_after`` (R)
-    without a confirmed heartbeat; peers may recycle the worker ``ttl`` (T)
-    after its last renewal. Always H < R < T."""
-
-    ttl: float
-    interval: float
-    fence_after: float
-
-    @classmethod
-    def make(cls, ttl: float, interval: float | None, fence_after: float | None) -> LeaseTiming:
-        """Raises:
-        ConfigError: unless 0.01 <= interval < fence_after < ttl (whole ms)."""
-        if not isinstance(ttl, int | float) or isinstance(ttl, bool):
-            raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
-        h = ttl / 3 if interval is None else interval
-        r = 2 * ttl / 3 if fence_after is None else fence_after
-        h, r, t = round(h, 3), round(r, 3), round(ttl, 3)
-        if not (0.01 <= h < r < t):
-            raise ConfigError(
-                f"lease timing must satisfy 0.01 s <= heartbeat interval < fence_after < ttl; "
-                f"got interval={h} s, fence_after={r} s, ttl={t} s"
-                + (" (ttl is too small)" if ttl < 0.04 else "")
-            )
-        return cls(t, h, r)
-
-
-class _Generation:
-    """One identity of the worker."""
-
-    def __init__(self, worker_id: str, number: int) -> None:
-        self.id = worker_id
-        self.number = number
-        self.incarnation = secrets.token_hex(8)
-        self.scope = trio.CancelScope()
-        self.runners: dict[str, QueueRunner] = {}
-        # Runners of queues stop_work() left whose handlers outlived the
-        # stop grace: their processes are handed back as the handlers exit.
-        self.draining: dict[str, QueueRunner] = {}
-        self.nursery: trio.Nursery | None = None
-        self.fence_reason: str | None = None
-        self.beat = trio.Event()
-        # Cancels of process ids no runner knew yet (a claim reply still on
-        # its way): id -> when it came. A runner that then claims the id does
-        # not start it. Pruned after the TTL.
-        self.early_cancels: dict[str, float] = {}
-
-    def fence(self, reason: str) -> None:
-        if self.fence_reason is None:
-            self.fence_reason = reason
-        self.scope.cancel()
-
-
 class Worker:
     """One peer of the mesh. Get one from :func:`open_worker`."""
 
@@ -158,18 +96,29 @@ class Worker:
         self._stop_started: float | None = None
         self._base_id = base_id
         self._queues: dict[str, QueueConfig] = {}
-        self._gen = _Generation(base_id, 1)
-        self._gen_ready = trio.Event()
         self._closing = False
         self._closed = False
-        self._stopped = trio.Event()
         self._counters = Counters()
-        self._fenced = 0
-        self._heartbeats = 0
         self._reaper = Reaper(conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues)
+        self._lease = Lease(
+            conn,
+            pubsub,
+            self._binding,
+            timing,
+            base_id,
+            self._reaper,
+            queues=lambda: self._queues,
+            start_runners=self._start_runners,
+            cancel_process=self._cancel_process,
+            counters=self._counters,
+        )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
+
+    @property
+    def _gen(self) -> Generation:
+        return self._lease.gen
 
     # --- public API ----------------------------------------------------------
 
@@ -218,13 +167,13 @@ class Worker:
         return WorkerStatistics(
             self._gen.id,
             self._gen.number,
-            self._fenced,
+            self._lease.fenced,
             c.started,
             c.finished,
             c.failed,
             c.cancelled,
             running,
-            self._heartbeats,
+            self._lease.heartbeats,
             r.workers_recycled,
             c.given_back,
         )
@@ -350,7 +299,7 @@ class Worker:
             back = await self._binding.unserve(self._conn, gen.id, queue)
             return back + (runner.handed_back if runner is not None else 0)
 
-    async def _finish_draining(self, gen: _Generation, queue: str, runner: QueueRunner) -> None:
+    async def _finish_draining(self, gen: Generation, queue: str, runner: QueueRunner) -> None:
         """Unserve ``queue`` once the handlers that outlived stop_work()'s
         grace have exited (retried until Redis answers)."""
         await runner.wait_exited()
@@ -479,11 +428,14 @@ class Worker:
     def _incarnation_of(self, process: Process) -> str:
         return self._gen.incarnation if process.worker_id == self._gen.id else ""
 
-    async def _current_generation(self) -> _Generation:
-        await self._gen_ready.wait()
-        return self._gen
+    async def _current_generation(self) -> Generation:
+        return await self._lease.current()
 
-    async def _start_runner(self, gen: _Generation, cfg: QueueConfig) -> None:
+    async def _start_runners(self, gen: Generation) -> None:
+        for cfg in list(self._queues.values()):
+            await self._start_runner(gen, cfg)
+
+    async def _start_runner(self, gen: Generation, cfg: QueueConfig) -> None:
         if cfg.handler is None or gen.nursery is None:
             return
         runner = QueueRunner(
@@ -507,187 +459,6 @@ class Worker:
             if runner.cancel_process(pid):
                 return
         gen.early_cancels[pid] = trio.current_time()
-
-    async def _register(self, gen: _Generation, *, first: bool) -> None:
-        """Join the mesh as ``gen``. The first time, errors propagate (a bad
-        id, an unreachable Redis). When rejoining after a fence, every
-        expected error is retried with backoff, under a fresh id where the
-        old one may be taken, until it works or the worker is closed."""
-        backoff = 0.05
-        while True:
-            try:
-                await self._join(gen)
-                return
-            except (MeshConnectionError, CommandError, FencedError, ConfigError) as exc:
-                if first:
-                    raise
-                if self._closing:
-                    return
-                log.warning("worker %s could not rejoin yet (%s); retrying", gen.id, exc)
-                if isinstance(exc, ConfigError | FencedError):
-                    gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.timing.interval)
-
-    async def _join(self, gen: _Generation) -> None:
-        host, pid = socket.gethostname(), os.getpid()
-        info = json.dumps({"host": host, "pid": pid, "started": 0}).encode()
-        now = await self._binding.register(
-            self._conn, gen.id, gen.incarnation, int(self.timing.ttl * 1000), info
-        )
-        # when it started, by the Redis clock
-        info = json.dumps({"host": host, "pid": pid, "started": now / 1000}).encode()
-        await self._conn.execute("HSET", self._keys.info, gen.id, info)
-        for q in list(self._queues):
-            await self._binding.serve(self._conn, gen.id, gen.incarnation, q)
-        try:
-            await self._pubsub.subscribe(
-                self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
-            )
-        except MeshConnectionError:
-            pass  # it stays registered and is subscribed on the reconnect
-
-    async def _retire(self, gen: _Generation) -> None:
-        """Hand back what ``gen`` still holds and remove it; retried until Redis
-        answers (or until cancelled)."""
-        backoff = 0.05
-        while True:
-            try:
-                r = await self._binding.recycle(
-                    self._conn, gen.id, leave=True, incarnation=gen.incarnation, queues=self._queues
-                )
-                if r.returned:
-                    self._counters.given_back += r.returned
-                    log.info("worker %s handed back %d processes", gen.id, r.returned)
-                break
-            except FencedError:
-                break  # superseded by someone else: nothing of ours to hand back
-            except (MeshConnectionError, CommandError) as exc:
-                log.debug("worker %s could not hand back yet: %s", gen.id, exc)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-        try:
-            await self._pubsub.unsubscribe(
-                self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
-            )
-        except MeshConnectionError:
-            pass
-
-    async def _heartbeat_loop(self, gen: _Generation) -> None:
-        t = self.timing
-        ttl_ms = int(t.ttl * 1000)
-        acks: list[str] = []
-        # Renew a little early, at random (never late: R counts from the last
-        # confirmed renewal), so that peers started together do not renew in
-        # lockstep: their heartbeats are the reapers' backstop, and a
-        # mesh-wide burst of them would wake every reaper at once.
-        spread = 0.5
-        while True:
-            sent = trio.current_time()
-            queues = list(gen.runners)
-            reply = None
-            try:
-                with trio.move_on_after(t.fence_after):
-                    reply = await self._binding.heartbeat(
-                        self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues
-                    )
-            except FencedError as exc:
-                gen.fence(str(exc))
-                return
-            except (MeshConnectionError, CommandError) as exc:
-                # Retried until it works or the fence deadline passes (an OOM
-                # Redis refuses the lease renewal: we fence, we do not crash).
-                log.warning("heartbeat of worker %s failed: %s", gen.id, exc)
-                await trio.sleep(min(t.interval / 4, 0.25))
-                continue
-            if reply is None:
-                continue
-            self._heartbeats += 1
-            gen.scope.deadline = sent + t.fence_after
-            acks = list(reply.inbox)
-            for pid in acks:
-                self._cancel_process(pid)
-            stale = sent - t.ttl
-            for pid, at in list(gen.early_cancels.items()):
-                if at < stale:
-                    del gen.early_cancels[pid]
-            per_queue = zip(
-                queues,
-                reply.queue_states,
-                reply.held,
-                reply.idle,
-                reply.idle_servers,
-                strict=True,
-            )
-            for q, state, held, idle, idle_servers in per_queue:
-                runner = gen.runners.get(q)
-                if runner is None:
-                    continue
-                runner.check_held(held)
-                runner.check_idle(idle)
-                if state == 0:
-                    runner.nudge()
-                elif state > 0:
-                    runner.retry_due(reply.now_ms + state, state / 1000, idle_servers)
-            if reply.next_deadline_ms <= 0:
-                self._reaper.deadline_passed(-reply.next_deadline_ms / 1000)
-            gen.beat.set()
-            gen.beat = trio.Event()
-            await trio.sleep_until(sent + t.interval * (1 - spread * random.random()))
-            spread = 0.05
-
-    async def _run_generations(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        gen = self._gen
-        first = True
-        try:
-            while True:
-                sent = trio.current_time()
-                await self._register(gen, first=first)
-                if first:
-                    task_status.started()
-                    first = False
-                fenced = False
-                try:
-                    gen.scope.deadline = sent + self.timing.fence_after
-                    if self._closing:
-                        gen.scope.cancel()
-                    with gen.scope:
-                        async with trio.open_nursery() as nursery:
-                            gen.nursery = nursery
-                            nursery.start_soon(self._heartbeat_loop, gen)
-                            for cfg in list(self._queues.values()):
-                                await self._start_runner(gen, cfg)
-                            self._gen_ready.set()
-                            await trio.sleep_forever()
-                    fenced = not self._closing
-                finally:
-                    self._gen_ready = trio.Event()
-                    if not fenced:
-                        # Closing, or an error or cancellation is on its way
-                        # out: hand everything back before going.
-                        with trio.move_on_after(self.timing.ttl) as cs:
-                            cs.shield = True
-                            await self._retire(gen)
-                if not fenced:
-                    return
-                self._fenced += 1
-                if gen.fence_reason is None:
-                    gen.fence_reason = f"no heartbeat confirmed within {self.timing.fence_after} s"
-                log.warning(
-                    "worker %s fenced (%s); its processes were stopped; rejoining",
-                    gen.id,
-                    gen.fence_reason,
-                )
-                await self._retire(gen)
-                if self._closing:
-                    return
-                gen = self._gen = _Generation(
-                    f"{self._base_id}.{secrets.token_hex(3)}", gen.number + 1
-                )
-        finally:
-            self._stopped.set()
 
     async def _listen(self) -> None:
         k = self._keys
@@ -730,6 +501,7 @@ class Worker:
         their processes: the lease is no longer renewed, and peers recycle
         them when it runs out (T later, counted as a crash)."""
         self._closing = True
+        self._lease.closing = True  # a fence during the stop retires, no rejoin
         self._stop_started = trio.current_time()
         gen = self._gen
         runners = [*gen.runners.values(), *gen.draining.values()]
@@ -749,9 +521,9 @@ class Worker:
                 self.stop_grace,
                 ", ".join(f"{p.queue} token {p.token}" for p, _ in left[:10]),
             )
-        gen.scope.cancel()
+        self._lease.close()
         with trio.move_on_after(self.timing.ttl + 1):
-            await self._stopped.wait()
+            await self._lease.stopped.wait()
 
 
 @asynccontextmanager
@@ -829,7 +601,7 @@ async def open_worker(
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(worker._listen)
-                    await nursery.start(worker._run_generations)
+                    await nursery.start(worker._lease.run)
                     await nursery.start(reaper.run)
                     try:
                         yield worker

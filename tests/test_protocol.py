@@ -3,6 +3,7 @@ codes, and that running it twice is safe."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -75,6 +76,11 @@ async def test_register_refuses_a_duplicate_and_a_foreign_version(
     assert await conn.execute("GET", keys.heartbeat("w1")) == b"i1"
     assert 0 < await conn.execute("PTTL", keys.heartbeat("w1")) <= 5000
     assert await conn.execute("ZSCORE", keys.workers, "w1") == str(now + 5000).encode()
+    # the description gets its start time, by the Redis clock, in the same step
+    info = json.loads(await conn.execute("HGET", keys.info, "w1"))
+    assert info == {"started": round(now / 1000, 3), "host": "h"}
+    await b.register(conn, "w0", "i0", 5000, b"{}")
+    assert json.loads(await conn.execute("HGET", keys.info, "w0")).keys() == {"started"}
     with pytest.raises(ConfigError, match="in use"):
         await b.register(conn, "w1", "i2", 5000, b"{}")
     # dead but not yet recycled: still refused
