@@ -38,8 +38,9 @@ from ._connection import Connection
 from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError
 from ._keys import Keys
 from ._pubsub import PubSub
-from ._runner import Counters, QueueRunner
+from ._runner import QueueRunner
 from ._scripts import Binding
+from ._stats import Recorder
 from ._supervisor import Reaper
 
 __all__ = ["Generation", "Lease", "LeaseTiming"]
@@ -111,7 +112,8 @@ class Lease:
         start_runners: called in each new generation's nursery to start its
             runners.
         cancel_process: a process id the heartbeat's inbox says is cancelled.
-        counters: the worker's counters (hand-backs on retiring are counted).
+        recorder: the worker's counters (heartbeats, fences, hand-backs on
+            retiring).
     """
 
     def __init__(
@@ -126,7 +128,7 @@ class Lease:
         queues: Callable[[], Iterable[str]],
         start_runners: Callable[[Generation], Awaitable[None]],
         cancel_process: Callable[[str], None],
-        counters: Counters,
+        recorder: Recorder,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -138,13 +140,11 @@ class Lease:
         self._queues = queues
         self._start_runners = start_runners
         self._cancel_process = cancel_process
-        self._counters = counters
+        self._stats = recorder
         self.gen = Generation(base_id, 1)
         self.ready = trio.Event()
         self.closing = False
         self.stopped = trio.Event()
-        self.fenced = 0
-        self.heartbeats = 0
 
     async def current(self) -> Generation:
         """The current generation, once it is registered and running."""
@@ -192,7 +192,7 @@ class Lease:
                             await self._retire(gen)
                 if not fenced:
                     return
-                self.fenced += 1
+                self._stats.fenced(gen.fence_reason)
                 if gen.fence_reason is None:
                     gen.fence_reason = f"no heartbeat confirmed within {self.timing.fence_after} s"
                 log.warning(
@@ -260,7 +260,7 @@ class Lease:
                     queues=list(self._queues()),
                 )
                 if r.returned:
-                    self._counters.given_back += r.returned
+                    self._stats.handed_back += r.returned
                     log.info("worker %s handed back %d processes", gen.id, r.returned)
                 break
             except FencedError:
@@ -305,7 +305,8 @@ class Lease:
                 continue
             if reply is None:
                 continue
-            self.heartbeats += 1
+            self._stats.heartbeats += 1
+            self._stats.heartbeat.observe(trio.current_time() - sent)
             gen.scope.deadline = sent + t.fence_after
             acks = list(reply.inbox)
             for pid in acks:

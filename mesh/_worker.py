@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -45,8 +45,9 @@ from ._errors import (
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, Lease, LeaseTiming
 from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import Counters, Handler, QueueConfig, QueueRunner, check_handler
+from ._runner import Handler, QueueConfig, QueueRunner, check_handler
 from ._scripts import Binding
+from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
 from ._types import Process
 from ._url import RedisConfig, parse_url
@@ -58,7 +59,34 @@ log = logging.getLogger("mesh.worker")
 
 @attrs.frozen
 class WorkerStatistics:
-    """Counters since the worker started (see :meth:`Worker.statistics`)."""
+    """One view of a worker's counters since it started (see
+    :meth:`Worker.statistics`): its runners', heartbeat's, reaper's,
+    connection's and event link's. Metrics (``mesh.metrics``) read this.
+
+    Attributes:
+        worker_id: the current worker id.
+        generation: 1, plus one per fence (each rejoin is a new identity).
+        fenced: how many times it fenced itself (sum of ``fences``).
+        processes_started: handlers started, over all queues (see ``queues``).
+        processes_finished: processes reported finished, over all queues.
+        processes_failed: handlers that raised, over all queues.
+        processes_cancelled: handlers stopped by a cancel or a fence.
+        running: handlers running now.
+        heartbeats: heartbeats Redis confirmed.
+        peers_recycled: dead peers this worker recycled (takeovers).
+        processes_recycled: processes of dead peers it put back in their
+            queues.
+        dead_lettered: of those, one-shot tasks dead-lettered instead (their
+            last allowed attempt crashed).
+        fences: fences by reason (``lease_expired``, ``lease_superseded``,
+            ``heartbeat_timeout``).
+        heartbeat_seconds: heartbeat round trips (sent to confirmed).
+        queues: per served (or once served) queue, by name.
+        reap_checks: lease checks the reaper made.
+        commands_sent: Redis commands its connection sent.
+        reconnects: reconnects of its connection.
+        event_reconnects: reconnects of its pub/sub link.
+    """
 
     worker_id: str
     generation: int
@@ -70,6 +98,16 @@ class WorkerStatistics:
     running: int
     heartbeats: int
     peers_recycled: int
+    processes_recycled: int = 0
+    dead_lettered: int = 0
+    fences: Mapping[str, int] = attrs.field(factory=dict)
+    heartbeat_seconds: Histogram | None = None
+    queues: Mapping[str, QueueStatistics] = attrs.field(factory=dict)
+    reap_checks: int = 0
+    commands_sent: int = 0
+    reconnects: int = 0
+    event_reconnects: int = 0
+
     processes_handed_back: int = 0
 
 
@@ -98,8 +136,10 @@ class Worker:
         self._queues: dict[str, QueueConfig] = {}
         self._closing = False
         self._closed = False
-        self._counters = Counters()
-        self._reaper = Reaper(conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues)
+        self._stats = Recorder()
+        self._reaper = Reaper(
+            conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues, recorder=self._stats
+        )
         self._lease = Lease(
             conn,
             pubsub,
@@ -110,7 +150,7 @@ class Worker:
             queues=lambda: self._queues,
             start_runners=self._start_runners,
             cancel_process=self._cancel_process,
-            counters=self._counters,
+            recorder=self._stats,
         )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
@@ -160,22 +200,34 @@ class Worker:
             )
 
     def statistics(self) -> WorkerStatistics:
-        """A snapshot of the worker's counters (sync: no I/O)."""
-        c = self._counters
-        r = self._reaper.statistics()
-        running = sum(len(rn.running) for rn in self._gen.runners.values())
+        """A snapshot of the worker's counters (sync: no I/O, cannot fail)."""
+        st = self._stats
+        running = {q: len(rn.running) for q, rn in self._gen.runners.items()}
+        queues = {q: c.snapshot(q, running.get(q, 0)) for q, c in sorted(st.queues.items())}
+        per = queues.values()
+        conn = self._conn.statistics()
         return WorkerStatistics(
-            self._gen.id,
-            self._gen.number,
-            self._lease.fenced,
-            c.started,
-            c.finished,
-            c.failed,
-            c.cancelled,
-            running,
-            self._lease.heartbeats,
-            r.workers_recycled,
-            c.given_back,
+            worker_id=self._gen.id,
+            generation=self._gen.number,
+            fenced=sum(st.fences.values()),
+            processes_started=sum(q.started for q in per),
+            processes_finished=sum(q.finished for q in per),
+            processes_failed=sum(q.failed for q in per),
+            processes_cancelled=sum(q.cancelled for q in per),
+            running=sum(running.values()),
+            heartbeats=st.heartbeats,
+            peers_recycled=st.workers_recycled,
+            processes_recycled=st.processes_recycled,
+            dead_lettered=st.dead_lettered,
+            fences=st.fences_snapshot(),
+            heartbeat_seconds=st.heartbeat.snapshot(),
+            queues=queues,
+            reap_checks=st.reap_checks,
+            commands_sent=conn.commands_sent,
+            reconnects=conn.reconnects,
+            event_reconnects=self._pubsub.reconnects,
+            processes_handed_back=sum(q.handed_back for q in st.queues.values())
+            + st.handed_back,
         )
 
     async def start_work(
@@ -444,7 +496,7 @@ class Worker:
             gen.id,
             gen.incarnation,
             cfg,
-            self._counters,
+            self._stats.queue(cfg.queue),
             gen.fence,
             balance_wait=self.timing.interval,
             ttl=self.timing.ttl,
