@@ -142,6 +142,8 @@ class Lease:
         self._cancel_process = cancel_process
         self._stats = recorder
         self.gen = Generation(base_id, 1)
+        self.ids = {base_id}  # every identity this worker has had
+        self._reconnects_seen = -1  # the connection's count at the last heartbeat
         self.ready = trio.Event()
         self.closing = False
         self.stopped = trio.Event()
@@ -162,6 +164,7 @@ class Lease:
         first registration's errors propagate (before ``started``)."""
         gen = self.gen
         first = True
+        previous = ""
         try:
             while True:
                 sent = trio.current_time()
@@ -169,6 +172,8 @@ class Lease:
                 if first:
                     task_status.started()
                     first = False
+                elif not self.closing:
+                    log.info("worker %s rejoined the mesh as %s", previous, gen.id)
                 fenced = False
                 try:
                     gen.scope.deadline = sent + self.timing.fence_after
@@ -194,7 +199,10 @@ class Lease:
                     return
                 self._stats.fenced(gen.fence_reason)
                 if gen.fence_reason is None:
-                    gen.fence_reason = f"no heartbeat confirmed within {self.timing.fence_after} s"
+                    gen.fence_reason = (
+                        f"no heartbeat confirmed within {self.timing.fence_after} s"
+                        + ("; Redis unreachable" if not self._conn.connected else "")
+                    )
                 log.warning(
                     "worker %s fenced (%s); its processes were stopped; rejoining",
                     gen.id,
@@ -203,9 +211,11 @@ class Lease:
                 await self._retire(gen)
                 if self.closing:
                     return
+                previous = gen.id
                 gen = self.gen = Generation(
                     f"{self._base_id}.{secrets.token_hex(3)}", gen.number + 1
                 )
+                self.ids.add(gen.id)
         finally:
             self.stopped.set()
 
@@ -215,6 +225,7 @@ class Lease:
         expected error is retried with backoff, under a fresh id where the
         old one may be taken, until it works or the lease is closed."""
         backoff = 0.05
+        tries = 0
         while True:
             try:
                 await self._join(gen)
@@ -224,9 +235,16 @@ class Lease:
                     raise
                 if self.closing:
                     return
-                log.warning("worker %s could not rejoin yet (%s); retrying", gen.id, exc)
+                tries += 1
+                log.log(
+                    logging.WARNING if tries == 1 else logging.DEBUG,
+                    "worker %s could not rejoin yet (%s); retrying",
+                    gen.id,
+                    exc,
+                )
                 if isinstance(exc, ConfigError | FencedError):
                     gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
+                    self.ids.add(gen.id)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.timing.interval)
 
@@ -285,6 +303,7 @@ class Lease:
         # lockstep: their heartbeats are the reapers' backstop, and a
         # mesh-wide burst of them would wake every reaper at once.
         spread = 0.5
+        trouble_since: float | None = None  # the first unanswered heartbeat
         while True:
             sent = trio.current_time()
             queues = list(gen.runners)
@@ -300,11 +319,36 @@ class Lease:
             except (MeshConnectionError, CommandError) as exc:
                 # Retried until it works or the fence deadline passes (an OOM
                 # Redis refuses the lease renewal: we fence, we do not crash).
-                log.warning("heartbeat of worker %s failed: %s", gen.id, exc)
+                # Said once per outage, not once per try.
+                what = "Redis unreachable" if isinstance(exc, MeshConnectionError) else "refused"
+                if trouble_since is None:
+                    trouble_since = sent
+                    log.warning(
+                        "worker %s: heartbeat failed, %s: %s; retrying (its handlers are "
+                        "cancelled %g s after the last confirmed heartbeat)",
+                        gen.id,
+                        what,
+                        exc,
+                        t.fence_after,
+                    )
+                else:
+                    log.debug("worker %s: heartbeat failed again: %s", gen.id, exc)
                 await trio.sleep(min(t.interval / 4, 0.25))
                 continue
             if reply is None:
                 continue
+            if trouble_since is not None:
+                log.info(
+                    "worker %s: heartbeat confirmed again, %.1f s after the first that failed",
+                    gen.id,
+                    sent - trouble_since,
+                )
+                trouble_since = None
+            reconnects = self._conn.statistics().reconnects
+            if reconnects > self._reconnects_seen:
+                if self._reconnects_seen >= 0:
+                    log.info("worker %s: the connection to Redis was lost and is back", gen.id)
+                self._reconnects_seen = reconnects
             self._stats.heartbeats += 1
             self._stats.heartbeat.observe(trio.current_time() - sent)
             gen.scope.deadline = sent + t.fence_after

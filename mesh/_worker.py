@@ -138,7 +138,13 @@ class Worker:
         self._closed = False
         self._stats = Recorder()
         self._reaper = Reaper(
-            conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues, recorder=self._stats
+            conn,
+            self._binding,
+            ttl=timing.ttl,
+            queues=lambda: self._queues,
+            own=lambda: self._lease.ids,
+            me=lambda: f"worker {self._gen.id}",
+            recorder=self._stats,
         )
         self._lease = Lease(
             conn,
