@@ -26,6 +26,7 @@ from ._types import DeadLetter as DeadLetter
 from ._types import DelayedTask as DelayedTask
 from ._types import Process as Process
 from ._types import QueueInfo as QueueInfo
+from ._types import QueueShare as QueueShare
 from ._types import ReconcileResult as ReconcileResult
 from ._types import WorkerInfo as WorkerInfo
 from ._url import RedisConfig as RedisConfig

@@ -15,7 +15,7 @@ import functools
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
@@ -23,6 +23,7 @@ import outcome
 import trio
 
 from . import _telemetry
+from ._balance import BalancePolicy, pull_count
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._scripts import Binding, ClaimReply, QueueBeat
@@ -102,6 +103,7 @@ class QueueConfig:
     backoff: float
     backoff_max: float
     balance: bool = True
+    rebalance: bool = True
 
 
 class _Slot:
@@ -146,6 +148,9 @@ class QueueRunner:
         # back unharmed (no attempt counted) by the loop, in batches.
         self._returned: list[str] = []
         self._stopping = False
+        self._pull = 0  # tasks to ask peers for (rebalance), 0: none
+        self._servers: list[str] = []  # the queue's servers, as last learned
+        self.policy = BalancePolicy()
         self._io_scope: trio.CancelScope | None = None
         self.handed_back = 0
         """How many processes this runner handed back after a stop."""
@@ -193,8 +198,18 @@ class QueueRunner:
     def on_heartbeat(self, beat: QueueBeat) -> None:
         """What the worker's heartbeat says about this queue (sync, no I/O):
         re-check if Redis holds fewer processes than run here, claim if no
-        wake could reach this runner, and claim when tasks are ready or a
-        delayed one comes due."""
+        wake could reach this runner, claim when tasks are ready or a
+        delayed one comes due, hand back what a rebalance asked for (once
+        each handler has exited), and ask for tasks when below the fair
+        share (see :mod:`mesh._balance`)."""
+        self.release(beat.release)
+        c = self.config
+        if c.balance and c.rebalance and c.handler is not None and not self._stopping:
+            self._pull = pull_count(
+                beat.held, beat.persistent, beat.servers, beat.state == 0, self.policy
+            )
+            if self._pull:
+                self._wakeup.set()
         self.check_held(beat.held)
         self.check_idle(beat.idle)
         if beat.state == 0:
@@ -211,6 +226,17 @@ class QueueRunner:
         slot.stopping = False
         slot.scope.cancel()
         return True
+
+    def release(self, pids: Iterable[str]) -> None:
+        """Hand these processes back for balance: their handlers are
+        cancelled, and each process is handed back (reserved, by Redis, for
+        the worker it moves to) once its handler has exited."""
+        for pid in pids:
+            slot = self.running.get(pid)
+            if slot is not None and not slot.scope.cancel_called:
+                slot.stopping = True
+                slot.scope.cancel()
+                self._counters.moved_out += 1
 
     def begin_stop(self) -> None:
         """Stop claiming and cancel every handler. The loop keeps running (and
@@ -326,6 +352,8 @@ class QueueRunner:
             if free > 0 and self._maybe_work:
                 await self._claim(handlers, min(free, 1000))
                 return 0.02
+            if self._pull:
+                await self._rebalance()
             if self._done:
                 await self._finish()
         except FencedError as exc:
@@ -575,6 +603,24 @@ class QueueRunner:
                     self.wake_in(delay / 1000)
                 else:
                     self._maybe_work = True
+
+    async def _rebalance(self) -> None:
+        """Ask the peers above their share to hand tasks back to us."""
+        n, self._pull = self._pull, 0
+        free = self.config.concurrency - len(self.running)
+        n = min(n, free)
+        if n <= 0:
+            return
+        reply, self._servers = await self._binding.rebalance(
+            self._conn,
+            self._wid,
+            self._inc,
+            self.config.queue,
+            n,
+            max(3 * self._ttl_ms, 2000),
+            self._servers,
+        )
+        self._counters.pulled += reply.marked
 
     async def _give_back_returned(self) -> None:
         """Hand back, unharmed, the processes whose handlers a stop ended

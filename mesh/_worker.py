@@ -109,6 +109,7 @@ class WorkerStatistics:
     event_reconnects: int = 0
 
     processes_handed_back: int = 0
+    processes_moved: int = 0  # handed back to a peer below its share (rebalancing)
 
 
 class Worker:
@@ -234,6 +235,7 @@ class Worker:
             event_reconnects=self._pubsub.reconnects,
             processes_handed_back=sum(q.handed_back for q in st.queues.values())
             + st.handed_back,
+            processes_moved=sum(q.moved_out for q in st.queues.values()),
         )
 
     async def start_work(
@@ -246,6 +248,7 @@ class Worker:
         backoff: float = 1.0,
         backoff_max: float = 60.0,
         balance: bool = True,
+        rebalance: bool = True,
     ) -> None:
         """Serve ``queue``.
 
@@ -269,7 +272,14 @@ class Worker:
                 against all this worker's processes of the queue), so they
                 spread over the peers. Tasks a fair share leaves queued are
                 taken anyway one heartbeat interval later if no peer took
-                them. Live processes are never moved to rebalance.
+                them.
+            rebalance: with ``balance``, also move running persistent tasks
+                to even the load out when it changes (peers join or leave,
+                tasks are added): a worker below floor(P / S) asks the peers
+                above their share for their surplus, which each hands back
+                once the task's handler has exited, reserved for it (see
+                :mod:`mesh._balance`). False: this worker never asks (its
+                peers may still ask it to hand tasks back).
 
         Raises:
             ConfigError: bad queue name or arguments, or already served.
@@ -302,7 +312,14 @@ class Worker:
                     "grace still run"
                 )
             cfg = QueueConfig(
-                queue, handler, concurrency, max_attempts, backoff, backoff_max, balance
+                queue,
+                handler,
+                concurrency,
+                max_attempts,
+                backoff,
+                backoff_max,
+                balance,
+                rebalance,
             )
             self._queues[queue] = cfg
             try:
