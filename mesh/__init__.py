@@ -21,6 +21,7 @@ from ._errors import MeshConnectionError as MeshConnectionError
 from ._errors import MeshError as MeshError
 from ._errors import ProtocolError as ProtocolError
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._lease import LeaseTiming as LeaseTiming
 from ._policy import QueuePolicy as QueuePolicy
 from ._runner import Handler as Handler
 from ._schedule import Schedule as Schedule
@@ -28,11 +29,11 @@ from ._types import DeadLetter as DeadLetter
 from ._types import DelayedTask as DelayedTask
 from ._types import Process as Process
 from ._types import QueueInfo as QueueInfo
+from ._types import QueueShare as QueueShare
 from ._types import ReconcileResult as ReconcileResult
 from ._types import WorkerInfo as WorkerInfo
 from ._url import RedisConfig as RedisConfig
 from ._url import parse_url as parse_url
-from ._worker import LeaseTiming as LeaseTiming
 from ._worker import Worker as Worker
 from ._worker import WorkerStatistics as WorkerStatistics
 from ._worker import open_worker as open_worker

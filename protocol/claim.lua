@@ -29,6 +29,15 @@
 --                                task ready wakes it), and removed otherwise
 --                                (it claims again when a slot frees, or after
 --                                being held back). See lib.lua wake_idle.
+-- KEYS[13] {ns}:reserved:<Q>    HASH payload -> "W:expiry ms": persistent tasks handed back for
+--                                balance and reserved for W (see rebalance.lua). W takes its own
+--                                first, whatever the fair share says; one that ran out goes back
+--                                to the head of the queue, for anyone.
+-- KEYS[14] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+--         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
+--         ARGV[13] = its period (ms): the claim takes at most the whole
+--         tokens there are, and with none left says in the reply's third
+--         field when the next one is due (the caller claims again then).
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
@@ -40,11 +49,6 @@
 --         that recycle it after a crash
 -- ARGV[10] 1 if W is to be woken when it finds nothing (a runner that waits
 --         for work), 0 if not (a claim by hand: W is removed from KEYS[12])
--- KEYS[13] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
---         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
---         ARGV[13] = its period (ms): the claim takes at most the whole
---         tokens there are, and with none left says in the reply's third
---         field when the next one is due (the caller claims again then).
 -- ARGV[11] prefix of wake channels ({ns}:wake:): a claim held back by the
 --         fair share passes the wake on to as many idle servers as it left
 --         tasks, and one more (it was woken for them, and leaves the set)
@@ -79,7 +83,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
-local bucket, rate, per = KEYS[13], nil, nil
+local bucket, rate, per = KEYS[14], nil, nil
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -124,6 +128,18 @@ if bucket then
   n = math.min(n, math.floor(tokens))
 end
 
+-- Tasks reserved for W by a rebalance go to the head, taken first (the
+-- fair share does not hold them back: they were moved to W to even it out).
+local forced = {}
+if redis.call('EXISTS', KEYS[13]) == 1 then
+  local _, mine = expire_reserved(KEYS[13], KEYS[3], KEYS[4], KEYS[11], now, ARGV[1])
+  for i = math.min(#mine, n), 1, -1 do
+    redis.call('HDEL', KEYS[13], mine[i])
+    redis.call('LPUSH', KEYS[3], mine[i])
+    forced[mine[i]] = true
+  end
+end
+
 local items = redis.call('LPOP', KEYS[3], n)
 if not items then
   redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
@@ -136,14 +152,13 @@ local has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
 local room = #items
 if has_persistent and ARGV[6] == '1' then
-  local servers = math.max(1, redis.call('SCARD', KEYS[10]))
-  local share = math.ceil((redis.call('SCARD', KEYS[11]) + redis.call('HLEN', KEYS[4])) / servers)
-  room = share - redis.call('SCARD', KEYS[6])
+  local p, servers = fair_share(KEYS[4], KEYS[11], KEYS[10])
+  room = math.ceil(p / servers) - redis.call('SCARD', KEYS[6])
 end
 local take, left = {}, {}
 for _, payload in ipairs(items) do
   local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
-  if persistent and room <= 0 then
+  if persistent and room <= 0 and not forced[payload] then
     left[#left + 1] = payload
   else
     if persistent then room = room - 1 end
