@@ -146,7 +146,7 @@ class MeshModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data(), q=st.sampled_from(QUEUES), n=st.integers(1, 4))
-    def claim(self, data: st.DataObject, q: str, n: int) -> None:
+    def claim(self, data: st.DataObject, q: str, n: int, rated: bool = True) -> None:
         w = data.draw(st.sampled_from(sorted(self.workers)))
         self.make_due(q)
         self.was_reserved = {
@@ -155,7 +155,7 @@ class MeshModel(RuleBasedStateMachine):
             if int(w2.rsplit(b":", 1)[1]) > 1
         }
         # a rate-limited queue (a token bucket in Redis) now and then
-        rate = data.draw(st.sampled_from([None, None, (1, 60_000), (3, 1)]))
+        rate = data.draw(st.sampled_from([None, None, (1, 60_000), (3, 1)])) if rated else None
         reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS, rate=rate))
         if rate is not None:
             assert len(reply.processes) <= rate[0]
@@ -225,7 +225,7 @@ class MeshModel(RuleBasedStateMachine):
     @rule(data=st.data(), q=st.sampled_from(QUEUES), limit=st.integers(1, 4))
     def rebalance(self, data: st.DataObject, q: str, limit: int) -> None:
         # uneven first: one worker claims a batch (no fair share)
-        self.claim(data, q, 8)
+        self.claim(data, q, 8, rated=False)
         # mostly the worker holding the least: the one a rebalance is for
         least = min(sorted(self.workers), key=lambda o: self.r.scard(self.keys.held(o, q)))
         w = data.draw(st.sampled_from([least, *sorted(self.workers)]))
@@ -351,7 +351,22 @@ class MeshModel(RuleBasedStateMachine):
         self.drop_worker(w, count_attempts=False)
         assert self.others_held(w) == before
 
-    @rule(q=st.sampled_from(QUEUES), n=st.integers(1, 3), ms=st.sampled_from([0, 1, 60_000]))
+    @rule(q=st.sampled_from(QUEUES), data=st.data())
+    def job_queue_step(self, q: str, data: st.DataObject) -> None:
+        """One of the job-queue scripts: delay tasks, requeue or purge dead
+        letters, or fire a periodic task's tick (one rule for the three, so
+        that they do not crowd out the other steps)."""
+        # a persistent task too, so that these steps do not thin out the
+        # persistent tasks the rebalance steps need to find work
+        self.ensure(q, data)
+        step = data.draw(st.sampled_from(["delay", "dead_letters", "schedule_tick"]))
+        if step == "delay":
+            self.delay(q, data.draw(st.integers(1, 3)), data.draw(st.sampled_from([0, 1, 60_000])))
+        elif step == "dead_letters":
+            self.dead_letters(q, data, data.draw(st.booleans()))
+        else:
+            self.schedule_tick(q, data.draw(st.integers(1, 3)), data.draw(st.integers(0, 4)))
+
     def delay(self, q: str, n: int, ms: int) -> None:
         ps = [self.fresh() for _ in range(n)]
         r = run(self.b.delay(self.x, q, ps, in_ms=ms))
@@ -359,7 +374,6 @@ class MeshModel(RuleBasedStateMachine):
         self.live[q].update(ps)
         assert set(ps) <= set(self.r.zrange(self.keys.delayed(q), 0, -1))
 
-    @rule(q=st.sampled_from(QUEUES), data=st.data(), requeue=st.booleans())
     def dead_letters(self, q: str, data: st.DataObject, requeue: bool) -> None:
         """Requeue or purge all dead letters of a queue, or some of them."""
         dead = self.dead_payloads(q)
@@ -381,7 +395,6 @@ class MeshModel(RuleBasedStateMachine):
                 assert self.r.hmget(self.keys.attempts(q), back) == [None] * len(back)
         assert run(self.b.dead(self.x, q, mode, chosen)) == (0, 0)  # twice
 
-    @rule(q=st.sampled_from(QUEUES), peers=st.integers(1, 3), missed=st.integers(0, 4))
     def schedule_tick(self, q: str, peers: int, missed: int) -> None:
         """A periodic task comes due (after ``missed`` ticks nobody fired);
         ``peers`` schedulers try to fire it: one copy is enqueued."""
