@@ -95,6 +95,12 @@ class MeshModel(RuleBasedStateMachine):
         self.reserved_for: dict[tuple[str, bytes], str] = {}
         for _ in range(2):
             self.add_worker()
+        # start uneven, so that every example has something to rebalance:
+        # w0 runs six persistent tasks of q1, w1 none
+        self.ensure_several("q1", 6)
+        reply = run(self.b.claim(self.x, "w0", self.workers["w0"], "q1", 6, MAX_ATTEMPTS))
+        for p in reply.processes:
+            self.procs[p.id] = ("w0", "q1", p.task)
 
     def teardown(self) -> None:
         self.r.close()
