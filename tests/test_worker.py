@@ -1057,7 +1057,7 @@ async def test_redis_unreachable_is_said_once_per_outage(
         # the worker retries all the while, and fences itself at R
         await wait_until(lambda: _true(w.statistics().fenced == 1), what="the fence")
         own_redis.start()
-        await wait_until(lambda: _true(w.id != first_id and w._gen_ready.is_set()), what="rejoin")
+        await wait_until(lambda: _true(w.id != first_id and w._lease.ready.is_set()), what="rejoin")
     lines = log_lines(caplog)
     fences = [m for m in lines if "fenced" in m]
     assert fences == [
