@@ -17,7 +17,8 @@ import trio
 import mesh
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh.testing import RedisServer, wait_until
+from mesh.testing import RedisServer
+from mesh.testing import wait_until as wait_until  # re-exported for the fault tests
 
 from . import checks, sink
 from .proxy import Proxy
