@@ -189,7 +189,7 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
     ):
         await peer.start_work("devices", owners.handler, rebalance=False)
         await client.ensure_many("devices", devices)
-        await wait_for(lambda: _true(len(owners.running) == 4), what="the peer runs all")
+        await wait_until(lambda: _true(len(owners.running) == 4), what="the peer runs all")
         # a sticky worker takes over half by a rebalance, then restarts
         async with mesh.open_worker(
             redis_url,
@@ -198,7 +198,7 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
             **kw,  # type: ignore[arg-type]
         ) as w:
             await w.start_work("devices", owners.handler)
-            await wait_for(lambda: _true(owners.counts([w]) == [2]), what="its share")
+            await wait_until(lambda: _true(owners.counts([w]) == [2]), what="its share")
         before = {p.task: p.token for p, _ in owners.starts if p.worker_id == "sticky-1"}
         assert len(before) == 2
         await trio.sleep(TTL * 2)  # the peer heartbeats, and may not take them
@@ -212,12 +212,12 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
             **kw,  # type: ignore[arg-type]
         ) as w:
             await w.start_work("devices", owners.handler)
-            await wait_for(lambda: _true(owners.counts([w]) == [2]), what="its tasks back")
+            await wait_until(lambda: _true(owners.counts([w]) == [2]), what="its tasks back")
             again = {p.task: p.token for p, _ in owners.starts if p.worker_id == "sticky-1"}
             assert again.keys() == before.keys()
             assert all(again[t] > before[t] for t in before)  # new processes, new tokens
         # this time it does not come back: after 0.3 s the peer takes them
-        await wait_for(lambda: _true(owners.counts([peer]) == [4]), within=5, what="released")
+        await wait_until(lambda: _true(owners.counts([peer]) == [4]), within=5, what="released")
 
 
 async def _true(v: bool) -> bool:
