@@ -124,6 +124,7 @@ class Worker:
         base_id: str,
         max_payload: int,
         stop_grace: float = 10.0,
+        rejoin_grace: float = 0.0,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -132,6 +133,9 @@ class Worker:
         self.timing = timing
         self.stop_grace = stop_grace
         """How long a stop waits for handlers to exit (seconds)."""
+        self.rejoin_grace = rejoin_grace
+        """How long this worker's persistent tasks wait for it after it
+        leaves (seconds; 0: not at all)."""
         self._stop_started: float | None = None
         self._base_id = base_id
         self._queues: dict[str, QueueConfig] = {}
@@ -233,8 +237,7 @@ class Worker:
             commands_sent=conn.commands_sent,
             reconnects=conn.reconnects,
             event_reconnects=self._pubsub.reconnects,
-            processes_handed_back=sum(q.handed_back for q in st.queues.values())
-            + st.handed_back,
+            processes_handed_back=sum(q.handed_back for q in st.queues.values()) + st.handed_back,
             processes_moved=sum(q.moved_out for q in st.queues.values()),
         )
 
@@ -581,6 +584,7 @@ class Worker:
         gen = self._gen
         runners = [*gen.runners.values(), *gen.draining.values()]
         for r in runners:
+            r.keep_ms = int(self.rejoin_grace * 1000)
             r.begin_stop()
         with trio.move_on_after(self.stop_grace):
             for r in runners:
@@ -612,6 +616,7 @@ async def open_worker(
     worker_id: str | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     stop_grace: float = 10.0,
+    rejoin_grace: float = 0.0,
 ) -> AsyncIterator[Worker]:
     """Join the mesh ``namespace`` at ``url`` as a worker.
 
@@ -637,6 +642,13 @@ async def open_worker(
             process when the lease runs out (T later), counting a failed
             attempt, as after a crash. Leaving the block still waits for
             such a handler (trio cannot abandon a trio task).
+        rejoin_grace: a sticky restart (off by default, 0): leaving keeps
+            this worker's persistent tasks reserved for ``worker_id`` for
+            this many seconds instead of handing them to peers; a worker that
+            joins under the same id within it gets them back (new processes,
+            new tokens), and after it they go to anyone. The trade-off: those
+            tasks are unowned for the length of the restart, rather than
+            moving to a peer and back. Needs an explicit ``worker_id``.
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
@@ -653,6 +665,14 @@ async def open_worker(
         or not 0 <= stop_grace < float("inf")
     ):
         raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
+    if (
+        isinstance(rejoin_grace, bool)
+        or not isinstance(rejoin_grace, int | float)
+        or not 0 <= rejoin_grace < float("inf")
+    ):
+        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
+    if rejoin_grace > 0 and worker_id is None:
+        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
     if worker_id is None:
         host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
         worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -671,7 +691,9 @@ async def open_worker(
         ping = min(max(1.0, timing.ttl), 30.0)
         name = f"mesh-events:{worker_id}"
         async with open_pubsub(config, name=name, ping_interval=ping) as pubsub:
-            worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload, stop_grace)
+            worker = Worker(
+                conn, pubsub, keys, timing, worker_id, max_payload, stop_grace, rejoin_grace
+            )
             reaper = worker._reaper
             try:
                 async with trio.open_nursery() as nursery:
