@@ -20,6 +20,8 @@ from mesh.testing import wait_until
 from .protocol_helpers import join, snapshot
 from .test_worker import client_and_workers
 
+wait_for = wait_until
+
 Q = "jobs"
 
 
