@@ -29,70 +29,29 @@ from __future__ import annotations
 
 import collections
 import math
-import random
-import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeAlias
+from typing import Any
 
 import attrs
-import hiredis
 import outcome
 import trio
-from redis._parsers import Encoder
-from redis.connection import PythonRespSerializer
-from redis.exceptions import DataError
 
-from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
-from ._url import RedisConfig, parse_url
+from ._errors import ClosedError, CommandError, MeshConnectionError, raise_single
+from ._transport import ENCODER as _ENCODER
+from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+from ._transport import RECEIVE_SIZE as _RECEIVE_SIZE
+from ._transport import TRANSPORT_ERRORS as _TRANSPORT_ERRORS
+from ._transport import Arg, coerce_config, connect, describe, reconnect, scrub
+from ._transport import make_reader as _make_reader
+from ._transport import pack as _pack
+from ._transport import pack_command as _pack_command
+from ._url import RedisConfig
 
 __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]
 
-Arg: TypeAlias = bytes | str | int | float
-
-# Transport failures we translate to MeshConnectionError at the boundary.
-_TRANSPORT_ERRORS: Final = (
-    OSError,
-    trio.BrokenResourceError,
-    ssl.SSLError,
-    hiredis.ProtocolError,
-)
-_RECEIVE_SIZE: Final = 256 * 1024
-_BACKOFF_START: Final = 0.02
-_BACKOFF_CAP: Final = 1.0
-# Not a possible reply: RESP2 has no booleans, so hiredis' "no complete reply yet"
-# marker is a private object.
-_NOT_ENOUGH_DATA: Final = object()
-
-
-def _reply_error(message: str) -> CommandError:
-    """hiredis' ``replyError`` callback: an error reply becomes a CommandError
-    (also inside arrays, e.g. in the reply of ``EXEC``)."""
-    return CommandError(message, code=message.split(" ", 1)[0])
-
-
-def _make_reader() -> Any:
-    return hiredis.Reader(replyError=_reply_error, notEnoughData=_NOT_ENOUGH_DATA)
-
-
-# Packing: redis-py's serializer with its Encoder (str -> UTF-8, int/float -> repr).
-# buffer_cutoff: arguments larger than this stay separate chunks (no copy into the
-# header buffer); the writer joins everything once anyway.
-_ENCODER: Final = Encoder(  # type: ignore[no-untyped-call]
-    encoding="utf-8", encoding_errors="strict", decode_responses=False
-)
-_SERIALIZER: Final = PythonRespSerializer(buffer_cutoff=6000, encode=_ENCODER.encode)
-_pack_command: Final[Callable[..., list[bytes | memoryview]]] = _SERIALIZER.pack
-
-
-def _pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
-    """Pack one command; an argument of an unsupported type is a ConfigError."""
-    if not args:
-        raise ConfigError("a Redis command needs at least its name")
-    try:
-        return _pack_command(*args)
-    except DataError as exc:
-        raise ConfigError(f"cannot send this argument to Redis: {exc}") from None
+# Re-exported for the contract tests of the sans-IO parts (tests/test_redis_contract.py).
+_CONTRACT = (_ENCODER, _make_reader, _pack_command)
 
 
 @attrs.frozen
@@ -145,147 +104,6 @@ def _fail_waiters(
             waiter.cancelled = True
             trio.lowlevel.reschedule(waiter.task, outcome.Error(make()))
     waiters.clear()
-
-
-def _describe(exc: BaseException) -> str:
-    """A one-line description of a transport error, including the OS error behind a
-    trio wrapper and the individual attempts of ``open_tcp_stream``."""
-    parts = [str(exc) or type(exc).__name__]
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, BaseExceptionGroup):
-        subs = {str(e) for e in cause.exceptions}
-        parts.append("; ".join(sorted(subs)))
-    elif cause is not None and str(cause) and str(cause) not in parts[0]:
-        parts.append(str(cause))
-    return ": ".join(parts)
-
-
-def _ssl_context(config: RedisConfig) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=config.tls_ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"cannot load the CA file {config.tls_ca_file!r} for {config.redacted()}: {exc}"
-        ) from exc
-    if not config.tls_verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-def _scrub(text: str, config: RedisConfig) -> str:
-    """Belt and braces: no message we build may contain the password."""
-    if config.password:
-        text = text.replace(config.password, "***")
-    return text
-
-
-async def _read_replies(stream: trio.abc.Stream, reader: Any, count: int) -> list[Any]:
-    """Read exactly ``count`` replies (used by the handshake, before the reader task runs)."""
-    replies: list[Any] = []
-    while len(replies) < count:
-        reply = reader.gets()
-        if reply is _NOT_ENOUGH_DATA:
-            data = await stream.receive_some(_RECEIVE_SIZE)
-            if not data:
-                raise trio.BrokenResourceError("Redis closed the connection")
-            reader.feed(data)
-        else:
-            replies.append(reply)
-    return replies
-
-
-async def connect(
-    config: RedisConfig,
-    *,
-    name: str | None = None,
-    extra: Sequence[Sequence[Arg]] = (),
-) -> tuple[trio.abc.Stream, Any, list[Any]]:
-    """Open a stream to Redis and authenticate, select the db and set the client name.
-
-    Shared by :class:`Connection` and the pub/sub connection. The whole of it (TCP or
-    unix connect, TLS handshake, ``AUTH``/``SELECT``/``CLIENT SETNAME``) is bounded by
-    ``config.connect_timeout``.
-
-    Args:
-        config: where to connect.
-        name: sent with ``CLIENT SETNAME`` if given.
-        extra: more commands to send after the handshake; their replies (error
-            replies included, as CommandError values) are returned.
-
-    Returns:
-        The stream, the ``hiredis.Reader`` already fed with what was read, and the
-        replies of ``extra``.
-
-    Raises:
-        MeshConnectionError: connecting, the TLS handshake or authentication failed,
-            or it took longer than ``connect_timeout``. The message names the redacted
-            URL and the cause; it never contains the password.
-        ConfigError: the CA file cannot be loaded.
-
-    On cancellation the half-open stream is closed and nothing is left behind.
-    """
-    where = config.redacted()
-    handshake: list[Sequence[Arg]] = []
-    if config.password is not None:
-        if config.username is not None:
-            handshake.append(("AUTH", config.username, config.password))
-        else:
-            handshake.append(("AUTH", config.password))
-    if config.db:
-        handshake.append(("SELECT", config.db))
-    if name is not None:
-        handshake.append(("CLIENT", "SETNAME", name))
-    context = _ssl_context(config) if config.tls else None
-    stream: trio.abc.Stream | None = None
-    try:
-        with trio.fail_after(config.connect_timeout):
-            if config.path is not None:
-                stream = await trio.open_unix_socket(config.path)
-            else:
-                stream = await trio.open_tcp_stream(config.host, config.port)
-            if context is not None:
-                stream = trio.SSLStream(stream, context, server_hostname=config.host)
-                await stream.do_handshake()
-            reader = _make_reader()
-            commands = [*handshake, *extra]
-            replies: list[Any] = []
-            if commands:
-                await stream.send_all(b"".join(b"".join(_pack(c)) for c in commands))
-                replies = await _read_replies(stream, reader, len(commands))
-    except trio.TooSlowError:
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-        raise MeshConnectionError(
-            f"could not connect to {where} within connect_timeout={config.connect_timeout:g}s"
-        ) from None
-    except _TRANSPORT_ERRORS as exc:
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-        raise MeshConnectionError(
-            _scrub(f"could not connect to {where}: {_describe(exc)}", config)
-        ) from exc
-    except BaseException:
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-        raise
-    for command, reply in zip(handshake, replies, strict=False):
-        if isinstance(reply, CommandError):
-            await trio.aclose_forcefully(stream)
-            step = str(command[0]) if command[0] != "CLIENT" else "CLIENT SETNAME"
-            raise MeshConnectionError(
-                _scrub(f"{step} failed on {where}: {reply}", config)
-            ) from reply
-    return stream, reader, replies[len(handshake) :]
-
-
-def _backoff_delays() -> collections.abc.Iterator[float]:
-    """Exponential backoff with jitter: each delay is uniform in [d/2, d], d going
-    from 20 ms, doubling, to a 1 s cap."""
-    delay = _BACKOFF_START
-    while True:
-        yield delay / 2 + random.random() * delay / 2
-        delay = min(delay * 2, _BACKOFF_CAP)
 
 
 class Connection:
@@ -487,7 +305,7 @@ class Connection:
             return
         self._connected = False
         self._connected_event = trio.Event()
-        detail = _scrub(reason if exc is None else f"{reason}: {_describe(exc)}", self.config)
+        detail = scrub(reason if exc is None else f"{reason}: {describe(exc)}", self.config)
         self._last_error = detail
         in_flight_msg = (
             f"connection to {self._where} lost while the command was in flight "
@@ -526,15 +344,14 @@ class Connection:
             self._connected_event.set()
 
     async def _reconnect_with_backoff(self) -> tuple[trio.abc.Stream, Any]:
-        for delay in _backoff_delays():
-            await trio.sleep(delay)
-            try:
-                stream, reader, _ = await connect(self.config, name=self._name)
-            except MeshConnectionError as exc:
-                self._last_error = str(exc)
-                continue
+        async def attempt() -> tuple[trio.abc.Stream, Any]:
+            stream, reader, _ = await connect(self.config, name=self._name)
             return stream, reader
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def failed(message: str) -> None:
+            self._last_error = message
+
+        return await reconnect(attempt, failed)
 
     async def _serve(self, stream: trio.abc.Stream, reader: Any) -> None:
         """Run the reader and the writer on one stream until it breaks."""
@@ -664,10 +481,7 @@ async def open_connection(
     cancels them. Errors raised in the block come out unwrapped (not in an
     ExceptionGroup).
     """
-    if isinstance(config, str):
-        config = parse_url(config)
-    elif not isinstance(config, RedisConfig):
-        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
+    config = coerce_config(config)
     stream, reader, _ = await connect(config, name=name)
     conn = Connection(
         config, stream, reader, name=name, reconnect=reconnect, reply_timeout=reply_timeout

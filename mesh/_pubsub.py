@@ -25,23 +25,23 @@ from typing import Any, Final, Literal
 import attrs
 import trio
 
-from ._connection import (
-    _NOT_ENOUGH_DATA,
-    _RECEIVE_SIZE,
-    _TRANSPORT_ERRORS,
-    _backoff_delays,
-    _describe,
-    _pack,
-    _scrub,
-    connect,
-)
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
-from ._url import RedisConfig, parse_url
+from ._transport import (
+    TRANSPORT_ERRORS,
+    coerce_config,
+    connect,
+    describe,
+    next_reply,
+    pack,
+    reconnect,
+    scrub,
+)
+from ._url import RedisConfig
 
 __all__ = ["Message", "PubSub", "open_pubsub"]
 
 _PING: Final = b"*1\r\n$4\r\nPING\r\n"
-_SEND_ERRORS: Final = (*_TRANSPORT_ERRORS, trio.ClosedResourceError)
+_SEND_ERRORS: Final = (*TRANSPORT_ERRORS, trio.ClosedResourceError)
 
 
 @attrs.frozen
@@ -254,7 +254,7 @@ class PubSub:
                         return  # nothing is subscribed on a socket that is down
                 if self._connected and sent_generation != self._generation:
                     sent_generation = self._generation
-                    await self._send(b"".join(_pack((command, *names))))
+                    await self._send(b"".join(pack((command, *names))))
                     continue
                 await self._changed.wait()
         raise MeshConnectionError(
@@ -277,13 +277,13 @@ class PubSub:
                         await stream.send_all(data)
         except _SEND_ERRORS as exc:
             if generation == self._generation:
-                self._broken(f"write failed: {_describe(exc)}")
+                self._broken(f"write failed: {describe(exc)}")
 
     def _broken(self, reason: str) -> None:
         if not self._connected:
             return
         self._connected = False
-        self._last_error = _scrub(reason, self.config)
+        self._last_error = scrub(reason, self.config)
         self._confirmed_channels.clear()
         self._confirmed_patterns.clear()
         self._ping_sent_at = None
@@ -355,14 +355,7 @@ class PubSub:
             await self._serve(self._stream, self._reader, initial)
             if self._closed:
                 await trio.sleep_forever()
-            for delay in _backoff_delays():
-                await trio.sleep(delay)
-                try:
-                    stream, reader, early = await self._reconnect_once()
-                except MeshConnectionError as exc:
-                    self._last_error = str(exc)
-                    continue
-                break
+            stream, reader, early = await reconnect(self._reconnect_once, self._failed)
             self._stream, self._reader = stream, reader
             self._generation += 1
             self._reconnects += 1
@@ -370,6 +363,9 @@ class PubSub:
             self._connected = True
             initial = [Message("reconnected", b"", b""), *early]
             self._notify()
+
+    def _failed(self, message: str) -> None:
+        self._last_error = message
 
     async def _reconnect_once(self) -> tuple[trio.abc.Stream, Any, list[Message]]:
         stream, reader, _ = await connect(self.config, name=self._name)
@@ -379,22 +375,16 @@ class PubSub:
             with trio.fail_after(self.config.connect_timeout):
                 data = b""
                 if channels:
-                    data += b"".join(_pack((b"SUBSCRIBE", *sorted(channels))))
+                    data += b"".join(pack((b"SUBSCRIBE", *sorted(channels))))
                 if patterns:
-                    data += b"".join(_pack((b"PSUBSCRIBE", *sorted(patterns))))
+                    data += b"".join(pack((b"PSUBSCRIBE", *sorted(patterns))))
                 if data:
                     await stream.send_all(data)
                 while not (
                     self._confirmed_channels.issuperset(channels)
                     and self._confirmed_patterns.issuperset(patterns)
                 ):
-                    reply = reader.gets()
-                    if reply is _NOT_ENOUGH_DATA:
-                        chunk = await stream.receive_some(_RECEIVE_SIZE)
-                        if not chunk:
-                            raise trio.BrokenResourceError("Redis closed the connection")
-                        reader.feed(chunk)
-                        continue
+                    reply = await next_reply(stream, reader)
                     if isinstance(reply, CommandError):
                         raise MeshConnectionError(
                             f"re-subscribing on {self._where} failed: {reply}"
@@ -410,9 +400,9 @@ class PubSub:
                 raise MeshConnectionError(
                     f"re-subscribing on {self._where} took longer than connect_timeout"
                 ) from None
-            if isinstance(exc, (*_TRANSPORT_ERRORS, _UnexpectedReply)):
+            if isinstance(exc, (*TRANSPORT_ERRORS, _UnexpectedReply)):
                 raise MeshConnectionError(
-                    _scrub(f"re-subscribing on {self._where} failed: {_describe(exc)}", self.config)
+                    scrub(f"re-subscribing on {self._where} failed: {describe(exc)}", self.config)
                 ) from exc
             raise
         return stream, reader, early
@@ -438,19 +428,16 @@ class PubSub:
             await self._deliver(first)
         try:
             while True:
-                reply = reader.gets()
-                if reply is _NOT_ENOUGH_DATA:
-                    data = await stream.receive_some(_RECEIVE_SIZE)
-                    if not data:
-                        self._broken("Redis closed the connection")
-                        return
-                    reader.feed(data)
-                    continue
+                try:
+                    reply = await next_reply(stream, reader)
+                except trio.BrokenResourceError as exc:
+                    self._broken(str(exc))
+                    return
                 message = self._handle(reply)
                 if message is not None:
                     await self._deliver(message)
-        except _TRANSPORT_ERRORS as exc:
-            self._broken(f"read failed: {_describe(exc)}")
+        except TRANSPORT_ERRORS as exc:
+            self._broken(f"read failed: {describe(exc)}")
         except _UnexpectedReply as exc:
             self._broken(str(exc))
 
@@ -500,10 +487,7 @@ async def open_pubsub(
     Leaving the block closes the connection and cancels its trio tasks; iteration
     ends. Errors raised in the block come out unwrapped.
     """
-    if isinstance(config, str):
-        config = parse_url(config)
-    elif not isinstance(config, RedisConfig):
-        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
+    config = coerce_config(config)
     if not (ping_interval > 0 and math.isfinite(ping_interval)):
         raise ConfigError(f"ping_interval must be a positive number, not {ping_interval!r}")
     if max_buffer < 0:
