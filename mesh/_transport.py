@@ -107,8 +107,9 @@ def describe(exc: BaseException) -> str:
 
 def scrub(text: str, config: RedisConfig) -> str:
     """Belt and braces: no message we build may contain a password."""
-    if config.password:
-        text = text.replace(config.password, "***")
+    for secret in (config.password, config.sentinel_password):
+        if secret:
+            text = text.replace(secret, "***")
     return text
 
 
