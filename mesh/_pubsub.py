@@ -13,6 +13,14 @@ reading the socket, Redis buffers for us, and if Redis' own limit for pub/sub cl
 (``client-output-buffer-limit pubsub``, 32 MB by default) is exceeded Redis drops the
 connection, which shows up as ``reconnected``. While connected, nothing is silently
 dropped.
+
+It connects where its :class:`~mesh._topology.Topology` says the master is, and
+shares that topology with the command connection: when either lands on a new master,
+the other follows (key-expiry events are published only on the node holding the
+keys). Channels are plain ``SUBSCRIBE`` channels: on a cluster, ``PUBLISH`` reaches
+every node, so wake and cancel messages arrive wherever we sit. Sharded pub/sub
+(``SSUBSCRIBE``, 7.0+) would spare that broadcast but needs its own message kind,
+``MOVED`` handling on the subscriber and a 6.2 fallback; it is not used yet.
 """
 
 from __future__ import annotations
@@ -26,10 +34,10 @@ import attrs
 import trio
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
+from ._topology import Node, Topology
 from ._transport import (
     TRANSPORT_ERRORS,
     coerce_config,
-    connect,
     describe,
     next_reply,
     pack,
@@ -91,8 +99,12 @@ class PubSub:
         name: str | None,
         ping_interval: float,
         max_buffer: int,
+        topology: Topology | None = None,
+        node: Node | None = None,
     ) -> None:
         self.config = config
+        self.topology = topology if topology is not None else Topology(config)
+        self._node = node
         self._name = name
         self._ping_interval = ping_interval
         self._where = config.redacted()
@@ -368,7 +380,8 @@ class PubSub:
         self._last_error = message
 
     async def _reconnect_once(self) -> tuple[trio.abc.Stream, Any, list[Message]]:
-        stream, reader, _ = await connect(self.config, name=self._name)
+        stream, reader, _, node = await self.topology.connect(name=self._name)
+        self._node = node
         channels, patterns = set(self._channels), set(self._patterns)
         early: list[Message] = []
         try:
@@ -415,6 +428,7 @@ class PubSub:
                     nursery.cancel_scope.cancel()
                 nursery.start_soon(self._read_loop, stream, reader, initial)
                 nursery.start_soon(self._ping_loop)
+                nursery.start_soon(self._follow_master)
         finally:
             self._serve_scope = None
             # A send in progress from a subscribe() caller fails with
@@ -441,6 +455,15 @@ class PubSub:
         except _UnexpectedReply as exc:
             self._broken(str(exc))
 
+    async def _follow_master(self) -> None:
+        """Reconnect when the command connection sharing our topology found a new master."""
+        node = self._node
+        if node is None or self.config.path is not None:
+            await trio.sleep_forever()
+        assert node is not None
+        await self.topology.wait_moved(node)
+        self._broken(f"the master moved to {self.topology.master}")
+
     async def _ping_loop(self) -> None:
         interval = self._ping_interval
         while True:
@@ -466,6 +489,8 @@ async def open_pubsub(
     name: str | None = None,
     ping_interval: float = 1.0,
     max_buffer: int = 1000,
+    route_key: bytes | str | None = None,
+    topology: Topology | None = None,
 ) -> AsyncIterator[PubSub]:
     """Open a pub/sub connection and yield a :class:`PubSub` for the ``async with`` block.
 
@@ -476,6 +501,9 @@ async def open_pubsub(
             means the connection is dead and is re-made.
         max_buffer: messages buffered for the consumer before the reader stops
             reading the socket (backpressure; see the module docstring).
+        route_key, topology: where to connect, as for
+            :func:`~mesh._connection.open_connection`; pass the command
+            connection's ``topology`` to stay on its node.
 
     Yields:
         The connected :class:`PubSub`, subscribed to nothing yet.
@@ -492,9 +520,18 @@ async def open_pubsub(
         raise ConfigError(f"ping_interval must be a positive number, not {ping_interval!r}")
     if max_buffer < 0:
         raise ConfigError(f"max_buffer must be >= 0, not {max_buffer!r}")
-    stream, reader, _ = await connect(config, name=name)
+    if topology is None:
+        topology = Topology(config, route_key)
+    stream, reader, _, node = await topology.connect(name=name)
     pubsub = PubSub(
-        config, stream, reader, name=name, ping_interval=ping_interval, max_buffer=max_buffer
+        config,
+        stream,
+        reader,
+        name=name,
+        ping_interval=ping_interval,
+        max_buffer=max_buffer,
+        topology=topology,
+        node=node,
     )
     try:
         async with trio.open_nursery() as nursery:
