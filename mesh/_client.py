@@ -332,8 +332,10 @@ async def open_client(
     """Connect a :class:`Client` to the mesh ``namespace`` at ``url``.
 
     Args:
-        url: ``redis://``, ``rediss://`` (TLS) or ``unix://`` URL, with
-            optional user, password and database number.
+        url: ``redis://``, ``rediss://`` (TLS), ``unix://``, ``redis+sentinel://``
+            or ``redis+cluster://`` URL (see :func:`~mesh.parse_url`). Replies that
+            mean "not executed here" (a failover, a moved slot) are re-routed to
+            the master and retried for up to the URL's ``connect_timeout``.
         namespace: isolates one mesh from others on the same Redis.
         max_payload: refuse task payloads longer than this many bytes.
 
@@ -345,7 +347,7 @@ async def open_client(
     nothing behind.
     """
     keys = Keys(namespace)
-    async with open_connection(url, name=f"mesh-client:{namespace}") as conn:
+    async with open_connection(url, name=f"mesh-client:{namespace}", route_key=keys.prefix) as conn:
         client = Client(conn, keys, max_payload=max_payload)
         try:
             yield client

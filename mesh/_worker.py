@@ -53,6 +53,7 @@ from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Counters, Handler, QueueConfig, QueueRunner
 from ._scripts import Binding
 from ._supervisor import Reaper
+from ._topology import Topology
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
@@ -475,22 +476,35 @@ class Worker:
 
     async def _retire(self, gen: _Generation) -> None:
         """Hand back what ``gen`` still holds and remove it; retried until Redis
-        answers (or until cancelled)."""
+        answers, for at most the TTL (then peers recycle what is left after T),
+        or until cancelled."""
         backoff = 0.05
-        while True:
-            try:
-                r = await self._binding.recycle(
-                    self._conn, gen.id, leave=True, incarnation=gen.incarnation, queues=self._queues
-                )
-                if r.returned:
-                    log.info("worker %s handed back %d processes", gen.id, r.returned)
-                break
-            except FencedError:
-                break  # superseded by someone else: nothing of ours to hand back
-            except (MeshConnectionError, CommandError) as exc:
-                log.debug("worker %s could not hand back yet: %s", gen.id, exc)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+        with trio.move_on_after(self.timing.ttl) as bounded:
+            while True:
+                try:
+                    r = await self._binding.recycle(
+                        self._conn,
+                        gen.id,
+                        leave=True,
+                        incarnation=gen.incarnation,
+                        queues=self._queues,
+                    )
+                    if r.returned:
+                        log.info("worker %s handed back %d processes", gen.id, r.returned)
+                    break
+                except FencedError:
+                    break  # superseded by someone else: nothing of ours to hand back
+                except (MeshConnectionError, CommandError) as exc:
+                    log.debug("worker %s could not hand back yet: %s", gen.id, exc)
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+        if bounded.cancelled_caught:
+            log.warning(
+                "worker %s gave up handing back after %g s; peers recycle its "
+                "processes when its lease expires",
+                gen.id,
+                self.timing.ttl,
+            )
         try:
             await self._pubsub.unsubscribe(
                 self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
@@ -698,8 +712,15 @@ async def open_worker(
     check_worker_id(worker_id)
     # A half-open socket must not hold a fenced worker's hand-back forever.
     reply_timeout = max(2 * timing.ttl, 5.0)
+    # One topology for both connections: they follow the master together (key-expiry
+    # events are node-local). "Not executed here" replies are retried within R.
+    topology = Topology(config, route_key=keys.prefix)
     async with open_connection(
-        config, name=f"mesh-worker:{worker_id}", reply_timeout=reply_timeout
+        config,
+        name=f"mesh-worker:{worker_id}",
+        reply_timeout=reply_timeout,
+        topology=topology,
+        reroute_timeout=timing.fence_after,
     ) as conn:
         await _check_server(conn)
         # The event link only speeds things up: every H the heartbeat brings
@@ -709,7 +730,7 @@ async def open_worker(
         # with long leases H is long too, and a dead link would cost that.
         ping = min(max(1.0, timing.ttl), 30.0)
         name = f"mesh-events:{worker_id}"
-        async with open_pubsub(config, name=name, ping_interval=ping) as pubsub:
+        async with open_pubsub(config, name=name, ping_interval=ping, topology=topology) as pubsub:
             worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)
             reaper = worker._reaper
             try:
