@@ -17,9 +17,9 @@ from pathlib import Path
 import trio
 
 import mesh
-from mesh._server import find_redis_server
+from mesh.testing import find_redis_server
 
-from . import cancel, failover, memory, scale, throughput
+from . import _charts, cancel, failover, memory, scale, throughput
 from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table
 from ._util import REPO, machine, redis_server_version
@@ -132,7 +132,14 @@ def cli(argv: list[str] | None = None) -> int:
         info["load average before the run"] = LOAD_BEFORE
         command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
         when = started.strftime("%Y-%m-%d %H:%M UTC")
-        text = markdown(sections, info, command.strip(), when)
+        charts_dir = "img"
+        missing = _charts.available()
+        if missing:
+            print(missing, file=sys.stderr)
+            sections[0].notes.append(missing)
+        else:
+            _charts.draw(sections, output.parent / charts_dir)
+        text = markdown(sections, info, command.strip(), when, charts_dir)
         if FINDINGS.exists():
             text += "\n" + FINDINGS.read_text()
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._util import REPO
+from .worqr import Worqr, prepare
 
 PEERS_VENV = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trio-mesh" / "bench-peers"
@@ -28,6 +29,14 @@ class Context:
     peers_python: str | None = None
     log: Callable[[str], None] = field(default=_stderr)
     _peer_versions: dict[str, str | None] = field(default_factory=dict)
+    _worqr: tuple[Worqr | None, str] | None = None
+
+    def worqr(self) -> tuple[Worqr | None, str]:
+        """Worqr installed and runnable (installed once per run, see
+        :mod:`bench.worqr`), or None and the note saying why not."""
+        if self._worqr is None:
+            self._worqr = prepare()
+        return self._worqr
 
     def peer_python(self) -> str:
         """The interpreter for the peers: ``--peers-python``, else the peers'

@@ -75,6 +75,15 @@ class Figure:
         ]
 
 
+@dataclass(frozen=True)
+class Chart:
+    """A picture of a section (see :mod:`bench._charts`): its file name, relative
+    to the folder the charts are drawn into, and its alt text."""
+
+    file: str
+    alt: str
+
+
 @dataclass
 class Section:
     name: str
@@ -83,6 +92,10 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     runs: int = 0
+    # every trial's value, all runs pooled, for the charts: label -> (unit, values)
+    samples: dict[str, tuple[str, list[float]]] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)  # label -> target, same unit
+    charts: list[Chart] = field(default_factory=list)
 
 
 HEADER = ["figure", "median", "min", "max", "unit", "target", "verdict"]
@@ -126,7 +139,15 @@ def markdown_table(section: Section) -> str:
     return "\n".join(out)
 
 
-def markdown(sections: Sequence[Section], machine: dict[str, str], command: str, when: str) -> str:
+def markdown(
+    sections: Sequence[Section],
+    machine: dict[str, str],
+    command: str,
+    when: str,
+    charts_dir: str = "img",
+) -> str:
+    """The report; each section's charts are embedded as images under
+    ``charts_dir`` (relative to the report)."""
     parts = [
         "# Performance",
         "",
@@ -155,6 +176,8 @@ def markdown(sections: Sequence[Section], machine: dict[str, str], command: str,
                 )
     for s in sections:
         parts += ["", f"## {s.title}", "", s.method.strip(), "", f"Runs: {s.runs}.", ""]
+        for c in s.charts:
+            parts += [f"![{c.alt}]({charts_dir}/{c.file})", ""]
         parts.append(markdown_table(s))
         if s.notes:
             parts.append("")

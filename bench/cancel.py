@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import trio
 
 import mesh
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 from ._context import Context
 from ._report import Figure, Section, Target
@@ -134,6 +134,9 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                     f"p99 {p(s.after_return, 99) * 1e3:.2f} ms; cancel() call p50 "
                     f"{p(s.call, 50) * 1e3:.2f} ms"
                 )
+            label = f"{kind}: after cancel() returned"
+            section.samples[label] = ("ms", [x * 1e3 for s in res for x in s.after_return])
+            section.limits[label] = 10
             section.figures += [
                 Figure(
                     f"{kind}: after cancel() returned, p50",

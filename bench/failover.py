@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import trio
 
 import mesh
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 from ._context import Context
 from ._report import Figure, Section, Target
@@ -108,6 +108,10 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     allk = [x for run in kill for x in run]
     allt = [x for run in term for x in run]
     n = len(allk)
+    section.samples["SIGKILL"] = ("s", allk)
+    section.limits["SIGKILL"] = ttl + 0.25
+    section.samples["graceful stop (SIGTERM): hand-off"] = ("ms", [x * 1000 for x in allt])
+    section.limits["graceful stop (SIGTERM): hand-off"] = 50
     section.figures += [
         Figure("SIGKILL: p50", "s", [p(x, 50) for x in kill]),
         Figure("SIGKILL: p99", "s", [p(x, 99) for x in kill]),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._scripts import Binding
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 from ._context import Context
 from ._report import Figure, Section, Target

@@ -29,7 +29,7 @@ import trio
 import mesh
 from mesh._connection import open_connection
 from mesh._keys import Keys
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 from ._util import Child, children, mesh_child, poll_until
 

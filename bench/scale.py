@@ -17,8 +17,8 @@ import mesh
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._scripts import Binding, load_scripts
-from mesh._server import run_redis_server
 from mesh._supervisor import Reaper
+from mesh.testing import run_redis_server
 
 from ._context import Context
 from ._report import Figure, Section, Target

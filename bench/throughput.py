@@ -15,7 +15,7 @@ import trio
 
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 from ._context import PEER_CHILD, Context
 from ._report import Figure, Section, Target
@@ -29,7 +29,8 @@ POLL = 0.002
 class Sizes:
     tasks: int = 20_000
     concurrency: int = 10
-    peers: bool = True
+    peers: bool = True  # SAQ, arq and streaQ
+    worqr: bool = True
 
 
 FULL = Sizes()
@@ -50,6 +51,12 @@ def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
         Contender("trio-mesh, 2 worker processes", "mesh", processes=2),
     ]
     notes = []
+    if sizes.worqr:
+        w, why = ctx.worqr()
+        if w is None:
+            notes.append(why)
+        else:
+            out.append(Contender(f"Worqr {w.version.split()[0]} (Node)", "worqr"))
     if not sizes.peers:
         return out, notes
     for lib, label, extra in (
@@ -70,20 +77,28 @@ def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
     return out, notes
 
 
-def pending_probe(lib: str, ns: str) -> Callable[[Connection], Awaitable[int]]:
-    """How many tasks are not done yet, read from each library's own state:
-    trio-mesh: queued + running processes; SAQ: its ``incomplete`` sorted set
-    (what SAQ's benchmark polls); arq: its queue sorted set (a job leaves it
-    when finished); streaQ: the stream length (a finished task is XACKed and
-    XDELed)."""
+def pending_probe(lib: str, ns: str) -> tuple[Callable[[Connection], Awaitable[int]], int]:
+    """How many tasks are not done yet, read from each library's own state,
+    and how many Redis commands one probe costs: trio-mesh: queued + running
+    processes; Worqr: its queue list + its working processes set; SAQ: its
+    ``incomplete`` sorted set (what SAQ's benchmark polls); arq: its queue
+    sorted set (a job leaves it when finished); streaQ: the stream length (a
+    finished task is XACKed and XDELed)."""
+    two: tuple[tuple[str, str], tuple[str, str]] | None = None
     if lib == "mesh":
         k = Keys(ns)
+        two = (("LLEN", k.queue(QUEUE)), ("HLEN", k.procs(QUEUE)))
+    elif lib == "worqr":
+        two = (("LLEN", f"worqr-bench:queues:{QUEUE}"),
+               ("SCARD", f"worqr-bench:workingProcesses:{QUEUE}"))  # fmt: skip
+    if two is not None:
+        commands = two
 
-        async def mesh_pending(conn: Connection) -> int:
-            a, b = await conn.pipeline([("LLEN", k.queue(QUEUE)), ("HLEN", k.procs(QUEUE))])
+        async def pending2(conn: Connection) -> int:
+            a, b = await conn.pipeline(commands)
             return int(a) + int(b)
 
-        return mesh_pending
+        return pending2, 2
     cmd = {
         "saq": ("ZCARD", f"saq:{QUEUE}:incomplete"),
         "arq": ("ZCARD", "arq:queue"),
@@ -93,7 +108,7 @@ def pending_probe(lib: str, ns: str) -> Callable[[Connection], Awaitable[int]]:
     async def peer_pending(conn: Connection) -> int:
         return int(await conn.execute(*cmd))
 
-    return peer_pending
+    return peer_pending, 1
 
 
 @dataclass
@@ -112,7 +127,7 @@ async def one_run(
     n = sizes.tasks
     await conn.execute("FLUSHALL")
     ns = "tp" + secrets.token_hex(3)
-    pending = pending_probe(c.lib, ns)
+    pending, probe_cost = pending_probe(c.lib, ns)
     within = max(120.0, n / 50)
     async with children() as kids:
         workers = []
@@ -122,6 +137,9 @@ async def one_run(
                     "throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
                     "--concurrency", str(sizes.concurrency),
                 )  # fmt: skip
+            elif c.lib == "worqr":
+                conc = str(sizes.concurrency)
+                argv = worqr_argv(ctx, "work", "--url", url, "--concurrency", conc)
             else:
                 argv = [
                     ctx.peer_python(), str(PEER_CHILD), c.lib, "work", "--url", url,
@@ -132,6 +150,8 @@ async def one_run(
             await w.expect("ready", 60)
         if c.lib == "mesh":
             argv = mesh_child("produce", "--url", url, "--ns", ns, "--queue", QUEUE, "--n", str(n))
+        elif c.lib == "worqr":
+            argv = worqr_argv(ctx, "produce", "--url", url, "--n", str(n))
         else:
             argv = [
                 ctx.peer_python(), str(PEER_CHILD), c.lib, "produce", "--url", url, "--n", str(n),
@@ -161,8 +181,15 @@ async def one_run(
         cpu1 = await redis_cpu(conn)
         cmd1 = int((await info(conn, "stats"))["total_commands_processed"])
         ev1 = await script_calls(conn)
-    ours = polls * (2 if c.lib == "mesh" else 1) + 3  # the polls, INFO cpu and commandstats
+    ours = polls * probe_cost + 3  # the polls, INFO cpu and commandstats
     return RunResult(enqueue, t1 - t0, cpu1 - cpu0, wcpu1 - wcpu0, cmd1 - cmd0 - ours, ev1 - ev0)
+
+
+def worqr_argv(ctx: Context, role: str, *args: str) -> list[str]:
+    w, why = ctx.worqr()
+    if w is None:
+        raise RuntimeError(why)
+    return w.argv(role, *args)
 
 
 async def script_calls(conn: Connection) -> int:
@@ -267,39 +294,69 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 note="per run, divided by the best peer's median",
             )
         )
+    mesh1_runs = results["trio-mesh, 1 worker process"]
+    mesh2_runs = results["trio-mesh, 2 worker processes"]
     section.figures.append(
-        Figure("Worqr 1.2.3 (TypeScript, Node)", "tasks/s", [], quoted="5,900-7,300")
-    )
-    peers = sorted({c.lib for c in conts if c.lib != "mesh"})
+        Figure(
+            "trio-mesh: 2 worker processes / 1",
+            "x",
+            [b.processing / a.processing if a and b else nan
+             for a, b in zip(mesh2_runs, mesh1_runs, strict=True)],
+            target=Target(">=", 1.6, ">= 1.6x"),
+            note="per run",
+        )
+    )  # fmt: skip
+    worqr = next((c for c in conts if c.lib == "worqr"), None)
+    if worqr is not None:
+        section.figures.append(
+            Figure(
+                "trio-mesh (1 process) / Worqr, same run",
+                "x",
+                [w.processing / m.processing if m and w else nan
+                 for m, w in zip(mesh1_runs, results[worqr.label], strict=True)],
+                target=Target(">=", 2.0, ">= 2x"),
+                note="per run: each run measures both, one after the other",
+            )
+        )  # fmt: skip
+    peers = sorted({c.lib for c in conts if c.lib not in ("mesh", "worqr")})
     if peers:
         versions = ", ".join(f"{lib} {ctx.peer_version(lib)}" for lib in peers)
         section.notes.append(f"Peers ran under {ctx.peer_python()}: {versions}.")
-    section.notes.append(
-        "Worqr's figure was measured outside this repository on a machine of the same "
-        "kind (Worqr is not in the package registries here); it is quoted, not measured."
-    )
+    if worqr is not None:
+        w, _ = ctx.worqr()
+        assert w is not None
+        section.notes.append(f"Worqr ran under {w.node}: worqr {w.version} (bench/worqr.py).")
     return section
 
 
 METHOD = """
 {n:,} no-op one-shot tasks per run, one worker OS process with concurrency {c}
 (SAQ's own benchmark shape), every library on the same redis-server in the same
-run (FLUSHALL before each library). For each library and run:
+run (FLUSHALL before each library; each run measures every library once, in the
+same order, so trio-mesh and Worqr alternate). For each library and run:
 
 1. the worker process(es) start, connect and build their worker, then wait for a
    `go` line on stdin (so interpreter start-up and imports are not timed);
 2. a separate producer process enqueues the tasks the library's fastest
    documented way, timed inside the producer around the enqueue call only:
-   trio-mesh `enqueue_many` (one script call), streaQ `enqueue_many` (one
-   pipeline), SAQ `enqueue` and arq `enqueue_job` with 20 concurrent calls (as in
-   SAQ's `benchmarks/simple.py`);
+   trio-mesh `enqueue_many` (one script call), Worqr `enqueue` of an array
+   (one `LPUSH` in a `MULTI`), streaQ `enqueue_many` (one pipeline), SAQ
+   `enqueue` and arq `enqueue_job` with 20 concurrent calls (as in SAQ's
+   `benchmarks/simple.py`);
 3. the parent sends `go` to the workers and polls the library's own record of
    unfinished tasks every {poll:g} ms on its own connection: trio-mesh queued +
-   running processes (`LLEN` + `HLEN`), SAQ its `incomplete` sorted set (what
+   running processes (`LLEN` + `HLEN`), Worqr its queue list and its set of
+   working processes (`LLEN` + `SCARD`), SAQ its `incomplete` sorted set (what
    SAQ's benchmark polls), arq its queue sorted set (a job leaves it when it is
    finished), streaQ the stream length (finished tasks are acknowledged and
    deleted). Processing time runs from `go` to the first poll that sees zero, so
    it includes each worker's own start (registration, first fetch).
+
+Worqr (1.2.3, Node, `bench/worqr_driver.js`) runs its readme's `doWork`
+loop {c} times at once: `dequeue`, the no-op handler, `await finishProcess`,
+until `dequeue` finds the queue empty; a `work` event starts loops up to {c}.
+It is installed from its tarball into a scratch folder (`bench/worqr.py`) and
+skipped, with a note, where node, npm or the tarball is missing.
 
 The handler does nothing (no extra Redis command per task for anyone). The
 producer, the workers, the polling parent and redis-server share the machine's

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import trio
 
 from mesh._connection import Connection, open_connection
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 
 SCRIPT = b"return ARGV[1]"
 

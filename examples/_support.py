@@ -29,7 +29,7 @@ def redis_url(say: Callable[[str], None] = print) -> Iterator[str]:
     if url:
         yield url
         return
-    from mesh._server import run_redis_server  # a test helper of trio-mesh
+    from mesh.testing import run_redis_server  # a test helper of trio-mesh
 
     with run_redis_server() as server:
         say(f"($MESH_REDIS_URL is not set: started a throwaway redis-server at {server.url})")

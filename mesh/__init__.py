@@ -21,6 +21,8 @@ from ._errors import MeshError as MeshError
 from ._errors import ProtocolError as ProtocolError
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._runner import Handler as Handler
+from ._types import DeadLetter as DeadLetter
+from ._types import DelayedTask as DelayedTask
 from ._types import Process as Process
 from ._types import QueueInfo as QueueInfo
 from ._types import ReconcileResult as ReconcileResult

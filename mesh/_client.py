@@ -6,16 +6,18 @@ is cheap and can live anywhere (a web handler, a cron job, the CLI).
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from ._connection import Connection, open_connection
-from ._errors import ClosedError, CommandError
+from ._errors import ClosedError, CommandError, ConfigError
 from ._keys import Keys, check_queue
 from ._scripts import Binding, parse_record, payload_bytes
-from ._types import Process, QueueInfo, ReconcileResult, WorkerInfo
+from ._types import DelayedTask, Process, QueueInfo, ReconcileResult, WorkerInfo
 from ._url import RedisConfig
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
@@ -58,31 +60,74 @@ class Client:
 
     # --- tasks -------------------------------------------------------------
 
-    async def enqueue(self, queue: str, task: bytes | str) -> None:
-        """Put a one-shot task at the back of ``queue`` and nudge its workers.
+    async def enqueue(
+        self,
+        queue: str,
+        task: bytes | str,
+        *,
+        delay: float | None = None,
+        at: datetime.datetime | float | None = None,
+    ) -> None:
+        """Put a one-shot task at the back of ``queue`` and nudge its workers;
+        with ``delay`` or ``at``, put it in the queue's delayed set instead,
+        to become ready at that time of the Redis clock.
+
+        Args:
+            delay: seconds from now (Redis clock), >= 0.
+            at: a timezone-aware :class:`datetime.datetime`, or a Unix time
+                in seconds; a time in the past is due at once. Not both.
+
+        A delayed task is durable (it is in Redis, not in any worker), listed
+        by :meth:`delayed` and counted in :meth:`queue_info`, and removed by
+        :meth:`cancel`. A payload is delayed at most once per queue: delaying
+        one that is delayed already (or waiting for a retry) keeps one
+        entry, due at the earlier time.
 
         Raises:
-            TypeError, ValueError, ConfigError: a bad payload or queue name
-                (nothing was sent).
+            TypeError, ValueError, ConfigError: a bad payload, queue name,
+                ``delay`` or ``at`` (a naive datetime, both given, a negative
+                delay); nothing was sent.
             ConflictError: the payload is a persistent task of ``queue``.
         """
-        await self.enqueue_many(queue, [task])
+        await self.enqueue_many(queue, [task], delay=delay, at=at)
 
-    async def enqueue_many(self, queue: str, tasks: Iterable[bytes | str]) -> int:
+    async def enqueue_many(
+        self,
+        queue: str,
+        tasks: Iterable[bytes | str],
+        *,
+        delay: float | None = None,
+        at: datetime.datetime | float | None = None,
+    ) -> int:
         """Put one-shot tasks at the back of ``queue``, in order, atomically
-        (all or none), in one round trip.
+        (all or none), in one round trip; with ``delay`` or ``at``, in the
+        delayed set instead (see :meth:`enqueue`).
 
         Returns:
-            How many were enqueued.
+            How many were enqueued; with ``delay``/``at``, how many were newly
+            delayed (a payload delayed already is not counted again).
         Raises:
             As :meth:`enqueue`; on ConflictError none was enqueued.
         """
         conn = self._check()
         check_queue(queue)
+        when = _due(delay, at)
         payloads = self._payloads(tasks)
-        if payloads:
+        if not payloads:
+            return 0
+        if when is None:
             await self._binding.enqueue(conn, queue, payloads)
-        return len(payloads)
+            return len(payloads)
+        in_ms, at_ms = when
+        r = await self._binding.delay(conn, queue, payloads, in_ms=in_ms, at_ms=at_ms)
+        return r.added
+
+    async def delayed(self, queue: str) -> list[DelayedTask]:
+        """The tasks of ``queue`` waiting for their due time (enqueued with a
+        delay, or failed and waiting for a retry), the first due first."""
+        check_queue(queue)
+        r = await self._check().execute("ZRANGE", self._keys.delayed(queue), 0, -1, "WITHSCORES")
+        return [DelayedTask(r[i], int(float(r[i + 1])) / 1000) for i in range(0, len(r), 2)]
 
     async def ensure(self, queue: str, task: bytes | str) -> bool:
         """Make ``task`` a persistent task of ``queue``: one live owner at a time,
@@ -296,6 +341,43 @@ class Client:
             )
         out.sort(key=lambda w: w.id)
         return out
+
+
+def _due(
+    delay: float | None, at: datetime.datetime | float | None
+) -> tuple[int, int | None] | None:
+    """``delay``/``at`` as (ms from now, None) or (0, ms since the epoch), or
+    None for neither.
+
+    Raises:
+        ConfigError: both given, a naive datetime, a negative or non-finite
+            number.
+        TypeError: not a number or datetime.
+    """
+    if delay is None and at is None:
+        return None
+    if delay is not None and at is not None:
+        raise ConfigError("give delay or at, not both")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise TypeError(f"delay must be a number of seconds, not {type(delay).__name__}")
+        if not math.isfinite(delay) or delay < 0:
+            raise ConfigError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+        return round(delay * 1000), None
+    if isinstance(at, datetime.datetime):
+        if at.tzinfo is None or at.tzinfo.utcoffset(at) is None:
+            raise ConfigError(
+                f"at={at.isoformat()} is a naive datetime: give it a timezone "
+                "(e.g. datetime.now(timezone.utc)), or pass a Unix time"
+            )
+        t = at.timestamp()
+    elif isinstance(at, int | float) and not isinstance(at, bool):
+        t = float(at)
+    else:
+        raise TypeError(f"at must be a datetime or a Unix time, not {type(at).__name__}")
+    if not math.isfinite(t) or t < 0:
+        raise ConfigError(f"at must be a finite Unix time >= 0, got {at!r}")
+    return 0, round(t * 1000)
 
 
 def _load_info(raw: bytes | None) -> dict[str, Any]:

@@ -294,6 +294,9 @@ class QueueRunner:
             self.wake_in(self._balance_wait)
         else:
             self._held_back_since = None
+        if reply.next_due_ms >= 0:
+            # a delayed task (a retry, or enqueued with a delay) comes due
+            self.wake_in(reply.next_due_ms / 1000)
         for p in reply.processes:
             if self._early_cancels.pop(p.id, None) is not None:
                 # Cancelled in the mesh before this reply reached us; Redis

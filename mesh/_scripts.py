@@ -56,6 +56,7 @@ SCRIPT_NAMES = (
     "ensure",
     "cancel",
     "delete_queue",
+    "delay",
 )
 
 _INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
@@ -307,6 +308,14 @@ class ClaimReply:
     remaining: int
     processes: tuple[Process, ...]
     held_back: bool = False  # the fair share left persistent tasks for peers
+    next_due_ms: int = -1  # ms until the first delayed task is due; -1: none
+
+
+@attrs.frozen
+class DelayReply:
+    added: int  # payloads newly delayed (one delayed already keeps the earlier time)
+    due_ms: int  # the due time, Redis clock
+    now_ms: int
 
 
 @attrs.frozen
@@ -447,7 +456,7 @@ class Binding:
             now = int(r[0])
             started = now / 1000
             procs = []
-            for i in range(2, len(r), 4):
+            for i in range(3, len(r), 4):
                 pid = r[i].decode()
                 procs.append(
                     Process(
@@ -462,7 +471,9 @@ class Binding:
                     )
                 )
             left = int(r[1])
-            return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0)
+            return ClaimReply(
+                now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2])
+            )
 
         return ScriptCall(self.scripts["claim"], keys, args, parse)
 
@@ -668,6 +679,23 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
         return int(await self._run(conn, "enqueue", keys, [queue, k.wake_prefix, *payloads]))
+
+    async def delay(
+        self,
+        conn: Executor,
+        queue: str,
+        payloads: Sequence[bytes],
+        *,
+        in_ms: int = 0,
+        at_ms: int | None = None,
+    ) -> DelayReply:
+        """``delay.lua``: delay ``payloads`` by ``in_ms`` ms of the Redis clock,
+        or until ``at_ms`` (ms since the epoch, Redis clock)."""
+        k = self.keys
+        keys = [k.delayed(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
+        mode, ms = ("in", in_ms) if at_ms is None else ("at", at_ms)
+        r = await self._run(conn, "delay", keys, [queue, k.wake_prefix, mode, ms, *payloads])
+        return DelayReply(int(r[0]), int(r[1]), int(r[2]))
 
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys

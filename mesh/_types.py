@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["Process", "QueueInfo", "ReconcileResult", "WorkerInfo"]
+__all__ = ["DeadLetter", "DelayedTask", "Process", "QueueInfo", "ReconcileResult", "WorkerInfo"]
 
 
 @attrs.frozen
@@ -70,7 +70,8 @@ class QueueInfo:
     Attributes:
         name: the queue.
         queued: tasks waiting to be claimed.
-        delayed: failed tasks waiting for their retry time.
+        delayed: tasks waiting for their due time (enqueued with a delay,
+            or failed and waiting for a retry).
         running: processes (claimed tasks) on any worker.
         persistent: persistent tasks of the queue, wherever they are.
         dead: dead-lettered one-shot tasks.
@@ -90,3 +91,39 @@ class ReconcileResult:
 
     added: tuple[bytes, ...]
     cancelled: tuple[bytes, ...]
+
+
+@attrs.frozen
+class DelayedTask:
+    """A task waiting in a queue's delayed set (see :meth:`Client.delayed`).
+
+    Attributes:
+        task: the payload.
+        due: when it becomes ready, in seconds since the epoch on the Redis
+            clock (it may be past: a claim moves it to the queue).
+    """
+
+    task: bytes
+    due: float
+
+
+@attrs.frozen
+class DeadLetter:
+    """A dead-lettered one-shot task (see :meth:`Client.dead_letters`).
+
+    Attributes:
+        task: the payload.
+        attempts: failed attempts, the last one included.
+        error: the last failure: the exception's type and message (at most
+            2,000 characters), or ``"worker crashed: ..."`` when its worker
+            died; empty if unknown (dead-lettered by protocol 3).
+        worker: the id of the worker of the last attempt ("" if unknown).
+        when: when it was dead-lettered, seconds since the epoch on the Redis
+            clock (0.0 if unknown).
+    """
+
+    task: bytes
+    attempts: int
+    error: str
+    worker: str
+    when: float

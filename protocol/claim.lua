@@ -44,11 +44,14 @@
 --         fair share passes the wake on to as many idle servers as it left
 --         tasks, and one more (it was woken for them, and leaves the set)
 -- Returns: {now_ms, queued tasks left (-1: some were left for peers by the
---           fair share), then per process: id, persistent (1/0), failed
---           attempts so far, payload}
+--           fair share), ms until the first delayed task is due (-1: none),
+--           then per process: id, persistent (1/0), failed attempts so far,
+--           payload}
 -- Errors: FENCED, NOT_SERVING (W does not serve Q), BAD_ARG.
 -- Publishes: when held back, Q on the wake channels of up to (tasks left) + 1
---            idle servers (see lib.lua wake_idle).
+--            idle servers (see lib.lua wake_idle); when more delayed tasks
+--            are due than this claim moved, Q on the wake channels of up to
+--            (those left) + 1 idle servers.
 --!include lib.lua
 
 local n, err = count_arg(ARGV[4], 'claim count', 1000)
@@ -78,18 +81,29 @@ if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
 end
 
 local now = now_ms()
+-- Delayed tasks (retries, and tasks enqueued with a delay): the due ones
+-- move to the head, at most N per claim (O(log n) each); the reply says when
+-- the next one is due, and idle peers are woken for due ones left over.
+local next_due = -1
 if redis.call('EXISTS', KEYS[8]) == 1 then
   local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
   for i = #due, 1, -1 do
     redis.call('ZREM', KEYS[8], due[i])
     redis.call('LPUSH', KEYS[3], due[i])
   end
+  local first = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+  if #first > 0 then
+    next_due = math.max(0, tonumber(first[2]) - now)
+    if next_due == 0 then
+      wake_idle(KEYS[12], ARGV[11], ARGV[3], redis.call('ZCOUNT', KEYS[8], '-inf', now))
+    end
+  end
 end
 
 local items = redis.call('LPOP', KEYS[3], n)
 if not items then
   redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
-  return {now, 0}
+  return {now, 0, next_due}
 end
 
 -- without persistent tasks, nothing popped is persistent and the fair share
@@ -114,7 +128,7 @@ for _, payload in ipairs(items) do
 end
 for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
-local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3])}
+local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3]), next_due}
 if wake and #left == 0 and #take < n then
   redis.call('SADD', KEYS[12], ARGV[1])
 else

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mesh._server import RedisServer, run_redis_server
+from mesh.testing import RedisServer, run_redis_server
 
 
 @pytest.fixture(scope="session")

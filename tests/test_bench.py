@@ -5,10 +5,11 @@ assertions would only measure the machine the tests run on."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from bench import cancel, failover, memory, scale, throughput
+from bench import _charts, cancel, failover, memory, scale, throughput, worqr
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
 
@@ -45,7 +46,7 @@ def check(section: Section, name: str) -> None:
 
 
 async def test_throughput() -> None:
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False))
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False, worqr=False))
     check(s, "throughput")
     rate = figure(s, "trio-mesh, 1 worker process: processing")
     assert rate.unit == "tasks/s" and rate.median > 0
@@ -54,7 +55,36 @@ async def test_throughput() -> None:
     assert figure(s, "trio-mesh, 2 worker processes: processing").median > 0
     enq = figure(s, "trio-mesh, 1 worker process: enqueue 300")
     assert enq.unit == "s" and enq.target is not None
-    assert figure(s, "Worqr 1.2.3 (TypeScript, Node)").quoted
+    ratio = figure(s, "trio-mesh: 2 worker processes / 1")
+    assert ratio.target is not None and ratio.median > 0
+
+
+async def test_throughput_worqr() -> None:
+    """Worqr runs in the same run as trio-mesh, through the Node driver, with
+    the same figures as every peer (this machine has node and the tarball;
+    where it has not, the next test shows what happens)."""
+    w, why = worqr.prepare()
+    assert w is not None, why
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False))
+    check(s, "throughput")
+    label = f"Worqr {w.version.split()[0]} (Node)"
+    assert figure(s, f"{label}: processing").median > 0
+    # Worqr's dequeue + finishProcess are at least 8 commands per task
+    assert figure(s, f"{label}: Redis commands per task").median >= 8
+    assert figure(s, f"{label}: Redis CPU per task").median > 0
+    assert figure(s, f"{label}: worker CPU per task").median > 0
+    same = figure(s, "trio-mesh (1 process) / Worqr, same run")
+    assert same.target is not None and same.median > 0
+    assert any(n.startswith("Worqr ran under ") for n in s.notes)
+
+
+async def test_throughput_without_worqr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tarball: Worqr is skipped with a note, and the run goes on."""
+    monkeypatch.setenv("BENCH_WORQR_TGZ", "/nonexistent/worqr-1.2.3.tgz")
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=200, peers=False))
+    assert [n for n in s.notes if n.startswith("Worqr skipped: worqr-1.2.3.tgz not found")]
+    assert not [f for f in s.figures if "Worqr" in f.label]
+    assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
 
 
 async def test_failover() -> None:
@@ -66,6 +96,9 @@ async def test_failover() -> None:
     assert p99.median > 0.5 * 2 / 3 - 0.05
     assert figure(s, "SIGKILL: p99 / TTL").median == pytest.approx(p99.median / 0.5)
     assert figure(s, "graceful stop (SIGTERM): p99").unit == "ms"
+    # every trial is kept for the chart, the p99 among them
+    unit, kills = s.samples["SIGKILL"]
+    assert unit == "s" and len(kills) == 2 and max(kills) >= p99.median
 
 
 async def test_cancel() -> None:
@@ -106,3 +139,25 @@ async def test_memory() -> None:
     queued = figure(s, "one-shot: per queued task (32 B payload)")
     assert queued.unit == "B" and queued.median > 0 and queued.target is not None
     assert figure(s, "persistent: per running process (32 B payload)").median > 0
+
+
+def test_charts(tmp_path: Path) -> None:
+    """The charts are PNG files, embedded in the report, drawn from the
+    figures and samples only."""
+    tp = Section("throughput", "Throughput", "m", runs=3)
+    for label, v in (("trio-mesh, 1 worker process", 20_000.0), ("Worqr 1.2.3 (Node)", 9_000.0)):
+        tp.figures.append(Figure(f"{label}: processing", "tasks/s", [v * 0.9, v, v * 1.1]))
+    fo = Section("failover", "Failover", "m", runs=1)
+    fo.samples["SIGKILL"] = ("s", [0.8, 0.9, 1.0])
+    fo.limits["SIGKILL"] = 1.25
+    mem = Section("memory", "Memory", "m", runs=1)  # nothing to draw
+    assert _charts.available() == ""
+    _charts.draw([tp, fo, mem], tmp_path / "img")
+    assert [c.file for c in tp.charts] == ["bench-throughput.png"]
+    assert [c.file for c in fo.charts] == ["bench-failover.png"]
+    assert not mem.charts
+    for name in ("bench-throughput.png", "bench-failover.png"):
+        data = (tmp_path / "img" / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5_000
+    md = markdown([tp, fo, mem], {}, "python -m bench", "now", "img")
+    assert "](img/bench-throughput.png)" in md and "](img/bench-failover.png)" in md

@@ -20,8 +20,8 @@ import trio
 
 import mesh
 from mesh._connection import open_connection
-from mesh._server import RedisServer
 from mesh.cli import build_parser
+from mesh.testing import RedisServer
 
 from .test_worker import wait_for
 

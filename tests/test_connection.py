@@ -16,8 +16,8 @@ import trio
 
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
-from mesh._server import RedisServer, free_port, run_redis_server
 from mesh._url import parse_url
+from mesh.testing import RedisServer, free_port, run_redis_server
 
 SECRET = "hunter2-Secret"
 

@@ -22,7 +22,7 @@ import trio
 import mesh
 from mesh._connection import open_connection
 from mesh._errors import CommandError
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -102,6 +102,14 @@ def test_api_reference_has_every_public_name() -> None:
     documented = set(re.findall(r"^::: mesh\.(\w+)$", page("api.md"), re.M))
     assert sorted(set(names) - documented) == []
     assert sorted(documented - set(names)) == []
+
+
+def test_api_reference_documents_mesh_testing() -> None:
+    import mesh.testing
+
+    documented = set(re.findall(r"^::: mesh\.testing\.(\w+)$", page("api.md"), re.M))
+    assert documented == set(mesh.testing.__all__)
+    assert "run_redis_server" in documented
 
 
 def test_protocol_page_names_every_script() -> None:

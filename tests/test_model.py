@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from mesh._errors import CommandError, FencedError
 from mesh._keys import Keys
 from mesh._scripts import Binding
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 T = TypeVar("T")
 QUEUES = ("q1", "q2")

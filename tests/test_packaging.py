@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
 from mesh._scripts import Binding, _expand, load_scripts, parse_record
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 from .protocol_helpers import expire_worker, join, snapshot
 

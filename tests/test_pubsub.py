@@ -13,7 +13,7 @@ import trio.testing
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
 from mesh._pubsub import Message, PubSub, open_pubsub
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 
 async def next_message(pubsub: PubSub, within: float = 5.0) -> Message:

@@ -18,7 +18,7 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._runner import HERD, Counters, QueueConfig, QueueRunner
 from mesh._scripts import Binding
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 from .faults.proxy import Proxy
 from .protocol_helpers import expire_worker, join, snapshot

@@ -14,7 +14,7 @@ import trio
 import mesh
 import mesh._connection
 from mesh import ClosedError, ConfigError, MeshConnectionError, Process
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 from .protocol_helpers import expire_worker, join
 

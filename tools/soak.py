@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mesh
 from mesh._connection import open_connection
-from mesh._server import run_redis_server
+from mesh.testing import run_redis_server
 from tests.faults import checks, sink
 from tests.faults.harness import Driver, Harness
 from tests.faults.proxy import Proxy

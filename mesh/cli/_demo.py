@@ -30,7 +30,7 @@ import trio
 
 import mesh
 from mesh._connection import open_connection
-from mesh._server import find_redis_server, run_redis_server
+from mesh.testing import find_redis_server, run_redis_server
 
 from ._common import (
     CliError,

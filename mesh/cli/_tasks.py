@@ -4,6 +4,8 @@ one client call each."""
 from __future__ import annotations
 
 import argparse
+import datetime
+import math
 import sys
 from typing import Any
 
@@ -45,6 +47,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument("tasks", metavar="TASK", nargs="+", help=_TASKS_HELP)
+    when = p.add_mutually_exclusive_group()
+    when.add_argument(
+        "--delay",
+        type=_seconds,
+        metavar="S",
+        help="ready S seconds from now (Redis clock), not at once",
+    )
+    when.add_argument(
+        "--at",
+        type=_when,
+        metavar="TIME",
+        help="ready at TIME: ISO 8601 with a timezone (2030-01-01T09:00:00+00:00) "
+        "or a Unix time in seconds",
+    )
     _data_options(p)
     p.set_defaults(func=_enqueue)
 
@@ -113,9 +129,14 @@ def _enqueue(args: argparse.Namespace) -> int:
     async def go(client: mesh.Client) -> int:
         n = 0
         for i in range(0, len(tasks), _BATCH):
-            n += await client.enqueue_many(args.queue, tasks[i : i + _BATCH])
+            n += await client.enqueue_many(
+                args.queue, tasks[i : i + _BATCH], delay=args.delay, at=args.at
+            )
+        delayed = args.delay is not None or args.at is not None
         if args.json:
-            dump_json({"queue": args.queue, "enqueued": n})
+            dump_json({"queue": args.queue, "delayed" if delayed else "enqueued": n})
+        elif delayed:
+            print(f"delayed {_count(n, 'task')} on {args.queue}")
         else:
             print(f"enqueued {_count(n, 'task')} on {args.queue}")
         return 0
@@ -242,6 +263,30 @@ def _delete_queue(args: argparse.Namespace) -> int:
         return 0
 
     return run_client(t, go)
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"need a number of seconds >= 0, got {text!r}")
+    return v
+
+
+def _when(text: str) -> datetime.datetime | float:
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        t = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time or a Unix time: {text!r}") from None
+    if t.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no timezone: add one (e.g. +00:00 or Z)")
+    return t
 
 
 def _ask(question: str) -> str:

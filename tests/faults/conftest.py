@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 
-from mesh._server import RedisServer, run_redis_server
+from mesh.testing import RedisServer, run_redis_server
 
 from .harness import Harness, open_harness
 

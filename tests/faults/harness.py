@@ -17,7 +17,7 @@ import trio
 import mesh
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 from . import checks, sink
 from .proxy import Proxy

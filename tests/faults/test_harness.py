@@ -10,7 +10,7 @@ import trio
 
 from mesh import MeshConnectionError
 from mesh._connection import open_connection
-from mesh._server import RedisServer
+from mesh.testing import RedisServer
 
 from . import sink
 from .proxy import Proxy

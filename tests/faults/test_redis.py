@@ -11,7 +11,7 @@ import trio
 
 from mesh import MeshConnectionError
 from mesh._connection import open_connection
-from mesh._server import RedisServer, find_redis_server, run_redis_server
+from mesh.testing import RedisServer, find_redis_server, run_redis_server
 
 from .conftest import TTL
 from .harness import Harness, figure, open_harness, wait_until

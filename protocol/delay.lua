@@ -1,0 +1,62 @@
+-- delay.lua: put one-shot tasks in a queue's delayed set, due at a time of
+-- the Redis clock (after a delay, or at an absolute time). A claim moves due
+-- ones to the head of the queue, as it does with retries.
+--
+-- A payload waits in the delayed set at most once per queue: delaying one
+-- that is already delayed (a retry, or an earlier delay) keeps one entry, due
+-- at the earlier of the two times, and does not count it as added.
+--
+-- KEYS[1] {ns}:delayed:<Q>       ZSET payload -> due time (ms)
+-- KEYS[2] {ns}:queues            SET of known queue names
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
+-- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- ARGV[1] queue name Q
+-- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
+-- ARGV[3] mode: "in" (ARGV[4] ms from now) or "at" (ARGV[4] = the due time,
+--         ms since the Unix epoch on the Redis clock; a time past is due now)
+-- ARGV[4] a whole number of ms >= 0
+-- ARGV[5..] payloads
+-- Returns: {payloads newly delayed, the due time in ms (Redis clock), now_ms}.
+-- Errors: CONFLICT (a payload is a persistent task of Q: nothing changed),
+--         BAD_ARG (mode, time).
+-- Publishes: when the new due time is the queue's earliest, Q on the wake
+--            channels of up to two idle servers of Q: they claim, and the
+--            claim's reply tells them when the first delayed task is due.
+--!include lib.lua
+
+local mode = ARGV[3]
+if mode ~= 'in' and mode ~= 'at' then
+  return redis.error_reply('BAD_ARG mode must be "in" or "at"')
+end
+local ms, err = count_arg(ARGV[4], 'delay')
+if err then return err end
+local now = now_ms()
+local due = ms
+if mode == 'in' then due = now + ms end
+local n = #ARGV - 4
+if n == 0 then return {0, due, now} end
+if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
+  for i = 5, #ARGV do
+    if is_persistent(KEYS[3], KEYS[4], ARGV[i]) then
+      return redis.error_reply('CONFLICT task ' .. (i - 5) .. ' of this call is a persistent task of queue '
+        .. ARGV[1] .. '; a payload is one-shot or persistent in a queue, not both')
+    end
+  end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #first == 0 or tonumber(first[2]) > due then
+  -- before the first write (see wake_idle); one task, one spare
+  wake_idle(KEYS[5], ARGV[2], ARGV[1], 1)
+end
+local added = 0
+for i = 5, #ARGV, 2000 do
+  local args = {}
+  for j = i, math.min(i + 1999, #ARGV) do
+    args[#args + 1] = int(due)
+    args[#args + 1] = ARGV[j]
+  end
+  added = added + redis.call('ZADD', KEYS[1], 'LT', unpack(args))
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+return {added, due, now}
