@@ -168,7 +168,7 @@ async def test_client_lists_counts_and_cancels_delayed_tasks(
 ) -> None:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         now = await client.time()
-        at = datetime.datetime.fromtimestamp(now + 7200, datetime.timezone.utc)
+        at = datetime.datetime.fromtimestamp(now + 7200, datetime.UTC)
         assert await client.enqueue_many(Q, ["b", "c"], at=at) == 2
         await client.enqueue(Q, "a", delay=3600)
         listed = await client.delayed(Q)

@@ -17,9 +17,9 @@ import trio
 import mesh
 from mesh import MeshConnectionError, Process
 from mesh._connection import open_connection
-from mesh._server import RedisServer, free_port
 from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
 from mesh._url import parse_url
+from mesh.testing import RedisServer, free_port
 
 from .topology import ClusterSetup, client, cluster_setup, sentinel_setup, wait_for
 

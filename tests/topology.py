@@ -1,6 +1,6 @@
 """Throwaway Sentinel and Cluster topologies on free loopback ports, for the tests.
 
-Built from plain ``redis-server`` processes (the binary of ``mesh._server``'s
+Built from plain ``redis-server`` processes (the binary of ``mesh.testing``'s
 finder) with commands only: ``CLUSTER ADDSLOTS``, ``CLUSTER MEET``, ``CLUSTER
 REPLICATE``, ``redis-server --sentinel``. No ``redis-cli``. Everything is killed
 when the ``with`` block is left (and by the kernel if the test process dies).
@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import redis
 
-from mesh._server import RedisServer, _die_with_parent, _ping, find_redis_server, free_port
+from mesh.testing import RedisServer, _die_with_parent, _ping, find_redis_server, free_port
 
 SERVICE = "mymaster"
 
