@@ -21,6 +21,7 @@ from ._errors import MeshError as MeshError
 from ._errors import ProtocolError as ProtocolError
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._runner import Handler as Handler
+from ._topology import namespace_slot as namespace_slot
 from ._types import DeadLetter as DeadLetter
 from ._types import DelayedTask as DelayedTask
 from ._types import Process as Process

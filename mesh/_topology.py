@@ -32,10 +32,11 @@ import attrs
 import trio
 
 from ._errors import CommandError, MeshConnectionError
+from ._keys import Keys
 from ._transport import Arg, connect, scrub
 from ._url import RedisConfig
 
-__all__ = ["Topology", "keyslot"]
+__all__ = ["Topology", "keyslot", "namespace_slot"]
 
 Node = tuple[str, int]
 
@@ -80,6 +81,18 @@ def keyslot(key: bytes | str) -> int:
         if end > start + 1:
             key = key[start + 1 : end]
     return crc16(key) % _SLOTS
+
+
+def namespace_slot(namespace: str) -> int:
+    """The Redis Cluster hash slot that holds every key of ``namespace``.
+
+    Use it to choose namespace names that land on different masters (see
+    docs/operating.md, "Several namespaces on one cluster").
+
+    Raises:
+        ConfigError: not a valid namespace name.
+    """
+    return keyslot(Keys(namespace).prefix)
 
 
 @attrs.frozen

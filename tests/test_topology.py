@@ -94,6 +94,7 @@ def test_keyslot_matches_the_server(cluster: ClusterSetup) -> None:
     c = client(cluster.masters[0].port)
     for key in ("foo", ROUTE, "{a}b", "a{b", "{}x", "x" * 300, "ключ"):
         assert keyslot(key) == c.execute_command("CLUSTER", "KEYSLOT", key), key
+    assert mesh.namespace_slot(NS) == c.execute_command("CLUSTER", "KEYSLOT", ROUTE + "queue:q")
 
 
 async def test_shards_and_slots_give_the_same_map(cluster: ClusterSetup) -> None:
@@ -206,7 +207,7 @@ async def test_cluster_failovers() -> None:
                 workers: list[mesh.Worker] = []
 
                 async def one() -> None:
-                    async with mesh.open_worker(url, namespace=ns, ttl=6) as w:
+                    async with mesh.open_worker(url, namespace=ns, ttl=3) as w:
                         workers.append(w)
                         await w.start_work("p", runs.handler)
                         await trio.sleep_forever()
@@ -215,7 +216,7 @@ async def test_cluster_failovers() -> None:
                     nursery.start_soon(one)
                 await wait_until(lambda: all(runs.tokens(t) for t in tasks), 10, "first runs")
 
-                # 1. A coordinated failover, much shorter than the TTL (6 s).
+                # 1. A coordinated failover, shorter than R (2 s of the default 3 s TTL).
                 await trio.to_thread.run_sync(
                     lambda: client(replica.port).execute_command("CLUSTER", "FAILOVER")
                 )
