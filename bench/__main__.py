@@ -21,7 +21,7 @@ from mesh.testing import find_redis_server
 
 from . import _charts, cancel, failover, memory, scale, throughput
 from ._context import PEERS_VENV, Context
-from ._report import Section, markdown, text_table
+from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
 
 BENCHMARKS = {
@@ -76,7 +76,7 @@ def revision() -> str:
 async def main(args: argparse.Namespace) -> list[Section]:
     ctx = Context(runs=args.runs, quick=args.quick, peers_python=args.peers_python)
     sections = []
-    names = [args.only] if args.only else list(BENCHMARKS)
+    names = args.only or list(BENCHMARKS)
     for name in names:
         t = time.monotonic()
         load0 = _loadavg()
@@ -95,7 +95,9 @@ async def main(args: argparse.Namespace) -> list[Section]:
 def cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--only", choices=list(BENCHMARKS), help="run one benchmark")
+    parser.add_argument(
+        "--only", nargs="+", choices=list(BENCHMARKS), help="run only these benchmarks"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument(
         "--output",
@@ -104,6 +106,13 @@ def cli(argv: list[str] | None = None) -> int:
         "run; --quick and --only runs write nothing unless given --output)",
     )
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="with --only: replace those benchmarks' sections (their targets and charts) in "
+        f"the existing report ({DEFAULT_OUTPUT.relative_to(REPO)} unless --output) and keep "
+        "the others as they were measured; the report says which run measured what",
+    )
     parser.add_argument(
         "--peers-python",
         help=f"interpreter with SAQ, arq and streaQ (default: {PEERS_VENV}/bin/python if it "
@@ -119,9 +128,15 @@ def cli(argv: list[str] | None = None) -> int:
         return setup_peers()
     if args.runs < 1:
         parser.error("--runs must be >= 1")
+    if args.update and not args.only:
+        parser.error("--update needs --only (a full run rewrites the whole report)")
+    if args.update and args.quick:
+        parser.error("--update and --quick: a smoke run does not belong in the report")
     output = args.output
-    if output is None and not (args.quick or args.only or args.no_write):
+    if output is None and (args.update or not (args.quick or args.only or args.no_write)):
         output = DEFAULT_OUTPUT
+    if args.update and output is not None and not output.exists():
+        parser.error(f"--update: {output} does not exist")
     if args.no_write:
         output = None
     started = datetime.datetime.now(datetime.UTC)
@@ -139,7 +154,16 @@ def cli(argv: list[str] | None = None) -> int:
             sections[0].notes.append(missing)
         else:
             _charts.draw(sections, output.parent / charts_dir)
-        text = markdown(sections, info, command.strip(), when, charts_dir)
+        if args.update:
+            note = (
+                f"Updated: `{command.strip()}`, {when}, measured "
+                + ", ".join(s.title for s in sections)
+                + f" anew (trio-mesh {info['trio-mesh']}; load average before: "
+                f"{LOAD_BEFORE}); the other sections are from the run above."
+            )
+            text = update_markdown(output.read_text(), sections, note, charts_dir)
+        else:
+            text = markdown(sections, info, command.strip(), when, charts_dir)
         if FINDINGS.exists():
             text += "\n" + FINDINGS.read_text()
         output.parent.mkdir(parents=True, exist_ok=True)

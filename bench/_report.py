@@ -139,6 +139,31 @@ def markdown_table(section: Section) -> str:
     return "\n".join(out)
 
 
+def target_rows(s: Section) -> list[str]:
+    """The rows of the Targets table for one section's figures."""
+    return [
+        f"| {s.title}: {f.label} | {_num(f.median)} | {f.unit} | {f.target.text} | {f.verdict()} |"
+        for f in s.figures
+        if f.target is not None
+    ]
+
+
+def section_markdown(s: Section, charts_dir: str = "img") -> str:
+    """One section: its heading, method, charts, table and notes."""
+    parts = [f"## {s.title}", "", s.method.strip(), "", f"Runs: {s.runs}.", ""]
+    for c in s.charts:
+        parts += [f"![{c.alt}]({charts_dir}/{c.file})", ""]
+    parts.append(markdown_table(s))
+    if s.notes:
+        parts.append("")
+        parts += [f"- {n}" for n in s.notes]
+    return "\n".join(parts)
+
+
+TARGETS_HEAD = ["## Targets", "", "| figure | median | unit | target | verdict |",
+                "|---|--:|---|---|---|"]  # fmt: skip
+
+
 def markdown(
     sections: Sequence[Section],
     machine: dict[str, str],
@@ -165,21 +190,53 @@ def markdown(
         "|---|---|",
     ]
     parts += [f"| {k} | {v} |" for k, v in machine.items()]
-    parts += ["", "## Targets", "", "| figure | median | unit | target | verdict |",
-              "|---|--:|---|---|---|"]  # fmt: skip
+    parts += ["", *TARGETS_HEAD]
     for s in sections:
-        for f in s.figures:
-            if f.target is not None:
-                parts.append(
-                    f"| {s.title}: {f.label} | {_num(f.median)} | {f.unit} | "
-                    f"{f.target.text} | {f.verdict()} |"
-                )
+        parts += target_rows(s)
     for s in sections:
-        parts += ["", f"## {s.title}", "", s.method.strip(), "", f"Runs: {s.runs}.", ""]
-        for c in s.charts:
-            parts += [f"![{c.alt}]({charts_dir}/{c.file})", ""]
-        parts.append(markdown_table(s))
-        if s.notes:
-            parts.append("")
-            parts += [f"- {n}" for n in s.notes]
+        parts += ["", section_markdown(s, charts_dir)]
     return "\n".join(parts) + "\n"
+
+
+def update_markdown(
+    old: str, sections: Sequence[Section], note: str, charts_dir: str = "img"
+) -> str:
+    """``old`` (a report written by :func:`markdown`, findings included) with
+    ``sections`` measured anew: each replaces the section of the same title
+    (a new one goes after the others) and its rows of the Targets table;
+    every other section stays as it was measured. ``note`` (which run, which
+    sections) goes under the report's ``Run:`` line. The hand-written
+    findings (``## Findings...`` to the end) are dropped: the caller appends
+    the current ones.
+
+    Raises:
+        ValueError: ``old`` has no Targets table (not a report of ours).
+    """
+    blocks = old.split("\n## ")
+    head = blocks[0]
+    parts = [("## " + b).rstrip("\n") for b in blocks[1:]]
+    titles = [b.split("\n", 1)[0][3:].strip() for b in parts]
+    if "Targets" not in titles:
+        raise ValueError("not a report written by python -m bench: it has no Targets table")
+    old_targets = parts[titles.index("Targets")].splitlines()
+    kept = [(t, b) for t, b in zip(titles, parts, strict=True) if not t.startswith("Findings")]
+    new = {s.title: s for s in sections}
+    body: list[tuple[str, str]] = []
+    for title, block in kept:
+        s = new.pop(title, None)
+        body.append((title, block if s is None else section_markdown(s, charts_dir)))
+    body += [(s.title, section_markdown(s, charts_dir)) for s in new.values()]
+    measured = {s.title: s for s in sections}
+    rows: list[str] = []
+    for title, _ in body:
+        if title in measured:
+            rows += target_rows(measured[title])
+        elif title not in ("Machine", "Targets"):
+            rows += [r for r in old_targets if r.startswith(f"| {title}: ")]
+    targets = "\n".join([*TARGETS_HEAD, *rows])
+    lines = head.rstrip("\n").split("\n")
+    at = next((i for i, x in enumerate(lines) if x.startswith("Run: ")), len(lines) - 1)
+    lines[at + 1 : at + 1] = ["", note]
+    out = ["\n".join(lines)]
+    out += [targets if t == "Targets" else b for t, b in body]
+    return "\n\n".join(out) + "\n"

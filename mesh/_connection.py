@@ -2,9 +2,10 @@
 
 How it moves bytes:
 
-* :meth:`Connection.execute` packs its command (redis-py's sans-IO
-  ``PythonRespSerializer``), appends a small waiter to the *pending* list, wakes the
-  writer if it sleeps, and parks its trio task until the reply arrives.
+* :meth:`Connection.execute` packs its command (:func:`_pack`: RESP2, with
+  redis-py's ``Encoder`` for unusual argument types), appends a small waiter to
+  the *pending* list, wakes the writer if it sleeps, and parks its trio task
+  until the reply arrives.
 * One writer trio task takes everything pending and writes it with one
   ``send_all``: commands from many concurrent trio tasks share a socket write
   (auto-pipelining). Waiters move to the *in-flight* deque before the write.
@@ -57,13 +58,12 @@ from ._transport import TRANSPORT_ERRORS as _TRANSPORT_ERRORS
 from ._transport import Arg, coerce_config, connect, describe, reconnect, scrub
 from ._transport import make_reader as _make_reader
 from ._transport import pack as _pack
-from ._transport import pack_command as _pack_command
 from ._url import RedisConfig
 
 __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]
 
 # Re-exported for the contract tests of the sans-IO parts (tests/test_redis_contract.py).
-_CONTRACT = (_ENCODER, _make_reader, _pack_command)
+_CONTRACT = (_ENCODER, _make_reader, _pack)
 
 # Error replies that mean "this node did not run the command": re-route and retry.
 NOT_HERE = frozenset(
@@ -572,50 +572,64 @@ class Connection:
         in_flight = self._in_flight
         reschedule = trio.lowlevel.reschedule
         not_enough = _NOT_ENOUGH_DATA
+        timeout = self._reply_timeout or math.inf
+        current_time = trio.current_time
+        # One cancel scope per reply_timeout period, not per receive: its
+        # deadline is when the last data arrived (or the wait began) plus
+        # reply_timeout; when it passes, the loop looks at what really came.
+        last = current_time()
         try:
             while True:
-                with trio.move_on_after(self._reply_timeout or math.inf) as waited:
-                    data = await stream.receive_some(_RECEIVE_SIZE)
+                with trio.CancelScope(deadline=last + timeout) as waited:
+                    while True:
+                        data = await stream.receive_some(_RECEIVE_SIZE)
+                        last = current_time()
+                        if not data:
+                            self._broken(None, "Redis closed the connection")
+                            scope.cancel()
+                            return
+                        reader.feed(data)
+                        while True:
+                            reply = reader.gets()
+                            if reply is not_enough:
+                                break
+                            if not in_flight:
+                                self._broken(
+                                    None, f"protocol error: unexpected reply {reply!r:.100}"
+                                )
+                                scope.cancel()
+                                return
+                            waiter = in_flight[0]
+                            replies = waiter.replies
+                            if replies is None:
+                                in_flight.popleft()
+                                self._in_flight_commands -= 1
+                                if not waiter.cancelled:
+                                    waiter.cancelled = True  # nobody may resolve it twice
+                                    reschedule(waiter.task, outcome.Value(reply))
+                            else:
+                                replies.append(reply)
+                                self._in_flight_commands -= 1
+                                if len(replies) == waiter.expected:
+                                    in_flight.popleft()
+                                    if not waiter.cancelled:
+                                        waiter.cancelled = True
+                                        reschedule(waiter.task, outcome.Value(replies))
+                        if self._rerouting and not in_flight:
+                            scope.cancel()  # every owed reply arrived: re-route now
+                            return
                 if waited.cancelled_caught:
+                    now = current_time()
                     if not in_flight:
-                        continue  # idle: nothing is owed
+                        last = now  # idle: nothing is owed
+                        continue
+                    if now - last < timeout:
+                        continue  # data came meanwhile: wait from then
                     # Replies are owed and nothing came: a half-open socket
                     # (the peer host vanished, a NAT forgot the flow). Break it
                     # so the connection reconnects instead of waiting for TCP.
                     self._broken(None, f"no reply within reply_timeout={self._reply_timeout:g}s")
                     scope.cancel()
-                    return
-                if not data:
-                    self._broken(None, "Redis closed the connection")
-                    scope.cancel()
-                    return
-                reader.feed(data)
-                while True:
-                    reply = reader.gets()
-                    if reply is not_enough:
-                        break
-                    if not in_flight:
-                        self._broken(None, f"protocol error: unexpected reply {reply!r:.100}")
-                        scope.cancel()
-                        return
-                    waiter = in_flight[0]
-                    replies = waiter.replies
-                    if replies is None:
-                        in_flight.popleft()
-                        self._in_flight_commands -= 1
-                        if not waiter.cancelled:
-                            waiter.cancelled = True  # nobody may resolve it twice
-                            reschedule(waiter.task, outcome.Value(reply))
-                    else:
-                        replies.append(reply)
-                        self._in_flight_commands -= 1
-                        if len(replies) == waiter.expected:
-                            in_flight.popleft()
-                            if not waiter.cancelled:
-                                waiter.cancelled = True
-                                reschedule(waiter.task, outcome.Value(replies))
-                if self._rerouting and not in_flight:
-                    scope.cancel()  # every owed reply arrived: re-route now
                     return
         except _TRANSPORT_ERRORS as exc:
             self._broken(exc, "read failed")

@@ -161,3 +161,34 @@ def test_charts(tmp_path: Path) -> None:
         assert data.startswith(b"\x89PNG") and len(data) > 5_000
     md = markdown([tp, fo, mem], {}, "python -m bench", "now", "img")
     assert "](img/bench-throughput.png)" in md and "](img/bench-failover.png)" in md
+
+
+def test_update_markdown_replaces_only_what_was_measured() -> None:
+    """--update: the sections measured anew replace theirs (figures, target
+    rows, charts); the others stay as they were; the note says what changed."""
+    from bench._report import Chart, Target, update_markdown
+
+    def section(name: str, title: str, v: float) -> Section:
+        s = Section(name, title, f"method of {name}", runs=1)
+        s.figures.append(Figure("rate", "x", [v], target=Target(">=", 1.0, ">= 1")))
+        return s
+
+    old = markdown(
+        [section("throughput", "Throughput", 111.0), section("memory", "Memory", 222.0)],
+        {"CPU": "test"},
+        "python -m bench",
+        "then",
+    )
+    old += "\n## Findings and profiles\n\nold findings\n"
+    fresh = section("throughput", "Throughput", 333.0)
+    fresh.charts.append(Chart("bench-throughput.png", "alt"))
+    new = update_markdown(old, [fresh], "Updated: now, Throughput anew.")
+    assert "| Throughput: rate | 333 | x | >= 1 | met |" in new
+    assert "| Memory: rate | 222 | x | >= 1 | met |" in new
+    assert "111" not in new and "old findings" not in new
+    assert "![alt](img/bench-throughput.png)" in new
+    assert new.index("Run: `python -m bench`, then.") < new.index("Updated: now, Throughput anew.")
+    assert new.index("## Throughput") < new.index("## Memory")
+    assert new.count("## Targets") == 1 and new.count("## Machine") == 1
+    with pytest.raises(ValueError, match="no Targets table"):
+        update_markdown("# something else\n\n## A\n", [fresh], "note")

@@ -15,10 +15,9 @@ import pytest
 import redis
 import redis.connection
 from redis._parsers import Encoder
-from redis.connection import PythonRespSerializer
 from redis.exceptions import DataError
 
-from mesh._connection import _ENCODER, _NOT_ENOUGH_DATA, _make_reader, _pack, _pack_command
+from mesh._connection import _ENCODER, _NOT_ENOUGH_DATA, _make_reader, _pack
 from mesh._errors import CommandError, ConfigError
 
 encode = cast(Callable[[object], Any], _ENCODER.encode)
@@ -64,34 +63,27 @@ def test_encoder_rejects_other_types(bad: object) -> None:
         encode(bad)
 
 
-def test_serializer_is_redis_pys() -> None:
-    # What mesh._connection packs with: redis-py's serializer, bound to our Encoder.
-    assert isinstance(_pack_command.__self__, PythonRespSerializer)  # type: ignore[attr-defined]
-    assert _pack_command.__self__.encode == _ENCODER.encode  # type: ignore[attr-defined]
-
-
-def test_serializer_packs_exact_resp() -> None:
-    assert b"".join(_pack_command("SET", b"k", b"")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n"
-    assert b"".join(_pack_command("ECHO", b"\x00\r\n")) == b"*2\r\n$4\r\nECHO\r\n$3\r\n\x00\r\n\r\n"
-    assert (
-        b"".join(_pack_command(b"INCRBY", "k", 7))
-        == b"*3\r\n$6\r\nINCRBY\r\n$1\r\nk\r\n$1\r\n7\r\n"
-    )
-    assert b"".join(_pack_command("PING")) == b"*1\r\n$4\r\nPING\r\n"
+def test_pack_writes_exact_resp() -> None:
+    # mesh._connection packs RESP itself (test_connection pins it against
+    # redis-py's PythonRespSerializer); redis-py's Encoder above does the rest.
+    assert b"".join(_pack(("SET", b"k", b""))) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n"
+    assert b"".join(_pack(("ECHO", b"\x00\r\n"))) == b"*2\r\n$4\r\nECHO\r\n$3\r\n\x00\r\n\r\n"
+    assert b"".join(_pack((b"INCRBY", "k", 7))) == b"*3\r\n$6\r\nINCRBY\r\n$1\r\nk\r\n$1\r\n7\r\n"
+    assert b"".join(_pack(("PING",))) == b"*1\r\n$4\r\nPING\r\n"
 
 
 def test_serializer_splits_only_the_command_name() -> None:
-    assert b"".join(_pack_command("CONFIG GET", "a b")) == (
+    assert b"".join(_pack(("CONFIG GET", "a b"))) == (
         b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$3\r\na b\r\n"
     )
-    assert b"".join(_pack_command(b"CLIENT SETNAME", b"x")) == (
+    assert b"".join(_pack((b"CLIENT SETNAME", b"x"))) == (
         b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$1\r\nx\r\n"
     )
 
 
 def test_serializer_large_values_are_separate_chunks() -> None:
     big = bytes(range(256)) * 40  # 10240 bytes > buffer_cutoff
-    chunks = _pack_command("SET", b"k", big)
+    chunks = _pack(("SET", b"k", big))
     assert any(chunk is big for chunk in chunks)  # not copied
     assert b"".join(chunks) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$10240\r\n" + big + b"\r\n"
 
