@@ -136,11 +136,21 @@ class Client:
         Returns:
             True if it was added, False if it was there already (queued,
             waiting for a retry, or running).
+        Raises:
+            TypeError, ValueError, ConfigError: a bad payload or queue name
+                (nothing was sent).
+            ConflictError: the payload is queued or waiting for a retry as a
+                one-shot task of ``queue`` (as :meth:`enqueue` refuses a
+                persistent one). Costs a read of the queue: O(its length).
         """
         return (await self.ensure_many(queue, [task]))[0]
 
     async def ensure_many(self, queue: str, tasks: Iterable[bytes | str]) -> list[bool]:
-        """:meth:`ensure` for several tasks in one round trip; one bool each."""
+        """:meth:`ensure` for several tasks in one round trip; one bool each.
+
+        Raises:
+            As :meth:`ensure`; on ConflictError none was added.
+        """
         conn = self._check()
         check_queue(queue)
         payloads = self._payloads(tasks)
@@ -197,7 +207,8 @@ class Client:
         :meth:`cancel`. Workers that serve it go on serving it, empty.
 
         Returns:
-            How many tasks were removed plus how many processes were cancelled.
+            How many tasks were removed (queued, waiting for a retry and
+            dead-lettered ones) plus how many processes were cancelled.
         """
         conn = self._check()
         check_queue(queue)

@@ -11,6 +11,8 @@ finish first, so the claim can take the slots it freed.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -25,7 +27,7 @@ from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._scripts import Binding, ClaimReply
 from ._types import Process
 
-__all__ = ["Handler", "QueueConfig", "QueueRunner"]
+__all__ = ["Handler", "QueueConfig", "QueueRunner", "check_handler"]
 
 log = logging.getLogger("mesh.worker")
 
@@ -33,6 +35,39 @@ log = logging.getLogger("mesh.worker")
 HERD = 3
 
 Handler = Callable[[Process], Awaitable[Any]]
+
+
+def check_handler(handler: object) -> None:
+    """Refuse a handler that is not an async callable: an ``async def``
+    function or method, a :func:`functools.partial` of one, or an object
+    whose ``__call__`` is ``async def``. A plain ``def`` would run its side
+    effects, then fail every attempt on ``await`` until dead-lettered.
+
+    Raises:
+        TypeError: not callable, or not async; the message says what to do.
+    """
+    if not callable(handler):
+        raise TypeError(
+            f"handler must be an async callable taking a Process, not {type(handler).__name__}"
+        )
+    if _is_async_callable(handler):
+        return
+    name = getattr(handler, "__qualname__", None) or type(handler).__name__
+    raise TypeError(
+        f"handler {name} is not async: a handler is 'async def handler(process)', a "
+        "functools.partial of one, or an object with 'async def __call__' (a plain def, "
+        "or a lambda that returns a coroutine, is refused before any task runs)"
+    )
+
+
+def _is_async_callable(obj: object) -> bool:
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    if inspect.iscoroutinefunction(obj):
+        return True
+    if inspect.isroutine(obj) or inspect.isclass(obj):
+        return False
+    return inspect.iscoroutinefunction(getattr(obj, "__call__", None))  # noqa: B004
 
 
 @attrs.frozen

@@ -50,7 +50,7 @@ from ._errors import (
 )
 from ._keys import Keys, check_queue, check_worker_id
 from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import Counters, Handler, QueueConfig, QueueRunner
+from ._runner import Counters, Handler, QueueConfig, QueueRunner, check_handler
 from ._scripts import Binding
 from ._supervisor import Reaper
 from ._topology import Topology
@@ -256,6 +256,10 @@ class Worker:
 
         Raises:
             ConfigError: bad queue name or arguments, or already served.
+            TypeError: ``handler`` is not an async callable (an ``async def``
+                function, a ``functools.partial`` of one, or an object with
+                an ``async def __call__``): a plain ``def`` is refused here,
+                before any task runs.
             FencedError, MeshConnectionError: as from Redis.
 
         On cancellation (or any error) the queue is not served by this object;
@@ -269,8 +273,8 @@ class Worker:
             raise ConfigError(f"max_attempts must be a whole number >= 0, got {max_attempts!r}")
         if not (0 <= backoff <= backoff_max):
             raise ConfigError(f"need 0 <= backoff <= backoff_max, got {backoff!r}, {backoff_max!r}")
-        if handler is not None and not callable(handler):
-            raise TypeError("handler must be an async callable taking a Process")
+        if handler is not None:
+            check_handler(handler)
         self._check_open()
         async with self._queue_lock:
             if queue in self._queues:

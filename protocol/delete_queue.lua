@@ -16,7 +16,8 @@
 -- ARGV[2] prefix of cancel channels ({ns}:cancel:)
 -- ARGV[3] the delete channel of Q ({ns}:delete:<Q>)
 -- ARGV[4..] worker ids W_j, in the order of their keys
--- Returns: {0, queued and delayed tasks removed, processes cancelled}, or
+-- Returns: {0, queued, delayed and dead-lettered tasks removed, processes
+--          cancelled}, or
 --          {1, W...} as cancel.lua.
 -- Errors: BAD_ARG (key count).
 -- Publishes: each cancelled process id on its worker's cancel channel, then
@@ -32,6 +33,7 @@ local wkeys, missing = worker_keys(found, 3, 8, nw)
 if missing then return missing end
 
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
+  + redis.call('LLEN', KEYS[6])
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8])
 redis.call('SREM', KEYS[7], ARGV[1])

@@ -6,6 +6,7 @@ command printed, its exit status, and what it did in Redis."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import pytest
 import trio
 
 import mesh
+from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._connection import open_connection
 from mesh.cli import build_parser
 from mesh.testing import RedisServer
@@ -55,6 +57,11 @@ async def mesh_cli(
             env=env if env is not None else clean_env(),
             cwd=cwd,
         )
+
+
+def utf8(text: str) -> dict[str, str]:
+    """A payload as ``--json`` prints valid UTF-8."""
+    return {"encoding": "utf-8", "data": text}
 
 
 def text(r: subprocess.CompletedProcess[bytes]) -> str:
@@ -179,16 +186,24 @@ async def test_enqueue_ensure_cancel_reconcile_delete(
         assert r.returncode == 0, text(r)
         assert "2 added, 0 there already" in r.stdout.decode()
         r = await mesh_cli("ensure", "devices", "d2", "d3", "--json", *ns_args)
-        assert json.loads(r.stdout) == {"queue": "devices", "added": ["d3"], "existing": ["d2"]}
+        assert json.loads(r.stdout) == {
+            "queue": "devices",
+            "added": [utf8("d3")],
+            "existing": [utf8("d2")],
+        }
         assert sorted(await client.persistent_tasks("devices")) == [b"d1", b"d2", b"d3"]
 
         # enqueue of a payload that is a persistent task: refused, exit 1
         r = await mesh_cli("enqueue", "devices", "d1", *ns_args)
         assert_one_line_error(r, 1)
+        # and the reverse: ensure of a payload queued as one-shot
+        r = await mesh_cli("ensure", "jobs", "x", "c", *ns_args)
+        assert "is a one-shot task of queue jobs" in assert_one_line_error(r, 1)
+        assert await client.persistent_tasks("jobs") == {}
 
         # cancel, by payload
         r = await mesh_cli("cancel", "jobs", "b", "--json", *ns_args)
-        assert json.loads(r.stdout) == {"queue": "jobs", "task": "b", "cancelled": 1}
+        assert json.loads(r.stdout) == {"queue": "jobs", "task": utf8("b"), "cancelled": 1}
         assert await client.tasks("jobs") == [b"a", b"c", b"d", b"e"]
         r = await mesh_cli("cancel", "jobs", "zzz", *ns_args)
         assert r.returncode == 0 and "nothing to cancel" in r.stdout.decode()
@@ -200,8 +215,8 @@ async def test_enqueue_ensure_cancel_reconcile_delete(
         assert r.returncode == 0, text(r)
         assert json.loads(r.stdout) == {
             "queue": "devices",
-            "added": ["d4"],
-            "cancelled": ["d1", "d3"],
+            "added": [utf8("d4")],
+            "cancelled": [utf8("d1"), utf8("d3")],
             "unchanged": 1,
         }
         assert sorted(await client.persistent_tasks("devices")) == [b"d2", b"d4"]
@@ -212,10 +227,72 @@ async def test_enqueue_ensure_cancel_reconcile_delete(
         assert r.returncode == 0, text(r)
         assert await client.persistent_tasks("devices") == {}
 
-        # delete-queue
+        # delete-queue: dead letters count among what it removed
+        await client._conn.execute("RPUSH", f"{{{namespace}}}:dead:jobs", "dead-1")
+        assert (await client.queue_info("jobs")).dead == 1
         r = await mesh_cli("delete-queue", "jobs", "--yes", "--json", *ns_args)
-        assert json.loads(r.stdout) == {"queue": "jobs", "deleted": 4}
+        assert json.loads(r.stdout) == {"queue": "jobs", "deleted": 4 + 1}
         assert await client.queue_length("jobs") == 0
+        assert (await client.queue_info("jobs")).dead == 0
+        await client._conn.execute("RPUSH", f"{{{namespace}}}:dead:jobs", "dead-2")
+        r = await mesh_cli("delete-queue", "jobs", "--yes", *ns_args)
+        assert r.stdout.decode().startswith("deleted queue jobs: 1 task removed"), text(r)
+
+
+async def test_json_tells_bytes_from_text(redis_url: str, ns_args: list[str]) -> None:
+    # the bytes caf\xe9 (not UTF-8) and the text "caf\xe9" (a backslash):
+    # once printed alike, now one is base64 and the other text
+    r = await mesh_cli("ensure", "q", "-", "caf\\xe9", "--json", *ns_args, stdin=b"caf\xe9\n")
+    assert r.returncode == 0, text(r)
+    out = json.loads(r.stdout)
+    assert out["added"] == [
+        {"encoding": "base64", "data": "Y2Fm6Q=="},
+        {"encoding": "utf-8", "data": "caf\\xe9"},
+    ]
+    assert base64.b64decode(out["added"][0]["data"]) == b"caf\xe9"
+    r = await mesh_cli("cancel", "q", "café", "--json", *ns_args)
+    assert json.loads(r.stdout)["task"] == {"encoding": "utf-8", "data": "café"}
+
+
+@pytest.mark.parametrize("command", ["enqueue", "ensure", "reconcile"])
+async def test_a_stdin_line_over_the_payload_limit_is_one_line(
+    redis_url: str, namespace: str, ns_args: list[str], command: str
+) -> None:
+    big = b"x" * (DEFAULT_MAX_PAYLOAD + 1)
+    args = ["q"] if command == "reconcile" else ["q", "-"]
+    r = await mesh_cli(command, *args, *ns_args, stdin=b"ok\n\n" + big + b"\n")
+    line = assert_one_line_error(r, 2)
+    assert f"line 3 of stdin is {len(big)} bytes" in line, line
+    assert "nothing was sent" in line
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.queues() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--namespace", ""], {}),
+        (["--namespace", " "], {}),
+        ([], {"MESH_NAMESPACE": ""}),
+        (["--redis", ""], {}),
+        ([], {"MESH_REDIS_URL": ""}),
+    ],
+)
+async def test_an_empty_namespace_or_url_is_refused_not_defaulted(
+    redis_url: str, args: list[str], env: dict[str, str]
+) -> None:
+    # `mesh delete-queue jobs --yes --namespace "$NS"` with NS unset must not
+    # delete the default namespace's queue
+    async with mesh.open_client(redis_url) as client:  # the default namespace
+        await client.enqueue("jobs", "keep me")
+        try:
+            full = {"MESH_REDIS_URL": redis_url, **env}
+            r = await mesh_cli("delete-queue", "jobs", "--yes", *args, env=clean_env(**full))
+            line = assert_one_line_error(r, 2)
+            assert "empty" in line, line
+            assert await client.tasks("jobs") == [b"keep me"]
+        finally:
+            await client.delete_queue("jobs")
 
 
 async def test_namespace_and_url_from_the_environment(redis_url: str, namespace: str) -> None:
@@ -264,7 +341,8 @@ async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: li
             "dead": 0,
         }
         assert queues["jobs"]["queued"] == 3
-        assert sorted(p["task"] for p in snap["processes"]) == ["d1", "d2"]
+        assert sorted(p["task"]["data"] for p in snap["processes"]) == ["d1", "d2"]
+        assert {p["task"]["encoding"] for p in snap["processes"]} == {"utf-8"}
 
         # The table: the columns of each row start where their header does.
         r = await mesh_cli("status", *ns_args)
@@ -445,6 +523,51 @@ async def test_worker_hands_everything_back_on_a_signal(
         await proc.wait()
 
 
+PLAIN_APP = """
+def handler(process):
+    print("side effect")
+
+queues = {"jobs": handler}
+"""
+
+BROKEN_APP = """
+import trio
+queues = {}
+1 / 0
+"""
+
+
+async def test_worker_app_mistakes_are_one_line(
+    redis_url: str, namespace: str, ns_args: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "svc.py").write_text(APP)
+    (tmp_path / "plain_app.py").write_text(PLAIN_APP)
+    (tmp_path / "broken_app.py").write_text(BROKEN_APP)
+
+    async def worker(app: str, *more: str) -> subprocess.CompletedProcess[bytes]:
+        return await mesh_cli("worker", app, *more, *ns_args, cwd=tmp_path)
+
+    # a file path, or a module name with .py: the hint names the module
+    for app in ["./svc.py:queues", "svc.py:queues", str(tmp_path / "svc.py") + ":queues"]:
+        line = assert_one_line_error(await worker(app), 2)
+        assert "'svc:queues'" in line and "drop '.py'" in line, line
+    assert str(tmp_path) in assert_one_line_error(await worker(str(tmp_path / "svc.py:queues")), 2)
+    # a plain def handler: refused before any task could run it
+    line = assert_one_line_error(await worker("plain_app:queues"), 2)
+    assert "queue 'jobs'" in line and "is not async" in line, line
+    # a module that fails to import: one line, and --traceback shows where
+    r = await worker("broken_app:queues")
+    line = assert_one_line_error(r, 1)
+    assert "importing 'broken_app' failed" in line and "ZeroDivisionError" in line, line
+    assert "broken_app.py:4" in line and "--traceback" in line, line
+    r = await worker("broken_app:queues", "--traceback")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "Traceback" in err and "1 / 0" in err, err
+    assert err.strip().splitlines()[-1].startswith("mesh worker: error: importing"), err
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.workers() == []  # none of them joined
+
+
 # --- the demo ------------------------------------------------------------------------
 
 
@@ -596,6 +719,18 @@ async def test_demo_keep_going_serves_until_interrupted(tmp_path: Path) -> None:
 # --- the README ------------------------------------------------------------------------
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_demo_takes_as_long_in_the_help_as_in_the_readme() -> None:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    (demo,) = [c for c in sub._choices_actions if c.dest == "demo"]
+    assert demo.help is not None
+    in_help = re.findall(r"about (\d+) s\b", demo.help)
+    in_readme = re.findall(r"about (\d+) s\b", README.read_text())
+    # about 3 s: a demo TTL of 1.5 s to take over, plus starting the peers
+    # (2.4 to 2.9 s measured with `time mesh demo`)
+    assert in_help == in_readme == ["3"]
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:

@@ -68,3 +68,67 @@ def test_the_wheel_runs_scripts_from_its_own_protocol_files(
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[b'from the wheel']"
+
+
+EDITABLE = """
+import sys, setuptools.build_meta as b
+print(b.build_editable(sys.argv[1]))
+"""
+
+TYPED = """
+import mesh
+import mesh.testing
+
+async def main() -> None:
+    async with mesh.open_client("redis://127.0.0.1:1") as client:
+        n: int = await client.enqueue_many("q", [b"x"])
+        print(n + 1)
+"""
+
+
+@pytest.mark.slow
+def test_an_editable_install_is_visible_to_type_checkers(tmp_path: Path) -> None:
+    # What `pip install -e .` installs: setuptools' editable wheel (PEP 660).
+    # With an import hook in it, mypy cannot find `mesh` ("Cannot find
+    # implementation or library stub"): it must be a plain path in a .pth.
+    out = tmp_path / "dist"
+    out.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-c", EDITABLE, str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    (wheel,) = out.glob("trio_mesh-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.endswith("_finder.py")], names
+    (pth,) = [n for n in names if n.endswith(".pth")]
+    assert zipfile.ZipFile(wheel).read(pth).decode().split() == [str(ROOT)]
+    # A fresh environment with that editable install and our dependencies (a
+    # path line: the .pth files of this venv, its own editable install
+    # included, are not run), and mypy run from elsewhere, as a user would.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    zipfile.ZipFile(wheel).extractall(site)
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "deps.pth").write_text("\n".join(deps) + "\n")
+    (tmp_path / "app.py").write_text(TYPED)
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "mypy", "--strict", "--no-incremental", "app.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Success" in r.stdout
+    # and the interpreter of that environment runs the package from the checkout
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import mesh._scripts as s; print(s._protocol_dir())"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert str(ROOT) in r.stdout

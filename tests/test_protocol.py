@@ -113,6 +113,33 @@ async def test_enqueue_of_a_persistent_payload_changes_nothing(
     assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == []
 
 
+async def test_ensure_of_a_one_shot_payload_changes_nothing(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    await b.enqueue(conn, Q, [b"job-1", b"job-2"])
+    with pytest.raises(ConflictError, match="task 1 of this call is a one-shot task"):
+        await b.ensure(conn, Q, [b"dev", b"job-2"])
+    # many payloads at once take the one-pass path: the same answer
+    many = [b"d%d" % i for i in range(20)] + [b"job-1"]
+    with pytest.raises(ConflictError, match="task 20 of this call"):
+        await b.ensure(conn, Q, many)
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"job-1", b"job-2"]
+    assert await conn.execute("HLEN", keys.persistent(Q)) == 0
+    assert await conn.execute("SCARD", keys.standby(Q)) == 0
+    # waiting for a retry: still a one-shot task of Q
+    inc = await join(b, conn, "w1", Q)
+    (p,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await b.give_back(conn, "w1", Q, [p.id], failed=True, backoff_ms=60_000, backoff_cap_ms=60_000)
+    assert await conn.execute("ZSCORE", keys.delayed(Q), b"job-1") is not None
+    with pytest.raises(ConflictError, match="task 0 of this call"):
+        await b.ensure(conn, Q, [b"job-1"])
+    # a persistent copy queued alongside is no conflict, nor another queue
+    assert await b.ensure(conn, Q, [b"dev"]) == [True]
+    assert await b.ensure(conn, Q, many[:20]) == [True] * 20
+    assert await b.ensure(conn, Q, [b"dev", b"d3"]) == [False, False]
+    assert await b.ensure(conn, "other", [b"job-2"]) == [True]
+
+
 async def test_ensure_is_unique_per_queue_and_payload(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
@@ -638,7 +665,7 @@ async def test_delete_queue_removes_everything_and_cancels_running(
     await b.ensure(conn, Q, [b"p"])
     (a,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
     await conn.execute("RPUSH", keys.dead(Q), "d")
-    assert await b.delete_queue(conn, Q) == (3, 1)
+    assert await b.delete_queue(conn, Q) == (3 + 1, 1)  # the dead letter counts
     s = await snapshot(conn, keys, Q, ["w1"])
     assert s == {
         "queue": [], "persistent": {}, "procs": {}, "attempts": {}, "delayed": [], "dead": [],

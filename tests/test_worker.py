@@ -3,6 +3,7 @@ tasks, handover, fencing, cancel, lossless events, and bad input."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -923,3 +924,41 @@ async def test_a_server_whose_wake_was_lost_is_back_in_the_idle_set_within_a_hea
         t0 = trio.current_time()
         await wait_for(member, within=3 * w.timing.interval)
         assert trio.current_time() - t0 <= w.timing.interval + 0.3
+
+
+async def test_a_plain_def_handler_is_refused_before_any_task_runs(
+    redis_url: str, namespace: str
+) -> None:
+    ran: list[bytes] = []
+
+    def plain(p: Process) -> None:
+        ran.append(p.task)
+
+    async def handler(p: Process, tag: str) -> None:
+        ran.append(tag.encode() + p.task)
+
+    class Callable_:
+        async def __call__(self, p: Process) -> None:
+            ran.append(b"obj:" + p.task)
+
+    class SyncCallable:
+        def __call__(self, p: Process) -> None:
+            ran.append(p.task)
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, [w]):
+        await client.enqueue_many("plain", [b"a"])
+        for bad in (plain, lambda p: handler(p, "x"), SyncCallable(), functools.partial(plain)):
+            with pytest.raises(TypeError, match="is not async"):
+                await w.start_work("plain", bad)  # type: ignore[arg-type]
+        assert "plain" not in (await client.workers())[0].queues
+        # async callables of every shape are accepted and run
+        await w.start_work("partial", functools.partial(handler, tag="p:"))
+        await w.start_work("object", Callable_())
+        await client.enqueue("partial", b"1")
+        await client.enqueue("object", b"2")
+
+        async def both_ran() -> bool:
+            return sorted(ran) == [b"obj:2", b"p:1"]
+
+        await wait_for(both_ran, what="the partial and the object to run")
+        assert await client.queue_length("plain") == 1  # the plain def never ran

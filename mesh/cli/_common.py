@@ -4,6 +4,7 @@ codes, reading tasks, and printing payloads, tables and durations."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import attrs
 import trio
 
 import mesh
+from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._keys import Keys, check_queue
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "Target",
     "UsageError",
     "add_target_options",
+    "check_size",
     "dump_json",
     "format_ms",
     "format_seconds",
@@ -95,8 +98,8 @@ def target(args: argparse.Namespace) -> Target:
     Raises:
         UsageError: a malformed URL or namespace (the message has no password).
     """
-    url = args.redis or os.environ.get("MESH_REDIS_URL") or DEFAULT_URL
-    namespace = args.namespace or os.environ.get("MESH_NAMESPACE") or "mesh"
+    url = _given(args.redis, "--redis", "MESH_REDIS_URL") or DEFAULT_URL
+    namespace = _given(args.namespace, "--namespace", "MESH_NAMESPACE") or "mesh"
     try:
         config = mesh.parse_url(url)
         Keys(namespace)
@@ -105,18 +108,57 @@ def target(args: argparse.Namespace) -> Target:
     return Target(config, namespace)
 
 
+def _given(option: str | None, flag: str, variable: str) -> str | None:
+    """The option's value, else the environment variable's, else None. An
+    empty value is refused, not taken as "use the default": with
+    ``--namespace "$NS"`` and NS unset, the default namespace is the last
+    one to act on.
+
+    Raises:
+        UsageError: the option or the variable is given but empty.
+    """
+    if option is not None:
+        if not option.strip():
+            raise UsageError(f"{flag} is empty; leave it out to use the default")
+        return option
+    value = os.environ.get(variable)
+    if value is not None and not value.strip():
+        raise UsageError(f"${variable} is set but empty; unset it to use the default")
+    return value
+
+
+def check_size(task: bytes, what: str, limit: int = DEFAULT_MAX_PAYLOAD) -> bytes:
+    """``task``, unless it is longer than ``limit`` bytes (``what`` names it
+    in the error).
+
+    Raises:
+        UsageError: over the limit.
+    """
+    if len(task) > limit:
+        raise UsageError(
+            f"{what} is {len(task)} bytes, over the limit of a task payload "
+            f"({limit} bytes): nothing was sent"
+        )
+    return task
+
+
 def task_bytes(arg: str) -> bytes:
     """A task given on the command line, as the bytes the shell passed."""
     return os.fsencode(arg)
 
 
-def read_tasks(stream: IO[bytes]) -> list[bytes]:
+def read_tasks(stream: IO[bytes], source: str = "stdin") -> list[bytes]:
     """Tasks from a byte stream, one per line. Line ends (``\\n`` or ``\\r\\n``)
-    are not part of a task; empty lines are skipped."""
+    are not part of a task; empty lines are skipped.
+
+    Raises:
+        UsageError: a line over the payload limit (``source`` names the stream).
+    """
     out = []
-    for line in stream.read().split(b"\n"):
+    for n, line in enumerate(stream.read().split(b"\n"), 1):
         line = line.removesuffix(b"\r")
         if line:
+            check_size(line, f"line {n} of {source}")
             out.append(line)
     return out
 
@@ -125,16 +167,17 @@ def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> lis
     """The TASK words of a command, where ``-`` stands for the lines of stdin.
 
     Raises:
-        UsageError: ``-`` given more than once.
+        UsageError: ``-`` given more than once, or a task over the payload
+            limit (nothing is sent then).
     """
     if words.count("-") > 1:
         raise UsageError("'-' (read tasks from stdin) may be given once")
     out: list[bytes] = []
-    for w in words:
+    for i, w in enumerate(words, 1):
         if w == "-":
             out += read_tasks(stdin if stdin is not None else sys.stdin.buffer)
         else:
-            out.append(task_bytes(w))
+            out.append(check_size(task_bytes(w), f"task argument {i}"))
     return out
 
 
@@ -151,10 +194,15 @@ def show_task(task: bytes, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def json_task(task: bytes) -> str:
-    """A payload in JSON output: its UTF-8 text, with undecodable bytes as
-    ``\\xNN`` escapes."""
-    return task.decode(errors="backslashreplace")
+def json_task(task: bytes) -> dict[str, str]:
+    """A payload in JSON output, unambiguous: ``{"encoding": "utf-8", "data":
+    TEXT}`` when the bytes are valid UTF-8, else ``{"encoding": "base64",
+    "data": BASE64}``. So the bytes ``caf\\xe9`` and the text ``caf\\xe9``
+    never print alike."""
+    try:
+        return {"encoding": "utf-8", "data": task.decode()}
+    except UnicodeDecodeError:
+        return {"encoding": "base64", "data": base64.b64encode(task).decode()}
 
 
 def dump_json(obj: Any, out: IO[str] | None = None) -> None:

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``demo`` to the ``mesh`` parser."""
     p = sub.add_parser(
         "demo",
-        help="watch peers own devices, lose a peer, take over, cancel (about 6 s)",
+        help="watch peers own devices, lose a peer, take over, cancel (about 3 s)",
         description="A live tour: start redis-server (unless --redis), launch peer worker "
         "processes, give them persistent device connections and one-shot jobs, SIGKILL "
         "the busiest peer and time the takeover, cancel a device by payload and time it, "

@@ -199,7 +199,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     else:
         try:
             with open(args.file, "rb") as f:
-                tasks = read_tasks(f)
+                tasks = read_tasks(f, args.file)
         except OSError as exc:
             raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     tasks = list(dict.fromkeys(tasks))
@@ -257,7 +257,9 @@ def _delete_queue(args: argparse.Namespace) -> int:
             print(
                 f"deleted queue {args.queue}: "
                 + _count(
-                    n, "task removed or process cancelled", "tasks removed or processes cancelled"
+                    n,
+                    "task removed (queued, delayed or dead-lettered) or process cancelled",
+                    "tasks removed (queued, delayed or dead-lettered) or processes cancelled",
                 )
             )
         return 0

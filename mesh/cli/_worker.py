@@ -15,7 +15,9 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -23,10 +25,19 @@ import trio
 import mesh
 from mesh import LeaseTiming
 from mesh._keys import check_queue, check_worker_id
+from mesh._runner import check_handler
 
-from ._common import Target, UsageError, add_target_options, positive_float, show_task, target
+from ._common import (
+    CliError,
+    Target,
+    UsageError,
+    add_target_options,
+    positive_float,
+    show_task,
+    target,
+)
 
-__all__ = ["load_app", "register"]
+__all__ = ["AppImportError", "load_app", "register"]
 
 log = logging.getLogger("mesh.cli")
 
@@ -93,6 +104,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log level (default info); logs go to stderr, one line per event",
     )
+    p.add_argument(
+        "--traceback",
+        action="store_true",
+        help="if APP's module fails to import, print the traceback (default: one line)",
+    )
     p.set_defaults(func=_worker)
 
 
@@ -126,19 +142,33 @@ def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
     return queue, n
 
 
+class AppImportError(CliError):
+    """APP's module raised while it was imported (a bug there): exit status 1.
+    The exception is the ``__cause__``; ``--traceback`` prints it."""
+
+
 def load_app(spec: str) -> dict[str, mesh.Handler]:
     """Import ``module:attribute`` and check that it maps queue names to handlers.
 
     The current directory goes first on ``sys.path`` (as with uvicorn).
 
     Raises:
-        UsageError: a malformed spec, no such module or attribute, or not a
-            mapping of valid queue names to callables. An exception raised
-            while importing the module itself propagates (it is a bug there).
+        UsageError: a malformed spec (a file path is refused with the module
+            name to use instead), no such module or attribute, or not a
+            mapping of valid queue names to async callables.
+        AppImportError: importing the module raised (its ``__cause__``).
     """
     module_name, colon, attr = spec.partition(":")
     if not colon or not module_name or not attr:
         raise UsageError(f"APP must be 'module:attribute', e.g. 'tasks:queues'; got {spec!r}")
+    if module_name.endswith(".py") or module_name.startswith(".") or "/" in module_name:
+        path = Path(module_name)
+        stem = path.name.removesuffix(".py").strip(".") or "tasks"
+        where = "the current directory" if path.parent == Path(".") else str(path.parent)
+        raise UsageError(
+            f"APP names a module, not a file: drop '.py' (and any path): "
+            f"'{stem}:{attr}', run from {where} (or with it on PYTHONPATH)"
+        )
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -149,9 +179,12 @@ def load_app(spec: str) -> dict[str, mesh.Handler]:
         # an import that fails inside it is a bug to show with its traceback.
         if exc.name and (module_name + ".").startswith(exc.name + "."):
             raise UsageError(
-                f"cannot import {module_name!r} (from APP {spec!r}): no such module"
+                f"cannot import {module_name!r} (from APP {spec!r}): no such module "
+                f"in {cwd} or on sys.path"
             ) from None
-        raise
+        raise _import_failed(module_name, exc) from exc
+    except Exception as exc:
+        raise _import_failed(module_name, exc) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -169,15 +202,35 @@ def load_app(spec: str) -> dict[str, mesh.Handler]:
             check_queue(queue)
         except (TypeError, mesh.ConfigError) as exc:
             raise UsageError(f"APP {spec!r}: {exc}") from None
-        if not callable(handler):
-            raise UsageError(f"APP {spec!r}: the handler of queue {queue!r} is not callable")
+        try:
+            check_handler(handler)
+        except TypeError as exc:
+            raise UsageError(f"APP {spec!r}, queue {queue!r}: {exc}") from None
         app[queue] = handler
     return app
 
 
+def _import_failed(module: str, exc: BaseException) -> AppImportError:
+    where = ""
+    tb = traceback.extract_tb(exc.__traceback__)
+    if tb:
+        where = f" at {tb[-1].filename}:{tb[-1].lineno}"
+    elif isinstance(exc, SyntaxError) and exc.filename:
+        where = f" at {exc.filename}:{exc.lineno}"
+    return AppImportError(
+        f"importing {module!r} failed{where}: {type(exc).__name__}: {exc} "
+        "(run with --traceback to see the traceback)"
+    )
+
+
 def _worker(args: argparse.Namespace) -> int:
     t = target(args)
-    app = load_app(args.app)
+    try:
+        app = load_app(args.app)
+    except AppImportError as exc:
+        if args.traceback and exc.__cause__ is not None:
+            traceback.print_exception(exc.__cause__)
+        raise
     default = 10
     for queue, n in args.concurrency:
         if queue is None:
