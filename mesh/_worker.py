@@ -439,21 +439,26 @@ class Worker:
                 return
         gen.early_cancels[pid] = trio.current_time()
 
-    async def _register(self, gen: _Generation, *, first: bool) -> None:
+    async def _register(self, gen: _Generation, *, first: bool) -> float:
         """Join the mesh as ``gen``. The first time, errors propagate (a bad
         id, an unreachable Redis). When rejoining after a fence, every
         expected error is retried with backoff, under a fresh id where the
-        old one may be taken, until it works or the worker is closed."""
+        old one may be taken, until it works or the worker is closed.
+
+        Returns:
+            When the attempt that worked was sent: the new lease's fence
+            deadline counts from then, not from the first, failed attempts."""
         backoff = 0.05
         while True:
+            sent = trio.current_time()
             try:
                 await self._join(gen)
-                return
+                return sent
             except (MeshConnectionError, CommandError, FencedError, ConfigError) as exc:
                 if first:
                     raise
                 if self._closing:
-                    return
+                    return sent
                 log.warning("worker %s could not rejoin yet (%s); retrying", gen.id, exc)
                 if isinstance(exc, ConfigError | FencedError):
                     gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
@@ -586,8 +591,7 @@ class Worker:
         first = True
         try:
             while True:
-                sent = trio.current_time()
-                await self._register(gen, first=first)
+                sent = await self._register(gen, first=first)
                 if first:
                     task_status.started()
                     first = False
