@@ -22,9 +22,11 @@ import attrs
 import outcome
 import trio
 
+from . import _telemetry
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._scripts import Binding, ClaimReply
+from ._stats import QueueCounters
 from ._types import Process
 
 __all__ = ["Handler", "QueueConfig", "QueueRunner", "check_handler"]
@@ -81,15 +83,6 @@ class QueueConfig:
     balance: bool = True
 
 
-@attrs.define
-class Counters:
-    started: int = 0
-    finished: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    given_back: int = 0
-
-
 class _Slot:
     __slots__ = ("process", "scope")
 
@@ -108,7 +101,7 @@ class QueueRunner:
         worker_id: str,
         incarnation: str,
         config: QueueConfig,
-        counters: Counters,
+        counters: QueueCounters,
         on_fenced: Callable[[str], None],
         balance_wait: float = 1.0,
         ttl: float = 0.0,
@@ -279,6 +272,7 @@ class QueueRunner:
             else:
                 finished = None
                 claimed = outcome.Value(await b.run(self._conn, claim))
+            self._counters.claim.observe(trio.current_time() - now)
         except BaseException:
             # No reply (a connection error, an error reply to a claim sent
             # alone, a cancellation): report these again later. After a
@@ -348,15 +342,20 @@ class QueueRunner:
         p = slot.process
         ok = False
         failed = False
+        began = trio.current_time()
         try:
             with slot.scope:
-                await self.config.handler(p)
+                if _telemetry.tracer is None:
+                    await self.config.handler(p)
+                else:
+                    await _telemetry.traced(self.config.handler, p)
                 ok = True
         except Exception:
             failed = True
             log.exception("handler for task of queue %s (process %s) failed", p.queue, p.id)
         finally:
             del self.running[p.id]
+            self._counters.handler.observe(trio.current_time() - began)
         if slot.scope.cancelled_caught:
             self._counters.cancelled += 1
         elif ok:
@@ -404,7 +403,8 @@ class QueueRunner:
         except BaseException:
             self._failed = failed + self._failed
             raise
-        self._counters.failed += len(failed)
+        # outcome 0: no longer ours (recycled or cancelled meanwhile), not a failure we report
+        self._counters.failed += sum(1 for result, _ in outcomes if result != 0)
         for result, delay in outcomes:
             if result == 2:
                 if delay > 0:

@@ -33,6 +33,7 @@ import trio
 from ._connection import Connection
 from ._errors import CommandError, MeshConnectionError
 from ._scripts import Binding
+from ._stats import Recorder
 
 __all__ = ["Reaper"]
 
@@ -61,6 +62,8 @@ class Reaper:
     herd: how many reapers of the mesh act on a death, on average.
     jitter: on watch, wake up to this many seconds after a deadline (so the
         reapers on watch do not all check in the same millisecond).
+    recorder: where the reaper counts its checks and recycles (its worker's
+        statistics); a fresh one by default.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class Reaper:
         batch: int = 16,
         herd: int = 3,
         jitter: float = 0.02,
+        recorder: Recorder | None = None,
     ) -> None:
         self._conn = conn
         self._binding = binding
@@ -83,11 +87,7 @@ class Reaper:
         self.herd = herd
         self._jitter = jitter
         self._wakeup = trio.Event()
-        self._checks = 0
-        self._recycle_calls = 0
-        self._workers = 0
-        self._processes = 0
-        self._dead = 0
+        self._stats = Recorder() if recorder is None else recorder
         self._next_ms = -1
         self._mesh_size = 0
         self._on_watch = True
@@ -116,8 +116,13 @@ class Reaper:
             self._wakeup.set()
 
     def statistics(self) -> ReaperStatistics:
+        st = self._stats
         return ReaperStatistics(
-            self._checks, self._recycle_calls, self._workers, self._processes, self._dead
+            st.reap_checks,
+            st.recycle_calls,
+            st.workers_recycled,
+            st.processes_recycled,
+            st.dead_lettered,
         )
 
     async def reap_once(self) -> int:
@@ -133,19 +138,19 @@ class Reaper:
         total = 0
         while True:
             check = await self._binding.reap_check(self._conn, self.batch, self.lease_ms)
-            self._checks += 1
+            self._stats.reap_checks += 1
             self._next_ms = check.next_ms
             self._mesh_size = check.workers
             if not check.dead:
                 return total
-            self._recycle_calls += 1
+            self._stats.recycle_calls += 1
             hint = dict.fromkeys([*self._own_queues(), *self._queues])
             r = await self._binding.recycle_dead(self._conn, check.dead, queues=hint)
             self._queues = r.queues[-64:]
             total += r.recycled
-            self._workers += r.recycled
-            self._processes += r.returned
-            self._dead += r.dead_lettered
+            self._stats.workers_recycled += r.recycled
+            self._stats.processes_recycled += r.returned
+            self._stats.dead_lettered += r.dead_lettered
             log.info(
                 "recycled %d dead worker(s) (%s): %d processes back in their queues, "
                 "%d dead-lettered",

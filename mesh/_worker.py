@@ -32,7 +32,7 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -50,8 +50,9 @@ from ._errors import (
 )
 from ._keys import Keys, check_queue, check_worker_id
 from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import Counters, Handler, QueueConfig, QueueRunner, check_handler
+from ._runner import Handler, QueueConfig, QueueRunner, check_handler
 from ._scripts import Binding
+from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
 from ._topology import Topology
 from ._types import Process
@@ -64,7 +65,34 @@ log = logging.getLogger("mesh.worker")
 
 @attrs.frozen
 class WorkerStatistics:
-    """Counters since the worker started (see :meth:`Worker.statistics`)."""
+    """One view of a worker's counters since it started (see
+    :meth:`Worker.statistics`): its runners', heartbeat's, reaper's,
+    connection's and event link's. Metrics (``mesh.metrics``) read this.
+
+    Attributes:
+        worker_id: the current worker id.
+        generation: 1, plus one per fence (each rejoin is a new identity).
+        fenced: how many times it fenced itself (sum of ``fences``).
+        processes_started: handlers started, over all queues (see ``queues``).
+        processes_finished: processes reported finished, over all queues.
+        processes_failed: handlers that raised, over all queues.
+        processes_cancelled: handlers stopped by a cancel or a fence.
+        running: handlers running now.
+        heartbeats: heartbeats Redis confirmed.
+        peers_recycled: dead peers this worker recycled (takeovers).
+        processes_recycled: processes of dead peers it put back in their
+            queues.
+        dead_lettered: of those, one-shot tasks dead-lettered instead (their
+            last allowed attempt crashed).
+        fences: fences by reason (``lease_expired``, ``lease_superseded``,
+            ``heartbeat_timeout``).
+        heartbeat_seconds: heartbeat round trips (sent to confirmed).
+        queues: per served (or once served) queue, by name.
+        reap_checks: lease checks the reaper made.
+        commands_sent: Redis commands its connection sent.
+        reconnects: reconnects of its connection.
+        event_reconnects: reconnects of its pub/sub link.
+    """
 
     worker_id: str
     generation: int
@@ -76,6 +104,15 @@ class WorkerStatistics:
     running: int
     heartbeats: int
     peers_recycled: int
+    processes_recycled: int = 0
+    dead_lettered: int = 0
+    fences: Mapping[str, int] = attrs.field(factory=dict)
+    heartbeat_seconds: Histogram | None = None
+    queues: Mapping[str, QueueStatistics] = attrs.field(factory=dict)
+    reap_checks: int = 0
+    commands_sent: int = 0
+    reconnects: int = 0
+    event_reconnects: int = 0
 
 
 @attrs.frozen
@@ -154,10 +191,10 @@ class Worker:
         self._closing = False
         self._closed = False
         self._stopped = trio.Event()
-        self._counters = Counters()
-        self._fenced = 0
-        self._heartbeats = 0
-        self._reaper = Reaper(conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues)
+        self._stats = Recorder()
+        self._reaper = Reaper(
+            conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues, recorder=self._stats
+        )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
@@ -202,21 +239,32 @@ class Worker:
             )
 
     def statistics(self) -> WorkerStatistics:
-        """A snapshot of the worker's counters (sync: no I/O)."""
-        c = self._counters
-        r = self._reaper.statistics()
-        running = sum(len(rn.running) for rn in self._gen.runners.values())
+        """A snapshot of the worker's counters (sync: no I/O, cannot fail)."""
+        st = self._stats
+        running = {q: len(rn.running) for q, rn in self._gen.runners.items()}
+        queues = {q: c.snapshot(q, running.get(q, 0)) for q, c in sorted(st.queues.items())}
+        per = queues.values()
+        conn = self._conn.statistics()
         return WorkerStatistics(
-            self._gen.id,
-            self._gen.number,
-            self._fenced,
-            c.started,
-            c.finished,
-            c.failed,
-            c.cancelled,
-            running,
-            self._heartbeats,
-            r.workers_recycled,
+            worker_id=self._gen.id,
+            generation=self._gen.number,
+            fenced=sum(st.fences.values()),
+            processes_started=sum(q.started for q in per),
+            processes_finished=sum(q.finished for q in per),
+            processes_failed=sum(q.failed for q in per),
+            processes_cancelled=sum(q.cancelled for q in per),
+            running=sum(running.values()),
+            heartbeats=st.heartbeats,
+            peers_recycled=st.workers_recycled,
+            processes_recycled=st.processes_recycled,
+            dead_lettered=st.dead_lettered,
+            fences=st.fences_snapshot(),
+            heartbeat_seconds=st.heartbeat.snapshot(),
+            queues=queues,
+            reap_checks=st.reap_checks,
+            commands_sent=conn.commands_sent,
+            reconnects=conn.reconnects,
+            event_reconnects=self._pubsub.reconnects,
         )
 
     async def start_work(
@@ -423,7 +471,7 @@ class Worker:
             gen.id,
             gen.incarnation,
             cfg,
-            self._counters,
+            self._stats.queue(cfg.queue),
             gen.fence,
             balance_wait=self.timing.interval,
             ttl=self.timing.ttl,
@@ -550,7 +598,8 @@ class Worker:
                 continue
             if reply is None:
                 continue
-            self._heartbeats += 1
+            self._stats.heartbeats += 1
+            self._stats.heartbeat.observe(trio.current_time() - sent)
             gen.scope.deadline = sent + t.fence_after
             acks = list(reply.inbox)
             for pid in acks:
@@ -619,7 +668,7 @@ class Worker:
                             await self._retire(gen)
                 if not fenced:
                     return
-                self._fenced += 1
+                self._stats.fenced(gen.fence_reason)
                 if gen.fence_reason is None:
                     gen.fence_reason = f"no heartbeat confirmed within {self.timing.fence_after} s"
                 log.warning(

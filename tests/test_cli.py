@@ -96,6 +96,8 @@ SUBCOMMANDS = [
     "reconcile",
     "delete-queue",
     "status",
+    "exporter",
+    "dashboard",
 ]
 
 

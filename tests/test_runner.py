@@ -16,8 +16,9 @@ import trio
 from mesh import Process, _runner
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._runner import HERD, Counters, QueueConfig, QueueRunner
+from mesh._runner import HERD, QueueConfig, QueueRunner
 from mesh._scripts import Binding
+from mesh._stats import QueueCounters
 from mesh.testing import RedisServer
 
 from .faults.proxy import Proxy
@@ -85,7 +86,7 @@ class Setup:
             "w1",
             self.inc,
             config,
-            Counters(),
+            QueueCounters(),
             self.fenced.append,
             balance_wait=30.0,  # far beyond any test: a held-back task stays held back
             ttl=60.0,
@@ -336,7 +337,7 @@ async def test_about_herd_idle_servers_act_on_a_retry_due_time(
     each acts with probability HERD / idle servers, drawn once per due time
     (the same due time comes in every heartbeat until then)."""
     config = QueueConfig(Q, None, 1, 0, 0.01, 0.01)
-    r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, Counters(), print)  # type: ignore[arg-type]
+    r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, QueueCounters(), print)  # type: ignore[arg-type]
     draws = iter([0.5, 0.001])
     monkeypatch.setattr(_runner.random, "random", lambda: next(draws))
     r.retry_due(1_000, 5.0, 300)  # 0.5 x 300 >= HERD: leaves it to others
@@ -345,6 +346,6 @@ async def test_about_herd_idle_servers_act_on_a_retry_due_time(
     t = trio.current_time()
     r.retry_due(2_000, 5.0, 300)  # 0.001 x 300 < HERD: acts
     assert t + 5.0 <= r._next_due <= trio.current_time() + 5.0
-    r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, Counters(), print)  # type: ignore[arg-type]
+    r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, QueueCounters(), print)  # type: ignore[arg-type]
     r.retry_due(3_000, 1.0, HERD)  # few idle servers: every one acts, nothing drawn
     assert r._next_due < float("inf")

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import mesh
 
-from . import _demo, _status, _tasks, _worker
+from . import _dashboard, _demo, _metrics, _status, _tasks, _worker
 from ._common import EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     _worker.register(sub)
     _tasks.register(sub)
     _status.register(sub)
+    _metrics.register(sub)
+    _dashboard.register(sub)
     return parser
 
 

@@ -12,6 +12,7 @@ import attrs
 import trio
 
 import mesh
+from mesh._view import Snapshot, snapshot
 
 from ._common import (
     Target,
@@ -25,7 +26,7 @@ from ._common import (
     target,
 )
 
-__all__ = ["Snapshot", "as_json", "redis_time", "register", "render", "snapshot"]
+__all__ = ["as_json", "register", "render"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,34 +50,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds between refreshes with --watch (default 1)",
     )
     p.set_defaults(func=_status)
-
-
-@attrs.frozen
-class Snapshot:
-    """One look at a namespace."""
-
-    now: float  # seconds, Redis clock
-    workers: list[mesh.WorkerInfo]
-    queues: list[mesh.QueueInfo]
-    processes: list[mesh.Process] | None
-
-
-async def redis_time(client: mesh.Client) -> float:
-    """Now, in seconds of the Redis clock (the clock that stamped the workers'
-    and processes' start times)."""
-    # The public Client has no TIME; the CLI lives in this package, so it may
-    # use the connection directly.
-    sec, usec = await client._conn.execute("TIME")
-    return int(sec) + int(usec) / 1e6
-
-
-async def snapshot(client: mesh.Client, *, processes: bool = False) -> Snapshot:
-    """Read workers, queue counts and (optionally) processes."""
-    now = await redis_time(client)
-    workers = await client.workers()
-    queues = [await client.queue_info(q) for q in await client.queues()]
-    procs = await client.processes() if processes else None
-    return Snapshot(now, workers, queues, procs)
 
 
 def render(snap: Snapshot, t: Target) -> list[str]:

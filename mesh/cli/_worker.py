@@ -27,6 +27,7 @@ from mesh import LeaseTiming
 from mesh._keys import check_queue, check_worker_id
 from mesh._runner import check_handler
 
+from . import _metrics
 from ._common import (
     CliError,
     Target,
@@ -109,6 +110,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="if APP's module fails to import, print the traceback (default: one line)",
     )
+    _metrics.add_worker_options(p)
     p.set_defaults(func=_worker)
 
 
@@ -250,6 +252,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError("--max-attempts must be 0 (no limit) or more")
     if not 0 <= args.backoff <= args.backoff_max:
         raise UsageError("need 0 <= --backoff <= --backoff-max")
+    _metrics.check_worker_options(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -315,9 +318,12 @@ async def _serve(
                     return
 
             nursery.start_soon(on_signal)
-            async with mesh.open_worker(
-                t.config, namespace=t.namespace, ttl=args.ttl, worker_id=args.worker_id
-            ) as worker:
+            async with (
+                mesh.open_worker(
+                    t.config, namespace=t.namespace, ttl=args.ttl, worker_id=args.worker_id
+                ) as worker,
+                _metrics.serve_worker_metrics(worker, args),
+            ):
                 for queue, handler in app.items():
                     await worker.start_work(
                         queue,

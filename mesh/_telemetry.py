@@ -1,0 +1,65 @@
+"""OpenTelemetry spans for handler runs (the ``telemetry`` extra:
+``pip install 'trio-mesh[telemetry]'``).
+
+When ``opentelemetry-api`` is importable, every handler run is one span,
+``mesh handler <queue>`` (kind CONSUMER), current while the handler runs (so
+the handler's own spans are its children), with the attributes
+``mesh.queue``, ``mesh.process.id``, ``mesh.token``, ``mesh.attempt`` (1 for
+the first), ``mesh.persistent``, ``mesh.worker.id`` and ``mesh.outcome``
+(``finished``, ``failed`` or ``cancelled``); a failure records the exception
+and sets the span's status to ERROR. Without an SDK configured, the API's
+spans do nothing.
+
+When it is not installed, :data:`tracer` is None and the runner calls the
+handler directly: the only cost is that one check per run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ._types import Process
+
+__all__ = ["traced", "tracer"]
+
+try:
+    from opentelemetry import trace as _trace
+except ImportError:
+    _trace = None  # type: ignore[assignment]
+
+#: The tracer handler spans come from, or None without OpenTelemetry.
+tracer: Any = _trace.get_tracer("mesh") if _trace is not None else None
+
+
+async def traced(handler: Any, p: Process) -> None:
+    """``await handler(p)`` inside its span (see the module doc). Whatever the
+    handler raises (Cancelled included) propagates unchanged."""
+    assert _trace is not None
+    attributes = {
+        "mesh.queue": p.queue,
+        "mesh.process.id": p.id,
+        "mesh.token": p.token,
+        "mesh.attempt": p.attempts + 1,
+        "mesh.persistent": p.persistent,
+        "mesh.worker.id": p.worker_id,
+    }
+    with tracer.start_as_current_span(
+        f"mesh handler {p.queue}",
+        kind=_trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            await handler(p)
+        except trio.Cancelled:
+            span.set_attribute("mesh.outcome", "cancelled")
+            raise
+        except BaseException as exc:
+            span.set_attribute("mesh.outcome", "failed")
+            span.record_exception(exc)
+            span.set_status(_trace.Status(_trace.StatusCode.ERROR, type(exc).__name__))
+            raise
+        span.set_attribute("mesh.outcome", "finished")

@@ -1,0 +1,262 @@
+"""Looking at a whole mesh from outside: what ``mesh status``, the dashboard
+and the metrics exporter read.
+
+Two reads, both from a :class:`~mesh.Client` (no lease, no worker needed):
+
+* :func:`snapshot`: workers (with their queues and how many processes each
+  holds), queue counts and, optionally, every running process. Its cost grows
+  with the number of workers (a few commands each): for people looking.
+* :func:`counts`: the mesh-wide numbers that metrics need, in two round trips
+  whatever the number of workers (live workers are counted by lease deadline
+  with ``ZCOUNT``): for machines polling.
+* :func:`overview`: everything the dashboard shows (workers, queues,
+  processes, persistent tasks and their owners) in two round trips and a
+  number of commands that grows with the number of queues, not of workers:
+  who serves a queue comes from ``servers:<Q>``, what a worker holds from the
+  process records, and the workers' descriptions are read once per worker.
+
+Both use the Redis clock (:meth:`Client.time`), never this machine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ._client import Client, _load_info
+from ._scripts import parse_record
+from ._types import Process, QueueInfo, WorkerInfo
+
+__all__ = [
+    "MeshCounts",
+    "Overview",
+    "QueueCounts",
+    "Snapshot",
+    "counts",
+    "overview",
+    "snapshot",
+]
+
+
+@attrs.frozen
+class Snapshot:
+    """One look at a namespace.
+
+    Attributes:
+        now: when it was taken, in seconds of the Redis clock.
+        workers: every registered worker (live, or dead and not yet recycled).
+        queues: the counts of every known queue.
+        processes: every running process, if asked for.
+    """
+
+    now: float
+    workers: list[WorkerInfo]
+    queues: list[QueueInfo]
+    processes: list[Process] | None
+
+
+async def snapshot(client: Client, *, processes: bool = False) -> Snapshot:
+    """Read workers, queue counts (all queues in one transaction) and,
+    optionally, the running processes.
+
+    Raises:
+        MeshConnectionError: Redis could not be reached.
+
+    Nothing is written; a cancelled call leaves nothing behind.
+    """
+    now = await client.time()
+    workers = await client.workers()
+    queues = await client.queue_infos()
+    procs = await client.processes() if processes else None
+    return Snapshot(now, workers, queues, procs)
+
+
+@attrs.frozen
+class QueueCounts:
+    """A queue's counts for metrics (see :func:`counts`).
+
+    Attributes:
+        info: queued, delayed, running, persistent and dead, as in
+            :meth:`Client.queue_infos`.
+        persistent_owned: persistent tasks that a process runs now.
+        unowned: payloads of the persistent tasks that no process runs (queued
+            or waiting for a retry).
+    """
+
+    info: QueueInfo
+    persistent_owned: int
+    unowned: tuple[bytes, ...]
+
+
+@attrs.frozen
+class MeshCounts:
+    """The mesh-wide numbers (see :func:`counts`).
+
+    Attributes:
+        now: seconds of the Redis clock.
+        workers: registered workers.
+        workers_alive: those whose lease deadline has not passed.
+        queues: per known queue, sorted by name.
+    """
+
+    now: float
+    workers: int
+    workers_alive: int
+    queues: list[QueueCounts]
+
+
+async def counts(client: Client) -> MeshCounts:
+    """Read the mesh-wide counts: two round trips (the clock and the list of
+    queues, then one transaction for everything else).
+
+    Its cost in Redis is O(log workers) plus, per queue, O(persistent tasks)
+    (to tell owned from unowned ones).
+
+    Raises:
+        MeshConnectionError: Redis could not be reached.
+    """
+    conn = client._check()
+    k = client._keys
+    (sec, usec), names = await conn.pipeline([("TIME",), ("SMEMBERS", k.queues)])
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    queues = sorted(q.decode() for q in names)
+    cmds: list[tuple[Any, ...]] = [("ZCARD", k.workers), ("ZCOUNT", k.workers, now_ms, "+inf")]
+    for q in queues:
+        cmds += [
+            ("LLEN", k.queue(q)),
+            ("ZCARD", k.delayed(q)),
+            ("HLEN", k.procs(q)),
+            ("HGETALL", k.persistent(q)),
+            ("SMEMBERS", k.standby(q)),
+            ("LLEN", k.dead(q)),
+        ]
+    *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
+    for r in replies:
+        if isinstance(r, Exception):
+            raise r
+    out = []
+    for i, q in enumerate(queues):
+        queued, delayed, running, persistent, standby, dead = replies[2 + 6 * i : 8 + 6 * i]
+        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead))
+    return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out)
+
+
+def _queue_counts(
+    q: str,
+    queued: int,
+    delayed: int,
+    running: int,
+    persistent: Sequence[bytes],
+    standby: Sequence[bytes],
+    dead: int,
+) -> QueueCounts:
+    owned = 0
+    unowned = list(standby)
+    for i in range(0, len(persistent), 2):
+        if persistent[i + 1]:
+            owned += 1
+        else:
+            unowned.append(persistent[i])
+    total = owned + len(unowned)
+    info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead))
+    return QueueCounts(info, owned, tuple(sorted(unowned)))
+
+
+@attrs.frozen
+class Overview:
+    """What the dashboard shows (see :func:`overview`).
+
+    Attributes:
+        now: seconds of the Redis clock.
+        workers: every registered worker; ``processes`` counts its process
+            records.
+        queues: per known queue, with persistent tasks owned and unowned.
+        processes: every running process, in token order.
+    """
+
+    now: float
+    workers: list[WorkerInfo]
+    queues: list[QueueCounts]
+    processes: list[Process]
+
+
+async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None = None) -> Overview:
+    """Read everything the dashboard shows in two round trips.
+
+    Args:
+        info_cache: worker id -> its description (host, pid, started), kept
+            by the caller between calls so that each worker's description
+            is read once; ids no longer registered are dropped from it.
+
+    Raises:
+        MeshConnectionError: Redis could not be reached.
+        ProtocolError: a process record is malformed.
+    """
+    conn = client._check()
+    k = client._keys
+    cache: dict[str, dict[str, Any]] = {} if info_cache is None else info_cache
+    (sec, usec), names, flat = await conn.pipeline(
+        [("TIME",), ("SMEMBERS", k.queues), ("ZRANGE", k.workers, 0, -1, "WITHSCORES")]
+    )
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    queues = sorted(q.decode() for q in names)
+    deadlines = {flat[i].decode(): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
+    for gone in set(cache) - set(deadlines):
+        del cache[gone]
+    new = sorted(set(deadlines) - set(cache))
+    cmds: list[tuple[Any, ...]] = []
+    for q in queues:
+        cmds += [
+            ("LLEN", k.queue(q)),
+            ("ZCARD", k.delayed(q)),
+            ("HGETALL", k.procs(q)),
+            ("HGETALL", k.persistent(q)),
+            ("SMEMBERS", k.standby(q)),
+            ("LLEN", k.dead(q)),
+            ("SMEMBERS", k.servers(q)),
+        ]
+    if new:
+        cmds.append(("HMGET", k.info, *new))
+    *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
+    for r in replies:
+        if isinstance(r, Exception):
+            raise r
+    fresh: dict[str, dict[str, Any]] = {}
+    if new:
+        for w, raw in zip(new, replies[-1], strict=True):
+            fresh[w] = _load_info(raw)
+            if fresh[w].get("started"):  # complete: a joining worker writes it twice
+                cache[w] = fresh[w]
+    serves: dict[str, list[str]] = {w: [] for w in deadlines}
+    held: dict[str, int] = dict.fromkeys(deadlines, 0)
+    processes: list[Process] = []
+    out: list[QueueCounts] = []
+    for i, q in enumerate(queues):
+        queued, delayed, procs, persistent, standby, dead, servers = replies[7 * i : 7 * i + 7]
+        for j in range(0, len(procs), 2):
+            p = parse_record(procs[j], procs[j + 1], q)
+            processes.append(p)
+            if p.worker_id in held:
+                held[p.worker_id] += 1
+        for w in servers:
+            serves.setdefault(w.decode(), []).append(q)
+        out.append(_queue_counts(q, queued, delayed, len(procs) // 2, persistent, standby, dead))
+    processes.sort(key=lambda p: p.token)
+    workers = []
+    for w, deadline in sorted(deadlines.items()):
+        info = cache.get(w) or fresh.get(w, {})
+        workers.append(
+            WorkerInfo(
+                id=w,
+                alive=deadline > now_ms,
+                queues=tuple(serves.get(w, ())),
+                processes=held[w],
+                lease_left=(deadline - now_ms) / 1000,
+                host=str(info.get("host", "")),
+                pid=int(info.get("pid", 0)),
+                started=float(info.get("started", 0.0)),
+            )
+        )
+    return Overview(now_ms / 1000, workers, out, processes)

@@ -1,0 +1,86 @@
+"""Serving the dashboard with Hypercorn's trio worker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from .._client import Client
+from .._errors import ConfigError
+from ._app import create_app
+from ._state import Poller
+
+__all__ = ["serve_dashboard"]
+
+log = logging.getLogger("mesh.dashboard")
+
+
+@asynccontextmanager
+async def serve_dashboard(
+    client: Client,
+    *,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    interval: float = 1.0,
+    header: dict[str, str] | None = None,
+    redact: Callable[[str], str] = lambda s: s,
+) -> AsyncIterator[str]:
+    """Serve the dashboard of ``client``'s mesh inside this block.
+
+    Args:
+        port: 0 picks a free port.
+        host: the address to bind; anything but loopback should come with a
+            ``token``.
+        interval: seconds between reads of the mesh (one read serves every
+            browser).
+        header: shown at the top of the page (e.g. the Redis URL without its
+            password, and the namespace); never put credentials in it.
+
+    Yields:
+        The page's URL (``http://host:port/``).
+    Raises:
+        ConfigError: the address cannot be bound.
+        MeshConnectionError: the first read of the mesh failed.
+
+    Leaving the block (also by cancellation) stops the server and the
+    poller; open event streams are closed.
+    """
+    poller = Poller(
+        client,
+        header=header or {"namespace": client.namespace},
+        interval=interval,
+        redact=redact,
+    )
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.graceful_timeout = 0.5
+    app = create_app(poller, token=token)
+    stopped = trio.Event()
+
+    async def shutdown_trigger() -> None:
+        await stopped.wait()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(poller.run)
+        try:
+            binds = await nursery.start(
+                partial(serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}"
+            ) from None
+        try:
+            yield binds[0].rstrip("/") + "/"
+        finally:
+            stopped.set()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,235 @@
+"""What the dashboard shows, as JSON: one :class:`Poller` per dashboard reads
+the mesh every ``interval`` (two round trips, see :func:`mesh._view.overview`)
+however many browsers watch, and keeps a timeline of takeovers by comparing
+successive reads."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from .._client import Client
+from .._errors import MeshError
+from .._types import Process
+from .._view import Overview, overview
+
+__all__ = ["Poller", "Tracker", "show_payload"]
+
+log = logging.getLogger("mesh.dashboard")
+
+#: At most this many persistent tasks are listed (the counts stay exact).
+MAX_PERSISTENT_ROWS = 500
+
+
+def show_payload(task: bytes, width: int = 80) -> str:
+    """A payload for humans: its text when it is printable UTF-8, else a
+    ``b'...'`` literal; cut to ``width`` characters."""
+    try:
+        text = task.decode()
+    except UnicodeDecodeError:
+        text = repr(task)
+    else:
+        if not text.isprintable():
+            text = repr(task)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _b64(task: bytes) -> str:
+    return base64.b64encode(task).decode()
+
+
+class Tracker:
+    """Turns successive :class:`~mesh._view.Overview` reads into the page's
+    state, and notices takeovers of persistent tasks: a task whose owning
+    process changed. Its duration is from when the old owner lost it (its
+    lease deadline, if that passed before the new claim: ``recycled``; else
+    the last read that saw it owned: ``handed back``, an upper bound) to the
+    new process's start, all by the Redis clock."""
+
+    def __init__(self, *, keep: int = 50) -> None:
+        self._owners: dict[tuple[str, bytes], Process] = {}
+        self._lost: dict[tuple[str, bytes], Process] = {}
+        self._seen_owned_at: dict[tuple[str, bytes], float] = {}
+        self._deadlines: dict[str, float] = {}
+        self.takeovers: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+
+    def update(self, ov: Overview) -> dict[str, Any]:
+        """The page's state for ``ov``; records the takeovers since the last one."""
+        persistent = [p for p in ov.processes if p.persistent]
+        owners = {(p.queue, p.task): p for p in persistent}
+        for key, new in owners.items():
+            old = self._owners.get(key) or self._lost.get(key)
+            if old is not None and old.id != new.id:
+                self._record(key, old, new)
+        # Tasks that lost their owner and wait for a new one (cancelled ones
+        # leave the unowned set, and are forgotten).
+        unowned = {(q.info.name, t) for q in ov.queues for t in q.unowned}
+        lost = {k: p for k, p in self._lost.items() if k in unowned}
+        lost.update((k, p) for k, p in self._owners.items() if k in unowned)
+        self._lost = lost
+        for key in owners:
+            self._seen_owned_at[key] = ov.now
+        self._seen_owned_at = {
+            k: t for k, t in self._seen_owned_at.items() if k in owners or k in lost
+        }
+        self._owners = owners
+        for w in ov.workers:
+            self._deadlines[w.id] = ov.now + w.lease_left
+        keep = {w.id for w in ov.workers} | {p.worker_id for p in lost.values()}
+        self._deadlines = {w: d for w, d in self._deadlines.items() if w in keep}
+        return self._state(ov, persistent)
+
+    def _record(self, key: tuple[str, bytes], old: Process, new: Process) -> None:
+        deadline = self._deadlines.get(old.worker_id)
+        if deadline is not None and deadline <= new.started:
+            kind, lost_at = "recycled", deadline
+        else:
+            kind, lost_at = "handed back", self._seen_owned_at.get(key, new.started)
+        self.takeovers.appendleft(
+            {
+                "at": new.started,
+                "queue": key[0],
+                "task": show_payload(key[1]),
+                "from": old.worker_id,
+                "to": new.worker_id,
+                "kind": kind,
+                "duration": round(max(new.started - lost_at, 0.0), 3),
+            }
+        )
+
+    def _state(self, ov: Overview, persistent: list[Process]) -> dict[str, Any]:
+        alive = {w.id for w in ov.workers if w.alive}
+        servers: dict[str, int] = collections.Counter(
+            q for w in ov.workers if w.alive for q in w.queues
+        )
+        per_queue = {q.info.name: q for q in ov.queues}
+        owned: dict[str, int] = collections.Counter(p.worker_id for p in persistent)
+        workers = []
+        for w in ov.workers:
+            fair = 0
+            for q in w.queues:
+                qc = per_queue.get(q)
+                if qc is not None and qc.info.persistent and servers[q]:
+                    fair += math.ceil(qc.info.persistent / servers[q])
+            workers.append(
+                {
+                    "id": w.id,
+                    "alive": w.alive,
+                    "age": round(ov.now - w.started, 1) if w.started else None,
+                    "lease_left": round(w.lease_left, 2),
+                    "queues": list(w.queues),
+                    "processes": w.processes,
+                    "owned": owned.get(w.id, 0),
+                    "fair": fair if w.id in alive else None,
+                    "host": w.host,
+                    "pid": w.pid,
+                }
+            )
+        rows: list[dict[str, Any]] = []
+        for p in persistent[:MAX_PERSISTENT_ROWS]:
+            rows.append(
+                {
+                    "queue": p.queue,
+                    "task": show_payload(p.task),
+                    "task_b64": _b64(p.task),
+                    "owner": p.worker_id,
+                    "token": str(p.token),
+                    "age": round(ov.now - p.started, 1),
+                }
+            )
+        for qc in ov.queues:
+            for t in qc.unowned:
+                if len(rows) >= MAX_PERSISTENT_ROWS:
+                    break
+                rows.append(
+                    {
+                        "queue": qc.info.name,
+                        "task": show_payload(t),
+                        "task_b64": _b64(t),
+                        "owner": None,
+                        "token": None,
+                        "age": None,
+                    }
+                )
+        return {
+            "now": ov.now,
+            "error": None,
+            "workers": workers,
+            "queues": [
+                {
+                    "name": q.info.name,
+                    "queued": q.info.queued,
+                    "delayed": q.info.delayed,
+                    "running": q.info.running,
+                    "persistent": q.info.persistent,
+                    "owned": q.persistent_owned,
+                    "unowned": len(q.unowned),
+                    "dead": q.info.dead,
+                }
+                for q in ov.queues
+            ],
+            "persistent": rows,
+            "persistent_total": sum(q.info.persistent for q in ov.queues),
+            "takeovers": list(self.takeovers),
+        }
+
+
+class Poller:
+    """Reads the mesh every ``interval`` seconds and publishes the page's
+    state (a JSON text) to every watching browser.
+
+    Args:
+        redact: applied to error messages shown on the page (removes the
+            Redis password, should one ever appear in one).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        header: dict[str, str],
+        interval: float = 1.0,
+        redact: Callable[[str], str] = lambda s: s,
+    ) -> None:
+        self.client = client
+        self.interval = interval
+        self._header = header
+        self.redact = redact
+        self._tracker = Tracker()
+        self._info: dict[str, dict[str, Any]] = {}
+        self.state = json.dumps({**header, "now": None, "error": "connecting"})
+        self.version = 0
+        self._changed = trio.Event()
+
+    async def poll_once(self) -> None:
+        """Read the mesh once and publish the result (or the error)."""
+        try:
+            ov = await overview(self.client, self._info)
+        except MeshError as exc:
+            state: dict[str, Any] = {"now": None, "error": self.redact(str(exc))}
+        else:
+            state = self._tracker.update(ov)
+        self.state = json.dumps({**self._header, **state}, separators=(",", ":"))
+        self.version += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Poll until cancelled (errors are shown on the page, and retried)."""
+        await self.poll_once()
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval)
+            await self.poll_once()
+
+    async def wait_changed(self, version: int) -> None:
+        """Return once the state is newer than ``version``."""
+        while self.version <= version:
+            await self._changed.wait()

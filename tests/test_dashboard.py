@@ -1,0 +1,292 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by selenium): it shows a worker the test starts,
+follows its death and the takeover of its task live, and a cancel from the
+page stops the task. Also its HTTP rules: the token, the action header, and
+no credentials on the page."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import mesh
+from mesh.dashboard import serve_dashboard
+
+from .test_cli import clean_env, mesh_cli
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+APP = """
+import trio
+
+async def hold(process):
+    await trio.sleep_forever()
+
+queues = {"devices": hold}
+"""
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,900",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+async def in_page(driver: Any, fn: Callable[[Any], Any]) -> Any:
+    return await trio.to_thread.run_sync(fn, driver)
+
+
+async def page_until(driver: Any, script: str, within: float = 15.0, what: str = "") -> Any:
+    """Poll a JavaScript expression in the page until it is truthy."""
+    with trio.move_on_after(within):
+        while True:
+            r = await in_page(driver, lambda d: d.execute_script("return " + script))
+            if r:
+                return r
+            await trio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for the page to show {what or script}")
+
+
+def row_text(table: str, attr: str, key: str) -> str:
+    """JavaScript: the text of the row of ``table`` whose ``data-attr`` is ``key``."""
+    return (
+        f"(Array.from(document.querySelectorAll('#{table} tbody tr'))"
+        f".find(r => r.dataset.{attr} === {json.dumps(key)}) || {{}}).innerText"
+    )
+
+
+@asynccontextmanager
+async def dashboard(url: str, namespace: str, **kw: Any) -> AsyncIterator[tuple[mesh.Client, str]]:
+    async with mesh.open_client(url, namespace=namespace) as client:
+        async with serve_dashboard(client, interval=0.1, **kw) as page:
+            yield client, page
+
+
+@pytest.mark.slow
+async def test_page_follows_a_worker_live_and_cancels_a_task(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    (tmp_path / "dash_app.py").write_text(APP)
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "worker", "dash_app:queues", "--ttl", "1"),
+            *("--worker-id", "w-doomed", "--redis", redis_url, "--namespace", namespace),
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.DEVNULL,
+        env=clean_env(),
+    )
+    cancelled = trio.Event()
+    try:
+        async with (
+            dashboard(
+                redis_url,
+                namespace,
+                header={"redis": mesh.parse_url(redis_url).redacted(), "namespace": namespace},
+            ) as (client, url),
+            trio.open_nursery() as nursery,
+        ):
+            await client.ensure("devices", "sensor-7")
+            await client.enqueue_many("reports", ["r1", "r2", "r3"])  # nobody serves it
+            with chromium() as driver:
+                await in_page(driver, lambda d: d.get(url))
+                # the worker the test started, alive, owning the task
+                row = await page_until(
+                    driver, row_text("workers", "worker", "w-doomed"), what="the worker"
+                )
+                await page_until(
+                    driver,
+                    row_text("persistent", "task", "sensor-7") + "?.includes('w-doomed')",
+                    what="the task owned by w-doomed",
+                )
+                assert "alive" in row and "devices" in row
+                title = await in_page(driver, lambda d: d.title)
+                assert title == "trio-mesh dashboard"
+
+                # a peer in this process, to take the task over
+                async def peer() -> None:
+                    async def hold(p: mesh.Process) -> None:
+                        try:
+                            await trio.sleep_forever()
+                        finally:
+                            cancelled.set()
+
+                    async with mesh.open_worker(
+                        redis_url, namespace=namespace, ttl=1, worker_id="w-peer"
+                    ) as w:
+                        await w.start_work("devices", hold)
+                        await trio.sleep_forever()
+
+                nursery.start_soon(peer)
+                await page_until(driver, row_text("workers", "worker", "w-peer"), what="w-peer")
+                proc.kill()  # no hand-back: its lease runs out, a peer recycles it
+                await page_until(
+                    driver,
+                    row_text("persistent", "task", "sensor-7") + "?.includes('w-peer')",
+                    what="the task taken over by w-peer",
+                )
+                takeover = await page_until(
+                    driver,
+                    "document.querySelector('#takeovers tbody tr')?.innerText.includes('w-doomed')"
+                    " && document.querySelector('#takeovers tbody tr').innerText",
+                    what="the takeover",
+                )
+                assert "recycled" in takeover and "w-peer" in takeover
+                await page_until(
+                    driver,
+                    "!" + row_text("workers", "worker", "w-doomed"),
+                    what="the dead worker gone",
+                )
+                shot = os.environ.get("MESH_DASHBOARD_SCREENSHOT") or str(tmp_path / "d.png")
+                await in_page(driver, lambda d: d.save_screenshot(shot))
+                assert (await trio.Path(shot).stat()).st_size > 10_000
+
+                # cancel from the page: the button, then the confirmation
+                def click_cancel(d: Any) -> None:
+                    from selenium.common.exceptions import StaleElementReferenceException
+                    from selenium.webdriver.common.by import By
+
+                    for _ in range(50):  # the table is redrawn at every update
+                        try:
+                            rows = d.find_elements(By.CSS_SELECTOR, "#persistent tbody tr")
+                            [r] = [r for r in rows if r.get_attribute("data-task") == "sensor-7"]
+                            r.find_element(By.CSS_SELECTOR, "button.cancel").click()
+                            break
+                        except StaleElementReferenceException:
+                            continue
+                    alert = d.switch_to.alert
+                    assert "sensor-7" in alert.text
+                    alert.accept()
+
+                await in_page(driver, click_cancel)
+                with trio.fail_after(10):
+                    await cancelled.wait()  # the handler was stopped
+                await page_until(
+                    driver, "!" + row_text("persistent", "task", "sensor-7"), what="no task"
+                )
+                assert await client.persistent_tasks("devices") == {}
+            nursery.cancel_scope.cancel()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+def http(
+    url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def test_token_and_action_header_are_required(redis_url: str, namespace: str) -> None:
+    async with dashboard(redis_url, namespace, token="s3cret") as (client, url):
+        assert url.startswith("http://127.0.0.1:")  # loopback by default
+        status, _ = await trio.to_thread.run_sync(http, url)
+        assert status == 401
+        status, body = await trio.to_thread.run_sync(
+            lambda: http(url + "state", headers={"Authorization": "Bearer s3cret"})
+        )
+        assert status == 200 and json.loads(body)["namespace"] == namespace
+        await client.ensure("q", "x")
+        cancel = json.dumps({"queue": "q", "task": "x"}).encode()
+        auth = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+        status, _ = await trio.to_thread.run_sync(
+            lambda: http(url + "api/cancel", data=cancel, headers=auth)
+        )
+        assert status == 403  # no X-Mesh-Action: a cross-site form cannot cancel
+        assert await client.persistent_tasks("q") == {b"x": None}
+        status, body = await trio.to_thread.run_sync(
+            lambda: http(url + "api/cancel", data=cancel, headers={**auth, "X-Mesh-Action": "1"})
+        )
+        assert status == 200 and json.loads(body) == {"cancelled": 1}
+        assert await client.persistent_tasks("q") == {}
+
+
+async def test_the_page_never_shows_the_password(own_redis: Any) -> None:
+    password = "pw-dash-7f3e"
+    async with (
+        mesh.open_client(own_redis.url) as admin,
+    ):
+        await admin._conn.execute("CONFIG", "SET", "requirepass", password)
+    url = own_redis.url.replace("redis://", f"redis://:{password}@")
+    shown = mesh.parse_url(url).redacted()
+    async with dashboard(url, "ns", header={"redis": shown, "namespace": "ns"}) as (_, page):
+        status, body = await trio.to_thread.run_sync(http, page + "state")
+        assert status == 200
+        assert password not in body and "***" in json.loads(body)["redis"]
+        status, html = await trio.to_thread.run_sync(http, page)
+        assert password not in html
+
+
+async def test_mesh_dashboard_refuses_other_addresses_without_a_token() -> None:
+    r = await mesh_cli("dashboard", "--host", "0.0.0.0")
+    assert r.returncode == 2, r.stderr
+    assert b"--token" in r.stderr and b"Traceback" not in r.stderr
+    r = await mesh_cli("dashboard", "--token", "")
+    assert r.returncode == 2 and b"empty" in r.stderr
+
+
+@pytest.mark.slow
+async def test_mesh_dashboard_command_serves_and_stops(redis_url: str, namespace: str) -> None:
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "dashboard", "--port", "0"),
+            *("--redis", redis_url, "--namespace", namespace),
+        ],
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        assert proc.stderr is not None
+        log = b""
+        with trio.fail_after(20):
+            while not re.search(rb"http://\S+/", log):
+                chunk = await proc.stderr.receive_some()
+                assert chunk, log
+                log += chunk
+        m = re.search(rb"http://127\.0\.0\.1:\d+/", log)
+        assert m is not None, log  # loopback by default
+        status, body = await trio.to_thread.run_sync(http, m.group().decode() + "state")
+        assert status == 200 and json.loads(body)["namespace"] == namespace
+        proc.terminate()
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()

@@ -1,0 +1,266 @@
+"""Prometheus metrics, scraped over HTTP: a worker's (``mesh_worker_*``)
+change with the events they count; the mesh-wide exporter's (``mesh_*``)
+read Redis, with no worker running."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+import mesh
+from mesh._keys import Keys
+from mesh.metrics import MeshCollector, WorkerCollector, serve_metrics
+from mesh.testing import run_redis_server
+
+from .protocol_helpers import expire_worker
+from .test_cli import clean_env, mesh_cli
+
+TTL = 0.9
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(url: str) -> Samples:
+    """GET the metrics page and parse it with prometheus-client's parser."""
+
+    def get() -> str:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            return str(r.read().decode())
+
+    body = await trio.to_thread.run_sync(get)
+    out: Samples = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+async def until_scraped(
+    url: str, pred: Callable[[Samples], bool], within: float = 10.0, what: str = ""
+) -> Samples:
+    with trio.move_on_after(within):
+        while True:
+            s = await scrape(url)
+            try:
+                if pred(s):
+                    return s
+            except KeyError:
+                pass  # not there yet (e.g. a queue not served yet)
+            await trio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@asynccontextmanager
+async def served(collector: object) -> AsyncIterator[str]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    async with serve_metrics(registry, port=0) as (host, port):
+        assert host == "127.0.0.1"  # the default binds this machine only
+        yield f"http://{host}:{port}/metrics"
+
+
+async def test_worker_metrics_change_with_the_events_they_count(
+    redis_url: str, namespace: str
+) -> None:
+    release = trio.Event()
+
+    async def handler(p: mesh.Process) -> None:
+        if p.task == b"fail":
+            raise RuntimeError("boom")
+        if p.task == b"hold":
+            await release.wait()
+
+    async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
+        await w.start_work("jobs", handler, max_attempts=1)
+        async with served(WorkerCollector(w)) as url:
+            s = await scrape(url)
+            assert value(s, "mesh_worker_processes_started_total", queue="jobs") == 0
+            assert value(s, "mesh_worker_fences_total", reason="lease_expired") == 0
+            assert value(s, "mesh_worker_info", worker_id=w.id, generation="1") == 1
+            await w.client.enqueue_many("jobs", ["ok", "fail", "hold"])
+            s = await until_scraped(
+                url,
+                lambda s: (
+                    value(s, "mesh_worker_processes_failed_total", queue="jobs") == 1
+                    and value(s, "mesh_worker_processes_finished_total", queue="jobs") == 1
+                ),
+                what="one finished, one failed",
+            )
+            assert value(s, "mesh_worker_processes_started_total", queue="jobs") == 3
+            assert value(s, "mesh_worker_processes_running", queue="jobs") == 1
+            assert value(s, "mesh_worker_handler_seconds_count", queue="jobs") == 2
+            assert value(s, "mesh_worker_handler_seconds_bucket", queue="jobs", le="+Inf") == 2
+            assert value(s, "mesh_worker_claim_seconds_count", queue="jobs") >= 1
+            beats = value(s, "mesh_worker_heartbeat_seconds_count")
+            await until_scraped(
+                url,
+                lambda s: value(s, "mesh_worker_heartbeat_seconds_count") > beats,
+                what="a heartbeat",
+            )
+            await w.client.cancel("jobs", "hold")
+            s = await until_scraped(
+                url,
+                lambda s: value(s, "mesh_worker_processes_cancelled_total", queue="jobs") == 1,
+                what="cancelled",
+            )
+            assert value(s, "mesh_worker_processes_running", queue="jobs") == 0
+            # a lost lease: one fence, by its reason
+            await expire_worker(w.client._conn, Keys(namespace), w.id)
+            s = await until_scraped(
+                url,
+                lambda s: value(s, "mesh_worker_fences_total", reason="lease_expired") == 1,
+                what="a fence",
+            )
+            # then it rejoins under a new id, its second generation
+            await until_scraped(
+                url,
+                lambda s: value(s, "mesh_worker_info", worker_id=w.id, generation="2") == 1,
+                what="the new generation",
+            )
+
+
+async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        async with served(MeshCollector(client)) as url:
+            s = await scrape(url)
+            assert value(s, "mesh_redis_up") == 1
+            assert value(s, "mesh_workers_alive") == 0
+            await client.enqueue_many("jobs", ["a", "b", "c"])
+            await client.ensure_many("devices", ["d1", "d2"])
+            s = await scrape(url)
+            assert value(s, "mesh_queue_length", queue="jobs") == 3
+            assert value(s, "mesh_queue_length", queue="devices") == 2
+            assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 2
+            assert value(s, "mesh_persistent_tasks", queue="devices", state="owned") == 0
+            assert value(s, "mesh_queue_dead_letters", queue="jobs") == 0
+            # the unowned tasks have now been seen unowned for a while
+            await trio.sleep(0.05)
+            s = await scrape(url)
+            assert value(s, "mesh_persistent_unowned_observed_seconds", queue="devices") > 0
+            # a worker takes one device and fails one job to the dead letters
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
+
+                async def fail(p: mesh.Process) -> None:
+                    raise RuntimeError("boom")
+
+                async def hold(p: mesh.Process) -> None:
+                    await trio.sleep_forever()
+
+                await w.start_work("devices", hold, concurrency=1)
+                await w.start_work("jobs", fail, max_attempts=1, concurrency=1)
+                s = await until_scraped(
+                    url,
+                    lambda s: value(s, "mesh_queue_dead_letters", queue="jobs") == 3,
+                    what="dead letters",
+                )
+                assert value(s, "mesh_workers_alive") == 1
+                assert value(s, "mesh_persistent_tasks", queue="devices", state="owned") == 1
+                assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 1
+                assert value(s, "mesh_queue_running", queue="devices") == 1
+            s = await scrape(url)
+            assert value(s, "mesh_workers_alive") == 0
+            assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 2
+
+
+async def test_exporter_says_when_redis_is_down() -> None:
+    with run_redis_server() as server:
+        async with mesh.open_client(server.url, namespace="x") as client:
+            async with served(MeshCollector(client)) as url:
+                assert value(await scrape(url), "mesh_redis_up") == 1
+                server.stop()
+                s = await scrape(url)
+                assert value(s, "mesh_redis_up") == 0
+                assert not any(name.startswith("mesh_queue") for name, _ in s)
+
+
+async def served_url(proc: trio.Process) -> str:
+    """The metrics URL a ``mesh`` command logged."""
+    assert proc.stderr is not None
+    log = b""
+    with trio.fail_after(20):
+        while b"/metrics" not in log:
+            chunk = await proc.stderr.receive_some()
+            assert chunk, log
+            log += chunk
+    m = re.search(rb"http://\S+/metrics", log)
+    assert m is not None, log
+    return m.group().decode()
+
+
+@pytest.mark.slow
+async def test_mesh_exporter_command_serves_and_stops(redis_url: str, namespace: str) -> None:
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "exporter", "--port", "0"),
+            *("--redis", redis_url, "--namespace", namespace),
+        ],
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        url = await served_url(proc)
+        assert url.startswith("http://127.0.0.1:")
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            await client.enqueue("q", "x")
+        assert value(await scrape(url), "mesh_queue_length", queue="q") == 1
+        proc.terminate()
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+@pytest.mark.slow
+async def test_mesh_worker_metrics_port(redis_url: str, namespace: str, tmp_path: Path) -> None:
+    (tmp_path / "metrics_app.py").write_text(
+        "async def work(p):\n    pass\n\nqueues = {'jobs': work}\n"
+    )
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "worker", "metrics_app:queues"),
+            *("--metrics-port", "0", "--redis", redis_url, "--namespace", namespace),
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        url = await served_url(proc)
+        assert url.startswith("http://127.0.0.1:")
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            await client.enqueue_many("jobs", ["a", "b"])
+        await until_scraped(
+            url,
+            lambda s: value(s, "mesh_worker_processes_finished_total", queue="jobs") == 2,
+            what="two finished",
+        )
+        proc.terminate()
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+async def test_metrics_options_are_checked() -> None:
+    r = await mesh_cli("exporter", "--port", "70000")
+    assert r.returncode == 2 and b"0 to 65535" in r.stderr
+    r = await mesh_cli("worker", "x:y", "--metrics-port", "-1")
+    assert r.returncode == 2 and b"0 to 65535" in r.stderr

@@ -1,0 +1,116 @@
+"""OpenTelemetry: one span per handler run with its attributes and outcome
+when the extra is installed; nothing imported, nothing done, when not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+
+import pytest
+import trio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import mesh
+from mesh import _telemetry
+
+EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module")
+def spans() -> Iterator[InMemorySpanExporter]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+    trace.set_tracer_provider(provider)  # once per process: the API allows one
+    yield EXPORTER
+    provider.shutdown()  # later tests' handler runs export nothing
+    EXPORTER.clear()
+
+
+async def until(pred: Callable[[], bool], within: float = 5.0) -> None:
+    with trio.fail_after(within):
+        while not pred():  # noqa: ASYNC110 - a poll with a deadline
+            await trio.sleep(0.005)
+
+
+async def test_a_span_per_handler_run(
+    spans: InMemorySpanExporter, redis_url: str, namespace: str
+) -> None:
+    spans.clear()
+    inner = trace.get_tracer("app")
+
+    async def handler(p: mesh.Process) -> None:
+        with inner.start_as_current_span("app work"):
+            pass
+        if p.task == b"bad":
+            raise ValueError("nope")
+        if p.task == b"hold":
+            await trio.sleep_forever()
+
+    async with mesh.open_worker(redis_url, namespace=namespace, ttl=0.9) as w:
+        await w.start_work("jobs", handler, max_attempts=2, backoff=0)
+        await w.client.enqueue_many("jobs", ["ok", "bad", "hold"])
+
+        def ours() -> list:  # type: ignore[type-arg]
+            return [s for s in spans.get_finished_spans() if s.name == "mesh handler jobs"]
+
+        await until(lambda: len(ours()) >= 3)  # ok, bad, bad again
+        await w.client.cancel("jobs", "hold")
+        await until(lambda: len(ours()) == 4)
+    by_outcome: dict[str, list] = {}  # type: ignore[type-arg]
+    for s in ours():
+        by_outcome.setdefault(s.attributes["mesh.outcome"], []).append(s)
+    assert sorted((k, len(v)) for k, v in by_outcome.items()) == [
+        ("cancelled", 1),
+        ("failed", 2),
+        ("finished", 1),
+    ]
+    [ok] = by_outcome["finished"]
+    assert ok.kind == trace.SpanKind.CONSUMER
+    assert ok.attributes["mesh.queue"] == "jobs"
+    assert ok.attributes["mesh.token"] == int(ok.attributes["mesh.process.id"])
+    assert ok.attributes["mesh.attempt"] == 1
+    assert ok.attributes["mesh.worker.id"] == w.id
+    attempts = sorted(s.attributes["mesh.attempt"] for s in by_outcome["failed"])
+    assert attempts == [1, 2]
+    failed = by_outcome["failed"][0]
+    assert failed.status.status_code == trace.StatusCode.ERROR
+    assert failed.events[0].name == "exception"
+    # the handler's own span is a child of the run's span
+    [child] = [s for s in spans.get_finished_spans() if s.name == "app work"][:1]
+    parents = {s.context.span_id for s in ours()}
+    assert child.parent is not None and child.parent.span_id in parents
+
+
+def test_without_opentelemetry_nothing_is_imported(redis_url: str) -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None  # as if not installed: import fails
+        import trio, mesh, mesh._telemetry as t
+        assert t.tracer is None
+        done = []
+        async def main():
+            async with mesh.open_worker(sys.argv[1], namespace="no-otel", ttl=0.9) as w:
+                async def handler(p):
+                    done.append(p.task)
+                await w.start_work("jobs", handler)
+                await w.client.enqueue("jobs", "x")
+                with trio.fail_after(5):
+                    while not done:
+                        await trio.sleep(0.01)
+        trio.run(main)
+        assert done == [b"x"]
+        assert sys.modules["opentelemetry"] is None  # still never imported
+        print("ok")
+        """
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, redis_url], capture_output=True, text=True, timeout=60
+    )
+    assert r.stdout.strip() == "ok", r.stderr
+    assert _telemetry.tracer is not None  # and here, with it installed, it is on

@@ -1,0 +1,64 @@
+"""Looking at a mesh from outside (mesh._view): the dashboard's overview
+agrees with the Client's own reads, and the exporter's counts cost a number
+of commands that does not grow with the number of workers."""
+
+from __future__ import annotations
+
+import trio
+
+import mesh
+from mesh._view import counts, overview, snapshot
+
+
+async def hold(p: mesh.Process) -> None:
+    await trio.sleep_forever()
+
+
+async def test_overview_agrees_with_the_client(redis_url: str, namespace: str) -> None:
+    async with (
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        mesh.open_worker(redis_url, namespace=namespace, ttl=5) as w1,
+        mesh.open_worker(redis_url, namespace=namespace, ttl=5) as w2,
+    ):
+        await w1.start_work("devices", hold)
+        await w1.start_work("jobs", hold)
+        await w2.start_work("devices", hold)
+        await client.ensure_many("devices", ["d1", "d2", "d3"])
+        await client.enqueue_many("jobs", ["j1"])
+        with trio.fail_after(5):
+            while len(await client.processes()) < 4:  # noqa: ASYNC110 - a poll of Redis
+                await trio.sleep(0.01)
+        cache: dict[str, dict[str, object]] = {}
+        ov = await overview(client, cache)
+        snap = await snapshot(client, processes=True)
+        strip = [
+            (w.id, w.alive, w.queues, w.processes, w.host, w.pid, w.started) for w in ov.workers
+        ]
+        want = [
+            (w.id, w.alive, w.queues, w.processes, w.host, w.pid, w.started) for w in snap.workers
+        ]
+        assert strip == want
+        assert [q.info for q in ov.queues] == snap.queues
+        assert ov.processes == snap.processes
+        assert set(cache) == {w1.id, w2.id}  # descriptions read once, then cached
+        assert {q.info.name: q.persistent_owned for q in ov.queues} == {"devices": 3, "jobs": 0}
+
+
+async def test_counts_cost_does_not_grow_with_workers(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue("jobs", "x")
+
+        async def commands() -> int:
+            before = client._conn.statistics().commands_sent
+            c = await counts(client)
+            assert [q.info.name for q in c.queues] == ["jobs"]
+            return client._conn.statistics().commands_sent - before
+
+        alone = await commands()
+        async with (
+            mesh.open_worker(redis_url, namespace=namespace, ttl=5),
+            mesh.open_worker(redis_url, namespace=namespace, ttl=5),
+            mesh.open_worker(redis_url, namespace=namespace, ttl=5),
+        ):
+            assert (await counts(client)).workers_alive == 3
+            assert await commands() == alone
