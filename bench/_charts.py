@@ -72,11 +72,11 @@ def _throughput(s: Section, folder: Path, prefix: str) -> None:
     ax.set_xlabel(f"tasks/s (median of {s.runs} runs; whiskers: min and max)")
     ax.set_xlim(0, max(f.max for f in rates) * 1.2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
-    ax.set_title("Throughput: no-op tasks, one redis-server, 10 in flight per process")
+    ax.set_title("Throughput: no-op tasks, one redis-server, 10 in flight per process", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     name = f"{prefix}throughput.png"
-    fig.savefig(folder / name)
+    fig.savefig(folder / name, bbox_inches="tight")
     plt.close(fig)
     s.charts.append(Chart(name, "Throughput of each library, side by side"))
 
@@ -93,9 +93,13 @@ def _distributions(s: Section, folder: Path, prefix: str) -> None:
         n = len(xs)
         ys = [(i + 1) / n * 100 for i in range(n)]
         ax.step(xs, ys, where="post", color="#1f77b4")
-        ax.plot(xs, ys, "o", markersize=2.5, color="#1f77b4")
+        if n <= 300:
+            ax.plot(xs, ys, "o", markersize=2.5, color="#1f77b4")
+        if xs[0] > 0 and xs[-1] / xs[0] > 50:
+            ax.set_xscale("log")  # a long tail: every decade readable
         ax.set_title(label, fontsize=10)
-        ax.set_xlabel(f"{unit} ({n:,} values, all runs pooled)")
+        scale = ", log scale" if ax.get_xscale() == "log" else ""
+        ax.set_xlabel(f"{unit} ({n:,} values, all runs pooled{scale})")
         ax.set_ylabel("% at most this long")
         ax.set_ylim(0, 101)
         ax.grid(alpha=0.3)
@@ -106,6 +110,6 @@ def _distributions(s: Section, folder: Path, prefix: str) -> None:
     fig.suptitle(f"{s.title}: latency distribution", fontsize=11)
     fig.tight_layout()
     name = f"{prefix}{s.name}.png"
-    fig.savefig(folder / name)
+    fig.savefig(folder / name, bbox_inches="tight")
     plt.close(fig)
     s.charts.append(Chart(name, f"{s.title}: distribution of every latency measured"))

@@ -180,7 +180,7 @@ def markdown(
         "nothing here is typed in by hand). Every benchmark starts its own "
         "redis-server on 127.0.0.1 and its own worker processes; each figure is the "
         "median of the runs, with the smallest and largest run. Targets are those of "
-        "issue 4; the verdict compares the median with the target.",
+        "issues 4 and 14; the verdict compares the median with the target.",
         "",
         f"Run: `{command}`, {when}.",
         "",

@@ -254,11 +254,13 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
         if c.lib == "mesh" and c.processes == 1:
             rate.target = Target(">=", 10_000, ">= 10,000 tasks/s")
         section.figures.append(rate)
+        one = c.lib == "mesh" and c.processes == 1
         section.figures.append(
             Figure(
                 f"{c.label}: Redis CPU per task",
                 "µs",
                 [x.redis_cpu / n * 1e6 if x else nan for x in rs],
+                target=Target("<=", 12, "<= 12 µs") if one else None,
             )
         )
         section.figures.append(
@@ -281,6 +283,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 f"{c.label}: worker CPU per task",
                 "µs",
                 [x.worker_cpu / n * 1e6 if x else nan for x in rs],
+                target=Target("<=", 20, "<= 20 µs") if one else None,
             )
         )
     if best_peer > 0:

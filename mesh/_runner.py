@@ -72,6 +72,27 @@ def _is_async_callable(obj: object) -> bool:
     return inspect.iscoroutinefunction(getattr(obj, "__call__", None))  # noqa: B004
 
 
+def preview(task: bytes, width: int = 40) -> str:
+    """A payload for a log line: quoted text when it is printable UTF-8,
+    else a ``b'...'`` literal; cut to about ``width`` characters."""
+    head = task[: 4 * width]  # a cut payload, never a copy of a large one
+    text: str | None
+    try:
+        text = head.decode()
+    except UnicodeDecodeError as exc:
+        # cut inside a character: what came before it is still text
+        cut = len(head) < len(task) and exc.start > len(head) - 4
+        text = head[: exc.start].decode() if cut else None
+    shown = repr(text) if text is not None and text.isprintable() else repr(head)
+    return shown if len(shown) <= width and len(head) == len(task) else shown[: width - 4] + "...'"
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, on one line."""
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
 @attrs.frozen
 class QueueConfig:
     queue: str
@@ -127,6 +148,8 @@ class QueueRunner:
         self._ttl_ms = int(ttl * 1000)
         self._held_back_since: float | None = None
         self._early_cancels = {} if early_cancels is None else early_cancels
+        # why each failed process failed, until its give-back says what next
+        self._why: dict[str, tuple[Process, str]] = {}
         self._due_drawn: tuple[int, bool] = (-1, False)
 
     # --- signals from the worker (sync, no I/O) ----------------------------
@@ -220,7 +243,14 @@ class QueueRunner:
                     self._on_fenced(str(exc))
                     return
                 except (MeshConnectionError, CommandError) as exc:
-                    log.warning("queue %s: %s; retrying in %.2fs", self.config.queue, exc, backoff)
+                    # An unreachable Redis is reported once, by the heartbeat.
+                    log.log(
+                        logging.DEBUG if isinstance(exc, MeshConnectionError) else logging.WARNING,
+                        "queue %s: %s; retrying in %.2fs",
+                        self.config.queue,
+                        exc,
+                        backoff,
+                    )
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
                     if isinstance(exc, MeshConnectionError):
@@ -350,9 +380,10 @@ class QueueRunner:
                 else:
                     await _telemetry.traced(self.config.handler, p)
                 ok = True
-        except Exception:
+        except Exception as exc:
             failed = True
-            log.exception("handler for task of queue %s (process %s) failed", p.queue, p.id)
+            self._why[p.id] = (p, _one_line(exc))
+            log.debug("handler of queue %s, process %s raised:", p.queue, p.id, exc_info=True)
         finally:
             del self.running[p.id]
             self._counters.handler.observe(trio.current_time() - began)
@@ -403,14 +434,43 @@ class QueueRunner:
         except BaseException:
             self._failed = failed + self._failed
             raise
-        # outcome 0: no longer ours (recycled or cancelled meanwhile), not a failure we report
-        self._counters.failed += sum(1 for result, _ in outcomes if result != 0)
-        for result, delay in outcomes:
+        # Outcome 0: no longer ours (recycled or cancelled meanwhile), so
+        # nothing of this failure was recorded: not counted as failed.
+        self._counters.failed += sum(1 for result, _ in outcomes if result)
+        for pid, (result, delay) in zip(failed, outcomes, strict=True):
+            self._log_failure(pid, result, delay)
             if result == 2:
                 if delay > 0:
                     self.wake_in(delay / 1000)
                 else:
                     self._maybe_work = True
+
+    def _log_failure(self, pid: str, result: int, delay: int) -> None:
+        """One line for a failed attempt: the queue, a preview of the payload,
+        attempt n of max, why, and what happens next (its traceback was
+        logged at DEBUG when the handler raised)."""
+        entry = self._why.pop(pid, None)
+        if entry is None:
+            return
+        p, why = entry
+        n, limit = p.attempts + 1, self.config.max_attempts
+        attempt = f"attempt {n}" if p.persistent or not limit else f"attempt {n} of {limit}"
+        kind = "persistent task" if p.persistent else "task"
+        if result == 3:
+            log.warning(
+                "queue %s: %s %s failed (%s): %s; dead-lettered",
+                p.queue, kind, preview(p.task), attempt, why,
+            )  # fmt: skip
+            return
+        if result == 0:
+            nxt = "it was no longer this worker's (recycled or cancelled meanwhile)"
+        elif result == 1 or delay <= 0:
+            nxt = "retrying now"
+        else:
+            nxt = f"retrying in {delay / 1000:.3g} s"
+        log.warning(
+            "queue %s: %s %s failed (%s): %s; %s", p.queue, kind, preview(p.task), attempt, why, nxt
+        )
 
     async def _resync(self) -> None:
         """Make what this runner runs agree with what Redis says it holds on

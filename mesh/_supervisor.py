@@ -25,7 +25,7 @@ are spread at random. And every 3 T at least, a safety net that costs little.
 
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 import attrs
 import trio
@@ -58,6 +58,11 @@ class Reaper:
     queues: the queues a dead peer most likely served (the worker's own), to
         name in the first ``recycle.lua`` call; the ones it misses cost a
         second call, and are remembered.
+    own: the ids this worker has had (every identity). A worker that was
+        paused past its TTL may find its own lapsed lease among the dead:
+        it is recycled like any other, but that is not a takeover, so it is
+        neither logged as one nor counted (the fence is what is reported).
+    me: how to name this worker in a log line (its current id).
     batch: at most this many dead workers per ``recycle.lua`` call.
     herd: how many reapers of the mesh act on a death, on average.
     jitter: on watch, wake up to this many seconds after a deadline (so the
@@ -73,6 +78,8 @@ class Reaper:
         *,
         ttl: float,
         queues: Callable[[], Iterable[str]] = tuple,
+        own: Callable[[], Container[str]] = frozenset,
+        me: Callable[[], str] = lambda: "this worker",
         batch: int = 16,
         herd: int = 3,
         jitter: float = 0.02,
@@ -92,6 +99,8 @@ class Reaper:
         self._mesh_size = 0
         self._on_watch = True
         self._own_queues = queues
+        self._own_ids = own
+        self._me = me
         self._queues: list[str] = []  # the queues dead workers served lately
 
     @property
@@ -148,14 +157,24 @@ class Reaper:
             r = await self._binding.recycle_dead(self._conn, check.dead, queues=hint)
             self._queues = r.queues[-64:]
             total += r.recycled
-            self._stats.workers_recycled += r.recycled
+            own = self._own_ids()
+            gone = [w for w in check.dead if w not in r.alive]
+            peers = [w for w in gone if w not in own]
+            if len(peers) < len(gone):
+                log.debug(
+                    "recycled this worker's own lapsed lease: %s", [w for w in gone if w in own]
+                )
+                if not peers:
+                    continue
+            self._stats.workers_recycled += min(r.recycled, len(peers))
             self._stats.processes_recycled += r.returned
             self._stats.dead_lettered += r.dead_lettered
             log.info(
-                "recycled %d dead worker(s) (%s): %d processes back in their queues, "
+                "%s took over from %d dead worker(s) (%s): %d processes back in their queues, "
                 "%d dead-lettered",
-                r.recycled,
-                ", ".join(w for w in check.dead if w not in r.alive),
+                self._me(),
+                len(peers),
+                ", ".join(peers),
                 r.returned,
                 r.dead_lettered,
             )

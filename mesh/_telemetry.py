@@ -7,8 +7,9 @@ the handler's own spans are its children), with the attributes
 ``mesh.queue``, ``mesh.process.id``, ``mesh.token``, ``mesh.attempt`` (1 for
 the first), ``mesh.persistent``, ``mesh.worker.id`` and ``mesh.outcome``
 (``finished``, ``failed`` or ``cancelled``); a failure records the exception
-and sets the span's status to ERROR. Without an SDK configured, the API's
-spans do nothing.
+and sets the span's status to ERROR. Without an SDK configured (no tracer
+provider set), no span is made: the API's would do nothing, and making one
+costs about 4 us per handler run.
 
 When it is not installed, :data:`tracer` is None and the runner calls the
 handler directly: the only cost is that one check per run.
@@ -32,11 +33,23 @@ except ImportError:
 #: The tracer handler spans come from, or None without OpenTelemetry.
 tracer: Any = _trace.get_tracer("mesh") if _trace is not None else None
 
+# Tracer providers of the API alone (no SDK configured): their spans record
+# nothing, and making one per handler run cost about 4 us of CPU, a fifth of
+# a busy worker's CPU per task, so none is made while one of these is in use.
+_NO_SDK: tuple[type, ...] = (
+    (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider) if _trace is not None else ()
+)
+
 
 async def traced(handler: Any, p: Process) -> None:
     """``await handler(p)`` inside its span (see the module doc). Whatever the
-    handler raises (Cancelled included) propagates unchanged."""
+    handler raises (Cancelled included) propagates unchanged. While no SDK
+    tracer provider is set (the API's own proxy or no-op one), no span is
+    made: it would record nothing."""
     assert _trace is not None
+    if isinstance(_trace.get_tracer_provider(), _NO_SDK):
+        await handler(p)
+        return
     attributes = {
         "mesh.queue": p.queue,
         "mesh.process.id": p.id,

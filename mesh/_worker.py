@@ -192,8 +192,16 @@ class Worker:
         self._closed = False
         self._stopped = trio.Event()
         self._stats = Recorder()
+        self._ids = {base_id}  # every identity this worker has had
+        self._reconnects_seen = -1  # the connection's count at the last heartbeat
         self._reaper = Reaper(
-            conn, self._binding, ttl=timing.ttl, queues=lambda: self._queues, recorder=self._stats
+            conn,
+            self._binding,
+            ttl=timing.ttl,
+            queues=lambda: self._queues,
+            own=lambda: self._ids,
+            me=lambda: f"worker {self._gen.id}",
+            recorder=self._stats,
         )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
@@ -497,9 +505,14 @@ class Worker:
             When the attempt that worked was sent: the new lease's fence
             deadline counts from then, not from the first, failed attempts."""
         backoff = 0.05
+        tries = 0
         while True:
             sent = trio.current_time()
             try:
+                # Measure from a live connection: an attempt that first waited
+                # for a reconnect would start its fence deadline too early.
+                await self._conn.execute("PING")
+                sent = trio.current_time()
                 await self._join(gen)
                 return sent
             except (MeshConnectionError, CommandError, FencedError, ConfigError) as exc:
@@ -507,9 +520,16 @@ class Worker:
                     raise
                 if self._closing:
                     return sent
-                log.warning("worker %s could not rejoin yet (%s); retrying", gen.id, exc)
+                tries += 1
+                log.log(
+                    logging.WARNING if tries == 1 else logging.DEBUG,
+                    "worker %s could not rejoin yet (%s); retrying",
+                    gen.id,
+                    exc,
+                )
                 if isinstance(exc, ConfigError | FencedError):
                     gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
+                    self._ids.add(gen.id)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.timing.interval)
 
@@ -578,6 +598,7 @@ class Worker:
         # lockstep: their heartbeats are the reapers' backstop, and a
         # mesh-wide burst of them would wake every reaper at once.
         spread = 0.5
+        trouble_since: float | None = None  # the first unanswered heartbeat
         while True:
             sent = trio.current_time()
             queues = list(gen.runners)
@@ -593,11 +614,36 @@ class Worker:
             except (MeshConnectionError, CommandError) as exc:
                 # Retried until it works or the fence deadline passes (an OOM
                 # Redis refuses the lease renewal: we fence, we do not crash).
-                log.warning("heartbeat of worker %s failed: %s", gen.id, exc)
+                # Said once per outage, not once per try.
+                what = "Redis unreachable" if isinstance(exc, MeshConnectionError) else "refused"
+                if trouble_since is None:
+                    trouble_since = sent
+                    log.warning(
+                        "worker %s: heartbeat failed, %s: %s; retrying (its handlers are "
+                        "cancelled %g s after the last confirmed heartbeat)",
+                        gen.id,
+                        what,
+                        exc,
+                        t.fence_after,
+                    )
+                else:
+                    log.debug("worker %s: heartbeat failed again: %s", gen.id, exc)
                 await trio.sleep(min(t.interval / 4, 0.25))
                 continue
             if reply is None:
                 continue
+            if trouble_since is not None:
+                log.info(
+                    "worker %s: heartbeat confirmed again, %.1f s after the first that failed",
+                    gen.id,
+                    sent - trouble_since,
+                )
+                trouble_since = None
+            reconnects = self._conn.statistics().reconnects
+            if reconnects > self._reconnects_seen:
+                if self._reconnects_seen >= 0:
+                    log.info("worker %s: the connection to Redis was lost and is back", gen.id)
+                self._reconnects_seen = reconnects
             self._stats.heartbeats += 1
             self._stats.heartbeat.observe(trio.current_time() - sent)
             gen.scope.deadline = sent + t.fence_after
@@ -638,12 +684,15 @@ class Worker:
     ) -> None:
         gen = self._gen
         first = True
+        previous = ""
         try:
             while True:
                 sent = await self._register(gen, first=first)
                 if first:
                     task_status.started()
                     first = False
+                elif not self._closing:
+                    log.info("worker %s rejoined the mesh as %s", previous, gen.id)
                 fenced = False
                 try:
                     gen.scope.deadline = sent + self.timing.fence_after
@@ -670,7 +719,10 @@ class Worker:
                     return
                 self._stats.fenced(gen.fence_reason)
                 if gen.fence_reason is None:
-                    gen.fence_reason = f"no heartbeat confirmed within {self.timing.fence_after} s"
+                    gen.fence_reason = (
+                        f"no heartbeat confirmed within {self.timing.fence_after} s"
+                        + ("; Redis unreachable" if not self._conn.connected else "")
+                    )
                 log.warning(
                     "worker %s fenced (%s); its processes were stopped; rejoining",
                     gen.id,
@@ -679,9 +731,11 @@ class Worker:
                 await self._retire(gen)
                 if self._closing:
                     return
+                previous = gen.id
                 gen = self._gen = _Generation(
                     f"{self._base_id}.{secrets.token_hex(3)}", gen.number + 1
                 )
+                self._ids.add(gen.id)
         finally:
             self._stopped.set()
 

@@ -57,6 +57,9 @@ async def test_throughput() -> None:
     assert enq.unit == "s" and enq.target is not None
     ratio = figure(s, "trio-mesh: 2 worker processes / 1")
     assert ratio.target is not None and ratio.median > 0
+    # issue 14's targets on the way: worker and Redis CPU per task
+    assert figure(s, "trio-mesh, 1 worker process: worker CPU per task").target is not None
+    assert figure(s, "trio-mesh, 1 worker process: Redis CPU per task").target is not None
 
 
 async def test_throughput_worqr() -> None:
@@ -192,3 +195,14 @@ def test_update_markdown_replaces_only_what_was_measured() -> None:
     assert new.count("## Targets") == 1 and new.count("## Machine") == 1
     with pytest.raises(ValueError, match="no Targets table"):
         update_markdown("# something else\n\n## A\n", [fresh], "note")
+
+
+async def test_parts() -> None:
+    """bench.parts times each piece of a runner's cycle (a real claim reply
+    is parsed: the protocol's reply shape, not a copy of it)."""
+    from bench import parts
+
+    rows = dict(await parts.run(rounds=20, repeat=1))
+    assert len(rows) == 7
+    assert all(v > 0 for v in rows.values())
+    assert "parse a claim reply of 10 processes" in rows

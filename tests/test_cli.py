@@ -570,6 +570,62 @@ async def test_worker_app_mistakes_are_one_line(
         assert await client.workers() == []  # none of them joined
 
 
+FAILING_APP = """
+async def fail(process):
+    raise RuntimeError("no luck")
+
+queues = {"jobs": fail}
+"""
+
+
+async def test_worker_logs_json_for_log_shippers(
+    redis_url: str, namespace: str, ns_args: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "failing_app.py").write_text(FAILING_APP)
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "worker", "failing_app:queues"),
+            *("--log-format", "json", "--log-level", "debug", "--max-attempts", "1"),
+            *ns_args,
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+
+            async def joined() -> bool:
+                return bool(await client.workers())
+
+            await wait_for(joined, within=20, what="the worker to join")
+            await client.enqueue("jobs", "j1")
+            assert proc.stderr is not None
+            log = b""
+            with trio.fail_after(20):
+                while b"dead-lettered" not in log:
+                    log += await proc.stderr.receive_some()
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+                async for chunk in proc.stderr:
+                    log += chunk
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    records = [json.loads(line) for line in log.decode().splitlines()]  # every line is JSON
+    assert all(set(r) >= {"time", "level", "logger", "message"} for r in records)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["time"]) for r in records)
+    (failed,) = [r for r in records if "dead-lettered" in r["message"]]
+    assert failed["level"] == "warning" and failed["logger"] == "mesh.worker"
+    assert failed["message"] == (
+        "queue jobs: task 'j1' failed (attempt 1 of 1): RuntimeError: no luck; dead-lettered"
+    )
+    assert "traceback" not in failed
+    (tb,) = [r for r in records if "traceback" in r]
+    assert tb["level"] == "debug" and "RuntimeError: no luck" in tb["traceback"]
+
+
 # --- the demo ------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ tasks, handover, fencing, cancel, lossless events, and bad input."""
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -962,3 +963,131 @@ async def test_a_plain_def_handler_is_refused_before_any_task_runs(
 
         await wait_for(both_ran, what="the partial and the object to run")
         assert await client.queue_length("plain") == 1  # the plain def never ran
+
+
+# --- logs: one line per event at INFO, tracebacks only at DEBUG ----------------
+
+
+def log_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    """The messages of trio-mesh's records at ``level`` or above, each
+    checked to be one line without a traceback."""
+    out = []
+    for r in caplog.records:
+        if r.name.startswith("mesh") and r.levelno >= level:
+            msg = r.getMessage()
+            assert "\n" not in msg and r.exc_info is None, (msg, r.exc_info)
+            out.append(msg)
+    return out
+
+
+async def test_a_failed_attempt_is_one_line_with_what_happens_next(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mesh")
+
+    async def broken(p: Process) -> None:
+        raise ValueError("boom\non two lines")
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work("jobs", broken, max_attempts=2, backoff=0.05, backoff_max=1)
+        await client.enqueue("jobs", b"job-1")
+
+        # counted once the give-back's reply came: then it is dead-lettered
+        await wait_for(lambda: _true(w.statistics().processes_failed == 2), what="2 failures")
+        assert (await client.queue_info("jobs")).dead == 1
+    failed = [m for m in log_lines(caplog) if "failed" in m]
+    assert failed == [
+        "queue jobs: task 'job-1' failed (attempt 1 of 2): ValueError: boom on two lines; "
+        "retrying in 0.05 s",
+        "queue jobs: task 'job-1' failed (attempt 2 of 2): ValueError: boom on two lines; "
+        "dead-lettered",
+    ]
+    # the tracebacks are there, at DEBUG only
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 2 and {r.levelno for r in tracebacks} == {logging.DEBUG}
+
+
+async def test_a_lost_lease_logs_the_fence_the_takeover_and_the_rejoin_once_each(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mesh")
+    rec = Recorder()
+    async with client_and_workers(redis_url, namespace, 2) as (client, (w1, w2)):
+        await w1.start_work("devices", rec.forever)
+        await client.ensure("devices", "d")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        old_id = w1.id if rec.started[0].worker_id == w1.id else w2.id
+        holder = w1 if old_id == w1.id else w2
+        await expire_worker(client._conn, client._keys, old_id)
+
+        async def rejoined() -> bool:
+            return holder.id != old_id and old_id not in [x.id for x in await client.workers()]
+
+        await wait_for(rejoined, what="the holder to rejoin")
+        await wait_for(lambda: _true(len(rec.started) == 2), what="the device to run again")
+        new_id = holder.id
+        peer_id = w2.id if holder is w1 else w1.id
+        # a worker does not count its own lapsed lease as a takeover
+        assert holder.statistics().peers_recycled == 0
+    lines = log_lines(caplog)
+    fences = [m for m in lines if "fenced" in m]
+    assert len(fences) == 1 and fences[0].startswith(f"worker {old_id} fenced (")
+    assert "lease" in fences[0] or "superseded" in fences[0] or "gone" in fences[0], fences
+    assert [m for m in lines if "rejoined" in m] == [
+        f"worker {old_id} rejoined the mesh as {new_id}"
+    ]
+    # whoever recycled the old identity: a peer says so, the worker itself does not
+    takeovers = [m for m in lines if "took over" in m]
+    assert len(takeovers) <= 1, takeovers
+    for m in takeovers:
+        assert m.startswith(f"worker {peer_id} took over from 1 dead worker(s) ({old_id}): ")
+
+
+async def test_redis_unreachable_is_said_once_per_outage(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mesh")
+    rec = Recorder()
+    async with client_and_workers(own_redis.url, "outage", 1) as (_, (w,)):
+        await w.start_work("jobs", rec.quick)
+        first_id = w.id
+        own_redis.stop()
+        # the worker retries all the while, and fences itself at R
+        await wait_for(lambda: _true(w.statistics().fenced == 1), what="the fence")
+        own_redis.start()
+        await wait_for(lambda: _true(w.id != first_id and w._gen_ready.is_set()), what="rejoin")
+    lines = log_lines(caplog)
+    retries = [r for r in caplog.records if "retrying" in r.getMessage()]
+    assert retries and {r.levelno for r in retries if r.name == "mesh.worker"} <= {
+        logging.DEBUG,
+        logging.WARNING,
+    }
+    fences = [m for m in lines if "fenced" in m]
+    assert fences == [
+        f"worker {first_id} fenced (no heartbeat confirmed within 0.6 s; Redis unreachable); "
+        "its processes were stopped; rejoining"
+    ]
+    rejoined = f"worker {first_id} rejoined the mesh as {w.id}"
+    assert [m for m in lines if "rejoined" in m] == [rejoined]
+    # whatever else it said, it said once: no line per retry
+    assert len(lines) == len(set(lines)) <= 5, lines
+
+
+async def test_a_worker_does_not_report_recycling_itself(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mesh")
+    rec = Recorder()
+    # a long lease: its heartbeat does not notice for seconds, so its own
+    # reaper is the first to find its lapsed lease (as after a long pause)
+    async with client_and_workers(redis_url, namespace, 1, ttl=30) as (client, (w,)):
+        await w.start_work("devices", rec.forever)
+        await client.ensure("devices", "d")
+        await wait_for(lambda: _true(len(rec.started) == 1))
+        await expire_worker(client._conn, client._keys, w.id)
+        await w._reaper.reap_once()
+        assert await client.processes() == []  # recycled all the same
+        assert w.statistics().peers_recycled == 0
+    assert not [m for m in log_lines(caplog) if "took over" in m or "recycled" in m]
+    own = [r.getMessage() for r in caplog.records if "own lapsed lease" in r.getMessage()]
+    assert len(own) == 1

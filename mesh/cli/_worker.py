@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import signal
@@ -104,6 +105,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="log level (default info); logs go to stderr, one line per event",
+    )
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="'text' (default): one line per event; 'json': one JSON object per line, "
+        "for log shippers (keys time, level, logger, message; traceback at debug)",
     )
     p.add_argument(
         "--traceback",
@@ -253,12 +261,31 @@ def _worker(args: argparse.Namespace) -> int:
     if not 0 <= args.backoff <= args.backoff_max:
         raise UsageError("need 0 <= --backoff <= --backoff-max")
     _metrics.check_worker_options(args)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     return trio.run(_serve, args, t, app, concurrency)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line: ``time`` (UTC, ISO 8601 with
+    milliseconds), ``level``, ``logger``, ``message``, and ``traceback`` when
+    the record carries one (only DEBUG records do)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        t = time.gmtime(record.created)
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            out["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
 
 
 class _Stopping:
