@@ -1,23 +1,18 @@
-"""The Redis cost of looking: ``mesh exporter`` scrapes and the
-``mesh dashboard`` poller against a mesh of 1,000 workers holding 10,000
-persistent tasks (plus 10 one-shot queues with a few tasks each).
+"""Looking at the mesh: the Redis CPU of ``mesh exporter`` scrapes and of the
+``mesh dashboard`` poller, against 1,000 workers holding 10,000 persistent
+tasks.
 
 The mesh's state is written straight through the protocol scripts (register,
-serve, ensure, claim), with leases long enough not to expire during the run,
-so that no worker process runs and Redis spends its CPU on the exporter or
-the dashboard alone: what is measured is their own cost, which depends on
-the state they read, not on the workers being busy. Redis CPU is ``INFO cpu``
-(user + sys) over a window, minus the same window with nothing polling.
-
-Run: ``python -m bench.observe [--workers 1000] [--window 20]``.
+serve, ensure, claim) with hour-long leases, and no worker process runs: Redis
+spends its CPU on the reader alone, and what is measured is the reader's own
+cost, which depends on the state it reads, not on the workers being busy.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 import urllib.request
+from dataclasses import dataclass
 
 import trio
 
@@ -27,26 +22,51 @@ from mesh._keys import Keys
 from mesh._scripts import Binding
 from mesh.testing import run_redis_server
 
+from ._context import Context
+from ._report import Figure, Section, Target
 from ._util import redis_cpu
 
 QUEUE = "devices"
 
 
-async def populate(conn: Connection, ns: str, workers: int, per_worker: int) -> None:
-    b = Binding(Keys(ns))
+@dataclass(frozen=True)
+class Sizes:
+    workers: int = 1000
+    per_worker: int = 10  # persistent tasks each holds
+    window: float = 20.0  # seconds of INFO cpu per figure
+    scrape: float = 1.0  # seconds between exporter scrapes
+    interval: float = 1.0  # the dashboard's default
+
+
+FULL = Sizes()
+QUICK = Sizes(workers=100, window=3.0)
+
+METHOD = """\
+A mesh of {workers:,} registered workers serving one queue and holding {tasks:,} persistent
+tasks ({per} each), plus 10 one-shot queues of 5 tasks, written through the protocol scripts
+with hour-long leases; no worker process runs, so Redis spends its CPU on the reader alone.
+Redis CPU is `INFO cpu` (user + sys) over {window:g} s, minus the same window with nothing
+reading. The exporter is scraped over HTTP every {scrape:g} s (Prometheus scrapes every 15 s
+by default: a fifteenth of this); the dashboard's poller reads every {interval:g} s (its
+default), however many pages are open. Each read is two round trips whatever the number of
+workers; both costs grow with the number of tasks held (the exporter reads the persistent-task
+hash to tell owned from unowned tasks, the dashboard every process record)."""
+
+
+async def populate(conn: Connection, ns: str, sizes: Sizes) -> None:
+    keys = Keys(ns)
+    b = Binding(keys)
     ttl_ms = 3_600_000
-    await b.ensure(conn, QUEUE, [f"device-{i}".encode() for i in range(workers * per_worker)])
-    for i in range(workers):
+    tasks = [f"device-{i}".encode() for i in range(sizes.workers * sizes.per_worker)]
+    await b.ensure(conn, QUEUE, tasks)
+    for i in range(sizes.workers):
         w = f"w{i:04d}"
         inc = "inc-" + w
-        await b.register(
-            conn, w, inc, ttl_ms, json.dumps({"host": "h", "pid": i, "started": 1}).encode()
-        )
-        await conn.execute(
-            "HSET", Keys(ns).info, w, json.dumps({"host": "h", "pid": i, "started": 1})
-        )
+        info = json.dumps({"host": "bench", "pid": i, "started": 1})
+        await b.register(conn, w, inc, ttl_ms, info.encode())
+        await conn.execute("HSET", keys.info, w, info)
         await b.serve(conn, w, inc, QUEUE)
-        await b.claim(conn, w, inc, QUEUE, per_worker, 0, ttl_ms=ttl_ms)
+        await b.claim(conn, w, inc, QUEUE, sizes.per_worker, 0, ttl_ms=ttl_ms)
     for q in range(10):
         await b.enqueue(conn, f"jobs-{q}", [b"x"] * 5)
 
@@ -59,69 +79,92 @@ async def cpu_over(conn: Connection, window: float) -> float:
     return (c1 - c0) / (t1 - t0) * 100
 
 
-async def main(workers: int, per_worker: int, window: float, scrape: float) -> None:
+def _get(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return len(r.read())
+
+
+async def exporter_cpu(client: mesh.Client, conn: Connection, sizes: Sizes) -> float:
     from prometheus_client import CollectorRegistry
 
-    from mesh.dashboard import serve_dashboard
     from mesh.metrics import MeshCollector, serve_metrics
 
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MeshCollector(client))
+    async with serve_metrics(registry, port=0) as (host, port):
+        url = f"http://{host}:{port}/metrics"
+
+        async def scraper() -> None:
+            while True:
+                await trio.to_thread.run_sync(_get, url)
+                await trio.sleep(sizes.scrape)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(scraper)
+            cpu = await cpu_over(conn, sizes.window)
+            nursery.cancel_scope.cancel()
+    return cpu
+
+
+async def dashboard_cpu(client: mesh.Client, conn: Connection, sizes: Sizes) -> float:
+    from mesh.dashboard import serve_dashboard
+
+    async with serve_dashboard(client, interval=sizes.interval) as page:
+        await trio.to_thread.run_sync(_get, page + "state")
+        return await cpu_over(conn, sizes.window)
+
+
+async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
+    sizes = sizes or (QUICK if ctx.quick else FULL)
+    section = Section(
+        "observe",
+        "Dashboard and exporter",
+        METHOD.format(
+            workers=sizes.workers,
+            tasks=sizes.workers * sizes.per_worker,
+            per=sizes.per_worker,
+            window=sizes.window,
+            scrape=sizes.scrape,
+            interval=sizes.interval,
+        ),
+        runs=ctx.runs,
+    )
+    idle: list[float] = []
+    exporter: list[float] = []
+    dashboard: list[float] = []
     ns = "observe"
     with run_redis_server() as server:
-        async with open_connection(server.url) as conn:
-            t = time.monotonic()
-            await populate(conn, ns, workers, per_worker)
-            print(
-                f"populated {workers} workers, {workers * per_worker} persistent tasks "
-                f"in {time.monotonic() - t:.1f} s"
+        async with (
+            open_connection(server.url) as conn,
+            mesh.open_client(server.url, namespace=ns) as client,
+        ):
+            ctx.log(
+                f"observe: {sizes.workers:,} workers, {sizes.workers * sizes.per_worker:,} tasks"
             )
-            base = await cpu_over(conn, window)
-            print(f"nothing polling: Redis {base:.3f}% of a core")
-            async with mesh.open_client(server.url, namespace=ns) as client:
-                registry = CollectorRegistry(auto_describe=False)
-                registry.register(MeshCollector(client))
-                async with serve_metrics(registry, port=0) as (host, port):
-                    url = f"http://{host}:{port}/metrics"
-
-                    def get() -> int:
-                        with urllib.request.urlopen(url, timeout=30) as r:
-                            return len(r.read())
-
-                    async def scraper() -> None:
-                        while True:
-                            t0 = time.monotonic()
-                            await trio.to_thread.run_sync(get)
-                            took.append(time.monotonic() - t0)
-                            await trio.sleep(scrape)
-
-                    took: list[float] = []
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(scraper)
-                        cpu = await cpu_over(conn, window)
-                        nursery.cancel_scope.cancel()
-                    print(
-                        f"mesh exporter scraped every {scrape:g} s: Redis {cpu:.3f}% "
-                        f"(minus idle: {cpu - base:.3f}%), {len(took)} scrapes, "
-                        f"median {sorted(took)[len(took) // 2] * 1000:.0f} ms each"
-                    )
-                async with serve_dashboard(client, interval=1.0) as page:
-
-                    def get_state() -> int:
-                        with urllib.request.urlopen(page + "state", timeout=30) as r:
-                            return len(r.read())
-
-                    size = await trio.to_thread.run_sync(get_state)
-                    cpu = await cpu_over(conn, window)
-                    print(
-                        f"mesh dashboard polling every 1 s: Redis {cpu:.3f}% "
-                        f"(minus idle: {cpu - base:.3f}%); state {size} bytes"
-                    )
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--workers", type=int, default=1000)
-    p.add_argument("--per-worker", type=int, default=10)
-    p.add_argument("--window", type=float, default=20.0)
-    p.add_argument("--scrape", type=float, default=1.0)
-    a = p.parse_args()
-    trio.run(main, a.workers, a.per_worker, a.window, a.scrape)
+            await populate(conn, ns, sizes)
+            for r in range(ctx.runs):
+                idle.append(await cpu_over(conn, sizes.window))
+                exporter.append(await exporter_cpu(client, conn, sizes) - idle[-1])
+                dashboard.append(await dashboard_cpu(client, conn, sizes) - idle[-1])
+                ctx.log(
+                    f"observe: run {r + 1}/{ctx.runs}: idle {idle[-1]:.3f}%, exporter "
+                    f"+{exporter[-1]:.3f}%, dashboard +{dashboard[-1]:.3f}% of a core"
+                )
+    target = Target("<", 1.0, "< 1% of a core")
+    n = f"{sizes.workers:,} workers"
+    section.figures += [
+        Figure(f"Redis CPU, nothing reading, {n}", "% of a core", idle),
+        Figure(
+            f"mesh exporter scraped every {sizes.scrape:g} s: Redis CPU, {n}",
+            "% of a core",
+            exporter,
+            target,
+        ),
+        Figure(
+            f"mesh dashboard reading every {sizes.interval:g} s: Redis CPU, {n}",
+            "% of a core",
+            dashboard,
+            target,
+        ),
+    ]
+    return section

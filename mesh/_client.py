@@ -17,7 +17,7 @@ from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, ConfigError
 from ._keys import Keys, check_queue
 from ._scripts import Binding, parse_record, payload_bytes
-from ._types import DelayedTask, Process, QueueInfo, ReconcileResult, WorkerInfo
+from ._types import DelayedTask, Process, QueueInfo, QueueShare, ReconcileResult, WorkerInfo
 from ._url import RedisConfig
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
@@ -333,10 +333,17 @@ class Client:
             if any(served)
             else []
         )
+        shares = await self._shares(sorted({q for qs in served for q in qs}))
         out, pos = [], 0
         for i, (w, deadline) in enumerate(entries):
-            n = sum(int(c) for c in counts[pos : pos + len(served[i])])
+            held = [int(c) for c in counts[pos : pos + len(served[i])]]
+            n = sum(held)
             pos += len(served[i])
+            mine = []
+            for q, h in zip(served[i], held, strict=True):
+                p, s, moving_in, moving_out = shares[q]
+                lo, hi = p // s, -(-p // s)
+                mine.append(QueueShare(q, h, lo, hi, moving_in.get(w, 0), moving_out.get(w, 0)))
             info = _load_info(r[3 * i + 2])
             out.append(
                 WorkerInfo(
@@ -348,10 +355,56 @@ class Client:
                     host=str(info.get("host", "")),
                     pid=int(info.get("pid", 0)),
                     started=float(info.get("started", 0.0)),
+                    shares=tuple(mine),
                 )
             )
         out.sort(key=lambda w: w.id)
         return out
+
+    async def _shares(
+        self, queues: list[str]
+    ) -> dict[str, tuple[int, int, dict[str, int], dict[str, int]]]:
+        """Per queue: persistent tasks, servers (at least 1), and per worker
+        the tasks moving to it and from it (rebalancing)."""
+        if not queues:
+            return {}
+        k = self._keys
+        cmds: list[tuple[Any, ...]] = []
+        for q in queues:
+            cmds += [
+                ("HLEN", k.persistent(q)),
+                ("SCARD", k.standby(q)),
+                ("SCARD", k.servers(q)),
+                ("HGETALL", k.moving(q)),
+                ("HGETALL", k.reserved(q)),
+            ]
+        r = await self._check().pipeline(cmds)
+        out = {}
+        for j, q in enumerate(queues):
+            p = int(r[5 * j]) + int(r[5 * j + 1])
+            s = max(1, int(r[5 * j + 2]))
+            incoming: dict[str, int] = {}
+            outgoing: dict[str, int] = {}
+            moving, reserved = _pairs(r[5 * j + 3]), _pairs(r[5 * j + 4])
+            for v in [*moving.values(), *reserved.values()]:
+                to = v.decode().rsplit(":", 1)[0]
+                incoming[to] = incoming.get(to, 0) + 1
+            if moving:
+                pids = list(moving)
+                recs = await self._check().execute("HMGET", k.procs(q), *pids)
+                for rec in recs:
+                    if rec:
+                        holder = rec.split(b"\0", 1)[0].decode()
+                        outgoing[holder] = outgoing.get(holder, 0) + 1
+            out[q] = (p, s, incoming, outgoing)
+        return out
+
+
+def _pairs(reply: Any) -> dict[bytes, bytes]:
+    """An HGETALL reply (a flat list, or a map) as a dict."""
+    if isinstance(reply, dict):
+        return reply
+    return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
 
 
 def _due(

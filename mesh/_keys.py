@@ -104,6 +104,16 @@ class Keys:
         makes tasks ready)."""
         return f"{self.prefix}idle:{q}"
 
+    def moving(self, q: str) -> str:
+        """HASH: process id -> "R:expiry ms", processes of ``q`` a rebalance
+        asked their worker to hand back, for worker R."""
+        return f"{self.prefix}moving:{q}"
+
+    def reserved(self, q: str) -> str:
+        """HASH: payload -> "R:expiry ms", persistent tasks of ``q`` handed
+        back for balance and reserved for worker R."""
+        return f"{self.prefix}reserved:{q}"
+
     def standby(self, q: str) -> str:
         """SET: the persistent tasks of ``q`` that are queued or delayed."""
         return f"{self.prefix}standby:{q}"

@@ -15,7 +15,7 @@ import functools
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
@@ -23,9 +23,10 @@ import outcome
 import trio
 
 from . import _telemetry
+from ._balance import BalancePolicy, pull_count
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
-from ._scripts import Binding, ClaimReply
+from ._scripts import Binding, ClaimReply, QueueBeat
 from ._stats import QueueCounters
 from ._types import Process
 
@@ -102,14 +103,19 @@ class QueueConfig:
     backoff: float
     backoff_max: float
     balance: bool = True
+    rebalance: bool = True
 
 
 class _Slot:
-    __slots__ = ("process", "scope")
+    __slots__ = ("process", "scope", "started", "stopping")
 
     def __init__(self, process: Process) -> None:
         self.process = process
         self.scope = trio.CancelScope()
+        self.started = trio.current_time()
+        # True once the handler was cancelled to hand its process back (a
+        # stop), not because the process was cancelled in the mesh.
+        self.stopping = False
 
 
 class QueueRunner:
@@ -138,6 +144,16 @@ class QueueRunner:
         self.running: dict[str, _Slot] = {}
         self._done: list[str] = []
         self._failed: list[str] = []
+        # Processes whose handler exited after a stop cancelled it: handed
+        # back unharmed (no attempt counted) by the loop, in batches.
+        self._returned: list[str] = []
+        self._stopping = False
+        self._pull = 0  # tasks to ask peers for (rebalance), 0: none
+        self._servers: list[str] = []  # the queue's servers, as last learned
+        self.policy = BalancePolicy()
+        self._io_scope: trio.CancelScope | None = None
+        self.handed_back = 0
+        """How many processes this runner handed back after a stop."""
         self._maybe_work = True
         self._resync_needed = False
         self._next_due = float("inf")
@@ -179,14 +195,75 @@ class QueueRunner:
         if self._due_drawn[1]:
             self.wake_in(seconds)
 
+    def on_heartbeat(self, beat: QueueBeat) -> None:
+        """What the worker's heartbeat says about this queue (sync, no I/O):
+        re-check if Redis holds fewer processes than run here, claim if no
+        wake could reach this runner, claim when tasks are ready or a
+        delayed one comes due, hand back what a rebalance asked for (once
+        each handler has exited), and ask for tasks when below the fair
+        share (see :mod:`mesh._balance`)."""
+        self.release(beat.release)
+        c = self.config
+        if c.balance and c.rebalance and c.handler is not None and not self._stopping:
+            self._pull = pull_count(
+                beat.held, beat.persistent, beat.servers, beat.state == 0, self.policy
+            )
+            if self._pull:
+                self._wakeup.set()
+        self.check_held(beat.held)
+        self.check_idle(beat.idle)
+        if beat.state == 0:
+            self.nudge()
+        elif beat.state > 0:
+            self.retry_due(beat.now_ms + beat.state, beat.state / 1000, beat.idle_servers)
+
     def cancel_process(self, pid: str) -> bool:
         """Cancel the handler of process ``pid`` (cancelled in the mesh); its
         outcome is not reported. Returns whether it ran here."""
         slot = self.running.get(pid)
         if slot is None:
             return False
+        slot.stopping = False
         slot.scope.cancel()
         return True
+
+    def release(self, pids: Iterable[str]) -> None:
+        """Hand these processes back for balance: their handlers are
+        cancelled, and each process is handed back (reserved, by Redis, for
+        the worker it moves to) once its handler has exited."""
+        for pid in pids:
+            slot = self.running.get(pid)
+            if slot is not None and not slot.scope.cancel_called:
+                slot.stopping = True
+                slot.scope.cancel()
+                self._counters.moved_out += 1
+
+    def begin_stop(self) -> None:
+        """Stop claiming and cancel every handler. The loop keeps running (and
+        the worker keeps renewing its lease): it hands each process back, to
+        the front of its queue and with no attempt counted, only once its
+        handler has exited, and ends when no handler is left (invariant 10).
+        A handler that returns or raises while stopping is reported as
+        finished or failed, as usual."""
+        self._stopping = True
+        if self._io_scope is not None:
+            # A claim or report in flight is dropped (see _run).
+            self._io_scope.cancel()
+        for slot in self.running.values():
+            if not slot.scope.cancel_called:
+                slot.stopping = True
+                slot.scope.cancel()
+        self._wakeup.set()
+
+    @property
+    def exited(self) -> bool:
+        """Whether the loop ended (after a stop: every handler exited and every
+        outcome was reported, or the loop was cancelled)."""
+        return self._exited.is_set()
+
+    async def wait_exited(self) -> None:
+        """Wait until the loop has ended."""
+        await self._exited.wait()
 
     # --- the loop ------------------------------------------------------------
 
@@ -202,7 +279,7 @@ class QueueRunner:
             # leaving or stop_work() would hand a finished task back to its
             # queue and it would run again. What is not reported in time is
             # handed back, as before.
-            if self._done or self._failed:
+            if self._done or self._failed or self._returned:
                 with trio.move_on_after(self._balance_wait) as cs:
                     cs.shield = True
                     try:
@@ -211,57 +288,130 @@ class QueueRunner:
                         pass
             self._exited.set()
 
-    async def stop(self) -> None:
-        """Cancel the loop and every handler; return once all have exited."""
+    async def stop(self, grace: float = float("inf")) -> bool:
+        """Cancel every handler and hand each process back once its handler
+        has exited (:meth:`begin_stop`); wait at most ``grace`` seconds for
+        that.
+
+        Returns:
+            True if every handler exited within the grace. If not, the loop
+            keeps running: the handlers still running keep their processes,
+            and each is handed back when it exits (call :meth:`abort` to end
+            the loop instead, e.g. when the lease is given up).
+        """
+        self.begin_stop()
+        with trio.move_on_after(grace):
+            await self._exited.wait()
+        return self._exited.is_set()
+
+    def abort(self) -> None:
+        """Cancel the loop itself: it reports what it has in hand (bounded)
+        and ends once the handlers still running have exited; their
+        processes stay held (the worker's retirement, or its peers after
+        the lease ran out, hand them back)."""
         self._scope.cancel()
-        await self._exited.wait()
+
+    def stopping_slots(self) -> list[tuple[Process, float]]:
+        """The processes whose handlers still run, with when each started
+        (trio's clock)."""
+        return [(s.process, s.started) for s in self.running.values()]
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as handlers:
             task_status.started()
             backoff = 0.02
             while True:
-                try:
-                    if self._resync_needed:
-                        await self._resync()
-                    if self._failed:
-                        await self._give_back_failed()
-                    # Finished processes left self.running when their handler
-                    # ended: their slots count as free, and the finish report
-                    # goes out with the claim, ahead of it.
-                    free = self.config.concurrency - len(self.running)
-                    if self._next_due <= trio.current_time():
-                        self._next_due = float("inf")
-                        self._maybe_work = True
-                    if free > 0 and self._maybe_work:
-                        await self._claim(handlers, min(free, 1000))
-                        backoff = 0.02
-                        continue
-                    if self._done:
-                        await self._finish()
-                except FencedError as exc:
-                    self._on_fenced(str(exc))
-                    return
-                except (MeshConnectionError, CommandError) as exc:
-                    # An unreachable Redis is reported once, by the heartbeat.
-                    log.log(
-                        logging.DEBUG if isinstance(exc, MeshConnectionError) else logging.WARNING,
-                        "queue %s: %s; retrying in %.2fs",
-                        self.config.queue,
-                        exc,
-                        backoff,
-                    )
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, 1.0)
-                    if isinstance(exc, MeshConnectionError):
-                        # until a re-check succeeds: it can lose its connection too
-                        self._resync_needed = True
+                if self._stopping:
+                    if await self._stop_step():
+                        return
                     continue
-                if self._done or self._failed:
-                    continue
-                with trio.move_on_at(self._next_due):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
+                # begin_stop() cancels this scope: a claim or report in flight
+                # is dropped (a report is sent again while stopping; what a
+                # dropped claim took stays held, and is handed back by unserve
+                # or the worker's retirement).
+                with trio.CancelScope() as self._io_scope:
+                    backoff = await self._step(handlers, backoff)
+                self._io_scope = None
+
+    async def _step(self, handlers: trio.Nursery, backoff: float) -> float:
+        """One turn of the loop while serving; returns the next error backoff."""
+        try:
+            if self._resync_needed:
+                await self._resync()
+            if self._failed:
+                await self._give_back_failed()
+            if self._returned:
+                await self._give_back_returned()
+            # Finished processes left self.running when their handler
+            # ended: their slots count as free, and the finish report
+            # goes out with the claim, ahead of it.
+            free = self.config.concurrency - len(self.running)
+            if self._next_due <= trio.current_time():
+                self._next_due = float("inf")
+                self._maybe_work = True
+            if free > 0 and self._maybe_work:
+                await self._claim(handlers, min(free, 1000))
+                return 0.02
+            if self._pull:
+                await self._rebalance()
+            if self._done:
+                await self._finish()
+        except FencedError as exc:
+            self._on_fenced(str(exc))
+            self.abort()
+            return backoff
+        except (MeshConnectionError, CommandError) as exc:
+            # An unreachable Redis is reported once, by the heartbeat.
+            log.log(
+                logging.DEBUG if isinstance(exc, MeshConnectionError) else logging.WARNING,
+                "queue %s: %s; retrying in %.2fs",
+                self.config.queue,
+                exc,
+                backoff,
+            )
+            await trio.sleep(backoff)
+            if isinstance(exc, MeshConnectionError):
+                # until a re-check succeeds: it can lose its connection too
+                self._resync_needed = True
+            return min(backoff * 2, 1.0)
+        if self._done or self._failed or self._returned:
+            return backoff
+        with trio.move_on_at(self._next_due):
+            await self._wakeup.wait()
+        self._wakeup = trio.Event()
+        return backoff
+
+    async def _stop_step(self) -> bool:
+        """One turn of the loop while stopping: report outcomes, hand back
+        the processes whose handlers exited. Returns True once no handler is
+        left and everything was reported."""
+        try:
+            if self._failed:
+                await self._give_back_failed()
+            if self._returned:
+                await self._give_back_returned()
+            if self._done:
+                await self._finish()
+        except FencedError as exc:
+            self._on_fenced(str(exc))
+            self.abort()
+            return False
+        except (MeshConnectionError, CommandError) as exc:
+            log.log(
+                logging.DEBUG if isinstance(exc, MeshConnectionError) else logging.WARNING,
+                "queue %s: %s; retrying in %.2fs",
+                self.config.queue,
+                exc,
+                0.1,
+            )
+            await trio.sleep(0.1)
+            return False
+        if not self.running and not (self._done or self._failed or self._returned):
+            return True
+        if self.running and not (self._done or self._failed or self._returned):
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+        return False
 
     async def _claim(self, handlers: trio.Nursery, n: int) -> None:
         """Claim up to ``n`` tasks and start them; processes that finished
@@ -362,6 +512,10 @@ class QueueRunner:
                 # no longer holds it for us, so there is nothing to report.
                 self._counters.cancelled += 1
                 continue
+            if self._stopping:
+                # Claimed while a stop began: never started, handed back.
+                self._returned.append(p.id)
+                continue
             slot = _Slot(p)
             self.running[p.id] = slot
             self._counters.started += 1
@@ -388,7 +542,10 @@ class QueueRunner:
             del self.running[p.id]
             self._counters.handler.observe(trio.current_time() - began)
         if slot.scope.cancelled_caught:
-            self._counters.cancelled += 1
+            if slot.stopping:
+                self._returned.append(p.id)
+            else:
+                self._counters.cancelled += 1
         elif ok:
             self._done.append(p.id)
         elif failed:
@@ -403,6 +560,8 @@ class QueueRunner:
             await self._finish()
         if self._failed:
             await self._give_back_failed()
+        if self._returned:
+            await self._give_back_returned()
 
     async def _finish(self) -> None:
         # Take the list before awaiting: handlers that end while a report is
@@ -445,6 +604,39 @@ class QueueRunner:
                 else:
                     self._maybe_work = True
 
+    async def _rebalance(self) -> None:
+        """Ask the peers above their share to hand tasks back to us."""
+        n, self._pull = self._pull, 0
+        free = self.config.concurrency - len(self.running)
+        n = min(n, free)
+        if n <= 0:
+            return
+        reply, self._servers = await self._binding.rebalance(
+            self._conn,
+            self._wid,
+            self._inc,
+            self.config.queue,
+            n,
+            max(3 * self._ttl_ms, 2000),
+            self._servers,
+        )
+        self._counters.pulled += reply.marked
+
+    async def _give_back_returned(self) -> None:
+        """Hand back, unharmed, the processes whose handlers a stop ended
+        (their handlers have exited: no two owners)."""
+        returned, self._returned = self._returned, []
+        try:
+            outcomes = await self._binding.give_back(
+                self._conn, self._wid, self.config.queue, returned, failed=False
+            )
+        except BaseException:
+            self._returned = returned + self._returned
+            raise
+        back = sum(1 for result, _ in outcomes if result)
+        self._counters.handed_back += back
+        self.handed_back += back
+
     def _log_failure(self, pid: str, result: int, delay: int) -> None:
         """One line for a failed attempt: the queue, a preview of the payload,
         attempt n of max, why, and what happens next (its traceback was
@@ -483,7 +675,7 @@ class QueueRunner:
             "SMEMBERS", self._binding.keys.held(self._wid, self.config.queue)
         )
         held = {pid.decode() for pid in reply}
-        ours = set(self.running) | set(self._done) | set(self._failed)
+        ours = set(self.running) | set(self._done) | set(self._failed) | set(self._returned)
         lost = sorted(held - ours)
         if lost:
             await self._binding.give_back(
@@ -522,6 +714,7 @@ class QueueRunner:
     def check_held(self, held_in_redis: int) -> None:
         """The heartbeat saw ``held_in_redis`` processes of this queue held by
         us in Redis. Fewer than we run means some were lost: re-check."""
-        if held_in_redis < len(self.running) + len(self._done) + len(self._failed):
+        ours = len(self.running) + len(self._done) + len(self._failed) + len(self._returned)
+        if held_in_redis < ours:
             self._resync_needed = True
             self._wakeup.set()

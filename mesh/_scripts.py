@@ -57,6 +57,7 @@ SCRIPT_NAMES = (
     "cancel",
     "delete_queue",
     "delay",
+    "rebalance",
 )
 
 _INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
@@ -292,6 +293,20 @@ async def run_pipelined(
 
 
 @attrs.frozen
+class QueueBeat:
+    """What one heartbeat says about one served queue (see heartbeat.lua)."""
+
+    now_ms: int
+    state: int  # 0: tasks ready; -1: none; N > 0: ms until a delayed task is due
+    held: int  # processes Redis says the worker holds on the queue
+    idle: bool  # whether the worker is in the queue's idle set
+    idle_servers: int
+    persistent: int = 0  # persistent tasks of the queue (P)
+    servers: int = 1  # workers that serve it (S)
+    release: tuple[str, ...] = ()  # processes a rebalance asks us to hand back
+
+
+@attrs.frozen
 class HeartbeatReply:
     now_ms: int
     next_deadline_ms: int
@@ -300,6 +315,23 @@ class HeartbeatReply:
     held: tuple[int, ...]
     idle: tuple[bool, ...]
     idle_servers: tuple[int, ...]
+    persistent: tuple[int, ...] = ()
+    servers: tuple[int, ...] = ()
+    release: tuple[tuple[str, ...], ...] = ()
+
+    def beats(self) -> list[QueueBeat]:
+        """One :class:`QueueBeat` per queue named in the call, in its order."""
+        per_queue = zip(
+            self.queue_states,
+            self.held,
+            self.idle,
+            self.idle_servers,
+            self.persistent,
+            self.servers,
+            self.release,
+            strict=True,
+        )
+        return [QueueBeat(self.now_ms, *q) for q in per_queue]
 
 
 @attrs.frozen
@@ -334,6 +366,14 @@ class RecycleManyReply:
     returned: int  # processes handed back (or delayed)
     dead_lettered: int
     queues: list[str]  # the queues the call was given (learned ones included)
+
+
+@attrs.frozen
+class RebalanceReply:
+    marked: int  # processes of peers marked to move to the caller
+    persistent: int  # P
+    servers: int  # S
+    held: int  # the caller's count, what is on its way included
 
 
 class ReapCheck(NamedTuple):
@@ -393,6 +433,7 @@ class Binding:
         keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
         for q in queues:
             keys += (k.queue(q), k.delayed(q), k.held(worker, q), k.idle(q))
+            keys += (k.persistent(q), k.standby(q), k.servers(q), k.moving(q), k.reserved(q))
         r = await self._run(
             conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks]
         )
@@ -404,6 +445,9 @@ class Binding:
             tuple(int(x) for x in r[4]),
             tuple(x == 1 for x in r[5]),
             tuple(int(x) for x in r[6]),
+            tuple(int(x) for x in r[7]),
+            tuple(int(x) for x in r[8]),
+            tuple(tuple(x.decode() for x in ids) for ids in r[9]),
         )
 
     def claim_call(
@@ -437,6 +481,7 @@ class Binding:
             k.servers(queue),
             k.standby(queue),
             k.idle(queue),
+            k.reserved(queue),
         ]
         args = [
             worker,
@@ -573,6 +618,8 @@ class Binding:
             k.dead(queue),
             k.standby(queue),
             k.idle(queue),
+            k.moving(queue),
+            k.reserved(queue),
         ]
         args = [
             worker,
@@ -669,6 +716,42 @@ class Binding:
             qs += [q.decode() for q in r[1:]]
         raise ProtocolError(f"recycle of workers {ws}: their queues kept changing")
 
+    async def rebalance(
+        self,
+        conn: Executor,
+        worker: str,
+        incarnation: str,
+        queue: str,
+        limit: int,
+        hold_ms: int,
+        servers: Sequence[str] = (),
+    ) -> tuple[RebalanceReply, list[str]]:
+        """Ask the peers above their fair share of ``queue`` to hand back
+        their surplus, reserved for ``worker`` (``rebalance.lua``). Names the
+        queue's servers as learned from Redis (called again when ``servers``
+        was not the current set). Returns the reply and the servers."""
+        k = self.keys
+        names = list(servers)
+        for _ in range(5):
+            keys = [
+                k.heartbeat(worker),
+                k.servers(queue),
+                k.persistent(queue),
+                k.standby(queue),
+                k.procs(queue),
+                k.moving(queue),
+                k.reserved(queue),
+                k.queue(queue),
+                *(k.held(w, queue) for w in names),
+            ]
+            args = [worker, incarnation, queue, limit, hold_ms, k.wake_prefix, *names]
+            r = await self._run(conn, "rebalance", keys, args)
+            if int(r[0]) == 2:
+                names = [x.decode() for x in r[1:]]
+                continue
+            return RebalanceReply(int(r[1]), int(r[2]), int(r[3]), int(r[4])), names
+        raise CommandError("rebalance: the servers of the queue keep changing")
+
     async def reap_check(self, conn: Executor, limit: int = 100, lease_ms: int = 0) -> ReapCheck:
         """Which workers' leases have run out; with ``lease_ms``, the ids
         returned are hidden from other callers for that long."""
@@ -708,7 +791,7 @@ class Binding:
         """(queued copies removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys += [k.delayed(queue), k.standby(queue)]
+        keys += [k.delayed(queue), k.standby(queue), k.reserved(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -717,6 +800,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
+        keys += [k.moving(queue), k.reserved(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 

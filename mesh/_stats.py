@@ -127,9 +127,22 @@ class QueueCounters:
     """What a :class:`QueueRunner` records for its queue (kept across the
     worker's identities)."""
 
-    __slots__ = ("cancelled", "claim", "failed", "finished", "handler", "started")
+    __slots__ = (
+        "cancelled",
+        "claim",
+        "failed",
+        "finished",
+        "handed_back",
+        "handler",
+        "moved_out",
+        "pulled",
+        "started",
+    )
 
     def __init__(self) -> None:
+        self.handed_back = 0  # handed back unharmed after a stop (invariant 10)
+        self.moved_out = 0  # handed back for balance, to a peer below its share
+        self.pulled = 0  # processes of peers marked to move here (rebalancing)
         self.started = 0
         self.finished = 0
         self.failed = 0
@@ -165,6 +178,7 @@ class Recorder:
         self.workers_recycled = 0
         self.processes_recycled = 0
         self.dead_lettered = 0
+        self.handed_back = 0  # processes handed back when an identity retired
 
     def queue(self, name: str) -> QueueCounters:
         """The counters of queue ``name``, created on first use."""

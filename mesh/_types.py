@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["DeadLetter", "DelayedTask", "Process", "QueueInfo", "ReconcileResult", "WorkerInfo"]
+__all__ = [
+    "DeadLetter",
+    "DelayedTask",
+    "Process",
+    "QueueInfo",
+    "QueueShare",
+    "ReconcileResult",
+    "WorkerInfo",
+]
 
 
 @attrs.frozen
@@ -39,6 +47,31 @@ class Process:
 
 
 @attrs.frozen
+class QueueShare:
+    """A worker's load on one queue it serves, against its fair share (see
+    :attr:`WorkerInfo.shares`).
+
+    Attributes:
+        queue: the queue.
+        held: processes of the queue the worker holds.
+        fair_min, fair_max: its fair share of the queue's persistent tasks,
+            floor and ceil of (persistent tasks / workers serving the queue);
+            a balanced mesh holds one of the two everywhere.
+        incoming: persistent tasks on their way to it (a rebalance asked
+            their holder to hand them back for it, or they wait reserved
+            for it).
+        outgoing: its processes a rebalance asked it to hand back.
+    """
+
+    queue: str
+    held: int
+    fair_min: int
+    fair_max: int
+    incoming: int = 0
+    outgoing: int = 0
+
+
+@attrs.frozen
 class WorkerInfo:
     """A worker as Redis sees it (see :meth:`Client.workers`).
 
@@ -51,6 +84,8 @@ class WorkerInfo:
             expired and not yet recycled).
         host, pid, started: where and since when it runs (``started`` in
             seconds of the Redis clock), as the worker described itself.
+        shares: per queue it serves, what it holds against its fair share,
+            and what is moving to or from it (rebalancing).
     """
 
     id: str
@@ -61,6 +96,7 @@ class WorkerInfo:
     host: str = ""
     pid: int = 0
     started: float = 0.0
+    shares: tuple[QueueShare, ...] = ()
 
 
 @attrs.frozen

@@ -2,34 +2,28 @@
 
 A worker runs, inside its own nursery:
 
-* a **generation**: one identity (worker id + incarnation) with its lease.
-  The generation's trio tasks (the heartbeat and one runner per served queue,
-  with every handler) live in one cancel scope whose *deadline* is the
-  self-fence deadline: the time the last confirmed heartbeat was sent plus R.
-  Each confirmed heartbeat pushes the deadline on; if none is confirmed in
-  time, trio itself cancels every handler at R, before peers may take over at
-  T (R < T). A heartbeat that finds the lease gone or superseded cancels the
-  scope at once. Either way the worker then retires the old identity (hands
-  back what it still holds) and registers a new one: a fenced identity is
-  never revived.
-* a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers.
+* its **lease** (:mod:`mesh._lease`): one identity at a time, with the
+  heartbeat that renews it and fans its reply out to the runners, self-fencing,
+  and rejoining under a new identity after a fence;
+* one **runner** per queue served with a handler (:mod:`mesh._runner`);
+* a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers;
 * a **listener** for pub/sub nudges: a wake (a queue it serves has tasks
   and Redis took it out of the queue's idle set), cancel of a process, key
   expiry (a peer died). Pub/sub is only a nudge: the heartbeat reply
   carries the durable cancel inbox and which queues have work, and a
   reconnect triggers a full re-check.
 
-Leaving :func:`open_worker` cancels every handler, waits for them to exit,
-then hands every process back to the front of its queue in one script and
-wakes idle peers, so a peer takes over at once.
+Leaving :func:`open_worker` cancels every handler and keeps renewing the
+lease while they exit (at most ``stop_grace``): each process is handed back
+to the front of its queue, with no attempt counted, once its handler has
+exited, and idle peers are woken, so a peer takes over at once but never
+while the old handler may still run (invariant 10).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
 import secrets
 import socket
 from collections.abc import AsyncIterator, Mapping
@@ -49,6 +43,7 @@ from ._errors import (
     raise_single,
 )
 from ._keys import Keys, check_queue, check_worker_id
+from ._lease import Generation, Lease, LeaseTiming
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Handler, QueueConfig, QueueRunner, check_handler
 from ._scripts import Binding
@@ -114,57 +109,8 @@ class WorkerStatistics:
     reconnects: int = 0
     event_reconnects: int = 0
 
-
-@attrs.frozen
-class LeaseTiming:
-    """A worker's lease timing (:attr:`Worker.timing`), in seconds: a heartbeat
-    every ``interval`` (H); every handler cancelled after ``fence_after`` (R)
-    without a confirmed heartbeat; peers may recycle the worker ``ttl`` (T)
-    after its last renewal. Always H < R < T."""
-
-    ttl: float
-    interval: float
-    fence_after: float
-
-    @classmethod
-    def make(cls, ttl: float, interval: float | None, fence_after: float | None) -> LeaseTiming:
-        """Raises:
-        ConfigError: unless 0.01 <= interval < fence_after < ttl (whole ms)."""
-        if not isinstance(ttl, int | float) or isinstance(ttl, bool):
-            raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
-        h = ttl / 3 if interval is None else interval
-        r = 2 * ttl / 3 if fence_after is None else fence_after
-        h, r, t = round(h, 3), round(r, 3), round(ttl, 3)
-        if not (0.01 <= h < r < t):
-            raise ConfigError(
-                f"lease timing must satisfy 0.01 s <= heartbeat interval < fence_after < ttl; "
-                f"got interval={h} s, fence_after={r} s, ttl={t} s"
-                + (" (ttl is too small)" if ttl < 0.04 else "")
-            )
-        return cls(t, h, r)
-
-
-class _Generation:
-    """One identity of the worker."""
-
-    def __init__(self, worker_id: str, number: int) -> None:
-        self.id = worker_id
-        self.number = number
-        self.incarnation = secrets.token_hex(8)
-        self.scope = trio.CancelScope()
-        self.runners: dict[str, QueueRunner] = {}
-        self.nursery: trio.Nursery | None = None
-        self.fence_reason: str | None = None
-        self.beat = trio.Event()
-        # Cancels of process ids no runner knew yet (a claim reply still on
-        # its way): id -> when it came. A runner that then claims the id does
-        # not start it. Pruned after the TTL.
-        self.early_cancels: dict[str, float] = {}
-
-    def fence(self, reason: str) -> None:
-        if self.fence_reason is None:
-            self.fence_reason = reason
-        self.scope.cancel()
+    processes_handed_back: int = 0
+    processes_moved: int = 0  # handed back to a peer below its share (rebalancing)
 
 
 class Worker:
@@ -178,34 +124,49 @@ class Worker:
         timing: LeaseTiming,
         base_id: str,
         max_payload: int,
+        stop_grace: float = 10.0,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
         self._keys = keys
         self._binding = Binding(keys)
         self.timing = timing
+        self.stop_grace = stop_grace
+        """How long a stop waits for handlers to exit (seconds)."""
+        self._stop_started: float | None = None
         self._base_id = base_id
         self._queues: dict[str, QueueConfig] = {}
-        self._gen = _Generation(base_id, 1)
-        self._gen_ready = trio.Event()
         self._closing = False
         self._closed = False
-        self._stopped = trio.Event()
         self._stats = Recorder()
-        self._ids = {base_id}  # every identity this worker has had
-        self._reconnects_seen = -1  # the connection's count at the last heartbeat
         self._reaper = Reaper(
             conn,
             self._binding,
             ttl=timing.ttl,
             queues=lambda: self._queues,
-            own=lambda: self._ids,
+            own=lambda: self._lease.ids,
             me=lambda: f"worker {self._gen.id}",
+            recorder=self._stats,
+        )
+        self._lease = Lease(
+            conn,
+            pubsub,
+            self._binding,
+            timing,
+            base_id,
+            self._reaper,
+            queues=lambda: self._queues,
+            start_runners=self._start_runners,
+            cancel_process=self._cancel_process,
             recorder=self._stats,
         )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
+
+    @property
+    def _gen(self) -> Generation:
+        return self._lease.gen
 
     # --- public API ----------------------------------------------------------
 
@@ -273,6 +234,9 @@ class Worker:
             commands_sent=conn.commands_sent,
             reconnects=conn.reconnects,
             event_reconnects=self._pubsub.reconnects,
+            processes_handed_back=sum(q.handed_back for q in st.queues.values())
+            + st.handed_back,
+            processes_moved=sum(q.moved_out for q in st.queues.values()),
         )
 
     async def start_work(
@@ -285,6 +249,7 @@ class Worker:
         backoff: float = 1.0,
         backoff_max: float = 60.0,
         balance: bool = True,
+        rebalance: bool = True,
     ) -> None:
         """Serve ``queue``.
 
@@ -308,7 +273,14 @@ class Worker:
                 against all this worker's processes of the queue), so they
                 spread over the peers. Tasks a fair share leaves queued are
                 taken anyway one heartbeat interval later if no peer took
-                them. Live processes are never moved to rebalance.
+                them.
+            rebalance: with ``balance``, also move running persistent tasks
+                to even the load out when it changes (peers join or leave,
+                tasks are added): a worker below floor(P / S) asks the peers
+                above their share for their surplus, which each hands back
+                once the task's handler has exited, reserved for it (see
+                :mod:`mesh._balance`). False: this worker never asks (its
+                peers may still ask it to hand tasks back).
 
         Raises:
             ConfigError: bad queue name or arguments, or already served.
@@ -335,8 +307,20 @@ class Worker:
         async with self._queue_lock:
             if queue in self._queues:
                 raise ConfigError(f"queue {queue!r} is served already; stop_work() it first")
+            if queue in self._gen.draining:
+                raise ConfigError(
+                    f"queue {queue!r} is still stopping: handlers that outlived the stop "
+                    "grace still run"
+                )
             cfg = QueueConfig(
-                queue, handler, concurrency, max_attempts, backoff, backoff_max, balance
+                queue,
+                handler,
+                concurrency,
+                max_attempts,
+                backoff,
+                backoff_max,
+                balance,
+                rebalance,
             )
             self._queues[queue] = cfg
             try:
@@ -348,11 +332,19 @@ class Worker:
                 raise
 
     async def stop_work(self, queue: str) -> int:
-        """Stop serving ``queue``: cancel its handlers, wait for them to exit,
-        and hand every process of it back to the front of the queue.
+        """Stop serving ``queue``: cancel its handlers and hand each process
+        of it back to the front of the queue (no attempt counted) once its
+        handler has exited. The lease is renewed meanwhile, so no peer starts
+        a task while its handler here may still run.
+
+        Returns after every handler exited and everything was handed back,
+        or after :attr:`stop_grace` seconds at the latest: the handlers still
+        running then keep their processes (the worker stays live and keeps
+        its lease), and each is handed back as it exits; the queue cannot be
+        served again until then.
 
         Returns:
-            How many processes were handed back.
+            How many processes were handed back by the time it returns.
         Raises:
             ConfigError: the queue is not served.
             MeshConnectionError: Redis could not be reached; the handlers are
@@ -367,9 +359,55 @@ class Worker:
             del self._queues[queue]
             gen = self._gen
             runner = gen.runners.pop(queue, None)
-            if runner is not None:
-                await runner.stop()
-            return await self._binding.unserve(self._conn, gen.id, queue)
+            if runner is not None and not await runner.stop(self.stop_grace):
+                left = runner.stopping_slots()
+                log.warning(
+                    "queue %s: %d handlers still run %g s after stop_work(); their processes "
+                    "are handed back as they exit",
+                    queue,
+                    len(left),
+                    self.stop_grace,
+                )
+                gen.draining[queue] = runner
+                if gen.nursery is not None:
+                    gen.nursery.start_soon(self._finish_draining, gen, queue, runner)
+                return runner.handed_back
+            back = await self._binding.unserve(self._conn, gen.id, queue)
+            return back + (runner.handed_back if runner is not None else 0)
+
+    async def _finish_draining(self, gen: Generation, queue: str, runner: QueueRunner) -> None:
+        """Unserve ``queue`` once the handlers that outlived stop_work()'s
+        grace have exited (retried until Redis answers)."""
+        await runner.wait_exited()
+        backoff = 0.05
+        while True:
+            try:
+                await self._binding.unserve(self._conn, gen.id, queue)
+                break
+            except (MeshConnectionError, CommandError) as exc:
+                log.debug("queue %s: could not unserve yet: %s", queue, exc)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+        gen.draining.pop(queue, None)
+
+    def running(self) -> list[tuple[Process, float]]:
+        """The processes whose handlers run now, each with how long it has
+        been running (seconds). Sync: no I/O. During a stop, these are the
+        handlers the stop is waiting for."""
+        now = trio.current_time()
+        gen = self._gen
+        return [
+            (p, now - started)
+            for r in [*gen.runners.values(), *gen.draining.values()]
+            for p, started in r.stopping_slots()
+        ]
+
+    def stop_time_left(self) -> float | None:
+        """Seconds left of :attr:`stop_grace` while the worker is stopping
+        (None before). Sync."""
+        if self._stop_started is None:
+            return None
+        return max(0.0, self._stop_started + self.stop_grace - trio.current_time())
 
     async def dequeue(self, queue: str) -> Process | None:
         """Claim the next task of ``queue``, a queue served without a handler
@@ -466,11 +504,14 @@ class Worker:
     def _incarnation_of(self, process: Process) -> str:
         return self._gen.incarnation if process.worker_id == self._gen.id else ""
 
-    async def _current_generation(self) -> _Generation:
-        await self._gen_ready.wait()
-        return self._gen
+    async def _current_generation(self) -> Generation:
+        return await self._lease.current()
 
-    async def _start_runner(self, gen: _Generation, cfg: QueueConfig) -> None:
+    async def _start_runners(self, gen: Generation) -> None:
+        for cfg in list(self._queues.values()):
+            await self._start_runner(gen, cfg)
+
+    async def _start_runner(self, gen: Generation, cfg: QueueConfig) -> None:
         if cfg.handler is None or gen.nursery is None:
             return
         runner = QueueRunner(
@@ -494,250 +535,6 @@ class Worker:
             if runner.cancel_process(pid):
                 return
         gen.early_cancels[pid] = trio.current_time()
-
-    async def _register(self, gen: _Generation, *, first: bool) -> float:
-        """Join the mesh as ``gen``. The first time, errors propagate (a bad
-        id, an unreachable Redis). When rejoining after a fence, every
-        expected error is retried with backoff, under a fresh id where the
-        old one may be taken, until it works or the worker is closed.
-
-        Returns:
-            When the attempt that worked was sent: the new lease's fence
-            deadline counts from then, not from the first, failed attempts."""
-        backoff = 0.05
-        tries = 0
-        while True:
-            sent = trio.current_time()
-            try:
-                # Measure from a live connection: an attempt that first waited
-                # for a reconnect would start its fence deadline too early.
-                await self._conn.execute("PING")
-                sent = trio.current_time()
-                await self._join(gen)
-                return sent
-            except (MeshConnectionError, CommandError, FencedError, ConfigError) as exc:
-                if first:
-                    raise
-                if self._closing:
-                    return sent
-                tries += 1
-                log.log(
-                    logging.WARNING if tries == 1 else logging.DEBUG,
-                    "worker %s could not rejoin yet (%s); retrying",
-                    gen.id,
-                    exc,
-                )
-                if isinstance(exc, ConfigError | FencedError):
-                    gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
-                    self._ids.add(gen.id)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.timing.interval)
-
-    async def _join(self, gen: _Generation) -> None:
-        host, pid = socket.gethostname(), os.getpid()
-        info = json.dumps({"host": host, "pid": pid, "started": 0}).encode()
-        now = await self._binding.register(
-            self._conn, gen.id, gen.incarnation, int(self.timing.ttl * 1000), info
-        )
-        # when it started, by the Redis clock
-        info = json.dumps({"host": host, "pid": pid, "started": now / 1000}).encode()
-        await self._conn.execute("HSET", self._keys.info, gen.id, info)
-        for q in list(self._queues):
-            await self._binding.serve(self._conn, gen.id, gen.incarnation, q)
-        try:
-            await self._pubsub.subscribe(
-                self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
-            )
-        except MeshConnectionError:
-            pass  # it stays registered and is subscribed on the reconnect
-
-    async def _retire(self, gen: _Generation) -> None:
-        """Hand back what ``gen`` still holds and remove it; retried until Redis
-        answers, for at most the TTL (then peers recycle what is left after T),
-        or until cancelled."""
-        backoff = 0.05
-        with trio.move_on_after(self.timing.ttl) as bounded:
-            while True:
-                try:
-                    r = await self._binding.recycle(
-                        self._conn,
-                        gen.id,
-                        leave=True,
-                        incarnation=gen.incarnation,
-                        queues=self._queues,
-                    )
-                    if r.returned:
-                        log.info("worker %s handed back %d processes", gen.id, r.returned)
-                    break
-                except FencedError:
-                    break  # superseded by someone else: nothing of ours to hand back
-                except (MeshConnectionError, CommandError) as exc:
-                    log.debug("worker %s could not hand back yet: %s", gen.id, exc)
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, 1.0)
-        if bounded.cancelled_caught:
-            log.warning(
-                "worker %s gave up handing back after %g s; peers recycle its "
-                "processes when its lease expires",
-                gen.id,
-                self.timing.ttl,
-            )
-        try:
-            await self._pubsub.unsubscribe(
-                self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
-            )
-        except MeshConnectionError:
-            pass
-
-    async def _heartbeat_loop(self, gen: _Generation) -> None:
-        t = self.timing
-        ttl_ms = int(t.ttl * 1000)
-        acks: list[str] = []
-        # Renew a little early, at random (never late: R counts from the last
-        # confirmed renewal), so that peers started together do not renew in
-        # lockstep: their heartbeats are the reapers' backstop, and a
-        # mesh-wide burst of them would wake every reaper at once.
-        spread = 0.5
-        trouble_since: float | None = None  # the first unanswered heartbeat
-        while True:
-            sent = trio.current_time()
-            queues = list(gen.runners)
-            reply = None
-            try:
-                with trio.move_on_after(t.fence_after):
-                    reply = await self._binding.heartbeat(
-                        self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues
-                    )
-            except FencedError as exc:
-                gen.fence(str(exc))
-                return
-            except (MeshConnectionError, CommandError) as exc:
-                # Retried until it works or the fence deadline passes (an OOM
-                # Redis refuses the lease renewal: we fence, we do not crash).
-                # Said once per outage, not once per try.
-                what = "Redis unreachable" if isinstance(exc, MeshConnectionError) else "refused"
-                if trouble_since is None:
-                    trouble_since = sent
-                    log.warning(
-                        "worker %s: heartbeat failed, %s: %s; retrying (its handlers are "
-                        "cancelled %g s after the last confirmed heartbeat)",
-                        gen.id,
-                        what,
-                        exc,
-                        t.fence_after,
-                    )
-                else:
-                    log.debug("worker %s: heartbeat failed again: %s", gen.id, exc)
-                await trio.sleep(min(t.interval / 4, 0.25))
-                continue
-            if reply is None:
-                continue
-            if trouble_since is not None:
-                log.info(
-                    "worker %s: heartbeat confirmed again, %.1f s after the first that failed",
-                    gen.id,
-                    sent - trouble_since,
-                )
-                trouble_since = None
-            reconnects = self._conn.statistics().reconnects
-            if reconnects > self._reconnects_seen:
-                if self._reconnects_seen >= 0:
-                    log.info("worker %s: the connection to Redis was lost and is back", gen.id)
-                self._reconnects_seen = reconnects
-            self._stats.heartbeats += 1
-            self._stats.heartbeat.observe(trio.current_time() - sent)
-            gen.scope.deadline = sent + t.fence_after
-            acks = list(reply.inbox)
-            for pid in acks:
-                self._cancel_process(pid)
-            stale = sent - t.ttl
-            for pid, at in list(gen.early_cancels.items()):
-                if at < stale:
-                    del gen.early_cancels[pid]
-            per_queue = zip(
-                queues,
-                reply.queue_states,
-                reply.held,
-                reply.idle,
-                reply.idle_servers,
-                strict=True,
-            )
-            for q, state, held, idle, idle_servers in per_queue:
-                runner = gen.runners.get(q)
-                if runner is None:
-                    continue
-                runner.check_held(held)
-                runner.check_idle(idle)
-                if state == 0:
-                    runner.nudge()
-                elif state > 0:
-                    runner.retry_due(reply.now_ms + state, state / 1000, idle_servers)
-            if reply.next_deadline_ms <= 0:
-                self._reaper.deadline_passed(-reply.next_deadline_ms / 1000)
-            gen.beat.set()
-            gen.beat = trio.Event()
-            await trio.sleep_until(sent + t.interval * (1 - spread * random.random()))
-            spread = 0.05
-
-    async def _run_generations(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        gen = self._gen
-        first = True
-        previous = ""
-        try:
-            while True:
-                sent = await self._register(gen, first=first)
-                if first:
-                    task_status.started()
-                    first = False
-                elif not self._closing:
-                    log.info("worker %s rejoined the mesh as %s", previous, gen.id)
-                fenced = False
-                try:
-                    gen.scope.deadline = sent + self.timing.fence_after
-                    if self._closing:
-                        gen.scope.cancel()
-                    with gen.scope:
-                        async with trio.open_nursery() as nursery:
-                            gen.nursery = nursery
-                            nursery.start_soon(self._heartbeat_loop, gen)
-                            for cfg in list(self._queues.values()):
-                                await self._start_runner(gen, cfg)
-                            self._gen_ready.set()
-                            await trio.sleep_forever()
-                    fenced = not self._closing
-                finally:
-                    self._gen_ready = trio.Event()
-                    if not fenced:
-                        # Closing, or an error or cancellation is on its way
-                        # out: hand everything back before going.
-                        with trio.move_on_after(self.timing.ttl) as cs:
-                            cs.shield = True
-                            await self._retire(gen)
-                if not fenced:
-                    return
-                self._stats.fenced(gen.fence_reason)
-                if gen.fence_reason is None:
-                    gen.fence_reason = (
-                        f"no heartbeat confirmed within {self.timing.fence_after} s"
-                        + ("; Redis unreachable" if not self._conn.connected else "")
-                    )
-                log.warning(
-                    "worker %s fenced (%s); its processes were stopped; rejoining",
-                    gen.id,
-                    gen.fence_reason,
-                )
-                await self._retire(gen)
-                if self._closing:
-                    return
-                previous = gen.id
-                gen = self._gen = _Generation(
-                    f"{self._base_id}.{secrets.token_hex(3)}", gen.number + 1
-                )
-                self._ids.add(gen.id)
-        finally:
-            self._stopped.set()
 
     async def _listen(self) -> None:
         k = self._keys
@@ -773,12 +570,36 @@ class Worker:
                 self._reaper.heard_expiry()
 
     async def _close(self) -> None:
-        """Cancel every handler, wait for them to exit, hand everything back
-        (bounded by the TTL: after that, peers recycle what is left)."""
+        """Cancel every handler and keep the lease while they exit, at most
+        :attr:`stop_grace`: each process is handed back once its handler has
+        exited. Then stop the heartbeat and retire (hand back whatever is
+        left, delete the lease). Handlers still running after the grace keep
+        their processes: the lease is no longer renewed, and peers recycle
+        them when it runs out (T later, counted as a crash)."""
         self._closing = True
-        self._gen.scope.cancel()
+        self._lease.closing = True  # a fence during the stop retires, no rejoin
+        self._stop_started = trio.current_time()
+        gen = self._gen
+        runners = [*gen.runners.values(), *gen.draining.values()]
+        for r in runners:
+            r.begin_stop()
+        with trio.move_on_after(self.stop_grace):
+            for r in runners:
+                await r.wait_exited()
+        left = self.running()
+        if left:
+            log.warning(
+                "worker %s: %d handlers still run after the stop grace of %g s (%s); "
+                "the lease is no longer renewed: peers take their tasks over when it "
+                "runs out, counting a failed attempt",
+                gen.id,
+                len(left),
+                self.stop_grace,
+                ", ".join(f"{p.queue} token {p.token}" for p, _ in left[:10]),
+            )
+        self._lease.close()
         with trio.move_on_after(self.timing.ttl + 1):
-            await self._stopped.wait()
+            await self._lease.stopped.wait()
 
 
 @asynccontextmanager
@@ -791,6 +612,7 @@ async def open_worker(
     fence_after: float | None = None,
     worker_id: str | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    stop_grace: float = 10.0,
 ) -> AsyncIterator[Worker]:
     """Join the mesh ``namespace`` at ``url`` as a worker.
 
@@ -802,11 +624,20 @@ async def open_worker(
     :meth:`Worker.start_work`.
 
     Leaving the block (normally, by an exception, or by cancellation) cancels
-    every handler, waits for them to exit, then hands every process back to
-    the front of its queue and wakes idle peers, so peers take over at once.
+    every handler and keeps renewing the lease while they exit; each process
+    is handed back to the front of its queue (no attempt counted) once its
+    handler has exited, and idle peers are woken, so peers take over at once
+    but never while the old handler may still run.
 
     Args:
         worker_id: default ``<host>-<pid>-<random>``. Must not be in use.
+        stop_grace: how long leaving (and :meth:`Worker.stop_work`) waits for
+            cancelled handlers to exit (a shielded cleanup), in seconds,
+            default 10. A handler still running after it keeps its process:
+            the lease is then no longer renewed, and peers recycle the
+            process when the lease runs out (T later), counting a failed
+            attempt, as after a crash. Leaving the block still waits for
+            such a handler (trio cannot abandon a trio task).
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
@@ -817,6 +648,12 @@ async def open_worker(
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
+    if (
+        isinstance(stop_grace, bool)
+        or not isinstance(stop_grace, int | float)
+        or not 0 <= stop_grace < float("inf")
+    ):
+        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
     if worker_id is None:
         host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
         worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -841,13 +678,15 @@ async def open_worker(
         # with long leases H is long too, and a dead link would cost that.
         ping = min(max(1.0, timing.ttl), 30.0)
         name = f"mesh-events:{worker_id}"
-        async with open_pubsub(config, name=name, ping_interval=ping, topology=topology) as pubsub:
-            worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload)
+        async with open_pubsub(
+            config, name=name, ping_interval=ping, topology=topology
+        ) as pubsub:
+            worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload, stop_grace)
             reaper = worker._reaper
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(worker._listen)
-                    await nursery.start(worker._run_generations)
+                    await nursery.start(worker._lease.run)
                     await nursery.start(reaper.run)
                     try:
                         yield worker

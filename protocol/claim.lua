@@ -29,6 +29,10 @@
 --                                task ready wakes it), and removed otherwise
 --                                (it claims again when a slot frees, or after
 --                                being held back). See lib.lua wake_idle.
+-- KEYS[13] {ns}:reserved:<Q>    HASH payload -> "W:expiry ms": persistent tasks handed back for
+--                                balance and reserved for W (see rebalance.lua). W takes its own
+--                                first, whatever the fair share says; one that ran out goes back
+--                                to the head of the queue, for anyone.
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
@@ -100,6 +104,18 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
   end
 end
 
+-- Tasks reserved for W by a rebalance go to the head, taken first (the
+-- fair share does not hold them back: they were moved to W to even it out).
+local forced = {}
+if redis.call('EXISTS', KEYS[13]) == 1 then
+  local _, mine = expire_reserved(KEYS[13], KEYS[3], KEYS[4], KEYS[11], now, ARGV[1])
+  for i = math.min(#mine, n), 1, -1 do
+    redis.call('HDEL', KEYS[13], mine[i])
+    redis.call('LPUSH', KEYS[3], mine[i])
+    forced[mine[i]] = true
+  end
+end
+
 local items = redis.call('LPOP', KEYS[3], n)
 if not items then
   redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
@@ -112,14 +128,13 @@ local has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
 local room = #items
 if has_persistent and ARGV[6] == '1' then
-  local servers = math.max(1, redis.call('SCARD', KEYS[10]))
-  local share = math.ceil((redis.call('SCARD', KEYS[11]) + redis.call('HLEN', KEYS[4])) / servers)
-  room = share - redis.call('SCARD', KEYS[6])
+  local p, servers = fair_share(KEYS[4], KEYS[11], KEYS[10])
+  room = math.ceil(p / servers) - redis.call('SCARD', KEYS[6])
 end
 local take, left = {}, {}
 for _, payload in ipairs(items) do
   local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
-  if persistent and room <= 0 then
+  if persistent and room <= 0 and not forced[payload] then
     left[#left + 1] = payload
   else
     if persistent then room = room - 1 end

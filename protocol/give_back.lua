@@ -14,6 +14,11 @@
 -- KEYS[8] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                given-back one moves there from KEYS[4]
 -- KEYS[9] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[10] {ns}:moving:<Q>       HASH process id -> "R:expiry ms": processes a rebalance asked
+--                                their worker to hand back, for worker R (see rebalance.lua)
+-- KEYS[11] {ns}:reserved:<Q>     HASH payload -> "R:expiry ms": such a process handed back (mode
+--                                "return") goes there, reserved for R, instead of to the front
+--                                of the queue, and R is woken (on its own wake channel)
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return" or "fail"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped)
@@ -27,7 +32,8 @@
 --          back; 3 = dead-lettered) and the delay in ms before it is due.
 -- Errors: BAD_ARG.
 -- Publishes: Q on the wake channels of up to (tasks made ready now) + 1 idle
---            servers of Q (none if no task is ready now).
+--            servers of Q (none if no task is ready now); Q on the wake
+--            channel of each worker a task was reserved for.
 --!include lib.lua
 
 local mode = ARGV[2]
@@ -41,6 +47,7 @@ cap, err = count_arg(ARGV[4], 'backoff cap')
 if err then return err end
 
 local now = now_ms()
+local moving = redis.call('EXISTS', KEYS[10]) == 1
 local out, front, pers, ready = {}, {}, {}, 0
 for i = 7, #ARGV do
   local id = ARGV[i]
@@ -52,7 +59,20 @@ for i = 7, #ARGV do
       redis.call('HDEL', KEYS[1], id)
       redis.call('SREM', KEYS[2], id)
       if r.persistent then pers[#pers + 1] = r.payload end
-      if mode == 'return' then
+      local to = moving and redis.call('HGET', KEYS[10], id)
+      if to then redis.call('HDEL', KEYS[10], id) end
+      if mode == 'return' and to and r.persistent then
+        -- moved for balance: reserved for its receiver (who may have died:
+        -- the reservation runs out, and the task goes to the front then)
+        local w, at = parse_entry(to)
+        if at > now then
+          redis.call('HSET', KEYS[11], r.payload, to)
+          redis.call('PUBLISH', ARGV[5] .. w, ARGV[6])
+        else
+          front[#front + 1] = {tonumber(id), r.payload}
+        end
+        outcome = 1
+      elseif mode == 'return' then
         front[#front + 1] = {tonumber(id), r.payload}
         outcome = 1
       else

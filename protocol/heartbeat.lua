@@ -6,9 +6,10 @@
 -- KEYS[1] {ns}:worker:<W>   heartbeat key
 -- KEYS[2] {ns}:workers      ZSET lease deadlines
 -- KEYS[3] {ns}:inbox:<W>    SET of cancelled process ids not yet acknowledged
--- KEYS[4 + 4i], KEYS[5 + 4i], KEYS[6 + 4i], KEYS[7 + 4i] for each served
---         queue i = 0..n-1: {ns}:queue:<Q>, {ns}:delayed:<Q>,
---         {ns}:held:<W>:<Q>, {ns}:idle:<Q>
+-- KEYS[4 + 9i] .. KEYS[12 + 9i] for each served queue i = 0..n-1:
+--         {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:held:<W>:<Q>, {ns}:idle:<Q>,
+--         {ns}:persistent:<Q>, {ns}:standby:<Q>, {ns}:servers:<Q>,
+--         {ns}:moving:<Q>, {ns}:reserved:<Q>
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] ttl in ms
@@ -18,7 +19,13 @@
 --           N = ms until the earliest delayed task is due},
 --           {per queue: how many processes W holds there},
 --           {per queue: 1 if W is in its idle set, else 0},
---           {per queue: how many servers are in its idle set}}
+--           {per queue: how many servers are in its idle set},
+--           {per queue: how many persistent tasks it has},
+--           {per queue: how many workers serve it},
+--           {per queue: {ids of W's processes a rebalance asked W to hand
+--            back (see rebalance.lua)}}}
+--          A queue with a task reserved for W, or a reservation that ran
+--          out, counts as having tasks ready (state 0).
 --          A worker that runs more processes of a queue than Redis says it
 --          holds must find out which are gone (they were lost, e.g. by a
 --          failover that dropped writes) and stop them. A worker with a
@@ -45,13 +52,31 @@ redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 for i = 5, 4 + k do redis.call('SREM', KEYS[3], ARGV[i]) end
 local inbox = redis.call('SMEMBERS', KEYS[3])
 
-local states, held, idle, idles = {}, {}, {}, {}
-for i = 4, #KEYS, 4 do
+local states, held, idle, idles, pers, servers, release = {}, {}, {}, {}, {}, {}, {}
+for i = 4, #KEYS, 9 do
+  local p, sv = fair_share(KEYS[i + 4], KEYS[i + 5], KEYS[i + 6])
+  pers[#pers + 1], servers[#servers + 1] = p, sv
+  local mine = {}
+  if redis.call('EXISTS', KEYS[i + 7]) == 1 then
+    local all = redis.call('HGETALL', KEYS[i + 7])
+    for j = 1, #all, 2 do
+      if redis.call('SISMEMBER', KEYS[i + 2], all[j]) == 1 then mine[#mine + 1] = all[j] end
+    end
+  end
+  release[#release + 1] = mine
+  local reserved = false
+  if redis.call('EXISTS', KEYS[i + 8]) == 1 then
+    local all = redis.call('HGETALL', KEYS[i + 8])
+    for j = 2, #all, 2 do
+      local w, at = parse_entry(all[j])
+      if w == ARGV[1] or at <= now then reserved = true end
+    end
+  end
   held[#held + 1] = redis.call('SCARD', KEYS[i + 2])
   idle[#idle + 1] = redis.call('SISMEMBER', KEYS[i + 3], ARGV[1])
   idles[#idles + 1] = redis.call('SCARD', KEYS[i + 3])
   local state = -1
-  if redis.call('LLEN', KEYS[i]) > 0 then
+  if reserved or redis.call('LLEN', KEYS[i]) > 0 then
     state = 0
   else
     local first = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
@@ -61,4 +86,4 @@ for i = 4, #KEYS, 4 do
 end
 
 local earliest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return {now, tonumber(earliest[2]) - now, inbox, states, held, idle, idles}
+return {now, tonumber(earliest[2]) - now, inbox, states, held, idle, idles, pers, servers, release}

@@ -357,3 +357,41 @@ local function cancel_found(found, procs, wkeys, cancel_prefix)
     redis.call('PUBLISH', cancel_prefix .. worker, id)
   end
 end
+
+-- The fair share of a queue's persistent tasks: how many there are (P,
+-- queued, delayed or running) and how many workers serve the queue (S, at
+-- least 1). Every worker should hold floor(P / S) or ceil(P / S).
+local function fair_share(persistent, standby, servers)
+  local p = redis.call('HLEN', persistent) + redis.call('SCARD', standby)
+  return p, math.max(1, redis.call('SCARD', servers))
+end
+
+-- A balance entry ({ns}:moving:<Q> or {ns}:reserved:<Q> value): the worker
+-- a task moves to and the Redis time (ms) the entry expires at, "W:ms".
+local function parse_entry(v)
+  local w, at = string.match(v, '^(.*):(%d+)$')
+  return w, tonumber(at or '0')
+end
+
+-- Put the reservations of {ns}:reserved:<Q> that ran out (their worker did
+-- not claim in time: it died, or left) back at the head of the queue, and
+-- drop those of tasks that are no longer persistent (cancelled). Returns
+-- how many went back, and the payloads reserved for `worker` still valid.
+local function expire_reserved(reserved, queue, persistent, standby, now, worker)
+  local back, mine = 0, {}
+  local all = redis.call('HGETALL', reserved)
+  for i = 1, #all, 2 do
+    local payload = all[i]
+    local w, at = parse_entry(all[i + 1])
+    if not is_queued_persistent(persistent, standby, payload) then
+      redis.call('HDEL', reserved, payload)
+    elseif at <= now then
+      redis.call('HDEL', reserved, payload)
+      redis.call('LPUSH', queue, payload)
+      back = back + 1
+    elseif w == worker then
+      mine[#mine + 1] = payload
+    end
+  end
+  return back, mine
+end

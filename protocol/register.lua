@@ -7,7 +7,10 @@
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation: a random string, proof of identity for later calls
 -- ARGV[3] ttl in ms
--- ARGV[4] worker description (JSON written by the client; stored as is)
+-- ARGV[4] worker description (JSON written by the client). A JSON object
+--         (first byte "{") gets "started": the Redis time in seconds (3
+--         decimals) as its first member, in this same step; anything else
+--         is stored as is
 -- ARGV[5] protocol version of the caller
 -- Returns: the Redis time in ms.
 -- Errors: VERSION (the namespace holds another protocol version),
@@ -29,8 +32,14 @@ if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('ZSCORE', KEYS[2], ARGV[1]) 
 end
 
 local now = now_ms()
+local desc = ARGV[4]
+if string.sub(desc, 1, 1) == '{' then
+  local rest = string.sub(desc, 2)
+  local sep = string.find(rest, '^%s*}') and '' or ','
+  desc = '{"started":' .. string.format('%.3f', now / 1000) .. sep .. rest
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
+redis.call('HSET', KEYS[3], ARGV[1], desc)
 if not version then redis.call('SET', KEYS[4], ARGV[5]) end
 return now

@@ -517,8 +517,76 @@ async def test_worker_hands_everything_back_on_a_signal(
                 log += chunk
             assert b"Traceback" not in log, log
             assert f"{signal.Signals(signum).name} received: stopping".encode() in log, log
-            assert b"handing back 2 running processes" in log, log
+            assert b"cancelling 2 running handlers" in log, log
+            assert b"handed back 2 processes" in log, log
             assert b"finish jobs 'j2'" in log, log
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+SLOW_APP = """
+import trio
+
+async def hold(process):
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(float(process.task.decode()))
+
+queues = {"devices": hold}
+"""
+
+
+@pytest.mark.slow
+async def test_worker_stop_waits_for_cleanups_says_what_it_waits_for_and_ends_at_the_grace(
+    redis_url: str, namespace: str, ns_args: list[str], tmp_path: Path
+) -> None:
+    """Two handlers: one cleans up in 0.3 s (handed back then), one would take
+    60 s. A second signal prints what the stop waits for; at the grace the
+    worker exits 1, leaving the slow one's task held until its lease runs out
+    (never handed back while its handler may run)."""
+    (tmp_path / "cli_slow_app.py").write_text(SLOW_APP)
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "worker", "cli_slow_app:queues", "--ttl", "30"),
+            *("--stop-grace", "1.5", "--worker-id", "w-slow", *ns_args),
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    try:
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            await client.ensure_many("devices", ["0.3", "60"])
+
+            async def busy() -> bool:
+                return len(await client.processes("devices")) == 2
+
+            await wait_for(busy, within=20, what="the worker to hold both devices")
+            proc.send_signal(signal.SIGTERM)
+            await trio.sleep(0.8)
+            proc.send_signal(signal.SIGINT)
+            with trio.fail_after(10):
+                assert await proc.wait() == 1
+            # the quick one was handed back once its handler exited; the slow
+            # one is still held by the worker, whose lease runs out later
+            assert await client.tasks("devices") == [b"0.3"]
+            [p] = await client.processes("devices")
+            assert p.task == b"60" and p.worker_id == "w-slow"
+            assert proc.stderr is not None
+            log = b""
+            async for chunk in proc.stderr:
+                log += chunk
+            assert b"Traceback" not in log, log
+            assert b"stopped devices '0.3'" in log, log
+            assert b"SIGINT received: stopping: waiting for 1 handlers to exit: devices '60'" in (
+                log
+            ), log
+            assert b"left of the stop grace" in log, log
+            assert b"handlers still running 1.5 s after the stop began; exiting" in log, log
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -14,6 +14,14 @@ cancel / expire / recycle / leave steps, and after every step checks:
    while queued or delayed and in the persistent hash (-> its process id)
    while running, never in both.
 
+Rebalancing (protocol 4) adds steps: ``rebalance`` (a worker below its share
+marks peers' processes to move to it), ``give_back`` of a marked process
+(then reserved for its receiver, a place of its own: one place counts it),
+and ``expire_reservations`` (the receiver died: the next claim puts them
+back at the head). Also checked after each step: every mark names a live
+process of another worker, and a reservation's task is taken only by its
+receiver until it runs out.
+
 The steps run synchronously: the binding's coroutines are driven to
 completion over redis-py's blocking client (a real connection to the real
 server), which keeps hypothesis out of the trio event loop.
@@ -36,6 +44,7 @@ from mesh._scripts import Binding
 from mesh.testing import RedisServer
 
 T = TypeVar("T")
+STEPS = {"marked": 0, "reserved": 0}  # how often the rebalance steps did something
 QUEUES = ("q1", "q2")
 MAX_ATTEMPTS = 2
 
@@ -82,6 +91,8 @@ class MeshModel(RuleBasedStateMachine):
         self.old_pids: list[tuple[str, str, str]] = []  # (worker, queue, pid) no longer valid
         self.live: dict[str, set[bytes]] = {q: set() for q in QUEUES}  # payloads in the mesh
         self.persistent: dict[str, set[bytes]] = {q: set() for q in QUEUES}
+        # (queue, payload) -> the worker a rebalance meant it for (while marked or reserved)
+        self.reserved_for: dict[tuple[str, bytes], str] = {}
         for _ in range(2):
             self.add_worker()
 
@@ -94,6 +105,7 @@ class MeshModel(RuleBasedStateMachine):
 
     # --- steps ---------------------------------------------------------------
 
+    @precondition(lambda self: len(self.workers) < 4)
     @rule()
     def add_worker(self) -> None:
         w = f"w{len(self.workers) + len(self.dead) + len(self.gone)}"
@@ -122,15 +134,36 @@ class MeshModel(RuleBasedStateMachine):
         self.persistent[q].add(p)
         self.live[q].add(p)
 
+    @rule(q=st.sampled_from(QUEUES), n=st.integers(3, 8))
+    def ensure_several(self, q: str, n: int) -> None:
+        ps = [self.fresh() for _ in range(n)]
+        assert run(self.b.ensure(self.x, q, ps)) == [True] * n
+        self.persistent[q].update(ps)
+        self.live[q].update(ps)
+
     @precondition(lambda self: self.workers)
     @rule(data=st.data(), q=st.sampled_from(QUEUES), n=st.integers(1, 4))
     def claim(self, data: st.DataObject, q: str, n: int) -> None:
         w = data.draw(st.sampled_from(sorted(self.workers)))
         self.make_due(q)
+        self.was_reserved = {
+            (q, p): w2.split(b":")[0].decode() != w
+            for p, w2 in self.r.hgetall(self.keys.reserved(q)).items()
+            if int(w2.rsplit(b":", 1)[1]) > 1
+        }
         reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS))
         for p in reply.processes:
             assert p.id not in self.procs
             assert p.task in self.live[q]
+            meant = self.reserved_for.get((q, p.task))
+            reserved = self.r.hexists(self.keys.reserved(q), p.task)
+            assert not reserved, "a reserved task was claimed and is still reserved"
+            if meant is not None:
+                if meant != w:
+                    # only after its reservation ran out, or before it was handed back
+                    assert not self.was_reserved.get((q, p.task)), (p.task, meant, w)
+                self.reserved_for.pop((q, p.task), None)
+            self.was_reserved.pop((q, p.task), None)
             assert p.persistent == (p.task in self.persistent[q])
             self.procs[p.id] = (w, q, p.task)
 
@@ -166,8 +199,65 @@ class MeshModel(RuleBasedStateMachine):
         )
         assert (outcome != 0) == (pid in self.procs)
         if outcome:
+            if self.r.hexists(self.keys.reserved(q), self.procs[pid][2]):
+                STEPS["reserved"] += 1
             self.procs.pop(pid)
             self.old_pids.append((w, q, pid))
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data(), q=st.sampled_from(QUEUES), limit=st.integers(1, 4))
+    def rebalance(self, data: st.DataObject, q: str, limit: int) -> None:
+        # uneven first: one worker claims a batch (no fair share)
+        self.claim(data, q, 8)
+        # mostly the worker holding the least: the one a rebalance is for
+        least = min(sorted(self.workers), key=lambda o: self.r.scard(self.keys.held(o, q)))
+        w = data.draw(st.sampled_from([least, *sorted(self.workers)]))
+        before = {pid for pid, _ in self.moving(q).items()}
+        reply, _ = run(self.b.rebalance(self.x, w, self.workers[w], q, limit, 600_000))
+        after = self.moving(q)
+        new = set(after) - before
+        assert len(new) == reply.marked <= limit
+        for pid in new:
+            # a live persistent process of another worker, marked for w
+            assert after[pid] == w and pid in self.procs and self.procs[pid][0] != w
+            assert self.procs[pid][2] in self.persistent[q]
+        self.reserved_for.update({(q, self.procs[pid][2]): w for pid in new})
+        STEPS["marked"] += len(new)
+        # the holders' handlers exit, some of them at once
+        for _ in range(len(new) - data.draw(st.integers(0, len(new)))):
+            self.hand_back_marked(data)
+
+    @precondition(lambda self: any(self.r.exists(self.keys.moving(q)) for q in QUEUES))
+    @rule(data=st.data())
+    def hand_back_marked(self, data: st.DataObject) -> None:
+        """The holder of a marked process hands it back (its handler exited):
+        it is reserved for the receiver, not queued."""
+        marked = [(q, pid, to) for q in QUEUES for pid, to in self.moving(q).items()]
+        q, pid, to = data.draw(st.sampled_from(sorted(marked)))
+        if pid not in self.procs:
+            return  # a stale mark: the process is gone
+        w, _, payload = self.procs[pid]
+        [(outcome, _)] = run(self.b.give_back(self.x, w, q, [pid], failed=False))
+        assert outcome == 1
+        assert self.r.hget(self.keys.reserved(q), payload).split(b":")[0] == to.encode()
+        assert payload not in self.r.lrange(self.keys.queue(q), 0, -1)
+        STEPS["reserved"] += 1
+        self.procs.pop(pid)
+        self.old_pids.append((w, q, pid))
+
+    @precondition(lambda self: any(self.r.exists(self.keys.reserved(q)) for q in QUEUES))
+    @rule()
+    def expire_reservations(self) -> None:
+        for q in QUEUES:
+            for p, v in self.r.hgetall(self.keys.reserved(q)).items():
+                self.r.hset(self.keys.reserved(q), p, v.split(b":")[0] + b":1")
+                self.reserved_for.pop((q, p), None)
+
+    def moving(self, q: str) -> dict[str, str]:
+        return {
+            pid.decode(): v.decode().rsplit(":", 1)[0]
+            for pid, v in self.r.hgetall(self.keys.moving(q)).items()
+        }
 
     @rule(q=st.sampled_from(QUEUES), data=st.data())
     def cancel(self, q: str, data: st.DataObject) -> None:
@@ -269,6 +359,20 @@ class MeshModel(RuleBasedStateMachine):
     # --- invariants ------------------------------------------------------------------
 
     @invariant()
+    def marks_name_live_processes_of_others(self) -> None:
+        if not hasattr(self, "keys"):
+            return
+        for q in QUEUES:
+            for pid, to in self.moving(q).items():
+                if pid in self.procs:  # a stale mark (process gone) is dropped lazily
+                    assert self.procs[pid][0] != to
+                    assert self.procs[pid][2] in self.persistent[q]
+            # a reserved task is a queued persistent task of the mesh (a
+            # cancel removes its reservation)
+            for p in self.r.hkeys(self.keys.reserved(q)):
+                assert p in self.persistent[q]
+
+    @invariant()
     def one_place(self) -> None:
         if not hasattr(self, "keys"):
             return
@@ -277,6 +381,7 @@ class MeshModel(RuleBasedStateMachine):
             places: list[bytes] = []
             places += self.r.lrange(k.queue(q), 0, -1)
             places += self.r.zrange(k.delayed(q), 0, -1)
+            places += self.r.hkeys(k.reserved(q))  # handed back for balance, for one peer
             waiting = set(places)  # queued or delayed
             dead = self.r.lrange(k.dead(q), 0, -1)
             places += dead
@@ -324,3 +429,5 @@ def test_protocol_model(redis_server: RedisServer) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     MeshModel.TestCase().runTest()
+    # the rebalance steps were exercised, not just drawn
+    assert STEPS["marked"] > 0 and STEPS["reserved"] > 0, STEPS

@@ -3,12 +3,14 @@ codes, and that running it twice is safe."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
 
+import mesh
 from mesh import ConfigError, ConflictError, FencedError, Process, ProtocolError
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
@@ -75,6 +77,11 @@ async def test_register_refuses_a_duplicate_and_a_foreign_version(
     assert await conn.execute("GET", keys.heartbeat("w1")) == b"i1"
     assert 0 < await conn.execute("PTTL", keys.heartbeat("w1")) <= 5000
     assert await conn.execute("ZSCORE", keys.workers, "w1") == str(now + 5000).encode()
+    # the description gets its start time, by the Redis clock, in the same step
+    info = json.loads(await conn.execute("HGET", keys.info, "w1"))
+    assert info == {"started": round(now / 1000, 3), "host": "h"}
+    await b.register(conn, "w0", "i0", 5000, b"{}")
+    assert json.loads(await conn.execute("HGET", keys.info, "w0")).keys() == {"started"}
     with pytest.raises(ConfigError, match="in use"):
         await b.register(conn, "w1", "i2", 5000, b"{}")
     # dead but not yet recycled: still refused
@@ -980,3 +987,82 @@ async def test_a_crash_counts_once_for_each_process_of_a_payload(
     r = await b.recycle(conn, "w2", leave=False)
     assert (r.returned, r.dead_lettered) == (0, 1)
     assert (await snapshot(conn, keys, Q, []))["dead"] == [b"dup"]
+
+
+async def test_rebalance_moves_the_surplus_to_its_receiver_only_and_loses_nothing(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """rebalance.lua marks the minimum (a receiver's deficit, from the
+    largest surplus, counting what is on its way), the holder learns it from
+    its heartbeat, its hand-back is reserved for the receiver (no third
+    worker takes it), and a reservation whose receiver died goes back to
+    the queue: nothing is lost mid-handoff."""
+    i1 = await join(b, conn, "w1", Q)
+    await b.ensure(conn, Q, [b"d%d" % i for i in range(6)])
+    c = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)
+    assert len(c.processes) == 6  # alone: all of them
+    i2 = await join(b, conn, "w2", Q)
+    i3 = await join(b, conn, "w3", Q)
+    # P = 6, S = 3: each should hold 2; w1 holds 4 too many
+    r2, servers = await b.rebalance(conn, "w2", i2, Q, 10, 60_000)
+    assert (r2.marked, r2.persistent, r2.servers, r2.held) == (2, 6, 3, 0)
+    assert sorted(servers) == ["w1", "w2", "w3"]
+    r3, _ = await b.rebalance(conn, "w3", i3, Q, 1, 60_000, servers)
+    assert r3.marked == 1  # its limit per request
+    r3, _ = await b.rebalance(conn, "w3", i3, Q, 10, 60_000, servers)
+    assert r3.marked == 1  # what is on its way to it counts: 1 more, not 2
+    r2, _ = await b.rebalance(conn, "w2", i2, Q, 10, 60_000, servers)
+    assert (r2.marked, r2.held) == (0, 2)  # nothing more: within its share
+    moving = {
+        k.decode(): v.decode().split(":")[0]
+        for k, v in _pairs(await conn.execute("HGETALL", keys.moving(Q))).items()
+    }
+    assert sorted(moving.values()) == ["w2", "w2", "w3", "w3"]
+    hb = await b.heartbeat(conn, "w1", i1, 60_000, [], [Q])
+    assert sorted(hb.release[0]) == sorted(moving)
+    # visible: each worker's load against its share, and what is moving
+    shares = {w.id: w.shares for w in await mesh.Client(conn, keys).workers()}
+    assert shares["w1"] == (mesh.QueueShare(Q, 6, 2, 2, incoming=0, outgoing=4),)
+    assert shares["w2"] == (mesh.QueueShare(Q, 0, 2, 2, incoming=2, outgoing=0),)
+    assert shares["w3"] == (mesh.QueueShare(Q, 0, 2, 2, incoming=2, outgoing=0),)
+    assert (hb.persistent, hb.servers) == ((6,), (3,))
+    # w1's handlers exited: it hands the four back; each is reserved for its
+    # receiver, not queued for anyone
+    to_w2 = [pid for pid, w in moving.items() if w == "w2"]
+    to_w3 = [pid for pid, w in moving.items() if w == "w3"]
+    await b.give_back(conn, "w1", Q, to_w2 + to_w3, failed=False)
+    assert await conn.execute("LLEN", keys.queue(Q)) == 0
+    assert await conn.execute("HLEN", keys.reserved(Q)) == 4
+    assert await conn.execute("HLEN", keys.moving(Q)) == 0
+    # a third worker gets none of them; w2 takes its own, past the fair share check
+    i4 = await join(b, conn, "w4", Q)
+    assert (await b.claim(conn, "w4", i4, Q, 10, 0, fair=True)).processes == ()
+    got = await b.claim(conn, "w2", i2, Q, 10, 0, fair=True)
+    assert len(got.processes) == 2 and all(p.persistent for p in got.processes)
+    # w3 dies before it claims: its reservations run out (forced here) and
+    # go back to the head of the queue for anyone
+    await conn.execute("DEL", keys.heartbeat("w3"))
+    for payload in await conn.execute("HKEYS", keys.reserved(Q)):
+        await conn.execute("HSET", keys.reserved(Q), payload, "w3:1")
+    got4 = await b.claim(conn, "w4", i4, Q, 10, 0)
+    assert len(got4.processes) == 2
+    procs = await conn.execute("HLEN", keys.procs(Q))
+    assert procs == 6 and await conn.execute("HLEN", keys.reserved(Q)) == 0
+
+
+async def test_rebalance_names_the_servers_it_was_not_given(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    i1 = await join(b, conn, "w1", Q)
+    await join(b, conn, "w2", Q)
+    # the binding calls again with the servers the script named
+    r, servers = await b.rebalance(conn, "w1", i1, Q, 5, 1000, ["w1"])
+    assert sorted(servers) == ["w1", "w2"] and r.marked == 0
+    with pytest.raises(FencedError):
+        await b.rebalance(conn, "w1", "wrong", Q, 5, 1000, servers)
+
+
+def _pairs(reply: list[bytes] | dict[bytes, bytes]) -> dict[bytes, bytes]:
+    if isinstance(reply, dict):
+        return reply
+    return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}

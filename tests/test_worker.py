@@ -1055,7 +1055,7 @@ async def test_redis_unreachable_is_said_once_per_outage(
         # the worker retries all the while, and fences itself at R
         await wait_for(lambda: _true(w.statistics().fenced == 1), what="the fence")
         own_redis.start()
-        await wait_for(lambda: _true(w.id != first_id and w._gen_ready.is_set()), what="rejoin")
+        await wait_for(lambda: _true(w.id != first_id and w._lease.ready.is_set()), what="rejoin")
     lines = log_lines(caplog)
     retries = [r for r in caplog.records if "retrying" in r.getMessage()]
     assert retries and {r.levelno for r in retries if r.name == "mesh.worker"} <= {

@@ -52,6 +52,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_status)
 
 
+def share_text(shares: tuple[mesh.QueueShare, ...]) -> str:
+    """What a worker holds of each queue with persistent tasks against its
+    fair share, and what is moving: ``devices 3/5 +2`` (3 held, a fair 5, 2
+    on their way to it), ``devices 10/4-5 -5``."""
+    parts = []
+    for sh in shares:
+        if sh.fair_max == 0:
+            continue
+        fair = str(sh.fair_min) if sh.fair_min == sh.fair_max else f"{sh.fair_min}-{sh.fair_max}"
+        moving = (f" +{sh.incoming}" if sh.incoming else "") + (
+            f" -{sh.outgoing}" if sh.outgoing else ""
+        )
+        parts.append(f"{sh.queue} {sh.held}/{fair}{moving}")
+    return ", ".join(parts) or "-"
+
+
 def render(snap: Snapshot, t: Target) -> list[str]:
     """The snapshot as aligned text lines."""
     alive = sum(w.alive for w in snap.workers)
@@ -63,7 +79,7 @@ def render(snap: Snapshot, t: Target) -> list[str]:
     if snap.workers:
         lines.append(f"WORKERS ({alive} alive, {len(snap.workers) - alive} dead)")
         lines += table(
-            ["ID", "ALIVE", "AGE", "LEASE", "PROCS", "QUEUES", "HOST", "PID"],
+            ["ID", "ALIVE", "AGE", "LEASE", "PROCS", "QUEUES", "SHARE", "HOST", "PID"],
             [
                 [
                     w.id,
@@ -72,6 +88,7 @@ def render(snap: Snapshot, t: Target) -> list[str]:
                     format_seconds(w.lease_left),
                     w.processes,
                     ",".join(w.queues) or "-",
+                    share_text(w.shares),
                     w.host or "-",
                     w.pid or "-",
                 ]
@@ -130,6 +147,7 @@ def as_json(snap: Snapshot, t: Target) -> dict[str, Any]:
                 "lease_left": round(w.lease_left, 3),
                 "queues": list(w.queues),
                 "processes": w.processes,
+                "shares": [attrs.asdict(sh) for sh in w.shares],
                 "host": w.host,
                 "pid": w.pid,
             }

@@ -51,8 +51,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run a worker (a peer) that serves the queues of an app",
         description="Run a worker that serves every queue of APP, a 'module:attribute' "
         "naming a mapping {queue: handler}, e.g. 'tasks:queues' for a dict 'queues' in "
-        "./tasks.py. SIGINT or SIGTERM hands every process back (peers take over at once) "
-        "and exits 0.",
+        "./tasks.py. SIGINT or SIGTERM cancels every handler and hands each process back "
+        "once its handler has exited (peers take over at once, never while the old handler "
+        "still runs; no attempt is counted), then exits 0. A second signal prints what the "
+        "stop is waiting for. Handlers still running after --stop-grace: the worker exits 1 "
+        "and peers take their tasks over after the TTL, as after a crash.",
     )
     p.add_argument("app", metavar="APP", help="module:attribute, a mapping {queue: handler}")
     add_target_options(p)
@@ -99,6 +102,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="lease TTL in seconds: how long after a crash peers take over (default 3)",
     )
+    p.add_argument(
+        "--stop-grace",
+        type=_grace_arg,
+        default=10.0,
+        metavar="S",
+        help="on SIGINT/SIGTERM, how long to wait for cancelled handlers to exit (a "
+        "cleanup) while still holding their tasks (default 10)",
+    )
     p.add_argument("--worker-id", metavar="ID", help="worker id (default: <host>-<pid>-<random>)")
     p.add_argument(
         "--log-level",
@@ -130,6 +141,16 @@ def _count_arg(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
     return n
+
+
+def _grace_arg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text}")
+    return v
 
 
 def _concurrency_arg(text: str) -> tuple[str | None, int]:
@@ -290,7 +311,7 @@ class JsonFormatter(logging.Formatter):
 
 class _Stopping:
     """``now`` is set once the worker is stopping (so cancelled handlers are
-    logged as handed back, not as cancelled)."""
+    logged as stopped for a hand-back, not as cancelled)."""
 
     def __init__(self) -> None:
         self.now = False
@@ -309,13 +330,35 @@ def _logged(handler: mesh.Handler, stopping: _Stopping) -> mesh.Handler:
         try:
             result = await handler(p)
         except trio.Cancelled:
-            how = "handed back (stopping)" if stopping.now else "cancelled"
-            log.info("%s %s after %.0f ms", how, what, (time.monotonic() - t0) * 1000)
+            if stopping.now:
+                # The hand-back itself follows, by the worker, now that the
+                # handler has exited.
+                log.info(
+                    "stopped %s after %.0f ms; handing it back",
+                    what,
+                    (time.monotonic() - t0) * 1000,
+                )
+            else:
+                log.info("cancelled %s after %.0f ms", what, (time.monotonic() - t0) * 1000)
             raise
         log.info("finish %s in %.0f ms", what, (time.monotonic() - t0) * 1000)
         return result
 
     return run
+
+
+def _waiting_for(worker: mesh.Worker) -> str:
+    """What a stop is waiting for, on one line."""
+    running = worker.running()
+    left = worker.stop_time_left()
+    shown = ", ".join(
+        f"{p.queue} {show_task(p.task)!r} token {p.token} ({age:.1f} s)" for p, age in running[:10]
+    )
+    more = f" and {len(running) - 10} more" if len(running) > 10 else ""
+    grace = "" if left is None else f"; at most {left:.1f} s left of the stop grace"
+    if not running:
+        return "stopping: every handler has exited; handing back" + grace
+    return f"stopping: waiting for {len(running)} handlers to exit: {shown}{more}{grace}"
 
 
 async def _serve(
@@ -327,6 +370,7 @@ async def _serve(
     stopping = _Stopping()
     stop = trio.Event()
     started = False
+    worker: mesh.Worker | None = None
     # Catch the signals first: one that arrives while we start still stops us
     # cleanly instead of killing the process with processes held.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -335,19 +379,46 @@ async def _serve(
             async def on_signal() -> None:
                 async for signum in signals:
                     name = signal.Signals(signum).name
+                    if stopping.now:
+                        # A second signal: say what the stop waits for.
+                        if worker is not None:
+                            log.warning("%s received: %s", name, _waiting_for(worker))
+                        continue
                     stopping.now = True
                     if started:
                         log.info("%s received: stopping", name)
                         stop.set()  # leave the worker's block: it hands everything back
+                        nursery.start_soon(deadline)
                     else:
                         log.info("%s received while starting: stopping", name)
                         nursery.cancel_scope.cancel()
-                    return
+                        return
+
+            async def deadline() -> None:
+                # The worker stops renewing its lease at the grace; a handler
+                # that ignores its cancellation still holds up leaving the
+                # block. Exit then: the lease runs out within the TTL and peers
+                # take those tasks over, as after a crash.
+                await trio.sleep(args.stop_grace + 0.5)
+                assert worker is not None
+                log.error(
+                    "worker %s: handlers still running %g s after the stop began; exiting. "
+                    "%s. Peers take their tasks over when the lease runs out.",
+                    worker.id,
+                    args.stop_grace,
+                    _waiting_for(worker),
+                )
+                logging.shutdown()
+                os._exit(1)
 
             nursery.start_soon(on_signal)
             async with (
                 mesh.open_worker(
-                    t.config, namespace=t.namespace, ttl=args.ttl, worker_id=args.worker_id
+                    t.config,
+                    namespace=t.namespace,
+                    ttl=args.ttl,
+                    worker_id=args.worker_id,
+                    stop_grace=args.stop_grace,
                 ) as worker,
                 _metrics.serve_worker_metrics(worker, args),
             ):
@@ -362,19 +433,20 @@ async def _serve(
                     )
                 started = True
                 log.info(
-                    "worker %s serves %s on %s namespace %s (ttl %gs, pid %d)",
+                    "worker %s serves %s on %s namespace %s (ttl %gs, stop grace %gs, pid %d)",
                     worker.id,
                     ", ".join(f"{q}[{n}]" for q, n in concurrency.items()),
                     t.shown,
                     t.namespace,
                     args.ttl,
+                    args.stop_grace,
                     os.getpid(),
                 )
                 await stop.wait()
                 s = worker.statistics()
                 log.info(
-                    "worker %s stopping: handing back %d running processes "
-                    "(%d started, %d finished, %d failed, %d cancelled)",
+                    "worker %s stopping: cancelling %d running handlers, each handed back once "
+                    "it exited (%d started, %d finished, %d failed, %d cancelled)",
                     worker.id,
                     s.running,
                     s.processes_started,
@@ -382,6 +454,8 @@ async def _serve(
                     s.processes_failed,
                     s.processes_cancelled,
                 )
+            s = worker.statistics()
+            log.info("worker %s handed back %d processes", worker.id, s.processes_handed_back)
             nursery.cancel_scope.cancel()
     log.info("worker stopped")
     return 0

@@ -40,6 +40,7 @@ for i = 2, #ARGV do
     redis.call('LRANGE', p .. 'dead:' .. q, 0, -1),
     held,
     redis.call('SMEMBERS', p .. 'standby:' .. q),
+    redis.call('HKEYS', p .. 'reserved:' .. q),
   }
 end
 out[2] = qs
@@ -67,6 +68,7 @@ class QueueState:
     dead: list[bytes]
     held: dict[str, set[str]]  # worker -> process ids
     standby: set[bytes]  # persistent payloads queued or delayed
+    reserved: list[bytes] = attrs.field(factory=list)  # queued, reserved for a peer (rebalance)
 
 
 @attrs.frozen
@@ -79,6 +81,7 @@ class Snapshot:
         """How many times each payload is in the queue, delayed, running or dead."""
         q = self.queues[queue]
         c: Counter[bytes] = Counter(q.queued)
+        c.update(q.reserved)
         c.update(q.delayed)
         c.update(p.payload for p in q.procs.values())
         c.update(q.dead)
@@ -98,7 +101,9 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
     workers = {w.decode(): bool(e) for w, e in r[0]}
     names = [w.decode() for w, _ in r[0]]
     out = {}
-    for q, (queued, delayed, procs, pers, dead, held, standby) in zip(qs, r[1], strict=True):
+    for q, (queued, delayed, procs, pers, dead, held, standby, reserved) in zip(
+        qs, r[1], strict=True
+    ):
         ps = {}
         for pid, rec in _pairs(procs).items():
             parts = rec.split(b"\0", 8)
@@ -116,6 +121,7 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
             list(dead),
             {w: {x.decode() for x in h} for w, h in zip(names, held, strict=True)},
             set(standby) | {k for k, v in marks.items() if not v},
+            list(reserved),
         )
     return Snapshot(workers, out, int(r[2]))
 
@@ -145,7 +151,7 @@ def one_place_violations(
             if mark is not None and p in state.standby:
                 bad.append(f"{queue}: persistent {p!r} is both standing by and running as {mark}")
             elif p in state.standby:
-                if p not in state.queued and p not in state.delayed:
+                if p not in state.queued and p not in state.delayed and p not in state.reserved:
                     bad.append(f"{queue}: persistent {p!r} is standing by but not queued")
             elif mark is None:
                 bad.append(f"{queue}: persistent {p!r} is in neither standby nor persistent")

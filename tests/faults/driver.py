@@ -19,7 +19,9 @@ owner was paused, which no cancellation can stop), ``ignorecancel`` (a
 one-shot job sleeps ``hold`` seconds shielded from cancellation), ``fail``
 (a one-shot handler raises), ``stallonce`` (as ``stallwrite``, but only the
 first owner of the task that reaches its third action stalls: the soak's
-"late write" fault, which must not turn into a poison task).
+"late write" fault, which must not turn into a poison task), ``slowstop=S``
+(a handler, persistent or one-shot, takes S seconds, shielded, to clean up
+when cancelled, then reports ``cancelled``: its exit).
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ async def main(args: argparse.Namespace) -> int:
                 fence_after=args.fence_after,
                 worker_id=args.worker_id,
                 max_payload=args.max_payload,
+                stop_grace=args.stop_grace,
             ) as worker:
                 await serve(args, worker, report, note_shielded, captured)
                 left_at = time.monotonic()
@@ -144,6 +147,7 @@ async def serve(
                     stall_then_write(args, p)
                 await report(p.task, p.token, p.worker_id, "act")
         except trio.Cancelled:
+            await slow_stop(d)
             await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
             raise
 
@@ -162,9 +166,15 @@ async def serve(
             else:
                 await trio.sleep(hold)
         except trio.Cancelled:
+            await slow_stop(d)
             await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
             raise
         await report(p.task, p.token, p.worker_id, "done")
+
+    async def slow_stop(d: dict[str, str]) -> None:
+        if "slowstop" in d:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(float(d["slowstop"]))
 
     async def manual() -> None:
         while True:
@@ -267,6 +277,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--interval", type=float, default=None)
     ap.add_argument("--fence-after", type=float, default=None)
     ap.add_argument("--worker-id", default=None)
+    ap.add_argument("--stop-grace", type=float, default=10.0)
     ap.add_argument("--persistent", default="devices")
     ap.add_argument("--oneshot", default="jobs")
     ap.add_argument("--manual", default="")

@@ -70,11 +70,13 @@ async def test_a_paused_owner_is_replaced_and_cannot_act_when_it_wakes(h: Harnes
     v = await h.judge()
     assert v.overlaps == [] and v.max_owners == 1
     assert mon.violations == [] and mon.samples > 20
-    # B still owns every device, with its tokens; A is back under a new id
+    # B owns the devices (A, back under a new id, may have been handed its
+    # share by a rebalance since); the old identity owns nothing
     snap = await h.snapshot(["devices"])
     b_id = await h.worker_id(b)
-    assert {p.worker for p in snap.queues["devices"].procs.values()} == {b_id}
     new_a = await h.worker_id(a)
+    owners = {p.worker for p in snap.queues["devices"].procs.values()}
+    assert b_id in owners and owners <= {b_id, new_a}
     assert new_a != a_id and snap.workers.get(new_a) is True and a_id not in snap.workers
     figure("sigstop_2ttl", ttl=TTL, lease_left=round(lease_left, 3), takeover=round(took, 3))
 

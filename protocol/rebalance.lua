@@ -1,0 +1,149 @@
+-- rebalance.lua: a worker W below its fair share of a queue's persistent
+-- tasks asks the workers above theirs to hand back their surplus, reserved
+-- for W. Nothing moves here: each chosen process is marked in
+-- {ns}:moving:<Q>; its worker learns it from its heartbeat, cancels the
+-- handler, and hands the process back (give_back mode "return") only once
+-- the handler has exited (invariant 10); give_back then reserves the task
+-- for W ({ns}:reserved:<Q>) and wakes W, whose next claim takes it first.
+-- A reservation that W does not claim in time (W died) goes to the head of
+-- the queue at the next claim or rebalance of anyone; a mark whose process
+-- is gone (finished, recycled) or ran out is dropped.
+--
+-- The fair share: P persistent tasks over S servers, f = floor(P / S), and
+-- the r = P mod S workers holding the most may keep f + 1. Counts include
+-- what is on its way (marked, or reserved): a task marked away counts for
+-- its receiver, not its holder. W asks only while it holds fewer than f
+-- (hysteresis: within one of the share nothing moves), for at most
+-- min(f - held, ARGV[4]) tasks, taken from the workers with the largest
+-- surplus first: the minimum number of moves, each to a worker below its
+-- share, none to a third worker.
+--
+-- KEYS[1] {ns}:worker:<W>        heartbeat key
+-- KEYS[2] {ns}:servers:<Q>       SET of the workers that serve Q
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> process id or ""
+-- KEYS[4] {ns}:standby:<Q>       SET of queued or delayed persistent payloads
+-- KEYS[5] {ns}:procs:<Q>         HASH process id -> process record
+-- KEYS[6] {ns}:moving:<Q>        HASH process id -> "R:expiry ms" (written here)
+-- KEYS[7] {ns}:reserved:<Q>      HASH payload -> "R:expiry ms"
+-- KEYS[8] {ns}:queue:<Q>         LIST of queued payloads (expired reservations go to its head)
+-- KEYS[9..8+m] {ns}:held:<W_j>:<Q> for each worker W_j named in ARGV[7..]
+-- ARGV[1] worker id W
+-- ARGV[2] incarnation
+-- ARGV[3] queue name Q
+-- ARGV[4] at most this many tasks moved to W by this call (1..1000)
+-- ARGV[5] how long a mark and a reservation last, in ms (the receiver must
+--         claim within this; the holder's handler should exit within it)
+-- ARGV[6] prefix of wake channels ({ns}:wake:)
+-- ARGV[7..6+m] the workers that serve Q, as the caller knows them
+-- Returns: {1, tasks marked for W, P, S, W's count}; {0, 0, P, S, W's count}
+--          when W is not below its share or nobody is above theirs;
+--          {2, W_1, ...} when the servers of Q are not the ones named in
+--          ARGV (nothing changed: call again with these).
+-- Errors: FENCED, NOT_SERVING (W does not serve Q), BAD_ARG.
+-- Publishes: Q on the wake channels of idle servers for reservations that
+--            ran out and went back to the queue.
+--!include lib.lua
+
+local limit, err = count_arg(ARGV[4], 'move limit', 1000)
+if err then return err end
+if limit < 1 then return redis.error_reply('BAD_ARG move limit must be >= 1') end
+local hold
+hold, err = count_arg(ARGV[5], 'hold ms')
+if err then return err end
+if #KEYS ~= 8 + (#ARGV - 6) then
+  return redis.error_reply('BAD_ARG expected one held key per named worker')
+end
+err = lease_error(KEYS[1], ARGV[1], ARGV[2])
+if err then return err end
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
+  return redis.error_reply('NOT_SERVING worker ' .. ARGV[1] .. ' does not serve queue ' .. ARGV[3])
+end
+local servers = redis.call('SMEMBERS', KEYS[2])
+local named = {}
+for j = 7, #ARGV do named[ARGV[j]] = 8 + j - 6 end
+local same = #servers == #ARGV - 6
+for _, w in ipairs(servers) do
+  if not named[w] then same = false end
+end
+if not same then
+  local out = {2}
+  for _, w in ipairs(servers) do out[#out + 1] = w end
+  return out
+end
+
+local now = now_ms()
+-- Marks whose process is gone or ran out are dropped; reservations that ran
+-- out go to the head of the queue. What remains is on its way.
+local count = {}
+for _, w in ipairs(servers) do count[w] = redis.call('SCARD', KEYS[named[w]]) end
+local marked = {}
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  local all = redis.call('HGETALL', KEYS[6])
+  for i = 1, #all, 2 do
+    local pid = all[i]
+    local to, at = parse_entry(all[i + 1])
+    local rec = redis.call('HGET', KEYS[5], pid)
+    if not rec or at <= now then
+      redis.call('HDEL', KEYS[6], pid)
+    else
+      local holder = unpack_record(rec).worker
+      marked[pid] = true
+      if count[holder] then count[holder] = count[holder] - 1 end
+      if count[to] then count[to] = count[to] + 1 end
+    end
+  end
+end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  local back = expire_reserved(KEYS[7], KEYS[8], KEYS[3], KEYS[4], now, '')
+  local all = redis.call('HGETALL', KEYS[7])
+  for i = 2, #all, 2 do
+    local to = parse_entry(all[i])
+    if count[to] then count[to] = count[to] + 1 end
+  end
+  if back > 0 then
+    -- wake the queue's servers once: anyone may take them now
+    for _, w in ipairs(servers) do redis.call('PUBLISH', ARGV[6] .. w, ARGV[3]) end
+  end
+end
+
+local p, s = fair_share(KEYS[3], KEYS[4], KEYS[2])
+local f = math.floor(p / s)
+local mine = count[ARGV[1]]
+local need = math.min(f - mine, limit)
+if need <= 0 then return {0, 0, p, s, mine} end
+
+-- Targets: the r workers holding the most keep f + 1, the others f.
+local order = {}
+for _, w in ipairs(servers) do order[#order + 1] = w end
+table.sort(order, function(a, b)
+  if count[a] ~= count[b] then return count[a] > count[b] end
+  return a < b
+end)
+local r = p - f * s
+local donors = {}
+for i, w in ipairs(order) do
+  local surplus = count[w] - (i <= r and f + 1 or f)
+  if surplus > 0 and w ~= ARGV[1] then donors[#donors + 1] = {w, surplus} end
+end
+table.sort(donors, function(a, b)
+  if a[2] ~= b[2] then return a[2] > b[2] end
+  return a[1] < b[1]
+end)
+
+local entry = ARGV[1] .. ':' .. int(now + hold)
+local moved = 0
+for _, d in ipairs(donors) do
+  if moved >= need then break end
+  local want = math.min(d[2], need - moved)
+  for _, pid in ipairs(sorted_ids(redis.call('SMEMBERS', KEYS[named[d[1]]]))) do
+    if want <= 0 then break end
+    if not marked[pid] then
+      local rec = redis.call('HGET', KEYS[5], pid)
+      if rec and unpack_record(rec).persistent then
+        redis.call('HSET', KEYS[6], pid, entry)
+        want, moved = want - 1, moved + 1
+      end
+    end
+  end
+end
+return {1, moved, p, s, mine}

@@ -1,0 +1,174 @@
+"""Rebalancing persistent tasks, with workers in one process against a real
+redis-server: peers that join get their share with the minimum number of
+moves, a moved task goes to a worker below its share and nowhere else, its
+old handler has exited before the new one starts, and a queue served with
+rebalancing off moves nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+import mesh
+from mesh import Process
+from mesh._balance import BalancePolicy, fair_bounds, pull_count
+from mesh.cli._status import share_text
+
+from .test_worker import wait_for
+
+TTL = 0.6  # H = 0.2 s: a few heartbeats per second
+
+
+class Owners:
+    """A persistent handler that records every start and every exit."""
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[Process, float]] = []
+        self.exits: dict[int, float] = {}
+        self.running: dict[bytes, str] = {}
+
+    async def handler(self, p: Process) -> None:
+        assert p.task not in self.running, f"{p.task!r} has two live owners"
+        self.running[p.task] = p.worker_id
+        self.starts.append((p, trio.current_time()))
+        try:
+            await trio.sleep_forever()
+        finally:
+            del self.running[p.task]
+            self.exits[p.token] = trio.current_time()
+
+    def counts(self, workers: list[mesh.Worker]) -> list[int]:
+        c = Counter(self.running.values())
+        return [c[w.id] for w in workers]
+
+
+class Mesh:
+    """Workers that can be added and stopped one by one."""
+
+    def __init__(self, url: str, ns: str, nursery: trio.Nursery, owners: Owners) -> None:
+        self.url, self.ns, self.nursery, self.owners = url, ns, nursery, owners
+        self.workers: list[mesh.Worker] = []
+        self._stops: dict[str, trio.Event] = {}
+
+    async def add(self, rebalance: bool = True) -> mesh.Worker:
+        async def run(task_status: trio.TaskStatus[mesh.Worker]) -> None:
+            async with mesh.open_worker(self.url, namespace=self.ns, ttl=TTL) as w:
+                await w.start_work("devices", self.owners.handler, rebalance=rebalance)
+                stop = self._stops[w.id] = trio.Event()
+                task_status.started(w)
+                await stop.wait()
+
+        w: mesh.Worker = await self.nursery.start(run)
+        self.workers.append(w)
+        return w
+
+    async def stop(self, w: mesh.Worker) -> None:
+        self.workers.remove(w)
+        self._stops[w.id].set()
+
+    def counts(self) -> list[int]:
+        return self.owners.counts(self.workers)
+
+
+@asynccontextmanager
+async def open_mesh(url: str, ns: str) -> AsyncIterator[tuple[mesh.Client, Mesh]]:
+    owners = Owners()
+    async with mesh.open_client(url, namespace=ns) as client, trio.open_nursery() as nursery:
+        m = Mesh(url, ns, nursery, owners)
+        yield client, m
+        for w in list(m.workers):
+            await m.stop(w)
+
+
+def balanced(counts: list[int], total: int) -> bool:
+    return sum(counts) == total and max(counts) - min(counts) <= 1
+
+
+async def settle(m: Mesh, total: int, within: float = 15.0) -> None:
+    async def ok() -> bool:
+        return balanced(m.counts(), total)
+
+    await wait_for(ok, within=within, what=f"a balanced mesh (now {m.counts()})")
+
+
+async def test_peers_that_join_take_exactly_the_surplus(redis_url: str, namespace: str) -> None:
+    async with open_mesh(redis_url, namespace) as (client, m):
+        for _ in range(3):
+            await m.add()
+        await client.ensure_many("devices", [f"d{i}" for i in range(30)])
+        await settle(m, 30)
+        assert m.counts() == [10, 10, 10]
+        first = len(m.owners.starts)
+        old = set(m.workers)
+        for _ in range(3):
+            await m.add()
+        await settle(m, 30)
+        await trio.sleep(TTL * 3)  # a few more heartbeats: nothing else moves
+        assert m.counts() == [5, 5, 5, 5, 5, 5]
+        moved = m.owners.starts[first:]
+        assert len(moved) == 15  # the surplus, not more
+        new_ids = {w.id for w in m.workers if w not in old}
+        by_task: dict[bytes, list[tuple[Process, float]]] = {}
+        for p, t in m.owners.starts:
+            by_task.setdefault(p.task, []).append((p, t))
+        for p, started in moved:
+            # each to a peer below its share, once: never on to a third peer
+            assert p.worker_id in new_ids and p.attempts == 0
+            (prev, _), (again, _) = by_task[p.task]
+            assert again == p
+            # the old handler had exited before the new one started
+            assert m.owners.exits[prev.token] <= started
+        stats = [w.statistics() for w in m.workers]
+        assert sum(s.processes_moved for s in stats) == 15
+        # visible: every worker holds its fair 5, nothing moving
+        for info in await client.workers():
+            assert info.shares == (mesh.QueueShare("devices", 5, 5, 5, 0, 0),)
+        assert share_text(info.shares) == "devices 5/5"
+
+
+async def test_with_rebalancing_off_nothing_moves(redis_url: str, namespace: str) -> None:
+    async with open_mesh(redis_url, namespace) as (client, m):
+        for _ in range(3):
+            await m.add(rebalance=False)
+        await client.ensure_many("devices", [f"d{i}" for i in range(30)])
+        await settle(m, 30)
+        for _ in range(3):
+            await m.add(rebalance=False)
+        await trio.sleep(TTL * 4)
+        assert m.counts() == [10, 10, 10, 0, 0, 0]
+        assert len(m.owners.starts) == 30
+
+
+async def test_a_rolling_restart_ends_balanced(redis_url: str, namespace: str) -> None:
+    async with open_mesh(redis_url, namespace) as (client, m):
+        for _ in range(6):
+            await m.add()
+        await client.ensure_many("devices", [f"d{i}" for i in range(30)])
+        await settle(m, 30)
+        for w in list(m.workers):
+            await m.stop(w)
+            await m.add()
+            await settle(m, 30)
+        assert m.counts() == [5] * 6
+
+
+def test_the_share_column_of_mesh_status() -> None:
+    s = mesh.QueueShare
+    assert share_text((s("devices", 3, 5, 5, 2, 0),)) == "devices 3/5 +2"
+    assert share_text((s("devices", 10, 4, 5, 0, 5), s("jobs", 2, 0, 0))) == "devices 10/4-5 -5"
+    assert share_text(()) == "-"
+
+
+def test_the_pull_decision() -> None:
+    policy = BalancePolicy(absolute_limit=20, relative_limit=0.1)
+    assert fair_bounds(30, 6) == (5, 5) and fair_bounds(31, 6) == (5, 6)
+    assert fair_bounds(3, 0) == (3, 3)
+    assert pull_count(0, 30, 6, False, policy) == 3  # 10% of 30 per request
+    assert pull_count(0, 3000, 6, False, policy) == 20  # at most 20
+    assert pull_count(4, 30, 6, False, policy) == 1
+    assert pull_count(5, 31, 6, False, policy) == 0  # within one: hysteresis
+    assert pull_count(0, 30, 6, True, policy) == 0  # tasks ready: claims spread them
+    assert pull_count(0, 0, 6, False, policy) == 0

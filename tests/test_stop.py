@@ -1,0 +1,154 @@
+"""Stopping without two owners (invariant 10), in one process against a real
+redis-server: a worker that stops (leaving its block, or stop_work) keeps
+renewing its lease while its cancelled handlers clean up, and hands each
+process back only once its handler has exited, with no attempt counted.
+
+The peer's start is compared with the old handler's exit on trio's clock of
+this one process: both workers run here, so one clock orders them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+import mesh
+from mesh import Process
+
+from .test_worker import wait_for
+
+TTL = 0.9  # H = 0.3 s, R = 0.6 s; the cleanups below outlast T
+
+
+class SlowStop:
+    """Handlers whose cancellation takes ``cleanup`` seconds (shielded), and
+    that record when each started and when each exited (trio's clock)."""
+
+    def __init__(self, cleanup: float) -> None:
+        self.cleanup = cleanup
+        self.starts: list[tuple[Process, float]] = []
+        self.exits: list[tuple[Process, float]] = []
+
+    async def handler(self, p: Process) -> None:
+        self.starts.append((p, trio.current_time()))
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(self.cleanup)
+            self.exits.append((p, trio.current_time()))
+
+    def started(self, task: bytes, worker: str) -> list[float]:
+        return [t for p, t in self.starts if p.task == task and p.worker_id == worker]
+
+
+async def test_leaving_waits_for_a_slow_cleanup_then_hands_back_without_an_attempt(
+    redis_url: str, namespace: str
+) -> None:
+    old, new = SlowStop(2.0), SlowStop(0.0)
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure("devices", "d1")
+        await client.enqueue("jobs", "j1")
+        async with trio.open_nursery() as nursery:
+            a_left = trio.Event()
+            leave_a = trio.Event()
+            a_id = ""
+
+            async def run_a() -> None:
+                nonlocal a_id
+                async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a:
+                    a_id = a.id
+                    await a.start_work("devices", old.handler)
+                    await a.start_work("jobs", old.handler, max_attempts=1)
+                    await leave_a.wait()
+                a_left.set()
+
+            nursery.start_soon(run_a)
+            await wait_for(lambda: _true(len(old.starts) == 2), what="A runs both tasks")
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b:
+                await b.start_work("devices", new.handler)
+                await b.start_work("jobs", new.handler, max_attempts=1)
+                leave_a.set()
+                # Past T, A's cleanups still run: A still holds both tasks
+                # and renews its lease, so B has started nothing.
+                await trio.sleep(TTL * 1.5)
+                assert not new.starts
+                assert {p.worker_id for p in await client.processes()} == {a_id}
+                assert a_id in {w.id for w in await client.workers()}
+                await wait_for(lambda: _true(len(new.starts) == 2), what="B takes both")
+                await a_left.wait()
+                exits = {p.task: t for p, t in old.exits}
+                for p, started in new.starts:
+                    # B started each task only after A's handler had exited
+                    assert started > exits[p.task]
+                    assert p.worker_id == b.id
+                    assert p.attempts == 0  # no attempt counted by the stop
+                    assert started - exits[p.task] < TTL / 2  # at once, not after T
+                assert await client.dead_letters("jobs") == []
+
+
+async def test_stop_work_waits_for_a_slow_cleanup_before_handing_back(
+    redis_url: str, namespace: str
+) -> None:
+    old, new = SlowStop(1.5), SlowStop(0.0)
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure("devices", "d1")
+        async with (
+            mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a,
+            mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b,
+        ):
+            await a.start_work("devices", old.handler)
+            await wait_for(lambda: _true(len(old.starts) == 1), what="A runs d1")
+            await b.start_work("devices", new.handler)
+            assert await a.stop_work("devices") == 1
+            (_, exited) = old.exits[0]
+            assert trio.current_time() >= exited
+            await wait_for(lambda: _true(len(new.starts) == 1), what="B takes d1")
+            (p, started) = new.starts[0]
+            assert p.worker_id == b.id and started > exited and p.attempts == 0
+            # A is still a live worker, and no longer a server of the queue
+            assert a.id in {w.id for w in await client.workers()}
+            info = {w.id: w for w in await client.workers()}[a.id]
+            assert "devices" not in info.queues
+
+
+async def test_a_handler_that_outlives_the_grace_is_left_to_the_lease(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past stop_grace the worker stops renewing: the task is taken over only
+    when the lease ran out (T after the last renewal), as after a crash, and
+    that counts a failed attempt. Until then no peer starts it."""
+    old, new = SlowStop(TTL * 3), SlowStop(0.0)
+    caplog.set_level(logging.WARNING, logger="mesh")
+    async with (
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b,
+    ):
+        stop_at = 0.0
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL, stop_grace=0.2) as a:
+            await a.start_work("jobs", old.handler, max_attempts=3)
+            await client.enqueue("jobs", "j1")
+            await wait_for(lambda: _true(len(old.starts) == 1), what="A runs j1")
+            await b.start_work("jobs", new.handler, max_attempts=3)
+            stop_at = trio.current_time()
+        (_, exited) = old.exits[0]
+        assert exited - stop_at >= TTL * 3  # leaving waited for the handler
+        await wait_for(lambda: _true(len(new.starts) == 1), what="B takes j1")
+        (p, started) = new.starts[0]
+        # not while the lease could be live (renewed at most H = T/3 before
+        # the stop began, or during the grace); counted as a crash
+        assert started - stop_at > TTL - TTL / 3
+        assert p.attempts == 1
+        assert "after the stop grace" in caplog.text
+
+
+async def test_stop_grace_is_checked() -> None:
+    for bad in (-1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(mesh.ConfigError, match="stop_grace"):
+            async with mesh.open_worker("redis://127.0.0.1:1", stop_grace=bad):  # type: ignore[arg-type]
+                pass
+
+
+async def _true(v: bool) -> bool:
+    return v
