@@ -64,12 +64,17 @@ async def test_throughput() -> None:
 
 async def test_throughput_worqr() -> None:
     """Worqr runs in the same run as trio-mesh, through the Node driver, with
-    the same figures as every peer (this machine has node and the tarball;
-    where it has not, the next test shows what happens)."""
+    the same figures as every peer. Where node, npm, the tarball (outside the
+    repository) or the npm registry is missing, the run goes on without it
+    and says why (the next test forces that case)."""
     w, why = worqr.prepare()
-    assert w is not None, why
     s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False))
     check(s, "throughput")
+    assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
+    if w is None:
+        assert why.startswith("Worqr skipped: ") and why in s.notes
+        assert not [f for f in s.figures if "Worqr" in f.label]
+        return
     label = f"Worqr {w.version.split()[0]} (Node)"
     assert figure(s, f"{label}: processing").median > 0
     # Worqr's dequeue + finishProcess are at least 8 commands per task
