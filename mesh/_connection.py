@@ -299,6 +299,32 @@ class Connection:
                     raise reply
         return replies
 
+    async def wait_replicas(self, count: int, seconds: float) -> None:
+        """Wait until ``count`` replicas acknowledged every write sent on this
+        connection so far (``WAIT``); a no-op for ``count`` 0.
+
+        ``WAIT`` blocks this connection in Redis: commands pipelined behind it
+        are answered after it (in the healthy case, a replica's ack takes well
+        under a millisecond).
+
+        Raises:
+            MeshConnectionError: fewer replicas acknowledged within ``seconds``
+                seconds: the writes are on the master, and a failover may lose
+                them; or the connection broke.
+
+        On cancellation the ``WAIT`` still runs in Redis; nothing else happens.
+        """
+        if count <= 0:
+            await trio.lowlevel.checkpoint()
+            return
+        acked = await self.execute("WAIT", count, max(1, int(seconds * 1000)))
+        if acked < count:
+            raise MeshConnectionError(
+                f"only {acked} of {count} replicas of {self._where} acknowledged the "
+                f"writes within {seconds:g}s: they are on the master, and a failover "
+                "may lose them"
+            )
+
     async def aclose(self) -> None:
         """Close the connection. Calls still waiting fail with :class:`ClosedError`,
         later calls raise it. Idempotent. Leaving the ``async with`` block of

@@ -133,6 +133,8 @@ class Lease:
         self._conn = conn
         self._pubsub = pubsub
         self._binding = binding
+        # replicas that must have a renewal before it counts (WAIT); 0: none
+        self.min_replicas = 0
         self._keys: Keys = binding.keys
         self.timing = timing
         self._base_id = base_id
@@ -327,9 +329,12 @@ class Lease:
             reply = None
             try:
                 with trio.move_on_after(t.fence_after):
-                    reply = await self._binding.heartbeat(
+                    renewal = await self._binding.heartbeat(
                         self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues
                     )
+                    # With min_replicas, a renewal counts once replicas have it.
+                    await self._conn.wait_replicas(self.min_replicas, t.fence_after)
+                    reply = renewal
             except FencedError as exc:
                 gen.fence(str(exc))
                 return

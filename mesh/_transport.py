@@ -149,6 +149,15 @@ def coerce_config(config: RedisConfig | str) -> RedisConfig:
     return config
 
 
+def check_min_replicas(config: RedisConfig, min_replicas: int | None) -> int:
+    """``min_replicas`` if given, else the URL's; ConfigError unless an int >= 0."""
+    if min_replicas is None:
+        return config.min_replicas
+    if type(min_replicas) is not int or min_replicas < 0:
+        raise ConfigError(f"min_replicas must be an integer >= 0, not {min_replicas!r}")
+    return min_replicas
+
+
 def _ssl_context(config: RedisConfig) -> ssl.SSLContext:
     try:
         context = ssl.create_default_context(cafile=config.tls_ca_file)

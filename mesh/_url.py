@@ -17,7 +17,9 @@ cluster is detected at connect (its db must be 0). Sentinel ports default to
 User and password are percent-decoded; they are the data nodes' credentials (the
 master's). When the URL has no password, ``$MESH_REDIS_PASSWORD`` (and, if the URL
 has no user, ``$MESH_REDIS_USERNAME``) are used, so that secrets can stay out of
-command lines. The sentinels' own credentials, if they need any, come from the
+command lines. ``min_replicas=N`` (any form) makes workers and clients confirm
+their guarantee-carrying writes with ``WAIT N`` (see ``docs/guarantees.md``).
+The sentinels' own credentials, if they need any, come from the
 query parameters ``sentinel_username`` and ``sentinel_password`` or, better, from
 ``$MESH_SENTINEL_PASSWORD`` (and ``$MESH_SENTINEL_USERNAME``).
 
@@ -55,6 +57,7 @@ _QUERY_KEYS = frozenset(
         "ssl_ca_certs",
         "sentinel_username",
         "sentinel_password",
+        "min_replicas",
     }
 )
 _SENTINEL_PORT = 26379
@@ -91,6 +94,7 @@ class RedisConfig:
     service: str | None = None
     sentinel_username: str | None = None
     sentinel_password: str | None = attrs.field(default=None, repr=False)
+    min_replicas: int = 0
 
     def __str__(self) -> str:
         return self.redacted()
@@ -248,6 +252,13 @@ def parse_url(url: str) -> RedisConfig:
                 f"not {query['connect_timeout']!r}"
             )
 
+    min_replicas = 0
+    if "min_replicas" in query:
+        text = query["min_replicas"]
+        if not (text.isascii() and text.isdigit()) or int(text) > 1000:
+            raise fail(f"min_replicas must be an integer from 0 to 1000, not {text!r}")
+        min_replicas = int(text)
+
     tls = base == "rediss"
     tls_verify = True
     tls_ca_file: str | None = None
@@ -332,6 +343,7 @@ def parse_url(url: str) -> RedisConfig:
             username=username,
             password=password,
             connect_timeout=connect_timeout,
+            min_replicas=min_replicas,
         )
 
     if topology != "standalone":
@@ -361,6 +373,7 @@ def parse_url(url: str) -> RedisConfig:
             service=service,
             sentinel_username=sentinel_username,
             sentinel_password=sentinel_password,
+            min_replicas=min_replicas,
         )
 
     if "," in hostport:
@@ -391,6 +404,7 @@ def parse_url(url: str) -> RedisConfig:
         tls_verify=tls_verify,
         tls_ca_file=tls_ca_file,
         connect_timeout=connect_timeout,
+        min_replicas=min_replicas,
     )
 
 

@@ -50,6 +50,7 @@ from ._scripts import Binding
 from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
 from ._topology import Topology
+from ._transport import check_min_replicas
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
@@ -115,6 +116,10 @@ class WorkerStatistics:
 
 class Worker:
     """One peer of the mesh. Get one from :func:`open_worker`."""
+
+    min_replicas: int = 0
+    """Replicas that must acknowledge a lease renewal (before it counts) and a
+    persistent task's claim (before its handler starts); set by :func:`open_worker`."""
 
     def __init__(
         self,
@@ -525,9 +530,15 @@ class Worker:
             balance_wait=self.timing.interval,
             ttl=self.timing.ttl,
             early_cancels=gen.early_cancels,
+            replicate=self._replicate if self.min_replicas else None,
         )
         gen.runners[cfg.queue] = runner
         await gen.nursery.start(runner.run)
+
+    async def _replicate(self) -> None:
+        """With ``min_replicas``: wait (up to R) until that many replicas have
+        every write made so far; MeshConnectionError if they do not."""
+        await self._conn.wait_replicas(self.min_replicas, self.timing.fence_after)
 
     def _cancel_process(self, pid: str) -> None:
         gen = self._gen
@@ -613,6 +624,7 @@ async def open_worker(
     worker_id: str | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     stop_grace: float = 10.0,
+    min_replicas: int | None = None,
 ) -> AsyncIterator[Worker]:
     """Join the mesh ``namespace`` at ``url`` as a worker.
 
@@ -631,6 +643,11 @@ async def open_worker(
 
     Args:
         worker_id: default ``<host>-<pid>-<random>``. Must not be in use.
+        min_replicas: confirm writes with ``WAIT``: a lease renewal counts only
+            once this many replicas have it, a persistent task's handler starts
+            only once its claim is on them, and the worker's client returns from
+            ``enqueue``/``ensure`` only then (see docs/guarantees.md). Default:
+            the URL's ``min_replicas`` query parameter, else 0 (no waiting).
         stop_grace: how long leaving (and :meth:`Worker.stop_work`) waits for
             cancelled handlers to exit (a shielded cleanup), in seconds,
             default 10. A handler still running after it keeps its process:
@@ -648,6 +665,7 @@ async def open_worker(
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
+    replicas = check_min_replicas(config, min_replicas)
     if (
         isinstance(stop_grace, bool)
         or not isinstance(stop_grace, int | float)
@@ -682,6 +700,8 @@ async def open_worker(
             config, name=name, ping_interval=ping, topology=topology
         ) as pubsub:
             worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload, stop_grace)
+            worker.min_replicas = worker.client.min_replicas = replicas
+            worker._lease.min_replicas = replicas
             reaper = worker._reaper
             try:
                 async with trio.open_nursery() as nursery:

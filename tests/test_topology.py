@@ -208,13 +208,17 @@ async def test_cluster_failovers() -> None:
 
                 async def one() -> None:
                     async with mesh.open_worker(url, namespace=ns, ttl=3) as w:
-                        workers.append(w)
                         await w.start_work("p", runs.handler)
+                        workers.append(w)  # serving: a failover may begin
                         await trio.sleep_forever()
 
                 for _ in range(2):
                     nursery.start_soon(one)
-                await wait_until(lambda: all(runs.tokens(t) for t in tasks), 10, "first runs")
+                await wait_until(
+                    lambda: len(workers) == 2 and all(runs.tokens(t) for t in tasks),
+                    10,
+                    "both workers serving and first runs",
+                )
 
                 # 1. A coordinated failover, shorter than R (2 s of the default 3 s TTL).
                 await trio.to_thread.run_sync(
@@ -313,15 +317,19 @@ async def test_sentinel_failover_under_load() -> None:
 
                 async def one() -> None:
                     async with mesh.open_worker(setup.url, namespace=ns, ttl=1) as w:
-                        workers.append(w)
                         await w.start_work("p", runs.handler)
                         await w.start_work("jobs", quick)
+                        workers.append(w)  # serving: a failover may begin
                         await trio.sleep_forever()
 
                 for _ in range(2):
                     nursery.start_soon(one)
                 nursery.start_soon(produce)
-                await wait_until(lambda: all(runs.tokens(t) for t in tasks), 10, "first runs")
+                await wait_until(
+                    lambda: len(workers) == 2 and all(runs.tokens(t) for t in tasks),
+                    10,
+                    "both workers serving and first runs",
+                )
                 await wait_until(lambda: one_shot_done > 10, 10, "one-shot tasks to run")
 
                 killed_at = trio.current_time()
@@ -407,3 +415,43 @@ async def test_fenced_worker_gives_up_handing_back_and_rejoins(
                 await trio.sleep(0.02)
         assert w.statistics().fenced >= 1
         assert w.statistics().generation >= 2
+
+
+async def test_min_replicas_waits_for_the_replica() -> None:
+    """min_replicas=1 (URL option): an enqueue or ensure returns only once the
+    replica has it, a persistent task's handler starts only once its claim is on
+    the replica, and without a replica nothing is confirmed: enqueue raises and
+    the worker's renewals do not count, so it fences."""
+    ns = "mr" + secrets.token_hex(3)
+    procs = f"{{{ns}}}:procs:p"
+    with sentinel_setup() as setup:
+        url = setup.url + "?min_replicas=1&connect_timeout=0.5"
+        replica = client(setup.replica.port)
+        seen_on_replica: list[int] = []
+        runs = Runs()
+
+        async def handler(p: Process) -> None:
+            seen_on_replica.append(replica.hlen(procs))
+            await runs.handler(p)
+
+        async with mesh.open_client(url, namespace=ns) as c:
+            assert c.min_replicas == 1
+            await c.enqueue("q", b"a")
+            assert replica.llen(f"{{{ns}}}:queue:q") == 1
+            assert await c.ensure("p", b"dev")
+            async with mesh.open_worker(url, namespace=ns, ttl=1.5) as w:
+                assert w.min_replicas == 1
+                await w.start_work("p", handler)
+                await wait_until(lambda: runs.tokens(b"dev"), 5, "the handler to start")
+                assert seen_on_replica == [1]
+                setup.replica.stop()
+                with pytest.raises(MeshConnectionError, match="only 0 of 1 replicas"):
+                    await c.enqueue("q", b"b")
+                await wait_until(lambda: runs.cancelled, 5, "the worker to fence")
+                assert w.statistics().fenced >= 1
+        # The argument wins over the URL.
+        async with mesh.open_client(url, namespace=ns, min_replicas=0) as c:
+            await c.enqueue("q", b"c")
+        with pytest.raises(mesh.ConfigError, match="min_replicas"):
+            async with mesh.open_client(url, namespace=ns, min_replicas=-1):
+                pass  # pragma: no cover

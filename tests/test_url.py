@@ -265,3 +265,14 @@ def test_bad_topology_urls(url: str, what: str) -> None:
     assert what in message
     assert SECRET not in message
     assert "\n" not in message
+
+
+def test_min_replicas_query() -> None:
+    assert parse_url("redis://h").min_replicas == 0
+    assert parse_url("redis://h?min_replicas=2").min_replicas == 2
+    assert parse_url("redis+sentinel://s/m?min_replicas=1").min_replicas == 1
+    assert parse_url("redis+cluster://a,b?min_replicas=1").min_replicas == 1
+    assert parse_url("unix:///s.sock?min_replicas=1").min_replicas == 1
+    for bad in ("x", "-1", "1.5", "", "100000"):
+        with pytest.raises(ConfigError, match="min_replicas must be an integer"):
+            parse_url(f"redis://u:{SECRET}@h?min_replicas={bad}")

@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import redis
 
+from mesh._topology import keyslot
 from mesh.testing import RedisServer, _die_with_parent, _ping, find_redis_server, free_port
 
 SERVICE = "mymaster"
@@ -76,6 +77,20 @@ def _server(args: tuple[str, ...], dirs: list[Path]) -> RedisServer:
     return server
 
 
+def _wait_streaming(master: RedisServer, replica: RedisServer, key: str) -> None:
+    """Wait until a write on ``master`` reaches ``replica``. A replica reports its
+    link up as soon as the initial sync is loaded, but a diskless master streams
+    only after the replica's first ``REPLCONF ACK`` (up to a second later): a
+    master killed in between takes every write since with it."""
+    client(master.port).set(key, "1")
+    offset = client(master.port).info("replication")["master_repl_offset"]
+    wait_for(
+        "replication to stream",
+        lambda: client(replica.port).info("replication")["master_repl_offset"] >= offset,
+    )
+    client(master.port).delete(key)
+
+
 @attrs.define
 class SentinelProcess:
     port: int
@@ -122,6 +137,7 @@ def sentinel_setup(sentinels: int = 1, down_after_ms: int = 400) -> Iterator[Sen
             "the replica to sync",
             lambda: client(replica.port).info("replication")["master_link_status"] == "up",
         )
+        _wait_streaming(master, replica, "trio-mesh-probe")
         quorum = sentinels // 2 + 1
         for _ in range(sentinels):
             port = free_port()
@@ -257,6 +273,9 @@ def cluster_setup(
                 "the replica to sync",
                 lambda: client(replica.port).info("replication").get("master_link_status") == "up",
             )
+            names = (f"p{i}" for i in range(10**6))
+            probe = next(k for k in names if keyslot(k) == replica_of_slot)
+            _wait_streaming(owner, replica, probe)
             # Every master must know it as the replica (for MFSTART and for votes).
             for m in setup.masters:
                 wait_for(
