@@ -50,9 +50,7 @@ def fair_bounds(persistent: int, servers: int) -> tuple[int, int]:
     return persistent // s, -(-persistent // s)
 
 
-def pull_count(
-    held: int, persistent: int, servers: int, ready: bool, policy: BalancePolicy
-) -> int:
+def pull_count(held: int, persistent: int, servers: int, ready: bool, policy: BalancePolicy) -> int:
     """How many tasks a worker holding ``held`` processes of a queue should
     ask for now: 0 unless it holds fewer than the floor of its share and no
     task of the queue is ready to claim."""

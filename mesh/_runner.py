@@ -158,6 +158,9 @@ class QueueRunner:
         self._io_scope: trio.CancelScope | None = None
         self.handed_back = 0
         """How many processes this runner handed back after a stop."""
+        self.keep_ms = 0
+        """> 0: a stop keeps persistent tasks reserved for this worker id for
+        that long (a sticky restart), instead of handing them to anyone."""
         self._maybe_work = True
         self._resync_needed = False
         self._next_due = float("inf")
@@ -636,7 +639,12 @@ class QueueRunner:
         returned, self._returned = self._returned, []
         try:
             outcomes = await self._binding.give_back(
-                self._conn, self._wid, self.config.queue, returned, failed=False
+                self._conn,
+                self._wid,
+                self.config.queue,
+                returned,
+                failed=False,
+                keep_ms=self.keep_ms,
             )
         except BaseException:
             self._returned = returned + self._returned

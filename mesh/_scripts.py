@@ -605,8 +605,11 @@ class Binding:
         failed: bool,
         backoff_ms: int = 0,
         backoff_cap_ms: int = 0,
+        keep_ms: int = 0,
     ) -> list[tuple[int, int]]:
-        """Per id: (outcome, delay ms); outcome 0 not ours, 1 front, 2 retry later, 3 dead."""
+        """Per id: (outcome, delay ms); outcome 0 not ours, 1 front (or kept:
+        with ``keep_ms`` > 0 and not failed, persistent tasks are reserved
+        for ``worker`` for that long), 2 retry later, 3 dead."""
         k = self.keys
         keys = [
             k.procs(queue),
@@ -621,10 +624,11 @@ class Binding:
             k.moving(queue),
             k.reserved(queue),
         ]
+        keep = keep_ms > 0 and not failed
         args = [
             worker,
-            "fail" if failed else "return",
-            backoff_ms,
+            "fail" if failed else "keep" if keep else "return",
+            keep_ms if keep else backoff_ms,
             backoff_cap_ms,
             k.wake_prefix,
             queue,

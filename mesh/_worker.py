@@ -130,6 +130,7 @@ class Worker:
         base_id: str,
         max_payload: int,
         stop_grace: float = 10.0,
+        rejoin_grace: float = 0.0,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -138,6 +139,9 @@ class Worker:
         self.timing = timing
         self.stop_grace = stop_grace
         """How long a stop waits for handlers to exit (seconds)."""
+        self.rejoin_grace = rejoin_grace
+        """How long this worker's persistent tasks wait for it after it
+        leaves (seconds; 0: not at all)."""
         self._stop_started: float | None = None
         self._base_id = base_id
         self._queues: dict[str, QueueConfig] = {}
@@ -239,8 +243,7 @@ class Worker:
             commands_sent=conn.commands_sent,
             reconnects=conn.reconnects,
             event_reconnects=self._pubsub.reconnects,
-            processes_handed_back=sum(q.handed_back for q in st.queues.values())
-            + st.handed_back,
+            processes_handed_back=sum(q.handed_back for q in st.queues.values()) + st.handed_back,
             processes_moved=sum(q.moved_out for q in st.queues.values()),
         )
 
@@ -593,6 +596,7 @@ class Worker:
         gen = self._gen
         runners = [*gen.runners.values(), *gen.draining.values()]
         for r in runners:
+            r.keep_ms = int(self.rejoin_grace * 1000)
             r.begin_stop()
         with trio.move_on_after(self.stop_grace):
             for r in runners:
@@ -624,6 +628,7 @@ async def open_worker(
     worker_id: str | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     stop_grace: float = 10.0,
+    rejoin_grace: float = 0.0,
     min_replicas: int | None = None,
 ) -> AsyncIterator[Worker]:
     """Join the mesh ``namespace`` at ``url`` as a worker.
@@ -655,6 +660,13 @@ async def open_worker(
             process when the lease runs out (T later), counting a failed
             attempt, as after a crash. Leaving the block still waits for
             such a handler (trio cannot abandon a trio task).
+        rejoin_grace: a sticky restart (off by default, 0): leaving keeps
+            this worker's persistent tasks reserved for ``worker_id`` for
+            this many seconds instead of handing them to peers; a worker that
+            joins under the same id within it gets them back (new processes,
+            new tokens), and after it they go to anyone. The trade-off: those
+            tasks are unowned for the length of the restart, rather than
+            moving to a peer and back. Needs an explicit ``worker_id``.
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
@@ -672,6 +684,14 @@ async def open_worker(
         or not 0 <= stop_grace < float("inf")
     ):
         raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
+    if (
+        isinstance(rejoin_grace, bool)
+        or not isinstance(rejoin_grace, int | float)
+        or not 0 <= rejoin_grace < float("inf")
+    ):
+        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
+    if rejoin_grace > 0 and worker_id is None:
+        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
     if worker_id is None:
         host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
         worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -699,7 +719,9 @@ async def open_worker(
         async with open_pubsub(
             config, name=name, ping_interval=ping, topology=topology
         ) as pubsub:
-            worker = Worker(conn, pubsub, keys, timing, worker_id, max_payload, stop_grace)
+            worker = Worker(
+                conn, pubsub, keys, timing, worker_id, max_payload, stop_grace, rejoin_grace
+            )
             worker.min_replicas = worker.client.min_replicas = replicas
             worker._lease.min_replicas = replicas
             reaper = worker._reaper

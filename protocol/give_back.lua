@@ -2,7 +2,11 @@
 -- (mode "return": to the front of the queue at once) or as failed (mode
 -- "fail": a one-shot task counts a failed attempt and is retried after a
 -- backoff, or goes to the dead-letter list at its attempt limit; a persistent
--- task is retried after a backoff, without limit).
+-- task is retried after a backoff, without limit), or kept for W (mode
+-- "keep", a sticky restart: each persistent task waits reserved for W in
+-- KEYS[11] for ARGV[3] ms, and W, back under the same id in that time,
+-- claims it first; after that it goes to the head of the queue for anyone;
+-- a one-shot task goes to the front as with "return").
 --
 -- KEYS[1] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
@@ -20,8 +24,9 @@
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
 -- ARGV[1] worker id W
--- ARGV[2] mode: "return" or "fail"
--- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped)
+-- ARGV[2] mode: "return", "fail" or "keep"
+-- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
+--         "keep": how long the tasks stay reserved for W, in ms
 -- ARGV[4] backoff cap in ms; a persistent task that ran longer than this
 --         before failing starts its backoff again from the base
 -- ARGV[5] prefix of wake channels ({ns}:wake:)
@@ -37,8 +42,8 @@
 --!include lib.lua
 
 local mode = ARGV[2]
-if mode ~= 'return' and mode ~= 'fail' then
-  return redis.error_reply('BAD_ARG mode must be "return" or "fail"')
+if mode ~= 'return' and mode ~= 'fail' and mode ~= 'keep' then
+  return redis.error_reply('BAD_ARG mode must be "return", "fail" or "keep"')
 end
 local base, err = count_arg(ARGV[3], 'backoff base')
 if err then return err end
@@ -61,7 +66,11 @@ for i = 7, #ARGV do
       if r.persistent then pers[#pers + 1] = r.payload end
       local to = moving and redis.call('HGET', KEYS[10], id)
       if to then redis.call('HDEL', KEYS[10], id) end
-      if mode == 'return' and to and r.persistent then
+      if mode == 'keep' and r.persistent and not to then
+        -- a sticky restart: reserved for W itself for ARGV[3] ms
+        redis.call('HSET', KEYS[11], r.payload, ARGV[1] .. ':' .. int(now + base))
+        outcome = 1
+      elseif mode ~= 'fail' and to and r.persistent then
         -- moved for balance: reserved for its receiver (who may have died:
         -- the reservation runs out, and the task goes to the front then)
         local w, at = parse_entry(to)
@@ -72,7 +81,7 @@ for i = 7, #ARGV do
           front[#front + 1] = {tonumber(id), r.payload}
         end
         outcome = 1
-      elseif mode == 'return' then
+      elseif mode ~= 'fail' then
         front[#front + 1] = {tonumber(id), r.payload}
         outcome = 1
       else

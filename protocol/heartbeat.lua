@@ -57,7 +57,9 @@ for i = 4, #KEYS, 9 do
   local p, sv = fair_share(KEYS[i + 4], KEYS[i + 5], KEYS[i + 6])
   pers[#pers + 1], servers[#servers + 1] = p, sv
   local mine = {}
-  if redis.call('EXISTS', KEYS[i + 7]) == 1 then
+  -- one call in the usual case: nothing is moving or reserved
+  local balancing = redis.call('EXISTS', KEYS[i + 7], KEYS[i + 8]) > 0
+  if balancing and redis.call('EXISTS', KEYS[i + 7]) == 1 then
     local all = redis.call('HGETALL', KEYS[i + 7])
     for j = 1, #all, 2 do
       if redis.call('SISMEMBER', KEYS[i + 2], all[j]) == 1 then mine[#mine + 1] = all[j] end
@@ -65,7 +67,7 @@ for i = 4, #KEYS, 9 do
   end
   release[#release + 1] = mine
   local reserved = false
-  if redis.call('EXISTS', KEYS[i + 8]) == 1 then
+  if balancing and redis.call('EXISTS', KEYS[i + 8]) == 1 then
     local all = redis.call('HGETALL', KEYS[i + 8])
     for j = 2, #all, 2 do
       local w, at = parse_entry(all[j])

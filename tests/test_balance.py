@@ -172,3 +172,54 @@ def test_the_pull_decision() -> None:
     assert pull_count(5, 31, 6, False, policy) == 0  # within one: hysteresis
     assert pull_count(0, 30, 6, True, policy) == 0  # tasks ready: claims spread them
     assert pull_count(0, 0, 6, False, policy) == 0
+
+
+async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
+    redis_url: str, namespace: str
+) -> None:
+    """With worker_id and rejoin_grace, leaving keeps the worker's persistent
+    tasks reserved for it: back within the grace, it gets them again (new
+    processes, higher tokens), and the peer that stayed gets none of them;
+    past the grace they go to the peer."""
+    owners = Owners()
+    kw = {"namespace": namespace, "ttl": TTL}
+    devices = [f"d{i}" for i in range(4)]
+    async with (
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        mesh.open_worker(redis_url, **kw) as peer,  # type: ignore[arg-type]
+    ):
+        await peer.start_work("devices", owners.handler, rebalance=False)
+        await client.ensure_many("devices", devices)
+        await wait_for(lambda: _true(len(owners.running) == 4), what="the peer runs all")
+        # a sticky worker takes over half by a rebalance, then restarts
+        async with mesh.open_worker(
+            redis_url,
+            worker_id="sticky-1",
+            rejoin_grace=5.0,
+            **kw,  # type: ignore[arg-type]
+        ) as w:
+            await w.start_work("devices", owners.handler)
+            await wait_for(lambda: _true(owners.counts([w]) == [2]), what="its share")
+        before = {p.task: p.token for p, _ in owners.starts if p.worker_id == "sticky-1"}
+        assert len(before) == 2
+        await trio.sleep(TTL * 2)  # the peer heartbeats, and may not take them
+        assert owners.counts([peer]) == [2] and len(owners.running) == 2
+        shares = {i.id: i.shares for i in await client.workers()}
+        assert shares[peer.id] == (mesh.QueueShare("devices", 2, 4, 4, 0, 0),)
+        async with mesh.open_worker(
+            redis_url,
+            worker_id="sticky-1",
+            rejoin_grace=0.3,
+            **kw,  # type: ignore[arg-type]
+        ) as w:
+            await w.start_work("devices", owners.handler)
+            await wait_for(lambda: _true(owners.counts([w]) == [2]), what="its tasks back")
+            again = {p.task: p.token for p, _ in owners.starts if p.worker_id == "sticky-1"}
+            assert again.keys() == before.keys()
+            assert all(again[t] > before[t] for t in before)  # new processes, new tokens
+        # this time it does not come back: after 0.3 s the peer takes them
+        await wait_for(lambda: _true(owners.counts([peer]) == [4]), within=5, what="released")
+
+
+async def _true(v: bool) -> bool:
+    return v

@@ -140,6 +140,8 @@ async def test_help_in_a_subprocess() -> None:
         ["worker", "mesh.cli.demo_app:queues", "--queue-concurrency", "jobs=0"],
         ["worker", "mesh.cli.demo_app:nothing"],
         ["worker", "mesh.cli.demo_app:job"],
+        ["worker", "mesh.cli.demo_app:queues", "--rejoin-grace", "5"],
+        ["worker", "mesh.cli.demo_app:queues", "--stop-grace", "-1"],
         ["demo", "--peers", "1"],
         ["reconcile", "q"],  # an empty desired set, without --allow-empty
         ["reconcile", "q", "--file", "/no/such/file"],

@@ -152,3 +152,12 @@ async def test_stop_grace_is_checked() -> None:
 
 async def _true(v: bool) -> bool:
     return v
+
+
+async def test_rejoin_grace_needs_a_worker_id() -> None:
+    with pytest.raises(mesh.ConfigError, match="rejoin_grace needs a stable worker_id"):
+        async with mesh.open_worker("redis://127.0.0.1:1", rejoin_grace=5):
+            pass
+    with pytest.raises(mesh.ConfigError, match="rejoin_grace must be"):
+        async with mesh.open_worker("redis://127.0.0.1:1", worker_id="a", rejoin_grace=-1):
+            pass

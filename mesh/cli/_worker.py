@@ -112,6 +112,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--worker-id", metavar="ID", help="worker id (default: <host>-<pid>-<random>)")
     p.add_argument(
+        "--rejoin-grace",
+        type=_grace_arg,
+        default=0.0,
+        metavar="S",
+        help="a sticky restart: on SIGINT/SIGTERM keep this worker's persistent tasks for "
+        "--worker-id for S seconds; restarted with the same id within them, it gets them "
+        "back (default 0: off; needs --worker-id)",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -277,6 +286,8 @@ def _worker(args: argparse.Namespace) -> int:
             check_worker_id(args.worker_id)
     except mesh.ConfigError as exc:
         raise UsageError(str(exc)) from None
+    if args.rejoin_grace > 0 and args.worker_id is None:
+        raise UsageError("--rejoin-grace needs --worker-id: the id the worker rejoins as")
     if args.max_attempts < 0:
         raise UsageError("--max-attempts must be 0 (no limit) or more")
     if not 0 <= args.backoff <= args.backoff_max:
@@ -419,6 +430,7 @@ async def _serve(
                     ttl=args.ttl,
                     worker_id=args.worker_id,
                     stop_grace=args.stop_grace,
+                    rejoin_grace=args.rejoin_grace,
                 ) as worker,
                 _metrics.serve_worker_metrics(worker, args),
             ):

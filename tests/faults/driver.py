@@ -220,6 +220,7 @@ async def serve(
                     concurrency=args.concurrency,
                     max_attempts=args.max_attempts,
                     backoff=args.backoff,
+                    rebalance=not args.no_rebalance,
                 )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_id)
@@ -278,6 +279,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fence-after", type=float, default=None)
     ap.add_argument("--worker-id", default=None)
     ap.add_argument("--stop-grace", type=float, default=10.0)
+    ap.add_argument(
+        "--no-rebalance",
+        action="store_true",
+        help="never ask peers for tasks (for tests about failover, where a peer that "
+        "joins must not take tasks over before the fault)",
+    )
     ap.add_argument("--persistent", default="devices")
     ap.add_argument("--oneshot", default="jobs")
     ap.add_argument("--manual", default="")

@@ -23,7 +23,7 @@ async def test_a_paused_owner_is_replaced_and_cannot_act_when_it_wakes(h: Harnes
     await h.client.enqueue("manual", b"!hold=2.5;m")
     await wait_until(lambda: h.runs(a, devices), 5, "A runs the devices")
     await h.wait_event(lambda e: e.action == "claimed" and e.tag == a.tag, 5, "A claims m")
-    (b,) = await h.start(1, "--manual", "manual")
+    (b,) = await h.start(1, "--manual", "manual", "--no-rebalance")
     a_id = await h.worker_id(a)
     ev = await h.events()
     a_tokens = {e.task: e.token for e in ev if e.action == "start" and e.tag == a.tag}
