@@ -91,7 +91,6 @@ class Generation:
         self.draining: dict[str, QueueRunner] = {}
         self.nursery: trio.Nursery | None = None
         self.fence_reason: str | None = None
-        self.beat = trio.Event()
         # Cancels of process ids no runner knew yet (a claim reply still on
         # its way): id -> when it came. A runner that then claims the id does
         # not start it. Pruned after the TTL.
@@ -387,7 +386,5 @@ class Lease:
                     runner.on_heartbeat(beat)
             if reply.next_deadline_ms <= 0:
                 self._reaper.deadline_passed(-reply.next_deadline_ms / 1000)
-            gen.beat.set()
-            gen.beat = trio.Event()
             await trio.sleep_until(sent + t.interval * (1 - spread * random.random()))
             spread = 0.05

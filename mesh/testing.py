@@ -17,6 +17,7 @@ asked, and is killed when the context is left.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -25,14 +26,18 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar, overload
 
 import attrs
+import trio
 
 from ._errors import ConfigError
 
-__all__ = ["RedisServer", "find_redis_server", "free_port", "run_redis_server"]
+__all__ = ["RedisServer", "find_redis_server", "free_port", "run_redis_server", "wait_until"]
+
+T = TypeVar("T")
 
 
 def find_redis_server() -> str:
@@ -215,3 +220,42 @@ def run_redis_server(args: Sequence[str] = (), binary: str | None = None) -> Ite
             yield server
         finally:
             server.stop()
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], Awaitable[T | None]],
+    within: float = ...,
+    what: str = ...,
+    every: float = ...,
+) -> T: ...
+@overload
+async def wait_until(
+    predicate: Callable[[], T | None], within: float = ..., what: str = ..., every: float = ...
+) -> T: ...
+async def wait_until(
+    predicate: Callable[[], Any],
+    within: float = 5.0,
+    what: str = "",
+    every: float = 0.005,
+) -> Any:
+    """Poll ``predicate`` (a plain or an async function) every ``every``
+    seconds until it returns something true, and return that. For state that
+    no event announces (what Redis holds, another process's progress): a
+    poll with a deadline, never a sleep that hopes.
+
+    Raises:
+        trio.TooSlowError: still false after ``within`` seconds; the message
+            names ``what`` (or the predicate).
+
+    On cancellation, stops polling; the predicate is not called again.
+    """
+    with trio.move_on_after(within):
+        while True:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await trio.sleep(every)
+    raise trio.TooSlowError(f"timed out after {within:g} s waiting for {what or predicate}")

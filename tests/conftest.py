@@ -8,10 +8,11 @@ Redis use ``own_redis``, a server of their own.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from mesh._connection import Connection, open_connection
 from mesh.testing import RedisServer, run_redis_server
 
 
@@ -35,3 +36,10 @@ def own_redis() -> Iterator[RedisServer]:
 @pytest.fixture
 def namespace() -> str:
     return "t" + secrets.token_hex(4)
+
+
+@pytest.fixture
+async def conn(redis_url: str) -> AsyncIterator[Connection]:
+    """A raw connection to the shared server, named ``test-conn``."""
+    async with open_connection(redis_url, name="test-conn") as c:
+        yield c

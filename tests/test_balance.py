@@ -16,8 +16,7 @@ import mesh
 from mesh import Process
 from mesh._balance import BalancePolicy, fair_bounds, pull_count
 from mesh.cli._status import share_text
-
-from .test_worker import wait_for
+from mesh.testing import wait_until
 
 TTL = 0.6  # H = 0.2 s: a few heartbeats per second
 
@@ -91,7 +90,7 @@ async def settle(m: Mesh, total: int, within: float = 15.0) -> None:
     async def ok() -> bool:
         return balanced(m.counts(), total)
 
-    await wait_for(ok, within=within, what=f"a balanced mesh (now {m.counts()})")
+    await wait_until(ok, within=within, what=f"a balanced mesh (now {m.counts()})")
 
 
 async def test_peers_that_join_take_exactly_the_surplus(redis_url: str, namespace: str) -> None:
@@ -190,7 +189,7 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
     ):
         await peer.start_work("devices", owners.handler, rebalance=False)
         await client.ensure_many("devices", devices)
-        await wait_for(lambda: _true(len(owners.running) == 4), what="the peer runs all")
+        await wait_until(lambda: _true(len(owners.running) == 4), what="the peer runs all")
         # a sticky worker takes over half by a rebalance, then restarts
         async with mesh.open_worker(
             redis_url,
@@ -199,7 +198,7 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
             **kw,  # type: ignore[arg-type]
         ) as w:
             await w.start_work("devices", owners.handler)
-            await wait_for(lambda: _true(owners.counts([w]) == [2]), what="its share")
+            await wait_until(lambda: _true(owners.counts([w]) == [2]), what="its share")
         before = {p.task: p.token for p, _ in owners.starts if p.worker_id == "sticky-1"}
         assert len(before) == 2
         await trio.sleep(TTL * 2)  # the peer heartbeats, and may not take them
@@ -213,12 +212,12 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
             **kw,  # type: ignore[arg-type]
         ) as w:
             await w.start_work("devices", owners.handler)
-            await wait_for(lambda: _true(owners.counts([w]) == [2]), what="its tasks back")
+            await wait_until(lambda: _true(owners.counts([w]) == [2]), what="its tasks back")
             again = {p.task: p.token for p, _ in owners.starts if p.worker_id == "sticky-1"}
             assert again.keys() == before.keys()
             assert all(again[t] > before[t] for t in before)  # new processes, new tokens
         # this time it does not come back: after 0.3 s the peer takes them
-        await wait_for(lambda: _true(owners.counts([peer]) == [4]), within=5, what="released")
+        await wait_until(lambda: _true(owners.counts([peer]) == [4]), within=5, what="released")
 
 
 async def _true(v: bool) -> bool:

@@ -23,9 +23,7 @@ import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._connection import open_connection
 from mesh.cli import build_parser
-from mesh.testing import RedisServer
-
-from .test_worker import wait_for
+from mesh.testing import RedisServer, wait_until
 
 UNREACHABLE = "redis://127.0.0.1:1"
 PASSWORD = "pw-0f9a1c77e2"
@@ -326,7 +324,7 @@ async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: li
         async def both_running() -> bool:
             return len(await client.processes("devices")) == 2
 
-        await wait_for(both_running, what="both devices to run")
+        await wait_until(both_running, what="both devices to run")
 
         r = await mesh_cli("status", "--json", "--processes", *ns_args)
         assert r.returncode == 0, text(r)
@@ -500,7 +498,7 @@ async def test_worker_hands_everything_back_on_a_signal(
                 ps = await client.processes("devices")
                 return len(ps) == 2 and await client.queue_length("jobs") == 0
 
-            await wait_for(busy, within=20, what="the worker to hold 2 devices, run the jobs")
+            await wait_until(busy, within=20, what="the worker to hold 2 devices, run the jobs")
             [w] = await client.workers()
             assert w.id == "w-cli" and w.alive and w.pid == proc.pid
             assert w.queues == ("devices", "jobs")
@@ -567,7 +565,7 @@ async def test_worker_stop_waits_for_cleanups_says_what_it_waits_for_and_ends_at
             async def busy() -> bool:
                 return len(await client.processes("devices")) == 2
 
-            await wait_for(busy, within=20, what="the worker to hold both devices")
+            await wait_until(busy, within=20, what="the worker to hold both devices")
             proc.send_signal(signal.SIGTERM)
             await trio.sleep(0.8)
             proc.send_signal(signal.SIGINT)
@@ -668,7 +666,7 @@ async def test_worker_logs_json_for_log_shippers(
             async def joined() -> bool:
                 return bool(await client.workers())
 
-            await wait_for(joined, within=20, what="the worker to join")
+            await wait_until(joined, within=20, what="the worker to join")
             await client.enqueue("jobs", "j1")
             assert proc.stderr is not None
             log = b""
@@ -890,7 +888,7 @@ async def test_readme_embedding_example_runs(redis_url: str, namespace: str) -> 
         async def held() -> bool:
             return len(await client.processes("devices")) == 3
 
-        await wait_for(held, what="the README's worker to hold its 3 devices")
+        await wait_until(held, what="the README's worker to hold its 3 devices")
         ps = await client.processes("devices")
         assert sorted(p.task for p in ps) == [b"pump-1", b"pump-2", b"valve-7"]
         assert len({p.token for p in ps}) == 3

@@ -8,7 +8,7 @@ import random
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ import trio
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
 from mesh._url import parse_url
-from mesh.testing import RedisServer, free_port, run_redis_server
+from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 
 SECRET = "hunter2-Secret"
 
@@ -30,21 +30,6 @@ repeat
 until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1])
 return 1
 """
-
-
-async def wait_until(predicate: object, within: float = 5.0) -> None:
-    """Poll ``predicate()`` until true, failing after ``within`` seconds (for states
-    such as ``statistics().in_flight`` that have no event to wait on)."""
-    assert callable(predicate)
-    with trio.fail_after(within):
-        while not predicate():  # noqa: ASYNC110 - a poll with a deadline, nothing to wait on
-            await trio.sleep(0.002)
-
-
-@pytest.fixture
-async def conn(redis_url: str) -> AsyncIterator[Connection]:
-    async with open_connection(redis_url, name="test-conn") as c:
-        yield c
 
 
 # ------------------------------------------------------------------ bytes and types
@@ -265,7 +250,7 @@ async def test_random_cancellation_under_load(conn: Connection) -> None:
 
 
 async def test_client_name(conn: Connection) -> None:
-    assert await conn.execute("CLIENT", "GETNAME") == b"test-conn"
+    assert await conn.execute("CLIENT", "GETNAME") == b"test-conn"  # conftest names it
 
 
 async def test_select_db(redis_url: str, namespace: str) -> None:
@@ -611,10 +596,11 @@ def test_pack_matches_redis_py(args: tuple[object, ...]) -> None:
 
     from mesh._connection import _pack
 
-    encoder = Encoder(encoding="utf-8", encoding_errors="strict", decode_responses=False)
+    # redis-py's sans-IO classes carry no annotations
+    encoder = Encoder(encoding="utf-8", encoding_errors="strict", decode_responses=False)  # type: ignore[no-untyped-call]
     reference = PythonRespSerializer(buffer_cutoff=6000, encode=encoder.encode)
     try:
-        expected = b"".join(bytes(x) for x in reference.pack(*args))
+        expected = b"".join(bytes(x) for x in reference.pack(*args))  # type: ignore[no-untyped-call]
     except Exception:  # redis-py refuses it (a bytearray): so do we
         assert any(isinstance(a, bytearray) for a in args)
         with pytest.raises(ConfigError):
@@ -637,3 +623,21 @@ async def test_reply_timeout_spares_a_busy_connection(own_redis: RedisServer) ->
         await trio.sleep(0.3)  # then idle longer than the timeout
         assert await conn.execute("PING") == b"PONG"
         assert conn.statistics().reconnects == 0
+
+
+async def test_a_cancelled_connection_block_can_still_talk_in_shielded_cleanup(
+    redis_url: str, namespace: str
+) -> None:
+    key = f"{namespace}-k"
+    with trio.CancelScope() as outer:
+        async with open_connection(redis_url) as conn:
+            try:
+                outer.cancel()
+                await trio.sleep_forever()
+            finally:
+                with trio.move_on_after(2) as cs:
+                    cs.shield = True
+                    await conn.execute("SET", key, "cleaned up")
+    assert outer.cancelled_caught
+    async with open_connection(redis_url) as conn:
+        assert await conn.execute("GET", key) == b"cleaned up"

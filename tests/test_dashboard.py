@@ -290,3 +290,11 @@ async def test_mesh_dashboard_command_serves_and_stops(redis_url: str, namespace
         if proc.returncode is None:
             proc.kill()
         await proc.wait()
+
+
+async def test_a_port_in_use_is_a_config_error(redis_url: str, namespace: str) -> None:
+    async with dashboard(redis_url, namespace) as (client, url):
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        with pytest.raises(mesh.ConfigError, match="cannot serve the dashboard"):
+            async with serve_dashboard(client, port=port):
+                pass  # pragma: no cover

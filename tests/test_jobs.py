@@ -5,28 +5,22 @@ policy, timeouts and results."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
 
 import mesh
 from mesh import ConfigError, ConflictError, Process
-from mesh._connection import Connection, open_connection
+from mesh._connection import Connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._scripts import Binding
+from mesh.testing import wait_until
 
 from .protocol_helpers import join, snapshot
-from .test_worker import client_and_workers, wait_for
+from .test_worker import client_and_workers
 
 Q = "jobs"
-
-
-@pytest.fixture
-async def conn(redis_url: str) -> AsyncIterator[Connection]:
-    async with open_connection(redis_url) as c:
-        yield c
 
 
 @pytest.fixture
@@ -106,7 +100,8 @@ async def test_delay_refuses_persistent_payloads_and_bad_arguments(
     assert await conn.execute("EXISTS", keys.delayed(Q)) == 0  # nothing added
     script = b.scripts["delay"]
     ks = [keys.delayed(Q), keys.queues, keys.persistent(Q), keys.standby(Q), keys.idle(Q)]
-    for mode, ms in [("soon", 1), ("in", -1), ("at", "x")]:
+    cases: list[tuple[str, int | str]] = [("soon", 1), ("in", -1), ("at", "x")]
+    for mode, ms in cases:
         with pytest.raises(CommandError) as ei:
             await conn.execute("EVAL", script.source, 5, *ks, Q, "p:", mode, ms, b"x")
         assert ei.value.code == "BAD_ARG"
@@ -205,7 +200,7 @@ async def test_a_delayed_task_runs_when_due_without_waiting_for_a_heartbeat(
         async def all_ran() -> bool:
             return len(started) == 4
 
-        await wait_for(all_ran, within=5, what="the delayed tasks ran")
+        await wait_until(all_ran, within=5, what="the delayed tasks ran")
         by = {p.task: p for p in started}
         assert by[b"now"].started < t0 + 0.4
         assert t0 + 0.4 <= by[b"first"].started
@@ -237,7 +232,7 @@ async def test_a_task_due_while_a_worker_is_sigkilled_runs_once_on_a_live_peer(
                     "d2",
                 }
 
-            await wait_for(ran, within=TTL * 5, what="the due tasks ran on the live peer")
+            await wait_until(ran, within=TTL * 5, what="the due tasks ran on the live peer")
             starts = [e for e in await peers.events(client) if e.event == "start"]
             assert sorted(e.task for e in starts) == ["d1", "d2"]  # each exactly once
             assert all(e.at >= t0 + 0.5 - 0.05 for e in starts)  # not before due (wall clock)

@@ -264,3 +264,11 @@ async def test_metrics_options_are_checked() -> None:
     assert r.returncode == 2 and b"0 to 65535" in r.stderr
     r = await mesh_cli("worker", "x:y", "--metrics-port", "-1")
     assert r.returncode == 2 and b"0 to 65535" in r.stderr
+
+
+async def test_a_metrics_port_in_use_is_a_config_error() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    async with serve_metrics(registry, port=0) as (_, port):
+        with pytest.raises(mesh.ConfigError, match="cannot serve metrics"):
+            async with serve_metrics(registry, port=port):
+                pass  # pragma: no cover

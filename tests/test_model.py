@@ -51,7 +51,7 @@ MAX_ATTEMPTS = 2
 
 
 class SyncExecutor:
-    def __init__(self, r: redis.Redis) -> None:
+    def __init__(self, r: Any) -> None:
         self.r = r
 
     async def execute(self, *args: Any) -> Any:
@@ -80,7 +80,9 @@ class MeshModel(RuleBasedStateMachine):
     def setup(self) -> None:
         MeshModel.counter += 1
         self.keys = Keys(f"model{MeshModel.counter}")
-        self.r = redis.Redis(port=self.server.port)
+        # Any: redis-py types replies as bytes | str (it cannot know that
+        # decode_responses is off); they are bytes here
+        self.r: Any = redis.Redis(port=self.server.port)
         self.x = SyncExecutor(self.r)
         self.b = Binding(self.keys)
         self.n = 0
@@ -132,11 +134,8 @@ class MeshModel(RuleBasedStateMachine):
     @rule(q=st.sampled_from(QUEUES), data=st.data())
     def ensure(self, q: str, data: st.DataObject) -> None:
         existing = sorted(self.persistent[q])
-        p = (
-            data.draw(st.sampled_from(existing))
-            if existing and data.draw(st.booleans())
-            else self.fresh()
-        )
+        again = data.draw(st.booleans())
+        p = data.draw(st.sampled_from(existing)) if existing and again else self.fresh()
         (added,) = run(self.b.ensure(self.x, q, [p]))
         assert added == (p not in self.persistent[q])
         self.persistent[q].add(p)
@@ -319,7 +318,8 @@ class MeshModel(RuleBasedStateMachine):
             self.expire(data)
         pool = sorted(self.dead)
         ws = data.draw(st.lists(st.sampled_from(pool), min_size=2, max_size=4, unique=True))
-        if self.workers and data.draw(st.booleans()):
+        with_a_live_one = data.draw(st.booleans())
+        if self.workers and with_a_live_one:
             ws.append(data.draw(st.sampled_from(sorted(self.workers))))
         dead = [w for w in ws if w not in self.workers]
         kept = sorted((set(self.workers) | self.dead) - set(dead))

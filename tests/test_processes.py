@@ -16,8 +16,7 @@ import pytest
 import trio
 
 import mesh
-
-from .test_worker import wait_for
+from mesh.testing import wait_until
 
 DRIVER = str(Path(__file__).with_name("worker_proc.py"))
 TTL = 1.0
@@ -78,7 +77,7 @@ async def wait_ready(client: mesh.Client, peers: Peers, n: int) -> None:
     async def ready() -> bool:
         return sum(e.event == "ready" for e in await peers.events(client)) >= n
 
-    await wait_for(ready, within=15, what=f"{n} workers ready")
+    await wait_until(ready, within=15, what=f"{n} workers ready")
 
 
 async def test_sigkilled_workers_tasks_move_to_a_live_peer(peers: Peers, namespace: str) -> None:
@@ -91,7 +90,7 @@ async def test_sigkilled_workers_tasks_move_to_a_live_peer(peers: Peers, namespa
         async def a_runs_all() -> bool:
             return len(await client.processes()) == 5
 
-        await wait_for(a_runs_all)
+        await wait_until(a_runs_all)
         before = {p.task: p for p in await client.processes()}
         (a_id,) = {p.worker_id for p in before.values()}
         peers.start()
@@ -103,7 +102,7 @@ async def test_sigkilled_workers_tasks_move_to_a_live_peer(peers: Peers, namespa
             ps = await client.processes()
             return len(ps) == 5 and all(p.worker_id != a_id for p in ps)
 
-        await wait_for(peer_runs_all, within=TTL * 5, what="takeover")
+        await wait_until(peer_runs_all, within=TTL * 5, what="takeover")
         took = trio.current_time() - t0
         after = {p.task: p for p in await client.processes()}
         assert sorted(after) == sorted(before)  # nothing lost, nothing doubled
@@ -129,7 +128,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
             ev = await peers.events(client)
             return any(e.event == "claimed" for e in ev) and any(e.event == "act" for e in ev)
 
-        await wait_for(a_holds_both)
+        await wait_until(a_holds_both)
         b = peers.start("--manual", "--hold", "0")
         await wait_ready(client, peers, 2)
         ev = await peers.events(client)
@@ -147,7 +146,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
                 for e in await peers.events(client)
             )
 
-        await wait_for(b_owns_device, within=TTL * 5, what="takeover of the device")
+        await wait_until(b_owns_device, within=TTL * 5, what="takeover of the device")
         took = trio.current_time() - stopped_at
         assert lease_left - 0.02 < took < TTL + 1.0  # not before the lease ran out
 
@@ -157,7 +156,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
                 e.event == "finish=True" and e.worker != a_id for e in await peers.events(client)
             )
 
-        await wait_for(b_finished_job, within=5, what="B finishes the job")
+        await wait_until(b_finished_job, within=5, what="B finishes the job")
         await trio.sleep(max(0.0, 2 * TTL - (trio.current_time() - stopped_at)))
         resumed_at = time.time()  # the driver logs time.time() too
         os.kill(a.pid, signal.SIGCONT)
@@ -168,7 +167,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
                 e.event == "cancelled" and e.worker == a_id for e in ev
             )
 
-        await wait_for(a_reports, within=5 * TTL, what="the stale owner's reports")
+        await wait_until(a_reports, within=5 * TTL, what="the stale owner's reports")
         ev = await peers.events(client)
         new_dev = next(
             e.token for e in ev if e.event == "start" and e.task == "dev" and e.worker != a_id
@@ -187,7 +186,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
             ids = {w.id for w in await client.workers()}
             return a_id not in ids and len(ids) == 2
 
-        await wait_for(a_rejoined, within=5 * TTL, what="A rejoins")
+        await wait_until(a_rejoined, within=5 * TTL, what="A rejoins")
         (p,) = await client.processes("devices")
         assert p.token == new_dev
         assert b.poll() is None and a.poll() is None

@@ -4,7 +4,6 @@ codes, and that running it twice is safe."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,19 +27,13 @@ async def messages_until_end(conn: Connection, pubsub: PubSub, channel: str) -> 
     """The messages ``pubsub`` got on ``channel`` until now: publishes a
     marker and collects up to it (the marker included)."""
     await conn.execute("PUBLISH", channel, "end")
-    got = []
+    got: list[bytes] = []
     with trio.fail_after(5):
         async for msg in pubsub:
             got.append(msg.data)
             if msg.data == b"end":
                 return got
     raise AssertionError("unreachable")
-
-
-@pytest.fixture
-async def conn(redis_url: str) -> AsyncIterator[Connection]:
-    async with open_connection(redis_url) as c:
-        yield c
 
 
 @pytest.fixture
@@ -378,7 +371,7 @@ async def messages_until_end_p(
     conn: Connection, pubsub: PubSub, channel: str
 ) -> list[tuple[bytes, bytes]]:
     await conn.execute("PUBLISH", channel, "end")
-    got = []
+    got: list[tuple[bytes, bytes]] = []
     with trio.fail_after(5):
         async for msg in pubsub:
             if msg.data == b"end" and msg.channel == channel.encode():

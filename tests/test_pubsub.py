@@ -4,7 +4,6 @@ after a killed connection or a restarted server, dead-link detection by PING."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -19,12 +18,6 @@ from mesh.testing import RedisServer
 async def next_message(pubsub: PubSub, within: float = 5.0) -> Message:
     with trio.fail_after(within):
         return await pubsub.__anext__()
-
-
-@pytest.fixture
-async def conn(redis_url: str) -> AsyncIterator[Connection]:
-    async with open_connection(redis_url) as c:
-        yield c
 
 
 async def test_subscribe_and_receive(redis_url: str, conn: Connection, namespace: str) -> None:

@@ -6,6 +6,7 @@ outcomes in hand finished when the runner stops)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,13 +14,14 @@ from typing import Any
 import pytest
 import trio
 
-from mesh import Process, _runner
+import mesh
+from mesh import Process
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._runner import HERD, QueueConfig, QueueRunner
 from mesh._scripts import Binding
 from mesh._stats import QueueCounters
-from mesh.testing import RedisServer
+from mesh.testing import RedisServer, wait_until
 
 from .faults.proxy import Proxy
 from .protocol_helpers import expire_worker, join, snapshot
@@ -100,26 +102,13 @@ class Setup:
 
     async def drained(self) -> bool:
         s = await snapshot(self.conn, self.keys, Q, ["w1"])
-        return s["queue"] == [] and s["procs"] == {} and s["held"]["w1"] == set()
+        return bool(s["queue"] == [] and s["procs"] == {} and s["held"]["w1"] == set())
 
 
 @pytest.fixture
 async def setup(redis_url: str, namespace: str) -> AsyncIterator[Setup]:
     async with open_connection(redis_url) as conn:
         yield Setup(namespace, conn)
-
-
-async def until(pred: Callable[[], Any], within: float = 5.0, what: str = "") -> None:
-    """Poll ``pred`` (sync or async) until true; fail after ``within`` s."""
-    with trio.move_on_after(within):
-        while True:
-            r = pred()
-            if not isinstance(r, bool):
-                r = await r
-            if r:
-                return
-            await trio.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what or pred}")
 
 
 class Ran:
@@ -146,12 +135,12 @@ async def test_a_finish_and_the_next_claim_share_one_write(setup: Setup, redis_u
     await setup.join(b"t1", b"t2", b"t3")
     ran = Ran()
     async with open_connection(redis_url) as conn, setup.running(conn, ran) as runner:
-        await until(lambda: runner._counters.finished == 3)
+        await wait_until(lambda: runner._counters.finished == 3)
 
         async def idle() -> bool:
-            return await setup.conn.execute("SMEMBERS", setup.keys.idle(Q)) == [b"w1"]
+            return bool(await setup.conn.execute("SMEMBERS", setup.keys.idle(Q)) == [b"w1"])
 
-        await until(idle, what="the last claim put the runner in the idle set")
+        await wait_until(idle, what="the last claim put the runner in the idle set")
         await trio.sleep(0.05)  # nothing more is sent
         stats = conn.statistics()
     assert ran.tasks == [b"t1", b"t2", b"t3"]
@@ -171,7 +160,7 @@ async def test_a_slot_freed_by_the_finish_is_claimed_in_the_same_write(
     await setup.b.ensure(setup.conn, Q, [b"d1", b"d2"])
     ran = Ran(b"d1", forever=(b"d2",))
     async with open_connection(redis_url) as conn, setup.running(conn, ran, concurrency=2) as r:
-        await until(lambda: ran.tasks == [b"d1"])
+        await wait_until(lambda: ran.tasks == [b"d1"])
         # d2 is left to the peer (no one else wakes this runner for 30 s)
         assert (await snapshot(setup.conn, setup.keys, Q, []))["queue"] == [b"d2"]
         writes = conn.statistics().writes
@@ -179,7 +168,7 @@ async def test_a_slot_freed_by_the_finish_is_claimed_in_the_same_write(
         ran.release.set()
         # The finish ran first, in the same write: w1 held nothing more
         # when the claim counted its share.
-        await until(lambda: ran.tasks == [b"d1", b"d2"], what="d2 claimed")
+        await wait_until(lambda: ran.tasks == [b"d1", b"d2"], what="d2 claimed")
         assert conn.statistics().writes == writes + 1
         assert r._counters.finished == 1
 
@@ -201,14 +190,14 @@ async def test_a_claim_that_went_through_starts_even_if_its_finish_was_refused(
 
         tap.hook = refuse_the_finish
         async with setup.running(tap, ran) as runner:
-            await until(lambda: ran.tasks == [b"t1", b"t2"], what="t2 started")
+            await wait_until(lambda: ran.tasks == [b"t1", b"t2"], what="t2 started")
             assert len(refused) == 1
             # t1 is reported again, alone (t2 holds the only slot), and finished
-            await until(lambda: runner._counters.finished == 1, what="t1 finished")
+            await wait_until(lambda: runner._counters.finished == 1, what="t1 finished")
             s = await snapshot(setup.conn, setup.keys, Q, ["w1"])
             assert list(s["procs"]) == [pid.encode() for pid in runner.running]  # t2's
             ran.release.set()
-            await until(lambda: runner._counters.finished == 2)
+            await wait_until(lambda: runner._counters.finished == 2)
     assert ran.tasks == [b"t1", b"t2"]
     assert await setup.drained()
 
@@ -231,7 +220,7 @@ async def test_a_finish_that_went_through_is_not_sent_again_if_its_claim_was_ref
         tap.hook = refuse_the_claim
         async with setup.running(tap, ran) as runner:
             # the claim is retried (after a short backoff) and t2 runs
-            await until(lambda: runner._counters.finished == 2)
+            await wait_until(lambda: runner._counters.finished == 2)
     assert len(refused) == 1
     assert ran.tasks == [b"t1", b"t2"]
     finishes = [c for c in tap.sent if c[0] == "EVALSHA" and c[1] == setup.finish_sha()]
@@ -245,7 +234,7 @@ async def test_a_fenced_claim_beside_a_finish_fences_the_runner(
     await setup.join(b"t1", b"t2")
     ran = Ran(b"t1")
     async with open_connection(redis_url) as conn, setup.running(conn, ran) as runner:
-        await until(lambda: ran.tasks == [b"t1"])
+        await wait_until(lambda: ran.tasks == [b"t1"])
         await expire_worker(setup.conn, setup.keys, "w1")
         writes = conn.statistics().writes
         ran.release.set()  # finish t1 + claim t2 (more was queued), one write
@@ -271,7 +260,7 @@ async def test_a_lost_reply_to_a_finish_and_claim_is_rechecked(
             await lost.wait()
         # t2's claim ran with t1's finish and its reply was lost: the runner
         # re-checks what it holds, hands t2 back, and claims it again
-        await until(setup.drained, what="every task finished")
+        await wait_until(setup.drained, what="every task finished")
         assert conn.statistics().reconnects == 1
         assert runner.running == {}
     assert proxy.lost_replies == 1
@@ -301,8 +290,8 @@ async def test_a_nudge_during_a_finish_and_claim_is_kept(setup: Setup, redis_url
         async with setup.running(tap, ran) as runner:
             box.append(runner)
             # nothing else would wake this runner: no heartbeat, no pub/sub
-            await until(lambda: ran.tasks == [b"t1", b"t2", b"t3"], what="t3 taken")
-            await until(lambda: runner._counters.finished == 3)
+            await wait_until(lambda: ran.tasks == [b"t1", b"t2", b"t3"], what="t3 taken")
+            await wait_until(lambda: runner._counters.finished == 3)
     assert await setup.drained()
 
 
@@ -339,7 +328,7 @@ async def test_about_herd_idle_servers_act_on_a_retry_due_time(
     config = QueueConfig(Q, None, 1, 0, 0.01, 0.01)
     r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, QueueCounters(), print)  # type: ignore[arg-type]
     draws = iter([0.5, 0.001])
-    monkeypatch.setattr(_runner.random, "random", lambda: next(draws))
+    monkeypatch.setattr(random, "random", lambda: next(draws))
     r.retry_due(1_000, 5.0, 300)  # 0.5 x 300 >= HERD: leaves it to others
     r.retry_due(1_000, 4.0, 300)  # the same due time: no new draw
     assert r._next_due == float("inf")
@@ -349,3 +338,81 @@ async def test_about_herd_idle_servers_act_on_a_retry_due_time(
     r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, QueueCounters(), print)  # type: ignore[arg-type]
     r.retry_due(3_000, 1.0, HERD)  # few idle servers: every one acts, nothing drawn
     assert r._next_due < float("inf")
+
+
+# --- outcomes in hand when the runner stops (a handler that returned just
+# before its worker left, or stopped serving the queue, has its process
+# reported finished, not handed back: its task used to run a second time)
+
+
+async def test_leaving_reports_what_already_finished(redis_url: str, namespace: str) -> None:
+    send, receive = trio.open_memory_channel[bytes](10)
+
+    async def report(p: mesh.Process) -> None:
+        await send.send(p.task)  # the caller leaves as soon as it sees this
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.start_work("reports", report, concurrency=4)
+        await worker.client.enqueue_many("reports", ["daily", "weekly"])
+        got = {await receive.receive(), await receive.receive()}
+    assert got == {b"daily", b"weekly"}
+    assert worker.statistics().processes_finished == 2
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        info = await client.queue_info("reports")
+    assert (info.queued, info.running, info.delayed) == (0, 0, 0)
+
+
+async def test_stop_work_reports_what_already_finished(redis_url: str, namespace: str) -> None:
+    send, receive = trio.open_memory_channel[bytes](10)
+
+    async def report(p: mesh.Process) -> None:
+        await send.send(p.task)
+
+    async def fail(p: mesh.Process) -> None:
+        await send.send(p.task)
+        raise RuntimeError("this attempt fails")
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        # The runner's own reports hang until stop_work cancels them, so the
+        # outcomes are still unreported when the runners stop.
+        binding = worker._binding
+        real_finish, real_give_back = binding.finish, binding.give_back
+        real_finish_and_claim = binding.finish_and_claim
+        hung: set[str] = set()
+
+        async def finish(*args: Any, **kwargs: Any) -> Any:
+            if "finish" not in hung:
+                hung.add("finish")
+                await trio.sleep_forever()
+            return await real_finish(*args, **kwargs)
+
+        async def finish_and_claim(*args: Any, **kwargs: Any) -> Any:
+            # a report that goes out with the next claim (work was announced)
+            if "finish" not in hung:
+                hung.add("finish")
+                await trio.sleep_forever()
+            return await real_finish_and_claim(*args, **kwargs)
+
+        async def give_back(*args: Any, **kwargs: Any) -> Any:
+            if "give_back" not in hung:
+                hung.add("give_back")
+                await trio.sleep_forever()
+            return await real_give_back(*args, **kwargs)
+
+        binding.finish = finish  # type: ignore[method-assign]
+        binding.finish_and_claim = finish_and_claim  # type: ignore[method-assign]
+        binding.give_back = give_back  # type: ignore[method-assign]
+
+        await worker.start_work("reports", report)
+        await worker.start_work("flaky", fail, backoff=30.0, backoff_max=30.0)
+        await worker.client.enqueue("reports", "daily")
+        await worker.client.enqueue("flaky", "once")
+        assert {await receive.receive(), await receive.receive()} == {b"daily", b"once"}
+        await wait_until(lambda: hung == {"finish", "give_back"}, what="both reports hung")
+        assert await worker.stop_work("reports") == 0
+        assert await worker.stop_work("flaky") == 0
+        reports = await worker.client.queue_info("reports")
+        flaky = await worker.client.queue_info("flaky")
+    assert (reports.queued, reports.running) == (0, 0)
+    # the failed attempt counts: the task waits for its backoff
+    assert (flaky.queued, flaky.running, flaky.delayed) == (0, 0, 1)

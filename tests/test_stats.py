@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import trio
 
 import mesh
@@ -11,18 +9,11 @@ from mesh._connection import open_connection
 from mesh._keys import Keys
 from mesh._scripts import Binding
 from mesh._stats import LATENCY_BOUNDS, _Timing, fence_reason
+from mesh.testing import wait_until
 
 from .protocol_helpers import expire_worker, join
 
 TTL = 0.9
-
-
-async def until(pred: Callable[[], bool], within: float = 5.0, what: str = "") -> None:
-    with trio.move_on_after(within):
-        while not pred():  # noqa: ASYNC110 - a poll with a deadline
-            await trio.sleep(0.005)
-        return
-    raise AssertionError(f"timed out waiting for {what or pred}")
 
 
 def test_histogram_buckets_are_cumulative_with_inf_last() -> None:
@@ -57,8 +48,8 @@ async def test_per_queue_counters_follow_handler_outcomes(redis_url: str, namesp
         assert s0.queues["jobs"].started == 0
         assert s0.heartbeat_seconds is not None
         await w.client.enqueue_many("jobs", ["ok", "fail", "hold"])
-        await until(lambda: w.statistics().processes_finished == 1, what="ok finished")
-        await until(lambda: w.statistics().processes_failed == 1, what="fail reported")
+        await wait_until(lambda: w.statistics().processes_finished == 1, what="ok finished")
+        await wait_until(lambda: w.statistics().processes_failed == 1, what="fail reported")
         s = w.statistics()
         q = s.queues["jobs"]
         assert (q.started, q.finished, q.failed, q.running) == (3, 1, 1, 1)
@@ -67,11 +58,11 @@ async def test_per_queue_counters_follow_handler_outcomes(redis_url: str, namesp
         assert q.claims >= 1 and q.claim_seconds.count == q.claims
         # a cancel of the running task is counted as cancelled
         assert await w.client.cancel("jobs", "hold") == 1
-        await until(lambda: w.statistics().processes_cancelled == 1, what="cancelled")
+        await wait_until(lambda: w.statistics().processes_cancelled == 1, what="cancelled")
         assert w.statistics().queues["jobs"].handler_seconds.count == 3
         # heartbeats are confirmed and timed
         beats = w.statistics().heartbeats
-        await until(lambda: w.statistics().heartbeats > beats, what="a heartbeat")
+        await wait_until(lambda: w.statistics().heartbeats > beats, what="a heartbeat")
         hb = w.statistics().heartbeat_seconds
         assert hb is not None and hb.count == w.statistics().heartbeats
         assert hb.bounds == LATENCY_BOUNDS
@@ -80,13 +71,14 @@ async def test_per_queue_counters_follow_handler_outcomes(redis_url: str, namesp
 
 async def test_fences_are_counted_by_reason(redis_url: str, namespace: str) -> None:
     async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
+
         async def hold(p: mesh.Process) -> None:
             await trio.sleep_forever()
 
         await w.start_work("jobs", hold)
         old = w.id
         await expire_worker(w.client._conn, Keys(namespace), old)
-        await until(lambda: w.statistics().generation == 2, what="rejoined")
+        await wait_until(lambda: w.statistics().generation == 2, what="rejoined")
         s = w.statistics()
         assert s.fenced == 1
         assert s.fences["lease_expired"] == 1
@@ -107,7 +99,7 @@ async def test_takeovers_count_recycled_workers_and_processes(
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
             await expire_worker(conn, keys, "dead")
             w._reaper.wake()
-            await until(lambda: w.statistics().peers_recycled == 1, what="recycled")
+            await wait_until(lambda: w.statistics().peers_recycled == 1, what="recycled")
             s = w.statistics()
             assert s.processes_recycled == 2
             assert s.reap_checks >= 1

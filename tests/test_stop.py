@@ -15,8 +15,7 @@ import trio
 
 import mesh
 from mesh import Process
-
-from .test_worker import wait_for
+from mesh.testing import wait_until
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s; the cleanups below outlast T
 
@@ -65,7 +64,7 @@ async def test_leaving_waits_for_a_slow_cleanup_then_hands_back_without_an_attem
                 a_left.set()
 
             nursery.start_soon(run_a)
-            await wait_for(lambda: _true(len(old.starts) == 2), what="A runs both tasks")
+            await wait_until(lambda: _true(len(old.starts) == 2), what="A runs both tasks")
             async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b:
                 await b.start_work("devices", new.handler)
                 await b.start_work("jobs", new.handler, max_attempts=1)
@@ -76,7 +75,7 @@ async def test_leaving_waits_for_a_slow_cleanup_then_hands_back_without_an_attem
                 assert not new.starts
                 assert {p.worker_id for p in await client.processes()} == {a_id}
                 assert a_id in {w.id for w in await client.workers()}
-                await wait_for(lambda: _true(len(new.starts) == 2), what="B takes both")
+                await wait_until(lambda: _true(len(new.starts) == 2), what="B takes both")
                 await a_left.wait()
                 exits = {p.task: t for p, t in old.exits}
                 for p, started in new.starts:
@@ -99,12 +98,12 @@ async def test_stop_work_waits_for_a_slow_cleanup_before_handing_back(
             mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b,
         ):
             await a.start_work("devices", old.handler)
-            await wait_for(lambda: _true(len(old.starts) == 1), what="A runs d1")
+            await wait_until(lambda: _true(len(old.starts) == 1), what="A runs d1")
             await b.start_work("devices", new.handler)
             assert await a.stop_work("devices") == 1
             (_, exited) = old.exits[0]
             assert trio.current_time() >= exited
-            await wait_for(lambda: _true(len(new.starts) == 1), what="B takes d1")
+            await wait_until(lambda: _true(len(new.starts) == 1), what="B takes d1")
             (p, started) = new.starts[0]
             assert p.worker_id == b.id and started > exited and p.attempts == 0
             # A is still a live worker, and no longer a server of the queue
@@ -129,12 +128,12 @@ async def test_a_handler_that_outlives_the_grace_is_left_to_the_lease(
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL, stop_grace=0.2) as a:
             await a.start_work("jobs", old.handler, max_attempts=3)
             await client.enqueue("jobs", "j1")
-            await wait_for(lambda: _true(len(old.starts) == 1), what="A runs j1")
+            await wait_until(lambda: _true(len(old.starts) == 1), what="A runs j1")
             await b.start_work("jobs", new.handler, max_attempts=3)
             stop_at = trio.current_time()
         (_, exited) = old.exits[0]
         assert exited - stop_at >= TTL * 3  # leaving waited for the handler
-        await wait_for(lambda: _true(len(new.starts) == 1), what="B takes j1")
+        await wait_until(lambda: _true(len(new.starts) == 1), what="B takes j1")
         (p, started) = new.starts[0]
         # not while the lease could be live (renewed at most H = T/3 before
         # the stop began, or during the grace); counted as a crash

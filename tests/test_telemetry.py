@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import mesh
 from mesh import _telemetry
+from mesh.testing import wait_until
 
 EXPORTER = InMemorySpanExporter()
 
@@ -29,12 +30,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
     yield EXPORTER
     provider.shutdown()  # later tests' handler runs export nothing
     EXPORTER.clear()
-
-
-async def until(pred: Callable[[], bool], within: float = 5.0) -> None:
-    with trio.fail_after(within):
-        while not pred():  # noqa: ASYNC110 - a poll with a deadline
-            await trio.sleep(0.005)
 
 
 async def test_a_span_per_handler_run(
@@ -58,9 +53,9 @@ async def test_a_span_per_handler_run(
         def ours() -> list:  # type: ignore[type-arg]
             return [s for s in spans.get_finished_spans() if s.name == "mesh handler jobs"]
 
-        await until(lambda: len(ours()) >= 3)  # ok, bad, bad again
+        await wait_until(lambda: len(ours()) >= 3)  # ok, bad, bad again
         await w.client.cancel("jobs", "hold")
-        await until(lambda: len(ours()) == 4)
+        await wait_until(lambda: len(ours()) == 4)
     by_outcome: dict[str, list] = {}  # type: ignore[type-arg]
     for s in ours():
         by_outcome.setdefault(s.attributes["mesh.outcome"], []).append(s)

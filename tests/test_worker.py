@@ -6,33 +6,25 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import mesh
 import mesh._connection
 from mesh import ClosedError, ConfigError, MeshConnectionError, Process
-from mesh.testing import RedisServer
+from mesh.testing import RedisServer, wait_until
 
 from .protocol_helpers import expire_worker, join
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
-
-async def wait_for(
-    pred: Callable[[], Awaitable[bool]], within: float = 5.0, what: str = ""
-) -> None:
-    """Poll ``pred`` (state in Redis, which no event announces to the test)
-    until it is true; fail after ``within`` seconds."""
-    with trio.move_on_after(within):
-        while not await pred():  # noqa: ASYNC110 - a poll with a deadline
-            await trio.sleep(0.005)
-        return
-    raise AssertionError(f"timed out waiting for {what or pred}")
+# The old name of mesh.testing.wait_until, for tests written before it.
+wait_for = wait_until
 
 
 @asynccontextmanager
@@ -96,7 +88,7 @@ async def test_each_task_runs_once_across_workers(redis_url: str, namespace: str
         async def all_done() -> bool:
             return len(rec.done) >= 500 and not await client.processes("jobs")
 
-        await wait_for(all_done, what="500 tasks")
+        await wait_until(all_done, what="500 tasks")
         assert sorted(p.task for p in rec.done) == sorted(tasks)
         assert len({p.token for p in rec.done}) == 500
         assert await client.queue_length("jobs") == 0
@@ -106,14 +98,20 @@ async def test_each_task_runs_once_across_workers(redis_url: str, namespace: str
 
 async def test_payloads_round_trip_byte_for_byte(redis_url: str, namespace: str) -> None:
     rec = Recorder()
-    payloads = [b"", b"\x00", b"\x00\xff\r\n$3\r\n", bytes(range(256)) * 40, "žluťoučký kůň"]
+    payloads: list[bytes | str] = [
+        b"",
+        b"\x00",
+        b"\x00\xff\r\n$3\r\n",
+        bytes(range(256)) * 40,
+        "žluťoučký kůň",
+    ]
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await client.enqueue_many("bin", payloads)
         assert await client.tasks("bin") == [
             p if isinstance(p, bytes) else p.encode() for p in payloads
         ]
         await w.start_work("bin", rec.quick)
-        await wait_for(lambda: _true(len(rec.done) == len(payloads)))
+        await wait_until(lambda: _true(len(rec.done) == len(payloads)))
     expected = [p if isinstance(p, bytes) else p.encode() for p in payloads]
     assert sorted(p.task for p in rec.done) == sorted(expected)
 
@@ -128,7 +126,7 @@ def stall_heartbeats(w: mesh.Worker) -> list[float]:
         await trio.sleep_forever()
         raise AssertionError
 
-    w._binding.heartbeat = stalled  # type: ignore[method-assign]
+    w._binding.heartbeat = stalled  # type: ignore[method-assign,assignment]
     return sent
 
 
@@ -154,7 +152,7 @@ async def test_persistent_tasks_have_one_owner_and_move_at_once_on_leave(
                 async def four_running() -> bool:
                     return len(await client.processes("devices")) == 4
 
-                await wait_for(four_running)
+                await wait_until(four_running)
                 procs = await client.processes("devices")
                 assert sorted(p.task for p in procs) == sorted(d.encode() for d in devices)
                 assert all(p.persistent for p in procs)
@@ -166,11 +164,11 @@ async def test_persistent_tasks_have_one_owner_and_move_at_once_on_leave(
                     ps = await client.processes("devices")
                     return len(ps) == 4 and all(p.worker_id == w2.id for p in ps)
 
-                await wait_for(w2_owns_all, within=2)
+                await wait_until(w2_owns_all, within=2)
                 handover = trio.current_time() - t0
-            procs = {p.task: p.token for p in await client.processes("devices")}
+            tokens = {p.task: p.token for p in await client.processes("devices")}
             for task, token in owned_by_w1.items():
-                assert procs[task] > token  # fencing tokens only go up
+                assert tokens[task] > token  # fencing tokens only go up
             assert handover < TTL  # well before any lease could have run out
             # exactly one live handler per device at the end
             live = rec.running()
@@ -185,7 +183,7 @@ async def test_leaving_the_worker_block_hands_back_and_publishes(
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w1:
             await w1.start_work("devices", rec.forever)
             await client.ensure("devices", "d")
-            await wait_for(lambda: _true(len(rec.started) == 1))
+            await wait_until(lambda: _true(len(rec.started) == 1))
         # w1 left: its handler was cancelled first, then the task handed back
         assert [p.task for p in rec.cancelled] == [b"d"]
         assert await client.tasks("devices") == [b"d"]
@@ -195,7 +193,7 @@ async def test_leaving_the_worker_block_hands_back_and_publishes(
         async def peer_owns() -> bool:
             return [p.worker_id for p in await client.processes("devices")] == [peer.id]
 
-        await wait_for(peer_owns)
+        await wait_until(peer_owns)
 
 
 async def test_lost_lease_fences_the_worker_and_it_rejoins(redis_url: str, namespace: str) -> None:
@@ -203,7 +201,7 @@ async def test_lost_lease_fences_the_worker_and_it_rejoins(redis_url: str, names
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("devices", rec.forever)
         await client.ensure("devices", "d")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         old_id = w.id
         first = rec.started[0]
         # the lease runs out behind the worker's back (forced)
@@ -213,7 +211,7 @@ async def test_lost_lease_fences_the_worker_and_it_rejoins(redis_url: str, names
             ps = await client.processes("devices")
             return w.id != old_id and len(ps) == 1 and ps[0].worker_id == w.id
 
-        await wait_for(rejoined_and_running, within=5)
+        await wait_until(rejoined_and_running, within=5)
         assert rec.cancelled == [first]  # the stale owner's handler was stopped
         (p,) = await client.processes("devices")
         assert p.token > first.token
@@ -230,12 +228,12 @@ async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("devices", rec.forever)
         await client.ensure("devices", "d")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         # Heartbeats stop getting through (a stalled connection, simulated by
         # a heartbeat call that never returns).
         real = w._binding.heartbeat
         cut_at = stall_heartbeats(w)
-        await wait_for(lambda: _true(bool(rec.cancelled)), within=3)
+        await wait_until(lambda: _true(bool(rec.cancelled)), within=3)
         cancelled_at = trio.current_time()
         # Cancelled at R after the last confirmed heartbeat was sent: that is
         # at most R after the first stalled heartbeat was sent, and before T.
@@ -246,7 +244,7 @@ async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
         async def running_again() -> bool:
             return len(await client.processes("devices")) == 1 and len(rec.started) == 2
 
-        await wait_for(running_again, within=5)
+        await wait_until(running_again, within=5)
         assert rec.started[1].token > rec.started[0].token
 
 
@@ -262,11 +260,11 @@ async def test_cancel_by_payload_stops_processes_on_every_worker(
         async def six_running() -> bool:
             return len(await client.processes("jobs")) == 6
 
-        await wait_for(six_running)
+        await wait_until(six_running)
         assert len({p.worker_id for p in await client.processes("jobs")}) == 3
         await client.enqueue("jobs", b"x")  # one more, queued
         assert await client.cancel("jobs", b"x") == 6
-        await wait_for(lambda: _true(len(rec.cancelled) == 5), within=1)
+        await wait_until(lambda: _true(len(rec.cancelled) == 5), within=1)
         assert {p.task for p in rec.cancelled} == {b"x"}
         assert [p.task for p in await client.processes("jobs")] == [b"y"]
         assert await client.tasks("jobs") == []
@@ -279,12 +277,12 @@ async def test_a_cancel_whose_message_is_lost_lands_within_a_heartbeat(
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("jobs", rec.forever)
         await client.enqueue("jobs", b"x")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         # drop every pub/sub message from now on: only the durable inbox remains
         w._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
         t0 = trio.current_time()
         assert await client.cancel("jobs", b"x") == 1
-        await wait_for(lambda: _true(len(rec.cancelled) == 1), within=3)
+        await wait_until(lambda: _true(len(rec.cancelled) == 1), within=3)
         assert trio.current_time() - t0 < w.timing.interval + 0.2
 
 
@@ -293,10 +291,15 @@ async def test_queued_work_is_taken_without_pub_sub(redis_url: str, namespace: s
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("jobs", rec.quick)
         w._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
-        await trio.sleep(0.05)  # let the runner go idle first
+        key = client._keys.idle("jobs")
+
+        async def idle() -> bool:  # the runner found nothing and waits
+            return bool(await client._conn.execute("SISMEMBER", key, w.id))
+
+        await wait_until(idle, what="the runner to go idle")
         t0 = trio.current_time()
         await client.enqueue("jobs", b"x")
-        await wait_for(lambda: _true(len(rec.done) == 1), within=3)
+        await wait_until(lambda: _true(len(rec.done) == 1), within=3)
         assert trio.current_time() - t0 < w.timing.interval + 0.2
 
 
@@ -307,11 +310,11 @@ async def test_killed_pub_sub_connection_loses_neither_cancel_nor_work(
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("jobs", rec.forever)
         await client.enqueue("jobs", b"a")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         await client._conn.execute("CLIENT", "KILL", "TYPE", "pubsub")
         assert await client.cancel("jobs", b"a") == 1
         await client.enqueue("jobs", b"b")
-        await wait_for(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 2), within=3)
+        await wait_until(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 2), within=3)
         assert rec.started[1].task == b"b"
 
 
@@ -329,7 +332,7 @@ async def test_failing_handler_retries_then_dead_letters(redis_url: str, namespa
         async def dead() -> bool:
             return await client.dead_letters("jobs") == [b"bad"]
 
-        await wait_for(dead, within=5)
+        await wait_until(dead, within=5)
         assert attempts == [0, 1, 2]
         info = await client.queue_info("jobs")
         assert (info.queued, info.delayed, info.running, info.dead) == (0, 0, 0, 1)
@@ -360,7 +363,7 @@ async def test_stop_work_hands_back_that_queue_only(redis_url: str, namespace: s
         await w.start_work("b", rec.forever)
         await client.enqueue("a", b"1")
         await client.enqueue("b", b"2")
-        await wait_for(lambda: _true(len(rec.started) == 2))
+        await wait_until(lambda: _true(len(rec.started) == 2))
         assert await w.stop_work("a") == 1
         assert await client.tasks("a") == [b"1"]
         assert [p.task for p in await client.processes("b")] == [b"2"]
@@ -412,7 +415,7 @@ async def test_queue_names_with_colons_and_slashes_work(redis_url: str, namespac
         for q in ("a:b", "a", "tenant/1:jobs@eu"):
             await w.start_work(q, rec.quick)
             await client.enqueue(q, q)
-        await wait_for(lambda: _true(len(rec.done) == 3))
+        await wait_until(lambda: _true(len(rec.done) == 3))
         assert sorted((p.queue, p.task) for p in rec.done) == [
             ("a", b"a"),
             ("a:b", b"a:b"),
@@ -432,7 +435,7 @@ async def test_bad_payloads_are_refused_and_nothing_is_sent(redis_url: str, name
         with pytest.raises(TypeError, match="bytes or str, not int"):
             await client.enqueue("q", 5)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="not a single payload"):
-            await client.enqueue_many("q", b"abc")
+            await client.enqueue_many("q", b"abc")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="11 bytes; the limit"):
             await client.enqueue_many("q", [b"ok", b"x" * 11])
         assert await client.queue_length("q") == 0
@@ -478,10 +481,10 @@ async def test_reconcile_makes_the_persistent_set_exact(redis_url: str, namespac
         await w.start_work("conns", rec.forever)
         r = await client.reconcile("conns", ["a", "b", "c"])
         assert sorted(r.added) == [b"a", b"b", b"c"] and r.cancelled == ()
-        await wait_for(lambda: _true(len(rec.started) == 3))
+        await wait_until(lambda: _true(len(rec.started) == 3))
         r = await client.reconcile("conns", ["b", "c", "d"])
         assert r.added == (b"d",) and r.cancelled == (b"a",)
-        await wait_for(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 4))
+        await wait_until(lambda: _true(len(rec.cancelled) == 1 and len(rec.started) == 4))
         assert rec.cancelled[0].task == b"a"
         assert sorted(await client.persistent_tasks("conns")) == [b"b", b"c", b"d"]
         r = await client.reconcile("conns", ["b", "c", "d"])
@@ -493,9 +496,9 @@ async def test_delete_queue_cancels_running_and_empties_it(redis_url: str, names
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("q", rec.forever, concurrency=1)
         await client.enqueue_many("q", [b"1", b"2", b"3"])
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         assert await client.delete_queue("q") == 3
-        await wait_for(lambda: _true(len(rec.cancelled) == 1))
+        await wait_until(lambda: _true(len(rec.cancelled) == 1))
         assert await client.queue_info("q") == mesh.QueueInfo("q", 0, 0, 0, 0, 0)
         assert "q" not in await client.queues()
 
@@ -507,12 +510,12 @@ async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(
     async with client_and_workers(own_redis.url, "oom", 1) as (client, (w,)):
         await w.start_work("devices", rec.forever)
         await client.ensure("devices", "d")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         first_id = w.id
         # every write that could grow memory is refused from now on
         await client._conn.execute("CONFIG", "SET", "maxmemory", "1")
         # fenced (handler cancelled, the generation counted), not crashed
-        await wait_for(
+        await wait_until(
             lambda: _true(len(rec.cancelled) == 1 and w.statistics().fenced == 1),
             within=10,  # a deadline for the state, not a speed claim
         )
@@ -522,7 +525,7 @@ async def test_an_out_of_memory_redis_fences_the_worker_and_it_rejoins(
             ps = await client.processes("devices")
             return len(ps) == 1 and ps[0].worker_id == w.id != first_id
 
-        await wait_for(running_again, within=15)
+        await wait_until(running_again, within=15)
         assert rec.started[-1].token > rec.started[0].token
 
 
@@ -536,7 +539,7 @@ async def test_persistent_tasks_spread_over_the_peers(redis_url: str, namespace:
         async def six_running() -> bool:
             return len(await client.processes("devices")) == 6
 
-        await wait_for(six_running)
+        await wait_until(six_running)
         owners = [p.worker_id for p in await client.processes("devices")]
         assert sorted(owners.count(w.id) for w in workers) == [2, 2, 2]
 
@@ -553,7 +556,7 @@ async def test_a_fair_share_never_leaves_a_task_waiting_for_a_full_peer(
         async def all_running() -> bool:
             return len(await client.processes("devices")) == 4
 
-        await wait_for(all_running, within=big.timing.interval * 3 + 1)
+        await wait_until(all_running, within=big.timing.interval * 3 + 1)
         owners = [p.worker_id for p in await client.processes("devices")]
         assert owners.count(small.id) == 1 and owners.count(big.id) == 3
 
@@ -586,7 +589,7 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
             info = await client.queue_info("jobs")
             return len(finished) == 200 and (info.queued, info.running, info.delayed) == (0, 0, 0)
 
-        await wait_for(all_reported, within=10, what="every process reported")
+        await wait_until(all_reported, within=10, what="every process reported")
         assert sorted(finished) == sorted(str(i).encode() for i in range(200))
 
 
@@ -610,7 +613,7 @@ async def test_a_process_that_redis_lost_is_stopped_within_a_heartbeat(
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("devices", rec.forever)
         await client.ensure("devices", "d")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         (p,) = await client.processes("devices")
         # As after a failover that dropped the claim: Redis forgets the
         # process and has the task queued again (and it gets a new owner).
@@ -626,10 +629,10 @@ async def test_a_process_that_redis_lost_is_stopped_within_a_heartbeat(
             ]
         )
         t0 = trio.current_time()
-        await wait_for(lambda: _true(len(rec.cancelled) == 1), within=3)
+        await wait_until(lambda: _true(len(rec.cancelled) == 1), within=3)
         assert trio.current_time() - t0 < w.timing.interval + 0.3
         assert rec.cancelled[0].token == p.token
-        await wait_for(lambda: _true(len(rec.started) == 2))
+        await wait_until(lambda: _true(len(rec.started) == 2))
         assert [x.task for x in rec.running()] == [b"d"]  # one live owner again
         assert rec.running()[0].token > p.token
 
@@ -664,10 +667,10 @@ async def test_check_lease_fails_once_the_fence_deadline_has_passed(
 
         await w.start_work("devices", device)
         await client.ensure("devices", "d")
-        await wait_for(lambda: _true(verdicts == ["ok"]))
+        await wait_until(lambda: _true(verdicts == ["ok"]))
         (p,) = await client.processes("devices")
         stall_heartbeats(w)
-        await wait_for(lambda: _true(len(verdicts) >= 2), within=3)  # it may rejoin at once
+        await wait_until(lambda: _true(len(verdicts) >= 2), within=3)  # it may rejoin at once
         assert verdicts[1].startswith("fenced: ") and "no heartbeat confirmed" in verdicts[1]
         with pytest.raises(mesh.FencedError):
             w.check_lease(p)
@@ -698,7 +701,7 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
         w._binding.run = run  # type: ignore[method-assign]
         t0 = trio.current_time()
         w._gen.runners["jobs"].nudge()
-        await wait_for(lambda: _true(len(rec.done) == 1), within=3)
+        await wait_until(lambda: _true(len(rec.done) == 1), within=3)
         # taken on the nudge, not at the next heartbeat H later
         assert trio.current_time() - t0 < w.timing.interval / 2
 
@@ -727,7 +730,7 @@ async def test_many_deaths_at_once_cost_a_few_batched_recycles_in_the_whole_mesh
         async def all_recycled() -> bool:
             return len(await client.workers()) == 20
 
-        await wait_for(all_recycled, within=10, what="50 dead workers recycled")
+        await wait_until(all_recycled, within=10, what="50 dead workers recycled")
         assert sorted(await client.tasks("jobs")) == sorted(d.encode() for d in dead)
         stats = [p._reaper.statistics() for p in peers]
         assert sum(s.workers_recycled for s in stats) == 50
@@ -763,7 +766,7 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
             async def recycled(v: str = victim) -> bool:
                 return v not in [w.id for w in await client.workers()]
 
-            await wait_for(recycled, within=5, what="the victim recycled")
+            await wait_until(recycled, within=5, what="the victim recycled")
             assert await client.tasks(q) == [b"orphan"]
             took = trio.current_time() - t0 - 0.3  # after the lease ran out
             await trio.sleep(0.3)  # late wakers
@@ -804,7 +807,7 @@ async def test_a_reaper_keeps_its_watch_between_periodic_checks(own_redis: Redis
                 async def passed(c: int = checks) -> bool:
                     return reaper.statistics().checks > c
 
-                await wait_for(passed, within=5, what="a pass")
+                await wait_until(passed, within=5, what="a pass")
                 await trio.sleep(0.002)
                 seen.append(reaper.on_watch)
             nursery.cancel_scope.cancel()
@@ -826,8 +829,9 @@ async def test_peers_started_together_do_not_renew_in_lockstep(own_redis: RedisS
     """The first renewal comes 0.5-1 H after the start, at random: the
     heartbeats of a fleet started at once spread over half an interval (they
     are the reapers' backstop, and a burst of them would wake every reaper)."""
-    async with client_and_workers(own_redis.url, "lockstep", 20, ttl=3.0) as (client, _):
-        await trio.sleep(1.2)  # H = 1 s: everyone renewed once after its start
+    async with client_and_workers(own_redis.url, "lockstep", 20, ttl=3.0) as (client, workers):
+        # everyone renewed once after its start (the first heartbeat goes out at once)
+        await wait_until(lambda: all(w.statistics().heartbeats >= 2 for w in workers))
         r = await client._conn.execute("ZRANGE", client._keys.workers, 0, -1, "WITHSCORES")
     deadlines = [float(r[i + 1]) for i in range(0, len(r), 2)]
     assert len(deadlines) == 20
@@ -857,7 +861,8 @@ async def test_a_reaper_names_its_own_queues_in_its_first_recycle(own_redis: Red
             await b.claim(conn, "dead", inc, "jobs", 1, 0)
             await expire_worker(conn, b.keys, "dead")
             before = await evalsha_calls(conn)
-            assert await Reaper(conn, b, ttl=1.0, queues=lambda h=hint: h).reap_once() == 1
+            reaper = Reaper(conn, b, ttl=1.0, queues=functools.partial(tuple, hint))
+            assert await reaper.reap_once() == 1
             calls.append(await evalsha_calls(conn) - before)
             assert await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1) == [b"t"]
             await conn.execute("DEL", b.keys.queue("jobs"), b.keys.attempts("jobs"))
@@ -885,12 +890,12 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         def sent() -> list[int]:
             return [w._conn.statistics().commands_sent for w in workers]
 
-        await wait_for(lambda: idle_count(4))
+        await wait_until(lambda: idle_count(4))
         before = sent()
         await client.ensure("devices", "a")
-        await wait_for(lambda: _true(len(rec.started) == 1), within=2)
+        await wait_until(lambda: _true(len(rec.started) == 1), within=2)
         # the spare found nothing and is idle again; the owner is full
-        await wait_for(lambda: idle_count(3), within=2)
+        await wait_until(lambda: idle_count(3), within=2)
         await trio.sleep(0.1)
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert sorted(claims) == [0, 0, 1, 1]  # two woken, one claim each
@@ -900,8 +905,8 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         # claim, nothing to take), and the owner is idle again
         before = sent()
         await client.cancel("devices", "a")
-        await wait_for(lambda: _true(len(rec.cancelled) == 1), within=2)
-        await wait_for(lambda: idle_count(4), within=2)
+        await wait_until(lambda: _true(len(rec.cancelled) == 1), within=2)
+        await wait_until(lambda: idle_count(4), within=2)
         await trio.sleep(0.1)
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert claims == [1 if w is owner else 0 for w in workers]
@@ -920,10 +925,10 @@ async def test_a_server_whose_wake_was_lost_is_back_in_the_idle_set_within_a_hea
         async def member() -> bool:
             return bool(await client._conn.execute("SISMEMBER", key, w.id))
 
-        await wait_for(member)
+        await wait_until(member)
         await client._conn.execute("SREM", key, w.id)  # popped by a wake that got lost
         t0 = trio.current_time()
-        await wait_for(member, within=3 * w.timing.interval)
+        await wait_until(member, within=3 * w.timing.interval)
         assert trio.current_time() - t0 <= w.timing.interval + 0.3
 
 
@@ -961,7 +966,7 @@ async def test_a_plain_def_handler_is_refused_before_any_task_runs(
         async def both_ran() -> bool:
             return sorted(ran) == [b"obj:2", b"p:1"]
 
-        await wait_for(both_ran, what="the partial and the object to run")
+        await wait_until(both_ran, what="the partial and the object to run")
         assert await client.queue_length("plain") == 1  # the plain def never ran
 
 
@@ -993,7 +998,7 @@ async def test_a_failed_attempt_is_one_line_with_what_happens_next(
         await client.enqueue("jobs", b"job-1")
 
         # counted once the give-back's reply came: then it is dead-lettered
-        await wait_for(lambda: _true(w.statistics().processes_failed == 2), what="2 failures")
+        await wait_until(lambda: _true(w.statistics().processes_failed == 2), what="2 failures")
         assert (await client.queue_info("jobs")).dead == 1
     failed = [m for m in log_lines(caplog) if "failed" in m]
     assert failed == [
@@ -1015,7 +1020,7 @@ async def test_a_lost_lease_logs_the_fence_the_takeover_and_the_rejoin_once_each
     async with client_and_workers(redis_url, namespace, 2) as (client, (w1, w2)):
         await w1.start_work("devices", rec.forever)
         await client.ensure("devices", "d")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         old_id = w1.id if rec.started[0].worker_id == w1.id else w2.id
         holder = w1 if old_id == w1.id else w2
         await expire_worker(client._conn, client._keys, old_id)
@@ -1023,8 +1028,8 @@ async def test_a_lost_lease_logs_the_fence_the_takeover_and_the_rejoin_once_each
         async def rejoined() -> bool:
             return holder.id != old_id and old_id not in [x.id for x in await client.workers()]
 
-        await wait_for(rejoined, what="the holder to rejoin")
-        await wait_for(lambda: _true(len(rec.started) == 2), what="the device to run again")
+        await wait_until(rejoined, what="the holder to rejoin")
+        await wait_until(lambda: _true(len(rec.started) == 2), what="the device to run again")
         new_id = holder.id
         peer_id = w2.id if holder is w1 else w1.id
         # a worker does not count its own lapsed lease as a takeover
@@ -1053,9 +1058,9 @@ async def test_redis_unreachable_is_said_once_per_outage(
         first_id = w.id
         own_redis.stop()
         # the worker retries all the while, and fences itself at R
-        await wait_for(lambda: _true(w.statistics().fenced == 1), what="the fence")
+        await wait_until(lambda: _true(w.statistics().fenced == 1), what="the fence")
         own_redis.start()
-        await wait_for(lambda: _true(w.id != first_id and w._lease.ready.is_set()), what="rejoin")
+        await wait_until(lambda: _true(w.id != first_id and w._lease.ready.is_set()), what="rejoin")
     lines = log_lines(caplog)
     # (a heartbeat stuck on the dead connection until the fence deadline logs
     # no retry at all: the fence line says it)
@@ -1085,7 +1090,7 @@ async def test_a_worker_does_not_report_recycling_itself(
     async with client_and_workers(redis_url, namespace, 1, ttl=30) as (client, (w,)):
         await w.start_work("devices", rec.forever)
         await client.ensure("devices", "d")
-        await wait_for(lambda: _true(len(rec.started) == 1))
+        await wait_until(lambda: _true(len(rec.started) == 1))
         await expire_worker(client._conn, client._keys, w.id)
         await w._reaper.reap_once()
         assert await client.processes() == []  # recycled all the same
@@ -1093,3 +1098,86 @@ async def test_a_worker_does_not_report_recycling_itself(
     assert not [m for m in log_lines(caplog) if "took over" in m or "recycled" in m]
     own = [r.getMessage() for r in caplog.records if "own lapsed lease" in r.getMessage()]
     assert len(own) == 1
+
+
+# --- a cancel that reaches a worker before the reply of the claim that
+# created the process (its pub/sub message and the heartbeat that carries it
+# from the durable inbox both arrive while the claim reply is on its way) must
+# still stop the process: it used to be acknowledged and forgotten, and the
+# handler then ran a task that Redis no longer knew, forever for a persistent
+# task
+
+
+async def test_a_cancel_that_overtakes_the_claim_reply_is_not_lost(
+    redis_url: str, namespace: str
+) -> None:
+    started: list[bytes] = []
+
+    async def hold(p: mesh.Process) -> None:
+        started.append(p.task)
+        await trio.sleep_forever()
+
+    async with (
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        mesh.open_worker(redis_url, namespace=namespace, ttl=0.6) as worker,
+    ):
+        real_run = worker._binding.run
+        cancels: list[int] = []
+        returned = trio.Event()
+
+        async def run(conn: Any, call: Any) -> Any:
+            reply = await real_run(conn, call)
+            if call.script.name == "claim" and reply.processes and not cancels:
+                cancels.append(await client.cancel("devices", "dev-1"))
+                # The runner's trio task resumes late: heartbeats deliver and
+                # acknowledge the cancel meanwhile (the inbox is empty again).
+                inbox = client._keys.inbox(worker.id)
+
+                async def acknowledged() -> bool:
+                    return int(await client._conn.execute("SCARD", inbox)) == 0
+
+                await wait_until(acknowledged, what="the cancel delivered and acknowledged")
+                returned.set()
+            return reply
+
+        worker._binding.run = run  # type: ignore[method-assign]
+        await worker.start_work("devices", hold)
+        await client.ensure("devices", "dev-1")
+        with trio.fail_after(5):
+            await returned.wait()
+        assert cancels == [1]
+        # the runner took the reply and went back to waiting, without starting it
+        await trio.testing.wait_all_tasks_blocked()
+        assert started == []
+        assert worker.statistics().running == 0
+        assert worker.statistics().processes_cancelled == 1
+        assert await client.processes("devices") == []
+        assert await client.persistent_tasks("devices") == {}
+
+
+async def test_a_worker_cancelled_from_outside_hands_back_at_once(
+    redis_url: str, namespace: str
+) -> None:
+    ttl = 3.0
+
+    async def handler(p: mesh.Process) -> None:
+        await trio.sleep_forever()
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        with trio.CancelScope() as outer:
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=ttl) as w:
+                await w.start_work("devices", handler)
+                await client.ensure("devices", "d1")
+
+                async def running() -> bool:
+                    return len(await client.processes("devices")) == 1
+
+                await wait_until(running)
+                t0 = trio.current_time()
+                outer.cancel()
+                await trio.sleep_forever()
+        took = trio.current_time() - t0
+        info = await client.queue_info("devices")
+        assert (info.queued, info.running) == (1, 0)
+        assert await client.workers() == []
+        assert took < ttl / 3, f"leaving took {took:.3f} s"

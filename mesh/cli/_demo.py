@@ -23,14 +23,14 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 import attrs
 import trio
 
 import mesh
 from mesh._connection import open_connection
-from mesh.testing import find_redis_server, run_redis_server
+from mesh.testing import find_redis_server, run_redis_server, wait_until
 
 from ._common import (
     CliError,
@@ -519,14 +519,16 @@ class Demo:
         """Poll ``pred`` (state in Redis, or events the peers printed) until it
         returns something true; fail after ``within`` seconds, or as soon as a
         peer that should run has exited."""
-        with trio.move_on_after(within):
-            while True:  # a poll with a deadline
-                self.check_peers()
-                r = await pred()
-                if r:
-                    return r  # type: ignore[return-value]
-                await trio.sleep(POLL)
-        raise DemoError(f"timed out after {within:g} s waiting for {what}")
+
+        async def checked() -> Any:
+            self.check_peers()
+            return await pred()
+
+        try:
+            result: T = await wait_until(checked, within, what, every=POLL)
+            return result
+        except trio.TooSlowError as exc:
+            raise DemoError(str(exc)) from None
 
     def check_peers(self) -> None:
         for p in self.peers:

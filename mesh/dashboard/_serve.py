@@ -12,7 +12,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from .._client import Client
-from .._errors import ConfigError
+from .._errors import ConfigError, raise_single
 from ._app import create_app
 from ._state import Poller
 
@@ -69,18 +69,42 @@ async def serve_dashboard(
     async def shutdown_trigger() -> None:
         await stopped.wait()
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(poller.run)
-        try:
-            binds = await nursery.start(
-                partial(serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
-            )
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}"
-            ) from None
-        try:
-            yield binds[0].rstrip("/") + "/"
-        finally:
-            stopped.set()
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(poller.run)
+            try:
+                binds = await nursery.start(
+                    partial(serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+                )
+            except (OSError, BaseExceptionGroup) as exc:
+                # Hypercorn's binding fails inside its own nursery: an OSError
+                # alone or in (nested) groups is a bad address; anything else
+                # propagates as it came.
+                bind_error = _only_os_error(exc)
+                if bind_error is None:
+                    raise
+                raise ConfigError(
+                    f"cannot serve the dashboard on {host}:{port}: "
+                    f"{bind_error.strerror or bind_error}"
+                ) from None
+            try:
+                yield binds[0].rstrip("/") + "/"
+            finally:
+                stopped.set()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as eg:
+        raise_single(eg)
+
+
+def _only_os_error(exc: BaseException) -> OSError | None:
+    """The first OSError of ``exc`` if it holds nothing but OSErrors."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        match, rest = exc.split(OSError)
+        if match is not None and rest is None:
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf if isinstance(leaf, OSError) else None
+    return None

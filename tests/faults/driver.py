@@ -262,7 +262,7 @@ def stall_then_write(args: argparse.Namespace, p: mesh.Process) -> None:
         cmd = sink.report_command(
             args.prefix, p.task, p.token, p.worker_id, "act", tag=args.tag, extra="late"
         )
-        r.execute_command(*cmd)
+        r.execute_command(*cmd)  # type: ignore[no-untyped-call]
     finally:
         r.close()
 

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,26 +18,13 @@ import mesh
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import RedisServer
+from mesh.testing import wait_until as wait_until  # re-exported for the fault tests
 
 from . import checks, sink
 from .proxy import Proxy
 
 DRIVER = str(Path(__file__).with_name("driver.py"))
 T = TypeVar("T")
-
-
-async def wait_until(
-    pred: Callable[[], Awaitable[T]], within: float, what: str, every: float = 0.01
-) -> T:
-    """Poll ``pred`` until it returns something truthy (returned); fail after
-    ``within`` seconds."""
-    with trio.move_on_after(within):
-        while True:
-            v = await pred()
-            if v:
-                return v
-            await trio.sleep(every)
-    raise AssertionError(f"timed out after {within} s waiting for {what}")
 
 
 class Driver:

@@ -216,10 +216,10 @@ def judge(events: list[Event]) -> Verdict:
         firsts = {t: next((e.seq for e in es if e.ok), None) for t, es in by_tok.items()}
         toks = sorted(by_tok)
         for i, t in enumerate(toks):
-            newer = [firsts[u] for u in toks[i + 1 :] if firsts[u] is not None]
+            newer = [s for u in toks[i + 1 :] if (s := firsts[u]) is not None]
             if not newer:
                 continue
-            superseded_at = min(newer)  # type: ignore[type-var]
+            superseded_at = min(newer)
             late = [e for e in by_tok[t] if e.seq > superseded_at]
             v.late_attempts += len(late)
             if len(late) > 1:

@@ -6,6 +6,7 @@ calls after a worker stopped all fail cleanly, changing nothing."""
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -15,9 +16,10 @@ from hypothesis import strategies as st
 
 import mesh
 from mesh import ClosedError, ConfigError, Process
+from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness, wait_until
+from .harness import Harness
 
 MAX = 256 * 1024
 
@@ -160,24 +162,27 @@ async def test_wrong_types_are_refused_before_anything_is_sent(
         mesh.open_client(redis_url, namespace=namespace) as client,
         mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w,
     ):
+        # ill-typed on purpose: through Any, as from untyped code
+        c: Any = client
+        wk: Any = w
         calls: list[tuple[Any, type[BaseException]]] = [
-            (lambda: client.enqueue("q", 5), TypeError),
-            (lambda: client.enqueue("q", None), TypeError),
-            (lambda: client.enqueue_many("q", b"abc"), TypeError),
-            (lambda: client.enqueue_many("q", [b"a", 1.5]), TypeError),
-            (lambda: client.enqueue(5, b"x"), TypeError),
-            (lambda: client.enqueue("bad queue", b"x"), ConfigError),
-            (lambda: client.enqueue("", b"x"), ConfigError),
-            (lambda: client.ensure("q", {"a": 1}), TypeError),
-            (lambda: client.cancel("q", 7), TypeError),
-            (lambda: client.tasks(None), TypeError),
-            (lambda: w.start_work("q", concurrency="2"), ConfigError),
-            (lambda: w.start_work("q", concurrency=0), ConfigError),
-            (lambda: w.start_work("q", max_attempts=-1), ConfigError),
-            (lambda: w.start_work("q", backoff=5, backoff_max=1), ConfigError),
-            (lambda: w.start_work("q", "not callable"), TypeError),
-            (lambda: w.dequeue("not served"), ConfigError),
-            (lambda: w.stop_work("not served"), ConfigError),
+            (lambda: c.enqueue("q", 5), TypeError),
+            (lambda: c.enqueue("q", None), TypeError),
+            (lambda: c.enqueue_many("q", b"abc"), TypeError),
+            (lambda: c.enqueue_many("q", [b"a", 1.5]), TypeError),
+            (lambda: c.enqueue(5, b"x"), TypeError),
+            (lambda: c.enqueue("bad queue", b"x"), ConfigError),
+            (lambda: c.enqueue("", b"x"), ConfigError),
+            (lambda: c.ensure("q", {"a": 1}), TypeError),
+            (lambda: c.cancel("q", 7), TypeError),
+            (lambda: c.tasks(None), TypeError),
+            (lambda: wk.start_work("q", concurrency="2"), ConfigError),
+            (lambda: wk.start_work("q", concurrency=0), ConfigError),
+            (lambda: wk.start_work("q", max_attempts=-1), ConfigError),
+            (lambda: wk.start_work("q", backoff=5, backoff_max=1), ConfigError),
+            (lambda: wk.start_work("q", "not callable"), TypeError),
+            (lambda: wk.dequeue("not served"), ConfigError),
+            (lambda: wk.stop_work("not served"), ConfigError),
         ]
         for call, exc in calls:
             with pytest.raises(exc):
@@ -192,7 +197,7 @@ async def test_a_closed_client_and_a_stopped_worker_refuse_every_call(
 ) -> None:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         pass
-    for call in (
+    closed_calls: list[Callable[[], Awaitable[object]]] = [
         lambda: client.enqueue("q", b"x"),
         lambda: client.enqueue_many("q", [b"x"]),
         lambda: client.ensure("q", b"x"),
@@ -208,7 +213,8 @@ async def test_a_closed_client_and_a_stopped_worker_refuse_every_call(
         lambda: client.persistent_tasks("q"),
         lambda: client.processes(),
         lambda: client.workers(),
-    ):
+    ]
+    for call in closed_calls:
         with pytest.raises(ClosedError):
             await call()
     seen = Seen()
@@ -219,7 +225,7 @@ async def test_a_closed_client_and_a_stopped_worker_refuse_every_call(
         p = await w.dequeue("q")
         assert p is not None
     assert w.statistics().worker_id == w.id  # still readable
-    for call in (
+    stopped_calls: list[Callable[[], Awaitable[object]]] = [
         lambda: w.start_work("other"),
         lambda: w.stop_work("q"),
         lambda: w.dequeue("q"),
@@ -227,7 +233,8 @@ async def test_a_closed_client_and_a_stopped_worker_refuse_every_call(
         lambda: w.give_back(p),
         lambda: w.client.enqueue("q", b"y"),
         lambda: w.client.queues(),
-    ):
+    ]
+    for call in stopped_calls:
         with pytest.raises(ClosedError):
             await call()
     async with mesh.open_client(redis_url, namespace=namespace) as client:

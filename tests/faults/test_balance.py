@@ -8,7 +8,9 @@ from collections import Counter
 
 import pytest
 
-from .harness import Harness, figure, payloads, wait_until
+from mesh.testing import wait_until
+
+from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from mesh.testing import wait_until
+
 from .conftest import TTL
-from .harness import Harness, figure, payloads, wait_until
+from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

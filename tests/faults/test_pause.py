@@ -10,8 +10,10 @@ import random
 import pytest
 import trio
 
+from mesh.testing import wait_until
+
 from .conftest import TTL
-from .harness import Driver, Harness, figure, payloads, wait_until
+from .harness import Driver, Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from mesh.testing import wait_until
+
 from .conftest import TTL
-from .harness import Harness, wait_until
+from .harness import Harness
+from .sink import Event
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +87,11 @@ async def test_a_healthy_persistent_task_fails_over_promptly_after_a_second_cras
         lease_left = await h.conn.execute("PTTL", h.keys.heartbeat(wid)) / 1000
         killed_at = await h.sink_now()
         d.kill()
-        nxt = await h.wait_event(
-            lambda e, t=owner.token: e.action == "start" and e.token > t, 10 * TTL, "next owner"
-        )
+
+        def next_owner(e: Event, t: int = owner.token) -> bool:
+            return e.action == "start" and e.token > t
+
+        nxt = await h.wait_event(next_owner, 10 * TTL, "next owner")
         gaps.append(nxt.t - killed_at - lease_left)
     # after the lease ran out: the first crash goes back at once ...
     assert gaps[0] < 0.5, gaps

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 import trio
 
+from mesh.testing import wait_until
+
 from .conftest import TTL
-from .harness import Harness, figure, wait_until
+from .harness import Harness, figure
+from .sink import Event
 
 pytestmark = pytest.mark.slow
 H = TTL / 3
@@ -21,8 +24,8 @@ async def kill_pubsub(h: Harness) -> int:
 async def subscribed(h: Harness, n: int) -> bool:
     """At least ``n`` subscriber connections are back (after a kill they
     reconnect within tens of milliseconds)."""
-    clients = (await h.conn.execute("CLIENT", "LIST", "TYPE", "pubsub")).decode()
-    return clients.count("name=mesh-events:") >= n
+    clients: bytes = await h.conn.execute("CLIENT", "LIST", "TYPE", "pubsub")
+    return clients.decode().count("name=mesh-events:") >= n
 
 
 async def kill_both_subscribers(h: Harness) -> None:
@@ -47,15 +50,21 @@ async def test_cancel_and_work_published_while_pubsub_is_down_still_land(h: Harn
             await kill_both_subscribers(h)
             t0 = await h.sink_now()
             assert await h.client.cancel("jobs" if victim in jobs else "devices", victim) == 1
-            e = await h.wait_event(
-                lambda e, v=victim: e.action == "cancelled" and e.task == v, 2 * TTL, "cancel"
-            )
+
+            def cancelled(e: Event, v: bytes = victim) -> bool:
+                return e.action == "cancelled" and e.task == v
+
+            e = await h.wait_event(cancelled, 2 * TTL, "cancel")
             latencies["cancel"].append(e.t - t0)
         await kill_both_subscribers(h)
         t0 = await h.sink_now()
         new = b"new%d" % i
         await h.client.enqueue("jobs", new)
-        e = await h.wait_event(lambda e, n=new: e.action == "done" and e.task == n, 2 * TTL, "new")
+
+        def done(e: Event, n: bytes = new) -> bool:
+            return e.action == "done" and e.task == n
+
+        e = await h.wait_event(done, 2 * TTL, "new")
         latencies["enqueue"].append(e.t - t0)
     # the durable path: within one heartbeat interval, plus room for a loaded
     # machine (measured: at most H; docs/reliability.md)

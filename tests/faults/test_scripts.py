@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
+from mesh.testing import wait_until
+
 from .conftest import TTL
-from .harness import Harness, wait_until
+from .harness import Harness
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,10 @@ import json
 
 import pytest
 
+from mesh.testing import wait_until
+
 from .conftest import TTL
-from .harness import Harness, figure, payloads, wait_until
+from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

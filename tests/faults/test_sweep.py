@@ -14,11 +14,12 @@ import trio
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._scripts import Binding
+from mesh.testing import wait_until
 
 from ..protocol_helpers import expire_worker, join
 from . import checks
 from .conftest import TTL
-from .harness import Harness, figure, payloads, wait_until
+from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

@@ -1,10 +1,15 @@
-"""Client.reconcile reports what it changed, not what it tried to change."""
+"""The client (mesh/_client.py) on its own: what its calls report.
+
+Most client calls are exercised with workers in test_worker.py and
+test_jobs.py; here is what needs no worker."""
 
 from __future__ import annotations
 
 import trio
 
 import mesh
+
+# reconcile reports what it changed, not what it tried to change
 
 
 async def test_concurrent_reconciles_report_each_cancel_once(
