@@ -25,6 +25,7 @@ from ._lease import LeaseTiming as LeaseTiming
 from ._policy import QueuePolicy as QueuePolicy
 from ._runner import Handler as Handler
 from ._schedule import Schedule as Schedule
+from ._topology import namespace_slot as namespace_slot
 from ._types import DeadLetter as DeadLetter
 from ._types import DelayedTask as DelayedTask
 from ._types import Process as Process

@@ -23,6 +23,7 @@ from ._policy import QueuePolicy, parse_policy, policy_fields
 from ._pubsub import open_pubsub
 from ._schedule import Schedule, cron_next, parse_spec, spec_of, split_id
 from ._scripts import Binding, parse_dead, parse_record, parse_result, payload_bytes
+from ._transport import check_min_replicas, coerce_config
 from ._types import (
     DeadLetter,
     DelayedTask,
@@ -74,6 +75,10 @@ class Client:
 
     # --- tasks -------------------------------------------------------------
 
+    min_replicas: int = 0
+    """Replicas that must acknowledge an enqueue or ensure before it returns
+    (``WAIT``; set by :func:`open_client`)."""
+
     async def enqueue(
         self,
         queue: str,
@@ -102,6 +107,10 @@ class Client:
                 ``delay`` or ``at`` (a naive datetime, both given, a negative
                 delay); nothing was sent.
             ConflictError: the payload is a persistent task of ``queue``.
+            MeshConnectionError: Redis could not be reached; or, with
+                ``min_replicas``, fewer replicas acknowledged the write within
+                ``connect_timeout``: it is on the master, and a failover may
+                lose it (enqueue again: a duplicate is the safe side).
         """
         await self.enqueue_many(queue, [task], delay=delay, at=at)
 
@@ -131,9 +140,11 @@ class Client:
             return 0
         if when is None:
             await self._binding.enqueue(conn, queue, payloads)
+            await self._replicated(conn)
             return len(payloads)
         in_ms, at_ms = when
         r = await self._binding.delay(conn, queue, payloads, in_ms=in_ms, at_ms=at_ms)
+        await self._replicated(conn)
         return r.added
 
     async def configure(
@@ -399,6 +410,8 @@ class Client:
             ConflictError: the payload is queued or waiting for a retry as a
                 one-shot task of ``queue`` (as :meth:`enqueue` refuses a
                 persistent one). Costs a read of the queue: O(its length).
+            MeshConnectionError: as for :meth:`enqueue` (``min_replicas``
+                included); ensuring again is safe.
         """
         return (await self.ensure_many(queue, [task]))[0]
 
@@ -413,7 +426,16 @@ class Client:
         payloads = self._payloads(tasks)
         if not payloads:
             return []
-        return await self._binding.ensure(conn, queue, payloads)
+        added = await self._binding.ensure(conn, queue, payloads)
+        await self._replicated(conn)
+        return added
+
+    async def _replicated(self, conn: Connection) -> None:
+        """With ``min_replicas``, return only once that many replicas have the
+        writes made so far (``WAIT``, bounded by the URL's connect_timeout);
+        MeshConnectionError otherwise."""
+        if self.min_replicas:
+            await conn.wait_replicas(self.min_replicas, conn.config.connect_timeout)
 
     async def reconcile(self, queue: str, tasks: Iterable[bytes | str]) -> ReconcileResult:
         """Make the persistent tasks of ``queue`` exactly ``tasks``: ensure the
@@ -772,25 +794,37 @@ async def open_client(
     *,
     namespace: str = "mesh",
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    min_replicas: int | None = None,
 ) -> AsyncIterator[Client]:
     """Connect a :class:`Client` to the mesh ``namespace`` at ``url``.
 
     Args:
-        url: ``redis://``, ``rediss://`` (TLS) or ``unix://`` URL, with
-            optional user, password and database number.
+        url: ``redis://``, ``rediss://`` (TLS), ``unix://``, ``redis+sentinel://``
+            or ``redis+cluster://`` URL (see :func:`~mesh.parse_url`). Replies that
+            mean "not executed here" (a failover, a moved slot) are re-routed to
+            the master and retried for up to the URL's ``connect_timeout``.
         namespace: isolates one mesh from others on the same Redis.
         max_payload: refuse task payloads longer than this many bytes.
+        min_replicas: ``enqueue``/``ensure`` return only once this many
+            replicas have the write (``WAIT``, up to ``connect_timeout``), else
+            raise MeshConnectionError (see docs/guarantees.md). Default: the
+            URL's ``min_replicas`` query parameter, else 0.
 
     Raises:
-        ConfigError: a bad URL or namespace (before connecting).
+        ConfigError: a bad URL, namespace or ``min_replicas`` (before connecting).
         MeshConnectionError: Redis cannot be reached (fails fast).
 
     The connection is closed when the block is left; a cancelled block leaves
     nothing behind.
     """
     keys = Keys(namespace)
-    async with open_connection(url, name=f"mesh-client:{namespace}") as conn:
+    config = coerce_config(url)
+    replicas = check_min_replicas(config, min_replicas)
+    async with open_connection(
+        config, name=f"mesh-client:{namespace}", route_key=keys.prefix
+    ) as conn:
         client = Client(conn, keys, max_payload=max_payload)
+        client.min_replicas = replicas
         try:
             yield client
         finally:

@@ -22,6 +22,17 @@ whether Redis ran them), and a background trio task reconnects with exponential
 backoff and jitter. Calls made meanwhile wait up to ``connect_timeout`` for the
 reconnect.
 
+Where to connect is decided by a :class:`~mesh._topology.Topology` on every connect
+and reconnect (the URL's node, the master Sentinel names, or the cluster master of
+the route key's slot), and the node must say ``ROLE`` master. Error replies that
+mean "not executed here" (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``,
+``READONLY``, ``LOADING``, ``MASTERDOWN``) are not the caller's: the connection lets
+the replies owed on the old socket arrive, re-routes (asks the topology again and
+reconnects) and sends those commands again, in their order within a pipeline, for up
+to ``reroute_timeout`` seconds; only then the last such error is raised. ``ASK`` is
+treated like ``TRYAGAIN`` (retried on the slot's master once the migration of the
+key's slot has moved on), not answered with ``ASKING`` on the importing node.
+
 Replies are RESP2 and never decoded: bulk strings are ``bytes``, integers ``int``,
 nil ``None``, arrays ``list``. Error replies become :class:`~mesh.CommandError`.
 """
@@ -30,93 +41,34 @@ from __future__ import annotations
 
 import collections
 import math
-import random
-import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeAlias
+from typing import Any
 
 import attrs
-import hiredis
 import outcome
 import trio
-from redis._parsers import Encoder
-from redis.exceptions import DataError
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
-from ._url import RedisConfig, parse_url
+from ._topology import Node, Topology
+from ._transport import ENCODER as _ENCODER
+from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+from ._transport import RECEIVE_SIZE as _RECEIVE_SIZE
+from ._transport import TRANSPORT_ERRORS as _TRANSPORT_ERRORS
+from ._transport import Arg, coerce_config, connect, describe, reconnect, scrub
+from ._transport import make_reader as _make_reader
+from ._transport import pack as _pack
+from ._url import RedisConfig
 
 __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]
 
-Arg: TypeAlias = bytes | str | int | float
+# Re-exported for the contract tests of the sans-IO parts (tests/test_redis_contract.py).
+_CONTRACT = (_ENCODER, _make_reader, _pack)
 
-# Transport failures we translate to MeshConnectionError at the boundary.
-_TRANSPORT_ERRORS: Final = (
-    OSError,
-    trio.BrokenResourceError,
-    ssl.SSLError,
-    hiredis.ProtocolError,
+# Error replies that mean "this node did not run the command": re-route and retry.
+NOT_HERE = frozenset(
+    {"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "LOADING", "MASTERDOWN"}
 )
-_RECEIVE_SIZE: Final = 256 * 1024
-_BACKOFF_START: Final = 0.02
-_BACKOFF_CAP: Final = 1.0
-# Not a possible reply: RESP2 has no booleans, so hiredis' "no complete reply yet"
-# marker is a private object.
-_NOT_ENOUGH_DATA: Final = object()
-
-
-def _reply_error(message: str) -> CommandError:
-    """hiredis' ``replyError`` callback: an error reply becomes a CommandError
-    (also inside arrays, e.g. in the reply of ``EXEC``)."""
-    return CommandError(message, code=message.split(" ", 1)[0])
-
-
-def _make_reader() -> Any:
-    return hiredis.Reader(replyError=_reply_error, notEnoughData=_NOT_ENOUGH_DATA)
-
-
-# Packing: RESP2 arrays of bulk strings, written here for the common argument
-# types (a busy runner's script call has about 40 arguments, and redis-py's
-# general serializer took twice as long). Anything else goes through redis-py's
-# Encoder, which also decides what is refused (bool, None, other objects).
-_ENCODER: Final = Encoder(  # type: ignore[no-untyped-call]
-    encoding="utf-8", encoding_errors="strict", decode_responses=False
-)
-
-
-def _pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
-    """Pack one command into a list of bytes for the writer to join (a large
-    ``bytes`` argument is not copied here): ``str`` as UTF-8, ``int`` and
-    ``float`` as their ``repr``, ``bytes`` and ``memoryview`` as they are; a
-    first argument with spaces (``"CLIENT KILL"``) is split into words. An
-    argument of an unsupported type is a ConfigError (nothing is sent)."""
-    if not args:
-        raise ConfigError("a Redis command needs at least its name")
-    first = args[0]
-    if type(first) is str:
-        if " " in first:
-            args = (*first.encode().split(), *args[1:])
-    elif isinstance(first, bytes) and b" " in first:
-        args = (*first.split(), *args[1:])
-    out: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
-    append = out.append
-    b: bytes | memoryview
-    for a in args:
-        if isinstance(a, bytes):
-            b = a
-        elif isinstance(a, str):
-            b = a.encode()
-        elif type(a) is int:
-            b = b"%d" % a
-        else:
-            try:
-                b = _ENCODER.encode(a)  # type: ignore[no-untyped-call]
-            except DataError as exc:
-                raise ConfigError(f"cannot send this argument to Redis: {exc}") from None
-        append(b"$%d\r\n" % len(b))
-        append(b)
-        append(b"\r\n")
-    return out
 
 
 @attrs.frozen
@@ -127,14 +79,17 @@ class ConnectionStatistics:
         commands_sent: commands written to sockets since the connection was opened.
         writes: socket writes (``send_all`` calls); fewer than ``commands_sent``
             when commands were pipelined.
-        reconnects: successful reconnects after a broken socket.
+        reconnects: successful reconnects after a broken socket or a re-route.
         in_flight: commands written and not yet answered.
+        reroutes: times a "not executed here" reply (or the pub/sub connection
+            finding a new master) made the connection look for the master again.
     """
 
     commands_sent: int
     writes: int
     reconnects: int
     in_flight: int
+    reroutes: int = 0
 
 
 class _Waiter:
@@ -171,147 +126,6 @@ def _fail_waiters(
     waiters.clear()
 
 
-def _describe(exc: BaseException) -> str:
-    """A one-line description of a transport error, including the OS error behind a
-    trio wrapper and the individual attempts of ``open_tcp_stream``."""
-    parts = [str(exc) or type(exc).__name__]
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, BaseExceptionGroup):
-        subs = {str(e) for e in cause.exceptions}
-        parts.append("; ".join(sorted(subs)))
-    elif cause is not None and str(cause) and str(cause) not in parts[0]:
-        parts.append(str(cause))
-    return ": ".join(parts)
-
-
-def _ssl_context(config: RedisConfig) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=config.tls_ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"cannot load the CA file {config.tls_ca_file!r} for {config.redacted()}: {exc}"
-        ) from exc
-    if not config.tls_verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-def _scrub(text: str, config: RedisConfig) -> str:
-    """Belt and braces: no message we build may contain the password."""
-    if config.password:
-        text = text.replace(config.password, "***")
-    return text
-
-
-async def _read_replies(stream: trio.abc.Stream, reader: Any, count: int) -> list[Any]:
-    """Read exactly ``count`` replies (used by the handshake, before the reader task runs)."""
-    replies: list[Any] = []
-    while len(replies) < count:
-        reply = reader.gets()
-        if reply is _NOT_ENOUGH_DATA:
-            data = await stream.receive_some(_RECEIVE_SIZE)
-            if not data:
-                raise trio.BrokenResourceError("Redis closed the connection")
-            reader.feed(data)
-        else:
-            replies.append(reply)
-    return replies
-
-
-async def connect(
-    config: RedisConfig,
-    *,
-    name: str | None = None,
-    extra: Sequence[Sequence[Arg]] = (),
-) -> tuple[trio.abc.Stream, Any, list[Any]]:
-    """Open a stream to Redis and authenticate, select the db and set the client name.
-
-    Shared by :class:`Connection` and the pub/sub connection. The whole of it (TCP or
-    unix connect, TLS handshake, ``AUTH``/``SELECT``/``CLIENT SETNAME``) is bounded by
-    ``config.connect_timeout``.
-
-    Args:
-        config: where to connect.
-        name: sent with ``CLIENT SETNAME`` if given.
-        extra: more commands to send after the handshake; their replies (error
-            replies included, as CommandError values) are returned.
-
-    Returns:
-        The stream, the ``hiredis.Reader`` already fed with what was read, and the
-        replies of ``extra``.
-
-    Raises:
-        MeshConnectionError: connecting, the TLS handshake or authentication failed,
-            or it took longer than ``connect_timeout``. The message names the redacted
-            URL and the cause; it never contains the password.
-        ConfigError: the CA file cannot be loaded.
-
-    On cancellation the half-open stream is closed and nothing is left behind.
-    """
-    where = config.redacted()
-    handshake: list[Sequence[Arg]] = []
-    if config.password is not None:
-        if config.username is not None:
-            handshake.append(("AUTH", config.username, config.password))
-        else:
-            handshake.append(("AUTH", config.password))
-    if config.db:
-        handshake.append(("SELECT", config.db))
-    if name is not None:
-        handshake.append(("CLIENT", "SETNAME", name))
-    context = _ssl_context(config) if config.tls else None
-    stream: trio.abc.Stream | None = None
-    try:
-        with trio.fail_after(config.connect_timeout):
-            if config.path is not None:
-                stream = await trio.open_unix_socket(config.path)
-            else:
-                stream = await trio.open_tcp_stream(config.host, config.port)
-            if context is not None:
-                stream = trio.SSLStream(stream, context, server_hostname=config.host)
-                await stream.do_handshake()
-            reader = _make_reader()
-            commands = [*handshake, *extra]
-            replies: list[Any] = []
-            if commands:
-                await stream.send_all(b"".join(b"".join(_pack(c)) for c in commands))
-                replies = await _read_replies(stream, reader, len(commands))
-    except trio.TooSlowError:
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-        raise MeshConnectionError(
-            f"could not connect to {where} within connect_timeout={config.connect_timeout:g}s"
-        ) from None
-    except _TRANSPORT_ERRORS as exc:
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-        raise MeshConnectionError(
-            _scrub(f"could not connect to {where}: {_describe(exc)}", config)
-        ) from exc
-    except BaseException:
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-        raise
-    for command, reply in zip(handshake, replies, strict=False):
-        if isinstance(reply, CommandError):
-            await trio.aclose_forcefully(stream)
-            step = str(command[0]) if command[0] != "CLIENT" else "CLIENT SETNAME"
-            raise MeshConnectionError(
-                _scrub(f"{step} failed on {where}: {reply}", config)
-            ) from reply
-    return stream, reader, replies[len(handshake) :]
-
-
-def _backoff_delays() -> collections.abc.Iterator[float]:
-    """Exponential backoff with jitter: each delay is uniform in [d/2, d], d going
-    from 20 ms, doubling, to a 1 s cap."""
-    delay = _BACKOFF_START
-    while True:
-        yield delay / 2 + random.random() * delay / 2
-        delay = min(delay * 2, _BACKOFF_CAP)
-
-
 class Connection:
     """One Redis connection shared by any number of trio tasks. Get one from
     :func:`open_connection`.
@@ -331,8 +145,23 @@ class Connection:
         name: str | None,
         reconnect: bool,
         reply_timeout: float | None = None,
+        topology: Topology | None = None,
+        node: Node | None = None,
+        reroute_timeout: float | None = None,
     ) -> None:
         self.config = config
+        self.topology = topology if topology is not None else Topology(config)
+        self._node: Node | None = node
+        self._reroute_timeout = (
+            config.connect_timeout if reroute_timeout is None else reroute_timeout
+        )
+        self._rerouting = False
+        self._reroute_reason = ""
+        self._reroutes = 0
+        self._last_reroute = -math.inf
+        self._reroute_streak = 0
+        self._generation = 0
+        self._serve_scope: trio.CancelScope | None = None
         self._name = name
         self._reconnect = reconnect
         self._reply_timeout = reply_timeout
@@ -366,7 +195,13 @@ class Connection:
             writes=self._writes,
             reconnects=self._reconnects,
             in_flight=self._in_flight_commands,
+            reroutes=self._reroutes,
         )
+
+    @property
+    def node(self) -> Node | None:
+        """The ``(host, port)`` of the node this connection talks to (None: unix socket)."""
+        return self._node
 
     async def execute(self, *args: Arg) -> Any:
         """Send one command and return its reply.
@@ -402,6 +237,10 @@ class Connection:
             trio.lowlevel.reschedule(writer)
         reply = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
         if type(reply) is CommandError:
+            if reply.code in NOT_HERE:
+                reply = (await self._again([args], [reply]))[0]
+                if type(reply) is not CommandError:
+                    return reply
             raise reply
         return reply
 
@@ -449,12 +288,42 @@ class Connection:
         replies: list[Any] = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
         if len(commands) == 1:
             replies = [replies]
+        for reply in replies:
+            if type(reply) is CommandError and reply.code in NOT_HERE:
+                replies = await self._again(commands, replies)
+                break
         if raise_on_error:
             for i, reply in enumerate(replies):
                 if type(reply) is CommandError:
                     reply.add_note(f"(reply {i} of a pipeline of {len(commands)} commands)")
                     raise reply
         return replies
+
+    async def wait_replicas(self, count: int, seconds: float) -> None:
+        """Wait until ``count`` replicas acknowledged every write sent on this
+        connection so far (``WAIT``); a no-op for ``count`` 0.
+
+        ``WAIT`` blocks this connection in Redis: commands pipelined behind it
+        are answered after it (in the healthy case, a replica's ack takes well
+        under a millisecond).
+
+        Raises:
+            MeshConnectionError: fewer replicas acknowledged within ``seconds``
+                seconds: the writes are on the master, and a failover may lose
+                them; or the connection broke.
+
+        On cancellation the ``WAIT`` still runs in Redis; nothing else happens.
+        """
+        if count <= 0:
+            await trio.lowlevel.checkpoint()
+            return
+        acked = await self.execute("WAIT", count, max(1, int(seconds * 1000)))
+        if acked < count:
+            raise MeshConnectionError(
+                f"only {acked} of {count} replicas of {self._where} acknowledged the "
+                f"writes within {seconds:g}s: they are on the master, and a failover "
+                "may lose them"
+            )
 
     async def aclose(self) -> None:
         """Close the connection. Calls still waiting fail with :class:`ClosedError`,
@@ -467,6 +336,80 @@ class Connection:
         await trio.lowlevel.checkpoint()
 
     # ---------------------------------------------------------------- internals
+
+    async def _send(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Send ``commands`` back to back once; their replies, errors in place."""
+        data: list[bytes | memoryview] = []
+        for command in commands:
+            data.extend(_pack(command))
+        if not self._connected or self._closed:
+            await self._wait_connected()
+        waiter = _Waiter(data, len(commands))
+        self._pending.append(waiter)
+        writer = self._writer_task
+        if writer is not None:
+            self._writer_task = None
+            trio.lowlevel.reschedule(writer)
+        replies = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        return [replies] if len(commands) == 1 else list(replies)
+
+    async def _again(self, commands: Sequence[Sequence[Arg]], replies: list[Any]) -> list[Any]:
+        """Some of ``replies`` say "not executed here": re-route and send those commands
+        again (all of them if the pipeline holds a ``MULTI``), in order, until every
+        reply is a real one or ``reroute_timeout`` has passed since the first.
+
+        Returns:
+            ``replies`` with the retried ones replaced; after the budget, the last
+            "not executed here" errors stay in place (as plain CommandErrors).
+
+        Raises:
+            MeshConnectionError: the connection broke, or the budget ran out while a
+                retried command was in flight (it may or may not have run).
+            ClosedError: the connection was closed.
+        """
+        replies = list(replies)
+        deadline = trio.current_time() + self._reroute_timeout
+        transaction = any(c and c[0] in ("MULTI", b"MULTI", "multi", b"multi") for c in commands)
+        while True:
+            todo = [
+                i for i, r in enumerate(replies) if type(r) is CommandError and r.code in NOT_HERE
+            ]
+            if not todo:
+                return replies
+            if transaction:
+                todo = list(range(len(commands)))
+            first = replies[todo[0]] if type(replies[todo[0]]) is CommandError else None
+            if trio.current_time() >= deadline:
+                for i in todo:
+                    r = replies[i]
+                    if type(r) is CommandError:
+                        r.add_note(
+                            f"(not executed here; still so after re-routing for "
+                            f"reroute_timeout={self._reroute_timeout:g}s)"
+                        )
+                return replies
+            self._request_reroute(str(first) if first is not None else "retry")
+            with trio.move_on_after(max(0.0, deadline - trio.current_time())) as budget:
+                again = await self._send([commands[i] for i in todo])
+            if budget.cancelled_caught:
+                raise MeshConnectionError(
+                    f"{self._where}: a command answered {first} was re-sent after "
+                    f"re-routing, and no reply came within reroute_timeout="
+                    f"{self._reroute_timeout:g}s (it may or may not have run)"
+                )
+            for i, r in zip(todo, again, strict=True):
+                replies[i] = r
+
+    def _request_reroute(self, reason: str) -> None:
+        """Stop writing to this node; once every owed reply has arrived, close the
+        socket and let :meth:`_run` ask the topology where the master is now."""
+        if self._rerouting or self._closed or not self._connected:
+            return
+        self._rerouting = True
+        self._reroute_reason = scrub(reason, self.config)
+        self._reroutes += 1
+        if not self._in_flight and self._serve_scope is not None:
+            self._serve_scope.cancel()
 
     def _close(self) -> None:
         if self._closed:
@@ -511,7 +454,7 @@ class Connection:
             return
         self._connected = False
         self._connected_event = trio.Event()
-        detail = _scrub(reason if exc is None else f"{reason}: {_describe(exc)}", self.config)
+        detail = scrub(reason if exc is None else f"{reason}: {describe(exc)}", self.config)
         self._last_error = detail
         in_flight_msg = (
             f"connection to {self._where} lost while the command was in flight "
@@ -538,43 +481,91 @@ class Connection:
         task_status.started()
         while True:
             await self._serve(self._stream, self._reader)
+            if self._rerouting and self._connected and not self._closed:
+                if self._reconnect:
+                    # Commands not yet written wait for the new socket (bounded below).
+                    self._connected = False
+                    self._connected_event = trio.Event()
+                    self._last_error = f"re-routing: {self._reroute_reason}"
+                    _fail_waiters(self._in_flight, self._lost_error)
+                    self._in_flight_commands = 0
+                    now = trio.current_time()
+                    self._reroute_streak = (
+                        0 if now - self._last_reroute > 2.0 else (self._reroute_streak + 1)
+                    )
+                    self._last_reroute = now
+                    await trio.sleep(min(0.01 * 2**self._reroute_streak, 0.5))
+                else:
+                    self._broken(None, f"re-routing needed ({self._reroute_reason})")
             if self._closed or not self._reconnect:
                 # Stay broken: calls raise MeshConnectionError / ClosedError.
                 await trio.sleep_forever()
-            stream, reader = await self._reconnect_with_backoff()
-            self._stream, self._reader = stream, reader
+            with trio.move_on_after(self.config.connect_timeout) as waited:
+                stream, reader, node = await self._reconnect_with_backoff()
+            if waited.cancelled_caught:
+                # Unsent commands kept through a re-route must not wait forever.
+                _fail_waiters(self._pending, self._not_back_error)
+                stream, reader, node = await self._reconnect_with_backoff()
+            self._stream, self._reader, self._node = stream, reader, node
             self._in_flight = collections.deque()
             self._pending = [w for w in self._pending if not w.cancelled]
+            self._rerouting = False
+            self._generation += 1
             self._connected = True
             self._reconnects += 1
             self._connected_event.set()
 
-    async def _reconnect_with_backoff(self) -> tuple[trio.abc.Stream, Any]:
-        for delay in _backoff_delays():
-            await trio.sleep(delay)
-            try:
-                stream, reader, _ = await connect(self.config, name=self._name)
-            except MeshConnectionError as exc:
-                self._last_error = str(exc)
-                continue
-            return stream, reader
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _lost_error(self) -> MeshConnectionError:
+        return MeshConnectionError(
+            f"connection to {self._where} re-routed while the command was in flight "
+            f"(it may or may not have run): {self._reroute_reason}"
+        )
+
+    def _not_back_error(self) -> MeshConnectionError:
+        return MeshConnectionError(
+            f"not connected to {self._where}: no master reached within connect_timeout="
+            f"{self.config.connect_timeout:g}s (last error: {self._last_error})"
+        )
+
+    async def _reconnect_with_backoff(self) -> tuple[trio.abc.Stream, Any, Node]:
+        async def attempt() -> tuple[trio.abc.Stream, Any, Node]:
+            stream, reader, _, node = await self.topology.connect(name=self._name)
+            return stream, reader, node
+
+        def failed(message: str) -> None:
+            self._last_error = message
+
+        return await reconnect(attempt, failed)
 
     async def _serve(self, stream: trio.abc.Stream, reader: Any) -> None:
         """Run the reader and the writer on one stream until it breaks."""
         try:
             async with trio.open_nursery() as nursery:
+                self._serve_scope = nursery.cancel_scope
+                if self._rerouting and not self._in_flight:
+                    nursery.cancel_scope.cancel()
                 nursery.start_soon(self._read_loop, stream, reader, nursery.cancel_scope)
                 nursery.start_soon(self._write_loop, stream, nursery.cancel_scope)
+                nursery.start_soon(self._follow_master)
         finally:
+            self._serve_scope = None
             await trio.aclose_forcefully(stream)
+
+    async def _follow_master(self) -> None:
+        """Re-route when the pub/sub connection sharing our topology found a new master."""
+        node = self._node
+        if node is None or self.config.path is not None:
+            await trio.sleep_forever()
+        assert node is not None
+        await self.topology.wait_moved(node)
+        self._request_reroute(f"the master moved to {self.topology.master}")
 
     async def _write_loop(self, stream: trio.abc.Stream, scope: trio.CancelScope) -> None:
         in_flight = self._in_flight
         try:
             while True:
                 batch = self._pending
-                if not batch:
+                if not batch or self._rerouting:
                     self._writer_task = trio.lowlevel.current_task()
                     await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
                     continue
@@ -650,6 +641,9 @@ class Connection:
                                     if not waiter.cancelled:
                                         waiter.cancelled = True
                                         reschedule(waiter.task, outcome.Value(replies))
+                        if self._rerouting and not in_flight:
+                            scope.cancel()  # every owed reply arrived: re-route now
+                            return
                 if waited.cancelled_caught:
                     now = current_time()
                     if not in_flight:
@@ -675,6 +669,9 @@ async def open_connection(
     name: str | None = None,
     reconnect: bool = True,
     reply_timeout: float | None = None,
+    route_key: bytes | str | None = None,
+    topology: Topology | None = None,
+    reroute_timeout: float | None = None,
 ) -> AsyncIterator[Connection]:
     """Connect to Redis and yield a :class:`Connection` for the ``async with`` block.
 
@@ -688,6 +685,15 @@ async def open_connection(
             seconds, the socket counts as broken (half-open): in-flight calls
             fail with :class:`MeshConnectionError` and it reconnects. ``None``
             waits as long as TCP does. Do not use with blocking commands.
+        route_key: on a Redis Cluster, connect to the master serving this key's hash
+            slot (a namespace's keys share the slot of ``{ns}:``). Default: slot 0.
+        topology: share the master discovery with a pub/sub connection
+            (:class:`~mesh._topology.Topology`), so that both stay on one node;
+            default: a new one for ``config`` and ``route_key``.
+        reroute_timeout: for how long commands answered "not executed here"
+            (``MOVED``, ``READONLY``, ``TRYAGAIN``... see the module docstring) are
+            re-routed and re-sent before the error is raised; default
+            ``connect_timeout``.
 
     Yields:
         The connected :class:`Connection`.
@@ -702,13 +708,22 @@ async def open_connection(
     cancels them. Errors raised in the block come out unwrapped (not in an
     ExceptionGroup).
     """
-    if isinstance(config, str):
-        config = parse_url(config)
-    elif not isinstance(config, RedisConfig):
-        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
-    stream, reader, _ = await connect(config, name=name)
+    config = coerce_config(config)
+    if topology is None:
+        topology = Topology(config, route_key)
+    if reroute_timeout is not None and not reroute_timeout >= 0:
+        raise ConfigError(f"reroute_timeout must be >= 0 seconds, not {reroute_timeout!r}")
+    stream, reader, _, node = await topology.connect(name=name)
     conn = Connection(
-        config, stream, reader, name=name, reconnect=reconnect, reply_timeout=reply_timeout
+        config,
+        stream,
+        reader,
+        name=name,
+        reconnect=reconnect,
+        reply_timeout=reply_timeout,
+        topology=topology,
+        node=node,
+        reroute_timeout=reroute_timeout,
     )
     # The connection's trio tasks are shielded from cancellations of the
     # caller's scopes, and stopped only when the block is left: a block

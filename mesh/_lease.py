@@ -132,6 +132,8 @@ class Lease:
         self._conn = conn
         self._pubsub = pubsub
         self._binding = binding
+        # replicas that must have a renewal before it counts (WAIT); 0: none
+        self.min_replicas = 0
         self._keys: Keys = binding.keys
         self.timing = timing
         self._base_id = base_id
@@ -166,8 +168,7 @@ class Lease:
         previous = ""
         try:
             while True:
-                sent = trio.current_time()
-                await self._register(gen, first=first)
+                sent = await self._register(gen, first=first)
                 if first:
                     task_status.started()
                     first = False
@@ -218,22 +219,31 @@ class Lease:
         finally:
             self.stopped.set()
 
-    async def _register(self, gen: Generation, *, first: bool) -> None:
+    async def _register(self, gen: Generation, *, first: bool) -> float:
         """Join the mesh as ``gen``. The first time, errors propagate (a bad
         id, an unreachable Redis). When rejoining after a fence, every
         expected error is retried with backoff, under a fresh id where the
-        old one may be taken, until it works or the lease is closed."""
+        old one may be taken, until it works or the lease is closed.
+
+        Returns:
+            When the attempt that worked was sent: the new lease's fence
+            deadline counts from then, not from the first, failed attempts."""
         backoff = 0.05
         tries = 0
         while True:
+            sent = trio.current_time()
             try:
+                # Measure from a live connection: an attempt that first waited
+                # for a reconnect would start its fence deadline too early.
+                await self._conn.execute("PING")
+                sent = trio.current_time()
                 await self._join(gen)
-                return
+                return sent
             except (MeshConnectionError, CommandError, FencedError, ConfigError) as exc:
                 if first:
                     raise
                 if self.closing:
-                    return
+                    return sent
                 tries += 1
                 log.log(
                     logging.WARNING if tries == 1 else logging.DEBUG,
@@ -265,27 +275,36 @@ class Lease:
 
     async def _retire(self, gen: Generation) -> None:
         """Hand back what ``gen`` still holds and remove it; retried until Redis
-        answers (or until cancelled)."""
+        answers, for at most the TTL (then peers recycle what is left after T),
+        or until cancelled."""
         backoff = 0.05
-        while True:
-            try:
-                r = await self._binding.recycle(
-                    self._conn,
-                    gen.id,
-                    leave=True,
-                    incarnation=gen.incarnation,
-                    queues=list(self._queues()),
-                )
-                if r.returned:
-                    self._stats.handed_back += r.returned
-                    log.info("worker %s handed back %d processes", gen.id, r.returned)
-                break
-            except FencedError:
-                break  # superseded by someone else: nothing of ours to hand back
-            except (MeshConnectionError, CommandError) as exc:
-                log.debug("worker %s could not hand back yet: %s", gen.id, exc)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+        with trio.move_on_after(self.timing.ttl) as bounded:
+            while True:
+                try:
+                    r = await self._binding.recycle(
+                        self._conn,
+                        gen.id,
+                        leave=True,
+                        incarnation=gen.incarnation,
+                        queues=list(self._queues()),
+                    )
+                    if r.returned:
+                        self._stats.handed_back += r.returned
+                        log.info("worker %s handed back %d processes", gen.id, r.returned)
+                    break
+                except FencedError:
+                    break  # superseded by someone else: nothing of ours to hand back
+                except (MeshConnectionError, CommandError) as exc:
+                    log.debug("worker %s could not hand back yet: %s", gen.id, exc)
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+        if bounded.cancelled_caught:
+            log.warning(
+                "worker %s gave up handing back after %g s; peers recycle its "
+                "processes when its lease expires",
+                gen.id,
+                self.timing.ttl,
+            )
         try:
             await self._pubsub.unsubscribe(
                 self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)
@@ -309,9 +328,12 @@ class Lease:
             reply = None
             try:
                 with trio.move_on_after(t.fence_after):
-                    reply = await self._binding.heartbeat(
+                    renewal = await self._binding.heartbeat(
                         self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues
                     )
+                    # With min_replicas, a renewal counts once replicas have it.
+                    await self._conn.wait_replicas(self.min_replicas, t.fence_after)
+                    reply = renewal
             except FencedError as exc:
                 gen.fence(str(exc))
                 return

@@ -13,6 +13,14 @@ reading the socket, Redis buffers for us, and if Redis' own limit for pub/sub cl
 (``client-output-buffer-limit pubsub``, 32 MB by default) is exceeded Redis drops the
 connection, which shows up as ``reconnected``. While connected, nothing is silently
 dropped.
+
+It connects where its :class:`~mesh._topology.Topology` says the master is, and
+shares that topology with the command connection: when either lands on a new master,
+the other follows (key-expiry events are published only on the node holding the
+keys). Channels are plain ``SUBSCRIBE`` channels: on a cluster, ``PUBLISH`` reaches
+every node, so wake and cancel messages arrive wherever we sit. Sharded pub/sub
+(``SSUBSCRIBE``, 7.0+) would spare that broadcast but needs its own message kind,
+``MOVED`` handling on the subscriber and a 6.2 fallback; it is not used yet.
 """
 
 from __future__ import annotations
@@ -25,23 +33,23 @@ from typing import Any, Final, Literal
 import attrs
 import trio
 
-from ._connection import (
-    _NOT_ENOUGH_DATA,
-    _RECEIVE_SIZE,
-    _TRANSPORT_ERRORS,
-    _backoff_delays,
-    _describe,
-    _pack,
-    _scrub,
-    connect,
-)
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
-from ._url import RedisConfig, parse_url
+from ._topology import Node, Topology
+from ._transport import (
+    TRANSPORT_ERRORS,
+    coerce_config,
+    describe,
+    next_reply,
+    pack,
+    reconnect,
+    scrub,
+)
+from ._url import RedisConfig
 
 __all__ = ["Message", "PubSub", "open_pubsub"]
 
 _PING: Final = b"*1\r\n$4\r\nPING\r\n"
-_SEND_ERRORS: Final = (*_TRANSPORT_ERRORS, trio.ClosedResourceError)
+_SEND_ERRORS: Final = (*TRANSPORT_ERRORS, trio.ClosedResourceError)
 
 
 @attrs.frozen
@@ -91,8 +99,12 @@ class PubSub:
         name: str | None,
         ping_interval: float,
         max_buffer: int,
+        topology: Topology | None = None,
+        node: Node | None = None,
     ) -> None:
         self.config = config
+        self.topology = topology if topology is not None else Topology(config)
+        self._node = node
         self._name = name
         self._ping_interval = ping_interval
         self._where = config.redacted()
@@ -254,7 +266,7 @@ class PubSub:
                         return  # nothing is subscribed on a socket that is down
                 if self._connected and sent_generation != self._generation:
                     sent_generation = self._generation
-                    await self._send(b"".join(_pack((command, *names))))
+                    await self._send(b"".join(pack((command, *names))))
                     continue
                 await self._changed.wait()
         raise MeshConnectionError(
@@ -277,13 +289,13 @@ class PubSub:
                         await stream.send_all(data)
         except _SEND_ERRORS as exc:
             if generation == self._generation:
-                self._broken(f"write failed: {_describe(exc)}")
+                self._broken(f"write failed: {describe(exc)}")
 
     def _broken(self, reason: str) -> None:
         if not self._connected:
             return
         self._connected = False
-        self._last_error = _scrub(reason, self.config)
+        self._last_error = scrub(reason, self.config)
         self._confirmed_channels.clear()
         self._confirmed_patterns.clear()
         self._ping_sent_at = None
@@ -355,14 +367,7 @@ class PubSub:
             await self._serve(self._stream, self._reader, initial)
             if self._closed:
                 await trio.sleep_forever()
-            for delay in _backoff_delays():
-                await trio.sleep(delay)
-                try:
-                    stream, reader, early = await self._reconnect_once()
-                except MeshConnectionError as exc:
-                    self._last_error = str(exc)
-                    continue
-                break
+            stream, reader, early = await reconnect(self._reconnect_once, self._failed)
             self._stream, self._reader = stream, reader
             self._generation += 1
             self._reconnects += 1
@@ -371,30 +376,28 @@ class PubSub:
             initial = [Message("reconnected", b"", b""), *early]
             self._notify()
 
+    def _failed(self, message: str) -> None:
+        self._last_error = message
+
     async def _reconnect_once(self) -> tuple[trio.abc.Stream, Any, list[Message]]:
-        stream, reader, _ = await connect(self.config, name=self._name)
+        stream, reader, _, node = await self.topology.connect(name=self._name)
+        self._node = node
         channels, patterns = set(self._channels), set(self._patterns)
         early: list[Message] = []
         try:
             with trio.fail_after(self.config.connect_timeout):
                 data = b""
                 if channels:
-                    data += b"".join(_pack((b"SUBSCRIBE", *sorted(channels))))
+                    data += b"".join(pack((b"SUBSCRIBE", *sorted(channels))))
                 if patterns:
-                    data += b"".join(_pack((b"PSUBSCRIBE", *sorted(patterns))))
+                    data += b"".join(pack((b"PSUBSCRIBE", *sorted(patterns))))
                 if data:
                     await stream.send_all(data)
                 while not (
                     self._confirmed_channels.issuperset(channels)
                     and self._confirmed_patterns.issuperset(patterns)
                 ):
-                    reply = reader.gets()
-                    if reply is _NOT_ENOUGH_DATA:
-                        chunk = await stream.receive_some(_RECEIVE_SIZE)
-                        if not chunk:
-                            raise trio.BrokenResourceError("Redis closed the connection")
-                        reader.feed(chunk)
-                        continue
+                    reply = await next_reply(stream, reader)
                     if isinstance(reply, CommandError):
                         raise MeshConnectionError(
                             f"re-subscribing on {self._where} failed: {reply}"
@@ -410,9 +413,9 @@ class PubSub:
                 raise MeshConnectionError(
                     f"re-subscribing on {self._where} took longer than connect_timeout"
                 ) from None
-            if isinstance(exc, (*_TRANSPORT_ERRORS, _UnexpectedReply)):
+            if isinstance(exc, (*TRANSPORT_ERRORS, _UnexpectedReply)):
                 raise MeshConnectionError(
-                    _scrub(f"re-subscribing on {self._where} failed: {_describe(exc)}", self.config)
+                    scrub(f"re-subscribing on {self._where} failed: {describe(exc)}", self.config)
                 ) from exc
             raise
         return stream, reader, early
@@ -425,6 +428,7 @@ class PubSub:
                     nursery.cancel_scope.cancel()
                 nursery.start_soon(self._read_loop, stream, reader, initial)
                 nursery.start_soon(self._ping_loop)
+                nursery.start_soon(self._follow_master)
         finally:
             self._serve_scope = None
             # A send in progress from a subscribe() caller fails with
@@ -438,21 +442,27 @@ class PubSub:
             await self._deliver(first)
         try:
             while True:
-                reply = reader.gets()
-                if reply is _NOT_ENOUGH_DATA:
-                    data = await stream.receive_some(_RECEIVE_SIZE)
-                    if not data:
-                        self._broken("Redis closed the connection")
-                        return
-                    reader.feed(data)
-                    continue
+                try:
+                    reply = await next_reply(stream, reader)
+                except trio.BrokenResourceError as exc:
+                    self._broken(str(exc))
+                    return
                 message = self._handle(reply)
                 if message is not None:
                     await self._deliver(message)
-        except _TRANSPORT_ERRORS as exc:
-            self._broken(f"read failed: {_describe(exc)}")
+        except TRANSPORT_ERRORS as exc:
+            self._broken(f"read failed: {describe(exc)}")
         except _UnexpectedReply as exc:
             self._broken(str(exc))
+
+    async def _follow_master(self) -> None:
+        """Reconnect when the command connection sharing our topology found a new master."""
+        node = self._node
+        if node is None or self.config.path is not None:
+            await trio.sleep_forever()
+        assert node is not None
+        await self.topology.wait_moved(node)
+        self._broken(f"the master moved to {self.topology.master}")
 
     async def _ping_loop(self) -> None:
         interval = self._ping_interval
@@ -479,6 +489,8 @@ async def open_pubsub(
     name: str | None = None,
     ping_interval: float = 1.0,
     max_buffer: int = 1000,
+    route_key: bytes | str | None = None,
+    topology: Topology | None = None,
 ) -> AsyncIterator[PubSub]:
     """Open a pub/sub connection and yield a :class:`PubSub` for the ``async with`` block.
 
@@ -489,6 +501,9 @@ async def open_pubsub(
             means the connection is dead and is re-made.
         max_buffer: messages buffered for the consumer before the reader stops
             reading the socket (backpressure; see the module docstring).
+        route_key, topology: where to connect, as for
+            :func:`~mesh._connection.open_connection`; pass the command
+            connection's ``topology`` to stay on its node.
 
     Yields:
         The connected :class:`PubSub`, subscribed to nothing yet.
@@ -500,17 +515,23 @@ async def open_pubsub(
     Leaving the block closes the connection and cancels its trio tasks; iteration
     ends. Errors raised in the block come out unwrapped.
     """
-    if isinstance(config, str):
-        config = parse_url(config)
-    elif not isinstance(config, RedisConfig):
-        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
+    config = coerce_config(config)
     if not (ping_interval > 0 and math.isfinite(ping_interval)):
         raise ConfigError(f"ping_interval must be a positive number, not {ping_interval!r}")
     if max_buffer < 0:
         raise ConfigError(f"max_buffer must be >= 0, not {max_buffer!r}")
-    stream, reader, _ = await connect(config, name=name)
+    if topology is None:
+        topology = Topology(config, route_key)
+    stream, reader, _, node = await topology.connect(name=name)
     pubsub = PubSub(
-        config, stream, reader, name=name, ping_interval=ping_interval, max_buffer=max_buffer
+        config,
+        stream,
+        reader,
+        name=name,
+        ping_interval=ping_interval,
+        max_buffer=max_buffer,
+        topology=topology,
+        node=node,
     )
     try:
         async with trio.open_nursery() as nursery:

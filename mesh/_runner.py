@@ -176,7 +176,11 @@ class QueueRunner:
         balance_wait: float = 1.0,
         ttl: float = 0.0,
         early_cancels: dict[str, float] | None = None,
+        replicate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        # With min_replicas: waits until a claim is on the replicas (WAIT)
+        # before its persistent tasks' handlers start.
+        self._replicate = replicate
         self._conn = conn
         self._binding = binding
         self._wid = worker_id
@@ -528,6 +532,10 @@ class QueueRunner:
             self._maybe_work = True
             errors.append(exc)
         else:
+            if self._replicate is not None and any(p.persistent for p in reply.processes):
+                # Not replicated: not started. Redis holds them for us; the
+                # loop's resync (after this connection error) hands them back.
+                await self._replicate()
             self._start_claimed(handlers, reply, n, now, held_back)
         if errors:
             raise next((e for e in errors if isinstance(e, FencedError)), errors[0])

@@ -52,6 +52,8 @@ from ._schedule import run_scheduler
 from ._scripts import Binding
 from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
+from ._topology import Topology
+from ._transport import check_min_replicas
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
@@ -117,6 +119,10 @@ class WorkerStatistics:
 
 class Worker:
     """One peer of the mesh. Get one from :func:`open_worker`."""
+
+    min_replicas: int = 0
+    """Replicas that must acknowledge a lease renewal (before it counts) and a
+    persistent task's claim (before its handler starts); set by :func:`open_worker`."""
 
     def __init__(
         self,
@@ -575,6 +581,7 @@ class Worker:
             balance_wait=self.timing.interval,
             ttl=self.timing.ttl,
             early_cancels=gen.early_cancels,
+            replicate=self._replicate if self.min_replicas else None,
         )
         gen.runners[cfg.queue] = runner
         await gen.nursery.start(runner.run)
@@ -614,6 +621,11 @@ class Worker:
         if runner is not None:
             runner.config = new
         log.info("queue %s: applying the queue's policy %s", queue, policy)
+
+    async def _replicate(self) -> None:
+        """With ``min_replicas``: wait (up to R) until that many replicas have
+        every write made so far; MeshConnectionError if they do not."""
+        await self._conn.wait_replicas(self.min_replicas, self.timing.fence_after)
 
     def _cancel_process(self, pid: str) -> None:
         gen = self._gen
@@ -701,6 +713,7 @@ async def open_worker(
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     stop_grace: float = 10.0,
     rejoin_grace: float = 0.0,
+    min_replicas: int | None = None,
 ) -> AsyncIterator[Worker]:
     """Join the mesh ``namespace`` at ``url`` as a worker.
 
@@ -719,6 +732,11 @@ async def open_worker(
 
     Args:
         worker_id: default ``<host>-<pid>-<random>``. Must not be in use.
+        min_replicas: confirm writes with ``WAIT``: a lease renewal counts only
+            once this many replicas have it, a persistent task's handler starts
+            only once its claim is on them, and the worker's client returns from
+            ``enqueue``/``ensure`` only then (see docs/guarantees.md). Default:
+            the URL's ``min_replicas`` query parameter, else 0 (no waiting).
         stop_grace: how long leaving (and :meth:`Worker.stop_work`) waits for
             cancelled handlers to exit (a shielded cleanup), in seconds,
             default 10. A handler still running after it keeps its process:
@@ -743,6 +761,7 @@ async def open_worker(
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
+    replicas = check_min_replicas(config, min_replicas)
     if (
         isinstance(stop_grace, bool)
         or not isinstance(stop_grace, int | float)
@@ -763,8 +782,15 @@ async def open_worker(
     check_worker_id(worker_id)
     # A half-open socket must not hold a fenced worker's hand-back forever.
     reply_timeout = max(2 * timing.ttl, 5.0)
+    # One topology for both connections: they follow the master together (key-expiry
+    # events are node-local). "Not executed here" replies are retried within R.
+    topology = Topology(config, route_key=keys.prefix)
     async with open_connection(
-        config, name=f"mesh-worker:{worker_id}", reply_timeout=reply_timeout
+        config,
+        name=f"mesh-worker:{worker_id}",
+        reply_timeout=reply_timeout,
+        topology=topology,
+        reroute_timeout=timing.fence_after,
     ) as conn:
         await _check_server(conn)
         # The event link only speeds things up: every H the heartbeat brings
@@ -774,10 +800,14 @@ async def open_worker(
         # with long leases H is long too, and a dead link would cost that.
         ping = min(max(1.0, timing.ttl), 30.0)
         name = f"mesh-events:{worker_id}"
-        async with open_pubsub(config, name=name, ping_interval=ping) as pubsub:
+        async with open_pubsub(
+            config, name=name, ping_interval=ping, topology=topology
+        ) as pubsub:
             worker = Worker(
                 conn, pubsub, keys, timing, worker_id, max_payload, stop_grace, rejoin_grace
             )
+            worker.min_replicas = worker.client.min_replicas = replicas
+            worker._lease.min_replicas = replicas
             reaper = worker._reaper
             try:
                 async with trio.open_nursery() as nursery:

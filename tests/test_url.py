@@ -164,3 +164,115 @@ def test_bad_urls(url: str, what: str) -> None:
 def test_not_a_string() -> None:
     with pytest.raises(ConfigError, match="str"):
         parse_url(b"redis://h")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- Sentinel and Cluster
+
+
+@pytest.fixture(autouse=True)
+def _no_env_sentinel_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MESH_SENTINEL_PASSWORD", raising=False)
+    monkeypatch.delenv("MESH_SENTINEL_USERNAME", raising=False)
+
+
+def test_sentinel_full() -> None:
+    cfg = parse_url(
+        f"redis+sentinel://alice:{SECRET}@s1,s2:26380,[::1]:5/my%20master/2"
+        f"?sentinel_username=sent&sentinel_password={SECRET}x&connect_timeout=2"
+    )
+    assert cfg.topology == "sentinel"
+    assert cfg.nodes == (("s1", 26379), ("s2", 26380), ("::1", 5))
+    assert (cfg.host, cfg.port) == ("s1", 26379)
+    assert cfg.service == "my master"
+    assert cfg.db == 2
+    assert (cfg.username, cfg.password) == ("alice", SECRET)
+    assert (cfg.sentinel_username, cfg.sentinel_password) == ("sent", SECRET + "x")
+    assert cfg.connect_timeout == 2
+    assert not cfg.tls
+    for shown in (repr(cfg), str(cfg), cfg.redacted()):
+        assert SECRET not in shown
+    assert cfg.redacted() == (
+        "redis+sentinel://alice:***@s1:26379,s2:26380,[::1]:5/my%20master/2"
+        "?sentinel_username=sent&sentinel_password=***"
+    )
+
+
+def test_sentinel_defaults_and_tls() -> None:
+    cfg = parse_url("rediss+sentinel://h/svc/?ssl_cert_reqs=none")
+    assert cfg.tls and not cfg.tls_verify
+    assert cfg.nodes == (("h", 26379),)
+    assert (cfg.service, cfg.db) == ("svc", 0)
+    assert cfg.sentinel_password is None
+    assert cfg.redacted() == "rediss+sentinel://h:26379/svc/0"
+
+
+def test_sentinel_password_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESH_SENTINEL_PASSWORD", SECRET)
+    monkeypatch.setenv("MESH_SENTINEL_USERNAME", "sentuser")
+    cfg = parse_url("redis+sentinel://h/svc")
+    assert (cfg.sentinel_username, cfg.sentinel_password) == ("sentuser", SECRET)
+    assert cfg.password is None  # the master's password is a different thing
+    assert SECRET not in repr(cfg) and SECRET not in str(cfg)
+
+
+def test_cluster_seeds() -> None:
+    cfg = parse_url(f"rediss+cluster://:{SECRET}@a:7000,b,C:7002")
+    assert cfg.topology == "cluster"
+    assert cfg.nodes == (("a", 7000), ("b", 6379), ("c", 7002))
+    assert cfg.tls and cfg.db == 0
+    assert cfg.redacted() == "rediss+cluster://:***@a:7000,b:6379,c:7002"
+    assert parse_url("redis+cluster://a/0").db == 0
+    assert SECRET not in repr(cfg)
+
+
+def test_plain_url_stays_standalone() -> None:
+    cfg = parse_url("redis://h:7000")
+    assert cfg.topology == "standalone"
+    assert cfg.nodes == ()
+    assert str(cfg) == "redis://h:7000/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        (f"redis+sentinel://u:{SECRET}@h", "service name"),
+        (f"redis+sentinel://u:{SECRET}@h/", "service name"),
+        (f"redis+sentinel://u:{SECRET}@h/s/1/2", "too many path parts"),
+        (f"redis+sentinel://u:{SECRET}@h/s/x", "db must be"),
+        (f"redis+sentinel://u:{SECRET}@h,,k/s", "empty entry"),
+        (f"redis+sentinel://u:{SECRET}@h,/s", "empty entry"),
+        (f"redis+sentinel://u:{SECRET}@/s", "no host"),
+        (f"redis+sentinel://u:{SECRET}@h:0/s", "port"),
+        (f"redis+sentinel://u:{SECRET}@h:x/s", "port"),
+        (f"redis+sentinel://u:{SECRET}@h:/s", "empty port"),
+        (f"redis+sentinel://u:{SECRET}@::1/s", "brackets"),
+        (f"redis+sentinel://u:{SECRET}@[host]/s", "IPv6"),
+        (f"redis+sentinel://u:{SECRET}@h/s?sentinel_username=x", "sentinel_password"),
+        (f"redis+sentinel://h/s?sentinel_password={SECRET}&foo=1", "foo"),
+        (f"redis+sentinel://h/s?sentinel_password={SECRET}&sentinel_password=2", "twice"),
+        (f"redis+cluster://u:{SECRET}@a,b/1", "only db 0"),
+        (f"redis+cluster://u:{SECRET}@a?db=3", "only db 0"),
+        (f"redis+cluster://a?sentinel_password={SECRET}", "only valid with redis+sentinel"),
+        (f"redis://u:{SECRET}@a,b", "host list"),
+        (f"redis+cluster://u:{SECRET}@a?ssl_cert_reqs=none", "rediss"),
+        (f"redis+replica://u:{SECRET}@a", "scheme"),
+    ],
+)
+def test_bad_topology_urls(url: str, what: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_url(url)
+    message = str(info.value)
+    assert what in message
+    assert SECRET not in message
+    assert "\n" not in message
+
+
+def test_min_replicas_query() -> None:
+    assert parse_url("redis://h").min_replicas == 0
+    assert parse_url("redis://h?min_replicas=2").min_replicas == 2
+    assert parse_url("redis+sentinel://s/m?min_replicas=1").min_replicas == 1
+    assert parse_url("redis+cluster://a,b?min_replicas=1").min_replicas == 1
+    assert parse_url("unix:///s.sock?min_replicas=1").min_replicas == 1
+    for bad in ("x", "-1", "1.5", "", "100000"):
+        with pytest.raises(ConfigError, match="min_replicas must be an integer"):
+            parse_url(f"redis://u:{SECRET}@h?min_replicas={bad}")

@@ -88,9 +88,11 @@ def _one_line(message: str, args: argparse.Namespace) -> str:
     url = getattr(args, "redis", None) or os.environ.get("MESH_REDIS_URL")
     if url:
         try:
-            password = mesh.parse_url(url).password
+            config = mesh.parse_url(url)
+            passwords = (config.password, config.sentinel_password)
         except mesh.ConfigError:
-            password = None
-        if password:
-            message = message.replace(password, "***")
+            passwords = (None, None)
+        for password in passwords:
+            if password:
+                message = message.replace(password, "***")
     return message or "failed"

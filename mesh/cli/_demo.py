@@ -608,7 +608,9 @@ async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[bytes],
 
 async def _wipe_namespace(url: str, namespace: str) -> None:
     """Delete every key of the demo's own, fresh namespace."""
-    async with open_connection(url, name="mesh-demo-cleanup") as conn:
+    # On a cluster, the namespace's keys all live on the master of its slot.
+    route = f"{{{namespace}}}:"
+    async with open_connection(url, name="mesh-demo-cleanup", route_key=route) as conn:
         cursor = b"0"
         while True:
             cursor, keys = await conn.execute(

@@ -1,0 +1,152 @@
+"""Topology benchmark: recovery after the master's SIGKILL, and the cost of min_replicas.
+
+Builds its own loopback topologies (tests/topology.py: plain redis-server
+processes on free ports, never 6379) and measures:
+
+* **failover**: Sentinel (1 master, 1 replica, 1 sentinel) and Cluster (3
+  masters, 1 replica of the namespace's master): two in-process workers hold
+  ``--tasks`` persistent tasks; the master is SIGKILLed; the time until every
+  persistent task has started again (``--ttl`` shorter than the failover, so the
+  workers fence and rejoin), p50/p99 over ``--trials``.
+* **min_replicas**: enqueue latency (one trio task, sequential) and throughput
+  (``--tasks``x25 concurrent trio tasks) with ``min_replicas`` 0 and 1, on a
+  master with one replica.
+
+    python bench/topology.py [--trials 10] [--ttl 1.0] [--only failover|replicas]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mesh
+from mesh._topology import keyslot
+from tests.topology import cluster_setup, sentinel_setup
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+async def one_failover(url: str, ns: str, ttl: float, tasks: int, kill: object) -> float:
+    """Seconds from the SIGKILL until every persistent task started again."""
+    starts: dict[bytes, float] = {}
+
+    async def handler(p: mesh.Process) -> None:
+        starts[p.task] = time.monotonic()
+        await trio.sleep_forever()
+
+    names = [f"dev-{i}".encode() for i in range(tasks)]
+    async with mesh.open_client(url, namespace=ns) as c:
+        await c.ensure_many("p", names)
+        async with trio.open_nursery() as nursery:
+            serving = 0
+
+            async def worker() -> None:
+                nonlocal serving
+                async with mesh.open_worker(url, namespace=ns, ttl=ttl) as w:
+                    await w.start_work("p", handler)
+                    serving += 1
+                    await trio.sleep_forever()
+
+            for _ in range(2):
+                nursery.start_soon(worker)
+            with trio.fail_after(30):
+                while len(starts) < tasks or serving < 2:  # noqa: ASYNC110 - a poll
+                    await trio.sleep(0.005)
+            killed = time.monotonic()
+            kill()  # type: ignore[operator]
+            with trio.fail_after(60):
+                while not all(starts.get(n, 0) > killed for n in names):  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            took = max(starts.values()) - killed
+            nursery.cancel_scope.cancel()
+    return took
+
+
+def failover(trials: int, ttl: float, tasks: int) -> None:
+    for kind in ("sentinel", "cluster"):
+        times = []
+        for _ in range(trials):
+            ns = "bt" + secrets.token_hex(3)
+            if kind == "sentinel":
+                with sentinel_setup(down_after_ms=400) as s:
+                    times.append(trio.run(one_failover, s.url, ns, ttl, tasks, s.master.stop))
+                detection = "down-after-milliseconds 400"
+            else:
+                slot = keyslot(f"{{{ns}}}:")
+                with cluster_setup(replica_of_slot=slot, node_timeout_ms=500) as c:
+                    owner = next(m for m in c.masters if m.port == c.owner_port(slot))
+                    url = c.url(scheme="redis+cluster")
+                    times.append(trio.run(one_failover, url, ns, ttl, tasks, owner.stop))
+                detection = "cluster-node-timeout 500"
+        print(
+            f"failover {kind:8} ({detection}, ttl {ttl:g} s, {tasks} tasks, {trials} trials): "
+            f"p50 {percentile(times, 50):.3f} s  p99 {percentile(times, 99):.3f} s  "
+            f"min {min(times):.3f} s  max {max(times):.3f} s"
+        )
+
+
+async def throughput(c: mesh.Client, seconds: float, concurrency: int) -> float:
+    """Enqueues per second from ``concurrency`` trio tasks."""
+    count = 0
+
+    async def one() -> None:
+        nonlocal count
+        while True:
+            await c.enqueue("q2", b"x" * 100)
+            count += 1
+
+    start = time.monotonic()
+    with trio.move_on_after(seconds):
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(one)
+    return count / (time.monotonic() - start)
+
+
+async def replicas_cost(seconds: float, concurrency: int) -> None:
+    with sentinel_setup() as s:
+        for n in (0, 1):
+            ns = "br" + secrets.token_hex(3)
+            async with mesh.open_client(s.url, namespace=ns, min_replicas=n) as c:
+                latencies = []
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    t0 = time.perf_counter()
+                    await c.enqueue("q", b"x" * 100)
+                    latencies.append(time.perf_counter() - t0)
+                rate = await throughput(c, seconds, concurrency)
+            print(
+                f"min_replicas={n}: enqueue latency "
+                f"p50 {statistics.median(latencies) * 1e6:,.0f} us "
+                f"p99 {percentile(latencies, 99) * 1e6:,.0f} us (sequential); "
+                f"{concurrency} concurrent: {rate:,.0f} enqueues/s"
+            )
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.ERROR)  # fences and rejoins are expected here
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--only", choices=["failover", "replicas"])
+    ns_ = parser.parse_args()
+    if ns_.only in (None, "failover"):
+        failover(ns_.trials, ns_.ttl, ns_.tasks)
+    if ns_.only in (None, "replicas"):
+        trio.run(replicas_cost, ns_.seconds, 100)

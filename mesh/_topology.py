@@ -1,0 +1,452 @@
+"""Where is the master now: standalone, Sentinel and Cluster discovery, under the connection.
+
+A :class:`Topology` is asked on every connect and reconnect of a
+:class:`~mesh._connection.Connection` and of its :class:`~mesh._pubsub.PubSub` (they
+share one, so both sit on the same node):
+
+* **standalone** (``redis://``, ``rediss://``, ``unix://``): the node in the URL. A TCP
+  URL that turns out to name a Redis Cluster node is treated as a cluster seed.
+* **Sentinel** (``redis+sentinel://``): each sentinel in turn is asked
+  ``SENTINEL GET-MASTER-ADDR-BY-NAME``; the first answer wins.
+* **Cluster** (``redis+cluster://``, or detected): the master serving the hash slot of
+  the route key (``{namespace}:``), read from ``CLUSTER SHARDS`` (``CLUSTER SLOTS`` on
+  6.2) of the node we reached, seeds tried in turn (the last master first).
+
+Before a connection is handed over, ``ROLE`` (sent in the same write as ``AUTH``,
+``SELECT`` and ``CLIENT SETNAME``) must say ``master``: a node the topology does not
+name as master is refused, so an old master restarted empty, a replica, or a node
+that lost its slot never takes a write. A user whose ACL forbids ``ROLE`` is let
+through on standalone and cluster (where ``CLUSTER SHARDS`` tells the role too),
+refused on Sentinel.
+
+Errors: every failure is a :class:`~mesh.MeshConnectionError` (the reconnect loop
+tries again); messages name redacted addresses only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import attrs
+import trio
+
+from ._errors import CommandError, MeshConnectionError
+from ._keys import Keys
+from ._transport import Arg, connect, scrub
+from ._url import RedisConfig
+
+__all__ = ["Topology", "keyslot", "namespace_slot"]
+
+Node = tuple[str, int]
+
+_SLOTS: Final = 16384
+# The most nodes one connect may hop through (seed -> slot master -> ...): a map that
+# keeps changing under us is a failover in progress; the reconnect loop tries again.
+_MAX_HOPS: Final = 3
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
+        table.append(crc & 0xFFFF)
+    return table
+
+
+_CRC16: Final = _crc16_table()
+
+
+def crc16(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with."""
+    crc = 0
+    for byte in data:
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ byte) & 0xFF]
+    return crc
+
+
+def keyslot(key: bytes | str) -> int:
+    """The Redis Cluster hash slot of ``key`` (0..16383), honouring a ``{hash tag}``.
+
+    Matches ``CLUSTER KEYSLOT``: if the key has a ``{`` followed later by a ``}`` with
+    at least one byte between them, only those bytes are hashed.
+    """
+    if isinstance(key, str):
+        key = key.encode()
+    start = key.find(b"{")
+    if start != -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return crc16(key) % _SLOTS
+
+
+def namespace_slot(namespace: str) -> int:
+    """The Redis Cluster hash slot that holds every key of ``namespace``.
+
+    Use it to choose namespace names that land on different masters (see
+    docs/operating.md, "Several namespaces on one cluster").
+
+    Raises:
+        ConfigError: not a valid namespace name.
+    """
+    return keyslot(Keys(namespace).prefix)
+
+
+@attrs.frozen
+class _Probe:
+    """What the handshake learned about the node it reached."""
+
+    role: bytes | None  # b"master", b"slave", b"sentinel"; None if ROLE was refused (ACL)
+    master_of_replica: Node | None
+    cluster: bool
+    myid: bytes | None
+    shards: list[tuple[int, int, Node, bytes | None]] | None  # (first, last, master, id)
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Any) -> dict[bytes, Any]:
+    it = iter(flat)
+    return dict(zip(it, it, strict=False))
+
+
+def parse_shards(reply: Any, tls: bool) -> list[tuple[int, int, Node, bytes | None]]:
+    """``CLUSTER SHARDS`` (7.0+) -> (first slot, last slot, master address, master id).
+
+    Failed masters are left out (their slots have no usable master right now).
+    """
+    out: list[tuple[int, int, Node, bytes | None]] = []
+    for shard in reply:
+        fields = _pairs(shard)
+        slots = list(fields.get(b"slots") or [])
+        master: tuple[Node, bytes | None] | None = None
+        for node in fields.get(b"nodes") or []:
+            info = _pairs(node)
+            if info.get(b"role") != b"master" or info.get(b"health") == b"fail":
+                continue
+            host = _decode(info.get(b"endpoint") or info.get(b"ip") or b"")
+            port = info.get(b"tls-port") if tls and info.get(b"tls-port") else info.get(b"port")
+            if host in ("", "?") or not port:
+                continue
+            master = ((host, int(port)), info.get(b"id"))
+        if master is None:
+            continue
+        for first, last in zip(slots[::2], slots[1::2], strict=False):
+            out.append((int(first), int(last), master[0], master[1]))
+    return out
+
+
+def parse_slots(reply: Any) -> list[tuple[int, int, Node, bytes | None]]:
+    """``CLUSTER SLOTS`` (the 6.2 fallback) -> as :func:`parse_shards`."""
+    out: list[tuple[int, int, Node, bytes | None]] = []
+    for entry in reply:
+        first, last, master = entry[0], entry[1], entry[2]
+        host = _decode(master[0])
+        if not host or host == "?":
+            continue
+        node_id = master[2] if len(master) > 2 and isinstance(master[2], bytes) else None
+        out.append((int(first), int(last), (host, int(master[1])), node_id))
+    return out
+
+
+class Topology:
+    """Finds the master for one :class:`RedisConfig` and remembers where it is.
+
+    One is shared by a connection and its pub/sub connection: when either lands on
+    a new master, the other is told (:meth:`wait_moved`) and follows, because key-expiry
+    events are published only on the node that holds the keys.
+
+    Args:
+        config: the URL's configuration.
+        route_key: a key whose hash slot decides the master on a cluster (for a
+            namespace, its prefix ``{ns}:``). Without it, a cluster connection goes
+            to the master of slot 0.
+    """
+
+    def __init__(self, config: RedisConfig, route_key: bytes | str | None = None) -> None:
+        self.config = config
+        self.slot = keyslot(route_key) if route_key is not None else 0
+        self.master: Node | None = None
+        self.cluster = config.topology == "cluster"
+        self.changes = 0
+        self._changed = trio.Event()
+        # CLUSTER SHARDS is unknown before 7.0: once refused, use CLUSTER SLOTS.
+        self._use_slots = False
+
+    # ---------------------------------------------------------------- public
+
+    async def connect(
+        self, *, name: str | None = None, extra: Sequence[Sequence[Arg]] = ()
+    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+        """Find the master, connect to it and run the handshake (see the module docstring).
+
+        Returns:
+            The stream, its reader, the replies of ``extra`` and the master's address.
+
+        Raises:
+            MeshConnectionError: no master could be found or reached, or the node
+                reached is not the master; the message says why (redacted).
+            ConfigError: the CA file cannot be loaded.
+
+        On cancellation nothing is left open.
+        """
+        config = self.config
+        if config.topology == "sentinel":
+            target = await self._ask_sentinels()
+            stream, reader, replies, probe = await self._open(target, extra, name, cluster=False)
+            if probe.role is None:
+                await trio.aclose_forcefully(stream)
+                raise MeshConnectionError(
+                    f"the user may not run ROLE on {self._show(target)}: trio-mesh needs it "
+                    "on Sentinel to refuse a node that is not the master"
+                )
+            if probe.role != b"master":
+                await trio.aclose_forcefully(stream)
+                raise MeshConnectionError(
+                    f"Sentinel names {self._show(target)} as master of {config.service!r}, but "
+                    f"it says it is a {_role_name(probe)}; waiting for Sentinel to catch up"
+                )
+            self._arrived(target)
+            return stream, reader, replies, target
+        if config.path is not None:
+            stream, reader, replies, probe = await self._open(None, extra, name, cluster=False)
+            self._refuse_replica(probe, None, stream)
+            return stream, reader, replies, ("", 0)
+        return await self._connect_tcp(extra, name)
+
+    async def wait_moved(self, node: Node) -> None:
+        """Return once the known master is no longer ``node`` (the other connection
+        sharing this topology found a new one). Cancellation is harmless."""
+        while self.master is None or self.master == node:
+            await self._changed.wait()
+
+    # ---------------------------------------------------------------- internals
+
+    def _arrived(self, node: Node) -> None:
+        if node != self.master:
+            self.master = node
+            self.changes += 1
+            self._changed.set()
+            self._changed = trio.Event()
+
+    def _show(self, node: Node | None) -> str:
+        if node is None:
+            return self.config.redacted()
+        host = f"[{node[0]}]" if ":" in node[0] else node[0]
+        return f"{host}:{node[1]}"
+
+    def _node_config(self, node: Node) -> RedisConfig:
+        return attrs.evolve(
+            self.config,
+            host=node[0],
+            port=node[1],
+            path=None,
+            topology="standalone",
+            nodes=(),
+            service=None,
+            sentinel_username=None,
+            sentinel_password=None,
+        )
+
+    async def _open(
+        self,
+        node: Node | None,
+        extra: Sequence[Sequence[Arg]],
+        name: str | None,
+        *,
+        cluster: bool | None,
+    ) -> tuple[trio.abc.Stream, Any, list[Any], _Probe]:
+        """Connect to ``node`` (None: the URL's own address) with the handshake, ROLE
+        and, unless ``cluster`` is False, the cluster probes; then ``extra``."""
+        config = self.config if node is None else self._node_config(node)
+        probes: list[Sequence[Arg]] = [("ROLE",)]
+        if cluster is not False:
+            probes.append(("CLUSTER", "MYID"))
+            probes.append(("CLUSTER", "SLOTS") if self._use_slots else ("CLUSTER", "SHARDS"))
+        try:
+            stream, reader, replies = await connect(config, name=name, extra=[*probes, *extra])
+        except MeshConnectionError as exc:
+            if "SELECT is not allowed in cluster mode" in str(exc):
+                raise MeshConnectionError(
+                    f"{self._show(node)} is a Redis Cluster node: the db must be 0, "
+                    f"not {self.config.db}"
+                ) from None
+            raise
+        probe_replies, rest = replies[: len(probes)], replies[len(probes) :]
+        try:
+            probe = self._parse_probe(probe_replies)
+        except MeshConnectionError:
+            await trio.aclose_forcefully(stream)
+            raise
+        if probe.cluster and probe.shards is None and not self._use_slots:
+            # A 6.2 cluster: CLUSTER SHARDS is unknown there; ask CLUSTER SLOTS.
+            self._use_slots = True
+            await trio.aclose_forcefully(stream)
+            return await self._open(node, extra, name, cluster=cluster)
+        return stream, reader, rest, probe
+
+    def _parse_probe(self, replies: list[Any]) -> _Probe:
+        role_reply = replies[0]
+        role: bytes | None = None
+        upstream: Node | None = None
+        if isinstance(role_reply, CommandError):
+            # NOPERM: an ACL user without ROLE; NOAUTH: no password given (every
+            # command will say so). Neither can be checked here.
+            if role_reply.code not in ("NOPERM", "NOAUTH", "ERR"):
+                raise MeshConnectionError(f"ROLE failed: {role_reply}")
+        elif isinstance(role_reply, list) and role_reply:
+            role = role_reply[0]
+            if role == b"slave" and len(role_reply) >= 3:
+                upstream = (_decode(role_reply[1]), int(role_reply[2]))
+        cluster = False
+        myid: bytes | None = None
+        shards = None
+        if len(replies) >= 3:
+            myid_reply, map_reply = replies[1], replies[2]
+            if isinstance(myid_reply, bytes):
+                cluster = True
+                myid = myid_reply
+            elif isinstance(myid_reply, CommandError) and "disabled" not in str(myid_reply):
+                cluster = self.cluster  # refused by ACL: trust what we knew
+            if cluster:
+                if isinstance(map_reply, CommandError):
+                    if "unknown subcommand" in str(map_reply).lower() and not self._use_slots:
+                        shards = None  # 6.2: the caller retries with CLUSTER SLOTS
+                    else:
+                        raise MeshConnectionError(f"reading the cluster map failed: {map_reply}")
+                elif self._use_slots:
+                    shards = parse_slots(map_reply)
+                else:
+                    shards = parse_shards(map_reply, self.config.tls)
+        return _Probe(role, upstream, cluster, myid, shards)
+
+    def _refuse_replica(self, probe: _Probe, node: Node | None, stream: trio.abc.Stream) -> None:
+        if probe.role in (None, b"master"):
+            if node is not None:
+                self._arrived(node)
+            return
+        raise MeshConnectionError(
+            f"{self._show(node)} is a {_role_name(probe)}, not a master: trio-mesh writes, "
+            "so name the master (or use redis+sentinel:// to follow it)"
+        )
+
+    async def _connect_tcp(
+        self, extra: Sequence[Sequence[Arg]], name: str | None
+    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+        config = self.config
+        seeds: list[Node | None]
+        if config.topology == "cluster":
+            seeds = list(dict.fromkeys([self.master, *config.nodes]))
+            seeds = [s for s in seeds if s is not None]
+        else:
+            # standalone: the URL's node; if it is a cluster, the master we last
+            # used is tried first (the URL's node may be down or a replica now)
+            seeds = [None]
+            if self.cluster and self.master is not None:
+                seeds.insert(0, self.master)
+        errors: list[MeshConnectionError] = []
+        for seed in seeds:
+            try:
+                return await self._via(seed, extra, name)
+            except MeshConnectionError as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise MeshConnectionError("; ".join(dict.fromkeys(str(e) for e in errors))) from errors[-1]
+
+    async def _via(
+        self, seed: Node | None, extra: Sequence[Sequence[Arg]], name: str | None
+    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+        """Connect to ``seed``; on a cluster, hop to the slot's master."""
+        node = seed
+        for _ in range(_MAX_HOPS):
+            stream, reader, replies, probe = await self._open(node, extra, name, cluster=None)
+            here = node if node is not None else (self.config.host, self.config.port)
+            if not probe.cluster:
+                if self.config.topology == "cluster":
+                    await trio.aclose_forcefully(stream)
+                    raise MeshConnectionError(
+                        f"{self._show(node)} is not a Redis Cluster node (cluster support "
+                        "is disabled there); use redis:// for a standalone server"
+                    )
+                try:
+                    self._refuse_replica(probe, here, stream)
+                except MeshConnectionError:
+                    await trio.aclose_forcefully(stream)
+                    raise
+                return stream, reader, replies, here
+            self.cluster = True
+            assert probe.shards is not None
+            owner = next(
+                (
+                    (addr, nid)
+                    for first, last, addr, nid in probe.shards
+                    if first <= self.slot <= last
+                ),
+                None,
+            )
+            if owner is None:
+                await trio.aclose_forcefully(stream)
+                raise MeshConnectionError(
+                    f"no master serves hash slot {self.slot} (cluster map read on "
+                    f"{self._show(node)}); the cluster is failing over or incomplete"
+                )
+            addr, owner_id = owner
+            is_me = owner_id is not None and owner_id == probe.myid
+            if is_me or (owner_id is None and addr == here):
+                if probe.role not in (None, b"master"):
+                    await trio.aclose_forcefully(stream)
+                    raise MeshConnectionError(
+                        f"{self._show(here)} owns slot {self.slot} by its map but says it "
+                        f"is a {_role_name(probe)}"
+                    )
+                self._arrived(addr)
+                return stream, reader, replies, addr
+            await trio.aclose_forcefully(stream)
+            node = addr
+        raise MeshConnectionError(
+            f"the cluster map kept changing while looking for the master of slot {self.slot}"
+        )
+
+    async def _ask_sentinels(self) -> Node:
+        config = self.config
+        sentinel_config = attrs.evolve(
+            config,
+            db=0,
+            username=config.sentinel_username,
+            password=config.sentinel_password,
+            topology="standalone",
+            nodes=(),
+        )
+        errors: list[str] = []
+        for host, port in config.nodes:
+            one = attrs.evolve(sentinel_config, host=host, port=port)
+            try:
+                stream, _, replies = await connect(
+                    one, extra=[("SENTINEL", "GET-MASTER-ADDR-BY-NAME", config.service or "")]
+                )
+            except MeshConnectionError as exc:
+                errors.append(str(exc))
+                continue
+            await trio.aclose_forcefully(stream)
+            reply = replies[0]
+            if isinstance(reply, list) and len(reply) == 2:
+                return _decode(reply[0]), int(reply[1])
+            where = self._show((host, port))
+            if reply is None:
+                errors.append(f"sentinel {where} does not know the master {config.service!r}")
+            else:
+                errors.append(f"sentinel {where} answered {reply!r:.100}")
+        raise MeshConnectionError(scrub("no sentinel named a master: " + "; ".join(errors), config))
+
+
+def _role_name(probe: _Probe) -> str:
+    if probe.role == b"slave":
+        upstream = probe.master_of_replica
+        return "replica" + (f" of {upstream[0]}:{upstream[1]}" if upstream else "")
+    return (probe.role or b"?").decode(errors="replace")

@@ -1,0 +1,305 @@
+"""What :class:`~mesh._connection.Connection` and :class:`~mesh._pubsub.PubSub` share:
+packing, reply reading, the handshake and the reconnect loop.
+
+Both connections move bytes over one trio stream fed to a ``hiredis.Reader``; they
+differ only in what they do with the replies (FIFO matching for commands, a message
+stream for pub/sub). Everything else lives here, once:
+
+* :func:`coerce_config`: a URL or a :class:`RedisConfig`, checked.
+* :func:`connect`: open the stream (TCP, unix socket, TLS) and run the handshake
+  (``AUTH``, ``SELECT``, ``CLIENT SETNAME``) in one write, bounded by
+  ``connect_timeout``.
+* :func:`next_reply` / :func:`read_replies`: the raw reply loop.
+* :func:`reconnect`: exponential backoff with jitter around a connect attempt.
+
+The connection's own read loop is not :func:`next_reply`: it is the hot path and
+hands replies to waiters in batches; it uses the same reader and constants.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import random
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeAlias, TypeVar
+
+import hiredis
+import trio
+from redis._parsers import Encoder
+from redis.exceptions import DataError
+
+from ._errors import CommandError, ConfigError, MeshConnectionError
+from ._url import RedisConfig, parse_url
+
+__all__ = [
+    "Arg",
+    "backoff_delays",
+    "coerce_config",
+    "connect",
+    "next_reply",
+    "read_replies",
+    "reconnect",
+]
+
+Arg: TypeAlias = bytes | str | int | float
+T = TypeVar("T")
+
+# Transport failures we translate to MeshConnectionError at the boundary.
+TRANSPORT_ERRORS: Final = (
+    OSError,
+    trio.BrokenResourceError,
+    ssl.SSLError,
+    hiredis.ProtocolError,
+)
+RECEIVE_SIZE: Final = 256 * 1024
+_BACKOFF_START: Final = 0.02
+_BACKOFF_CAP: Final = 1.0
+# Not a possible reply: RESP2 has no booleans, so hiredis' "no complete reply yet"
+# marker is a private object.
+NOT_ENOUGH_DATA: Final = object()
+
+
+def reply_error(message: str) -> CommandError:
+    """hiredis' ``replyError`` callback: an error reply becomes a CommandError
+    (also inside arrays, e.g. in the reply of ``EXEC``)."""
+    return CommandError(message, code=message.split(" ", 1)[0])
+
+
+def make_reader() -> Any:
+    """A fresh ``hiredis.Reader`` producing our reply types."""
+    return hiredis.Reader(replyError=reply_error, notEnoughData=NOT_ENOUGH_DATA)
+
+
+# Packing: RESP2 arrays of bulk strings, written here for the common argument
+# types (a busy runner's script call has about 40 arguments, and redis-py's
+# general serializer took twice as long). Anything else goes through redis-py's
+# Encoder, which also decides what is refused (bool, None, other objects).
+ENCODER: Final = Encoder(  # type: ignore[no-untyped-call]
+    encoding="utf-8", encoding_errors="strict", decode_responses=False
+)
+
+
+def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
+    """Pack one command into a list of bytes for the writer to join (a large
+    ``bytes`` argument is not copied here): ``str`` as UTF-8, ``int`` and
+    ``float`` as their ``repr``, ``bytes`` and ``memoryview`` as they are; a
+    first argument with spaces (``"CLIENT KILL"``) is split into words. An
+    argument of an unsupported type is a ConfigError (nothing is sent)."""
+    if not args:
+        raise ConfigError("a Redis command needs at least its name")
+    first = args[0]
+    if type(first) is str:
+        if " " in first:
+            args = (*first.encode().split(), *args[1:])
+    elif isinstance(first, bytes) and b" " in first:
+        args = (*first.split(), *args[1:])
+    out: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
+    append = out.append
+    b: bytes | memoryview
+    for a in args:
+        if isinstance(a, bytes):
+            b = a
+        elif isinstance(a, str):
+            b = a.encode()
+        elif type(a) is int:
+            b = b"%d" % a
+        else:
+            try:
+                b = ENCODER.encode(a)  # type: ignore[no-untyped-call]
+            except DataError as exc:
+                raise ConfigError(f"cannot send this argument to Redis: {exc}") from None
+        append(b"$%d\r\n" % len(b))
+        append(b)
+        append(b"\r\n")
+    return out
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of a transport error, including the OS error behind a
+    trio wrapper and the individual attempts of ``open_tcp_stream``."""
+    parts = [str(exc) or type(exc).__name__]
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, BaseExceptionGroup):
+        subs = {str(e) for e in cause.exceptions}
+        parts.append("; ".join(sorted(subs)))
+    elif cause is not None and str(cause) and str(cause) not in parts[0]:
+        parts.append(str(cause))
+    return ": ".join(parts)
+
+
+def scrub(text: str, config: RedisConfig) -> str:
+    """Belt and braces: no message we build may contain a password."""
+    for secret in (config.password, config.sentinel_password):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def coerce_config(config: RedisConfig | str) -> RedisConfig:
+    """A :class:`RedisConfig` from a config or a URL.
+
+    Raises:
+        ConfigError: a malformed URL, or neither a str nor a RedisConfig.
+    """
+    if isinstance(config, str):
+        return parse_url(config)
+    if not isinstance(config, RedisConfig):
+        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
+    return config
+
+
+def check_min_replicas(config: RedisConfig, min_replicas: int | None) -> int:
+    """``min_replicas`` if given, else the URL's; ConfigError unless an int >= 0."""
+    if min_replicas is None:
+        return config.min_replicas
+    if type(min_replicas) is not int or min_replicas < 0:
+        raise ConfigError(f"min_replicas must be an integer >= 0, not {min_replicas!r}")
+    return min_replicas
+
+
+def _ssl_context(config: RedisConfig) -> ssl.SSLContext:
+    try:
+        context = ssl.create_default_context(cafile=config.tls_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"cannot load the CA file {config.tls_ca_file!r} for {config.redacted()}: {exc}"
+        ) from exc
+    if not config.tls_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+async def next_reply(stream: trio.abc.Stream, reader: Any) -> Any:
+    """Return the next reply, reading the stream as needed.
+
+    Raises:
+        trio.BrokenResourceError: Redis closed the connection.
+        OSError, ssl.SSLError, hiredis.ProtocolError: from the stream or the parser.
+    """
+    while True:
+        reply = reader.gets()
+        if reply is not NOT_ENOUGH_DATA:
+            return reply
+        data = await stream.receive_some(RECEIVE_SIZE)
+        if not data:
+            raise trio.BrokenResourceError("Redis closed the connection")
+        reader.feed(data)
+
+
+async def read_replies(stream: trio.abc.Stream, reader: Any, count: int) -> list[Any]:
+    """Read exactly ``count`` replies (as :func:`next_reply`)."""
+    return [await next_reply(stream, reader) for _ in range(count)]
+
+
+async def connect(
+    config: RedisConfig,
+    *,
+    name: str | None = None,
+    extra: Sequence[Sequence[Arg]] = (),
+) -> tuple[trio.abc.Stream, Any, list[Any]]:
+    """Open a stream to Redis and authenticate, select the db and set the client name.
+
+    The whole of it (TCP or unix connect, TLS handshake, ``AUTH``/``SELECT``/
+    ``CLIENT SETNAME`` and ``extra``, all in one write) is bounded by
+    ``config.connect_timeout``.
+
+    Args:
+        config: where to connect.
+        name: sent with ``CLIENT SETNAME`` if given.
+        extra: more commands to send after the handshake; their replies (error
+            replies included, as CommandError values) are returned.
+
+    Returns:
+        The stream, the ``hiredis.Reader`` already fed with what was read, and the
+        replies of ``extra``.
+
+    Raises:
+        MeshConnectionError: connecting, the TLS handshake or authentication failed,
+            or it took longer than ``connect_timeout``. The message names the redacted
+            URL and the cause; it never contains the password.
+        ConfigError: the CA file cannot be loaded.
+
+    On cancellation the half-open stream is closed and nothing is left behind.
+    """
+    where = config.redacted()
+    handshake: list[Sequence[Arg]] = []
+    if config.password is not None:
+        if config.username is not None:
+            handshake.append(("AUTH", config.username, config.password))
+        else:
+            handshake.append(("AUTH", config.password))
+    if config.db:
+        handshake.append(("SELECT", config.db))
+    if name is not None:
+        handshake.append(("CLIENT", "SETNAME", name))
+    context = _ssl_context(config) if config.tls else None
+    stream: trio.abc.Stream | None = None
+    try:
+        with trio.fail_after(config.connect_timeout):
+            if config.path is not None:
+                stream = await trio.open_unix_socket(config.path)
+            else:
+                stream = await trio.open_tcp_stream(config.host, config.port)
+            if context is not None:
+                stream = trio.SSLStream(stream, context, server_hostname=config.host)
+                await stream.do_handshake()
+            reader = make_reader()
+            commands = [*handshake, *extra]
+            replies: list[Any] = []
+            if commands:
+                await stream.send_all(b"".join(b"".join(pack(c)) for c in commands))
+                replies = await read_replies(stream, reader, len(commands))
+    except trio.TooSlowError:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+        raise MeshConnectionError(
+            f"could not connect to {where} within connect_timeout={config.connect_timeout:g}s"
+        ) from None
+    except TRANSPORT_ERRORS as exc:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+        raise MeshConnectionError(
+            scrub(f"could not connect to {where}: {describe(exc)}", config)
+        ) from exc
+    except BaseException:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+        raise
+    for command, reply in zip(handshake, replies, strict=False):
+        if isinstance(reply, CommandError):
+            await trio.aclose_forcefully(stream)
+            step = str(command[0]) if command[0] != "CLIENT" else "CLIENT SETNAME"
+            raise MeshConnectionError(
+                scrub(f"{step} failed on {where}: {reply}", config)
+            ) from reply
+    return stream, reader, replies[len(handshake) :]
+
+
+def backoff_delays() -> collections.abc.Iterator[float]:
+    """Exponential backoff with jitter: each delay is uniform in [d/2, d], d going
+    from 20 ms, doubling, to a 1 s cap."""
+    delay = _BACKOFF_START
+    while True:
+        yield delay / 2 + random.random() * delay / 2
+        delay = min(delay * 2, _BACKOFF_CAP)
+
+
+async def reconnect(attempt: Callable[[], Awaitable[T]], on_error: Callable[[str], None]) -> T:
+    """Call ``attempt`` after each backoff delay until it returns.
+
+    Args:
+        attempt: one connect attempt; a :class:`MeshConnectionError` means "try again".
+        on_error: told each failed attempt's (password-free) message.
+
+    Returns:
+        What ``attempt`` returned. It never gives up; cancel it to stop.
+    """
+    for delay in backoff_delays():
+        await trio.sleep(delay)
+        try:
+            return await attempt()
+        except MeshConnectionError as exc:
+            on_error(str(exc))
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,293 @@
+"""Throwaway Sentinel and Cluster topologies on free loopback ports, for the tests.
+
+Built from plain ``redis-server`` processes (the binary of ``mesh.testing``'s
+finder) with commands only: ``CLUSTER ADDSLOTS``, ``CLUSTER MEET``, ``CLUSTER
+REPLICATE``, ``redis-server --sentinel``. No ``redis-cli``. Everything is killed
+when the ``with`` block is left (and by the kernel if the test process dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import redis
+
+from mesh._topology import keyslot
+from mesh.testing import RedisServer, _die_with_parent, _ping, find_redis_server, free_port
+
+SERVICE = "mymaster"
+
+
+def client(port: int) -> redis.Redis:
+    """A plain redis-py client, for setting the topology up and looking at it."""
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll ``check`` until it returns something true; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except (redis.RedisError, OSError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def cluster_port() -> int:
+    """A free port P <= 55535 whose cluster bus port P + 10000 is free too."""
+    while True:
+        port = random.randint(20000, 55535)
+        if port != 6379 and _bindable(port) and _bindable(port + 10000):
+            return port
+
+
+def _server(args: tuple[str, ...], dirs: list[Path]) -> RedisServer:
+    d = Path(tempfile.mkdtemp(prefix="trio-mesh-topo-"))
+    dirs.append(d)
+    port = cluster_port() if "--cluster-enabled" in args else free_port()
+    # replicas sync at once (the default waits 5 s for more replicas to join)
+    args = ("--repl-diskless-sync-delay", "0", *args)
+    server = RedisServer(find_redis_server(), port, d, args)
+    server.start()
+    return server
+
+
+def _wait_streaming(master: RedisServer, replica: RedisServer, key: str) -> None:
+    """Wait until a write on ``master`` reaches ``replica``. A replica reports its
+    link up as soon as the initial sync is loaded, but a diskless master streams
+    only after the replica's first ``REPLCONF ACK`` (up to a second later): a
+    master killed in between takes every write since with it."""
+    client(master.port).set(key, "1")
+    offset = client(master.port).info("replication")["master_repl_offset"]
+    wait_for(
+        "replication to stream",
+        lambda: client(replica.port).info("replication")["master_repl_offset"] >= offset,
+    )
+    client(master.port).delete(key)
+
+
+@attrs.define
+class SentinelProcess:
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@attrs.define
+class SentinelSetup:
+    master: RedisServer
+    replica: RedisServer
+    sentinels: list[SentinelProcess]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SERVICE}"
+
+    def master_port(self) -> int:
+        """The port the sentinels name as master right now."""
+        reply = client(self.sentinels[0].port).execute_command(
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE
+        )
+        return int(reply[1])
+
+
+@contextlib.contextmanager
+def sentinel_setup(sentinels: int = 1, down_after_ms: int = 400) -> Iterator[SentinelSetup]:
+    """One master, one replica and ``sentinels`` sentinels watching them (quorum: a
+    majority), with a small ``down-after-milliseconds``."""
+    dirs: list[Path] = []
+    procs: list[SentinelProcess] = []
+    servers: list[RedisServer] = []
+    try:
+        master = _server((), dirs)
+        servers.append(master)
+        replica = _server(("--replicaof", "127.0.0.1", str(master.port)), dirs)
+        servers.append(replica)
+        wait_for(
+            "the replica to sync",
+            lambda: client(replica.port).info("replication")["master_link_status"] == "up",
+        )
+        _wait_streaming(master, replica, "trio-mesh-probe")
+        quorum = sentinels // 2 + 1
+        for _ in range(sentinels):
+            port = free_port()
+            d = Path(tempfile.mkdtemp(prefix="trio-mesh-sentinel-"))
+            dirs.append(d)
+            conf = d / "sentinel.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {d}\nlogfile {d / 'sentinel.log'}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {master.port} {quorum}\n"
+                f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
+                f"sentinel failover-timeout {SERVICE} 2000\n"
+                f"sentinel parallel-syncs {SERVICE} 1\n"
+            )
+            process = subprocess.Popen(
+                [master.binary, str(conf), "--sentinel"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent
+                if threading.current_thread() is threading.main_thread()
+                else None,
+            )
+            procs.append(SentinelProcess(port, process))
+            wait_for(f"sentinel on {port}", lambda port=port: _ping(port))  # type: ignore[misc]
+        for s in procs:
+            wait_for(
+                "the sentinels to see the replica",
+                lambda s=s: client(s.port).execute_command(  # type: ignore[misc]
+                    "SENTINEL", "REPLICAS", SERVICE
+                ),
+            )
+        yield SentinelSetup(master, replica, procs)
+    finally:
+        for p in procs:
+            p.stop()
+        for server in servers:
+            server.stop()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@attrs.define
+class ClusterSetup:
+    masters: list[RedisServer]
+    replicas: list[RedisServer]
+    dirs: list[Path]
+
+    @property
+    def nodes(self) -> list[RedisServer]:
+        return [*self.masters, *self.replicas]
+
+    def url(self, server: RedisServer | None = None, scheme: str = "redis") -> str:
+        if scheme == "redis+cluster":
+            return "redis+cluster://" + ",".join(f"127.0.0.1:{m.port}" for m in self.masters)
+        return f"redis://127.0.0.1:{(server or self.masters[0]).port}"
+
+    def owner_port(self, slot: int, via: RedisServer | None = None) -> int:
+        """The port of the master serving ``slot``, by the map of ``via``."""
+        for entry in client((via or self.live()[0]).port).execute_command("CLUSTER", "SLOTS"):
+            if entry[0] <= slot <= entry[1]:
+                return int(entry[2][1])
+        raise AssertionError(f"nobody serves slot {slot}")
+
+    def live(self) -> list[RedisServer]:
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Wait until every live node says the cluster is ok and agrees on the map."""
+
+        def ok() -> bool:
+            maps = set()
+            for n in self.live():
+                c = client(n.port)
+                if c.execute_command("CLUSTER", "INFO").find(b"cluster_state:ok") == -1:
+                    return False
+                maps.add(
+                    tuple(
+                        sorted(
+                            (e[0], e[1], int(e[2][1]))
+                            for e in c.execute_command("CLUSTER", "SLOTS")
+                        )
+                    )
+                )
+            return len(maps) == 1
+
+        wait_for("the cluster to be ok and agree", ok, timeout)
+
+
+def _node_id(server: RedisServer) -> str:
+    return client(server.port).execute_command("CLUSTER", "MYID").decode()
+
+
+@contextlib.contextmanager
+def cluster_setup(
+    masters: int = 3, replica_of_slot: int | None = None, node_timeout_ms: int = 1000
+) -> Iterator[ClusterSetup]:
+    """``masters`` masters sharing the 16384 slots evenly, and, if ``replica_of_slot``
+    is given, one replica of the master that serves that slot."""
+    dirs: list[Path] = []
+    args = (
+        "--cluster-enabled", "yes",
+        "--cluster-config-file", "nodes.conf",
+        "--cluster-node-timeout", str(node_timeout_ms),
+        "--cluster-replica-validity-factor", "0",
+    )  # fmt: skip
+    setup = ClusterSetup([], [], dirs)
+    try:
+        for _ in range(masters):
+            setup.masters.append(_server(args, dirs))
+        step = 16384 // masters
+        for i, m in enumerate(setup.masters):
+            first, last = i * step, (16383 if i == masters - 1 else (i + 1) * step - 1)
+            client(m.port).execute_command("CLUSTER", "ADDSLOTS", *range(first, last + 1))
+        first_node = client(setup.masters[0].port)
+        for m in setup.masters[1:]:
+            first_node.execute_command("CLUSTER", "MEET", "127.0.0.1", m.port)
+        setup.wait_ok()
+        if replica_of_slot is not None:
+            owner_port = setup.owner_port(replica_of_slot)
+            owner = next(m for m in setup.masters if m.port == owner_port)
+            owner_id = _node_id(owner)
+            replica = _server(args, dirs)
+            setup.replicas.append(replica)
+            client(replica.port).execute_command("CLUSTER", "MEET", "127.0.0.1", owner.port)
+            wait_for(
+                "the new node to learn the master",
+                lambda: (
+                    owner_id.encode() in client(replica.port).execute_command("CLUSTER", "NODES")
+                ),
+            )
+            client(replica.port).execute_command("CLUSTER", "REPLICATE", owner_id)
+            wait_for(
+                "the replica to sync",
+                lambda: client(replica.port).info("replication").get("master_link_status") == "up",
+            )
+            names = (f"p{i}" for i in range(10**6))
+            probe = next(k for k in names if keyslot(k) == replica_of_slot)
+            _wait_streaming(owner, replica, probe)
+            # Every master must know it as the replica (for MFSTART and for votes).
+            for m in setup.masters:
+                wait_for(
+                    "the masters to learn the replica",
+                    lambda m=m: client(m.port).execute_command(  # type: ignore[misc]
+                        "CLUSTER", "REPLICAS", owner_id
+                    ),
+                )
+            setup.wait_ok()
+        yield setup
+    finally:
+        for n in setup.nodes:
+            n.stop()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
