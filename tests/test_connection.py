@@ -594,7 +594,7 @@ def test_pack_matches_redis_py(args: tuple[object, ...]) -> None:
     from redis._parsers import Encoder
     from redis.connection import PythonRespSerializer
 
-    from mesh._connection import _pack
+    from mesh._transport import pack as _pack
 
     # redis-py's sans-IO classes carry no annotations
     encoder = Encoder(encoding="utf-8", encoding_errors="strict", decode_responses=False)  # type: ignore[no-untyped-call]

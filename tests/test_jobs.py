@@ -543,6 +543,7 @@ async def test_result_waits_for_the_handlers_value_and_raises_for_dead_letters(
         assert await client.result(Q, "int", timeout=5) is None  # not bytes/str: None
         with pytest.raises(mesh.DeadLetterError) as ei:
             await client.result(Q, "bad", timeout=5)
+        assert isinstance(ei.value.dead_letter, mesh.DeadLetter)
         assert ei.value.dead_letter.error == "ValueError: cannot"
         assert isinstance(ei.value, mesh.MeshError)
         with pytest.raises(TimeoutError):
@@ -573,7 +574,7 @@ async def test_results_expire_and_plain_queues_keep_none(
             await client.result("plain", "y", timeout=0.1)
 
         async def expired() -> bool:
-            return await client._conn.execute("EXISTS", keys.result(Q, b"x")) == 0
+            return bool(await client._conn.execute("EXISTS", keys.result(Q, b"x")) == 0)
 
         await wait_for(expired, within=3, what="the result expired")
         with pytest.raises(TimeoutError):

@@ -203,7 +203,7 @@ class MeshModel(RuleBasedStateMachine):
                 ok or rec is not None
             )
             if ok:
-                assert parse_result(rec, known)[1] == b"r" + known  # type: ignore[index, arg-type]
+                assert parse_result(rec, known)[1] == b"r" + known  # type: ignore[index]
         if ok:
             _, _, payload = self.procs.pop(pid)
             self.old_pids.append((w, q, pid))
@@ -428,11 +428,8 @@ class MeshModel(RuleBasedStateMachine):
     def dead_letters(self, q: str, data: st.DataObject, requeue: bool) -> None:
         """Requeue or purge all dead letters of a queue, or some of them."""
         dead = self.dead_payloads(q)
-        chosen = (
-            data.draw(st.lists(st.sampled_from(dead), unique=True))
-            if dead and data.draw(st.booleans())
-            else None
-        )
+        some: bool = bool(dead) and data.draw(st.booleans())
+        chosen = data.draw(st.lists(st.sampled_from(dead), unique=True)) if some else None
         mode = "requeue" if requeue else "purge"
         done, refused = run(self.b.dead(self.x, q, mode, chosen))
         assert refused == 0  # a dead-lettered one-shot payload is never made persistent here

@@ -17,8 +17,11 @@ import redis.connection
 from redis._parsers import Encoder
 from redis.exceptions import DataError
 
-from mesh._connection import _ENCODER, _NOT_ENOUGH_DATA, _make_reader, _pack
 from mesh._errors import CommandError, ConfigError
+from mesh._transport import ENCODER as _ENCODER
+from mesh._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+from mesh._transport import make_reader as _make_reader
+from mesh._transport import pack as _pack
 
 encode = cast(Callable[[object], Any], _ENCODER.encode)
 

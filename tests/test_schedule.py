@@ -127,7 +127,7 @@ async def test_client_schedules_list_and_validation(redis_url: str, namespace: s
         assert [s.task for s in await client.schedules("other")] == [b"b"]
         for bad in ({}, {"every": 1, "cron": "* * * * *"}, {"every": 0.01}, {"cron": "nope"}):
             with pytest.raises(ConfigError):
-                await client.schedule(Q, "x", **bad)  # type: ignore[arg-type]
+                await client.schedule(Q, "x", **bad)
         assert await client.unschedule(Q, "a") is True
         assert await client.unschedule(Q, "a") is False
         assert [s.task for s in await client.schedules()] == [b"b"]
