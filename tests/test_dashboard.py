@@ -298,3 +298,63 @@ async def test_a_port_in_use_is_a_config_error(redis_url: str, namespace: str) -
         with pytest.raises(mesh.ConfigError, match="cannot serve the dashboard"):
             async with serve_dashboard(client, port=port):
                 pass  # pragma: no cover
+
+
+async def test_dead_letters_are_requeued_from_the_page_and_purged(
+    redis_url: str, namespace: str
+) -> None:
+    async def fail(p: mesh.Process) -> None:
+        raise RuntimeError("boom")
+
+    async with dashboard(redis_url, namespace) as (client, url):
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=1) as w:
+            await w.start_work("jobs", fail, max_attempts=1)
+            await client.enqueue_many("jobs", ["a", "b"])
+            with trio.fail_after(10):
+                while len(await client.dead_letters("jobs")) < 2:  # noqa: ASYNC110 - Redis
+                    await trio.sleep(0.01)
+        with chromium() as driver:
+            await in_page(driver, lambda d: d.get(url))
+            row = await page_until(driver, row_text("queues", "queue", "jobs"), what="jobs")
+            assert "requeue" in row and "purge" in row
+
+            def click_requeue(d: Any) -> None:
+                from selenium.common.exceptions import StaleElementReferenceException
+                from selenium.webdriver.common.by import By
+
+                for _ in range(50):  # the table is redrawn at every update
+                    try:
+                        d.find_element(By.CSS_SELECTOR, "#queues button.dead-requeue").click()
+                        break
+                    except StaleElementReferenceException:
+                        continue
+                alert = d.switch_to.alert
+                assert "jobs" in alert.text
+                alert.accept()
+
+            await in_page(driver, click_requeue)
+            await page_until(
+                driver,
+                row_text("queues", "queue", "jobs") + "?.includes('requeue') === false",
+                what="no dead letters left",
+            )
+        assert await client.dead_letters("jobs") == []
+        assert sorted(await client.tasks("jobs")) == [b"a", b"b"]
+        # purge, over HTTP (the page's other button sends the same request)
+        await client.enqueue("x", "y")
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=1) as w:
+            await w.start_work("x", fail, max_attempts=1)
+            with trio.fail_after(10):
+                while not await client.dead_letters("x"):  # noqa: ASYNC110 - Redis
+                    await trio.sleep(0.01)
+        headers = {"Content-Type": "application/json", "X-Mesh-Action": "1"}
+        body = json.dumps({"queue": "x"}).encode()
+        status, text = await trio.to_thread.run_sync(
+            lambda: http(url + "api/dead/purge", data=body, headers=headers)
+        )
+        assert status == 200 and json.loads(text) == {"purged": 1}
+        assert await client.dead_letters("x") == []
+        status, _ = await trio.to_thread.run_sync(
+            lambda: http(url + "api/dead/drop-table", data=body, headers=headers)
+        )
+        assert status == 404

@@ -9,6 +9,9 @@ Routes:
 * ``GET /state``: the latest state, as JSON.
 * ``POST /api/cancel``: ``{"queue": Q, "task_b64": ...}`` (or ``"task"``:
   text): cancel a task by payload (see :meth:`mesh.Client.cancel`).
+* ``POST /api/dead/requeue``, ``POST /api/dead/purge``: ``{"queue": Q}``: put
+  every dead letter of Q back in the queue, or drop them all
+  (:meth:`mesh.Client.requeue_dead`, :meth:`mesh.Client.purge_dead`).
 
 Actions need the header ``X-Mesh-Action: 1``, which a cross-site form cannot
 send, so another web site cannot make a browser that has the page open
@@ -134,12 +137,34 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
         await poller.poll_once()  # show the result at once
         return JSONResponse({"cancelled": n})
 
+    async def dead(request: Request) -> Response:
+        if request.headers.get("x-mesh-action") != "1":
+            return JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
+        mode = request.path_params["mode"]
+        if mode not in ("requeue", "purge"):
+            return JSONResponse({"error": f"no such action: {mode}"}, status_code=404)
+        try:
+            body: Any = await request.json()
+            queue = check_queue(body["queue"])
+        except (ValueError, KeyError, TypeError, ConfigError) as exc:
+            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        try:
+            if mode == "requeue":
+                n = await poller.client.requeue_dead(queue)
+            else:
+                n = await poller.client.purge_dead(queue)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        await poller.poll_once()
+        return JSONResponse({mode + "d": n})
+
     app: ASGIApp = Starlette(
         routes=[
             Route("/", index),
             Route("/state", state),
             Route("/events", events),
             Route("/api/cancel", cancel, methods=["POST"]),
+            Route("/api/dead/{mode:str}", dead, methods=["POST"]),
         ]
     )
     if token:
