@@ -30,6 +30,7 @@ from ._scripts import parse_record
 from ._types import Process, QueueInfo, WorkerInfo
 
 __all__ = [
+    "show_payload",
     "MeshCounts",
     "Overview",
     "QueueCounts",
@@ -38,6 +39,20 @@ __all__ = [
     "overview",
     "snapshot",
 ]
+
+
+def show_payload(task: bytes, width: int = 80, ellipsis: str = "…") -> str:
+    """A payload for humans (``mesh status``, the dashboard): its text when
+    it is printable UTF-8, else a ``b'...'`` literal; cut to ``width``
+    characters, the last ones being ``ellipsis``. Sync, no I/O."""
+    try:
+        text = task.decode()
+    except UnicodeDecodeError:
+        text = repr(task)
+    else:
+        if not text.isprintable():
+            text = repr(task)
+    return text if len(text) <= width else text[: width - len(ellipsis)] + ellipsis
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ import trio
 import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._keys import Keys, check_queue
+from mesh._view import show_payload
 
 __all__ = [
     "DEFAULT_URL",
@@ -182,16 +183,9 @@ def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> lis
 
 
 def show_task(task: bytes, width: int = 60) -> str:
-    """A payload for humans: its text when it is printable UTF-8, else a
-    ``b'...'`` literal; cut to ``width`` characters."""
-    try:
-        text = task.decode()
-    except UnicodeDecodeError:
-        text = repr(task)
-    else:
-        if not text.isprintable():
-            text = repr(task)
-    return text if len(text) <= width else text[: width - 3] + "..."
+    """A payload for humans, cut to ``width`` characters with ``...`` (see
+    :func:`mesh._view.show_payload`)."""
+    return show_payload(task, width, "...")
 
 
 def json_task(task: bytes) -> dict[str, str]:

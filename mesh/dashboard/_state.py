@@ -18,7 +18,7 @@ import trio
 from .._client import Client
 from .._errors import MeshError
 from .._types import Process
-from .._view import Overview, overview
+from .._view import Overview, overview, show_payload
 
 __all__ = ["Poller", "Tracker", "show_payload"]
 
@@ -26,19 +26,6 @@ log = logging.getLogger("mesh.dashboard")
 
 #: At most this many persistent tasks are listed (the counts stay exact).
 MAX_PERSISTENT_ROWS = 500
-
-
-def show_payload(task: bytes, width: int = 80) -> str:
-    """A payload for humans: its text when it is printable UTF-8, else a
-    ``b'...'`` literal; cut to ``width`` characters."""
-    try:
-        text = task.decode()
-    except UnicodeDecodeError:
-        text = repr(task)
-    else:
-        if not text.isprintable():
-            text = repr(task)
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _b64(task: bytes) -> str:
