@@ -448,6 +448,7 @@ class Binding:
         for q in queues:
             keys += (k.queue(q), k.delayed(q), k.held(worker, q), k.idle(q))
             keys += (k.persistent(q), k.standby(q), k.servers(q), k.moving(q), k.reserved(q))
+            keys.append(k.prio(q))
         r = await self._run(
             conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks]
         )
@@ -498,6 +499,8 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
             k.reserved(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         args = [
             worker,
@@ -687,6 +690,8 @@ class Binding:
             k.idle(queue),
             k.moving(queue),
             k.reserved(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         keep = keep_ms > 0 and not failed
         args: list[Any] = [
@@ -721,6 +726,8 @@ class Binding:
             k.delayed(queue),
             k.standby(queue),
             k.idle(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.wake_prefix, worker]))
 
@@ -774,6 +781,8 @@ class Binding:
                     k.delayed(q),
                     k.standby(q),
                     k.idle(q),
+                    k.prio(q),
+                    k.delayed_prio(q),
                 )
             for w in ws:
                 keys += (k.held(w, q) for q in qs)
@@ -832,10 +841,14 @@ class Binding:
         r = await self._run(conn, "reap_check", [self.keys.workers], [limit, lease_ms])
         return ReapCheck(int(r[0]), int(r[1]), int(r[2]), [w.decode() for w in r[3:]])
 
-    async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
+    async def enqueue(
+        self, conn: Executor, queue: str, payloads: Sequence[bytes], priority: int = 0
+    ) -> int:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        return int(await self._run(conn, "enqueue", keys, [queue, k.wake_prefix, *payloads]))
+        keys.append(k.prio(queue))
+        args = [queue, k.wake_prefix, priority, *payloads]
+        return int(await self._run(conn, "enqueue", keys, args))
 
     async def delay(
         self,
@@ -845,13 +858,17 @@ class Binding:
         *,
         in_ms: int = 0,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> DelayReply:
         """``delay.lua``: delay ``payloads`` by ``in_ms`` ms of the Redis clock,
-        or until ``at_ms`` (ms since the epoch, Redis clock)."""
+        or until ``at_ms`` (ms since the epoch, Redis clock); when due they
+        go to the front of level ``priority``."""
         k = self.keys
         keys = [k.delayed(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
+        keys.append(k.delayed_prio(queue))
         mode, ms = ("in", in_ms) if at_ms is None else ("at", at_ms)
-        r = await self._run(conn, "delay", keys, [queue, k.wake_prefix, mode, ms, *payloads])
+        args = [queue, k.wake_prefix, mode, ms, priority, *payloads]
+        r = await self._run(conn, "delay", keys, args)
         return DelayReply(int(r[0]), int(r[1]), int(r[2]))
 
     async def dead(
@@ -922,7 +939,7 @@ class Binding:
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        keys.append(k.delayed(queue))
+        keys += (k.delayed(queue), k.prio(queue))
         r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, *payloads])
         return [x == 1 for x in r]
 
@@ -931,6 +948,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.standby(queue), k.reserved(queue)]
+        keys += [k.prio(queue), k.delayed_prio(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -939,7 +957,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
-        keys += [k.moving(queue), k.reserved(queue)]
+        keys += [k.moving(queue), k.reserved(queue), k.prio(queue), k.delayed_prio(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 
@@ -1004,6 +1022,10 @@ def _parse_finish(r: Any) -> list[bool]:
     return [x == 1 for x in r]
 
 
+# A process record's kind: persistent, one-shot, one-shot with a priority.
+_KINDS = frozenset([b"p", b"o", *(f"o{i}".encode() for i in range(1, 10))])
+
+
 def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
     """A :class:`Process` from a field and value of ``{ns}:procs:<Q>``.
 
@@ -1011,7 +1033,7 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
         ProtocolError: the record is not of the documented shape.
     """
     parts = rec.split(b"\0", 8)
-    if len(parts) != 9 or parts[1] not in (b"p", b"o"):
+    if len(parts) != 9 or parts[1] not in _KINDS:
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)
     return Process(

@@ -146,6 +146,7 @@ async def counts(client: Client) -> MeshCounts:
             ("HGETALL", k.persistent(q)),
             ("SMEMBERS", k.standby(q)),
             ("LLEN", k.dead(q)),
+            ("ZCARD", k.prio(q)),
         ]
     *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
     for r in replies:
@@ -153,7 +154,8 @@ async def counts(client: Client) -> MeshCounts:
             raise r
     out = []
     for i, q in enumerate(queues):
-        queued, delayed, running, persistent, standby, dead = replies[2 + 6 * i : 8 + 6 * i]
+        queued, delayed, running, persistent, standby, dead, prio = replies[2 + 7 * i : 9 + 7 * i]
+        queued += prio  # tasks with a priority are queued too
         out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead))
     return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out)
 
@@ -231,6 +233,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             ("SMEMBERS", k.standby(q)),
             ("LLEN", k.dead(q)),
             ("SMEMBERS", k.servers(q)),
+            ("ZCARD", k.prio(q)),
         ]
     if new:
         cmds.append(("HMGET", k.info, *new))
@@ -249,7 +252,9 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
     processes: list[Process] = []
     out: list[QueueCounts] = []
     for i, q in enumerate(queues):
-        queued, delayed, procs, persistent, standby, dead, servers = replies[7 * i : 7 * i + 7]
+        group = replies[8 * i : 8 * (i + 1)]
+        queued, delayed, procs, persistent, standby, dead, servers, prio = group
+        queued += prio  # tasks with a priority are queued too
         for j in range(0, len(procs), 2):
             p = parse_record(procs[j], procs[j + 1], q)
             processes.append(p)

@@ -131,3 +131,17 @@ async def test_schedule_add_list_remove(redis_url: str, namespace: str, ns_args:
     assert "cron" in assert_one_line_error(r, 1)
     r = await mesh_cli("schedule", "add", "q", "x", *ns_args)  # neither --every nor --cron
     assert_one_line_error(r, 2)
+
+
+async def test_enqueue_priority(redis_url: str, namespace: str, ns_args: list[str]) -> None:
+    r = await mesh_cli("enqueue", "q", "low", *ns_args)
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("enqueue", "q", "high", "--priority", "7", "--json", *ns_args)
+    assert r.returncode == 0, text(r)
+    assert json.loads(r.stdout) == {"queue": "q", "enqueued": 1}
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.tasks("q") == [b"high", b"low"]
+    for bad in ("10", "-1", "x"):
+        r = await mesh_cli("enqueue", "q", "x", "--priority", bad, *ns_args)
+        assert_one_line_error(r, 2)
+        assert "from 0 to 9" in r.stderr.decode()
