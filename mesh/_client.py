@@ -401,12 +401,37 @@ class Client:
             out.append(Schedule(q, payload, every, expr, int(float(flat[i + 1])) / 1000))
         return out
 
-    async def delayed(self, queue: str) -> list[DelayedTask]:
+    async def delayed(self, queue: str, *, limit: int | None = None) -> list[DelayedTask]:
         """The tasks of ``queue`` waiting for their due time (enqueued with a
-        delay, or failed and waiting for a retry), the first due first."""
+        delay, or failed and waiting for a retry), the first due first: all,
+        or the first ``limit``.
+
+        Raises:
+            ConfigError: a bad queue name or a ``limit`` below 0.
+        """
         check_queue(queue)
-        r = await self._check().execute("ZRANGE", self._keys.delayed(queue), 0, -1, "WITHSCORES")
-        return [DelayedTask(r[i], int(float(r[i + 1])) / 1000) for i in range(0, len(r), 2)]
+        if limit is not None and (isinstance(limit, bool) or limit < 0):
+            raise ConfigError(f"limit must be a whole number >= 0, got {limit!r}")
+        if limit == 0:
+            return []
+        conn = self._check()
+        k = self._keys
+        end = -1 if limit is None else limit - 1
+        r, leveled = await _transaction(
+            conn,
+            [
+                ("ZRANGE", k.delayed(queue), 0, end, "WITHSCORES"),
+                ("EXISTS", k.delayed_prio(queue)),
+            ],
+        )
+        payloads = r[0::2]
+        levels = [None] * len(payloads)
+        if leveled and payloads:
+            levels = await conn.execute("HMGET", k.delayed_prio(queue), *payloads)
+        return [
+            DelayedTask(p, int(float(due)) / 1000, int(lv or 0))
+            for p, due, lv in zip(payloads, r[1::2], levels, strict=True)
+        ]
 
     async def ensure(self, queue: str, task: bytes | str) -> bool:
         """Make ``task`` a persistent task of ``queue``: one live owner at a time,

@@ -371,6 +371,17 @@ class RecycleReply:
     dead_lettered: int
 
 
+class CrashDeadLetter(NamedTuple):
+    """A task a recycle dead-lettered (its crashed worker's attempt was its
+    last allowed one), for the recycler's log line."""
+
+    queue: str
+    head: bytes  # the payload's first 161 bytes
+    attempts: int
+    max_attempts: int
+    worker: str  # the crashed worker
+
+
 @attrs.frozen
 class RecycleManyReply:
     """What one ``recycle.lua`` call did."""
@@ -380,6 +391,7 @@ class RecycleManyReply:
     returned: int  # processes handed back (or delayed)
     dead_lettered: int
     queues: list[str]  # the queues the call was given (learned ones included)
+    dead: list[CrashDeadLetter] = attrs.Factory(list)  # the dead-lettered tasks
 
 
 @attrs.frozen
@@ -791,10 +803,14 @@ class Binding:
             if int(r[0]) == 0:
                 return RecycleManyReply(
                     recycled=int(r[3]),
-                    alive=[w.decode() for w in r[4:]],
+                    alive=[w.decode() for w in r[4]],
                     returned=int(r[1]),
                     dead_lettered=int(r[2]),
                     queues=qs,
+                    dead=[
+                        CrashDeadLetter(t[0].decode(), t[1], int(t[2]), int(t[3]), t[4].decode())
+                        for t in r[5]
+                    ],
                 )
             qs += [q.decode() for q in r[1:]]
         raise ProtocolError(f"recycle of workers {ws}: their queues kept changing")

@@ -27,7 +27,7 @@ import attrs
 
 from ._client import Client, _load_info
 from ._scripts import parse_record
-from ._types import Process, QueueInfo, WorkerInfo
+from ._types import DelayedTask, Process, QueueInfo, WorkerInfo
 
 __all__ = [
     "show_payload",
@@ -64,17 +64,23 @@ class Snapshot:
         workers: every registered worker (live, or dead and not yet recycled).
         queues: the counts of every known queue.
         processes: every running process, if asked for.
+        delayed: per queue with delayed tasks, the first due of them, if
+            asked for.
     """
 
     now: float
     workers: list[WorkerInfo]
     queues: list[QueueInfo]
     processes: list[Process] | None
+    delayed: dict[str, list[DelayedTask]] | None = None
 
 
-async def snapshot(client: Client, *, processes: bool = False) -> Snapshot:
+async def snapshot(
+    client: Client, *, processes: bool = False, delayed: int | None = None
+) -> Snapshot:
     """Read workers, queue counts (all queues in one transaction) and,
-    optionally, the running processes.
+    optionally, the running processes and the first ``delayed`` delayed
+    tasks of each queue that has some.
 
     Raises:
         MeshConnectionError: Redis could not be reached.
@@ -85,7 +91,13 @@ async def snapshot(client: Client, *, processes: bool = False) -> Snapshot:
     workers = await client.workers()
     queues = await client.queue_infos()
     procs = await client.processes() if processes else None
-    return Snapshot(now, workers, queues, procs)
+    due = None
+    if delayed is not None:
+        due = {}
+        for q in queues:
+            if q.delayed:
+                due[q.name] = await client.delayed(q.name, limit=delayed)
+    return Snapshot(now, workers, queues, procs, due)
 
 
 @attrs.frozen

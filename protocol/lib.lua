@@ -278,11 +278,13 @@ end
 -- (see to_standby). A task with a priority goes to the front (or back) of
 -- its level in `prio`, and keeps its level in `dprio` while delayed (see
 -- prio_add). One Redis call per kind of write, not one per process.
--- Returns (handed back or delayed, dead-lettered).
+-- Returns (handed back or delayed, dead-lettered, and per dead-lettered task
+-- {the first 161 bytes of its payload, attempts made, max attempts}: for the
+-- caller's log line).
 local function return_held(held, procs, queue, persistent, attempts, dead, delayed, count_attempt,
                            now, standby, prio, dprio)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
-  if #ids == 0 then return 0, 0 end
+  if #ids == 0 then return 0, 0, {} end
   local recs = hmget_all(procs, ids)
   -- newest claim first: the last LPUSHed, the oldest, ends up at the head
   local rs = {}
@@ -309,7 +311,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   end
   local keep = {}
   local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
-  local leveled, nleveled = {}, 0
+  local leveled, nleveled, told = {}, 0, {}
   for _, r in ipairs(rs) do
     gone[#gone + 1] = r.id
     local where, delay = 'front', 0
@@ -323,6 +325,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     if where == 'dead' then
       buried[#buried + 1] = dead_record(now, made, r.worker,
         'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
+      told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
     else
       if r.persistent then
         pers[#pers + 1] = r.payload
@@ -371,7 +374,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     nleveled = nleveled + #l.front + #l.back
   end
   redis.call('DEL', held)
-  return #front + #later / 2 + #back_end + nleveled, #buried
+  return #front + #later / 2 + #back_end + nleveled, #buried, told
 end
 
 -- Rate limit of a queue: a token bucket of `rate` claims per `per` ms, on the

@@ -9,7 +9,7 @@
 -- (graceful stop, or after it found itself fenced); no attempt is counted.
 -- Several dead workers recycled in one call wake the idle servers of a queue
 -- once per call, not once per worker. Safe to run twice: the second run finds
--- nothing left, recycles nobody and returns {0, 0, 0, 0}.
+-- nothing left, recycles nobody and returns {0, 0, 0, 0, {}, {}}.
 --
 -- KEYS[1] {ns}:workers       ZSET lease deadlines
 -- KEYS[2] {ns}:info          HASH worker descriptions
@@ -30,7 +30,10 @@
 -- ARGV[5..4+n] the worker ids W_j, then the queue names Q_i, in the order of
 --   their keys. A queue that a worker does not serve is harmless.
 -- Returns: {0, handed back (or delayed), dead-lettered, workers recycled,
---           ids of workers found alive...} when done. A worker counts as
+--           {ids of workers found alive}, {per dead-lettered task: its
+--           queue, the first 161 bytes of its payload, attempts made, max
+--           attempts, the worker}} when done (the caller logs a line per
+--           dead-lettered task). A worker counts as
 --          recycled if anything of it was left (a lease deadline, a
 --          description, a process); one found alive (mode "dead": it renewed
 --          in the same millisecond) is left as it was, but for its deadline
@@ -90,12 +93,12 @@ for j = 1, n do
 end
 if #missing > 1 then return missing end
 
-local out = {0, 0, 0, 0}
+local out, alive_ids, told = {0, 0, 0, 0}, {}, {}
 for _, j in ipairs(alive) do
   -- alive after all: put its true deadline back, which a reap lease may have moved
   local left = redis.call('PTTL', KEYS[3 + 3 * (j - 1)])
   if left >= 0 then redis.call('ZADD', KEYS[1], 'XX', now_ms() + left, ARGV[4 + j]) end
-  out[#out + 1] = ARGV[4 + j]
+  alive_ids[#alive_ids + 1] = ARGV[4 + j]
 end
 
 local now = now_ms()
@@ -107,13 +110,16 @@ for _, j in ipairs(todo) do
   local back, buried = 0, 0
   for i = 1, m do
     local q = qbase + 11 * (i - 1)
-    local b, d = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
+    local b, d, dl = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
       KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now, KEYS[q + 8],
       KEYS[q + 10], KEYS[q + 11])
     redis.call('SREM', KEYS[q + 6], w)
     redis.call('SREM', KEYS[q + 9], w)
     back_q[i] = back_q[i] + b
     back, buried = back + b, buried + d
+    for _, t in ipairs(dl) do
+      told[#told + 1] = {ARGV[4 + n + i], t[1], t[2], t[3], w}
+    end
   end
   redis.call('DEL', KEYS[3 + wk], KEYS[4 + wk], KEYS[5 + wk])
   if known > 0 or back + buried > 0 then out[4] = out[4] + 1 end
@@ -122,4 +128,5 @@ end
 for i = 1, m do
   wake_idle(KEYS[qbase + 11 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
 end
+out[5], out[6] = alive_ids, told
 return out

@@ -344,6 +344,33 @@ async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
         assert await client.requeue_dead(Q, []) == 0
 
 
+async def test_a_peer_that_recycles_a_crashed_worker_logs_each_task_it_dead_letters(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from .protocol_helpers import expire_worker
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        conn, b, keys = client._conn, Binding(client._keys), client._keys
+        inc = await join(b, conn, "crashed", Q)
+        await client.enqueue_many(Q, ["doomed", "spared"])
+        await b.claim(conn, "crashed", inc, Q, 1, 1)  # its last allowed attempt
+        await b.claim(conn, "crashed", inc, Q, 1, 3)
+        with caplog.at_level("WARNING", logger="mesh.worker"):
+            await expire_worker(conn, keys, "crashed")  # forced, not slept
+
+            async def recycled() -> bool:
+                return await client.queue_length(Q) == 1
+
+            await wait_for(recycled, within=10, what="the live worker recycled the crashed one")
+        lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+        assert len(lines) == 1, lines
+        line = lines[0]
+        assert "'doomed'" in line and Q in line and "attempt 1 of 1" in line
+        assert "crashed" in line and w.id in line and "\n" not in line
+        assert [d.task for d in await client.dead_letters(Q)] == [b"doomed"]
+        assert await client.tasks(Q) == [b"spared"]
+
+
 # --- queue policy and timeouts -------------------------------------------------
 
 
@@ -443,7 +470,7 @@ async def test_the_queue_policy_wins_over_start_work_options_with_a_warning(
 
 
 async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
-    redis_url: str, namespace: str
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     cancelled: list[Process] = []
     runs: list[Process] = []
@@ -461,12 +488,17 @@ async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await client.configure(Q, timeout=0.2, max_attempts=2, backoff=0.01, backoff_max=0.01)
         await w.start_work(Q, slow)
-        await client.enqueue_many(Q, ["slow", "quick"])
+        with caplog.at_level("WARNING", logger="mesh.worker"):
+            await client.enqueue_many(Q, ["slow", "quick"])
 
-        async def dead() -> bool:
-            return len(await client.dead_letters(Q)) == 1
+            async def dead() -> bool:
+                return len(await client.dead_letters(Q)) == 1
 
-        await wait_for(dead, within=5)
+            await wait_for(dead, within=5)
+        # one line for the timeout that dead-lettered it
+        lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert "'slow'" in lines[0] and "TimeoutError" in lines[0] and "attempt 2 of 2" in lines[0]
         (d,) = await client.dead_letters(Q)
         assert d.task == b"slow" and d.attempts == 2
         assert d.error == "TimeoutError: the handler ran longer than 0.2 s"
