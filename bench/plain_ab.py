@@ -78,13 +78,145 @@ def child_claim_cost(claims: int) -> dict[str, float]:
         return trio.run(go, server.url)
 
 
+def child_interleaved(tree_a: Path, tree_b: Path, rounds: int, block: int) -> dict[str, float]:
+    """Run in tree B: both trees' ``claim.lua`` on one redis-server, taking
+    from one plain queue in alternating blocks of ``block`` calls; the Redis
+    time of each block from ``INFO commandstats``. Both see the same data
+    and the same machine load, block after block."""
+    import hashlib
+    import time
+
+    import trio
+
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+    from mesh._scripts import Binding, Script, _expand, run_script
+    from mesh.testing import run_redis_server
+
+    scripts, nkeys = {}, {}
+    for name, tree in (("A", tree_a), ("B", tree_b)):
+        src = _expand(tree / "protocol", "claim.lua")
+        scripts[name] = Script("claim", src, hashlib.sha1(src).hexdigest())
+        # protocol 4's claim takes 13 keys (14: the rate bucket), 5's 15
+        nkeys[name] = 15 if b"KEYS[14] {ns}:prio" in src else 13
+
+    async def go(url: str) -> dict[str, float]:
+        b = Binding(Keys("ab"))
+        async with open_connection(url) as conn:
+            await b.register(conn, "w", "i", 600_000, b"{}")
+            await b.serve(conn, "w", "i", "bench")
+            n = (2 * rounds * block + 10) * BATCH
+            for i in range(0, n, 10_000):
+                await b.enqueue(conn, "bench", [b"%d" % j for j in range(i, i + 10_000)])
+            call = b.claim_call("w", "i", "bench", BATCH, 0, fair=True, ttl_ms=600_000)
+
+            async def stats() -> int:
+                raw = (await conn.execute("INFO", "commandstats")).decode()
+                m = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+)", raw)
+                assert m is not None
+                return int(m.group(2))
+
+            for name in ("A", "B"):  # load, warm up
+                keys = call.keys[: nkeys[name]]
+                await run_script(conn, scripts[name], keys, call.args)
+            usec = {"A": 0, "B": 0}
+            wall = {"A": 0.0, "B": 0.0}
+            for r in range(rounds):
+                for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                    keys = call.keys[: nkeys[name]]
+                    u0 = await stats()
+                    t0 = time.perf_counter()
+                    for _ in range(block):
+                        reply = await run_script(conn, scripts[name], keys, call.args)
+                        assert len(reply) == 3 + 4 * BATCH
+                    wall[name] += time.perf_counter() - t0
+                    usec[name] += await stats() - u0
+            calls = rounds * block
+            return {
+                "A_redis_us_per_claim": usec["A"] / calls,
+                "B_redis_us_per_claim": usec["B"] / calls,
+                "A_wall_us_per_claim": wall["A"] / calls * 1e6,
+                "B_wall_us_per_claim": wall["B"] / calls * 1e6,
+            }
+
+    with run_redis_server() as server:
+        return trio.run(go, server.url)
+
+
+async def _claims_under_callgrind(
+    url: str, pid: int, source: bytes, nkeys: int, claims: int
+) -> None:
+    """Fill a plain queue, then run ``claims`` claims of the script
+    ``source`` between zeroing and dumping the callgrind counters of the
+    server ``pid``."""
+    import hashlib
+
+    import trio
+
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+    from mesh._scripts import Binding, Script, run_script
+
+    script = Script("claim", source, hashlib.sha1(source).hexdigest())
+    b = Binding(Keys("ab"))
+    async with open_connection(url) as conn:
+        await b.register(conn, "w", "i", 600_000, b"{}")
+        await b.serve(conn, "w", "i", "bench")
+        n = (claims + 10) * BATCH
+        for i in range(0, n, 10_000):
+            await b.enqueue(conn, "bench", [b"%d" % j for j in range(i, min(i + 10_000, n))])
+        call = b.claim_call("w", "i", "bench", BATCH, 0, fair=True, ttl_ms=600_000)
+        keys = call.keys[:nkeys]
+        await run_script(conn, script, keys, call.args)  # load, warm up
+        await trio.run_process(["callgrind_control", "-z", str(pid)], capture_stdout=True)
+        for _ in range(claims):
+            await run_script(conn, script, keys, call.args)
+        await trio.run_process(["callgrind_control", "-d", str(pid)], capture_stdout=True)
+
+
+def child_callgrind(tree_a: Path, tree_b: Path, claims: int) -> dict[str, float]:
+    """Run in tree B: per tree, a redis-server under ``valgrind
+    --tool=callgrind`` runs ``claims`` calls of that tree's ``claim.lua`` on
+    a plain queue; the instructions Redis executed for them (counters zeroed
+    before, dumped after, with ``callgrind_control``), per call. Exact and
+    repeatable, whatever the load."""
+    import tempfile
+
+    import trio
+
+    from mesh._scripts import _expand
+    from mesh.testing import run_redis_server
+
+    out: dict[str, float] = {}
+    for name, tree in (("A", tree_a), ("B", tree_b)):
+        src = _expand(tree / "protocol", "claim.lua")
+        nkeys = 15 if b"KEYS[14] {ns}:prio" in src else 13
+        with tempfile.TemporaryDirectory(prefix="claim-callgrind-") as d:
+            wrapper = Path(d) / "redis-server"
+            wrapper.write_text(
+                "#!/bin/sh\nexec valgrind -q --tool=callgrind "
+                f'--callgrind-out-file={d}/cg.out redis-server "$@"\n'
+            )
+            wrapper.chmod(0o755)
+            with run_redis_server(binary=str(wrapper)) as server:
+                trio.run(_claims_under_callgrind, server.url, server.pid, src, nkeys, claims)
+            dump = sorted(Path(d).glob("cg.out.*"))[-1].read_text()
+        m = re.search(r"^(?:summary|totals): (\d+)", dump, re.M)
+        assert m is not None
+        out[f"{name}_instructions_per_claim"] = int(m.group(1)) / claims
+    return out
+
+
 def run_tree(tree: Path, tasks: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
 
     def out(*argv: str) -> str:
-        return subprocess.run(
-            [sys.executable, *argv], env=env, cwd=tree, capture_output=True, text=True, check=True
-        ).stdout
+        r = subprocess.run(
+            [sys.executable, *argv], env=env, cwd=tree, capture_output=True, text=True
+        )
+        if r.returncode:
+            raise RuntimeError(f"{argv} in {tree} failed: {r.stderr[-2000:]}")
+        return r.stdout
 
     r: dict[str, float] = json.loads(out(__file__, "--child", str(CLAIMS)).strip().splitlines()[-1])
     text = out("-m", "bench.delayed", "--plain-only", "--tasks", str(tasks), "--workers", "1")
@@ -98,14 +230,46 @@ def run_tree(tree: Path, tasks: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.plain_ab", description=__doc__)
-    p.add_argument("--a", type=Path, required=True, help="the tree before (e.g. a worktree)")
+    p.add_argument("--a", type=Path, help="the tree before (e.g. a worktree); required")
     p.add_argument("--b", type=Path, default=Path("."), help="the tree after (default .)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--tasks", type=int, default=20_000, help="tasks per throughput run")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="only the claim cost: both trees' claim.lua on one redis-server, alternating "
+        "blocks of calls on one queue (run with B's mesh)",
+    )
+    p.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="only the claim cost, in instructions Redis executed (valgrind --tool=callgrind)",
+    )
+    p.add_argument("--claims", type=int, default=500, help="with --callgrind: claims per tree")
+    p.add_argument("--rounds", type=int, default=40, help="with --interleaved: blocks per tree")
+    p.add_argument("--block", type=int, default=100, help="with --interleaved: calls per block")
     a = p.parse_args()
     if a.child:
         print(json.dumps(child_claim_cost(a.child)))
+        return
+    if a.a is None:
+        p.error("--a is required")
+    if a.callgrind:
+        for i in range(a.runs):
+            r = child_callgrind(a.a.resolve(), a.b.resolve(), a.claims)
+            ratio = r["B_instructions_per_claim"] / r["A_instructions_per_claim"]
+            rounded = {k: round(v) for k, v in r.items()}
+            print(f"run {i + 1}: {json.dumps(rounded)} B/A {ratio:.4f}", flush=True)
+        return
+    if a.interleaved:
+        print(f"load before: {os.getloadavg()}", flush=True)
+        for i in range(a.runs):
+            r = child_interleaved(a.a.resolve(), a.b.resolve(), a.rounds, a.block)
+            ratio = r["B_redis_us_per_claim"] / r["A_redis_us_per_claim"]
+            print(f"run {i + 1}: " + json.dumps({k: round(v, 2) for k, v in r.items()})
+                  + f" B/A redis {ratio:.3f}", flush=True)  # fmt: skip
+        print(f"load after: {os.getloadavg()}")
         return
     trees = {"A": a.a.resolve(), "B": a.b.resolve()}
     for name, tree in trees.items():
