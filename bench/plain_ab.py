@@ -201,6 +201,8 @@ def child_callgrind(tree_a: Path, tree_b: Path, claims: int) -> dict[str, float]
             with run_redis_server(binary=str(wrapper)) as server:
                 trio.run(_claims_under_callgrind, server.url, server.pid, src, nkeys, claims)
             dump = sorted(Path(d).glob("cg.out.*"))[-1].read_text()
+            if os.environ.get("PLAIN_AB_KEEP"):  # for callgrind_annotate
+                Path(os.environ["PLAIN_AB_KEEP"], f"cg.{name}").write_text(dump)
         m = re.search(r"^(?:summary|totals): (\d+)", dump, re.M)
         assert m is not None
         out[f"{name}_instructions_per_claim"] = int(m.group(1)) / claims
