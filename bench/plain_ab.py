@@ -42,7 +42,11 @@ def child_claim_cost(claims: int) -> dict[str, float]:
     from mesh._connection import open_connection
     from mesh._keys import Keys
     from mesh._scripts import Binding
-    from mesh.testing import run_redis_server
+
+    try:
+        from mesh.testing import run_redis_server
+    except ImportError:  # before mesh.testing (e.g. cd2d249)
+        from mesh._server import run_redis_server  # type: ignore[import-not-found,no-redef]
 
     async def go(url: str) -> dict[str, float]:
         keys = Keys("ab")
@@ -128,7 +132,7 @@ def child_interleaved(tree_a: Path, tree_b: Path, rounds: int, block: int) -> di
                     t0 = time.perf_counter()
                     for _ in range(block):
                         reply = await run_script(conn, scripts[name], keys, call.args)
-                        assert len(reply) == 3 + 4 * BATCH
+                        assert len(reply) in (2 + 4 * BATCH, 3 + 4 * BATCH)  # protocol 3: 2
                     wall[name] += time.perf_counter() - t0
                     usec[name] += await stats() - u0
             calls = rounds * block
@@ -209,6 +213,75 @@ def child_callgrind(tree_a: Path, tree_b: Path, claims: int) -> dict[str, float]
     return out
 
 
+def child_idle(workers: int, seconds: float, ttl: float) -> dict[str, float]:
+    """Run in the tree under test: ``workers`` idle workers (one OS process,
+    each serving one queue, lease ``ttl`` so a heartbeat every ttl/3 s) on
+    their own redis-server; per worker and second over ``seconds``: the Redis
+    CPU (``INFO cpu``) and, per command, calls and Redis µs (``INFO
+    commandstats``)."""
+    import trio
+
+    import mesh
+
+    try:
+        from mesh.testing import run_redis_server
+    except ImportError:  # before mesh.testing (e.g. cd2d249)
+        from mesh._server import run_redis_server  # type: ignore[import-not-found,no-redef]
+
+    def stats(raw: bytes) -> dict[str, tuple[int, int]]:
+        out = {}
+        for m in re.finditer(r"cmdstat_(\w+):calls=(\d+),usec=(\d+)", raw.decode()):
+            out[m.group(1)] = (int(m.group(2)), int(m.group(3)))
+        return out
+
+    def cpu(raw: bytes) -> float:
+        f = dict(ln.split(":", 1) for ln in raw.decode().splitlines() if ":" in ln)
+        return float(f["used_cpu_user"]) + float(f["used_cpu_sys"])
+
+    async def idle(url: str) -> dict[str, float]:
+        async def handler(p: mesh.Process) -> None:
+            pass
+
+        async with mesh.open_client(url, namespace="idle") as client, trio.open_nursery() as n:
+            done = trio.Event()
+            ready = trio.Semaphore(0)
+
+            async def one() -> None:
+                async with mesh.open_worker(url, namespace="idle", ttl=ttl) as w:
+                    await w.start_work("q", handler)
+                    ready.release()
+                    await done.wait()
+
+            for _ in range(workers):
+                n.start_soon(one)
+            for _ in range(workers):
+                await ready.acquire()
+            await trio.sleep(ttl)  # past the start-up calls
+            conn = client._conn
+            s0, c0 = (
+                stats(await conn.execute("INFO", "commandstats")),
+                cpu(await conn.execute("INFO", "cpu")),
+            )
+            await trio.sleep(seconds)
+            s1, c1 = (
+                stats(await conn.execute("INFO", "commandstats")),
+                cpu(await conn.execute("INFO", "cpu")),
+            )
+            done.set()
+        per = workers * seconds
+        r = {"redis_cpu_us_per_worker_s": (c1 - c0) / per * 1e6}
+        for cmd in sorted(s1):
+            calls = s1[cmd][0] - s0.get(cmd, (0, 0))[0]
+            usec = s1[cmd][1] - s0.get(cmd, (0, 0))[1]
+            if calls and cmd not in ("info",):
+                r[f"{cmd}_calls_per_worker_s"] = calls / per
+                r[f"{cmd}_us_per_worker_s"] = usec / per
+        return r
+
+    with run_redis_server() as server:
+        return trio.run(idle, server.url)
+
+
 def run_tree(tree: Path, tasks: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
 
@@ -237,6 +310,15 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--tasks", type=int, default=20_000, help="tasks per throughput run")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--idle-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--idle",
+        action="store_true",
+        help="the idle cost instead: WORKERS idle workers (ttl 3 s: a heartbeat a second) "
+        "for SECONDS; Redis CPU and per-command calls and µs per worker-second",
+    )
+    p.add_argument("--workers", type=int, default=50, help="with --idle (default 50)")
+    p.add_argument("--seconds", type=float, default=20.0, help="with --idle (default 20)")
     p.add_argument(
         "--interleaved",
         action="store_true",
@@ -255,8 +337,31 @@ def main() -> None:
     if a.child:
         print(json.dumps(child_claim_cost(a.child)))
         return
+    if a.idle_child:
+        r = child_idle(a.idle_child, a.seconds, 3.0)
+        print(json.dumps({k: round(v, 3) for k, v in r.items()}))
+        return
     if a.a is None:
         p.error("--a is required")
+    if a.idle:
+        trees = {"A": a.a.resolve(), "B": a.b.resolve()}
+        print(f"load before: {os.getloadavg()}", flush=True)
+        for i in range(a.runs):
+            for name in ("A", "B") if i % 2 == 0 else ("B", "A"):
+                env = dict(os.environ, PYTHONPATH=str(trees[name]))
+                argv = ["--idle-child", str(a.workers), "--seconds", str(a.seconds)]
+                res = subprocess.run(
+                    [sys.executable, __file__, *argv],
+                    env=env,
+                    cwd=trees[name],
+                    capture_output=True,
+                    text=True,
+                )
+                if res.returncode:
+                    raise RuntimeError(f"idle run in {trees[name]} failed: {res.stderr[-2000:]}")
+                print(f"run {i + 1} {name}: {res.stdout.strip().splitlines()[-1]}", flush=True)
+        print(f"load after: {os.getloadavg()}")
+        return
     if a.callgrind:
         for i in range(a.runs):
             r = child_callgrind(a.a.resolve(), a.b.resolve(), a.claims)
