@@ -111,7 +111,8 @@ class Client:
         Raises:
             TypeError, ValueError, ConfigError: a bad payload, queue name,
                 ``delay`` or ``at`` (a naive datetime, both given, a negative
-                delay); nothing was sent.
+                delay), or a ``priority`` that is not a whole number from 0 to
+                9; nothing was sent.
             ConflictError: the payload is a persistent task of ``queue``.
             MeshConnectionError: Redis could not be reached; or, with
                 ``min_replicas``, fewer replicas acknowledged the write within
