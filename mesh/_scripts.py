@@ -511,6 +511,7 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
             k.reserved(queue),
+            k.unowned(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -702,6 +703,7 @@ class Binding:
             k.idle(queue),
             k.moving(queue),
             k.reserved(queue),
+            k.unowned(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -738,6 +740,7 @@ class Binding:
             k.delayed(queue),
             k.standby(queue),
             k.idle(queue),
+            k.unowned(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -793,6 +796,7 @@ class Binding:
                     k.delayed(q),
                     k.standby(q),
                     k.idle(q),
+                    k.unowned(q),
                     k.prio(q),
                     k.delayed_prio(q),
                 )
@@ -955,7 +959,7 @@ class Binding:
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        keys += (k.delayed(queue), k.prio(queue))
+        keys += [k.delayed(queue), k.unowned(queue), k.prio(queue)]
         r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, *payloads])
         return [x == 1 for x in r]
 
@@ -963,7 +967,7 @@ class Binding:
         """(queued copies removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys += [k.delayed(queue), k.standby(queue), k.reserved(queue)]
+        keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
         keys += [k.prio(queue), k.delayed_prio(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
@@ -973,7 +977,8 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
-        keys += [k.moving(queue), k.reserved(queue), k.prio(queue), k.delayed_prio(queue)]
+        keys += [k.moving(queue), k.reserved(queue), k.unowned(queue)]
+        keys += [k.prio(queue), k.delayed_prio(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 

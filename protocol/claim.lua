@@ -33,11 +33,13 @@
 --                                balance and reserved for W (see rebalance.lua). W takes its own
 --                                first, whatever the fair share says; one that ran out goes back
 --                                to the head of the queue, for anyone.
--- KEYS[14] {ns}:prio:<Q>        ZSET of queued tasks with a priority (see lib.lua prio_add):
+-- KEYS[14] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+--                                (a claimed one leaves it)
+-- KEYS[15] {ns}:prio:<Q>        ZSET of queued tasks with a priority (see lib.lua prio_add):
 --                                taken before the list, the highest priority first
--- KEYS[15] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task: a due one with a
---                                priority goes to the front of its level in KEYS[14]
--- KEYS[16] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+-- KEYS[16] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task: a due one with a
+--                                priority goes to the front of its level in KEYS[15]
+-- KEYS[17] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
 --         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
@@ -87,7 +89,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
-local bucket, rate, per = KEYS[16], nil, nil
+local bucket, rate, per = KEYS[17], nil, nil
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -108,20 +110,20 @@ local now = now_ms()
 -- A queue that never had a priority or a delayed task pays one EXISTS here.
 local next_due = -1
 local has_delayed, has_prio = false, false
-local extra = redis.call('EXISTS', KEYS[8], KEYS[14])
+local extra = redis.call('EXISTS', KEYS[8], KEYS[15])
 if extra > 0 then
   has_delayed = redis.call('EXISTS', KEYS[8]) == 1
   has_prio = extra > (has_delayed and 1 or 0)
 end
 if has_delayed then
   local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
-  local leveled = redis.call('EXISTS', KEYS[15]) == 1
+  local leveled = redis.call('EXISTS', KEYS[16]) == 1
   for i = #due, 1, -1 do
     redis.call('ZREM', KEYS[8], due[i])
-    local level = leveled and tonumber(redis.call('HGET', KEYS[15], due[i]) or '0') or 0
+    local level = leveled and tonumber(redis.call('HGET', KEYS[16], due[i]) or '0') or 0
     if level > 0 then
-      redis.call('HDEL', KEYS[15], due[i])
-      prio_add(KEYS[14], level, {due[i]}, true)
+      redis.call('HDEL', KEYS[16], due[i])
+      prio_add(KEYS[15], level, {due[i]}, true)
       has_prio = true
     else
       redis.call('LPUSH', KEYS[3], due[i])
@@ -163,7 +165,7 @@ end
 -- Tasks with a priority first (after those reserved for W), then the list.
 local take = {}
 if has_prio and n > #forced_list then
-  local z = redis.call('ZPOPMIN', KEYS[14], n - #forced_list)
+  local z = redis.call('ZPOPMIN', KEYS[15], n - #forced_list)
   for i = 1, #z, 2 do take[#take + 1] = {string.sub(z[i], 17), false, -tonumber(z[i + 1])} end
 end
 local items = {}
@@ -195,7 +197,7 @@ end
 for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
 local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3]), next_due}
-if has_prio and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[14]) end
+if has_prio and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[15]) end
 if wake and #left == 0 and #take < n then
   redis.call('SADD', KEYS[12], ARGV[1])
 else
@@ -222,6 +224,7 @@ for i, t in ipairs(take) do
   if persistent then
     redis.call('SREM', KEYS[11], payload)
     redis.call('HSET', KEYS[4], payload, id)
+    redis.call('ZREM', KEYS[14], payload)
   end
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end

@@ -9,7 +9,8 @@
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
 -- KEYS[6] {ns}:delayed:<Q>       ZSET of payloads waiting for a retry
--- KEYS[7] {ns}:prio:<Q>          ZSET of queued one-shot tasks with a priority (lib.lua prio_add)
+-- KEYS[7] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+-- KEYS[8] {ns}:prio:<Q>          ZSET of queued one-shot tasks with a priority (lib.lua prio_add)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3..] payloads
@@ -41,8 +42,8 @@ end
 for _, p in ipairs(new) do
   if redis.call('ZSCORE', KEYS[6], p) then return conflict(p) end
 end
-if #new > 0 and redis.call('EXISTS', KEYS[7]) == 1 then
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
+if #new > 0 and redis.call('EXISTS', KEYS[8]) == 1 then
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
     if seen[string.sub(m, 17)] then return conflict(string.sub(m, 17)) end
   end
 end
@@ -59,7 +60,7 @@ elseif len > 0 then
   end
 end
 wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before the first write, as in enqueue.lua
-to_standby(KEYS[3], KEYS[4], new, false)
+to_standby(KEYS[3], KEYS[4], new, false, KEYS[7], now_ms())
 call_chunked('RPUSH', KEYS[1], new)
 redis.call('SADD', KEYS[2], ARGV[1])
 return out

@@ -23,9 +23,10 @@
 -- KEYS[11] {ns}:reserved:<Q>     HASH payload -> "R:expiry ms": such a process handed back (mode
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
--- KEYS[12] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
+-- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+-- KEYS[13] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
 --                                back to the front (retried: the back) of its level (lib.lua prio_add)
--- KEYS[13] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
+-- KEYS[14] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
@@ -98,10 +99,10 @@ for i = 7, #ARGV do
           outcome = 3
         elseif where == 'later' then
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
-          delay_level(KEYS[13], r.payload, r.level)
+          delay_level(KEYS[14], r.payload, r.level)
           outcome = 2
         elseif r.level > 0 then
-          prio_add(KEYS[12], r.level, {r.payload}, false)
+          prio_add(KEYS[13], r.level, {r.payload}, false)
           ready = ready + 1
           outcome = 2
         else
@@ -115,12 +116,12 @@ for i = 7, #ARGV do
   out[#out + 1] = outcome
   out[#out + 1] = delay
 end
-to_standby(KEYS[4], KEYS[8], pers, true)
+to_standby(KEYS[4], KEYS[8], pers, true, KEYS[12], now)
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
 for i = #front, 1, -1 do
   if front[i][3] > 0 then
-    prio_add(KEYS[12], front[i][3], {front[i][2]}, true)
+    prio_add(KEYS[13], front[i][3], {front[i][2]}, true)
   else
     redis.call('LPUSH', KEYS[3], front[i][2])
   end
