@@ -240,7 +240,8 @@ class Topology:
         host = f"[{node[0]}]" if ":" in node[0] else node[0]
         return f"{host}:{node[1]}"
 
-    def _node_config(self, node: Node) -> RedisConfig:
+    def node_config(self, node: Node) -> RedisConfig:
+        """The URL's configuration (credentials, TLS, timeouts) aimed at ``node``."""
         return attrs.evolve(
             self.config,
             host=node[0],
@@ -263,7 +264,7 @@ class Topology:
     ) -> tuple[trio.abc.Stream, Any, list[Any], _Probe]:
         """Connect to ``node`` (None: the URL's own address) with the handshake, ROLE
         and, unless ``cluster`` is False, the cluster probes; then ``extra``."""
-        config = self.config if node is None else self._node_config(node)
+        config = self.config if node is None else self.node_config(node)
         probes: list[Sequence[Arg]] = [("ROLE",)]
         if cluster is not False:
             probes.append(("CLUSTER", "MYID"))

@@ -4,6 +4,7 @@ that follow the master through a failover."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import signal
@@ -11,17 +12,28 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import attrs
 import pytest
 import trio
 
 import mesh
 from mesh import MeshConnectionError, Process
 from mesh._connection import open_connection
+from mesh._scripts import Script, run_script
 from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port
 
-from .topology import ClusterSetup, client, cluster_setup, sentinel_setup, wait_for
+from .topology import (
+    ClusterSetup,
+    begin_migration,
+    client,
+    cluster_setup,
+    end_migration,
+    move_keys,
+    sentinel_setup,
+    wait_for,
+)
 
 NS = "topo" + secrets.token_hex(3)
 ROUTE = f"{{{NS}}}:"
@@ -157,6 +169,65 @@ async def test_moved_is_rerouted_not_raised(cluster: ClusterSetup) -> None:
     async with open_connection(cluster.url(), route_key=ROUTE) as conn:
         with pytest.raises(mesh.CommandError, match="WRONGTYPE"):
             await conn.execute("INCR", ROUTE + "l")
+
+
+async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
+    """During a slot migration, a command on a key the source no longer has gets
+    ASK: it is sent once, after ASKING, to the importing node; the connection stays
+    on its node. An EVALSHA of a script the importing node never saw still runs
+    (NOSCRIPT there: EVAL, redirected the same way). A multi-key script whose keys
+    are split between the nodes gets TRYAGAIN and is retried until the migration
+    ends, then runs on the new owner."""
+    tag = next(f"{{ask{i}}}" for i in range(10**6) if keyslot(f"{{ask{i}}}") != SLOT)
+    slot = keyslot(tag)
+    source_port = cluster.owner_port(slot)
+    source = next(m for m in cluster.masters if m.port == source_port)
+    target = next(
+        m for m in cluster.masters if m.port not in (source_port, cluster.owner_port(SLOT))
+    )
+    here, moved = tag + "here", tag + "moved"
+    script = Script("probe", b"return redis.call('INCRBY', KEYS[1], ARGV[1])", "")
+    script = attrs.evolve(script, sha=hashlib.sha1(script.source).hexdigest())
+    client(source.port).set(here, "1")
+    async with open_connection(cluster.url(), route_key=tag) as conn:
+        assert conn.node == ("127.0.0.1", source.port)
+        await conn.execute("SCRIPT", "LOAD", script.source)
+        await trio.to_thread.run_sync(begin_migration, cluster, slot, source, target)
+        # A key the source does not have: ASK, then ASKING + SET on the target.
+        assert await conn.execute("SET", moved, "v") == b"OK"
+        assert await run_script(conn, script, [tag + "counter"], [5]) == 5
+        assert await conn.execute("GET", here) == b"1"  # still served by the source
+        stats = conn.statistics()
+        assert conn.node == ("127.0.0.1", source.port)
+        assert stats.reroutes == 0 and stats.asks >= 3  # SET, EVALSHA (NOSCRIPT), EVAL
+        on_target = client(target.port).pipeline(transaction=False)
+        on_target.execute_command("ASKING").get(moved).execute_command("ASKING")
+        on_target.get(tag + "counter")
+        assert on_target.execute() == [True, b"v", True, b"5"]
+        count = client(source.port).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+        assert count == 1  # only `here`: nothing was written on the source
+        # A script on a key each side has: TRYAGAIN until the slot has moved.
+        results: list[object] = []
+
+        async def split() -> None:
+            results.append(
+                await conn.execute(
+                    "EVAL",
+                    "return redis.call('MGET', KEYS[1], KEYS[2])",
+                    2,
+                    here,
+                    moved,
+                )
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(split)
+            await trio.sleep(0.2)
+            assert not results  # still retrying
+            await trio.to_thread.run_sync(move_keys, slot, source, target)
+            await trio.to_thread.run_sync(end_migration, cluster, slot, target)
+        assert results == [[b"1", b"v"]]
+        assert conn.node == ("127.0.0.1", target.port)
 
 
 async def test_client_and_worker_on_other_nodes(cluster: ClusterSetup) -> None:

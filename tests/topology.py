@@ -226,7 +226,8 @@ class ClusterSetup:
         wait_for("the cluster to be ok and agree", ok, timeout)
 
 
-def _node_id(server: RedisServer) -> str:
+def node_id(server: RedisServer) -> str:
+    """The cluster node id of ``server``."""
     return client(server.port).execute_command("CLUSTER", "MYID").decode()
 
 
@@ -258,7 +259,7 @@ def cluster_setup(
         if replica_of_slot is not None:
             owner_port = setup.owner_port(replica_of_slot)
             owner = next(m for m in setup.masters if m.port == owner_port)
-            owner_id = _node_id(owner)
+            owner_id = node_id(owner)
             replica = _server(args, dirs)
             setup.replicas.append(replica)
             client(replica.port).execute_command("CLUSTER", "MEET", "127.0.0.1", owner.port)
@@ -291,3 +292,45 @@ def cluster_setup(
             n.stop()
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def begin_migration(
+    setup: ClusterSetup, slot: int, source: RedisServer, target: RedisServer
+) -> None:
+    """Mark ``slot`` IMPORTING on ``target`` and MIGRATING on ``source`` (the first
+    steps of a resharding, as ``redis-cli --cluster reshard`` does them)."""
+    client(target.port).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+    client(source.port).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+
+
+def move_keys(slot: int, source: RedisServer, target: RedisServer, batch: int = 100) -> int:
+    """MIGRATE every key of ``slot`` from ``source`` to ``target``, ``batch`` keys
+    per MIGRATE; returns how many moved."""
+    c = client(source.port)
+    moved = 0
+    while True:
+        keys = c.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
+        if not keys:
+            return moved
+        c.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        moved += len(keys)
+
+
+def end_migration(setup: ClusterSetup, slot: int, target: RedisServer) -> None:
+    """Give ``slot`` to ``target``: ``SETSLOT NODE`` on the target first, then on
+    every other master (the order ``redis-cli`` uses)."""
+    target_id = node_id(target)
+    client(target.port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    for m in setup.masters:
+        if m is not target and m.process is not None and m.process.poll() is None:
+            client(m.port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+
+def migrate_slot(setup: ClusterSetup, slot: int, target: RedisServer) -> int:
+    """Move ``slot`` with its keys from its master to ``target`` (no redis-cli):
+    IMPORTING/MIGRATING, MIGRATE in batches, SETSLOT NODE. Returns the keys moved."""
+    source = next(m for m in setup.masters if m.port == setup.owner_port(slot, via=target))
+    begin_migration(setup, slot, source, target)
+    moved = move_keys(slot, source, target)
+    end_migration(setup, slot, target)
+    return moved
