@@ -132,6 +132,8 @@ class ConnectionStatistics:
         reroutes: times a "not executed here" reply (or the pub/sub connection
             finding a new master) made the connection look for the master again.
         asks: commands sent to another node after an ``ASK`` redirection.
+        retries: commands sent again in place after ``TRYAGAIN`` (a multi-key
+            command during a slot migration).
     """
 
     commands_sent: int
@@ -140,6 +142,7 @@ class ConnectionStatistics:
     in_flight: int
     reroutes: int = 0
     asks: int = 0
+    retries: int = 0
 
 
 class _Waiter:
@@ -232,6 +235,7 @@ class Connection:
         self._in_flight_commands = 0
         self._sides: dict[Node, _Side] = {}
         self._asks = 0
+        self._retries = 0
 
     # ---------------------------------------------------------------- public API
 
@@ -249,6 +253,7 @@ class Connection:
             in_flight=self._in_flight_commands,
             reroutes=self._reroutes,
             asks=self._asks,
+            retries=self._retries,
         )
 
     @property
@@ -478,6 +483,7 @@ class Connection:
                 if codes <= _STAY:
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, 0.2)
+                    self._retries += len(todo)
                 else:
                     self._request_reroute(str(first) if first is not None else "retry")
                 again = await self._send([commands[i] for i in todo])

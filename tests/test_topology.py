@@ -230,6 +230,122 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
         assert conn.node == ("127.0.0.1", target.port)
 
 
+async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
+    """The namespace's slot moves to another master (IMPORTING/MIGRATING, MIGRATE a
+    few keys at a time, SETSLOT NODE) while two workers hold persistent tasks and a
+    producer enqueues one-shot tasks: scripts meet ASK and TRYAGAIN mid-migration;
+    the workers end up on the new master; every acknowledged enqueue runs; the
+    persistent tasks run once each, and again on the new master (under larger
+    tokens) when a worker leaves."""
+    ns = next(f"mg{i}" for i in range(10**6) if mesh.namespace_slot(f"mg{i}") != SLOT)
+    slot = mesh.namespace_slot(ns)
+    source_port = cluster.owner_port(slot)
+    source = next(m for m in cluster.masters if m.port == source_port)
+    target = next(m for m in cluster.masters if m.port != source_port)
+    tasks = [f"device-{i}".encode() for i in range(4)]
+    runs = Runs()
+    acked: set[bytes] = set()
+    done: set[bytes] = set()
+
+    async def one_shot(p: Process) -> None:
+        done.add(p.task)
+
+    url = cluster.url(scheme="redis+cluster")
+    async with mesh.open_client(url, namespace=ns) as c:
+        for t in tasks:
+            await c.ensure("p", t)
+
+        async def produce() -> None:
+            for n in range(10**9):
+                payload = b"job-%d" % n
+                try:
+                    await c.enqueue("jobs", payload)
+                    acked.add(payload)
+                except MeshConnectionError:
+                    pass  # unknown whether it ran: not acknowledged
+                await trio.sleep(0.005)
+
+        workers: list[mesh.Worker] = []
+        scopes: list[trio.CancelScope] = []
+        async with trio.open_nursery() as nursery:
+
+            async def one() -> None:
+                with trio.CancelScope() as scope:
+                    async with mesh.open_worker(url, namespace=ns, ttl=3) as w:
+                        await w.start_work("p", runs.handler)
+                        await w.start_work("jobs", one_shot)
+                        workers.append(w)
+                        scopes.append(scope)
+                        await trio.sleep_forever()
+
+            for _ in range(2):
+                nursery.start_soon(one)
+            nursery.start_soon(produce)
+            await wait_until(
+                lambda: len(workers) == 2 and all(w.statistics().running >= 2 for w in workers),
+                15,
+                "both workers serving, 2 persistent tasks each",
+            )
+            await wait_until(lambda: len(done) > 10, 10, "one-shot tasks to run")
+            before = client(source.port).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+            await trio.to_thread.run_sync(begin_migration, cluster, slot, source, target)
+            # A few keys at a time, with pauses: commands meet the slot half moved.
+            moved = 0
+            while True:
+                step = await trio.to_thread.run_sync(
+                    lambda: move_keys(slot, source, target, batch=3, rounds=1)
+                )
+                if not step:
+                    break
+                moved += step
+                await trio.sleep(0.02)
+            await trio.to_thread.run_sync(end_migration, cluster, slot, target)
+            assert moved >= before > 10
+            beats = [w.statistics().heartbeats for w in workers]
+            await wait_until(
+                lambda: (
+                    all(
+                        w.statistics().heartbeats > b + 1
+                        for w, b in zip(workers, beats, strict=True)
+                    )
+                    and all(runs.running(t) == 1 for t in tasks)
+                ),
+                15,
+                "heartbeats on the new master and every persistent task running once",
+            )
+            assert all(w._conn.node == ("127.0.0.1", target.port) for w in workers)
+            conns = [*(w._conn.statistics() for w in workers), c._conn.statistics()]
+            asks, retries = sum(s.asks for s in conns), sum(s.retries for s in conns)
+            assert asks + retries > 0  # the slot was met half moved
+            # One worker leaves: its persistent tasks run again, claimed on the new master.
+            leaving = workers[0]
+            left = {p.task for p in await c.processes("p") if p.worker_id == leaving.id}
+            scopes[0].cancel()
+            await wait_until(
+                lambda: (
+                    all(runs.running(t) == 1 for t in tasks)
+                    and workers[1].statistics().running >= 4
+                ),
+                15,
+                "the other worker to take every persistent task",
+            )
+            since = len(done)
+            await wait_until(lambda: len(done) > since + 10, 10, "one-shot tasks to go on")
+            nursery.cancel_scope.cancel()
+        # Every acknowledged enqueue ran (or waits in the queue).
+        async with mesh.open_client(url, namespace=ns) as c2:
+            queued = set(await c2.tasks("jobs"))
+        assert acked <= done | queued, sorted(acked - done - queued)[:5]
+    assert left and all(len(runs.tokens(t)) >= 2 for t in left)
+    runs.check_no_overlap()
+    assert client(source.port).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    assert client(target.port).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0
+    print(
+        f"migration: {moved} keys moved, {asks} ASK, {retries} TRYAGAIN; fenced",
+        [w.statistics().fenced for w in workers],
+    )
+
+
 async def test_client_and_worker_on_other_nodes(cluster: ClusterSetup) -> None:
     owner = cluster.owner_port(SLOT)
     other = next(m for m in cluster.masters if m.port != owner)

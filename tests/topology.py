@@ -303,17 +303,21 @@ def begin_migration(
     client(source.port).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
 
 
-def move_keys(slot: int, source: RedisServer, target: RedisServer, batch: int = 100) -> int:
-    """MIGRATE every key of ``slot`` from ``source`` to ``target``, ``batch`` keys
-    per MIGRATE; returns how many moved."""
+def move_keys(
+    slot: int, source: RedisServer, target: RedisServer, batch: int = 100, rounds: int = -1
+) -> int:
+    """MIGRATE the keys of ``slot`` from ``source`` to ``target``, ``batch`` keys per
+    MIGRATE, all of them or ``rounds`` MIGRATEs; returns how many moved."""
     c = client(source.port)
     moved = 0
-    while True:
+    while rounds != 0:
+        rounds -= 1
         keys = c.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
         if not keys:
             return moved
         c.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
         moved += len(keys)
+    return moved
 
 
 def end_migration(setup: ClusterSetup, slot: int, target: RedisServer) -> None:
