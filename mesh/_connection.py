@@ -717,11 +717,30 @@ class Connection:
             await trio.aclose_forcefully(stream)
 
     async def _follow_master(self) -> None:
-        """Re-route when the pub/sub connection sharing our topology found a new master."""
+        """Re-route when the pub/sub connection sharing our topology found a new
+        master or, on Sentinel, when the sentinels name another master (the old
+        one may stay reachable, and take writes, for seconds)."""
         node = self._node
         if node is None or self.config.path is not None:
             await trio.sleep_forever()
         assert node is not None
+        if self.config.topology == "sentinel":
+            interval = min(1.0, max(0.05, self._reroute_timeout / 4))
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    named = await self.topology.watch_sentinels(node, interval)
+                    self._request_reroute(f"Sentinel names {named[0]}:{named[1]} as master now")
+                    nursery.cancel_scope.cancel()
+
+                async def moved() -> None:
+                    await self.topology.wait_moved(node)
+                    self._request_reroute(f"the master moved to {self.topology.master}")
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                nursery.start_soon(moved)
+            await trio.sleep_forever()  # the re-route cancels us
         await self.topology.wait_moved(node)
         self._request_reroute(f"the master moved to {self.topology.master}")
 
