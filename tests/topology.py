@@ -107,6 +107,7 @@ class SentinelSetup:
     master: RedisServer
     replica: RedisServer
     sentinels: list[SentinelProcess]
+    more_replicas: list[RedisServer] = attrs.Factory(list)
 
     @property
     def url(self) -> str:
@@ -122,22 +123,28 @@ class SentinelSetup:
 
 
 @contextlib.contextmanager
-def sentinel_setup(sentinels: int = 1, down_after_ms: int = 400) -> Iterator[SentinelSetup]:
-    """One master, one replica and ``sentinels`` sentinels watching them (quorum: a
-    majority), with a small ``down-after-milliseconds``."""
+def sentinel_setup(
+    sentinels: int = 1, down_after_ms: int = 400, replicas: int = 1
+) -> Iterator[SentinelSetup]:
+    """One master, ``replicas`` replicas and ``sentinels`` sentinels watching them
+    (quorum: a majority), with a small ``down-after-milliseconds``."""
     dirs: list[Path] = []
     procs: list[SentinelProcess] = []
     servers: list[RedisServer] = []
     try:
         master = _server((), dirs)
         servers.append(master)
-        replica = _server(("--replicaof", "127.0.0.1", str(master.port)), dirs)
-        servers.append(replica)
-        wait_for(
-            "the replica to sync",
-            lambda: client(replica.port).info("replication")["master_link_status"] == "up",
-        )
-        _wait_streaming(master, replica, "trio-mesh-probe")
+        for _ in range(replicas):
+            replica = _server(("--replicaof", "127.0.0.1", str(master.port)), dirs)
+            servers.append(replica)
+        for replica in servers[1:]:
+            wait_for(
+                "the replica to sync",
+                lambda r=replica: (  # type: ignore[misc]
+                    client(r.port).info("replication")["master_link_status"] == "up"
+                ),
+            )
+            _wait_streaming(master, replica, "trio-mesh-probe")
         quorum = sentinels // 2 + 1
         for _ in range(sentinels):
             port = free_port()
@@ -164,12 +171,12 @@ def sentinel_setup(sentinels: int = 1, down_after_ms: int = 400) -> Iterator[Sen
             wait_for(f"sentinel on {port}", lambda port=port: _ping(port))  # type: ignore[misc]
         for s in procs:
             wait_for(
-                "the sentinels to see the replica",
-                lambda s=s: client(s.port).execute_command(  # type: ignore[misc]
-                    "SENTINEL", "REPLICAS", SERVICE
+                "the sentinels to see the replicas",
+                lambda s=s: (  # type: ignore[misc]
+                    len(client(s.port).execute_command("SENTINEL", "REPLICAS", SERVICE)) == replicas
                 ),
             )
-        yield SentinelSetup(master, replica, procs)
+        yield SentinelSetup(master, servers[1], procs, servers[2:])
     finally:
         for p in procs:
             p.stop()
