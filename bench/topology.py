@@ -17,7 +17,8 @@ processes on free ports, never 6379) and measures:
   in-process workers, either all three in one namespace or one in each of three
   namespaces chosen with ``mesh.namespace_slot`` to land on the three masters
   (the recipe of docs/sharding.md, checked against ``CLUSTER SLOTS``). Per
-  master: Redis commands per task (``INFO commandstats``, INFO itself left out)
+  master: Redis commands per task (``INFO commandstats``: the commands scripts
+  call included, INFO itself left out; script calls and PUBLISH also apart)
   and Redis CPU per task (``INFO cpu``, user + sys), ``--rounds`` rounds
   alternating the two layouts.
 
@@ -156,12 +157,17 @@ def namespace_on(prefix: str, first_slot: int, last_slot: int) -> str:
     raise ValueError("no such name")
 
 
-def master_counters(port: int) -> tuple[int, float]:
-    """(commands run so far, INFO left out; CPU seconds, user + sys) of one node."""
+def master_counters(port: int) -> tuple[int, float, int, int]:
+    """Counters of one node: commands run so far (those scripts call included,
+    INFO left out); CPU seconds, user + sys; script calls (EVALSHA, EVAL);
+    PUBLISH (from scripts)."""
     c = client(port)
-    calls = sum(v["calls"] for k, v in c.info("commandstats").items() if k != "cmdstat_info")
+    stats = c.info("commandstats")
+    calls = sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+    scripts = sum(stats.get(f"cmdstat_{k}", {}).get("calls", 0) for k in ("evalsha", "eval"))
+    publishes = stats.get("cmdstat_publish", {}).get("calls", 0)
     cpu = c.info("cpu")
-    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), scripts, publishes
 
 
 async def run_jobs(url: str, namespaces: list[str], jobs: int) -> float:
@@ -217,7 +223,10 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
         )
         ports = [port for _, _, port in slots]
         url = setup.url(scheme="redis+cluster")
-        results: dict[str, list[tuple[list[float], list[float], float]]] = {"one": [], "three": []}
+        results: dict[str, list[tuple[list[float], list[float], float, float, float]]] = {
+            "one": [],
+            "three": [],
+        }
         for r in range(rounds):
             for layout in ("one", "three") if r % 2 == 0 else ("three", "one"):
                 tag = secrets.token_hex(2)
@@ -231,7 +240,9 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
                 after = [master_counters(p) for p in ports]
                 cmds = [(a[0] - b[0]) / jobs for a, b in zip(after, before, strict=True)]
                 cpu = [(a[1] - b[1]) / jobs * 1e6 for a, b in zip(after, before, strict=True)]
-                results[layout].append((cmds, cpu, took))
+                scripts = sum(a[2] - b[2] for a, b in zip(after, before, strict=True)) / jobs
+                pubs = sum(a[3] - b[3] for a, b in zip(after, before, strict=True)) / jobs
+                results[layout].append((cmds, cpu, took, scripts, pubs))
         print(f"namespaces: {jobs} one-shot tasks, 3 workers, 3 masters, {rounds} rounds each")
         for layout, runs in results.items():
             for i, port in enumerate(ports):
@@ -247,7 +258,10 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
             total_u = [sum(run[1]) for run in runs]
             rate = [jobs / run[2] for run in runs]
             print(
-                f"  {layout:5} all masters: commands/task {statistics.median(total_c):.2f}; "
+                f"  {layout:5} all masters: script calls/task "
+                f"{statistics.median(run[3] for run in runs):.2f}, PUBLISH/task "
+                f"{statistics.median(run[4] for run in runs):.2f}; "
+                f"all commands/task {statistics.median(total_c):.2f}; "
                 f"Redis CPU/task {statistics.median(total_u):.1f} us "
                 f"(min {min(total_u):.1f} max {max(total_u):.1f}); "
                 f"{statistics.median(rate):,.0f} tasks/s (min {min(rate):,.0f} "
