@@ -194,11 +194,11 @@ class _Slot:
         "batch", "cancel_requested", "dropped", "process", "scope", "started", "stopping",
     )  # fmt: skip
 
-    def __init__(self, process: Process, batch: _Batch | None = None) -> None:
+    def __init__(self, process: Process, started: float, batch: _Batch | None = None) -> None:
         self.process = process
         # The scope the handler runs in, once a pool trio task took it.
         self.scope: trio.CancelScope | None = None
-        self.started = trio.current_time()
+        self.started = started  # when it was claimed (trio's clock)
         # True once the handler was cancelled to hand its process back (a
         # stop), not because the process was cancelled in the mesh.
         self.stopping = False
@@ -336,6 +336,8 @@ class QueueRunner:
         self._pool = 0
         self._handlers: trio.Nursery | None = None
         self._ctx = contextvars.copy_context()
+        # Whether handler runs get spans (asked once per claimed batch).
+        self._traced = False
 
     # --- signals from the worker (sync, no I/O) ----------------------------
 
@@ -697,6 +699,8 @@ class QueueRunner:
             self.wake_in(reply.next_due_ms / 1000)
         size = c.batch
         batch: _Batch | None = None
+        self._traced = _telemetry.tracer is not None and _telemetry.active()
+        claimed = trio.current_time()
         for p in reply.processes:
             if self._early_cancels.pop(p.id, None) is not None:
                 # Cancelled in the mesh before this reply reached us; Redis
@@ -709,13 +713,13 @@ class QueueRunner:
                 continue
             self._counters.started += 1
             if not size:
-                slot = self.running[p.id] = _Slot(p)
+                slot = self.running[p.id] = _Slot(p, claimed)
                 self._dispatch(slot)
                 continue
             if batch is None or len(batch.slots) >= size:
                 batch = _Batch()
                 self._dispatch(batch)
-            slot = self.running[p.id] = _Slot(p, batch)
+            slot = self.running[p.id] = _Slot(p, claimed, batch)
             batch.slots.append(slot)
 
     # --- the handler pool ----------------------------------------------------
@@ -841,7 +845,7 @@ class QueueRunner:
         if timeout > 0:
             scope.deadline = began + timeout
         try:
-            coro = handler(p) if _telemetry.tracer is None else _telemetry.traced(handler, p)
+            coro = _telemetry.traced(handler, p) if self._traced else handler(p)
             value = await _in_context(self._ctx.copy(), coro)
         except Exception as exc:
             log.debug("handler of queue %s, process %s raised:", p.queue, p.id, exc_info=True)
