@@ -659,3 +659,42 @@ def test_mesh_worker_loads_a_batch_handler_from_the_app(
     app = load_app("bulkapp:queues")
     rows = app["rows"]
     assert isinstance(rows, mesh.Batched) and rows.size == 50 and callable(app["one"])
+
+
+async def test_one_finish_report_of_many_processes_finishes_each_once(setup: Setup) -> None:
+    # finish.lua reads every record with one HMGET and deletes with one HDEL
+    # and one SREM: a process named twice is finished once, one not ours is
+    # left alone, and a retried report changes nothing.
+    await setup.join(b"a", b"b", b"c")
+    b, conn = setup.b, setup.conn
+    ps = (await b.claim(conn, "w1", setup.inc, Q, 3, 0)).processes
+    a, bb, c = (p.id for p in ps)
+    assert await b.finish(conn, "w1", setup.inc, Q, [a, bb, a, "999"]) == [True, True, False, False]
+    assert await b.finish(conn, "w1", setup.inc, Q, [a, bb]) == [False, False]
+    s = await snapshot(conn, setup.keys, Q, ["w1"])
+    assert set(s["procs"]) == {c.encode()} and s["held"]["w1"] == {c}
+    assert await b.finish(conn, "w1", setup.inc, Q, [c]) == [True]
+    assert await setup.drained()
+
+
+async def test_a_finish_report_of_2500_processes(setup: Setup) -> None:
+    # more ids than one unpack() in Lua may take at once: done in chunks
+    await setup.join(*[b"%d" % i for i in range(2500)])
+    b, conn = setup.b, setup.conn
+    ids = []
+    for _ in range(3):
+        ids += [p.id for p in (await b.claim(conn, "w1", setup.inc, Q, 1000, 0)).processes]
+    assert len(ids) == 2500
+    assert await b.finish(conn, "w1", setup.inc, Q, ids) == [True] * 2500
+    assert await setup.drained()
+
+
+async def test_finish_reads_payloads_with_any_bytes(setup: Setup) -> None:
+    # finish.lua parses only the head of each record, with one pattern
+    odd = [b"a\0b", b"\0", b"line\nbreak\0\0", b"\xff\xfe", b"p" * 70_000]
+    await setup.join(*odd)
+    b, conn = setup.b, setup.conn
+    ps = (await b.claim(conn, "w1", setup.inc, Q, 10, 0)).processes
+    assert [p.task for p in ps] == odd
+    assert await b.finish(conn, "w1", setup.inc, Q, [p.id for p in ps]) == [True] * len(odd)
+    assert await setup.drained()
