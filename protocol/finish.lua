@@ -27,7 +27,7 @@ end
 -- one match, not a table of all nine fields.
 local function record_head(rec)
   local w, kind, attempts, payload = string.match(rec,
-    '^([^%z]*)%z(.)%z(%d+)%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
+    '^([^%z]*)%z([^%z]*)%z(%d+)%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
   return {worker = w, persistent = (kind == 'p'), attempts = tonumber(attempts), payload = payload}
 end
 local ids = {}

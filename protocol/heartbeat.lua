@@ -6,10 +6,11 @@
 -- KEYS[1] {ns}:worker:<W>   heartbeat key
 -- KEYS[2] {ns}:workers      ZSET lease deadlines
 -- KEYS[3] {ns}:inbox:<W>    SET of cancelled process ids not yet acknowledged
--- KEYS[4 + 9i] .. KEYS[12 + 9i] for each served queue i = 0..n-1:
+-- KEYS[4 + 10i] .. KEYS[13 + 10i] for each served queue i = 0..n-1:
 --         {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:held:<W>:<Q>, {ns}:idle:<Q>,
 --         {ns}:persistent:<Q>, {ns}:standby:<Q>, {ns}:servers:<Q>,
---         {ns}:moving:<Q>, {ns}:reserved:<Q>
+--         {ns}:moving:<Q>, {ns}:reserved:<Q>, {ns}:prio:<Q> (tasks with a
+--         priority count as ready)
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] ttl in ms
@@ -53,7 +54,7 @@ for i = 5, 4 + k do redis.call('SREM', KEYS[3], ARGV[i]) end
 local inbox = redis.call('SMEMBERS', KEYS[3])
 
 local states, held, idle, idles, pers, servers, release = {}, {}, {}, {}, {}, {}, {}
-for i = 4, #KEYS, 9 do
+for i = 4, #KEYS, 10 do
   local p, sv = fair_share(KEYS[i + 4], KEYS[i + 5], KEYS[i + 6])
   pers[#pers + 1], servers[#servers + 1] = p, sv
   local mine = {}
@@ -78,7 +79,7 @@ for i = 4, #KEYS, 9 do
   idle[#idle + 1] = redis.call('SISMEMBER', KEYS[i + 3], ARGV[1])
   idles[#idles + 1] = redis.call('SCARD', KEYS[i + 3])
   local state = -1
-  if reserved or redis.call('LLEN', KEYS[i]) > 0 then
+  if reserved or redis.call('EXISTS', KEYS[i], KEYS[i + 9]) > 0 then
     state = 0
   else
     local first = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
