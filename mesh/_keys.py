@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "4"
+PROTOCOL_VERSION = "5"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -120,6 +120,14 @@ class Keys:
         """HASH: payload -> "R:expiry ms", persistent tasks of ``q`` handed
         back for balance and reserved for worker R."""
         return f"{self.prefix}reserved:{q}"
+
+    def share(self, q: str) -> str:
+        """HASH: what the fair share of ``q`` weighs, beyond one per task and
+        per server: task weights (``w`` + payload), server capacities
+        (``c`` + worker id), the extra weight each worker holds (``h`` +
+        worker id), and their sums (``:weight``, ``:capacity``). See
+        protocol/README.md."""
+        return f"{self.prefix}share:{q}"
 
     def standby(self, q: str) -> str:
         """SET: the persistent tasks of ``q`` that are queued or delayed."""

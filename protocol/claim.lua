@@ -4,8 +4,11 @@
 -- across a restart or failover that lost {ns}:token, as long as the Redis
 -- clock does not go back.
 --
--- Fair share: with ARGV[6] = 1, W takes a persistent task only while it holds
--- fewer processes on Q than ceil(persistent tasks of Q / workers serving Q);
+-- Fair share: with ARGV[6] = 1, W takes a persistent task only while the
+-- weight it holds on Q is below its fair share, T * capacity of W / C (the
+-- total weight of Q's persistent tasks and the total capacity of its servers:
+-- lib.lua fair_share; with weights and capacities 1, while it holds fewer
+-- than P / S); so it ends at most one task's weight above its share. The
 -- persistent tasks it may not take stay at the head of the queue for peers.
 -- Callers that were held back and still see work later claim with ARGV[6] = 0,
 -- so a peer with spare capacity never leaves a task waiting.
@@ -33,7 +36,10 @@
 --                                balance and reserved for W (see rebalance.lua). W takes its own
 --                                first, whatever the fair share says; one that ran out goes back
 --                                to the head of the queue, for anyone.
--- KEYS[14] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+-- KEYS[14] {ns}:share:<Q>       HASH weights and capacities (lib.lua): the
+--                                weight of each persistent task taken is added
+--                                to W's held weight
+-- KEYS[15] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
 --         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
@@ -83,7 +89,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
-local bucket, rate, per = KEYS[14], nil, nil
+local bucket, rate, per = KEYS[15], nil, nil
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -102,7 +108,9 @@ local now = now_ms()
 -- move to the head, at most N per claim (O(log n) each); the reply says when
 -- the next one is due, and idle peers are woken for due ones left over.
 local next_due = -1
-if redis.call('EXISTS', KEYS[8]) == 1 then
+-- one call in the usual case: nothing delayed, nothing reserved
+local waiting = redis.call('EXISTS', KEYS[8], KEYS[13]) > 0
+if waiting and redis.call('EXISTS', KEYS[8]) == 1 then
   local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
   for i = #due, 1, -1 do
     redis.call('ZREM', KEYS[8], due[i])
@@ -131,7 +139,7 @@ end
 -- Tasks reserved for W by a rebalance go to the head, taken first (the
 -- fair share does not hold them back: they were moved to W to even it out).
 local forced = {}
-if redis.call('EXISTS', KEYS[13]) == 1 then
+if waiting and redis.call('EXISTS', KEYS[13]) == 1 then
   local _, mine = expire_reserved(KEYS[13], KEYS[3], KEYS[4], KEYS[11], now, ARGV[1])
   for i = math.min(#mine, n), 1, -1 do
     redis.call('HDEL', KEYS[13], mine[i])
@@ -151,17 +159,23 @@ end
 local has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
 local room = #items
+-- weights other than 1 only where the share hash counts tasks of such weights
+local weighted = has_persistent and redis.call('HEXISTS', KEYS[14], ':heavy') == 1
 if has_persistent and ARGV[6] == '1' then
-  local p, servers = fair_share(KEYS[4], KEYS[11], KEYS[10])
-  room = math.ceil(p / servers) - redis.call('SCARD', KEYS[6])
+  local total, capacity, mine, extra = fair_share(KEYS[14], ARGV[1])
+  room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
 end
-local take, left = {}, {}
+local take, left, gained = {}, {}, 0
 for _, payload in ipairs(items) do
   local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
   if persistent and room <= 0 and not forced[payload] then
     left[#left + 1] = payload
   else
-    if persistent then room = room - 1 end
+    if persistent then
+      local w = weighted and task_weight(KEYS[14], payload) or 1
+      room = room - w
+      gained = gained + w - 1
+    end
     take[#take + 1] = {payload, persistent}
   end
 end
@@ -186,6 +200,7 @@ if bucket then
     if out[3] < 0 or wait < out[3] then out[3] = wait end
   end
 end
+add_share(KEYS[14], 'h' .. ARGV[1], gained)
 local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
 redis.call('SET', KEYS[9], int(first + #take - 1))
 for i, t in ipairs(take) do

@@ -11,6 +11,8 @@
 -- KEYS[7] {ns}:queues
 -- KEYS[9] {ns}:moving:<Q>, KEYS[10] {ns}:reserved:<Q> (rebalancing; deleted)
 -- KEYS[8] {ns}:standby:<Q>
+-- KEYS[11] {ns}:share:<Q>  (task weights and held weights removed; the
+--          servers' capacities stay: they go on serving Q)
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] queue name Q
@@ -26,11 +28,11 @@
 --!include lib.lua
 
 local nw = #ARGV - 3
-if #KEYS ~= 10 + 2 * nw then
-  return redis.error_reply('BAD_ARG expected ' .. (10 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+if #KEYS ~= 11 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (11 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local found = find_processes(KEYS[3], false)
-local wkeys, missing = worker_keys(found, 3, 10, nw)
+local wkeys, missing = worker_keys(found, 3, 11, nw)
 if missing then return missing end
 
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
@@ -39,5 +41,12 @@ cancel_found(found, KEYS[3], wkeys, ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9],
   KEYS[10])
 redis.call('SREM', KEYS[7], ARGV[1])
+local gone = {}
+for _, f in ipairs(redis.call('HKEYS', KEYS[11])) do
+  local kind = string.sub(f, 1, 1)
+  if kind == 'w' or kind == 'h' or f == ':weight' or f == ':heavy' then gone[#gone + 1] = f end
+end
+call_chunked('HDEL', KEYS[11], gone)
+if #gone > 0 then redis.call('HINCRBY', KEYS[11], ':gen', 1) end
 redis.call('PUBLISH', ARGV[3], '')
 return {0, removed, #found}

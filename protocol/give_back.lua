@@ -23,6 +23,10 @@
 -- KEYS[11] {ns}:reserved:<Q>     HASH payload -> "R:expiry ms": such a process handed back (mode
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
+-- KEYS[12] {ns}:share:<Q>        HASH weights and capacities (lib.lua): the
+--                                weight of each persistent task given back
+--                                leaves W's held weight; a reservation moves
+--                                its generation on
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
@@ -54,7 +58,9 @@ if err then return err end
 
 local now = now_ms()
 local moving = redis.call('EXISTS', KEYS[10]) == 1
-local out, front, pers, ready = {}, {}, {}, 0
+local weighted = redis.call('HEXISTS', KEYS[12], ':heavy') == 1
+local out, front, pers, ready, lost = {}, {}, {}, 0, 0
+local kept = false  -- a task was reserved
 for i = 7, #ARGV do
   local id, why = ARGV[i], ''
   local cut = string.find(id, '\0', 1, true)
@@ -66,12 +72,16 @@ for i = 7, #ARGV do
     if r.worker == ARGV[1] then
       redis.call('HDEL', KEYS[1], id)
       redis.call('SREM', KEYS[2], id)
-      if r.persistent then pers[#pers + 1] = r.payload end
+      if r.persistent then
+        pers[#pers + 1] = r.payload
+        if weighted then lost = lost + task_weight(KEYS[12], r.payload) - 1 end
+      end
       local to = moving and redis.call('HGET', KEYS[10], id)
       if to then redis.call('HDEL', KEYS[10], id) end
       if mode == 'keep' and r.persistent and not to then
         -- a sticky restart: reserved for W itself for ARGV[3] ms
         redis.call('HSET', KEYS[11], r.payload, ARGV[1] .. ':' .. int(now + base))
+        kept = true
         outcome = 1
       elseif mode ~= 'fail' and to and r.persistent then
         -- moved for balance: reserved for its receiver (who may have died:
@@ -79,6 +89,7 @@ for i = 7, #ARGV do
         local w, at = parse_entry(to)
         if at > now then
           redis.call('HSET', KEYS[11], r.payload, to)
+          kept = true
           redis.call('PUBLISH', ARGV[5] .. w, ARGV[6])
         else
           front[#front + 1] = {tonumber(id), r.payload}
@@ -108,6 +119,9 @@ for i = 7, #ARGV do
   out[#out + 1] = delay
 end
 to_standby(KEYS[4], KEYS[8], pers, true)
+add_share(KEYS[12], 'h' .. ARGV[1], -lost)
+-- a reservation is balance news: heartbeats read the share again
+if kept then redis.call('HINCRBY', KEYS[12], ':gen', 1) end
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
 for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end
