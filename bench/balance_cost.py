@@ -102,7 +102,7 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     for i in range(SERVERS):
         wi = f"w{i}"
         keys = [p + "worker:" + wi, p + "workers", p + "info", p + "version"]
-        ver = "5" if new else "4"
+        ver = "6" if new else "4"
         s("register", keys, [wi, "inc-" + wi, ttl, b"{}", ver])
         keys = [p + "worker:" + wi, p + "serves:" + wi, p + "queues", p + "servers:" + Q]
         s("serve", keys + ([share] if new else []), [wi, "inc-" + wi, Q] + ([1] if new else []))
@@ -110,7 +110,8 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     keys += [p + "idle:" + Q, p + "delayed:" + Q]
     payloads = [b"d%d" % i for i in range(N_TASKS)]
     if new:
-        s("ensure", [*keys, share, p + "procs:" + Q], [Q, p + "wake:", 1, *payloads])
+        keys += [p + "unowned:" + Q, share, p + "procs:" + Q]
+        s("ensure", keys, [Q, p + "wake:", 1, *payloads])
     else:
         s("ensure", keys, [Q, p + "wake:", *payloads])
     claim_keys = [
@@ -130,7 +131,7 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     if version != "before":
         claim_keys.append(p + "reserved:" + Q)
     if new:
-        claim_keys.append(share)
+        claim_keys += [p + "unowned:" + Q, share]
     claim_args = [w, inc, Q, N_TASKS, 5, 0, 1000, 60000, ttl, 1, p + "wake:"]
     s("claim", claim_keys, claim_args)  # W takes all 30 (no fair share)
     fair_args = [w, inc, Q, 10, 5, 1, 1000, 60000, ttl, 1, p + "wake:"]

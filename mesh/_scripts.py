@@ -537,6 +537,7 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
             k.reserved(queue),
+            k.unowned(queue),
             k.share(queue),
         ]
         args = [
@@ -729,6 +730,7 @@ class Binding:
             k.idle(queue),
             k.moving(queue),
             k.reserved(queue),
+            k.unowned(queue),
             k.share(queue),
         ]
         keep = keep_ms > 0 and not failed
@@ -764,6 +766,7 @@ class Binding:
             k.delayed(queue),
             k.standby(queue),
             k.idle(queue),
+            k.unowned(queue),
             k.share(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.wake_prefix, worker]))
@@ -818,6 +821,7 @@ class Binding:
                     k.delayed(q),
                     k.standby(q),
                     k.idle(q),
+                    k.unowned(q),
                     k.share(q),
                 )
             for w in ws:
@@ -972,7 +976,7 @@ class Binding:
         every one gets ``weight``."""
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        keys += [k.delayed(queue), k.share(queue), k.procs(queue)]
+        keys += [k.delayed(queue), k.unowned(queue), k.share(queue), k.procs(queue)]
         r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, weight, *payloads])
         return [x == 1 for x in r]
 
@@ -980,7 +984,8 @@ class Binding:
         """(queued copies removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.share(queue)]
+        keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
+        keys.append(k.share(queue))
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -989,7 +994,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
-        keys += [k.moving(queue), k.reserved(queue), k.share(queue)]
+        keys += [k.moving(queue), k.reserved(queue), k.unowned(queue), k.share(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 

@@ -36,10 +36,12 @@
 --                                balance and reserved for W (see rebalance.lua). W takes its own
 --                                first, whatever the fair share says; one that ran out goes back
 --                                to the head of the queue, for anyone.
--- KEYS[14] {ns}:share:<Q>       HASH weights and capacities (lib.lua): the
+-- KEYS[14] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+--                                (a claimed one leaves it)
+-- KEYS[15] {ns}:share:<Q>       HASH weights and capacities (lib.lua): the
 --                                weight of each persistent task taken is added
 --                                to W's held weight
--- KEYS[15] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+-- KEYS[16] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
 --         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
@@ -89,7 +91,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
-local bucket, rate, per = KEYS[15], nil, nil
+local bucket, rate, per = KEYS[16], nil, nil
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -160,9 +162,9 @@ local has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
 local room = #items
 -- weights other than 1 only where the share hash counts tasks of such weights
-local weighted = has_persistent and redis.call('HEXISTS', KEYS[14], ':heavy') == 1
+local weighted = has_persistent and redis.call('HEXISTS', KEYS[15], ':heavy') == 1
 if has_persistent and ARGV[6] == '1' then
-  local total, capacity, mine, extra = fair_share(KEYS[14], ARGV[1])
+  local total, capacity, mine, extra = fair_share(KEYS[15], ARGV[1])
   room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
 end
 local take, left, gained = {}, {}, 0
@@ -172,7 +174,7 @@ for _, payload in ipairs(items) do
     left[#left + 1] = payload
   else
     if persistent then
-      local w = weighted and task_weight(KEYS[14], payload) or 1
+      local w = weighted and task_weight(KEYS[15], payload) or 1
       room = room - w
       gained = gained + w - 1
     end
@@ -200,7 +202,7 @@ if bucket then
     if out[3] < 0 or wait < out[3] then out[3] = wait end
   end
 end
-add_share(KEYS[14], 'h' .. ARGV[1], gained)
+add_share(KEYS[15], 'h' .. ARGV[1], gained)
 local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
 redis.call('SET', KEYS[9], int(first + #take - 1))
 for i, t in ipairs(take) do
@@ -209,6 +211,7 @@ for i, t in ipairs(take) do
   if persistent then
     redis.call('SREM', KEYS[11], payload)
     redis.call('HSET', KEYS[4], payload, id)
+    redis.call('ZREM', KEYS[14], payload)
   end
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end

@@ -12,8 +12,9 @@
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
 -- KEYS[6] {ns}:delayed:<Q>       ZSET of payloads waiting for a retry
--- KEYS[7] {ns}:share:<Q>         HASH weights and capacities (see lib.lua)
--- KEYS[8] {ns}:procs:<Q>         HASH process id -> process record (read: the
+-- KEYS[7] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+-- KEYS[8] {ns}:share:<Q>         HASH weights and capacities (see lib.lua)
+-- KEYS[9] {ns}:procs:<Q>         HASH process id -> process record (read: the
 --                                worker of a running task whose weight changes)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
@@ -69,7 +70,7 @@ elseif len > 0 then
   end
 end
 wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before the first write, as in enqueue.lua
-to_standby(KEYS[3], KEYS[4], new, false)
+to_standby(KEYS[3], KEYS[4], new, false, KEYS[7], now_ms())
 call_chunked('RPUSH', KEYS[1], new)
 redis.call('SADD', KEYS[2], ARGV[1])
 if weight ~= 1 and #new > 0 then
@@ -78,15 +79,15 @@ if weight ~= 1 and #new > 0 then
     fields[#fields + 1] = 'w' .. p
     fields[#fields + 1] = weight
   end
-  call_chunked('HSET', KEYS[7], fields, 2)
+  call_chunked('HSET', KEYS[8], fields, 2)
 end
-add_tasks(KEYS[7], #new, weight)
+add_tasks(KEYS[8], #new, weight)
 -- Tasks already there take the weight given: only a change costs a write.
-local heavy = #old > 0 and (weight ~= 1 or redis.call('HEXISTS', KEYS[7], ':heavy') == 1)
+local heavy = #old > 0 and (weight ~= 1 or redis.call('HEXISTS', KEYS[8], ':heavy') == 1)
 for _, p in ipairs(heavy and old or {}) do
-  local delta = set_weight(KEYS[7], p, weight, task_weight(KEYS[7], p))
+  local delta = set_weight(KEYS[8], p, weight, task_weight(KEYS[8], p))
   local pid = delta ~= 0 and redis.call('HGET', KEYS[3], p)
-  local rec = pid and pid ~= '' and redis.call('HGET', KEYS[8], pid)
-  if rec then add_share(KEYS[7], 'h' .. unpack_record(rec).worker, delta) end
+  local rec = pid and pid ~= '' and redis.call('HGET', KEYS[9], pid)
+  if rec then add_share(KEYS[8], 'h' .. unpack_record(rec).worker, delta) end
 end
 return out

@@ -23,7 +23,8 @@
 -- KEYS[11] {ns}:reserved:<Q>     HASH payload -> "R:expiry ms": such a process handed back (mode
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
--- KEYS[12] {ns}:share:<Q>        HASH weights and capacities (lib.lua): the
+-- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+-- KEYS[13] {ns}:share:<Q>        HASH weights and capacities (lib.lua): the
 --                                weight of each persistent task given back
 --                                leaves W's held weight; a reservation moves
 --                                its generation on
@@ -58,7 +59,7 @@ if err then return err end
 
 local now = now_ms()
 local moving = redis.call('EXISTS', KEYS[10]) == 1
-local weighted = redis.call('HEXISTS', KEYS[12], ':heavy') == 1
+local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
 local out, front, pers, ready, lost = {}, {}, {}, 0, 0
 local kept = false  -- a task was reserved
 for i = 7, #ARGV do
@@ -74,7 +75,7 @@ for i = 7, #ARGV do
       redis.call('SREM', KEYS[2], id)
       if r.persistent then
         pers[#pers + 1] = r.payload
-        if weighted then lost = lost + task_weight(KEYS[12], r.payload) - 1 end
+        if weighted then lost = lost + task_weight(KEYS[13], r.payload) - 1 end
       end
       local to = moving and redis.call('HGET', KEYS[10], id)
       if to then redis.call('HDEL', KEYS[10], id) end
@@ -118,10 +119,10 @@ for i = 7, #ARGV do
   out[#out + 1] = outcome
   out[#out + 1] = delay
 end
-to_standby(KEYS[4], KEYS[8], pers, true)
-add_share(KEYS[12], 'h' .. ARGV[1], -lost)
+to_standby(KEYS[4], KEYS[8], pers, true, KEYS[12], now)
+add_share(KEYS[13], 'h' .. ARGV[1], -lost)
 -- a reservation is balance news: heartbeats read the share again
-if kept then redis.call('HINCRBY', KEYS[12], ':gen', 1) end
+if kept then redis.call('HINCRBY', KEYS[13], ':gen', 1) end
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
 for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end
