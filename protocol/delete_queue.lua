@@ -43,7 +43,9 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8],
   KEYS[10], KEYS[11])
 redis.call('SREM', KEYS[7], ARGV[1])
 local gone = {}
-for _, f in ipairs(redis.call('HKEYS', KEYS[12])) do
+local fields = redis.call('HGETALL', KEYS[12])  -- HGETALL: the documented ACL has no HKEYS
+for i = 1, #fields, 2 do
+  local f = fields[i]
   local kind = string.sub(f, 1, 1)
   if kind == 'w' or kind == 'h' or f == ':weight' or f == ':heavy' then gone[#gone + 1] = f end
 end
