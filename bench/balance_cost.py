@@ -3,8 +3,10 @@
 ``python -m bench.balance_cost [--calls 3000] [--rounds 3]`` starts its own
 redis-server (127.0.0.1, a free port) and loads three versions of the
 scripts side by side: ``before`` (main at deac1f2, protocol 4 before
-rebalancing), ``main-f8ba231`` (rebalancing, counts only) and ``this``
-(the working tree: the fair share by weight against capacity). For each it
+rebalancing), ``main-f8ba231`` (rebalancing, counts only),
+``main-0fd0f83`` (protocol 6: task priorities, the fair share by counts) and ``this``
+(the working tree: the fair share by weight against capacity, protocol 7,
+with version 6's task priorities). For each it
 sets up the same state in a namespace of its own (a worker W serving one
 queue with 30 persistent tasks it holds, 4 servers) and measures, round by
 round and version by version in turn (so load drifts hit all alike):
@@ -47,7 +49,12 @@ from mesh.testing import run_redis_server
 Q = "devices"
 N_TASKS = 30
 SERVERS = 4
-VERSIONS = {"before": "deac1f2", "main-f8ba231": "f8ba231", "this": None}
+VERSIONS = {
+    "before": "deac1f2",
+    "main-f8ba231": "f8ba231",
+    "main-0fd0f83": "0fd0f83",
+    "this": None,
+}
 
 
 class Scripts:
@@ -99,10 +106,11 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     ttl = 600_000
     share = p + "share:" + Q
     new = version == "this"
+    v6 = version == "main-0fd0f83"  # protocol 6: unowned, priorities; counts, no weights
     for i in range(SERVERS):
         wi = f"w{i}"
         keys = [p + "worker:" + wi, p + "workers", p + "info", p + "version"]
-        ver = "6" if new else "4"
+        ver = "7" if new else "6" if v6 else "4"
         s("register", keys, [wi, "inc-" + wi, ttl, b"{}", ver])
         keys = [p + "worker:" + wi, p + "serves:" + wi, p + "queues", p + "servers:" + Q]
         s("serve", keys + ([share] if new else []), [wi, "inc-" + wi, Q] + ([1] if new else []))
@@ -110,8 +118,11 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     keys += [p + "idle:" + Q, p + "delayed:" + Q]
     payloads = [b"d%d" % i for i in range(N_TASKS)]
     if new:
-        keys += [p + "unowned:" + Q, share, p + "procs:" + Q]
+        keys += [p + "unowned:" + Q, share, p + "procs:" + Q, p + "prio:" + Q]
         s("ensure", keys, [Q, p + "wake:", 1, *payloads])
+    elif v6:
+        keys += [p + "unowned:" + Q, p + "prio:" + Q]
+        s("ensure", keys, [Q, p + "wake:", *payloads])
     else:
         s("ensure", keys, [Q, p + "wake:", *payloads])
     claim_keys = [
@@ -131,17 +142,21 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     if version != "before":
         claim_keys.append(p + "reserved:" + Q)
     if new:
-        claim_keys += [p + "unowned:" + Q, share]
+        claim_keys += [p + "unowned:" + Q, share, p + "prio:" + Q, p + "delayed_prio:" + Q]
+    elif v6:
+        claim_keys += [p + "unowned:" + Q, p + "prio:" + Q, p + "delayed_prio:" + Q]
     claim_args = [w, inc, Q, N_TASKS, 5, 0, 1000, 60000, ttl, 1, p + "wake:"]
     s("claim", claim_keys, claim_args)  # W takes all 30 (no fair share)
     fair_args = [w, inc, Q, 10, 5, 1, 1000, 60000, ttl, 1, p + "wake:"]
     hb_keys = [p + "worker:" + w, p + "workers", p + "inbox:" + w]
     qk = [p + "queue:" + Q, p + "delayed:" + Q, p + "held:" + w + ":" + Q, p + "idle:" + Q]
-    if version == "main-f8ba231":
+    if version in ("main-f8ba231", "main-0fd0f83"):
         qk += [p + "persistent:" + Q, p + "standby:" + Q, p + "servers:" + Q]
         qk += [p + "moving:" + Q, p + "reserved:" + Q]
+        if v6:
+            qk.append(p + "prio:" + Q)
     elif new:
-        qk += [p + "moving:" + Q, p + "reserved:" + Q, share]
+        qk += [p + "moving:" + Q, p + "reserved:" + Q, share, p + "prio:" + Q]
     hb_keys += qk
     hb_args: list[Any] = [w, inc, ttl, 0]
     if new:

@@ -377,6 +377,17 @@ class RecycleReply:
     dead_lettered: int
 
 
+class CrashDeadLetter(NamedTuple):
+    """A task a recycle dead-lettered (its crashed worker's attempt was its
+    last allowed one), for the recycler's log line."""
+
+    queue: str
+    head: bytes  # the payload's first 161 bytes
+    attempts: int
+    max_attempts: int
+    worker: str  # the crashed worker
+
+
 @attrs.frozen
 class RecycleManyReply:
     """What one ``recycle.lua`` call did."""
@@ -386,6 +397,7 @@ class RecycleManyReply:
     returned: int  # processes handed back (or delayed)
     dead_lettered: int
     queues: list[str]  # the queues the call was given (learned ones included)
+    dead: list[CrashDeadLetter] = attrs.Factory(list)  # the dead-lettered tasks
 
 
 @attrs.frozen
@@ -460,7 +472,7 @@ class Binding:
         keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
         for q in queues:
             keys += (k.queue(q), k.delayed(q), k.held(worker, q), k.idle(q))
-            keys += (k.moving(q), k.reserved(q), k.share(q))
+            keys += (k.moving(q), k.reserved(q), k.share(q), k.prio(q))
         # the generation of each queue's share last seen with nothing moving:
         # unchanged, the script reads nothing more of it (heartbeat.lua)
         cache = self._balance
@@ -539,6 +551,8 @@ class Binding:
             k.reserved(queue),
             k.unowned(queue),
             k.share(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         args = [
             worker,
@@ -732,6 +746,8 @@ class Binding:
             k.reserved(queue),
             k.unowned(queue),
             k.share(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         keep = keep_ms > 0 and not failed
         args: list[Any] = [
@@ -768,6 +784,8 @@ class Binding:
             k.idle(queue),
             k.unowned(queue),
             k.share(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.wake_prefix, worker]))
 
@@ -823,6 +841,8 @@ class Binding:
                     k.idle(q),
                     k.unowned(q),
                     k.share(q),
+                    k.prio(q),
+                    k.delayed_prio(q),
                 )
             for w in ws:
                 keys += (k.held(w, q) for q in qs)
@@ -831,10 +851,14 @@ class Binding:
             if int(r[0]) == 0:
                 return RecycleManyReply(
                     recycled=int(r[3]),
-                    alive=[w.decode() for w in r[4:]],
+                    alive=[w.decode() for w in r[4]],
                     returned=int(r[1]),
                     dead_lettered=int(r[2]),
                     queues=qs,
+                    dead=[
+                        CrashDeadLetter(t[0].decode(), t[1], int(t[2]), int(t[3]), t[4].decode())
+                        for t in r[5]
+                    ],
                 )
             qs += [q.decode() for q in r[1:]]
         raise ProtocolError(f"recycle of workers {ws}: their queues kept changing")
@@ -882,10 +906,14 @@ class Binding:
         r = await self._run(conn, "reap_check", [self.keys.workers], [limit, lease_ms])
         return ReapCheck(int(r[0]), int(r[1]), int(r[2]), [w.decode() for w in r[3:]])
 
-    async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
+    async def enqueue(
+        self, conn: Executor, queue: str, payloads: Sequence[bytes], priority: int = 0
+    ) -> int:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        return int(await self._run(conn, "enqueue", keys, [queue, k.wake_prefix, *payloads]))
+        keys.append(k.prio(queue))
+        args = [queue, k.wake_prefix, priority, *payloads]
+        return int(await self._run(conn, "enqueue", keys, args))
 
     async def delay(
         self,
@@ -895,13 +923,17 @@ class Binding:
         *,
         in_ms: int = 0,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> DelayReply:
         """``delay.lua``: delay ``payloads`` by ``in_ms`` ms of the Redis clock,
-        or until ``at_ms`` (ms since the epoch, Redis clock)."""
+        or until ``at_ms`` (ms since the epoch, Redis clock); when due they
+        go to the front of level ``priority``."""
         k = self.keys
         keys = [k.delayed(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
+        keys.append(k.delayed_prio(queue))
         mode, ms = ("in", in_ms) if at_ms is None else ("at", at_ms)
-        r = await self._run(conn, "delay", keys, [queue, k.wake_prefix, mode, ms, *payloads])
+        args = [queue, k.wake_prefix, mode, ms, priority, *payloads]
+        r = await self._run(conn, "delay", keys, args)
         return DelayReply(int(r[0]), int(r[1]), int(r[2]))
 
     async def dead(
@@ -977,6 +1009,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
         keys += [k.delayed(queue), k.unowned(queue), k.share(queue), k.procs(queue)]
+        keys.append(k.prio(queue))
         r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, weight, *payloads])
         return [x == 1 for x in r]
 
@@ -985,7 +1018,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
-        keys.append(k.share(queue))
+        keys += [k.share(queue), k.prio(queue), k.delayed_prio(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -995,6 +1028,7 @@ class Binding:
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
         keys += [k.moving(queue), k.reserved(queue), k.unowned(queue), k.share(queue)]
+        keys += [k.prio(queue), k.delayed_prio(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 
@@ -1059,6 +1093,10 @@ def _parse_finish(r: Any) -> list[bool]:
     return [x == 1 for x in r]
 
 
+# A process record's kind: persistent, one-shot, one-shot with a priority.
+_KINDS = frozenset([b"p", b"o", *(f"o{i}".encode() for i in range(1, 10))])
+
+
 def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
     """A :class:`Process` from a field and value of ``{ns}:procs:<Q>``.
 
@@ -1066,7 +1104,7 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
         ProtocolError: the record is not of the documented shape.
     """
     parts = rec.split(b"\0", 8)
-    if len(parts) != 9 or parts[1] not in (b"p", b"o"):
+    if len(parts) != 9 or parts[1] not in _KINDS:
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)
     return Process(

@@ -14,6 +14,7 @@
 -- KEYS[11] {ns}:unowned:<Q> (deleted)
 -- KEYS[12] {ns}:share:<Q>  (task weights and held weights removed; the
 --          servers' capacities stay: they go on serving Q)
+-- KEYS[13] {ns}:prio:<Q>, KEYS[14] {ns}:delayed_prio:<Q> (priorities; deleted)
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] queue name Q
@@ -29,18 +30,18 @@
 --!include lib.lua
 
 local nw = #ARGV - 3
-if #KEYS ~= 12 + 2 * nw then
-  return redis.error_reply('BAD_ARG expected ' .. (12 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+if #KEYS ~= 14 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (14 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local found = find_processes(KEYS[3], false)
-local wkeys, missing = worker_keys(found, 3, 12, nw)
+local wkeys, missing = worker_keys(found, 3, 14, nw)
 if missing then return missing end
 
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
-  + redis.call('LLEN', KEYS[6]) + redis.call('HLEN', KEYS[10])
+  + redis.call('LLEN', KEYS[6]) + redis.call('HLEN', KEYS[10]) + redis.call('ZCARD', KEYS[13])
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9],
-  KEYS[10], KEYS[11])
+  KEYS[10], KEYS[11], KEYS[13], KEYS[14])
 redis.call('SREM', KEYS[7], ARGV[1])
 local gone = {}
 local fields = redis.call('HGETALL', KEYS[12])  -- HGETALL: the documented ACL has no HKEYS

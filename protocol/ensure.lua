@@ -16,6 +16,7 @@
 -- KEYS[8] {ns}:share:<Q>         HASH weights and capacities (see lib.lua)
 -- KEYS[9] {ns}:procs:<Q>         HASH process id -> process record (read: the
 --                                worker of a running task whose weight changes)
+-- KEYS[10] {ns}:prio:<Q>         ZSET of queued one-shot tasks with a priority (lib.lua prio_add)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3] the weight of the payloads, a whole number from 1 to 1000000
@@ -24,7 +25,8 @@
 -- Errors: CONFLICT (a payload is queued or delayed as a one-shot task of Q:
 --         nothing was added), BAD_ARG (weight).
 -- Cost: the one-shot check reads the queue (LPOS, or one pass for many
---       payloads): O(queue length) when the queue holds tasks.
+--       payloads): O(queue length) when the queue holds tasks, and the
+--       tasks with a priority, if any.
 -- Publishes: Q on the wake channels of up to (number added) + 1 idle servers.
 --!include lib.lua
 
@@ -54,6 +56,11 @@ local function conflict(p)
 end
 for _, p in ipairs(new) do
   if redis.call('ZSCORE', KEYS[6], p) then return conflict(p) end
+end
+if #new > 0 and redis.call('EXISTS', KEYS[10]) == 1 then
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[10], 0, -1)) do
+    if seen[string.sub(m, 17)] then return conflict(string.sub(m, 17)) end
+  end
 end
 local len = #new > 0 and redis.call('LLEN', KEYS[1]) or 0
 local is_new = {}

@@ -28,6 +28,9 @@
 --                                weight of each persistent task given back
 --                                leaves W's held weight; a reservation moves
 --                                its generation on
+-- KEYS[14] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
+--                                back to the front (retried: the back) of its level (lib.lua prio_add)
+-- KEYS[15] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
@@ -93,11 +96,11 @@ for i = 7, #ARGV do
           kept = true
           redis.call('PUBLISH', ARGV[5] .. w, ARGV[6])
         else
-          front[#front + 1] = {tonumber(id), r.payload}
+          front[#front + 1] = {tonumber(id), r.payload, r.level}
         end
         outcome = 1
       elseif mode ~= 'fail' then
-        front[#front + 1] = {tonumber(id), r.payload}
+        front[#front + 1] = {tonumber(id), r.payload, r.level}
         outcome = 1
       else
         local where, made
@@ -107,6 +110,11 @@ for i = 7, #ARGV do
           outcome = 3
         elseif where == 'later' then
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
+          delay_level(KEYS[15], r.payload, r.level)
+          outcome = 2
+        elseif r.level > 0 then
+          prio_add(KEYS[14], r.level, {r.payload}, false)
+          ready = ready + 1
           outcome = 2
         else
           redis.call('RPUSH', KEYS[3], r.payload)
@@ -125,7 +133,13 @@ add_share(KEYS[13], 'h' .. ARGV[1], -lost)
 if kept then redis.call('HINCRBY', KEYS[13], ':gen', 1) end
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
-for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end
+for i = #front, 1, -1 do
+  if front[i][3] > 0 then
+    prio_add(KEYS[14], front[i][3], {front[i][2]}, true)
+  else
+    redis.call('LPUSH', KEYS[3], front[i][2])
+  end
+end
 ready = ready + #front
 wake_idle(KEYS[9], ARGV[5], ARGV[6], ready)
 return out

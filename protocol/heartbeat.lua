@@ -6,9 +6,10 @@
 -- KEYS[1] {ns}:worker:<W>   heartbeat key
 -- KEYS[2] {ns}:workers      ZSET lease deadlines
 -- KEYS[3] {ns}:inbox:<W>    SET of cancelled process ids not yet acknowledged
--- KEYS[4 + 7i] .. KEYS[10 + 7i] for each served queue i = 0..n-1:
+-- KEYS[4 + 8i] .. KEYS[11 + 8i] for each served queue i = 0..n-1:
 --         {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:held:<W>:<Q>, {ns}:idle:<Q>,
---         {ns}:moving:<Q>, {ns}:reserved:<Q>, {ns}:share:<Q>
+--         {ns}:moving:<Q>, {ns}:reserved:<Q>, {ns}:share:<Q>, {ns}:prio:<Q>
+--         (tasks with a priority count as ready)
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] ttl in ms
@@ -68,7 +69,7 @@ local inbox = redis.call('SMEMBERS', KEYS[3])
 
 local states, held, idle, idles, balance = {}, {}, {}, {}, {}
 local q, news = 0, false
-for i = 4, #KEYS, 7 do
+for i = 4, #KEYS, 8 do
   q = q + 1
   local gen = redis.call('HGET', KEYS[i + 6], ':gen') or '0'
   local reserved = false
@@ -102,7 +103,7 @@ for i = 4, #KEYS, 7 do
   idle[#idle + 1] = redis.call('SISMEMBER', KEYS[i + 3], ARGV[1])
   idles[#idles + 1] = redis.call('SCARD', KEYS[i + 3])
   local state = -1
-  if reserved or redis.call('LLEN', KEYS[i]) > 0 then
+  if reserved or redis.call('EXISTS', KEYS[i], KEYS[i + 7]) > 0 then
     state = 0
   else
     local first = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')

@@ -9,18 +9,19 @@
 -- (graceful stop, or after it found itself fenced); no attempt is counted.
 -- Several dead workers recycled in one call wake the idle servers of a queue
 -- once per call, not once per worker. Safe to run twice: the second run finds
--- nothing left, recycles nobody and returns {0, 0, 0, 0}.
+-- nothing left, recycles nobody and returns {0, 0, 0, 0, {}, {}}.
 --
 -- KEYS[1] {ns}:workers       ZSET lease deadlines
 -- KEYS[2] {ns}:info          HASH worker descriptions
 -- then for each worker W_j named in ARGV (j = 1..n), three keys:
 --   {ns}:worker:<W_j> (heartbeat key), {ns}:serves:<W_j> (SET of queues it
 --   serves), {ns}:inbox:<W_j> (SET of its unacknowledged cancels)
--- then for each queue Q_i named in ARGV (i = 1..m), eleven keys:
+-- then for each queue Q_i named in ARGV (i = 1..m), thirteen keys:
 --   {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>, {ns}:attempts:<Q>,
 --   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>, {ns}:standby:<Q>,
 --   {ns}:idle:<Q>, {ns}:unowned:<Q>, {ns}:share:<Q> (the worker's capacity and
---   held weight leave it)
+--   held weight leave it), {ns}:prio:<Q>, {ns}:delayed_prio:<Q> (a task with
+--   a priority goes back to its level: lib.lua return_held)
 -- then for each worker j and each queue i (worker by worker), one key:
 --   {ns}:held:<W_j>:<Q_i>
 -- ARGV[1] mode: "dead" or "leave"
@@ -30,7 +31,10 @@
 -- ARGV[5..4+n] the worker ids W_j, then the queue names Q_i, in the order of
 --   their keys. A queue that a worker does not serve is harmless.
 -- Returns: {0, handed back (or delayed), dead-lettered, workers recycled,
---           ids of workers found alive...} when done. A worker counts as
+--           {ids of workers found alive}, {per dead-lettered task: its
+--           queue, the first 161 bytes of its payload, attempts made, max
+--           attempts, the worker}} when done (the caller logs a line per
+--           dead-lettered task). A worker counts as
 --          recycled if anything of it was left (a lease deadline, a
 --          description, a process); one found alive (mode "dead": it renewed
 --          in the same millisecond) is left as it was, but for its deadline
@@ -54,12 +58,12 @@ if n < 1 or (mode == 'leave' and n ~= 1) or 4 + n > #ARGV then
   return redis.error_reply('BAD_ARG worker count must be 1 in mode "leave", 1 to 1000 in mode "dead"')
 end
 local m = #ARGV - 4 - n
-if #KEYS ~= 2 + 3 * n + 11 * m + n * m then
-  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 11 * m + n * m) .. ' keys for '
+if #KEYS ~= 2 + 3 * n + 13 * m + n * m then
+  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 13 * m + n * m) .. ' keys for '
     .. n .. ' workers and ' .. m .. ' queues')
 end
-local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 11(i-1) + 1..11]
-local hbase = qbase + 11 * m        -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
+local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 13(i-1) + 1..13]
+local hbase = qbase + 13 * m        -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
 
 -- Check everything before the first write.
 local given = {}
@@ -90,12 +94,12 @@ for j = 1, n do
 end
 if #missing > 1 then return missing end
 
-local out = {0, 0, 0, 0}
+local out, alive_ids, told = {0, 0, 0, 0}, {}, {}
 for _, j in ipairs(alive) do
   -- alive after all: put its true deadline back, which a reap lease may have moved
   local left = redis.call('PTTL', KEYS[3 + 3 * (j - 1)])
   if left >= 0 then redis.call('ZADD', KEYS[1], 'XX', now_ms() + left, ARGV[4 + j]) end
-  out[#out + 1] = ARGV[4 + j]
+  alive_ids[#alive_ids + 1] = ARGV[4 + j]
 end
 
 local now = now_ms()
@@ -106,21 +110,25 @@ for _, j in ipairs(todo) do
   local known = redis.call('ZREM', KEYS[1], w) + redis.call('HDEL', KEYS[2], w)
   local back, buried = 0, 0
   for i = 1, m do
-    local q = qbase + 11 * (i - 1)
-    local b, d = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
+    local q = qbase + 13 * (i - 1)
+    local b, d, dl = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
       KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now, KEYS[q + 8],
-      KEYS[q + 10])
+      KEYS[q + 10], KEYS[q + 12], KEYS[q + 13])
     local server = redis.call('SREM', KEYS[q + 6], w) == 1
     redis.call('SREM', KEYS[q + 9], w)
     leave_share(KEYS[q + 11], w, server)
     back_q[i] = back_q[i] + b
     back, buried = back + b, buried + d
+    for _, t in ipairs(dl) do
+      told[#told + 1] = {ARGV[4 + n + i], t[1], t[2], t[3], w}
+    end
   end
   redis.call('DEL', KEYS[3 + wk], KEYS[4 + wk], KEYS[5 + wk])
   if known > 0 or back + buried > 0 then out[4] = out[4] + 1 end
   out[2], out[3] = out[2] + back, out[3] + buried
 end
 for i = 1, m do
-  wake_idle(KEYS[qbase + 11 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
+  wake_idle(KEYS[qbase + 13 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
 end
+out[5], out[6] = alive_ids, told
 return out
