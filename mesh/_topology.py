@@ -177,6 +177,8 @@ class Topology:
         self._changed = trio.Event()
         # CLUSTER SHARDS is unknown before 7.0: once refused, use CLUSTER SLOTS.
         self._use_slots = False
+        # The sentinel that last told a connection the master had moved.
+        self._preferred_sentinel: Node | None = None
 
     # ---------------------------------------------------------------- public
 
@@ -454,6 +456,9 @@ class Topology:
                     if isinstance(reply, list) and len(reply) == 2:
                         named = (_decode(reply[0]), int(reply[1]))
                         if named != node:
+                            # Ask this sentinel first on the reconnect: another
+                            # one may not have heard of the failover yet.
+                            self._preferred_sentinel = sentinels[0]
                             return named
                     break
         finally:
@@ -476,7 +481,12 @@ class Topology:
     async def _ask_sentinels(self) -> Node:
         config = self.config
         errors: list[str] = []
-        for host, port in config.nodes:
+        nodes = list(config.nodes)
+        preferred = self._preferred_sentinel
+        if preferred in nodes:
+            nodes.remove(preferred)
+            nodes.insert(0, preferred)
+        for host, port in nodes:
             one = self._sentinel_config((host, port))
             try:
                 stream, _, replies = await connect(
@@ -484,6 +494,8 @@ class Topology:
                 )
             except MeshConnectionError as exc:
                 errors.append(str(exc))
+                if (host, port) == self._preferred_sentinel:
+                    self._preferred_sentinel = None  # back to the URL's order
                 continue
             await trio.aclose_forcefully(stream)
             reply = replies[0]

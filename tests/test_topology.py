@@ -213,14 +213,19 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
     on its node. An EVALSHA of a script the importing node never saw still runs
     (NOSCRIPT there: EVAL, redirected the same way). A multi-key script whose keys
     are split between the nodes gets TRYAGAIN and is retried until the migration
-    ends, then runs on the new owner."""
-    tag = next(f"{{ask{i}}}" for i in range(10**6) if keyslot(f"{{ask{i}}}") != SLOT)
-    slot = keyslot(tag)
-    source_port = cluster.owner_port(slot)
-    source = next(m for m in cluster.masters if m.port == source_port)
-    target = next(
-        m for m in cluster.masters if m.port not in (source_port, cluster.owner_port(SLOT))
+    ends, then runs on the new owner. With min_replicas, the writes sent after ASK
+    are confirmed with WAIT on the importing node too."""
+    # A slot of the master that has a replica, moving to one that has none.
+    source_port = cluster.owner_port(SLOT)
+    tag = next(
+        f"{{ask{i}}}"
+        for i in range(10**6)
+        if keyslot(f"{{ask{i}}}") != SLOT
+        and cluster.owner_port(keyslot(f"{{ask{i}}}")) == source_port
     )
+    slot = keyslot(tag)
+    source = next(m for m in cluster.masters if m.port == source_port)
+    target = next(m for m in cluster.masters if m.port != source_port)
     here, moved = tag + "here", tag + "moved"
     script = Script("probe", b"return redis.call('INCRBY', KEYS[1], ARGV[1])", "")
     script = attrs.evolve(script, sha=hashlib.sha1(script.source).hexdigest())
@@ -242,6 +247,9 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
         assert on_target.execute() == [True, b"v", True, b"5"]
         count = client(source.port).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
         assert count == 1  # only `here`: nothing was written on the source
+        # The source has a replica, the importing node none: WAIT there fails.
+        with pytest.raises(MeshConnectionError, match="where an ASK redirection sent writes"):
+            await conn.wait_replicas(1, 0.2)
         # A script on a key each side has: TRYAGAIN until the slot has moved.
         results: list[object] = []
 
