@@ -306,9 +306,11 @@ class QueueBeat:
     held: int  # processes Redis says the worker holds on the queue
     idle: bool  # whether the worker is in the queue's idle set
     idle_servers: int
-    persistent: int = 0  # persistent tasks of the queue (P)
-    servers: int = 1  # workers that serve it (S)
+    persistent: int = 0  # total weight of its persistent tasks (T; P with weights 1)
+    servers: int = 1  # total capacity of its servers (C; S with capacities 1)
     release: tuple[str, ...] = ()  # processes a rebalance asks us to hand back
+    capacity: int = 1  # the worker's capacity on the queue
+    weight: int = 0  # the weight of the worker's processes there
 
 
 @attrs.frozen
@@ -323,6 +325,8 @@ class HeartbeatReply:
     persistent: tuple[int, ...] = ()
     servers: tuple[int, ...] = ()
     release: tuple[tuple[str, ...], ...] = ()
+    capacity: tuple[int, ...] = ()
+    weight: tuple[int, ...] = ()
 
     def beats(self) -> list[QueueBeat]:
         """One :class:`QueueBeat` per queue named in the call, in its order."""
@@ -334,6 +338,8 @@ class HeartbeatReply:
             self.persistent,
             self.servers,
             self.release,
+            self.capacity,
+            self.weight,
             strict=True,
         )
         return [QueueBeat(self.now_ms, *q) for q in per_queue]
@@ -397,9 +403,9 @@ class RecycleManyReply:
 @attrs.frozen
 class RebalanceReply:
     marked: int  # processes of peers marked to move to the caller
-    persistent: int  # P
-    servers: int  # S
-    held: int  # the caller's count, what is on its way included
+    persistent: int  # T, the total weight of the persistent tasks (P with weights 1)
+    servers: int  # C, the total capacity of the servers (S with capacities 1)
+    held: int  # the caller's held weight, what is on its way included
 
 
 class ReapCheck(NamedTuple):
@@ -415,6 +421,9 @@ class Binding:
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
         self.scripts = load_scripts()
+        # (worker, queue) -> (generation, T, C, capacity, extra held weight):
+        # the balance a heartbeat last read with nothing moving or reserved
+        self._balance: dict[tuple[str, str], tuple[str, int, int, int, int]] = {}
 
     async def run(self, conn: Executor, call: ScriptCall[T]) -> T:
         """Send one built call (:meth:`claim_call`, :meth:`finish_call`) and
@@ -437,13 +446,17 @@ class Binding:
             )
         )
 
-    async def serve(self, conn: Executor, worker: str, incarnation: str, queue: str) -> None:
+    async def serve(
+        self, conn: Executor, worker: str, incarnation: str, queue: str, capacity: int = 1
+    ) -> None:
+        """Serve ``queue`` with ``capacity`` (its part of the fair share; see
+        ``serve.lua``); serving again changes the capacity."""
         k = self.keys
         await self._run(
             conn,
             "serve",
-            [k.heartbeat(worker), k.serves(worker), k.queues, k.servers(queue)],
-            [worker, incarnation, queue],
+            [k.heartbeat(worker), k.serves(worker), k.queues, k.servers(queue), k.share(queue)],
+            [worker, incarnation, queue, capacity],
         )
 
     async def heartbeat(
@@ -459,22 +472,47 @@ class Binding:
         keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
         for q in queues:
             keys += (k.queue(q), k.delayed(q), k.held(worker, q), k.idle(q))
-            keys += (k.persistent(q), k.standby(q), k.servers(q), k.moving(q), k.reserved(q))
-            keys.append(k.prio(q))
+            keys += (k.moving(q), k.reserved(q), k.share(q), k.prio(q))
+        # the generation of each queue's share last seen with nothing moving:
+        # unchanged, the script reads nothing more of it (heartbeat.lua)
+        cache = self._balance
+        gens = [cache[(worker, q)][0] if (worker, q) in cache else "" for q in queues]
         r = await self._run(
-            conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks]
+            conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks, *gens]
         )
+        held = tuple(int(x) for x in r[4])
+        balance: list[Any] = list(r[7]) if len(r) > 7 else [0] * len(queues)
+        shares: list[tuple[int, int, int, int]] = []
+        release: list[tuple[str, ...]] = []
+        pos = 0
+        for q, h in zip(queues, held, strict=True):
+            if int(balance[pos]) == 0:
+                pos += 1
+                _, total, capacity, cap, extra = cache.get((worker, q), (0, 0, 1, 1, 0))
+                ids: tuple[str, ...] = ()
+            else:
+                gen, total, capacity, cap, extra, n = (int(x) for x in balance[pos + 1 : pos + 7])
+                ids = tuple(x.decode() for x in balance[pos + 7 : pos + 7 + n])
+                pos += 7 + n
+                if gen >= 0:
+                    cache[(worker, q)] = (str(gen), total, capacity, cap, extra)
+                else:
+                    cache.pop((worker, q), None)
+            shares.append((total, capacity, cap, h + extra))
+            release.append(ids)
         return HeartbeatReply(
             int(r[0]),
             int(r[1]),
             tuple(x.decode() for x in r[2]),
             tuple(int(x) for x in r[3]),
-            tuple(int(x) for x in r[4]),
+            held,
             tuple(x == 1 for x in r[5]),
             tuple(int(x) for x in r[6]),
-            tuple(int(x) for x in r[7]),
-            tuple(int(x) for x in r[8]),
-            tuple(tuple(x.decode() for x in ids) for ids in r[9]),
+            tuple(x[0] for x in shares),
+            tuple(x[1] for x in shares),
+            tuple(release),
+            tuple(x[2] for x in shares),
+            tuple(x[3] for x in shares),
         )
 
     def claim_call(
@@ -512,6 +550,7 @@ class Binding:
             k.idle(queue),
             k.reserved(queue),
             k.unowned(queue),
+            k.share(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -607,6 +646,7 @@ class Binding:
             k.held(worker, queue),
             k.persistent(queue),
             k.attempts(queue),
+            k.share(queue),
         ]
         args = [worker, incarnation, k.done_channel(queue), *ids]
         return ScriptCall(self.scripts["finish"], keys, args, _parse_finish)
@@ -626,6 +666,7 @@ class Binding:
             k.held(worker, queue),
             k.persistent(queue),
             k.attempts(queue),
+            k.share(queue),
         ]
         args: list[Any] = [worker, incarnation, k.done_channel(queue), results.ttl_ms]
         for pid in ids:
@@ -704,6 +745,7 @@ class Binding:
             k.moving(queue),
             k.reserved(queue),
             k.unowned(queue),
+            k.share(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -741,6 +783,7 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
             k.unowned(queue),
+            k.share(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -797,6 +840,7 @@ class Binding:
                     k.standby(q),
                     k.idle(q),
                     k.unowned(q),
+                    k.share(q),
                     k.prio(q),
                     k.delayed_prio(q),
                 )
@@ -845,6 +889,7 @@ class Binding:
                 k.moving(queue),
                 k.reserved(queue),
                 k.queue(queue),
+                k.share(queue),
                 *(k.held(w, queue) for w in names),
             ]
             args = [worker, incarnation, queue, limit, hold_ms, k.wake_prefix, *names]
@@ -956,11 +1001,16 @@ class Binding:
             args += [sid, tick, nxt]
         return [int(x) for x in await self._run(conn, "fire", keys, args)]
 
-    async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
+    async def ensure(
+        self, conn: Executor, queue: str, payloads: Sequence[bytes], weight: int = 1
+    ) -> list[bool]:
+        """Per payload: added (True) or a persistent task already (False);
+        every one gets ``weight``."""
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        keys += [k.delayed(queue), k.unowned(queue), k.prio(queue)]
-        r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, *payloads])
+        keys += [k.delayed(queue), k.unowned(queue), k.share(queue), k.procs(queue)]
+        keys.append(k.prio(queue))
+        r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, weight, *payloads])
         return [x == 1 for x in r]
 
     async def cancel(self, conn: Executor, queue: str, payload: bytes) -> tuple[int, int]:
@@ -968,7 +1018,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
-        keys += [k.prio(queue), k.delayed_prio(queue)]
+        keys += [k.share(queue), k.prio(queue), k.delayed_prio(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -977,7 +1027,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
-        keys += [k.moving(queue), k.reserved(queue), k.unowned(queue)]
+        keys += [k.moving(queue), k.reserved(queue), k.unowned(queue), k.share(queue)]
         keys += [k.prio(queue), k.delayed_prio(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)

@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 import trio
 
+from ._balance import check_capacity
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._connection import Connection, open_connection
 from ._errors import (
@@ -47,7 +48,7 @@ from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, Lease, LeaseTiming
 from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
 from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import Handler, QueueConfig, QueueRunner, check_handler
+from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner, check_handler
 from ._schedule import run_scheduler
 from ._scripts import Binding
 from ._stats import Histogram, QueueStatistics, Recorder
@@ -171,6 +172,7 @@ class Worker:
             start_runners=self._start_runners,
             cancel_process=self._cancel_process,
             recorder=self._stats,
+            capacity=lambda q: self._queues[q].capacity if q in self._queues else 1,
         )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
@@ -255,12 +257,15 @@ class Worker:
         queue: str,
         handler: Handler | None = None,
         *,
-        concurrency: int = 10,
+        concurrency: int | None = None,
         max_attempts: int | None = None,
         backoff: float | None = None,
         backoff_max: float | None = None,
         balance: bool = True,
         rebalance: bool = True,
+        batch_handler: BatchHandler | None = None,
+        batch: int = 10,
+        capacity: int = 1,
     ) -> None:
         """Serve ``queue``.
 
@@ -275,9 +280,29 @@ class Worker:
         without limit); a cancel of its payload cancels the scope. Without a
         handler, use :meth:`dequeue`, :meth:`finish` and :meth:`give_back`.
 
+        With a ``batch_handler`` instead, the worker runs ``await
+        batch_handler(processes)`` on up to ``batch`` processes claimed
+        together (fewer when fewer are queued: it never waits to fill a
+        batch), each call in a cancel scope of its own, and each process of
+        the call finishes or fails on its own: the call returns None (all
+        finished) or a sequence with one entry per process, in order: an
+        exception instance fails that process (retried, dead-lettered, as
+        above), anything else finishes it (bytes, str or None: its result on
+        a queue that keeps results). Raising fails every process of the
+        call; so does returning anything else (logged). A cancel of one
+        process of a running call does not interrupt the call (its other
+        processes' work goes on): that process's outcome is dropped (it
+        has left the mesh); a cancel of every process of the call cancels
+        its scope. A stop (or a rebalance hand-back of one of its processes)
+        cancels the call and hands each of its processes back. The queue's
+        ``timeout`` limits each call: it fails every process of the call.
+
         Args:
             concurrency: at most this many processes of this queue at once
-                (for persistent tasks: how many this worker may own).
+                (for persistent tasks: how many this worker may own); with a
+                batch handler, batch calls at once are at most this many
+                processes together. Default 10, or ``batch`` with a batch
+                handler.
             max_attempts: 0 for no limit; default 5. With ``backoff``
                 (default 1.0 s) and ``backoff_max`` (default 60.0 s) this is
                 the retry policy for a queue that has no policy in Redis:
@@ -289,22 +314,38 @@ class Worker:
                 the policies of its queues again each heartbeat interval.
             backoff: seconds before the first retry (see ``max_attempts``).
             backoff_max: the longest retry delay.
-            balance: claim persistent tasks only up to a fair share
-                (ceil(persistent tasks / workers serving the queue), counted
-                against all this worker's processes of the queue), so they
-                spread over the peers. Tasks a fair share leaves queued are
-                taken anyway one heartbeat interval later if no peer took
-                them.
+            balance: claim persistent tasks only up to a fair share, so
+                they spread over the peers: the queue's total weight of
+                persistent tasks times this worker's ``capacity`` over the
+                total capacity of the queue's servers (with every weight and
+                capacity 1: ceil(persistent tasks / workers serving the
+                queue)), counted against the weight of all this worker's
+                processes of the queue (a one-shot one weighs 1). Tasks a
+                fair share leaves queued are taken anyway one heartbeat
+                interval later if no peer took them.
             rebalance: with ``balance``, also move running persistent tasks
                 to even the load out when it changes (peers join or leave,
-                tasks are added): a worker below floor(P / S) asks the peers
-                above their share for their surplus, which each hands back
-                once the task's handler has exited, reserved for it (see
+                tasks are added, weights or capacities change): a worker at
+                least one below its share asks the peers above theirs for
+                their surplus (by weight), which each hands back once the
+                task's handler has exited, reserved for it (see
                 :mod:`mesh._balance`). False: this worker never asks (its
                 peers may still ask it to hand tasks back).
+            batch_handler: serve the queue with this batch handler (not
+                with ``handler``).
+            batch: with ``batch_handler``, at most this many processes per
+                call (at most ``concurrency``).
+            capacity: this worker's part of the fair share of the queue, a
+                whole number from 1 to 1,000,000 (default 1): a worker of
+                capacity 2 is given twice the weight of one of capacity 1.
+                Persistent tasks' weights are set by :meth:`Client.ensure`.
+                It does not limit how many processes run here (that is
+                ``concurrency``).
 
         Raises:
-            ConfigError: bad queue name or arguments, or already served.
+            ConfigError: bad queue name or arguments (both a ``handler`` and
+                a ``batch_handler``, ``batch`` < 1 or above
+                ``concurrency``), or already served.
             TypeError: ``handler`` is not an async callable (an ``async def``
                 function, a ``functools.partial`` of one, or an object with
                 an ``async def __call__``): a plain ``def`` is refused here,
@@ -316,8 +357,21 @@ class Worker:
         leaves, which only affects the fair share.
         """
         check_queue(queue)
+        if batch_handler is not None:
+            if handler is not None:
+                raise ConfigError("give a handler or a batch_handler, not both")
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+                raise ConfigError(f"batch must be a whole number >= 1, got {batch!r}")
+            concurrency = batch if concurrency is None else concurrency
+            if isinstance(concurrency, int) and 1 <= concurrency < batch:
+                raise ConfigError(
+                    f"batch ({batch}) is more than concurrency ({concurrency}), the most "
+                    "processes at once: a batch could never be full"
+                )
+        concurrency = 10 if concurrency is None else concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+        check_capacity(capacity)
         explicit: dict[str, Any] = {
             k: v
             for k, v in (
@@ -340,6 +394,8 @@ class Worker:
             )
         if handler is not None:
             check_handler(handler)
+        if batch_handler is not None:
+            check_handler(batch_handler)
         self._check_open()
         async with self._queue_lock:
             if queue in self._queues:
@@ -351,18 +407,20 @@ class Worker:
                 )
             cfg = QueueConfig(
                 queue,
-                handler,
+                handler if batch_handler is None else batch_handler,
                 concurrency,
                 local.max_attempts,
                 local.backoff,
                 local.backoff_max,
                 balance,
                 rebalance,
+                batch=0 if batch_handler is None else batch,
+                capacity=capacity,
             )
             self._queues[queue] = cfg
             try:
                 gen = await self._current_generation()
-                await self._binding.serve(self._conn, gen.id, gen.incarnation, queue)
+                await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
                 policy = await self._adopt_policy(gen.id, queue, local, explicit)
                 cfg = self._queues[queue] = cfg.with_policy(policy)
                 await self._start_runner(gen, cfg)

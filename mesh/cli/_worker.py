@@ -1,7 +1,10 @@
 """``mesh worker APP``: run a peer that serves the queues of an app.
 
 APP is ``module:attribute`` naming a mapping ``{queue name: handler}``, where a
-handler is ``async def handler(process: mesh.Process)``. The current directory
+handler is ``async def handler(process: mesh.Process)``, or
+``mesh.Batched(batch_handler, size)`` for a batch handler
+(``async def batch_handler(processes: list[mesh.Process])``, see
+:meth:`mesh.Worker.start_work`). The current directory
 is put on ``sys.path`` first, as uvicorn and arq do, so ``mesh worker
 tasks:queues`` finds ``./tasks.py``.
 """
@@ -38,6 +41,7 @@ from ._common import (
     show_task,
     target,
 )
+from ._tasks import weight_arg
 
 __all__ = ["AppImportError", "load_app", "register"]
 
@@ -77,6 +81,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_queue_concurrency_arg,
         metavar="Q=N",
         help="the same as --concurrency Q=N",
+    )
+    p.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        type=_capacity_arg,
+        metavar="[Q=]N",
+        help="this worker's part of the fair share of persistent tasks, against the other "
+        "workers' (1 to 1,000,000): 'Q=N' for queue Q, a bare 'N' for every other queue "
+        "(repeatable; default 1). A worker of capacity 2 is given twice the weight of one "
+        "of capacity 1",
     )
     p.add_argument(
         "--max-attempts",
@@ -177,6 +192,18 @@ def _concurrency_arg(text: str) -> tuple[str | None, int]:
     return queue, _count_arg(n)
 
 
+def _capacity_arg(text: str) -> tuple[str | None, int]:
+    queue, eq, n = text.rpartition("=")
+    if eq and not queue:
+        raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, not {text!r}")
+    if eq:
+        try:
+            check_queue(queue)
+        except mesh.ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return (queue if eq else None), weight_arg(n)
+
+
 def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
     queue, n = _concurrency_arg(text)
     if queue is None:
@@ -184,12 +211,29 @@ def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
     return queue, n
 
 
+def _per_queue(
+    given: list[tuple[str | None, int]],
+    app: dict[str, mesh.Handler | mesh.Batched],
+    default: int,
+    option: str,
+) -> dict[str, int]:
+    """``[Q=]N`` options as a value per queue of ``app`` (a bare N: the default)."""
+    for queue, n in given:
+        if queue is None:
+            default = n
+    per_queue = {q: n for q, n in given if q is not None}
+    unknown = sorted(set(per_queue) - set(app))
+    if unknown:
+        raise UsageError(f"{option} names queues that APP does not serve: {unknown}")
+    return {q: per_queue.get(q, default) for q in app}
+
+
 class AppImportError(CliError):
     """APP's module raised while it was imported (a bug there): exit status 1.
     The exception is the ``__cause__``; ``--traceback`` prints it."""
 
 
-def load_app(spec: str) -> dict[str, mesh.Handler]:
+def load_app(spec: str) -> dict[str, mesh.Handler | mesh.Batched]:
     """Import ``module:attribute`` and check that it maps queue names to handlers.
 
     The current directory goes first on ``sys.path`` (as with uvicorn).
@@ -238,14 +282,15 @@ def load_app(spec: str) -> dict[str, mesh.Handler]:
         )
     if not obj:
         raise UsageError(f"APP {spec!r} maps no queue")
-    app: dict[str, mesh.Handler] = {}
+    app: dict[str, mesh.Handler | mesh.Batched] = {}
     for queue, handler in obj.items():
         try:
             check_queue(queue)
         except (TypeError, mesh.ConfigError) as exc:
             raise UsageError(f"APP {spec!r}: {exc}") from None
         try:
-            check_handler(handler)
+            if not isinstance(handler, mesh.Batched):
+                check_handler(handler)
         except TypeError as exc:
             raise UsageError(f"APP {spec!r}, queue {queue!r}: {exc}") from None
         app[queue] = handler
@@ -282,6 +327,7 @@ def _worker(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--concurrency names queues that APP does not serve: {unknown}")
     concurrency = {q: per_queue.get(q, default) for q in app}
+    capacity = _per_queue(args.capacity, app, 1, "--capacity")
     try:
         LeaseTiming.make(args.ttl, None, None)
         if args.worker_id is not None:
@@ -303,7 +349,7 @@ def _worker(args: argparse.Namespace) -> int:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    return trio.run(_serve, args, t, app, concurrency)
+    return trio.run(_serve, args, t, app, concurrency, capacity)
 
 
 class JsonFormatter(logging.Formatter):
@@ -330,6 +376,23 @@ class _Stopping:
 
     def __init__(self) -> None:
         self.now = False
+
+
+def _logged_batch(handler: mesh.BatchHandler, stopping: _Stopping) -> mesh.BatchHandler:
+    async def run(ps: list[mesh.Process]) -> Any:
+        what = f"{ps[0].queue} batch of {len(ps)}"
+        log.info("start %s", what)
+        t0 = time.monotonic()
+        try:
+            result = await handler(ps)
+        except trio.Cancelled:
+            how = "stopped" if stopping.now else "cancelled"
+            log.info("%s %s after %.0f ms", how, what, (time.monotonic() - t0) * 1000)
+            raise
+        log.info("finish %s in %.0f ms", what, (time.monotonic() - t0) * 1000)
+        return result
+
+    return run
 
 
 def _logged(handler: mesh.Handler, stopping: _Stopping) -> mesh.Handler:
@@ -379,8 +442,9 @@ def _waiting_for(worker: mesh.Worker) -> str:
 async def _serve(
     args: argparse.Namespace,
     t: Target,
-    app: dict[str, mesh.Handler],
+    app: dict[str, mesh.Handler | mesh.Batched],
     concurrency: dict[str, int],
+    capacity: dict[str, int] | None = None,
 ) -> int:
     stopping = _Stopping()
     stop = trio.Event()
@@ -439,13 +503,27 @@ async def _serve(
                 _metrics.serve_worker_metrics(worker, args),
             ):
                 for queue, handler in app.items():
+                    retry = {
+                        "max_attempts": args.max_attempts,
+                        "backoff": args.backoff,
+                        "backoff_max": args.backoff_max,
+                    }
+                    if isinstance(handler, mesh.Batched):
+                        await worker.start_work(
+                            queue,
+                            batch_handler=_logged_batch(handler.handler, stopping),
+                            batch=handler.size,
+                            concurrency=max(concurrency[queue], handler.size),
+                            capacity=(capacity or {}).get(queue, 1),
+                            **retry,
+                        )
+                        continue
                     await worker.start_work(
                         queue,
                         _logged(handler, stopping),
                         concurrency=concurrency[queue],
-                        max_attempts=args.max_attempts,
-                        backoff=args.backoff,
-                        backoff_max=args.backoff_max,
+                        capacity=(capacity or {}).get(queue, 1),
+                        **retry,
                     )
                 started = True
                 log.info(
