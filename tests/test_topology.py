@@ -24,8 +24,7 @@ from mesh._connection import open_connection
 from mesh._scripts import Script, run_script
 from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
 from mesh._url import parse_url
-from mesh.testing import RedisServer, free_port
-from mesh.testing import wait_until as mesh_wait
+from mesh.testing import RedisServer, free_port, wait_until
 
 from .topology import (
     SERVICE,
@@ -107,14 +106,6 @@ class Runs:
             )
             for (_, end), (start, _) in itertools.pairwise(runs):
                 assert end <= start, (task, runs)
-
-
-async def wait_until(pred: object, within: float, what: str) -> None:
-    with trio.move_on_after(within):
-        while not pred():  # type: ignore[operator]  # noqa: ASYNC110 - poll with a deadline
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"timed out after {within}s waiting for {what}")
 
 
 # ---------------------------------------------------------------- pure parts
@@ -433,7 +424,7 @@ async def test_rebalancing_by_weight_on_a_cluster(cluster: ClusterSetup) -> None
             async def even() -> bool:
                 return await weights() == {first.id: (4, 4.0), second.id: (8, 8.0)}
 
-            await mesh_wait(even, within=15, what="weights 4 and 8 of 12 at capacities 1, 2")
+            await wait_until(even, within=15, what="weights 4 and 8 of 12 at capacities 1, 2")
             assert runs.cancelled  # tasks moved, each once its handler exited
     assert client(owner).exists(ROUTE + "share:balanced")
 
