@@ -32,6 +32,7 @@ from ._types import DeadLetter, Process
 __all__ = [
     "Binding",
     "Executor",
+    "HeartbeatRequest",
     "PipelineExecutor",
     "Script",
     "ScriptCall",
@@ -340,6 +341,62 @@ class HeartbeatReply:
 
 
 @attrs.frozen
+class HeartbeatRequest:
+    """One worker's part of a ``heartbeat.lua`` call."""
+
+    worker: str
+    incarnation: str
+    acks: tuple[str, ...] = ()  # process ids of cancels it has seen
+    queues: tuple[str, ...] = ()  # the queues it serves, in the order beats() keeps
+
+
+def parse_heartbeats(
+    raw: Any, requests: Sequence[HeartbeatRequest]
+) -> list[outcome.Outcome[HeartbeatReply]]:
+    """Split a ``heartbeat.lua`` reply into one outcome per worker."""
+    now, next_ms, qinfo, replies = int(raw[0]), int(raw[1]), raw[2], raw[3]
+    index: dict[str, int] = {}
+    for r in requests:
+        for q in r.queues:
+            index.setdefault(q, len(index))
+    out: list[outcome.Outcome[HeartbeatReply]] = []
+    for r, rep in zip(requests, replies, strict=True):
+        if isinstance(rep, bytes):
+            msg = rep.decode()
+            out.append(outcome.Error(FencedError(msg.removeprefix("FENCED "))))
+            continue
+        n = int(rep[0])
+        inbox = tuple(x.decode() for x in rep[1 : 1 + n])
+        pos = 1 + n
+        states, held, idle, release = [], [], [], []
+        for _ in r.queues:
+            states.append(int(rep[pos]))
+            held.append(int(rep[pos + 1]))
+            idle.append(rep[pos + 2] == 1)
+            nrel = int(rep[pos + 3])
+            release.append(tuple(x.decode() for x in rep[pos + 4 : pos + 4 + nrel]))
+            pos += 4 + nrel
+        info = [qinfo[index[q]] for q in r.queues]
+        out.append(
+            outcome.Value(
+                HeartbeatReply(
+                    now,
+                    next_ms,
+                    inbox,
+                    tuple(states),
+                    tuple(held),
+                    tuple(idle),
+                    tuple(int(i[0]) for i in info),
+                    tuple(int(i[1]) for i in info),
+                    tuple(int(i[2]) for i in info),
+                    tuple(release),
+                )
+            )
+        )
+    return out
+
+
+@attrs.frozen
 class ClaimReply:
     now_ms: int
     remaining: int
@@ -443,26 +500,47 @@ class Binding:
         acks: Sequence[str],
         queues: Sequence[str],
     ) -> HeartbeatReply:
+        """Renew one worker's lease (``heartbeat.lua`` with one worker).
+
+        Raises:
+            FencedError: its lease is gone or superseded (nothing written).
+        """
+        (one,) = await self.heartbeat_many(
+            conn, ttl_ms, [HeartbeatRequest(worker, incarnation, tuple(acks), tuple(queues))]
+        )
+        return one.unwrap()
+
+    async def heartbeat_many(
+        self, conn: Executor, ttl_ms: int, requests: Sequence[HeartbeatRequest]
+    ) -> list[outcome.Outcome[HeartbeatReply]]:
+        """Renew the leases of several workers in one ``heartbeat.lua`` call
+        (1 to 1,000 of them): each is fenced on its own.
+
+        Returns:
+            Per request, in order: ``outcome.Value`` of its reply, or
+            ``outcome.Error(FencedError)`` for a worker whose lease is gone
+            or superseded (nothing of it written; the others are renewed).
+        Raises:
+            MeshConnectionError, CommandError: for the whole call (then it is
+                unknown which leases were renewed; renewing again is safe).
+        """
         k = self.keys
-        keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
-        for q in queues:
-            keys += (k.queue(q), k.delayed(q), k.held(worker, q), k.idle(q))
-            keys += (k.persistent(q), k.standby(q), k.servers(q), k.moving(q), k.reserved(q))
-        r = await self._run(
-            conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks]
-        )
-        return HeartbeatReply(
-            int(r[0]),
-            int(r[1]),
-            tuple(x.decode() for x in r[2]),
-            tuple(int(x) for x in r[3]),
-            tuple(int(x) for x in r[4]),
-            tuple(x == 1 for x in r[5]),
-            tuple(int(x) for x in r[6]),
-            tuple(int(x) for x in r[7]),
-            tuple(int(x) for x in r[8]),
-            tuple(tuple(x.decode() for x in ids) for ids in r[9]),
-        )
+        index: dict[str, int] = {}
+        for r in requests:
+            for q in r.queues:
+                index.setdefault(q, len(index) + 1)
+        keys = [k.workers]
+        for q in index:
+            keys += (k.queue(q), k.delayed(q), k.idle(q), k.persistent(q))
+            keys += (k.standby(q), k.servers(q), k.moving(q), k.reserved(q))
+        args: list[Any] = [ttl_ms, len(index), len(requests)]
+        for r in requests:
+            keys += (k.heartbeat(r.worker), k.inbox(r.worker))
+            keys += [k.held(r.worker, q) for q in r.queues]
+            args += (r.worker, r.incarnation, len(r.acks), *r.acks, len(r.queues))
+            args += [index[q] for q in r.queues]
+        raw = await self._run(conn, "heartbeat", keys, args)
+        return parse_heartbeats(raw, requests)
 
     def claim_call(
         self,

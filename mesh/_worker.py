@@ -800,9 +800,7 @@ async def open_worker(
         # with long leases H is long too, and a dead link would cost that.
         ping = min(max(1.0, timing.ttl), 30.0)
         name = f"mesh-events:{worker_id}"
-        async with open_pubsub(
-            config, name=name, ping_interval=ping, topology=topology
-        ) as pubsub:
+        async with open_pubsub(config, name=name, ping_interval=ping, topology=topology) as pubsub:
             worker = Worker(
                 conn, pubsub, keys, timing, worker_id, max_payload, stop_grace, rejoin_grace
             )

@@ -1,29 +1,41 @@
--- heartbeat.lua: renew a worker's lease; collect its durable cancels; say which
--- of its queues have work and how many processes Redis says it holds there;
--- say when the next peer lease runs out; say whether W is in each queue's
--- idle set.
+-- heartbeat.lua: renew the leases of one or more workers (a fleet's workers
+-- share one call: see mesh/_fleet.py); for each, collect its durable
+-- cancels, say which of its queues have work and how many processes Redis
+-- says it holds there, and whether it is in each queue's idle set; say when
+-- the next peer lease runs out.
 --
--- KEYS[1] {ns}:worker:<W>   heartbeat key
--- KEYS[2] {ns}:workers      ZSET lease deadlines
--- KEYS[3] {ns}:inbox:<W>    SET of cancelled process ids not yet acknowledged
--- KEYS[4 + 9i] .. KEYS[12 + 9i] for each served queue i = 0..n-1:
---         {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:held:<W>:<Q>, {ns}:idle:<Q>,
---         {ns}:persistent:<Q>, {ns}:standby:<Q>, {ns}:servers:<Q>,
---         {ns}:moving:<Q>, {ns}:reserved:<Q>
--- ARGV[1] worker id W
--- ARGV[2] incarnation
--- ARGV[3] ttl in ms
--- ARGV[4] number k of acknowledged cancels, then ARGV[5..4+k] their process ids
+-- What depends only on a queue (ready tasks, the first delayed due time, the
+-- fair share's counts, the idle count, what a rebalance is moving) is read
+-- once per call, however many of the call's workers serve the queue; so are,
+-- with one command for all the call's workers, their leases (MGET), whether
+-- any has a cancel in its inbox (EXISTS), their idle-set memberships
+-- (SMISMEMBER, per queue) and their new deadlines (ZADD). What is left per
+-- worker: a SET (the lease), and an SCARD (held) per served queue.
+--
+-- KEYS[1]  {ns}:workers   ZSET lease deadlines
+-- KEYS[2 + 8i] .. KEYS[9 + 8i] for each queue i = 0..m-1 named by the call:
+--          {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:idle:<Q>,
+--          {ns}:persistent:<Q>, {ns}:standby:<Q>, {ns}:servers:<Q>,
+--          {ns}:moving:<Q>, {ns}:reserved:<Q>
+-- then for each worker W, in ARGV's order: {ns}:worker:<W> (heartbeat key),
+--          {ns}:inbox:<W>, and {ns}:held:<W>:<Q> for each queue W names
+-- ARGV[1]  ttl in ms (the same for every worker of the call)
+-- ARGV[2]  m, how many queues
+-- ARGV[3]  n, how many workers (1..1000)
+-- then for each worker: its id W, its incarnation, k and the k process ids
+--          of acknowledged cancels, j and the j queues W serves (each a
+--          1-based index into the m queues)
 -- Returns: {now_ms, ms until the earliest lease deadline of any worker,
---           {inbox process ids}, {per queue: 0 = tasks ready, -1 = none,
---           N = ms until the earliest delayed task is due},
---           {per queue: how many processes W holds there},
---           {per queue: 1 if W is in its idle set, else 0},
---           {per queue: how many servers are in its idle set},
---           {per queue: how many persistent tasks it has},
---           {per queue: how many workers serve it},
---           {per queue: {ids of W's processes a rebalance asked W to hand
---            back (see rebalance.lua)}}}
+--           {per queue: {idle_servers, persistent tasks, servers}},
+--           {per worker: a reply}}
+--          A worker's reply is the string "FENCED <reason>" if its lease
+--          is gone (expired or recycled) or superseded (nothing of it was
+--          written; the others of the call are renewed all the same), else
+--          a flat list: k, its k inbox process ids, then per queue it named:
+--          state (0 = tasks ready, -1 = none, N = ms until the earliest
+--          delayed task is due), how many processes W holds there, 1 if W
+--          is in its idle set else 0, r and the r ids of W's processes a
+--          rebalance asked W to hand back (see rebalance.lua).
 --          A queue with a task reserved for W, or a reservation that ran
 --          out, counts as having tasks ready (state 0).
 --          A worker that runs more processes of a queue than Redis says it
@@ -33,59 +45,150 @@
 --          not in its idle set claims: nobody would wake it (its wake was
 --          lost). Every idle server learns when a delayed task is due; the
 --          idle count lets about three of them act on it, not all.
--- Errors: FENCED (lease expired, recycled or superseded: the worker must stop
---         every process and re-register under a new id), BAD_ARG.
+-- Errors: BAD_ARG (the whole call: nothing is written).
 -- Publishes: nothing.
 --!include lib.lua
 
-local ttl, err = count_arg(ARGV[3], 'ttl')
+local ttl, err = count_arg(ARGV[1], 'ttl')
 if err then return err end
-local k
-k, err = count_arg(ARGV[4], 'ack count', #ARGV - 4)
+local m
+m, err = count_arg(ARGV[2], 'queue count', (#KEYS - 1) / 8)
 if err then return err end
-err = lease_error(KEYS[1], ARGV[1], ARGV[2])
+local n
+n, err = count_arg(ARGV[3], 'worker count', 1000)
 if err then return err end
 
-local now = now_ms()
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-for i = 5, 4 + k do redis.call('SREM', KEYS[3], ARGV[i]) end
-local inbox = redis.call('SMEMBERS', KEYS[3])
-
-local states, held, idle, idles, pers, servers, release = {}, {}, {}, {}, {}, {}, {}
-for i = 4, #KEYS, 9 do
-  local p, sv = fair_share(KEYS[i + 4], KEYS[i + 5], KEYS[i + 6])
-  pers[#pers + 1], servers[#servers + 1] = p, sv
-  local mine = {}
-  -- one call in the usual case: nothing is moving or reserved
-  local balancing = redis.call('EXISTS', KEYS[i + 7], KEYS[i + 8]) > 0
-  if balancing and redis.call('EXISTS', KEYS[i + 7]) == 1 then
-    local all = redis.call('HGETALL', KEYS[i + 7])
-    for j = 1, #all, 2 do
-      if redis.call('SISMEMBER', KEYS[i + 2], all[j]) == 1 then mine[#mine + 1] = all[j] end
+-- Check every argument before the first write.
+local workers = {}
+local a, key = 4, 2 + 8 * m
+for w = 1, n do
+  local id, inc = ARGV[a], ARGV[a + 1]
+  if not inc then return redis.error_reply('BAD_ARG worker ' .. w .. ' is missing') end
+  local k
+  k, err = count_arg(ARGV[a + 2], 'ack count', #ARGV - a - 2)
+  if err then return err end
+  local acks = {}
+  for i = 1, k do acks[i] = ARGV[a + 2 + i] end
+  a = a + 3 + k
+  local j
+  j, err = count_arg(ARGV[a], 'served queue count', #ARGV - a)
+  if err then return err end
+  local qs = {}
+  for i = 1, j do
+    local q = tonumber(ARGV[a + i])
+    if not q or q < 1 or q > m or q ~= math.floor(q) then
+      return redis.error_reply('BAD_ARG queue index must be from 1 to ' .. m)
     end
+    qs[i] = q
   end
-  release[#release + 1] = mine
-  local reserved = false
-  if balancing and redis.call('EXISTS', KEYS[i + 8]) == 1 then
-    local all = redis.call('HGETALL', KEYS[i + 8])
-    for j = 2, #all, 2 do
-      local w, at = parse_entry(all[j])
-      if w == ARGV[1] or at <= now then reserved = true end
-    end
-  end
-  held[#held + 1] = redis.call('SCARD', KEYS[i + 2])
-  idle[#idle + 1] = redis.call('SISMEMBER', KEYS[i + 3], ARGV[1])
-  idles[#idles + 1] = redis.call('SCARD', KEYS[i + 3])
-  local state = -1
-  if reserved or redis.call('LLEN', KEYS[i]) > 0 then
-    state = 0
-  else
-    local first = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
-    if #first > 0 then state = math.max(0, tonumber(first[2]) - now) end
-  end
-  states[#states + 1] = state
+  a = a + 1 + j
+  if key + 1 + j > #KEYS then return redis.error_reply('BAD_ARG too few keys') end
+  workers[w] = {id = id, inc = inc, acks = acks, qs = qs, key = key}
+  key = key + 2 + j
 end
 
-local earliest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return {now, tonumber(earliest[2]) - now, inbox, states, held, idle, idles, pers, servers, release}
+local now = now_ms()
+
+-- Per queue, once: state (without W's reservations), idle count, fair share
+-- counts, what is moving, who has reservations.
+local qinfo, qstate, moving, reserved_for = {}, {}, {}, {}
+for q = 1, m do
+  local b = 2 + 8 * (q - 1)
+  local p, sv = fair_share(KEYS[b + 3], KEYS[b + 4], KEYS[b + 5])
+  qinfo[q] = {redis.call('SCARD', KEYS[b + 2]), p, sv}
+  local ready = false
+  local mv, rs = {}, {}
+  -- one call in the usual case: nothing is moving or reserved
+  if redis.call('EXISTS', KEYS[b + 6], KEYS[b + 7]) > 0 then
+    local all = redis.call('HGETALL', KEYS[b + 6])
+    for i = 1, #all, 2 do mv[#mv + 1] = all[i] end
+    all = redis.call('HGETALL', KEYS[b + 7])
+    for i = 2, #all, 2 do
+      local w, at = parse_entry(all[i])
+      if at <= now then ready = true elseif w then rs[w] = true end
+    end
+  end
+  moving[q], reserved_for[q] = mv, rs
+  local state = -1
+  if ready or redis.call('LLEN', KEYS[b]) > 0 then
+    state = 0
+  else
+    local first = redis.call('ZRANGE', KEYS[b + 1], 0, 0, 'WITHSCORES')
+    if #first > 0 then state = math.max(0, tonumber(first[2]) - now) end
+  end
+  qstate[q] = state
+end
+
+-- The leases, in one MGET; then only the live ones are written.
+local leases = {}
+for w = 1, n do leases[w] = KEYS[workers[w].key] end
+leases = redis.call('MGET', unpack(leases))
+local replies, deadlines, live, inboxes = {}, {}, {}, {}
+for w = 1, n do
+  local wk = workers[w]
+  if not leases[w] then
+    replies[w] = 'FENCED worker ' .. wk.id .. ' has no lease (expired or recycled)'
+  elseif leases[w] ~= wk.inc then
+    replies[w] = 'FENCED worker ' .. wk.id .. ' lease superseded'
+  else
+    -- SET, not PEXPIRE: Redis refuses it when out of memory (before anything
+    -- is written, as the first write of the script), so an OOM Redis fences
+    -- its workers instead of keeping them alive with nothing working
+    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ttl)
+    deadlines[#deadlines + 1] = now + ttl
+    deadlines[#deadlines + 1] = wk.id
+    live[#live + 1] = w
+    inboxes[#inboxes + 1] = KEYS[wk.key + 1]
+    if #wk.acks > 0 then redis.call('SREM', KEYS[wk.key + 1], unpack(wk.acks)) end
+  end
+end
+
+-- Inboxes: one EXISTS for all, in the usual case (no cancel pending).
+local any_inbox = #inboxes > 0 and redis.call('EXISTS', unpack(inboxes)) > 0
+-- Idle sets: one SMISMEMBER per queue for all its live workers of the call.
+local idle_of = {}
+for q = 1, m do
+  local ids = {}
+  for _, w in ipairs(live) do
+    for _, wq in ipairs(workers[w].qs) do
+      if wq == q then ids[#ids + 1] = workers[w].id end
+    end
+  end
+  local is = {}
+  if #ids > 0 then
+    local r = redis.call('SMISMEMBER', KEYS[2 + 8 * (q - 1) + 2], unpack(ids))
+    for i, id in ipairs(ids) do is[id] = r[i] end
+  end
+  idle_of[q] = is
+end
+
+for _, w in ipairs(live) do
+  local wk = workers[w]
+  local out = {0}
+  if any_inbox then
+    local ids = redis.call('SMEMBERS', KEYS[wk.key + 1])
+    out[1] = #ids
+    for i = 1, #ids do out[#out + 1] = ids[i] end
+  end
+  for i, q in ipairs(wk.qs) do
+    local held = KEYS[wk.key + 1 + i]
+    out[#out + 1] = reserved_for[q][wk.id] and 0 or qstate[q]
+    out[#out + 1] = redis.call('SCARD', held)
+    out[#out + 1] = idle_of[q][wk.id]
+    local mine = {}
+    for _, pid in ipairs(moving[q]) do
+      if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
+    end
+    out[#out + 1] = #mine
+    for _, pid in ipairs(mine) do out[#out + 1] = pid end
+  end
+  replies[w] = out
+end
+for i = 1, #deadlines, 200 do
+  redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
+end
+
+local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local next_ms = -1
+if #earliest > 0 then next_ms = tonumber(earliest[2]) - now end
+return {now, next_ms, qinfo, replies}
