@@ -29,7 +29,7 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import attrs
 import trio
@@ -39,13 +39,18 @@ from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError
 from ._keys import Keys
 from ._pubsub import PubSub
 from ._runner import QueueRunner
-from ._scripts import Binding
+from ._scripts import Binding, HeartbeatReply
 from ._stats import Recorder
 from ._supervisor import Reaper
 
-__all__ = ["Generation", "Lease", "LeaseTiming"]
+__all__ = ["Generation", "Lease", "LeaseTiming", "Renew"]
 
 log = logging.getLogger("mesh.worker")
+
+# (connection, worker id, incarnation, ttl ms, acked cancels, queues) -> reply
+Renew = Callable[
+    [Connection, str, str, int, Sequence[str], Sequence[str]], Awaitable[HeartbeatReply]
+]
 
 
 @attrs.frozen
@@ -113,6 +118,9 @@ class Lease:
         cancel_process: a process id the heartbeat's inbox says is cancelled.
         recorder: the worker's counters (heartbeats, fences, hand-backs on
             retiring).
+        renew: sends one heartbeat (the signature of
+            :meth:`Binding.heartbeat`); default: the binding's, one call per
+            heartbeat. A fleet's batches them (:mod:`mesh._fleet`).
     """
 
     def __init__(
@@ -128,6 +136,7 @@ class Lease:
         start_runners: Callable[[Generation], Awaitable[None]],
         cancel_process: Callable[[str], None],
         recorder: Recorder,
+        renew: Renew | None = None,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -142,6 +151,9 @@ class Lease:
         self._start_runners = start_runners
         self._cancel_process = cancel_process
         self._stats = recorder
+        # how a heartbeat is sent: the binding's own call, or a fleet's
+        # batched one (mesh._fleet.Renewals.heartbeat)
+        self._renew = renew
         self.gen = Generation(base_id, 1)
         self.ids = {base_id}  # every identity this worker has had
         self._reconnects_seen = -1  # the connection's count at the last heartbeat
@@ -328,9 +340,8 @@ class Lease:
             reply = None
             try:
                 with trio.move_on_after(t.fence_after):
-                    renewal = await self._binding.heartbeat(
-                        self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues
-                    )
+                    renew = self._renew or self._binding.heartbeat
+                    renewal = await renew(self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues)
                     # With min_replicas, a renewal counts once replicas have it.
                     await self._conn.wait_replicas(self.min_replicas, t.fence_after)
                     reply = renewal

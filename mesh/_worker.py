@@ -44,7 +44,7 @@ from ._errors import (
     raise_single,
 )
 from ._keys import Keys, check_queue, check_worker_id
-from ._lease import Generation, Lease, LeaseTiming
+from ._lease import Generation, Lease, LeaseTiming, Renew
 from ._policy import QueuePolicy, differences, parse_policy, policy_fields, watch_policies
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Handler, QueueConfig, QueueRunner, check_handler
@@ -57,7 +57,14 @@ from ._transport import check_min_replicas
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
-__all__ = ["LeaseTiming", "Worker", "WorkerStatistics", "open_worker"]
+__all__ = [
+    "LeaseTiming",
+    "Worker",
+    "WorkerStatistics",
+    "check_server",
+    "open_worker",
+    "worker_options",
+]
 
 log = logging.getLogger("mesh.worker")
 
@@ -134,6 +141,10 @@ class Worker:
         max_payload: int,
         stop_grace: float = 10.0,
         rejoin_grace: float = 0.0,
+        *,
+        reaper: Reaper | None = None,
+        renew: Renew | None = None,
+        housekeeping: bool = True,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -151,7 +162,10 @@ class Worker:
         self._closing = False
         self._closed = False
         self._stats = Recorder()
-        self._reaper = Reaper(
+        # A fleet's worker shares the fleet's reaper (and its scheduler and
+        # policy reader: housekeeping=False) and its batched heartbeats.
+        self._housekeeping = housekeeping
+        self._reaper = reaper or Reaper(
             conn,
             self._binding,
             ttl=timing.ttl,
@@ -171,6 +185,7 @@ class Worker:
             start_runners=self._start_runners,
             cancel_process=self._cancel_process,
             recorder=self._stats,
+            renew=renew,
         )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
@@ -552,7 +567,7 @@ class Worker:
         return await self._lease.current()
 
     async def _start_runners(self, gen: Generation) -> None:
-        if gen.nursery is not None:
+        if gen.nursery is not None and self._housekeeping:
             # the job-queue housekeeping of this generation: fire periodic
             # tasks, and re-read the policies of the served queues
             gen.nursery.start_soon(run_scheduler, self._conn, self._binding, self.timing.interval)
@@ -762,24 +777,7 @@ async def open_worker(
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)
-    if (
-        isinstance(stop_grace, bool)
-        or not isinstance(stop_grace, int | float)
-        or not 0 <= stop_grace < float("inf")
-    ):
-        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
-    if (
-        isinstance(rejoin_grace, bool)
-        or not isinstance(rejoin_grace, int | float)
-        or not 0 <= rejoin_grace < float("inf")
-    ):
-        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
-    if rejoin_grace > 0 and worker_id is None:
-        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
-    if worker_id is None:
-        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
-        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
-    check_worker_id(worker_id)
+    worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
     # A half-open socket must not hold a fenced worker's hand-back forever.
     reply_timeout = max(2 * timing.ttl, 5.0)
     # One topology for both connections: they follow the master together (key-expiry
@@ -792,7 +790,7 @@ async def open_worker(
         topology=topology,
         reroute_timeout=timing.fence_after,
     ) as conn:
-        await _check_server(conn)
+        await check_server(conn)
         # The event link only speeds things up: every H the heartbeat brings
         # the durable state (work, cancels, overdue leases) anyway. Probing it
         # every T, not every second, is enough, and 1,000 idle workers then
@@ -824,7 +822,35 @@ async def open_worker(
                 raise_single(eg)
 
 
-async def _check_server(conn: Connection) -> None:
+def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float) -> str:
+    """Check a worker's options (see :func:`open_worker`); returns its id
+    (a new ``<host>-<pid>-<random>`` if None).
+
+    Raises:
+        ConfigError: a bad id, grace, or rejoin_grace without an id.
+    """
+    if (
+        isinstance(stop_grace, bool)
+        or not isinstance(stop_grace, int | float)
+        or not 0 <= stop_grace < float("inf")
+    ):
+        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
+    if (
+        isinstance(rejoin_grace, bool)
+        or not isinstance(rejoin_grace, int | float)
+        or not 0 <= rejoin_grace < float("inf")
+    ):
+        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
+    if rejoin_grace > 0 and worker_id is None:
+        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
+    if worker_id is None:
+        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
+        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
+    check_worker_id(worker_id)
+    return worker_id
+
+
+async def check_server(conn: Connection) -> None:
     """Refuse an eviction policy that can evict heartbeat keys; the check is
     skipped where CONFIG is not allowed (managed Redis, ACL)."""
     try:

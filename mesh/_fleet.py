@@ -1,0 +1,396 @@
+"""Fleets: many workers in one OS process that share what can be shared.
+
+A worker from :func:`~mesh.open_worker` has its own connection, its own
+pub/sub connection, its own reaper, its own heartbeat script call every H and
+its own periodic-task scheduler and policy reader. That is right for one
+worker per process; with a thousand per process it is what sets how many
+workers one Redis can carry (each idle worker costs Redis a round trip every
+H and a PING every T, and the reapers and schedulers multiply with the
+workers).
+
+The workers of a :class:`Fleet` (:func:`open_fleet`, then
+:meth:`Fleet.open_worker` once per worker) are the same :class:`Worker`
+objects with the same lease, runners, fencing and hand-back, but share:
+
+* **one connection** for all their commands (pipelined by its writer);
+* **one heartbeat call for many leases**: each worker's heartbeat loop runs
+  as usual, but its renewal is queued and sent with those of the fleet's
+  other workers that come due within a short window (``batch_window``,
+  H/20 capped at 50 ms), up to 100 per ``heartbeat.lua`` call. The script
+  fences each worker on its own: a worker whose lease is gone gets its own
+  :class:`FencedError`, and the others of the call are renewed. A worker's
+  self-fence deadline still counts from when *its* loop asked for the
+  renewal (before the window), so the batching can only make it fence
+  earlier, never later;
+* **one pub/sub connection**: each worker subscribes its own cancel and wake
+  channels on it, and the fleet's listener hands each message to the worker
+  it names; key-expiry events go to the fleet's reaper;
+* **one reaper**, which stands for all the fleet's workers: the supervisor
+  draws whether to act on a death with probability ``herd`` x (workers in the
+  fleet) / (workers in the mesh), so the mesh still has about ``herd``
+  reapers on watch, as many as with one reaper per worker;
+* **one** periodic-task scheduler and **one** policy reader (one ``HMGET`` per
+  H for the queues of all its workers).
+
+Every worker of a fleet has the fleet's lease timing (one TTL per call). The
+recycle counters (``peers_recycled`` and so on) are the fleet's
+(:meth:`Fleet.statistics`), not its workers'.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import outcome
+import trio
+
+from ._client import DEFAULT_MAX_PAYLOAD, Client
+from ._connection import Connection, open_connection
+from ._errors import ClosedError, CommandError, MeshConnectionError, raise_single
+from ._keys import Keys
+from ._lease import LeaseTiming
+from ._policy import QueuePolicy, watch_policies
+from ._pubsub import PubSub, open_pubsub
+from ._schedule import run_scheduler
+from ._scripts import Binding, HeartbeatReply, HeartbeatRequest
+from ._stats import Recorder
+from ._supervisor import Reaper, ReaperStatistics
+from ._topology import Topology
+from ._transport import check_min_replicas
+from ._url import RedisConfig, parse_url
+from ._worker import Worker, check_server, worker_options
+
+__all__ = ["Fleet", "open_fleet"]
+
+log = logging.getLogger("mesh.worker")
+
+MAX_BATCH = 100
+"""At most this many leases per ``heartbeat.lua`` call (about 1 ms of Redis
+time: a longer script would hold up every other client)."""
+
+
+@attrs.define
+class _Slot:
+    request: HeartbeatRequest
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: outcome.Outcome[HeartbeatReply] | None = None
+
+
+def _copy(exc: MeshConnectionError | CommandError) -> Exception:
+    """One exception per waiter (an exception object is raised in one trio
+    task only), the original as its cause."""
+    new: Exception
+    if isinstance(exc, CommandError):
+        new = CommandError(str(exc), exc.code)
+    else:
+        new = MeshConnectionError(str(exc))
+    new.__cause__ = exc
+    return new
+
+
+class Renewals:
+    """The heartbeats of a fleet's workers, sent together.
+
+    :meth:`heartbeat` has the signature of :meth:`Binding.heartbeat`, so a
+    worker's :class:`~mesh._lease.Lease` uses it in its place; :meth:`run`
+    sends what was queued, every ``window`` seconds at most, in calls of up to
+    :data:`MAX_BATCH` leases.
+    """
+
+    def __init__(self, conn: Connection, binding: Binding, window: float) -> None:
+        self._conn = conn
+        self._binding = binding
+        self.window = window
+        self._pending: dict[int, list[_Slot]] = {}  # ttl ms -> waiting renewals
+        self._arrived = trio.Event()
+        self.calls = 0  # heartbeat.lua calls sent
+        self.renewals = 0  # leases in them
+
+    async def heartbeat(
+        self,
+        conn: object,
+        worker: str,
+        incarnation: str,
+        ttl_ms: int,
+        acks: Sequence[str],
+        queues: Sequence[str],
+    ) -> HeartbeatReply:
+        """Renew one lease in the fleet's next call (``conn`` is ignored: the
+        fleet's connection sends it).
+
+        Raises:
+            FencedError: this worker's lease is gone or superseded.
+            MeshConnectionError, CommandError: the call failed (for every
+                worker in it).
+
+        On cancellation the renewal may still be sent (renewing a lease twice
+        is harmless); its reply is dropped.
+        """
+        slot = _Slot(HeartbeatRequest(worker, incarnation, tuple(acks), tuple(queues)))
+        self._pending.setdefault(ttl_ms, []).append(slot)
+        self._arrived.set()
+        await slot.done.wait()
+        assert slot.result is not None
+        return slot.result.unwrap()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Send queued renewals until cancelled."""
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                await self._arrived.wait()
+                await trio.sleep(self.window)
+                self._arrived = trio.Event()
+                pending, self._pending = self._pending, {}
+                for ttl_ms, slots in pending.items():
+                    for i in range(0, len(slots), MAX_BATCH):
+                        nursery.start_soon(self._send, ttl_ms, slots[i : i + MAX_BATCH])
+
+    async def _send(self, ttl_ms: int, slots: list[_Slot]) -> None:
+        self.calls += 1
+        self.renewals += len(slots)
+        try:
+            results = await self._binding.heartbeat_many(
+                self._conn, ttl_ms, [s.request for s in slots]
+            )
+        except (MeshConnectionError, CommandError) as exc:
+            results = [outcome.Error(_copy(exc)) for _ in slots]
+        for slot, result in zip(slots, results, strict=True):
+            slot.result = result
+            slot.done.set()
+
+
+class _ServedQueues(Mapping[str, None]):
+    """The queues any worker of the fleet runs, for the policy reader."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+
+    def _all(self) -> dict[str, None]:
+        return {q: None for w in self._fleet.workers for q in w._gen.runners}
+
+    def __getitem__(self, q: str) -> None:
+        return self._all()[q]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+class Fleet:
+    """Workers of one OS process that share a connection, a pub/sub
+    connection, their heartbeat calls, a reaper, a scheduler and a policy
+    reader. Get one from :func:`open_fleet`; open its workers with
+    :meth:`open_worker`."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        pubsub: PubSub,
+        keys: Keys,
+        timing: LeaseTiming,
+        name: str,
+        max_payload: int,
+        min_replicas: int,
+    ) -> None:
+        self._conn = conn
+        self._pubsub = pubsub
+        self._keys = keys
+        self._binding = Binding(keys)
+        self.timing = timing
+        """The lease timing of every worker of the fleet."""
+        self.name = name
+        self._max_payload = max_payload
+        self._min_replicas = min_replicas
+        self.workers: list[Worker] = []
+        """The fleet's workers now open."""
+        self._by_id: dict[str, Worker] = {}
+        self._stats = Recorder()
+        self.renewals = Renewals(conn, self._binding, min(timing.interval / 20, 0.05))
+        self._reaper = Reaper(
+            conn,
+            self._binding,
+            ttl=timing.ttl,
+            queues=lambda: {q: None for w in self.workers for q in w._queues},
+            own=lambda: {i for w in self.workers for i in w._lease.ids},
+            me=lambda: f"fleet {self.name}",
+            recorder=self._stats,
+            weight=lambda: max(1, len(self.workers)),
+        )
+        self.client = Client(conn, keys, max_payload=max_payload)
+        """A :class:`Client` on the fleet's connection."""
+        self._closed = False
+
+    def statistics(self) -> ReaperStatistics:
+        """What the fleet's reaper did (checks, recycles) since it started."""
+        return self._reaper.statistics()
+
+    @asynccontextmanager
+    async def open_worker(
+        self,
+        *,
+        worker_id: str | None = None,
+        stop_grace: float = 10.0,
+        rejoin_grace: float = 0.0,
+    ) -> AsyncIterator[Worker]:
+        """Join the mesh as one more worker of this fleet: as
+        :func:`~mesh.open_worker` (same arguments, same lease, handlers,
+        fencing, and hand-back on leaving), with the fleet's connection,
+        lease timing and shared machinery.
+
+        Raises:
+            ConfigError: bad worker id or options, or the worker id is in use.
+            ClosedError: the fleet is closed.
+            MeshConnectionError: Redis could not be reached to register.
+        """
+        if self._closed:
+            raise ClosedError("this fleet is closed")
+        worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
+        worker = Worker(
+            self._conn,
+            self._pubsub,
+            self._keys,
+            self.timing,
+            worker_id,
+            self._max_payload,
+            stop_grace,
+            rejoin_grace,
+            reaper=self._reaper,
+            renew=self.renewals.heartbeat,
+            housekeeping=False,
+        )
+        worker.min_replicas = worker.client.min_replicas = self._min_replicas
+        worker._lease.min_replicas = self._min_replicas
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker._lease.run)
+                self.workers.append(worker)
+                try:
+                    yield worker
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await worker._close()
+                    worker._closed = True
+                    worker.client._closed = True
+                    self.workers.remove(worker)
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as eg:
+            raise_single(eg)
+
+    def _worker(self, wid: str) -> Worker | None:
+        w = self._by_id.get(wid)
+        if w is None or w.id != wid or w not in self.workers:
+            self._by_id = {w.id: w for w in self.workers}
+            w = self._by_id.get(wid)
+        return w
+
+    def _apply_policy(self, queue: str, policy: QueuePolicy) -> None:
+        for w in self.workers:
+            w._apply_policy(queue, policy)
+
+    async def _listen(self) -> None:
+        k = self._keys
+        expired = f"__keyevent@{self._conn.config.db}__:expired".encode()
+        wake = k.wake_prefix.encode()
+        cancel = k.cancel_prefix.encode()
+        try:
+            await self._pubsub.subscribe(expired)
+        except MeshConnectionError:
+            pass  # subscribed on the reconnect
+        async for msg in self._pubsub:
+            if msg.kind == "reconnected":
+                for w in list(self.workers):
+                    w._dispatch(msg, expired, wake, cancel)
+                continue
+            ch = msg.channel
+            for prefix in (wake, cancel):
+                if ch.startswith(prefix):
+                    to = self._worker(ch[len(prefix) :].decode())
+                    if to is not None:
+                        to._dispatch(msg, expired, wake, cancel)
+                    break
+            else:
+                if ch == expired and k.parse_heartbeat_key(msg.data) is not None:
+                    self._reaper.heard_expiry()
+
+    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._listen)
+            await nursery.start(self.renewals.run)
+            await nursery.start(self._reaper.run)
+            nursery.start_soon(run_scheduler, self._conn, self._binding, self.timing.interval)
+            nursery.start_soon(
+                watch_policies,
+                self._conn,
+                self._keys.policy,
+                _ServedQueues(self),
+                self._apply_policy,
+                self.timing.interval,
+            )
+            task_status.started()
+
+
+@asynccontextmanager
+async def open_fleet(
+    url: str | RedisConfig = "redis://127.0.0.1:6379",
+    *,
+    namespace: str = "mesh",
+    ttl: float = 3.0,
+    heartbeat_interval: float | None = None,
+    fence_after: float | None = None,
+    name: str | None = None,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    min_replicas: int | None = None,
+) -> AsyncIterator[Fleet]:
+    """Open a fleet: the shared machinery for many workers of this OS process
+    in the mesh ``namespace`` at ``url``; open each worker with
+    :meth:`Fleet.open_worker` inside this block (and leave each before the
+    block ends). The arguments mean what they mean for
+    :func:`~mesh.open_worker`, for every worker of the fleet; ``name`` (default
+    ``<host>-<pid>-<random>``) names the fleet's connections and log lines.
+
+    Leaving the block stops the shared machinery (the workers must have left).
+
+    Raises:
+        ConfigError: bad URL, namespace or timing (nothing started).
+        MeshConnectionError: Redis cannot be reached at start.
+    """
+    config = parse_url(url) if isinstance(url, str) else url
+    keys = Keys(namespace)
+    timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
+    replicas = check_min_replicas(config, min_replicas)
+    if name is None:
+        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
+        name = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
+    topology = Topology(config, route_key=keys.prefix)
+    async with open_connection(
+        config,
+        name=f"mesh-fleet:{name}",
+        reply_timeout=max(2 * timing.ttl, 5.0),
+        topology=topology,
+        reroute_timeout=timing.fence_after,
+    ) as conn:
+        await check_server(conn)
+        ping = min(max(1.0, timing.ttl), 30.0)
+        async with open_pubsub(
+            config, name=f"mesh-fleet-events:{name}", ping_interval=ping, topology=topology
+        ) as pubsub:
+            fleet = Fleet(conn, pubsub, keys, timing, name, max_payload, replicas)
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(fleet._run)
+                    try:
+                        yield fleet
+                    finally:
+                        fleet._closed = True
+                        nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as eg:
+                raise_single(eg)
