@@ -40,25 +40,25 @@ recycle counters (``peers_recycled`` and so on) are the fleet's
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 
-import attrs
 import outcome
 import trio
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._connection import Connection, open_connection
-from ._errors import ClosedError, CommandError, MeshConnectionError, raise_single
+from ._errors import ClosedError, CommandError, FencedError, MeshConnectionError, raise_single
 from ._keys import Keys
-from ._lease import LeaseTiming
+from ._lease import Generation, Lease, LeaseTiming
 from ._policy import QueuePolicy, watch_policies
 from ._pubsub import PubSub, open_pubsub
 from ._schedule import run_scheduler
-from ._scripts import Binding, HeartbeatReply, HeartbeatRequest
+from ._scripts import Binding, HeartbeatRequest
 from ._stats import Recorder
 from ._supervisor import Reaper, ReaperStatistics
 from ._topology import Topology
@@ -75,95 +75,100 @@ MAX_BATCH = 100
 time: a longer script would hold up every other client)."""
 
 
-@attrs.define
-class _Slot:
-    request: HeartbeatRequest
-    done: trio.Event = attrs.field(factory=trio.Event)
-    result: outcome.Outcome[HeartbeatReply] | None = None
-
-
-def _copy(exc: MeshConnectionError | CommandError) -> Exception:
-    """One exception per waiter (an exception object is raised in one trio
-    task only), the original as its cause."""
-    new: Exception
-    if isinstance(exc, CommandError):
-        new = CommandError(str(exc), exc.code)
-    else:
-        new = MeshConnectionError(str(exc))
-    new.__cause__ = exc
-    return new
-
-
 class Renewals:
-    """The heartbeats of a fleet's workers, sent together.
+    """The fleet's heartbeat driver: it renews its workers' leases together.
 
-    :meth:`heartbeat` has the signature of :meth:`Binding.heartbeat`, so a
-    worker's :class:`~mesh._lease.Lease` uses it in its place; :meth:`run`
-    sends what was queued, every ``window`` seconds at most, in calls of up to
-    :data:`MAX_BATCH` leases.
+    Each registered generation (:meth:`add`) has a time its next heartbeat
+    is due. Every ``window`` seconds at most, the driver sends the due ones
+    in ``heartbeat.lua`` calls of up to :data:`MAX_BATCH` leases, and hands
+    each outcome to its lease (:meth:`Lease.renewed`,
+    :meth:`Lease.renewal_failed`, or a fence), which says when the next is
+    due. ``sent`` is when the call was sent, so each worker's fence deadline
+    counts from then, as with a heartbeat loop of its own. A call not
+    answered within R is dropped, and its workers' heartbeats are sent
+    again (by then their handlers are cancelled, as they would be alone).
     """
 
-    def __init__(self, conn: Connection, binding: Binding, window: float) -> None:
+    def __init__(
+        self, conn: Connection, binding: Binding, timing: LeaseTiming, min_replicas: int
+    ) -> None:
         self._conn = conn
         self._binding = binding
-        self.window = window
-        self._pending: dict[int, list[_Slot]] = {}  # ttl ms -> waiting renewals
-        self._arrived = trio.Event()
+        self._timing = timing
+        self._ttl_ms = int(timing.ttl * 1000)
+        self._min_replicas = min_replicas
+        self.window = min(timing.interval / 20, 0.05)
+        self._due: dict[tuple[Lease, Generation], float] = {}
+        self._added = trio.Event()
         self.calls = 0  # heartbeat.lua calls sent
         self.renewals = 0  # leases in them
+        self.largest = 0  # the most leases in one call
 
-    async def heartbeat(
-        self,
-        conn: object,
-        worker: str,
-        incarnation: str,
-        ttl_ms: int,
-        acks: Sequence[str],
-        queues: Sequence[str],
-    ) -> HeartbeatReply:
-        """Renew one lease in the fleet's next call (``conn`` is ignored: the
-        fleet's connection sends it).
+    def add(self, lease: Lease, gen: Generation) -> None:
+        """Renew ``gen``'s lease from now on, starting at once (sync)."""
+        self._due[(lease, gen)] = trio.current_time()
+        self._added.set()
 
-        Raises:
-            FencedError: this worker's lease is gone or superseded.
-            MeshConnectionError, CommandError: the call failed (for every
-                worker in it).
-
-        On cancellation the renewal may still be sent (renewing a lease twice
-        is harmless); its reply is dropped.
-        """
-        slot = _Slot(HeartbeatRequest(worker, incarnation, tuple(acks), tuple(queues)))
-        self._pending.setdefault(ttl_ms, []).append(slot)
-        self._arrived.set()
-        await slot.done.wait()
-        assert slot.result is not None
-        return slot.result.unwrap()
+    def remove(self, lease: Lease, gen: Generation) -> None:
+        """Stop renewing ``gen``'s lease (sync); a reply on its way is dropped."""
+        self._due.pop((lease, gen), None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Send queued renewals until cancelled."""
+        """Send due heartbeats until cancelled."""
         async with trio.open_nursery() as nursery:
             task_status.started()
+            last = -math.inf
             while True:
-                await self._arrived.wait()
-                await trio.sleep(self.window)
-                self._arrived = trio.Event()
-                pending, self._pending = self._pending, {}
-                for ttl_ms, slots in pending.items():
-                    for i in range(0, len(slots), MAX_BATCH):
-                        nursery.start_soon(self._send, ttl_ms, slots[i : i + MAX_BATCH])
+                now = trio.current_time()
+                due = [key for key, at in self._due.items() if at <= now]
+                if due:
+                    last = now
+                    in_flight = now + self._timing.fence_after  # sent again if unanswered
+                    for key in due:
+                        self._due[key] = in_flight
+                    for i in range(0, len(due), MAX_BATCH):
+                        nursery.start_soon(self._send, now, due[i : i + MAX_BATCH])
+                nxt = min(self._due.values(), default=math.inf)
+                with trio.move_on_at(nxt):
+                    await self._added.wait()
+                self._added = trio.Event()
+                await trio.sleep_until(last + self.window)
 
-    async def _send(self, ttl_ms: int, slots: list[_Slot]) -> None:
+    async def _send(self, sent: float, keys: list[tuple[Lease, Generation]]) -> None:
+        t = self._timing
+        queues = [list(gen.runners) for _, gen in keys]
+        requests = [
+            HeartbeatRequest(gen.id, gen.incarnation, tuple(gen.acks), tuple(qs))
+            for (_, gen), qs in zip(keys, queues, strict=True)
+        ]
         self.calls += 1
-        self.renewals += len(slots)
+        self.renewals += len(keys)
+        self.largest = max(self.largest, len(keys))
+        results = None
         try:
-            results = await self._binding.heartbeat_many(
-                self._conn, ttl_ms, [s.request for s in slots]
-            )
+            with trio.move_on_after(t.fence_after):
+                answer = await self._binding.heartbeat_many(self._conn, self._ttl_ms, requests)
+                # With min_replicas, renewals count once replicas have them.
+                await self._conn.wait_replicas(self._min_replicas, t.fence_after)
+                results = answer
         except (MeshConnectionError, CommandError) as exc:
-            results = [outcome.Error(_copy(exc)) for _ in slots]
-        for slot, result in zip(slots, results, strict=True):
-            slot.result = result
-            slot.done.set()
+            for lease, gen in keys:
+                if (lease, gen) in self._due:
+                    self._due[(lease, gen)] = lease.renewal_failed(gen, sent, exc)
+            self._added.set()
+            return
+        if results is None:
+            return  # unanswered within R: due again (see run)
+        for (lease, gen), qs, result in zip(keys, queues, results, strict=True):
+            if (lease, gen) not in self._due:
+                continue  # gone meanwhile
+            if isinstance(result, outcome.Error):
+                assert isinstance(result.error, FencedError)
+                del self._due[(lease, gen)]
+                gen.fence(str(result.error))
+            else:
+                self._due[(lease, gen)] = lease.renewed(gen, sent, qs, result.unwrap())
+        self._added.set()
 
 
 class _ServedQueues(Mapping[str, None]):
@@ -213,8 +218,9 @@ class Fleet:
         self.workers: list[Worker] = []
         """The fleet's workers now open."""
         self._by_id: dict[str, Worker] = {}
+        self._policies: dict[str, QueuePolicy] = {}
         self._stats = Recorder()
-        self.renewals = Renewals(conn, self._binding, min(timing.interval / 20, 0.05))
+        self.renewals = Renewals(conn, self._binding, timing, min_replicas)
         self._reaper = Reaper(
             conn,
             self._binding,
@@ -264,7 +270,7 @@ class Fleet:
             stop_grace,
             rejoin_grace,
             reaper=self._reaper,
-            renew=self.renewals.heartbeat,
+            driver=self.renewals,
             housekeeping=False,
         )
         worker.min_replicas = worker.client.min_replicas = self._min_replicas
@@ -293,6 +299,11 @@ class Fleet:
         return w
 
     def _apply_policy(self, queue: str, policy: QueuePolicy) -> None:
+        # Read every H; applied to every worker only when it changed (a worker
+        # that starts serving the queue reads the stored policy itself).
+        if self._policies.get(queue) == policy:
+            return
+        self._policies[queue] = policy
         for w in self.workers:
             w._apply_policy(queue, policy)
 

@@ -44,7 +44,7 @@ from ._errors import (
     raise_single,
 )
 from ._keys import Keys, check_queue, check_worker_id
-from ._lease import Generation, Lease, LeaseTiming, Renew
+from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
 from ._policy import QueuePolicy, differences, parse_policy, policy_fields, watch_policies
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Handler, QueueConfig, QueueRunner, check_handler
@@ -143,7 +143,7 @@ class Worker:
         rejoin_grace: float = 0.0,
         *,
         reaper: Reaper | None = None,
-        renew: Renew | None = None,
+        driver: HeartbeatDriver | None = None,
         housekeeping: bool = True,
     ) -> None:
         self._conn = conn
@@ -185,7 +185,7 @@ class Worker:
             start_runners=self._start_runners,
             cancel_process=self._cancel_process,
             recorder=self._stats,
-            renew=renew,
+            driver=driver,
         )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
