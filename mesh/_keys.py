@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "4"
+PROTOCOL_VERSION = "5"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -120,6 +120,12 @@ class Keys:
         """HASH: payload -> "R:expiry ms", persistent tasks of ``q`` handed
         back for balance and reserved for worker R."""
         return f"{self.prefix}reserved:{q}"
+
+    def unowned(self, q: str) -> str:
+        """ZSET: payload -> Redis time (ms) since when no process runs the
+        persistent task of ``q`` (queued, delayed or reserved: since it was
+        ensured, handed back or recycled)."""
+        return f"{self.prefix}unowned:{q}"
 
     def standby(self, q: str) -> str:
         """SET: the persistent tasks of ``q`` that are queued or delayed."""

@@ -576,6 +576,7 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
             k.reserved(queue),
+            k.unowned(queue),
         ]
         args = [
             worker,
@@ -765,6 +766,7 @@ class Binding:
             k.idle(queue),
             k.moving(queue),
             k.reserved(queue),
+            k.unowned(queue),
         ]
         keep = keep_ms > 0 and not failed
         args: list[Any] = [
@@ -799,6 +801,7 @@ class Binding:
             k.delayed(queue),
             k.standby(queue),
             k.idle(queue),
+            k.unowned(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.wake_prefix, worker]))
 
@@ -852,6 +855,7 @@ class Binding:
                     k.delayed(q),
                     k.standby(q),
                     k.idle(q),
+                    k.unowned(q),
                 )
             for w in ws:
                 keys += (k.held(w, q) for q in qs)
@@ -1000,7 +1004,7 @@ class Binding:
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        keys.append(k.delayed(queue))
+        keys += [k.delayed(queue), k.unowned(queue)]
         r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, *payloads])
         return [x == 1 for x in r]
 
@@ -1008,7 +1012,7 @@ class Binding:
         """(queued copies removed, running processes cancelled)."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
-        keys += [k.delayed(queue), k.standby(queue), k.reserved(queue)]
+        keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -1017,7 +1021,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
-        keys += [k.moving(queue), k.reserved(queue)]
+        keys += [k.moving(queue), k.reserved(queue), k.unowned(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 

@@ -20,7 +20,7 @@ Both use the Redis clock (:meth:`Client.time`), never this machine's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -98,11 +98,22 @@ class QueueCounts:
         persistent_owned: persistent tasks that a process runs now.
         unowned: payloads of the persistent tasks that no process runs (queued
             or waiting for a retry).
+        unowned_since: per payload in ``unowned``, since when (seconds of the
+            Redis clock) no process has run it: since it was ensured, handed
+            back or recycled (``{ns}:unowned:<Q>``, kept by the scripts).
     """
 
     info: QueueInfo
     persistent_owned: int
     unowned: tuple[bytes, ...]
+    unowned_since: Mapping[bytes, float] = attrs.field(factory=dict)
+
+    def longest_unowned(self, now: float) -> float:
+        """Seconds that the longest-unowned persistent task has had no owner
+        at ``now`` (Redis clock), 0.0 if every one has an owner."""
+        if not self.unowned:
+            return 0.0
+        return max(0.0, now - min(self.unowned_since.get(t, now) for t in self.unowned))
 
 
 @attrs.frozen
@@ -127,7 +138,7 @@ async def counts(client: Client) -> MeshCounts:
     queues, then one transaction for everything else).
 
     Its cost in Redis is O(log workers) plus, per queue, O(persistent tasks)
-    (to tell owned from unowned ones).
+    (to tell owned from unowned ones, and since when those are unowned).
 
     Raises:
         MeshConnectionError: Redis could not be reached.
@@ -146,6 +157,7 @@ async def counts(client: Client) -> MeshCounts:
             ("HGETALL", k.persistent(q)),
             ("SMEMBERS", k.standby(q)),
             ("LLEN", k.dead(q)),
+            ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
         ]
     *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
     for r in replies:
@@ -153,8 +165,8 @@ async def counts(client: Client) -> MeshCounts:
             raise r
     out = []
     for i, q in enumerate(queues):
-        queued, delayed, running, persistent, standby, dead = replies[2 + 6 * i : 8 + 6 * i]
-        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead))
+        queued, delayed, running, persistent, standby, dead, since = replies[2 + 7 * i : 9 + 7 * i]
+        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
     return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out)
 
 
@@ -166,6 +178,7 @@ def _queue_counts(
     persistent: Sequence[bytes],
     standby: Sequence[bytes],
     dead: int,
+    since: Sequence[bytes],
 ) -> QueueCounts:
     owned = 0
     unowned = list(standby)
@@ -176,7 +189,8 @@ def _queue_counts(
             unowned.append(persistent[i])
     total = owned + len(unowned)
     info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead))
-    return QueueCounts(info, owned, tuple(sorted(unowned)))
+    unowned_since = {since[j]: int(since[j + 1]) / 1000 for j in range(0, len(since), 2)}
+    return QueueCounts(info, owned, tuple(sorted(unowned)), unowned_since)
 
 
 @attrs.frozen
@@ -231,6 +245,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             ("SMEMBERS", k.standby(q)),
             ("LLEN", k.dead(q)),
             ("SMEMBERS", k.servers(q)),
+            ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
         ]
     if new:
         cmds.append(("HMGET", k.info, *new))
@@ -249,7 +264,9 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
     processes: list[Process] = []
     out: list[QueueCounts] = []
     for i, q in enumerate(queues):
-        queued, delayed, procs, persistent, standby, dead, servers = replies[7 * i : 7 * i + 7]
+        queued, delayed, procs, persistent, standby, dead, servers, since = replies[
+            8 * i : 8 * i + 8
+        ]
         for j in range(0, len(procs), 2):
             p = parse_record(procs[j], procs[j + 1], q)
             processes.append(p)
@@ -257,7 +274,8 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
                 held[p.worker_id] += 1
         for w in servers:
             serves.setdefault(w.decode(), []).append(q)
-        out.append(_queue_counts(q, queued, delayed, len(procs) // 2, persistent, standby, dead))
+        running = len(procs) // 2
+        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
     processes.sort(key=lambda p: p.token)
     workers = []
     for w, deadline in sorted(deadlines.items()):

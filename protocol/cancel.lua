@@ -12,6 +12,7 @@
 -- KEYS[6] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- KEYS[7] {ns}:reserved:<Q>      HASH payload -> "W:expiry": a task handed back for balance, reserved
 --                                for W (removed: a queued copy)
+-- KEYS[8] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] the payload
@@ -25,8 +26,8 @@
 --!include lib.lua
 
 local nw = #ARGV - 2
-if #KEYS ~= 7 + 2 * nw then
-  return redis.error_reply('BAD_ARG expected ' .. (7 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+if #KEYS ~= 8 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (8 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local payload = ARGV[1]
 local found = {}
@@ -37,13 +38,14 @@ if owner then
 elseif redis.call('SISMEMBER', KEYS[6], payload) == 0 then
   found = find_processes(KEYS[3], payload)
 end
-local wkeys, missing = worker_keys(found, 2, 7, nw)
+local wkeys, missing = worker_keys(found, 2, 8, nw)
 if missing then return missing end
 
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
   + redis.call('HDEL', KEYS[7], payload)
 redis.call('HDEL', KEYS[2], payload)
 redis.call('SREM', KEYS[6], payload)
+redis.call('ZREM', KEYS[8], payload)
 redis.call('HDEL', KEYS[4], payload)
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
 return {0, removed, #found}

@@ -33,7 +33,9 @@
 --                                balance and reserved for W (see rebalance.lua). W takes its own
 --                                first, whatever the fair share says; one that ran out goes back
 --                                to the head of the queue, for anyone.
--- KEYS[14] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+-- KEYS[14] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+--                                (a claimed one leaves it)
+-- KEYS[15] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
 --         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
@@ -83,7 +85,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
-local bucket, rate, per = KEYS[14], nil, nil
+local bucket, rate, per = KEYS[15], nil, nil
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -194,6 +196,7 @@ for i, t in ipairs(take) do
   if persistent then
     redis.call('SREM', KEYS[11], payload)
     redis.call('HSET', KEYS[4], payload, id)
+    redis.call('ZREM', KEYS[14], payload)
   end
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end

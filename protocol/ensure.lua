@@ -9,6 +9,7 @@
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
 -- KEYS[6] {ns}:delayed:<Q>       ZSET of payloads waiting for a retry
+-- KEYS[7] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3..] payloads
@@ -52,7 +53,7 @@ elseif len > 0 then
   end
 end
 wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before the first write, as in enqueue.lua
-to_standby(KEYS[3], KEYS[4], new, false)
+to_standby(KEYS[3], KEYS[4], new, false, KEYS[7], now_ms())
 call_chunked('RPUSH', KEYS[1], new)
 redis.call('SADD', KEYS[2], ARGV[1])
 return out

@@ -23,6 +23,7 @@
 -- KEYS[11] {ns}:reserved:<Q>     HASH payload -> "R:expiry ms": such a process handed back (mode
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
+-- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
@@ -107,7 +108,7 @@ for i = 7, #ARGV do
   out[#out + 1] = outcome
   out[#out + 1] = delay
 end
-to_standby(KEYS[4], KEYS[8], pers, true)
+to_standby(KEYS[4], KEYS[8], pers, true, KEYS[12], now)
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
 for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end

@@ -187,8 +187,16 @@ end
 -- each entry that a set does not. So a payload stays in the hash (value "")
 -- while the hash is compact and stays so, and goes to the set otherwise.
 -- `running`: the payloads are fields of `persistent` now (they stop running).
-local function to_standby(persistent, standby, payloads, running)
+-- Each payload is also recorded in `unowned` (ZSET payload -> ms), the Redis
+-- time since when no process runs it; claim.lua removes it when one does.
+local function to_standby(persistent, standby, payloads, running, unowned, now)
   if #payloads == 0 then return end
+  local since = {}
+  for _, p in ipairs(payloads) do
+    since[#since + 1] = now
+    since[#since + 1] = p
+  end
+  call_chunked('ZADD', unowned, since, 2)
   local compact = redis.call('OBJECT', 'ENCODING', persistent) ~= 'hashtable'
   local size = redis.call('HLEN', persistent)
   local in_hash, in_set, gone = {}, {}, {}
@@ -224,7 +232,7 @@ end
 -- (see to_standby). One Redis call per kind of write, not one per process.
 -- Returns (handed back or delayed, dead-lettered).
 local function return_held(held, procs, queue, persistent, attempts, dead, delayed, count_attempt,
-                           now, standby)
+                           now, standby, unowned)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
   if #ids == 0 then return 0, 0 end
   local recs = hmget_all(procs, ids)
@@ -292,7 +300,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   call_chunked('HSET', attempts, kept, 2)
   call_chunked('HDEL', attempts, forgot)
   call_chunked('HDEL', procs, gone)
-  to_standby(persistent, standby, pers, true)
+  to_standby(persistent, standby, pers, true, unowned, now)
   call_chunked('LPUSH', queue, front)
   call_chunked('ZADD', delayed, later, 2)
   call_chunked('RPUSH', queue, back_end)

@@ -16,10 +16,10 @@
 -- then for each worker W_j named in ARGV (j = 1..n), three keys:
 --   {ns}:worker:<W_j> (heartbeat key), {ns}:serves:<W_j> (SET of queues it
 --   serves), {ns}:inbox:<W_j> (SET of its unacknowledged cancels)
--- then for each queue Q_i named in ARGV (i = 1..m), nine keys:
+-- then for each queue Q_i named in ARGV (i = 1..m), ten keys:
 --   {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>, {ns}:attempts:<Q>,
 --   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>, {ns}:standby:<Q>,
---   {ns}:idle:<Q>
+--   {ns}:idle:<Q>, {ns}:unowned:<Q>
 -- then for each worker j and each queue i (worker by worker), one key:
 --   {ns}:held:<W_j>:<Q_i>
 -- ARGV[1] mode: "dead" or "leave"
@@ -53,12 +53,12 @@ if n < 1 or (mode == 'leave' and n ~= 1) or 4 + n > #ARGV then
   return redis.error_reply('BAD_ARG worker count must be 1 in mode "leave", 1 to 1000 in mode "dead"')
 end
 local m = #ARGV - 4 - n
-if #KEYS ~= 2 + 3 * n + 9 * m + n * m then
-  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 9 * m + n * m) .. ' keys for '
+if #KEYS ~= 2 + 3 * n + 10 * m + n * m then
+  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 10 * m + n * m) .. ' keys for '
     .. n .. ' workers and ' .. m .. ' queues')
 end
-local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 9(i-1) + 1..9]
-local hbase = qbase + 9 * m         -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
+local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 10(i-1) + 1..10]
+local hbase = qbase + 10 * m        -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
 
 -- Check everything before the first write.
 local given = {}
@@ -105,9 +105,10 @@ for _, j in ipairs(todo) do
   local known = redis.call('ZREM', KEYS[1], w) + redis.call('HDEL', KEYS[2], w)
   local back, buried = 0, 0
   for i = 1, m do
-    local q = qbase + 9 * (i - 1)
+    local q = qbase + 10 * (i - 1)
     local b, d = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
-      KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now, KEYS[q + 8])
+      KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now, KEYS[q + 8],
+      KEYS[q + 10])
     redis.call('SREM', KEYS[q + 6], w)
     redis.call('SREM', KEYS[q + 9], w)
     back_q[i] = back_q[i] + b
@@ -118,6 +119,6 @@ for _, j in ipairs(todo) do
   out[2], out[3] = out[2] + back, out[3] + buried
 end
 for i = 1, m do
-  wake_idle(KEYS[qbase + 9 * i], ARGV[3], ARGV[4 + n + i], back_q[i])
+  wake_idle(KEYS[qbase + 10 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
 end
 return out

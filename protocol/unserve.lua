@@ -13,6 +13,7 @@
 -- KEYS[10] {ns}:standby:<Q>      SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                handed-back one moves there from KEYS[5]
 -- KEYS[11] {ns}:idle:<Q>         SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3] worker id W
@@ -22,8 +23,8 @@
 --            of Q, if it is not 0.
 --!include lib.lua
 
-local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], false, 0,
-  KEYS[10])
+local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], false,
+  now_ms(), KEYS[10], KEYS[12])
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[3])
 redis.call('SREM', KEYS[11], ARGV[3])

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import mesh
 from mesh._keys import Keys
+from mesh._view import counts
 from mesh.metrics import MeshCollector, WorkerCollector, serve_metrics
 from mesh.testing import run_redis_server
 
@@ -140,6 +141,7 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
             assert value(s, "mesh_redis_up") == 1
             assert value(s, "mesh_workers_alive") == 0
             await client.enqueue_many("jobs", ["a", "b", "c"])
+            before = await client.time()
             await client.ensure_many("devices", ["d1", "d2"])
             s = await scrape(url)
             assert value(s, "mesh_queue_length", queue="jobs") == 3
@@ -147,10 +149,14 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
             assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 2
             assert value(s, "mesh_persistent_tasks", queue="devices", state="owned") == 0
             assert value(s, "mesh_queue_dead_letters", queue="jobs") == 0
-            # the unowned tasks have now been seen unowned for a while
-            await trio.sleep(0.05)
-            s = await scrape(url)
-            assert value(s, "mesh_persistent_unowned_observed_seconds", queue="devices") > 0
+            # how long they have had no owner is kept in Redis: a new
+            # exporter (no memory of earlier scrapes) reads the same time
+            t0 = await client.time()
+            await trio.sleep(0.3)
+            async with served(MeshCollector(client)) as url2:
+                s = await scrape(url2)
+            unowned = value(s, "mesh_persistent_unowned_seconds", queue="devices")
+            assert 0.3 <= unowned <= await client.time() - before
             # a worker takes one device and fails one job to the dead letters
             async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
 
@@ -171,6 +177,15 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
                 assert value(s, "mesh_persistent_tasks", queue="devices", state="owned") == 1
                 assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 1
                 assert value(s, "mesh_queue_running", queue="devices") == 1
+                (held,) = [p.task for p in await client.processes("devices")]
+                stopping = await client.time()
+            # the stop handed the device back: unowned since then, not since
+            # it was ensured
+            (devices,) = [q for q in (await counts(client)).queues if q.info.name == "devices"]
+            assert set(devices.unowned_since) == {b"d1", b"d2"}
+            assert devices.unowned_since[held] >= stopping - 0.001  # kept in ms
+            (never,) = {b"d1", b"d2"} - {held}
+            assert devices.unowned_since[never] <= t0
             s = await scrape(url)
             assert value(s, "mesh_workers_alive") == 0
             assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 2

@@ -540,6 +540,12 @@ class MeshModel(RuleBasedStateMachine):
             running = {p: v for p, v in marks.items() if v != b""}
             assert standby | set(running) == self.persistent[q]
             assert standby == waiting & self.persistent[q], f"standby is not what waits in {q}"
+            # since when each waiting persistent task has had no owner: exactly
+            # those, at a time no later than now
+            since = dict(self.r.zrange(k.unowned(q), 0, -1, withscores=True))
+            assert set(since) == standby, f"unowned is not what waits in {q}"
+            now = self.r.time()
+            assert all(t <= now[0] * 1000 + now[1] // 1000 for t in since.values())
             assert running == {
                 pp: pid.encode()
                 for pid, (_, pq, pp) in self.procs.items()

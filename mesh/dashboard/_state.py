@@ -142,7 +142,8 @@ class Tracker:
                         "task_b64": _b64(t),
                         "owner": None,
                         "token": None,
-                        "age": None,
+                        # how long it has had no owner (Redis keeps since when)
+                        "age": round(ov.now - qc.unowned_since.get(t, ov.now), 1),
                     }
                 )
         return {

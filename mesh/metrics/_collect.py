@@ -9,7 +9,6 @@ client's trio-native connection.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import trio
@@ -138,18 +137,15 @@ class MeshCollector(Collector):
     ``prometheus_client.CollectorRegistry``. When Redis cannot be reached,
     a scrape yields only ``mesh_redis_up 0``.
 
-    ``mesh_persistent_unowned_observed_seconds``: the protocol keeps no time
-    at which a persistent task lost its owner, so this is how long *this
-    collector* has seen the longest-unowned task of each queue unowned
-    (by the Redis clock, to within one scrape interval; it starts at 0 when
-    the collector starts).
+    ``mesh_persistent_unowned_seconds``: how long the longest-unowned
+    persistent task of each queue has had no owner, by the Redis clock,
+    from the time the scripts record when a task is ensured, handed back or
+    recycled (``{ns}:unowned:<Q>``).
     """
 
     def __init__(self, client: Client) -> None:
         self._client = client
         self._token = trio.lowlevel.current_trio_token()
-        self._lock = threading.Lock()
-        self._unowned_since: dict[tuple[str, bytes], float] = {}
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("mesh_redis_up", "1 if the last read of Redis succeeded.")
@@ -161,8 +157,7 @@ class MeshCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        with self._lock:
-            yield from self._metrics(c)
+        yield from self._metrics(c)
 
     def _metrics(self, c: MeshCounts) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -185,12 +180,11 @@ class MeshCollector(Collector):
             "Persistent tasks, owned (a process runs it) or unowned.",
             labels=["queue", "state"],
         )
-        observed = GaugeMetricFamily(
-            "mesh_persistent_unowned_observed_seconds",
-            "Longest time this exporter has seen a persistent task of the queue unowned.",
+        unowned = GaugeMetricFamily(
+            "mesh_persistent_unowned_seconds",
+            "How long the longest-unowned persistent task of the queue has had no owner.",
             labels=["queue"],
         )
-        seen: dict[tuple[str, bytes], float] = {}
         for q in c.queues:
             i = q.info
             families["length"].add_metric([i.name], i.queued)
@@ -199,13 +193,7 @@ class MeshCollector(Collector):
             families["running"].add_metric([i.name], i.running)
             persistent.add_metric([i.name, "owned"], q.persistent_owned)
             persistent.add_metric([i.name, "unowned"], len(q.unowned))
-            longest = 0.0
-            for payload in q.unowned:
-                key = (i.name, payload)
-                since = seen[key] = self._unowned_since.get(key, c.now)
-                longest = max(longest, c.now - since)
-            observed.add_metric([i.name], longest)
-        self._unowned_since = seen
+            unowned.add_metric([i.name], q.longest_unowned(c.now))
         yield from families.values()
         yield persistent
-        yield observed
+        yield unowned
