@@ -112,6 +112,9 @@ async def hold(args: argparse.Namespace) -> None:
     all_ready = trio.Event()
 
     workers: list[mesh.Worker] = []
+    # At most 50 workers starting at once: a thousand joining together would
+    # hold the event loop long enough for the first leases (TTL 3 s) to run out.
+    starting = trio.Semaphore(50)
 
     async def one(i: int, fleet: mesh.Fleet | None) -> None:
         nonlocal ready
@@ -120,14 +123,22 @@ async def hold(args: argparse.Namespace) -> None:
             if fleet is not None
             else mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl)
         )
-        async with opened as worker:
-            workers.append(worker)
-            await worker.start_work(args.queue, handler, concurrency=args.concurrency)
-            out(f"worker {worker.id}")
-            ready += 1
-            if ready == args.workers:
-                all_ready.set()
-            await trio.sleep_forever()
+        await starting.acquire()
+        started = False
+        try:
+            async with opened as worker:
+                workers.append(worker)
+                await worker.start_work(args.queue, handler, concurrency=args.concurrency)
+                starting.release()
+                started = True
+                out(f"worker {worker.id}")
+                ready += 1
+                if ready == args.workers:
+                    all_ready.set()
+                await trio.sleep_forever()
+        finally:
+            if not started:
+                starting.release()
 
     async def serve(fleet: mesh.Fleet | None) -> None:
         stdin = Stdin()

@@ -377,10 +377,18 @@ class Worker:
             self._queues[queue] = cfg
             try:
                 gen = await self._current_generation()
-                await self._binding.serve(self._conn, gen.id, gen.incarnation, queue)
-                policy = await self._adopt_policy(gen.id, queue, local, explicit)
-                cfg = self._queues[queue] = cfg.with_policy(policy)
-                await self._start_runner(gen, cfg)
+                try:
+                    await self._binding.serve(self._conn, gen.id, gen.incarnation, queue)
+                    policy = await self._adopt_policy(gen.id, queue, local, explicit)
+                    cfg = self._queues[queue] = cfg.with_policy(policy)
+                    await self._start_runner(gen, cfg)
+                except (FencedError, RuntimeError):
+                    # RuntimeError: the generation's nursery closed under us.
+                    if not gen.scope.cancel_called or self._lease.closing:
+                        raise
+                    # This identity was fenced meanwhile: the next one serves
+                    # the queue (it is in self._queues) and starts its runner.
+                    await self._current_generation()
             except BaseException:
                 del self._queues[queue]
                 raise

@@ -60,19 +60,25 @@ if err then return err end
 
 -- Check every argument before the first write.
 local workers = {}
+local nargs, nkeys = #ARGV, #KEYS
+local none = {}
 local a, key = 4, 2 + 8 * m
 for w = 1, n do
   local id, inc = ARGV[a], ARGV[a + 1]
-  if not inc then return redis.error_reply('BAD_ARG worker ' .. w .. ' is missing') end
-  local k
-  k, err = count_arg(ARGV[a + 2], 'ack count', #ARGV - a - 2)
-  if err then return err end
-  local acks = {}
-  for i = 1, k do acks[i] = ARGV[a + 2 + i] end
+  local k = tonumber(ARGV[a + 2])
+  if not inc or not k or k < 0 or k ~= math.floor(k) or a + 3 + k > nargs then
+    return redis.error_reply('BAD_ARG worker ' .. w .. ': bad id, incarnation or ack count')
+  end
+  local acks = none
+  if k > 0 then
+    acks = {}
+    for i = 1, k do acks[i] = ARGV[a + 2 + i] end
+  end
   a = a + 3 + k
-  local j
-  j, err = count_arg(ARGV[a], 'served queue count', #ARGV - a)
-  if err then return err end
+  local j = tonumber(ARGV[a])
+  if not j or j < 0 or j ~= math.floor(j) or a + j > nargs then
+    return redis.error_reply('BAD_ARG worker ' .. w .. ': bad served queue count')
+  end
   local qs = {}
   for i = 1, j do
     local q = tonumber(ARGV[a + i])
@@ -82,7 +88,7 @@ for w = 1, n do
     qs[i] = q
   end
   a = a + 1 + j
-  if key + 1 + j > #KEYS then return redis.error_reply('BAD_ARG too few keys') end
+  if key + 1 + j > nkeys then return redis.error_reply('BAD_ARG too few keys') end
   workers[w] = {id = id, inc = inc, acks = acks, qs = qs, key = key}
   key = key + 2 + j
 end
@@ -124,6 +130,7 @@ local leases = {}
 for w = 1, n do leases[w] = KEYS[workers[w].key] end
 leases = redis.call('MGET', unpack(leases))
 local replies, deadlines, live, inboxes = {}, {}, {}, {}
+local deadline = string.format('%.0f', now + ttl)
 for w = 1, n do
   local wk = workers[w]
   if not leases[w] then
@@ -134,8 +141,8 @@ for w = 1, n do
     -- SET, not PEXPIRE: Redis refuses it when out of memory (before anything
     -- is written, as the first write of the script), so an OOM Redis fences
     -- its workers instead of keeping them alive with nothing working
-    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ttl)
-    deadlines[#deadlines + 1] = now + ttl
+    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ARGV[1])
+    deadlines[#deadlines + 1] = deadline
     deadlines[#deadlines + 1] = wk.id
     live[#live + 1] = w
     inboxes[#inboxes + 1] = KEYS[wk.key + 1]
@@ -175,12 +182,14 @@ for _, w in ipairs(live) do
     out[#out + 1] = reserved_for[q][wk.id] and 0 or qstate[q]
     out[#out + 1] = redis.call('SCARD', held)
     out[#out + 1] = idle_of[q][wk.id]
-    local mine = {}
+    local nout = #out + 1
+    out[nout] = 0
     for _, pid in ipairs(moving[q]) do
-      if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
+      if redis.call('SISMEMBER', held, pid) == 1 then
+        out[nout] = out[nout] + 1
+        out[#out + 1] = pid
+      end
     end
-    out[#out + 1] = #mine
-    for _, pid in ipairs(mine) do out[#out + 1] = pid end
   end
   replies[w] = out
 end

@@ -130,6 +130,12 @@ async def test_scale() -> None:
         herd=2,
         long_queue=1_000,
         claim_samples=10,
+        compare_processes=1,
+        compare_per_process=3,
+        big_processes=1,
+        big_per_process=5,
+        fleet_window=0.5,
+        fleet_slowlog=0.5,
     )
     s = await scale.run(ctx(), sizes)
     check(s, "scale")
@@ -139,6 +145,9 @@ async def test_scale() -> None:
     assert figure(s, "claim 1: queue of 1,000 / queue of 10").target is not None
     assert figure(s, "2 workers SIGKILLed: recycle calls by all peers").median >= 1
     assert 1 <= figure(s, "recycle 2 dead workers: recycle.lua calls").median <= 2
+    assert figure(s, "5 idle fleets, ttl 3 s: Redis CPU").target is not None
+    assert figure(s, "3 idle fleets, ttl 3 s: heartbeat.lua calls").median > 0
+    assert figure(s, "3 idle open_workers, ttl 3 s: leases renewed").median > 0
 
 
 async def test_memory() -> None:
