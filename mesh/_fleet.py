@@ -159,6 +159,7 @@ class Renewals:
             return
         if results is None:
             return  # unanswered within R: due again (see run)
+        reconnects = self._conn.statistics().reconnects
         for (lease, gen), qs, result in zip(keys, queues, results, strict=True):
             if (lease, gen) not in self._due:
                 continue  # gone meanwhile
@@ -167,7 +168,7 @@ class Renewals:
                 del self._due[(lease, gen)]
                 gen.fence(str(result.error))
             else:
-                self._due[(lease, gen)] = lease.renewed(gen, sent, qs, result.unwrap())
+                self._due[(lease, gen)] = lease.renewed(gen, sent, qs, result.unwrap(), reconnects)
         self._added.set()
 
 

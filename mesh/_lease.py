@@ -396,12 +396,18 @@ class Lease:
         return trio.current_time() + min(t.interval / 4, 0.25)
 
     def renewed(
-        self, gen: Generation, sent: float, queues: Sequence[str], reply: HeartbeatReply
+        self,
+        gen: Generation,
+        sent: float,
+        queues: Sequence[str],
+        reply: HeartbeatReply,
+        reconnects: int | None = None,
     ) -> float:
         """A heartbeat sent at ``sent`` for ``queues`` was confirmed: push the
         fence deadline on, act on the cancel inbox, fan the reply out to the
-        runners and the reaper. Sync: no I/O. Returns when the next heartbeat
-        is due."""
+        runners and the reaper. Sync: no I/O. ``reconnects``: the connection's
+        count now, if the caller has it at hand. Returns when the next
+        heartbeat is due."""
         t = self.timing
         if gen.trouble_since is not None:
             log.info(
@@ -410,7 +416,8 @@ class Lease:
                 sent - gen.trouble_since,
             )
             gen.trouble_since = None
-        reconnects = self._conn.statistics().reconnects
+        if reconnects is None:
+            reconnects = self._conn.statistics().reconnects
         if reconnects > self._reconnects_seen:
             if self._reconnects_seen >= 0:
                 log.info("worker %s: the connection to Redis was lost and is back", gen.id)
