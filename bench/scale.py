@@ -330,11 +330,21 @@ async def beats(groups: list[Child]) -> int:
 
 
 async def idle_mesh(
-    ctx: Context, url: str, conn: Connection, procs: int, per: int, fleet: bool, sizes: Sizes
+    ctx: Context,
+    url: str,
+    conn: Connection,
+    procs: int,
+    per: int,
+    fleet: bool,
+    sizes: Sizes,
+    *,
+    tasks: bool = True,
 ) -> Idle:
     """``procs`` OS processes of ``per`` workers each (``open_worker``s, or
-    one fleet per process), TTL ``sizes.fleet_ttl``, one persistent task
-    each, all running; then the idle cost over ``sizes.fleet_window``."""
+    one fleet per process), TTL ``sizes.fleet_ttl``, serving one queue, with
+    (``tasks``) one persistent task each, all running, or none (each worker
+    then waits in the queue's idle set); then the idle cost over
+    ``sizes.fleet_window``."""
     await conn.execute("FLUSHALL")
     ns = "fl" + secrets.token_hex(3)
     k = Keys(ns)
@@ -353,7 +363,7 @@ async def idle_mesh(
         # once would starve the worker processes (2 cores) past R, and they
         # would fence themselves (see findings.md).
         held = 0
-        for batch in chunks([f"device-{i:06d}" for i in range(n)], 500):
+        for batch in chunks([f"device-{i:06d}" for i in range(n if tasks else 0)], 500):
             await client.ensure_many(QUEUE, batch)
             held += len(batch)
             await wait_held(conn, k, held, 0, 300)
@@ -392,8 +402,10 @@ async def idle_fleets(ctx: Context, url: str, conn: Connection, sizes: Sizes, re
     p, per = sizes.compare_processes, sizes.compare_per_process
     res.idle["solo"] = await idle_mesh(ctx, url, conn, p, per, False, sizes)
     res.idle["fleet"] = await idle_mesh(ctx, url, conn, p, per, True, sizes)
+    # No tasks: 10,000 claims and handler starts, even 500 at a time, starved
+    # the 2 shared cores past R (every worker fenced and rejoined, in a storm).
     res.idle["big"] = await idle_mesh(
-        ctx, url, conn, sizes.big_processes, sizes.big_per_process, True, sizes
+        ctx, url, conn, sizes.big_processes, sizes.big_per_process, True, sizes, tasks=False
     )
 
 
@@ -824,7 +836,9 @@ async def run_fleet(ctx: Context, sizes: Sizes | None = None) -> Section:
         if not xs:
             continue
         n = xs[0].workers
-        who = f"{n:,} idle {label}, ttl {sizes.fleet_ttl:g} s"
+        who = f"{n:,} idle {label}, ttl {sizes.fleet_ttl:g} s" + (
+            ", no tasks" if key == "big" else ""
+        )
         f.append(
             Figure(
                 f"{who}: Redis CPU",
@@ -876,7 +890,8 @@ At TTL {fttl:g} s (a heartbeat every second), {cw:,} workers ({cp} OS processes 
 {cper}) each holding one persistent task, first as `open_worker`s, then as one
 fleet per process (`mesh.open_fleet`: one connection, one pub/sub connection,
 one reaper and batched heartbeats per process), then {bw:,} workers as {bp}
-fleets of {bper:,}; in that order in each run. The tasks are ensured 500 at a
+fleets of {bper:,} that serve the queue and hold nothing (each waits in the
+queue's idle set); in that order in each run. The tasks are ensured 500 at a
 time, each batch held before the next. Over {fwin:g} s: `INFO cpu` of
 redis-server (and the worker processes' CPU), the commands Redis ran (`INFO
 commandstats`: those scripts run are counted too), and the leases renewed

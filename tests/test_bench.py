@@ -147,7 +147,7 @@ async def test_scale() -> None:
     assert 1 <= figure(s, "recycle 2 dead workers: recycle.lua calls").median <= 2
     s = await scale.run_fleet(ctx(), sizes)
     check(s, "fleet")
-    assert figure(s, "5 idle fleets, ttl 3 s: Redis CPU").target is not None
+    assert figure(s, "5 idle fleets, ttl 3 s, no tasks: Redis CPU").target is not None
     assert figure(s, "3 idle fleets, ttl 3 s: heartbeat.lua calls").median > 0
     assert figure(s, "3 idle open_workers, ttl 3 s: leases renewed").median > 0
 
