@@ -382,9 +382,11 @@ class Worker:
                     policy = await self._adopt_policy(gen.id, queue, local, explicit)
                     cfg = self._queues[queue] = cfg.with_policy(policy)
                     await self._start_runner(gen, cfg)
-                except (FencedError, RuntimeError):
-                    # RuntimeError: the generation's nursery closed under us.
-                    if not gen.scope.cancel_called or self._lease.closing:
+                except (FencedError, RuntimeError) as exc:
+                    # RuntimeError: the generation's nursery closed under us
+                    # (it ended: fenced, or stopping).
+                    fenced = gen.scope.cancel_called or gen is not self._gen
+                    if self._lease.closing or (isinstance(exc, FencedError) and not fenced):
                         raise
                     # This identity was fenced meanwhile: the next one serves
                     # the queue (it is in self._queues) and starts its runner.
