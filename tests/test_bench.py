@@ -112,7 +112,7 @@ async def test_failover() -> None:
 async def test_cancel() -> None:
     s = await cancel.run(ctx(), cancel.Sizes(workers=2, per_process=2, processes=20))
     check(s, "cancel")
-    for kind in ("persistent", "one-shot"):
+    for kind in ("persistent", "one-shot", "persistent, fleets"):
         p99 = figure(s, f"{kind}: after cancel() returned, p99")
         assert p99.unit == "ms" and p99.median >= 0 and p99.target is not None
         assert 0 <= figure(s, f"{kind}: cancelled before cancel() returned").median <= 100
