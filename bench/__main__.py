@@ -19,7 +19,7 @@ import trio
 import mesh
 from mesh.testing import find_redis_server
 
-from . import _charts, cancel, failover, memory, observe, scale, throughput
+from . import _charts, cancel, delayed, failover, memory, observe, scale, throughput
 from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
@@ -32,6 +32,7 @@ BENCHMARKS = {
     "fleet": scale.run_fleet,
     "memory": memory.run,
     "observe": observe.run,
+    "delayed": delayed.run,
 }
 DEFAULT_OUTPUT = REPO / "docs" / "performance.md"
 FINDINGS = REPO / "bench" / "findings.md"

@@ -1,4 +1,5 @@
-"""Delayed tasks coming due at once: ``python -m bench.delayed``.
+"""Delayed tasks coming due at once: ``python -m bench --only delayed``, or
+alone ``python -m bench.delayed``.
 
 N one-shot tasks are enqueued with ``at=`` one instant a few seconds ahead
 (Redis clock), so they all come due together, while W worker processes
@@ -7,14 +8,16 @@ until every task ran: the wall time and the Redis CPU per task. Then the same
 N tasks are enqueued without a delay on the same workers, for comparison
 (the plain queue's throughput in the same run).
 
-Not part of ``python -m bench`` (yet): run it alone, e.g.
-``python -m bench.delayed --tasks 100000 --workers 2``.
+Part of ``python -m bench`` (section "Delayed tasks due at once", a fresh
+redis-server per run); alone, e.g. ``python -m bench.delayed --tasks 100000
+--workers 2`` (``--plain-only`` runs on versions without delayed tasks).
 """
 
 from __future__ import annotations
 
 import argparse
 import secrets
+from dataclasses import dataclass
 
 import trio
 
@@ -23,9 +26,71 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
+from ._context import Context
+from ._report import Figure, Section
 from ._util import children, mesh_child, poll_until, redis_cpu
 
 QUEUE = "bench"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    tasks: int = 100_000
+    workers: int = 2  # worker processes, concurrency 10 each
+
+    @property
+    def lead(self) -> float:
+        """Seconds between enqueueing and the due time: room to enqueue."""
+        return 2.0 + self.tasks / 20_000
+
+
+FULL = Sizes()
+QUICK = Sizes(tasks=5_000)
+
+METHOD = """
+{n:,} one-shot tasks are enqueued with `at=` one instant {lead:g} s ahead
+(Redis clock), in calls of 10,000, while {w} worker processes (concurrency 10
+each, a no-op handler) wait idle; measured from the due time until every
+task ran: the wall time and the Redis CPU per task (`INFO cpu`). Then the
+same {n:,} tasks are enqueued without a delay on the same workers: the plain
+queue in the same run (its Redis CPU includes the enqueue, which the delayed
+figure does not). A fresh redis-server per run.
+"""
+
+
+async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
+    sizes = sizes or (QUICK if ctx.quick else FULL)
+    n = sizes.tasks
+    section = Section(
+        "delayed",
+        "Delayed tasks due at once",
+        METHOD.format(n=n, lead=sizes.lead, w=sizes.workers),
+        runs=ctx.runs,
+    )
+    res = []
+    for r in range(ctx.runs):
+        ctx.log(f"delayed: run {r + 1}/{ctx.runs}: {n:,} tasks due at once")
+        res.append(await measure(n, sizes.workers, sizes.lead, plain_only=False))
+        ctx.log(
+            f"  all ran {res[-1]['delayed_seconds']:.2f} s after the due time, "
+            f"plain {res[-1]['plain_seconds']:.2f} s"
+        )
+    section.figures += [
+        Figure(f"{n:,} due at once: all ran after", "s", [x["delayed_seconds"] for x in res]),
+        Figure("due at once: rate", "tasks/s", [n / x["delayed_seconds"] for x in res]),
+        Figure(
+            "due at once: Redis CPU per task",
+            "µs",
+            [x["delayed_redis_us_per_task"] for x in res],
+        ),
+        Figure("plain queue, same tasks: rate", "tasks/s", [n / x["plain_seconds"] for x in res]),
+        Figure(
+            "plain queue: Redis CPU per task (enqueue included)",
+            "µs",
+            [x["plain_redis_us_per_task"] for x in res],
+        ),
+    ]
+    return section
 
 
 async def pending(conn: Connection, keys: Keys) -> int:

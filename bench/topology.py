@@ -12,7 +12,17 @@ processes on free ports, never 6379) and measures:
   (``--tasks``x25 concurrent trio tasks) with ``min_replicas`` 0 and 1, on a
   master with one replica.
 
-    python bench/topology.py [--trials 10] [--ttl 1.0] [--only failover|replicas]
+* **namespaces**: one namespace vs three on a 3-master cluster (no replicas):
+  ``--jobs`` one-shot tasks enqueued (100 per ``enqueue_many``) and run by three
+  in-process workers, either all three in one namespace or one in each of three
+  namespaces chosen with ``mesh.namespace_slot`` to land on the three masters
+  (the recipe of docs/sharding.md, checked against ``CLUSTER SLOTS``). Per
+  master: Redis commands per task (``INFO commandstats``: the commands scripts
+  call included, INFO itself left out; script calls and PUBLISH also apart)
+  and Redis CPU per task (``INFO cpu``, user + sys), ``--rounds`` rounds
+  alternating the two layouts.
+
+    python bench/topology.py [--trials 10] [--ttl 1.0] [--only failover|replicas|namespaces]
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mesh
 from mesh._topology import keyslot
-from tests.topology import cluster_setup, sentinel_setup
+from tests.topology import client, cluster_setup, sentinel_setup
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -137,6 +147,128 @@ async def replicas_cost(seconds: float, concurrency: int) -> None:
             )
 
 
+def namespace_on(prefix: str, first_slot: int, last_slot: int) -> str:
+    """The first name prefix-0, prefix-1, ... whose slot is in [first, last]
+    (docs/sharding.md's recipe)."""
+    for i in range(100_000):
+        name = f"{prefix}-{i}"
+        if first_slot <= mesh.namespace_slot(name) <= last_slot:
+            return name
+    raise ValueError("no such name")
+
+
+def master_counters(port: int) -> tuple[int, float, int, int]:
+    """Counters of one node: commands run so far (those scripts call included,
+    INFO left out); CPU seconds, user + sys; script calls (EVALSHA, EVAL);
+    PUBLISH (from scripts)."""
+    c = client(port)
+    stats = c.info("commandstats")
+    calls = sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+    scripts = sum(stats.get(f"cmdstat_{k}", {}).get("calls", 0) for k in ("evalsha", "eval"))
+    publishes = stats.get("cmdstat_publish", {}).get("calls", 0)
+    cpu = c.info("cpu")
+    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), scripts, publishes
+
+
+async def run_jobs(url: str, namespaces: list[str], jobs: int) -> float:
+    """Enqueue ``jobs`` one-shot tasks spread evenly over ``namespaces`` and run
+    them with three workers (spread evenly over the namespaces); seconds taken."""
+    done = 0
+    all_done = trio.Event()
+
+    async def handler(p: mesh.Process) -> None:
+        nonlocal done
+        done += 1
+        if done == jobs:
+            all_done.set()
+
+    per_ns = jobs // len(namespaces)
+    async with trio.open_nursery() as nursery:
+        ready = 0
+
+        async def worker(ns: str) -> None:
+            nonlocal ready
+            async with mesh.open_worker(url, namespace=ns, ttl=3) as w:
+                await w.start_work("jobs", handler, concurrency=50)
+                ready += 1
+                await trio.sleep_forever()
+
+        for i in range(3):
+            nursery.start_soon(worker, namespaces[i % len(namespaces)])
+        while ready < 3:  # noqa: ASYNC110 - a poll
+            await trio.sleep(0.01)
+        start = time.monotonic()
+
+        async def produce(ns: str) -> None:
+            async with mesh.open_client(url, namespace=ns) as c:
+                for first in range(0, per_ns, 100):
+                    batch = [b"job-%d" % i for i in range(first, min(per_ns, first + 100))]
+                    await c.enqueue_many("jobs", batch)
+
+        async with trio.open_nursery() as producers:
+            for ns in namespaces:
+                producers.start_soon(produce, ns)
+        with trio.fail_after(120):
+            await all_done.wait()
+        took = time.monotonic() - start
+        nursery.cancel_scope.cancel()
+    return took
+
+
+def namespaces_cost(jobs: int, rounds: int) -> None:
+    with cluster_setup(masters=3) as setup:
+        slots = sorted(
+            (int(e[0]), int(e[1]), int(e[2][1]))
+            for e in client(setup.masters[0].port).execute_command("CLUSTER", "SLOTS")
+        )
+        ports = [port for _, _, port in slots]
+        url = setup.url(scheme="redis+cluster")
+        results: dict[str, list[tuple[list[float], list[float], float, float, float]]] = {
+            "one": [],
+            "three": [],
+        }
+        for r in range(rounds):
+            for layout in ("one", "three") if r % 2 == 0 else ("three", "one"):
+                tag = secrets.token_hex(2)
+                names = [namespace_on(f"b{tag}", first, last) for first, last, _ in slots]
+                if layout == "one":
+                    names = names[:1]
+                owners = [setup.owner_port(mesh.namespace_slot(n)) for n in names]
+                assert len(set(owners)) == len(names), "the recipe must spread the namespaces"
+                before = [master_counters(p) for p in ports]
+                took = trio.run(run_jobs, url, names, jobs)
+                after = [master_counters(p) for p in ports]
+                cmds = [(a[0] - b[0]) / jobs for a, b in zip(after, before, strict=True)]
+                cpu = [(a[1] - b[1]) / jobs * 1e6 for a, b in zip(after, before, strict=True)]
+                scripts = sum(a[2] - b[2] for a, b in zip(after, before, strict=True)) / jobs
+                pubs = sum(a[3] - b[3] for a, b in zip(after, before, strict=True)) / jobs
+                results[layout].append((cmds, cpu, took, scripts, pubs))
+        print(f"namespaces: {jobs} one-shot tasks, 3 workers, 3 masters, {rounds} rounds each")
+        for layout, runs in results.items():
+            for i, port in enumerate(ports):
+                c = [run[0][i] for run in runs]
+                u = [run[1][i] for run in runs]
+                print(
+                    f"  {layout:5} master {i + 1} (:{port}): commands/task "
+                    f"{statistics.median(c):6.2f} (min {min(c):.2f} max {max(c):.2f}); "
+                    f"Redis CPU/task {statistics.median(u):6.1f} us "
+                    f"(min {min(u):.1f} max {max(u):.1f})"
+                )
+            total_c = [sum(run[0]) for run in runs]
+            total_u = [sum(run[1]) for run in runs]
+            rate = [jobs / run[2] for run in runs]
+            print(
+                f"  {layout:5} all masters: script calls/task "
+                f"{statistics.median(run[3] for run in runs):.2f}, PUBLISH/task "
+                f"{statistics.median(run[4] for run in runs):.2f}; "
+                f"all commands/task {statistics.median(total_c):.2f}; "
+                f"Redis CPU/task {statistics.median(total_u):.1f} us "
+                f"(min {min(total_u):.1f} max {max(total_u):.1f}); "
+                f"{statistics.median(rate):,.0f} tasks/s (min {min(rate):,.0f} "
+                f"max {max(rate):,.0f})"
+            )
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.ERROR)  # fences and rejoins are expected here
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -144,9 +276,13 @@ if __name__ == "__main__":
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--only", choices=["failover", "replicas"])
+    parser.add_argument("--jobs", type=int, default=6000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=["failover", "replicas", "namespaces"])
     ns_ = parser.parse_args()
     if ns_.only in (None, "failover"):
         failover(ns_.trials, ns_.ttl, ns_.tasks)
     if ns_.only in (None, "replicas"):
         trio.run(replicas_cost, ns_.seconds, 100)
+    if ns_.only in (None, "namespaces"):
+        namespaces_cost(ns_.jobs, ns_.rounds)

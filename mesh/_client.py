@@ -86,6 +86,7 @@ class Client:
         *,
         delay: float | None = None,
         at: datetime.datetime | float | None = None,
+        priority: int = 0,
     ) -> None:
         """Put a one-shot task at the back of ``queue`` and nudge its workers;
         with ``delay`` or ``at``, put it in the queue's delayed set instead,
@@ -95,6 +96,11 @@ class Client:
             delay: seconds from now (Redis clock), >= 0.
             at: a timezone-aware :class:`datetime.datetime`, or a Unix time
                 in seconds; a time in the past is due at once. Not both.
+            priority: 0 (the default) to 9. Workers claim the highest
+                priority first, FIFO within one. A task keeps its priority
+                when it is handed back, recycled or retried (it goes back to
+                the front of its level, or when due after a delay or a
+                backoff). Dead letters are requeued at priority 0.
 
         A delayed task is durable (it is in Redis, not in any worker), listed
         by :meth:`delayed` and counted in :meth:`queue_info`, and removed by
@@ -105,14 +111,15 @@ class Client:
         Raises:
             TypeError, ValueError, ConfigError: a bad payload, queue name,
                 ``delay`` or ``at`` (a naive datetime, both given, a negative
-                delay); nothing was sent.
+                delay), or a ``priority`` that is not a whole number from 0 to
+                9; nothing was sent.
             ConflictError: the payload is a persistent task of ``queue``.
             MeshConnectionError: Redis could not be reached; or, with
                 ``min_replicas``, fewer replicas acknowledged the write within
                 ``connect_timeout``: it is on the master, and a failover may
                 lose it (enqueue again: a duplicate is the safe side).
         """
-        await self.enqueue_many(queue, [task], delay=delay, at=at)
+        await self.enqueue_many(queue, [task], delay=delay, at=at, priority=priority)
 
     async def enqueue_many(
         self,
@@ -121,10 +128,12 @@ class Client:
         *,
         delay: float | None = None,
         at: datetime.datetime | float | None = None,
+        priority: int = 0,
     ) -> int:
-        """Put one-shot tasks at the back of ``queue``, in order, atomically
-        (all or none), in one round trip; with ``delay`` or ``at``, in the
-        delayed set instead (see :meth:`enqueue`).
+        """Put one-shot tasks at the back of ``queue`` (of its level
+        ``priority``), in order, atomically (all or none), in one round trip;
+        with ``delay`` or ``at``, in the delayed set instead (see
+        :meth:`enqueue`).
 
         Returns:
             How many were enqueued; with ``delay``/``at``, how many were newly
@@ -135,15 +144,18 @@ class Client:
         conn = self._check()
         check_queue(queue)
         when = _due(delay, at)
+        check_priority(priority)
         payloads = self._payloads(tasks)
         if not payloads:
             return 0
         if when is None:
-            await self._binding.enqueue(conn, queue, payloads)
+            await self._binding.enqueue(conn, queue, payloads, priority)
             await self._replicated(conn)
             return len(payloads)
         in_ms, at_ms = when
-        r = await self._binding.delay(conn, queue, payloads, in_ms=in_ms, at_ms=at_ms)
+        r = await self._binding.delay(
+            conn, queue, payloads, in_ms=in_ms, at_ms=at_ms, priority=priority
+        )
         await self._replicated(conn)
         return r.added
 
@@ -390,12 +402,37 @@ class Client:
             out.append(Schedule(q, payload, every, expr, int(float(flat[i + 1])) / 1000))
         return out
 
-    async def delayed(self, queue: str) -> list[DelayedTask]:
+    async def delayed(self, queue: str, *, limit: int | None = None) -> list[DelayedTask]:
         """The tasks of ``queue`` waiting for their due time (enqueued with a
-        delay, or failed and waiting for a retry), the first due first."""
+        delay, or failed and waiting for a retry), the first due first: all,
+        or the first ``limit``.
+
+        Raises:
+            ConfigError: a bad queue name or a ``limit`` below 0.
+        """
         check_queue(queue)
-        r = await self._check().execute("ZRANGE", self._keys.delayed(queue), 0, -1, "WITHSCORES")
-        return [DelayedTask(r[i], int(float(r[i + 1])) / 1000) for i in range(0, len(r), 2)]
+        if limit is not None and (isinstance(limit, bool) or limit < 0):
+            raise ConfigError(f"limit must be a whole number >= 0, got {limit!r}")
+        if limit == 0:
+            return []
+        conn = self._check()
+        k = self._keys
+        end = -1 if limit is None else limit - 1
+        r, leveled = await _transaction(
+            conn,
+            [
+                ("ZRANGE", k.delayed(queue), 0, end, "WITHSCORES"),
+                ("EXISTS", k.delayed_prio(queue)),
+            ],
+        )
+        payloads = r[0::2]
+        levels = [None] * len(payloads)
+        if leveled and payloads:
+            levels = await conn.execute("HMGET", k.delayed_prio(queue), *payloads)
+        return [
+            DelayedTask(p, int(float(due)) / 1000, int(lv or 0))
+            for p, due, lv in zip(payloads, r[1::2], levels, strict=True)
+        ]
 
     async def ensure(self, queue: str, task: bytes | str) -> bool:
         """Make ``task`` a persistent task of ``queue``: one live owner at a time,
@@ -503,15 +540,24 @@ class Client:
         return sorted(q.decode() for q in r)
 
     async def tasks(self, queue: str) -> list[bytes]:
-        """The queued payloads of ``queue`` in claim order (next first). Tasks
-        waiting for a retry are not included."""
+        """The queued payloads of ``queue`` in claim order (next first: those
+        with a priority, the highest first, then the others). Tasks waiting
+        for a retry or their due time are not included (see :meth:`delayed`)."""
         check_queue(queue)
-        return list(await self._check().execute("LRANGE", self._keys.queue(queue), 0, -1))
+        k = self._keys
+        prio, plain = await _transaction(
+            self._check(), [("ZRANGE", k.prio(queue), 0, -1), ("LRANGE", k.queue(queue), 0, -1)]
+        )
+        return [m[16:] for m in prio] + list(plain)
 
     async def queue_length(self, queue: str) -> int:
-        """How many tasks are queued (not running, not waiting for a retry)."""
+        """How many tasks are queued (not running, not waiting for a retry),
+        those with a priority included."""
         check_queue(queue)
-        return int(await self._check().execute("LLEN", self._keys.queue(queue)))
+        k = self._keys
+        cmds = [("LLEN", k.queue(queue)), ("ZCARD", k.prio(queue))]
+        n, p = await _transaction(self._check(), cmds)
+        return int(n) + int(p)
 
     async def queue_info(self, queue: str) -> QueueInfo:
         """Counts of one queue, read in one round trip."""
@@ -535,12 +581,13 @@ class Client:
                 ("HLEN", k.persistent(q)),
                 ("SCARD", k.standby(q)),
                 ("LLEN", k.dead(q)),
+                ("ZCARD", k.prio(q)),
             ]
         r = [int(x) for x in await _transaction(self._check(), cmds)]
         out = []
         for i, q in enumerate(names):
-            queued, delayed, running, p_running, p_standby, dead = r[6 * i : 6 * i + 6]
-            out.append(QueueInfo(q, queued, delayed, running, p_running + p_standby, dead))
+            queued, delayed, running, p_running, p_standby, dead, prio = r[7 * i : 7 * i + 7]
+            out.append(QueueInfo(q, queued + prio, delayed, running, p_running + p_standby, dead))
         return out
 
     async def time(self) -> float:
@@ -556,7 +603,7 @@ class Client:
         dead-lettered. A payload dead-lettered twice is listed twice.
 
         Raises:
-            ProtocolError: an entry is not a protocol-4 record.
+            ProtocolError: an entry is not a dead-letter record (protocol 4 and later).
         """
         check_queue(queue)
         r = await self._check().execute("LRANGE", self._keys.dead(queue), 0, -1)
@@ -725,6 +772,27 @@ def _pairs(reply: Any) -> dict[bytes, bytes]:
     if isinstance(reply, dict):
         return reply
     return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
+
+
+#: Task priorities run from 0 (the default) to this.
+MAX_PRIORITY = 9
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is a whole number from 0 to :data:`MAX_PRIORITY`.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not (0 <= priority <= MAX_PRIORITY)
+    ):
+        raise ConfigError(
+            f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}"
+        )
+    return priority
 
 
 def _due(

@@ -29,9 +29,15 @@ mean "not executed here" (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``,
 ``READONLY``, ``LOADING``, ``MASTERDOWN``) are not the caller's: the connection lets
 the replies owed on the old socket arrive, re-routes (asks the topology again and
 reconnects) and sends those commands again, in their order within a pipeline, for up
-to ``reroute_timeout`` seconds; only then the last such error is raised. ``ASK`` is
-treated like ``TRYAGAIN`` (retried on the slot's master once the migration of the
-key's slot has moved on), not answered with ``ASKING`` on the importing node.
+to ``reroute_timeout`` seconds; only then the last such error is raised. Two of them
+leave the connection where it is, as the Redis Cluster specification says:
+
+* ``ASK slot host:port`` (the key's slot is being migrated and the key is not on this
+  node any more): the command alone is sent once to that node, after ``ASKING``, on a
+  side connection kept for such redirections; the connection's own node does not
+  change. (Inside ``MULTI``/``EXEC`` it is retried like ``TRYAGAIN``.)
+* ``TRYAGAIN`` (a multi-key command during a migration, with its keys split between
+  the two nodes): sent again after a short backoff, on the same connection.
 
 Replies are RESP2 and never decoded: bulk strings are ``bytes``, integers ``int``,
 nil ``None``, arrays ``list``. Error replies become :class:`~mesh.CommandError`.
@@ -55,7 +61,15 @@ from ._transport import ENCODER as _ENCODER
 from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
 from ._transport import RECEIVE_SIZE as _RECEIVE_SIZE
 from ._transport import TRANSPORT_ERRORS as _TRANSPORT_ERRORS
-from ._transport import Arg, coerce_config, connect, describe, reconnect, scrub
+from ._transport import (
+    Arg,
+    coerce_config,
+    connect,
+    describe,
+    read_replies,
+    reconnect,
+    scrub,
+)
 from ._transport import make_reader as _make_reader
 from ._transport import pack as _pack
 from ._url import RedisConfig
@@ -69,6 +83,40 @@ _CONTRACT = (_ENCODER, _make_reader, _pack)
 NOT_HERE = frozenset(
     {"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "LOADING", "MASTERDOWN"}
 )
+# Of those, the ones that leave the connection on its node (see the module docstring).
+_STAY = frozenset({"ASK", "TRYAGAIN"})
+
+
+def ask_target(error: CommandError, here: Node | None) -> Node | None:
+    """The node of an ``ASK <slot> <host>:<port>`` reply (an empty or ``?`` host:
+    the host of ``here``); None if the reply cannot be read."""
+    words = str(error).split()
+    if len(words) < 3 or words[0] != "ASK":
+        return None
+    host, _, port = words[2].rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "?"):
+        if here is None:
+            return None
+        host = here[0]
+    try:
+        return host, int(port)
+    except ValueError:
+        return None
+
+
+class _Side:
+    """A connection to a node importing a slot, for ``ASK`` redirections: one
+    request at a time (they are rare: only during a slot migration). ``written``:
+    commands ran there since the last ``WAIT`` on it."""
+
+    __slots__ = ("lock", "reader", "stream", "written")
+
+    def __init__(self) -> None:
+        self.lock = trio.Lock()
+        self.stream: trio.abc.Stream | None = None
+        self.reader: Any = None
+        self.written = False
 
 
 @attrs.frozen
@@ -83,6 +131,9 @@ class ConnectionStatistics:
         in_flight: commands written and not yet answered.
         reroutes: times a "not executed here" reply (or the pub/sub connection
             finding a new master) made the connection look for the master again.
+        asks: commands sent to another node after an ``ASK`` redirection.
+        retries: commands sent again in place after ``TRYAGAIN`` (a multi-key
+            command during a slot migration).
     """
 
     commands_sent: int
@@ -90,6 +141,8 @@ class ConnectionStatistics:
     reconnects: int
     in_flight: int
     reroutes: int = 0
+    asks: int = 0
+    retries: int = 0
 
 
 class _Waiter:
@@ -180,6 +233,9 @@ class Connection:
         self._writes = 0
         self._reconnects = 0
         self._in_flight_commands = 0
+        self._sides: dict[Node, _Side] = {}
+        self._asks = 0
+        self._retries = 0
 
     # ---------------------------------------------------------------- public API
 
@@ -196,6 +252,8 @@ class Connection:
             reconnects=self._reconnects,
             in_flight=self._in_flight_commands,
             reroutes=self._reroutes,
+            asks=self._asks,
+            retries=self._retries,
         )
 
     @property
@@ -317,13 +375,27 @@ class Connection:
         if count <= 0:
             await trio.lowlevel.checkpoint()
             return
-        acked = await self.execute("WAIT", count, max(1, int(seconds * 1000)))
+        ms = max(1, int(seconds * 1000))
+        acked = await self.execute("WAIT", count, ms)
         if acked < count:
             raise MeshConnectionError(
                 f"only {acked} of {count} replicas of {self._where} acknowledged the "
                 f"writes within {seconds:g}s: they are on the master, and a failover "
                 "may lose them"
             )
+        # Writes sent to a slot's importing node after ASK: WAIT there too.
+        for node, side in list(self._sides.items()):
+            if side.written:
+                (acked,) = await self._asking(node, [("WAIT", count, ms)], asking=False)
+                if isinstance(acked, CommandError):
+                    raise acked
+                if acked < count:
+                    raise MeshConnectionError(
+                        f"only {acked} of {count} replicas of {node[0]}:{node[1]} (where "
+                        f"an ASK redirection sent writes) acknowledged them within "
+                        f"{seconds:g}s: a failover may lose them"
+                    )
+                side.written = False
 
     async def aclose(self) -> None:
         """Close the connection. Calls still waiting fail with :class:`ClosedError`,
@@ -354,9 +426,11 @@ class Connection:
         return [replies] if len(commands) == 1 else list(replies)
 
     async def _again(self, commands: Sequence[Sequence[Arg]], replies: list[Any]) -> list[Any]:
-        """Some of ``replies`` say "not executed here": re-route and send those commands
-        again (all of them if the pipeline holds a ``MULTI``), in order, until every
-        reply is a real one or ``reroute_timeout`` has passed since the first.
+        """Some of ``replies`` say "not executed here": send those commands again (all
+        of them if the pipeline holds a ``MULTI``), in order, until every reply is a
+        real one or ``reroute_timeout`` has passed since the first. ``ASK``: once to
+        the named node, after ``ASKING``; ``TRYAGAIN``: after a short backoff, here;
+        the others: after re-routing (the topology is asked where the master is).
 
         Returns:
             ``replies`` with the retried ones replaced; after the budget, the last
@@ -370,6 +444,7 @@ class Connection:
         replies = list(replies)
         deadline = trio.current_time() + self._reroute_timeout
         transaction = any(c and c[0] in ("MULTI", b"MULTI", "multi", b"multi") for c in commands)
+        backoff = 0.005
         while True:
             todo = [
                 i for i, r in enumerate(replies) if type(r) is CommandError and r.code in NOT_HERE
@@ -388,8 +463,29 @@ class Connection:
                             f"reroute_timeout={self._reroute_timeout:g}s)"
                         )
                 return replies
-            self._request_reroute(str(first) if first is not None else "retry")
+            codes = {r.code for r in replies if type(r) is CommandError and r.code in NOT_HERE}
             with trio.move_on_after(max(0.0, deadline - trio.current_time())) as budget:
+                asks = [] if transaction else [i for i in todo if replies[i].code == "ASK"]
+                if asks:
+                    # The keys' slot is migrating: each command once to its node.
+                    by_node: dict[Node, list[int]] = {}
+                    for i in asks:
+                        node = ask_target(replies[i], self._node)
+                        if node is None:
+                            raise replies[i]
+                        by_node.setdefault(node, []).append(i)
+                    for node, indices in by_node.items():
+                        again = await self._asking(node, [commands[i] for i in indices])
+                        for i, r in zip(indices, again, strict=True):
+                            replies[i] = r
+                    # A TRYAGAIN from there means: start over here, a little later.
+                    continue
+                if codes <= _STAY:
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, 0.2)
+                    self._retries += len(todo)
+                else:
+                    self._request_reroute(str(first) if first is not None else "retry")
                 again = await self._send([commands[i] for i in todo])
             if budget.cancelled_caught:
                 raise MeshConnectionError(
@@ -399,6 +495,74 @@ class Connection:
                 )
             for i, r in zip(todo, again, strict=True):
                 replies[i] = r
+
+    async def _asking(
+        self, node: Node, commands: Sequence[Sequence[Arg]], *, asking: bool = True
+    ) -> list[Any]:
+        """Send ``commands`` to ``node`` on its side connection (opened on first use),
+        each after ``ASKING`` unless ``asking`` is false, and return their replies
+        (error replies in place), all within ``connect_timeout``.
+
+        Raises:
+            MeshConnectionError: the node could not be reached or did not answer
+                in time (then it is unknown whether the commands ran); the side
+                connection is closed and opened again on the next use.
+            ClosedError: the connection was closed.
+
+        On cancellation the side connection is closed (its replies would be
+        out of step); Redis may still run what was written.
+        """
+        if self._closed:
+            raise ClosedError(f"the connection to {self._where} is closed")
+        side = self._sides.get(node)
+        if side is None:
+            side = self._sides[node] = _Side()
+        data: list[bytes | memoryview] = []
+        for command in commands:
+            if asking:
+                data.extend(_pack(("ASKING",)))
+            data.extend(_pack(command))
+        per = 2 if asking else 1
+        where = f"{node[0]}:{node[1]}"
+        async with side.lock:
+            try:
+                with trio.fail_after(self.config.connect_timeout):
+                    if side.stream is None:
+                        config = self.topology.node_config(node)
+                        side.stream, side.reader, _ = await connect(config, name=self._name)
+                    if self._closed:
+                        raise ClosedError(f"the connection to {self._where} is closed")
+                    if asking:
+                        side.written = True
+                        self._asks += len(commands)
+                    await side.stream.send_all(b"".join(data))
+                    replies = await read_replies(side.stream, side.reader, per * len(commands))
+            except BaseException as exc:
+                stream, side.stream = side.stream, None
+                if stream is not None:
+                    await trio.aclose_forcefully(stream)
+                if isinstance(exc, trio.TooSlowError):
+                    raise MeshConnectionError(
+                        f"{where} (the target of an ASK redirection) did not answer within "
+                        f"connect_timeout={self.config.connect_timeout:g}s (the command may "
+                        "or may not have run)"
+                    ) from None
+                if isinstance(exc, (*_TRANSPORT_ERRORS, trio.ClosedResourceError)):
+                    raise MeshConnectionError(
+                        scrub(
+                            f"lost {where} (the target of an ASK redirection; the command "
+                            f"may or may not have run): {describe(exc)}",
+                            self.config,
+                        )
+                    ) from exc
+                raise
+        return replies[per - 1 :: per]
+
+    async def _close_sides(self) -> None:
+        sides, self._sides = self._sides, {}
+        for side in sides.values():
+            if side.stream is not None:
+                await trio.aclose_forcefully(side.stream)
 
     def _request_reroute(self, reason: str) -> None:
         """Stop writing to this node; once every owed reply has arrived, close the
@@ -507,6 +671,7 @@ class Connection:
                 _fail_waiters(self._pending, self._not_back_error)
                 stream, reader, node = await self._reconnect_with_backoff()
             self._stream, self._reader, self._node = stream, reader, node
+            await self._close_sides()  # a migration's side connections are done with
             self._in_flight = collections.deque()
             self._pending = [w for w in self._pending if not w.cancelled]
             self._rerouting = False
@@ -552,11 +717,30 @@ class Connection:
             await trio.aclose_forcefully(stream)
 
     async def _follow_master(self) -> None:
-        """Re-route when the pub/sub connection sharing our topology found a new master."""
+        """Re-route when the pub/sub connection sharing our topology found a new
+        master or, on Sentinel, when the sentinels name another master (the old
+        one may stay reachable, and take writes, for seconds)."""
         node = self._node
         if node is None or self.config.path is not None:
             await trio.sleep_forever()
         assert node is not None
+        if self.config.topology == "sentinel":
+            interval = min(1.0, max(0.05, self._reroute_timeout / 4))
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    named = await self.topology.watch_sentinels(node, interval)
+                    self._request_reroute(f"Sentinel names {named[0]}:{named[1]} as master now")
+                    nursery.cancel_scope.cancel()
+
+                async def moved() -> None:
+                    await self.topology.wait_moved(node)
+                    self._request_reroute(f"the master moved to {self.topology.master}")
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                nursery.start_soon(moved)
+            await trio.sleep_forever()  # the re-route cancels us
         await self.topology.wait_moved(node)
         self._request_reroute(f"the master moved to {self.topology.master}")
 
@@ -749,3 +933,4 @@ async def open_connection(
     finally:
         conn._close()
         await trio.aclose_forcefully(conn._stream)
+        await conn._close_sides()

@@ -55,7 +55,7 @@ from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, FencedError, MeshConnectionError, raise_single
 from ._keys import Keys
 from ._lease import Generation, Lease, LeaseTiming
-from ._policy import QueuePolicy, watch_policies
+from ._policy import PolicyWatch, QueuePolicy
 from ._pubsub import PubSub, open_pubsub
 from ._schedule import run_scheduler
 from ._scripts import Binding, HeartbeatRequest
@@ -347,14 +347,11 @@ class Fleet:
             nursery.start_soon(self._listen)
             await nursery.start(self.renewals.run)
             await nursery.start(self._reaper.run)
-            nursery.start_soon(run_scheduler, self._conn, self._binding, self.timing.interval)
+            # one scheduler, which also re-reads the policies of every queue
+            # any worker of the fleet serves (one round trip per H)
+            watch = PolicyWatch(self._keys.policy, _ServedQueues(self), self._apply_policy)
             nursery.start_soon(
-                watch_policies,
-                self._conn,
-                self._keys.policy,
-                _ServedQueues(self),
-                self._apply_policy,
-                self.timing.interval,
+                run_scheduler, self._conn, self._binding, self.timing.interval, watch
             )
             task_status.started()
 

@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "5"
+PROTOCOL_VERSION = "6"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -139,6 +139,16 @@ class Keys:
 
     def delayed(self, q: str) -> str:
         return f"{self.prefix}delayed:{q}"
+
+    def prio(self, q: str) -> str:
+        """ZSET: the queued tasks of ``q`` with a priority (1..9), scored
+        -priority, each member the priority digit, a 15-digit order number
+        and the payload."""
+        return f"{self.prefix}prio:{q}"
+
+    def delayed_prio(self, q: str) -> str:
+        """HASH: payload -> priority of a delayed task of ``q`` that has one."""
+        return f"{self.prefix}delayed_prio:{q}"
 
     def dead(self, q: str) -> str:
         return f"{self.prefix}dead:{q}"

@@ -22,7 +22,15 @@ import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
 
-__all__ = ["QueuePolicy", "differences", "parse_policy", "policy_fields", "watch_policies"]
+__all__ = [
+    "PolicyWatch",
+    "QueuePolicy",
+    "apply_stored",
+    "differences",
+    "parse_policy",
+    "policy_fields",
+    "watch_policies",
+]
 
 log = logging.getLogger("mesh.worker")
 
@@ -150,6 +158,38 @@ def differences(policy: QueuePolicy, explicit: dict[str, Any]) -> list[str]:
     ]
 
 
+@attrs.frozen
+class PolicyWatch:
+    """The stored policies a worker re-reads: those of the queues that
+    ``runners`` (a live mapping) names, in the hash ``key``; ``apply`` gets
+    each one that exists. The scheduler reads them in its own round trip
+    (``run_scheduler``), so a worker pays one round trip per heartbeat
+    interval for both."""
+
+    key: str
+    runners: Mapping[str, Any]
+    apply: Callable[[str, QueuePolicy], None]
+
+    def queues(self) -> list[str]:
+        return sorted(self.runners)
+
+
+def apply_stored(
+    queues: list[str], raws: list[bytes | None], apply: Callable[[str, QueuePolicy], None]
+) -> None:
+    """``apply`` each stored policy of ``queues`` (an ``HMGET`` reply) that
+    exists; one that cannot be parsed is logged and skipped."""
+    for q, raw in zip(queues, raws, strict=True):
+        if raw is None:
+            continue
+        try:
+            policy = parse_policy(raw, q)
+        except ProtocolError as exc:
+            log.warning("reading the policy of queue %s failed: %s", q, exc)
+            continue
+        apply(q, policy)
+
+
 async def watch_policies(
     conn: Any,
     policy_key: str,
@@ -167,9 +207,6 @@ async def watch_policies(
         if not queues:
             continue
         try:
-            raws = await conn.execute("HMGET", policy_key, *queues)
-            for q, raw in zip(queues, raws, strict=True):
-                if raw is not None:
-                    apply(q, parse_policy(raw, q))
+            apply_stored(queues, await conn.execute("HMGET", policy_key, *queues), apply)
         except (MeshConnectionError, CommandError, ProtocolError) as exc:
             log.warning("reading the queue policies failed: %s", exc)

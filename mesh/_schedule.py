@@ -29,6 +29,7 @@ import attrs
 import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
+from ._policy import PolicyWatch, apply_stored
 
 __all__ = ["Schedule", "cron_next", "next_tick", "parse_spec", "run_scheduler", "spec_of"]
 
@@ -147,15 +148,24 @@ def split_id(sid: bytes) -> tuple[str, bytes]:
     return q.decode(), payload
 
 
-async def run_scheduler(conn: Any, binding: Any, interval: float) -> None:
+async def run_scheduler(
+    conn: Any, binding: Any, interval: float, policies: PolicyWatch | None = None
+) -> None:
     """Fire due ticks for as long as it runs (every worker runs one): sleep
     until the first tick is due, by the Redis clock, re-reading at least every
-    ``interval`` seconds; then fire what is due. Errors are logged and
-    retried; runs until cancelled."""
+    ``interval`` seconds; then fire what is due. With ``policies``, the
+    stored policies of the served queues are read in the same round trip,
+    at most once per ``interval``. Errors are logged and retried; runs until
+    cancelled."""
     keys = binding.keys
+    policies_at = trio.current_time() + interval
     while True:
+        watch = None
+        if policies is not None and trio.current_time() >= policies_at:
+            watch = policies
+            policies_at = trio.current_time() + interval
         try:
-            wait = await _fire_due(conn, binding, keys)
+            wait = await _fire_due(conn, binding, keys, watch)
         except (MeshConnectionError, CommandError, ProtocolError, ConfigError) as exc:
             log.warning("firing periodic tasks failed: %s", exc)
             wait = interval
@@ -165,18 +175,26 @@ async def run_scheduler(conn: Any, binding: Any, interval: float) -> None:
         await trio.sleep(min(wait, interval) + random.random() * min(0.02, interval / 10))
 
 
-async def _fire_due(conn: Any, binding: Any, keys: Any) -> float:
+async def _fire_due(
+    conn: Any, binding: Any, keys: Any, policies: PolicyWatch | None = None
+) -> float:
     """Fire the due ticks among the first ones; seconds until the next one
-    (0: call again at once; inf: no schedule)."""
-    *_, replies = await conn.pipeline(
-        [
-            ("MULTI",),
-            ("TIME",),
-            ("ZRANGE", keys.schedules, 0, _BATCH - 1, "WITHSCORES"),
-            ("EXEC",),
-        ]
-    )
-    (sec, usec), flat = replies
+    (0: call again at once; inf: no schedule). With ``policies``, read and
+    apply the stored policies in the same transaction."""
+    queues = policies.queues() if policies is not None else []
+    cmds: list[tuple[Any, ...]] = [
+        ("MULTI",),
+        ("TIME",),
+        ("ZRANGE", keys.schedules, 0, _BATCH - 1, "WITHSCORES"),
+    ]
+    if queues:
+        assert policies is not None
+        cmds.append(("HMGET", policies.key, *queues))
+    *_, replies = await conn.pipeline([*cmds, ("EXEC",)])
+    (sec, usec), flat = replies[0], replies[1]
+    if queues:
+        assert policies is not None
+        apply_stored(queues, replies[2], policies.apply)
     now_ms = int(sec) * 1000 + int(usec) // 1000
     entries = [(flat[i], int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]
     if not entries:

@@ -428,6 +428,17 @@ class RecycleReply:
     dead_lettered: int
 
 
+class CrashDeadLetter(NamedTuple):
+    """A task a recycle dead-lettered (its crashed worker's attempt was its
+    last allowed one), for the recycler's log line."""
+
+    queue: str
+    head: bytes  # the payload's first 161 bytes
+    attempts: int
+    max_attempts: int
+    worker: str  # the crashed worker
+
+
 @attrs.frozen
 class RecycleManyReply:
     """What one ``recycle.lua`` call did."""
@@ -437,6 +448,7 @@ class RecycleManyReply:
     returned: int  # processes handed back (or delayed)
     dead_lettered: int
     queues: list[str]  # the queues the call was given (learned ones included)
+    dead: list[CrashDeadLetter] = attrs.Factory(list)  # the dead-lettered tasks
 
 
 @attrs.frozen
@@ -532,7 +544,7 @@ class Binding:
         keys = [k.workers]
         for q in index:
             keys += (k.queue(q), k.delayed(q), k.idle(q), k.persistent(q))
-            keys += (k.standby(q), k.servers(q), k.moving(q), k.reserved(q))
+            keys += (k.standby(q), k.servers(q), k.moving(q), k.reserved(q), k.prio(q))
         args: list[Any] = [ttl_ms, len(index), len(requests)]
         for r in requests:
             keys += (k.heartbeat(r.worker), k.inbox(r.worker))
@@ -577,6 +589,8 @@ class Binding:
             k.idle(queue),
             k.reserved(queue),
             k.unowned(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         args = [
             worker,
@@ -767,6 +781,8 @@ class Binding:
             k.moving(queue),
             k.reserved(queue),
             k.unowned(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         keep = keep_ms > 0 and not failed
         args: list[Any] = [
@@ -802,6 +818,8 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
             k.unowned(queue),
+            k.prio(queue),
+            k.delayed_prio(queue),
         ]
         return int(await self._run(conn, "unserve", keys, [queue, k.wake_prefix, worker]))
 
@@ -856,6 +874,8 @@ class Binding:
                     k.standby(q),
                     k.idle(q),
                     k.unowned(q),
+                    k.prio(q),
+                    k.delayed_prio(q),
                 )
             for w in ws:
                 keys += (k.held(w, q) for q in qs)
@@ -864,10 +884,14 @@ class Binding:
             if int(r[0]) == 0:
                 return RecycleManyReply(
                     recycled=int(r[3]),
-                    alive=[w.decode() for w in r[4:]],
+                    alive=[w.decode() for w in r[4]],
                     returned=int(r[1]),
                     dead_lettered=int(r[2]),
                     queues=qs,
+                    dead=[
+                        CrashDeadLetter(t[0].decode(), t[1], int(t[2]), int(t[3]), t[4].decode())
+                        for t in r[5]
+                    ],
                 )
             qs += [q.decode() for q in r[1:]]
         raise ProtocolError(f"recycle of workers {ws}: their queues kept changing")
@@ -914,10 +938,14 @@ class Binding:
         r = await self._run(conn, "reap_check", [self.keys.workers], [limit, lease_ms])
         return ReapCheck(int(r[0]), int(r[1]), int(r[2]), [w.decode() for w in r[3:]])
 
-    async def enqueue(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> int:
+    async def enqueue(
+        self, conn: Executor, queue: str, payloads: Sequence[bytes], priority: int = 0
+    ) -> int:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        return int(await self._run(conn, "enqueue", keys, [queue, k.wake_prefix, *payloads]))
+        keys.append(k.prio(queue))
+        args = [queue, k.wake_prefix, priority, *payloads]
+        return int(await self._run(conn, "enqueue", keys, args))
 
     async def delay(
         self,
@@ -927,13 +955,17 @@ class Binding:
         *,
         in_ms: int = 0,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> DelayReply:
         """``delay.lua``: delay ``payloads`` by ``in_ms`` ms of the Redis clock,
-        or until ``at_ms`` (ms since the epoch, Redis clock)."""
+        or until ``at_ms`` (ms since the epoch, Redis clock); when due they
+        go to the front of level ``priority``."""
         k = self.keys
         keys = [k.delayed(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
+        keys.append(k.delayed_prio(queue))
         mode, ms = ("in", in_ms) if at_ms is None else ("at", at_ms)
-        r = await self._run(conn, "delay", keys, [queue, k.wake_prefix, mode, ms, *payloads])
+        args = [queue, k.wake_prefix, mode, ms, priority, *payloads]
+        r = await self._run(conn, "delay", keys, args)
         return DelayReply(int(r[0]), int(r[1]), int(r[2]))
 
     async def dead(
@@ -1004,7 +1036,7 @@ class Binding:
     async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        keys += [k.delayed(queue), k.unowned(queue)]
+        keys += [k.delayed(queue), k.unowned(queue), k.prio(queue)]
         r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, *payloads])
         return [x == 1 for x in r]
 
@@ -1013,6 +1045,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
+        keys += [k.prio(queue), k.delayed_prio(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -1022,6 +1055,7 @@ class Binding:
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
         keys += [k.moving(queue), k.reserved(queue), k.unowned(queue)]
+        keys += [k.prio(queue), k.delayed_prio(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 
@@ -1086,6 +1120,10 @@ def _parse_finish(r: Any) -> list[bool]:
     return [x == 1 for x in r]
 
 
+# A process record's kind: persistent, one-shot, one-shot with a priority.
+_KINDS = frozenset([b"p", b"o", *(f"o{i}".encode() for i in range(1, 10))])
+
+
 def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
     """A :class:`Process` from a field and value of ``{ns}:procs:<Q>``.
 
@@ -1093,7 +1131,7 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
         ProtocolError: the record is not of the documented shape.
     """
     parts = rec.split(b"\0", 8)
-    if len(parts) != 9 or parts[1] not in (b"p", b"o"):
+    if len(parts) != 9 or parts[1] not in _KINDS:
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)
     return Process(

@@ -32,12 +32,15 @@ import trio
 
 from ._connection import Connection
 from ._errors import CommandError, MeshConnectionError
+from ._runner import preview
 from ._scripts import Binding
 from ._stats import Recorder
 
 __all__ = ["Reaper"]
 
 log = logging.getLogger("mesh.supervisor")
+# Dead letters are logged where the handlers' are (see _runner._log_failure).
+worker_log = logging.getLogger("mesh.worker")
 
 
 @attrs.frozen
@@ -163,6 +166,13 @@ class Reaper:
             r = await self._binding.recycle_dead(self._conn, check.dead, queues=hint)
             self._queues = r.queues[-64:]
             total += r.recycled
+            for d in r.dead:
+                limit = f" of {d.max_attempts}" if d.max_attempts else ""
+                worker_log.warning(
+                    "queue %s: task %s failed (attempt %d%s): its worker %s crashed "
+                    "(lease expired); dead-lettered by %s",
+                    d.queue, preview(d.head), d.attempts, limit, d.worker, self._me(),
+                )  # fmt: skip
             own = self._own_ids()
             gone = [w for w in check.dead if w not in r.alive]
             peers = [w for w in gone if w not in own]

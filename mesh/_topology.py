@@ -33,7 +33,7 @@ import trio
 
 from ._errors import CommandError, MeshConnectionError
 from ._keys import Keys
-from ._transport import Arg, connect, scrub
+from ._transport import TRANSPORT_ERRORS, Arg, connect, next_reply, pack, scrub
 from ._url import RedisConfig
 
 __all__ = ["Topology", "keyslot", "namespace_slot"]
@@ -177,6 +177,8 @@ class Topology:
         self._changed = trio.Event()
         # CLUSTER SHARDS is unknown before 7.0: once refused, use CLUSTER SLOTS.
         self._use_slots = False
+        # The sentinel that last told a connection the master had moved.
+        self._preferred_sentinel: Node | None = None
 
     # ---------------------------------------------------------------- public
 
@@ -240,7 +242,8 @@ class Topology:
         host = f"[{node[0]}]" if ":" in node[0] else node[0]
         return f"{host}:{node[1]}"
 
-    def _node_config(self, node: Node) -> RedisConfig:
+    def node_config(self, node: Node) -> RedisConfig:
+        """The URL's configuration (credentials, TLS, timeouts) aimed at ``node``."""
         return attrs.evolve(
             self.config,
             host=node[0],
@@ -263,7 +266,7 @@ class Topology:
     ) -> tuple[trio.abc.Stream, Any, list[Any], _Probe]:
         """Connect to ``node`` (None: the URL's own address) with the handshake, ROLE
         and, unless ``cluster`` is False, the cluster probes; then ``extra``."""
-        config = self.config if node is None else self._node_config(node)
+        config = self.config if node is None else self.node_config(node)
         probes: list[Sequence[Arg]] = [("ROLE",)]
         if cluster is not False:
             probes.append(("CLUSTER", "MYID"))
@@ -413,25 +416,86 @@ class Topology:
             f"the cluster map kept changing while looking for the master of slot {self.slot}"
         )
 
-    async def _ask_sentinels(self) -> Node:
+    async def watch_sentinels(self, node: Node, interval: float) -> Node:
+        """Sentinel only: ask the sentinels every ``interval`` seconds which node is
+        the master, on one connection kept open (the next sentinel in the list
+        when one fails), and return the master they name once it is not ``node``.
+
+        A failover that leaves the old master reachable (``SENTINEL FAILOVER``, a
+        partition that heals) does not break a connection to it: the old master
+        takes writes until Sentinel reconfigures it as a replica, seconds later.
+        A connection that watches the sentinels leaves it within ``interval``.
+
+        Errors of one round (no sentinel answers) are ignored: the next round
+        tries again. Cancellation closes the sentinel connection.
+        """
         config = self.config
-        sentinel_config = attrs.evolve(
+        sentinels = list(config.nodes)
+        command = ("SENTINEL", "GET-MASTER-ADDR-BY-NAME", config.service or "")
+        stream: trio.abc.Stream | None = None
+        reader: Any = None
+        try:
+            while True:
+                await trio.sleep(interval)
+                for _ in range(len(sentinels)):
+                    try:
+                        with trio.fail_after(config.connect_timeout):
+                            if stream is None:
+                                one = self._sentinel_config(sentinels[0])
+                                stream, reader, replies = await connect(one, extra=[command])
+                                reply = replies[0]
+                            else:
+                                await stream.send_all(b"".join(pack(command)))
+                                reply = await next_reply(stream, reader)
+                    except (MeshConnectionError, trio.TooSlowError, *TRANSPORT_ERRORS):
+                        if stream is not None:
+                            await trio.aclose_forcefully(stream)
+                            stream = None
+                        sentinels.append(sentinels.pop(0))  # the next one, next time
+                        continue
+                    if isinstance(reply, list) and len(reply) == 2:
+                        named = (_decode(reply[0]), int(reply[1]))
+                        if named != node:
+                            # Ask this sentinel first on the reconnect: another
+                            # one may not have heard of the failover yet.
+                            self._preferred_sentinel = sentinels[0]
+                            return named
+                    break
+        finally:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+
+    def _sentinel_config(self, sentinel: Node) -> RedisConfig:
+        config = self.config
+        return attrs.evolve(
             config,
+            host=sentinel[0],
+            port=sentinel[1],
             db=0,
             username=config.sentinel_username,
             password=config.sentinel_password,
             topology="standalone",
             nodes=(),
         )
+
+    async def _ask_sentinels(self) -> Node:
+        config = self.config
         errors: list[str] = []
-        for host, port in config.nodes:
-            one = attrs.evolve(sentinel_config, host=host, port=port)
+        nodes = list(config.nodes)
+        preferred = self._preferred_sentinel
+        if preferred in nodes:
+            nodes.remove(preferred)
+            nodes.insert(0, preferred)
+        for host, port in nodes:
+            one = self._sentinel_config((host, port))
             try:
                 stream, _, replies = await connect(
                     one, extra=[("SENTINEL", "GET-MASTER-ADDR-BY-NAME", config.service or "")]
                 )
             except MeshConnectionError as exc:
                 errors.append(str(exc))
+                if (host, port) == self._preferred_sentinel:
+                    self._preferred_sentinel = None  # back to the URL's order
                 continue
             await trio.aclose_forcefully(stream)
             reply = replies[0]

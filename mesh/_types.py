@@ -137,10 +137,12 @@ class DelayedTask:
         task: the payload.
         due: when it becomes ready, in seconds since the epoch on the Redis
             clock (it may be past: a claim moves it to the queue).
+        priority: the priority it goes to when due (0 to 9).
     """
 
     task: bytes
     due: float
+    priority: int = 0
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ import attrs
 
 from ._client import Client, _load_info
 from ._scripts import parse_record
-from ._types import Process, QueueInfo, WorkerInfo
+from ._types import DelayedTask, Process, QueueInfo, WorkerInfo
 
 __all__ = [
     "show_payload",
@@ -64,17 +64,23 @@ class Snapshot:
         workers: every registered worker (live, or dead and not yet recycled).
         queues: the counts of every known queue.
         processes: every running process, if asked for.
+        delayed: per queue with delayed tasks, the first due of them, if
+            asked for.
     """
 
     now: float
     workers: list[WorkerInfo]
     queues: list[QueueInfo]
     processes: list[Process] | None
+    delayed: dict[str, list[DelayedTask]] | None = None
 
 
-async def snapshot(client: Client, *, processes: bool = False) -> Snapshot:
+async def snapshot(
+    client: Client, *, processes: bool = False, delayed: int | None = None
+) -> Snapshot:
     """Read workers, queue counts (all queues in one transaction) and,
-    optionally, the running processes.
+    optionally, the running processes and the first ``delayed`` delayed
+    tasks of each queue that has some.
 
     Raises:
         MeshConnectionError: Redis could not be reached.
@@ -85,7 +91,13 @@ async def snapshot(client: Client, *, processes: bool = False) -> Snapshot:
     workers = await client.workers()
     queues = await client.queue_infos()
     procs = await client.processes() if processes else None
-    return Snapshot(now, workers, queues, procs)
+    due = None
+    if delayed is not None:
+        due = {}
+        for q in queues:
+            if q.delayed:
+                due[q.name] = await client.delayed(q.name, limit=delayed)
+    return Snapshot(now, workers, queues, procs, due)
 
 
 @attrs.frozen
@@ -158,6 +170,7 @@ async def counts(client: Client) -> MeshCounts:
             ("SMEMBERS", k.standby(q)),
             ("LLEN", k.dead(q)),
             ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
+            ("ZCARD", k.prio(q)),
         ]
     *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
     for r in replies:
@@ -165,7 +178,9 @@ async def counts(client: Client) -> MeshCounts:
             raise r
     out = []
     for i, q in enumerate(queues):
-        queued, delayed, running, persistent, standby, dead, since = replies[2 + 7 * i : 9 + 7 * i]
+        group = replies[2 + 8 * i : 2 + 8 * (i + 1)]
+        queued, delayed, running, persistent, standby, dead, since, prio = group
+        queued += prio  # tasks with a priority are queued too
         out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
     return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out)
 
@@ -246,6 +261,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             ("LLEN", k.dead(q)),
             ("SMEMBERS", k.servers(q)),
             ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
+            ("ZCARD", k.prio(q)),
         ]
     if new:
         cmds.append(("HMGET", k.info, *new))
@@ -264,9 +280,9 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
     processes: list[Process] = []
     out: list[QueueCounts] = []
     for i, q in enumerate(queues):
-        queued, delayed, procs, persistent, standby, dead, servers, since = replies[
-            8 * i : 8 * i + 8
-        ]
+        group = replies[9 * i : 9 * (i + 1)]
+        queued, delayed, procs, persistent, standby, dead, servers, since, prio = group
+        queued += prio  # tasks with a priority are queued too
         for j in range(0, len(procs), 2):
             p = parse_record(procs[j], procs[j + 1], q)
             processes.append(p)

@@ -45,7 +45,7 @@ from ._errors import (
 )
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
-from ._policy import QueuePolicy, differences, parse_policy, policy_fields, watch_policies
+from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import Handler, QueueConfig, QueueRunner, check_handler
 from ._schedule import run_scheduler
@@ -578,16 +578,12 @@ class Worker:
 
     async def _start_runners(self, gen: Generation) -> None:
         if gen.nursery is not None and self._housekeeping:
-            # the job-queue housekeeping of this generation: fire periodic
-            # tasks, and re-read the policies of the served queues
-            gen.nursery.start_soon(run_scheduler, self._conn, self._binding, self.timing.interval)
+            # the job-queue housekeeping of this generation, one round trip
+            # per heartbeat interval: fire periodic tasks, and re-read the
+            # policies of the served queues (a fleet's worker: the fleet's)
+            watch = PolicyWatch(self._keys.policy, gen.runners, self._apply_policy)
             gen.nursery.start_soon(
-                watch_policies,
-                self._conn,
-                self._keys.policy,
-                gen.runners,
-                self._apply_policy,
-                self.timing.interval,
+                run_scheduler, self._conn, self._binding, self.timing.interval, watch
             )
         for cfg in list(self._queues.values()):
             await self._start_runner(gen, cfg)

@@ -13,6 +13,8 @@
 -- KEYS[7] {ns}:reserved:<Q>      HASH payload -> "W:expiry": a task handed back for balance, reserved
 --                                for W (removed: a queued copy)
 -- KEYS[8] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+-- KEYS[9] {ns}:prio:<Q>          ZSET of queued tasks with a priority (lib.lua prio_add)
+-- KEYS[10] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] the payload
@@ -26,8 +28,8 @@
 --!include lib.lua
 
 local nw = #ARGV - 2
-if #KEYS ~= 8 + 2 * nw then
-  return redis.error_reply('BAD_ARG expected ' .. (8 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+if #KEYS ~= 10 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (10 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local payload = ARGV[1]
 local found = {}
@@ -38,11 +40,13 @@ if owner then
 elseif redis.call('SISMEMBER', KEYS[6], payload) == 0 then
   found = find_processes(KEYS[3], payload)
 end
-local wkeys, missing = worker_keys(found, 2, 8, nw)
+local wkeys, missing = worker_keys(found, 2, 10, nw)
 if missing then return missing end
 
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
   + redis.call('HDEL', KEYS[7], payload)
+if redis.call('EXISTS', KEYS[9]) == 1 then removed = removed + prio_remove(KEYS[9], payload) end
+redis.call('HDEL', KEYS[10], payload)
 redis.call('HDEL', KEYS[2], payload)
 redis.call('SREM', KEYS[6], payload)
 redis.call('ZREM', KEYS[8], payload)

@@ -35,7 +35,11 @@
 --                                to the head of the queue, for anyone.
 -- KEYS[14] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 --                                (a claimed one leaves it)
--- KEYS[15] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+-- KEYS[15] {ns}:prio:<Q>        ZSET of queued tasks with a priority (see lib.lua prio_add):
+--                                taken before the list, the highest priority first
+-- KEYS[16] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task: a due one with a
+--                                priority goes to the front of its level in KEYS[15]
+-- KEYS[17] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
 --         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
@@ -85,7 +89,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
-local bucket, rate, per = KEYS[15], nil, nil
+local bucket, rate, per = KEYS[17], nil, nil
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -103,12 +107,27 @@ local now = now_ms()
 -- Delayed tasks (retries, and tasks enqueued with a delay): the due ones
 -- move to the head, at most N per claim (O(log n) each); the reply says when
 -- the next one is due, and idle peers are woken for due ones left over.
+-- A queue that never had a priority or a delayed task pays one EXISTS here.
 local next_due = -1
-if redis.call('EXISTS', KEYS[8]) == 1 then
+local has_delayed, has_prio = false, false
+local extra = redis.call('EXISTS', KEYS[8], KEYS[15])
+if extra > 0 then
+  has_delayed = redis.call('EXISTS', KEYS[8]) == 1
+  has_prio = extra > (has_delayed and 1 or 0)
+end
+if has_delayed then
   local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
+  local leveled = redis.call('EXISTS', KEYS[16]) == 1
   for i = #due, 1, -1 do
     redis.call('ZREM', KEYS[8], due[i])
-    redis.call('LPUSH', KEYS[3], due[i])
+    local level = leveled and tonumber(redis.call('HGET', KEYS[16], due[i]) or '0') or 0
+    if level > 0 then
+      redis.call('HDEL', KEYS[16], due[i])
+      prio_add(KEYS[15], level, {due[i]}, true)
+      has_prio = true
+    else
+      redis.call('LPUSH', KEYS[3], due[i])
+    end
   end
   local first = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
   if #first > 0 then
@@ -124,7 +143,7 @@ if bucket then
   tokens = rate_tokens(bucket, rate, per, now)
   if tokens < 1 then
     redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
-    if redis.call('LLEN', KEYS[3]) > 0 then next_due = rate_wait(tokens, rate, per) end
+    if has_prio or redis.call('LLEN', KEYS[3]) > 0 then next_due = rate_wait(tokens, rate, per) end
     return {now, 0, next_due}
   end
   n = math.min(n, math.floor(tokens))
@@ -132,18 +151,26 @@ end
 
 -- Tasks reserved for W by a rebalance go to the head, taken first (the
 -- fair share does not hold them back: they were moved to W to even it out).
-local forced = {}
+local forced, forced_list = {}, {}
 if redis.call('EXISTS', KEYS[13]) == 1 then
   local _, mine = expire_reserved(KEYS[13], KEYS[3], KEYS[4], KEYS[11], now, ARGV[1])
   for i = math.min(#mine, n), 1, -1 do
     redis.call('HDEL', KEYS[13], mine[i])
     redis.call('LPUSH', KEYS[3], mine[i])
     forced[mine[i]] = true
+    forced_list[#forced_list + 1] = mine[i]
   end
 end
 
-local items = redis.call('LPOP', KEYS[3], n)
-if not items then
+-- Tasks with a priority first (after those reserved for W), then the list.
+local take = {}
+if has_prio and n > #forced_list then
+  local z = redis.call('ZPOPMIN', KEYS[15], n - #forced_list)
+  for i = 1, #z, 2 do take[#take + 1] = {string.sub(z[i], 17), false, -tonumber(z[i + 1])} end
+end
+local items = {}
+if n > #take then items = redis.call('LPOP', KEYS[3], n - #take) or {} end
+if #items == 0 and #take == 0 then
   redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
   return {now, 0, next_due}
 end
@@ -157,7 +184,7 @@ if has_persistent and ARGV[6] == '1' then
   local p, servers = fair_share(KEYS[4], KEYS[11], KEYS[10])
   room = math.ceil(p / servers) - redis.call('SCARD', KEYS[6])
 end
-local take, left = {}, {}
+local left = {}
 for _, payload in ipairs(items) do
   local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
   if persistent and room <= 0 and not forced[payload] then
@@ -170,6 +197,7 @@ end
 for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
 local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3]), next_due}
+if has_prio and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[15]) end
 if wake and #left == 0 and #take < n then
   redis.call('SADD', KEYS[12], ARGV[1])
 else
@@ -191,7 +219,7 @@ end
 local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
 redis.call('SET', KEYS[9], int(first + #take - 1))
 for i, t in ipairs(take) do
-  local payload, persistent = t[1], t[2]
+  local payload, persistent, level = t[1], t[2], t[3]
   local id = int(first + i - 1)
   if persistent then
     redis.call('SREM', KEYS[11], payload)
@@ -201,7 +229,7 @@ for i, t in ipairs(take) do
   local attempts = 0
   if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end
   redis.call('HSET', KEYS[5], id, pack_record(ARGV[1], persistent, attempts, max_attempts, backoff,
-    backoff_cap, ttl, now, payload))
+    backoff_cap, ttl, now, payload, level))
   redis.call('SADD', KEYS[6], id)
   out[#out + 1] = id
   out[#out + 1] = persistent and 1 or 0

@@ -11,15 +11,18 @@
 -- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[6] {ns}:delayed_prio:<Q>  HASH payload -> priority (1..9) of a delayed task: when due it
+--                                goes to the front of its level (claim.lua, lib.lua prio_add)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
 -- ARGV[3] mode: "in" (ARGV[4] ms from now) or "at" (ARGV[4] = the due time,
 --         ms since the Unix epoch on the Redis clock; a time past is due now)
 -- ARGV[4] a whole number of ms >= 0
--- ARGV[5..] payloads
+-- ARGV[5] priority, 0..9 (a payload delayed twice keeps the higher)
+-- ARGV[6..] payloads
 -- Returns: {payloads newly delayed, the due time in ms (Redis clock), now_ms}.
 -- Errors: CONFLICT (a payload is a persistent task of Q: nothing changed),
---         BAD_ARG (mode, time).
+--         BAD_ARG (mode, time, priority).
 -- Publishes: when the new due time is the queue's earliest, Q on the wake
 --            channels of up to two idle servers of Q: they claim, and the
 --            claim's reply tells them when the first delayed task is due.
@@ -31,15 +34,18 @@ if mode ~= 'in' and mode ~= 'at' then
 end
 local ms, err = count_arg(ARGV[4], 'delay')
 if err then return err end
+local level
+level, err = count_arg(ARGV[5], 'priority', 9)
+if err then return err end
 local now = now_ms()
 local due = ms
 if mode == 'in' then due = now + ms end
-local n = #ARGV - 4
+local n = #ARGV - 5
 if n == 0 then return {0, due, now} end
 if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
-  for i = 5, #ARGV do
+  for i = 6, #ARGV do
     if is_persistent(KEYS[3], KEYS[4], ARGV[i]) then
-      return redis.error_reply('CONFLICT task ' .. (i - 5) .. ' of this call is a persistent task of queue '
+      return redis.error_reply('CONFLICT task ' .. (i - 6) .. ' of this call is a persistent task of queue '
         .. ARGV[1] .. '; a payload is one-shot or persistent in a queue, not both')
     end
   end
@@ -50,13 +56,16 @@ if #first == 0 or tonumber(first[2]) > due then
   wake_idle(KEYS[5], ARGV[2], ARGV[1], 1)
 end
 local added = 0
-for i = 5, #ARGV, 2000 do
+for i = 6, #ARGV, 2000 do
   local args = {}
   for j = i, math.min(i + 1999, #ARGV) do
     args[#args + 1] = int(due)
     args[#args + 1] = ARGV[j]
   end
   added = added + redis.call('ZADD', KEYS[1], 'LT', unpack(args))
+end
+if level > 0 then
+  for i = 6, #ARGV do delay_level(KEYS[6], ARGV[i], level) end
 end
 redis.call('SADD', KEYS[2], ARGV[1])
 return {added, due, now}

@@ -1,24 +1,33 @@
--- enqueue.lua: put one-shot tasks at the back of a queue.
+-- enqueue.lua: put one-shot tasks at the back of a queue: priority 0 at the
+-- back of its list, priority 1..9 at the back of that level of its
+-- prioritized set (claimed before the list, the highest level first; see
+-- lib.lua prio_add).
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[2] {ns}:queues            SET of known queue names
 -- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[6] {ns}:prio:<Q>          ZSET of queued tasks with a priority (lib.lua prio_add)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
--- ARGV[3..] payloads, in order
--- Returns: the queue's length afterwards.
--- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added).
+-- ARGV[3] priority, 0..9 (0: the plain list)
+-- ARGV[4..] payloads, in order
+-- Returns: the length of the list afterwards, or with a priority the number
+--          of queued tasks with a priority.
+-- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added),
+--         BAD_ARG (priority).
 -- Publishes: Q on the wake channels of up to n + 1 idle servers of Q.
 --!include lib.lua
 
-local n = #ARGV - 2
+local level, err = count_arg(ARGV[3], 'priority', 9)
+if err then return err end
+local n = #ARGV - 3
 if n == 0 then return redis.call('LLEN', KEYS[1]) end
 if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
-  for i = 3, #ARGV do
+  for i = 4, #ARGV do
     if is_persistent(KEYS[3], KEYS[4], ARGV[i]) then
-      return redis.error_reply('CONFLICT task ' .. (i - 3) .. ' of this call is a persistent task of queue '
+      return redis.error_reply('CONFLICT task ' .. (i - 4) .. ' of this call is a persistent task of queue '
         .. ARGV[1] .. '; a payload is one-shot or persistent in a queue, not both')
     end
   end
@@ -26,8 +35,15 @@ end
 -- Wake first (see wake_idle): refused, it must fail before any task is
 -- added, or a retry would add them twice.
 wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
+if level > 0 then
+  local payloads = {}
+  for i = 4, #ARGV do payloads[#payloads + 1] = ARGV[i] end
+  prio_add(KEYS[6], level, payloads, false)
+  redis.call('SADD', KEYS[2], ARGV[1])
+  return redis.call('ZCARD', KEYS[6])
+end
 local len = 0
-for i = 3, #ARGV, 4000 do
+for i = 4, #ARGV, 4000 do
   len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
 end
 redis.call('SADD', KEYS[2], ARGV[1])

@@ -10,6 +10,7 @@
 -- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
 -- KEYS[6] {ns}:delayed:<Q>       ZSET of payloads waiting for a retry
 -- KEYS[7] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+-- KEYS[8] {ns}:prio:<Q>          ZSET of queued one-shot tasks with a priority (lib.lua prio_add)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3..] payloads
@@ -17,7 +18,8 @@
 -- Errors: CONFLICT (a payload is queued or delayed as a one-shot task of Q:
 --         nothing was added).
 -- Cost: the one-shot check reads the queue (LPOS, or one pass for many
---       payloads): O(queue length) when the queue holds tasks.
+--       payloads): O(queue length) when the queue holds tasks, and the
+--       tasks with a priority, if any.
 -- Publishes: Q on the wake channels of up to (number added) + 1 idle servers.
 --!include lib.lua
 
@@ -39,6 +41,11 @@ local function conflict(p)
 end
 for _, p in ipairs(new) do
   if redis.call('ZSCORE', KEYS[6], p) then return conflict(p) end
+end
+if #new > 0 and redis.call('EXISTS', KEYS[8]) == 1 then
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
+    if seen[string.sub(m, 17)] then return conflict(string.sub(m, 17)) end
+  end
 end
 local len = #new > 0 and redis.call('LLEN', KEYS[1]) or 0
 if len > 0 and #new <= 8 then

@@ -24,6 +24,9 @@
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
 -- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
+-- KEYS[13] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
+--                                back to the front (retried: the back) of its level (lib.lua prio_add)
+-- KEYS[14] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
@@ -82,11 +85,11 @@ for i = 7, #ARGV do
           redis.call('HSET', KEYS[11], r.payload, to)
           redis.call('PUBLISH', ARGV[5] .. w, ARGV[6])
         else
-          front[#front + 1] = {tonumber(id), r.payload}
+          front[#front + 1] = {tonumber(id), r.payload, r.level}
         end
         outcome = 1
       elseif mode ~= 'fail' then
-        front[#front + 1] = {tonumber(id), r.payload}
+        front[#front + 1] = {tonumber(id), r.payload, r.level}
         outcome = 1
       else
         local where, made
@@ -96,6 +99,11 @@ for i = 7, #ARGV do
           outcome = 3
         elseif where == 'later' then
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
+          delay_level(KEYS[14], r.payload, r.level)
+          outcome = 2
+        elseif r.level > 0 then
+          prio_add(KEYS[13], r.level, {r.payload}, false)
+          ready = ready + 1
           outcome = 2
         else
           redis.call('RPUSH', KEYS[3], r.payload)
@@ -111,7 +119,13 @@ end
 to_standby(KEYS[4], KEYS[8], pers, true, KEYS[12], now)
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
-for i = #front, 1, -1 do redis.call('LPUSH', KEYS[3], front[i][2]) end
+for i = #front, 1, -1 do
+  if front[i][3] > 0 then
+    prio_add(KEYS[13], front[i][3], {front[i][2]}, true)
+  else
+    redis.call('LPUSH', KEYS[3], front[i][2])
+  end
+end
 ready = ready + #front
 wake_idle(KEYS[9], ARGV[5], ARGV[6], ready)
 return out

@@ -13,10 +13,11 @@
 -- worker: a SET (the lease), and an SCARD (held) per served queue.
 --
 -- KEYS[1]  {ns}:workers   ZSET lease deadlines
--- KEYS[2 + 8i] .. KEYS[9 + 8i] for each queue i = 0..m-1 named by the call:
+-- KEYS[2 + 9i] .. KEYS[10 + 9i] for each queue i = 0..m-1 named by the call:
 --          {ns}:queue:<Q>, {ns}:delayed:<Q>, {ns}:idle:<Q>,
 --          {ns}:persistent:<Q>, {ns}:standby:<Q>, {ns}:servers:<Q>,
---          {ns}:moving:<Q>, {ns}:reserved:<Q>
+--          {ns}:moving:<Q>, {ns}:reserved:<Q>, {ns}:prio:<Q> (tasks with a
+--          priority count as ready)
 -- then for each worker W, in ARGV's order: {ns}:worker:<W> (heartbeat key),
 --          {ns}:inbox:<W>, and {ns}:held:<W>:<Q> for each queue W names
 -- ARGV[1]  ttl in ms (the same for every worker of the call)
@@ -52,7 +53,7 @@
 local ttl, err = count_arg(ARGV[1], 'ttl')
 if err then return err end
 local m
-m, err = count_arg(ARGV[2], 'queue count', (#KEYS - 1) / 8)
+m, err = count_arg(ARGV[2], 'queue count', (#KEYS - 1) / 9)
 if err then return err end
 local n
 n, err = count_arg(ARGV[3], 'worker count', 1000)
@@ -62,7 +63,7 @@ if err then return err end
 local workers = {}
 local nargs, nkeys = #ARGV, #KEYS
 local none = {}
-local a, key = 4, 2 + 8 * m
+local a, key = 4, 2 + 9 * m
 for w = 1, n do
   local id, inc = ARGV[a], ARGV[a + 1]
   local k = tonumber(ARGV[a + 2])
@@ -99,7 +100,7 @@ local now = now_ms()
 -- counts, what is moving, who has reservations.
 local qinfo, qstate, moving, reserved_for = {}, {}, {}, {}
 for q = 1, m do
-  local b = 2 + 8 * (q - 1)
+  local b = 2 + 9 * (q - 1)
   local p, sv = fair_share(KEYS[b + 3], KEYS[b + 4], KEYS[b + 5])
   qinfo[q] = {redis.call('SCARD', KEYS[b + 2]), p, sv}
   local ready = false
@@ -116,7 +117,7 @@ for q = 1, m do
   end
   moving[q], reserved_for[q] = mv, rs
   local state = -1
-  if ready or redis.call('LLEN', KEYS[b]) > 0 then
+  if ready or redis.call('EXISTS', KEYS[b], KEYS[b + 8]) > 0 then
     state = 0
   else
     local first = redis.call('ZRANGE', KEYS[b + 1], 0, 0, 'WITHSCORES')
@@ -163,7 +164,7 @@ for q = 1, m do
   end
   local is = {}
   if #ids > 0 then
-    local r = redis.call('SMISMEMBER', KEYS[2 + 8 * (q - 1) + 2], unpack(ids))
+    local r = redis.call('SMISMEMBER', KEYS[2 + 9 * (q - 1) + 2], unpack(ids))
     for i, id in ipairs(ids) do is[id] = r[i] end
   end
   idle_of[q] = is

@@ -6,7 +6,8 @@
 -- may contain NUL bytes itself:
 --   worker \0 kind \0 attempts \0 max_attempts \0 backoff_ms \0 backoff_cap_ms
 --   \0 ttl_ms \0 started_ms \0 payload
--- kind is "p" (persistent) or "o" (one-shot); attempts is how many earlier
+-- kind is "p" (persistent), "o" (one-shot) or "o1".."o9" (one-shot with that
+-- priority: it goes back to its level when returned or retried); attempts is how many earlier
 -- attempts of this payload failed; max_attempts 0 means no limit; the
 -- backoff and lease ttl are the claiming worker's, applied when a peer
 -- recycles the process.
@@ -29,8 +30,10 @@ local function int(n)
 end
 
 local function pack_record(worker, persistent, attempts, max_attempts, backoff, backoff_cap,
-                           ttl, started, payload)
-  return worker .. '\0' .. (persistent and 'p' or 'o') .. '\0' .. int(attempts) .. '\0'
+                           ttl, started, payload, level)
+  local kind = persistent and 'p' or 'o'
+  if level and level > 0 then kind = 'o' .. level end
+  return worker .. '\0' .. kind .. '\0' .. int(attempts) .. '\0'
     .. int(max_attempts) .. '\0' .. int(backoff) .. '\0' .. int(backoff_cap) .. '\0'
     .. int(ttl) .. '\0' .. int(started) .. '\0' .. payload
 end
@@ -46,6 +49,7 @@ local function unpack_record(rec)
   return {
     worker = f[1],
     persistent = (f[2] == 'p'),
+    level = tonumber(string.sub(f[2], 2)) or 0,
     attempts = tonumber(f[3]),
     max_attempts = tonumber(f[4]),
     backoff = tonumber(f[5]),
@@ -177,6 +181,56 @@ local function hmget_all(key, fields)
   return out
 end
 
+-- Priorities. A one-shot task with a priority of 1..9 waits in
+-- {ns}:prio:<Q>, a ZSET scored -priority whose members are the priority (one
+-- digit), a 15-digit order number and the payload: ZPOPMIN takes the highest
+-- priority first and, within one, the lowest order number (members of one
+-- score sort as strings, and the numbers have one width): FIFO within a
+-- level. The digit keeps copies of a payload at two levels apart. Priority 0
+-- is the queue's list. Adds `payloads` at the back of `level`, in order, or
+-- with `front` at its front (payloads[1] first). O(log n) per task.
+local function prio_add(prio, level, payloads, front)
+  if #payloads == 0 then return end
+  local s = -level
+  local edge
+  if front then
+    edge = redis.call('ZRANGEBYSCORE', prio, s, s, 'LIMIT', 0, 1)
+  else
+    edge = redis.call('ZREVRANGEBYSCORE', prio, s, s, 'LIMIT', 0, 1)
+  end
+  local seq = 5e14
+  if #edge > 0 then
+    seq = tonumber(string.sub(edge[1], 2, 16))
+    if front then seq = seq - #payloads else seq = seq + 1 end
+  end
+  local args = {}
+  for i, p in ipairs(payloads) do
+    args[#args + 1] = s
+    args[#args + 1] = level .. string.format('%015.0f', seq + i - 1) .. p
+  end
+  call_chunked('ZADD', prio, args, 2)
+end
+
+-- Remove every copy of `payload` from a {ns}:prio:<Q> set (see prio_add);
+-- returns how many. O(prioritized tasks queued).
+local function prio_remove(prio, payload)
+  local n = 0
+  for _, m in ipairs(redis.call('ZRANGE', prio, 0, -1)) do
+    if string.sub(m, 17) == payload then n = n + redis.call('ZREM', prio, m) end
+  end
+  return n
+end
+
+-- A payload entering a delayed set with a priority: its level is kept in
+-- {ns}:delayed_prio:<Q> (payload -> level; the higher one when a delayed
+-- payload is delayed again, as the two share one entry) until it is due.
+local function delay_level(dprio, payload, level)
+  if level > 0 then
+    local cur = tonumber(redis.call('HGET', dprio, payload) or '0')
+    if level > cur then redis.call('HSET', dprio, payload, level) end
+  end
+end
+
 -- Keep persistent tasks (payloads) as queued or delayed. Where depends on
 -- what costs Redis less memory, never on meaning (a queued persistent task
 -- is a member of `standby` or a field of `persistent` with the value ""):
@@ -229,12 +283,16 @@ end
 -- first goes back to the front at once, a repeated one waits in `delayed`
 -- for its backoff, and a one-shot task at its max_attempts goes to `dead`.
 -- A persistent task leaves `persistent` as running, and is kept as queued
--- (see to_standby). One Redis call per kind of write, not one per process.
--- Returns (handed back or delayed, dead-lettered).
+-- (see to_standby). A task with a priority goes to the front (or back) of
+-- its level in `prio`, and keeps its level in `dprio` while delayed (see
+-- prio_add). One Redis call per kind of write, not one per process.
+-- Returns (handed back or delayed, dead-lettered, and per dead-lettered task
+-- {the first 161 bytes of its payload, attempts made, max attempts}: for the
+-- caller's log line).
 local function return_held(held, procs, queue, persistent, attempts, dead, delayed, count_attempt,
-                           now, standby, unowned)
+                           now, standby, unowned, prio, dprio)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
-  if #ids == 0 then return 0, 0 end
+  if #ids == 0 then return 0, 0, {} end
   local recs = hmget_all(procs, ids)
   -- newest claim first: the last LPUSHed, the oldest, ends up at the head
   local rs = {}
@@ -261,6 +319,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   end
   local keep = {}
   local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
+  local leveled, nleveled, told = {}, 0, {}
   for _, r in ipairs(rs) do
     gone[#gone + 1] = r.id
     local where, delay = 'front', 0
@@ -274,15 +333,24 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     if where == 'dead' then
       buried[#buried + 1] = dead_record(now, made, r.worker,
         'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
+      told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
     else
       if r.persistent then
         pers[#pers + 1] = r.payload
       end
-      if where == 'front' then
+      if r.level > 0 and where ~= 'later' then
+        local l = leveled[r.level]
+        if not l then
+          l = {front = {}, back = {}}
+          leveled[r.level] = l
+        end
+        table.insert(where == 'front' and l.front or l.back, r.payload)
+      elseif where == 'front' then
         front[#front + 1] = r.payload
       elseif where == 'later' then
         later[#later + 1] = now + delay
         later[#later + 1] = r.payload
+        if r.level > 0 then delay_level(dprio, r.payload, r.level) end
       else
         back_end[#back_end + 1] = r.payload
       end
@@ -305,8 +373,16 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   call_chunked('ZADD', delayed, later, 2)
   call_chunked('RPUSH', queue, back_end)
   call_chunked('RPUSH', dead, buried)
+  for level, l in pairs(leveled) do
+    -- newest claim first in l.front: the oldest goes first
+    local f = {}
+    for i = #l.front, 1, -1 do f[#f + 1] = l.front[i] end
+    prio_add(prio, level, f, true)
+    prio_add(prio, level, l.back, false)
+    nleveled = nleveled + #l.front + #l.back
+  end
   redis.call('DEL', held)
-  return #front + #later / 2 + #back_end, #buried
+  return #front + #later / 2 + #back_end + nleveled, #buried, told
 end
 
 -- Rate limit of a queue: a token bucket of `rate` claims per `per` ms, on the

@@ -9,17 +9,18 @@
 -- (graceful stop, or after it found itself fenced); no attempt is counted.
 -- Several dead workers recycled in one call wake the idle servers of a queue
 -- once per call, not once per worker. Safe to run twice: the second run finds
--- nothing left, recycles nobody and returns {0, 0, 0, 0}.
+-- nothing left, recycles nobody and returns {0, 0, 0, 0, {}, {}}.
 --
 -- KEYS[1] {ns}:workers       ZSET lease deadlines
 -- KEYS[2] {ns}:info          HASH worker descriptions
 -- then for each worker W_j named in ARGV (j = 1..n), three keys:
 --   {ns}:worker:<W_j> (heartbeat key), {ns}:serves:<W_j> (SET of queues it
 --   serves), {ns}:inbox:<W_j> (SET of its unacknowledged cancels)
--- then for each queue Q_i named in ARGV (i = 1..m), ten keys:
+-- then for each queue Q_i named in ARGV (i = 1..m), twelve keys:
 --   {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>, {ns}:attempts:<Q>,
 --   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>, {ns}:standby:<Q>,
---   {ns}:idle:<Q>, {ns}:unowned:<Q>
+--   {ns}:idle:<Q>, {ns}:unowned:<Q>, {ns}:prio:<Q>, {ns}:delayed_prio:<Q>
+--   (a task with a priority goes back to its level: lib.lua return_held)
 -- then for each worker j and each queue i (worker by worker), one key:
 --   {ns}:held:<W_j>:<Q_i>
 -- ARGV[1] mode: "dead" or "leave"
@@ -29,7 +30,10 @@
 -- ARGV[5..4+n] the worker ids W_j, then the queue names Q_i, in the order of
 --   their keys. A queue that a worker does not serve is harmless.
 -- Returns: {0, handed back (or delayed), dead-lettered, workers recycled,
---           ids of workers found alive...} when done. A worker counts as
+--           {ids of workers found alive}, {per dead-lettered task: its
+--           queue, the first 161 bytes of its payload, attempts made, max
+--           attempts, the worker}} when done (the caller logs a line per
+--           dead-lettered task). A worker counts as
 --          recycled if anything of it was left (a lease deadline, a
 --          description, a process); one found alive (mode "dead": it renewed
 --          in the same millisecond) is left as it was, but for its deadline
@@ -53,12 +57,12 @@ if n < 1 or (mode == 'leave' and n ~= 1) or 4 + n > #ARGV then
   return redis.error_reply('BAD_ARG worker count must be 1 in mode "leave", 1 to 1000 in mode "dead"')
 end
 local m = #ARGV - 4 - n
-if #KEYS ~= 2 + 3 * n + 10 * m + n * m then
-  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 10 * m + n * m) .. ' keys for '
+if #KEYS ~= 2 + 3 * n + 12 * m + n * m then
+  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 12 * m + n * m) .. ' keys for '
     .. n .. ' workers and ' .. m .. ' queues')
 end
-local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 10(i-1) + 1..10]
-local hbase = qbase + 10 * m        -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
+local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 12(i-1) + 1..12]
+local hbase = qbase + 12 * m        -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
 
 -- Check everything before the first write.
 local given = {}
@@ -89,12 +93,12 @@ for j = 1, n do
 end
 if #missing > 1 then return missing end
 
-local out = {0, 0, 0, 0}
+local out, alive_ids, told = {0, 0, 0, 0}, {}, {}
 for _, j in ipairs(alive) do
   -- alive after all: put its true deadline back, which a reap lease may have moved
   local left = redis.call('PTTL', KEYS[3 + 3 * (j - 1)])
   if left >= 0 then redis.call('ZADD', KEYS[1], 'XX', now_ms() + left, ARGV[4 + j]) end
-  out[#out + 1] = ARGV[4 + j]
+  alive_ids[#alive_ids + 1] = ARGV[4 + j]
 end
 
 local now = now_ms()
@@ -105,20 +109,24 @@ for _, j in ipairs(todo) do
   local known = redis.call('ZREM', KEYS[1], w) + redis.call('HDEL', KEYS[2], w)
   local back, buried = 0, 0
   for i = 1, m do
-    local q = qbase + 10 * (i - 1)
-    local b, d = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
+    local q = qbase + 12 * (i - 1)
+    local b, d, dl = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
       KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now, KEYS[q + 8],
-      KEYS[q + 10])
+      KEYS[q + 10], KEYS[q + 11], KEYS[q + 12])
     redis.call('SREM', KEYS[q + 6], w)
     redis.call('SREM', KEYS[q + 9], w)
     back_q[i] = back_q[i] + b
     back, buried = back + b, buried + d
+    for _, t in ipairs(dl) do
+      told[#told + 1] = {ARGV[4 + n + i], t[1], t[2], t[3], w}
+    end
   end
   redis.call('DEL', KEYS[3 + wk], KEYS[4 + wk], KEYS[5 + wk])
   if known > 0 or back + buried > 0 then out[4] = out[4] + 1 end
   out[2], out[3] = out[2] + back, out[3] + buried
 end
 for i = 1, m do
-  wake_idle(KEYS[qbase + 10 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
+  wake_idle(KEYS[qbase + 12 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
 end
+out[5], out[6] = alive_ids, told
 return out

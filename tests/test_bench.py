@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import _charts, cancel, failover, memory, scale, throughput, worqr
+from bench import _charts, cancel, delayed, failover, memory, scale, throughput, worqr
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
 
@@ -116,6 +116,14 @@ async def test_cancel() -> None:
         p99 = figure(s, f"{kind}: after cancel() returned, p99")
         assert p99.unit == "ms" and p99.median >= 0 and p99.target is not None
         assert 0 <= figure(s, f"{kind}: cancelled before cancel() returned").median <= 100
+
+
+async def test_delayed() -> None:
+    s = await delayed.run(ctx(), delayed.Sizes(tasks=200, workers=1))
+    check(s, "delayed")
+    assert figure(s, "200 due at once: all ran after").unit == "s"
+    assert figure(s, "due at once: Redis CPU per task").median > 0
+    assert figure(s, "plain queue, same tasks: rate").median > 0
 
 
 async def test_scale() -> None:

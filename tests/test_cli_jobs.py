@@ -131,3 +131,52 @@ async def test_schedule_add_list_remove(redis_url: str, namespace: str, ns_args:
     assert "cron" in assert_one_line_error(r, 1)
     r = await mesh_cli("schedule", "add", "q", "x", *ns_args)  # neither --every nor --cron
     assert_one_line_error(r, 2)
+
+
+async def test_enqueue_priority(redis_url: str, namespace: str, ns_args: list[str]) -> None:
+    r = await mesh_cli("enqueue", "q", "low", *ns_args)
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("enqueue", "q", "high", "--priority", "7", "--json", *ns_args)
+    assert r.returncode == 0, text(r)
+    assert json.loads(r.stdout) == {"queue": "q", "enqueued": 1}
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.tasks("q") == [b"high", b"low"]
+    for bad in ("10", "-1", "x"):
+        r = await mesh_cli("enqueue", "q", "x", "--priority", bad, *ns_args)
+        assert_one_line_error(r, 2)
+        assert "from 0 to 9" in r.stderr.decode()
+
+
+async def test_status_lists_delayed_tasks(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue(Q2, "soon", delay=60)
+        await client.enqueue(Q2, "later", delay=3600, priority=4)
+        await client.enqueue(Q2, "latest", at=4102444800)  # 2100-01-01
+        await client.enqueue("other", "plain")
+        got = await client.delayed(Q2)
+        assert [(d.task, d.priority) for d in got] == [(b"soon", 0), (b"later", 4), (b"latest", 0)]
+        assert await client.delayed(Q2, limit=1) == got[:1]
+    r = await mesh_cli("status", "--delayed", *ns_args)
+    assert r.returncode == 0, text(r)
+    out = r.stdout.decode()
+    assert "DELAYED (due times on the Redis clock, UTC)" in out
+    section = out.split("DELAYED (due times", 1)[1]
+    rows = [ln.split() for ln in section.splitlines()[2:] if ln.strip()]
+    assert [row[:2] for row in rows] == [[Q2, "soon"], [Q2, "later"], [Q2, "latest"]]
+    assert rows[1][-1] == "4" and rows[2][2:4] == ["2100-01-01", "00:00:00.000"]
+    r = await mesh_cli("status", "--delayed", "1", "--json", *ns_args)
+    assert r.returncode == 0, text(r)
+    doc = json.loads(r.stdout)
+    task = {"encoding": "utf-8", "data": "soon"}
+    assert doc["delayed"] == [{"queue": Q2, "task": task, "due": got[0].due, "priority": 0}]
+    r = await mesh_cli("status", "--delayed", "1", *ns_args)
+    assert "(2 more)" in r.stdout.decode()
+    r = await mesh_cli("status", *ns_args)
+    assert "DELAYED (" not in r.stdout.decode()
+    r = await mesh_cli("status", "--delayed", "0", *ns_args)
+    assert_one_line_error(r, 2)
+
+
+Q2 = "mail"

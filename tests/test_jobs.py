@@ -1,6 +1,6 @@
-"""The job-queue features of protocol 4 against a real redis-server: delayed
+"""The job-queue features of protocols 4 and 5 against a real redis-server: delayed
 tasks (delay.lua, the claim's next-due report), dead-letter records, queue
-policy, timeouts and results."""
+policy, timeouts, results and priorities."""
 
 from __future__ import annotations
 
@@ -344,6 +344,33 @@ async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
         assert await client.requeue_dead(Q, []) == 0
 
 
+async def test_a_peer_that_recycles_a_crashed_worker_logs_each_task_it_dead_letters(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from .protocol_helpers import expire_worker
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        conn, b, keys = client._conn, Binding(client._keys), client._keys
+        inc = await join(b, conn, "crashed", Q)
+        await client.enqueue_many(Q, ["doomed", "spared"])
+        await b.claim(conn, "crashed", inc, Q, 1, 1)  # its last allowed attempt
+        await b.claim(conn, "crashed", inc, Q, 1, 3)
+        with caplog.at_level("WARNING", logger="mesh.worker"):
+            await expire_worker(conn, keys, "crashed")  # forced, not slept
+
+            async def recycled() -> bool:
+                return await client.queue_length(Q) == 1
+
+            await wait_for(recycled, within=10, what="the live worker recycled the crashed one")
+        lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+        assert len(lines) == 1, lines
+        line = lines[0]
+        assert "'doomed'" in line and Q in line and "attempt 1 of 1" in line
+        assert "crashed" in line and w.id in line and "\n" not in line
+        assert [d.task for d in await client.dead_letters(Q)] == [b"doomed"]
+        assert await client.tasks(Q) == [b"spared"]
+
+
 # --- queue policy and timeouts -------------------------------------------------
 
 
@@ -443,7 +470,7 @@ async def test_the_queue_policy_wins_over_start_work_options_with_a_warning(
 
 
 async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
-    redis_url: str, namespace: str
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     cancelled: list[Process] = []
     runs: list[Process] = []
@@ -461,12 +488,17 @@ async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await client.configure(Q, timeout=0.2, max_attempts=2, backoff=0.01, backoff_max=0.01)
         await w.start_work(Q, slow)
-        await client.enqueue_many(Q, ["slow", "quick"])
+        with caplog.at_level("WARNING", logger="mesh.worker"):
+            await client.enqueue_many(Q, ["slow", "quick"])
 
-        async def dead() -> bool:
-            return len(await client.dead_letters(Q)) == 1
+            async def dead() -> bool:
+                return len(await client.dead_letters(Q)) == 1
 
-        await wait_for(dead, within=5)
+            await wait_for(dead, within=5)
+        # one line for the timeout that dead-lettered it
+        lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert "'slow'" in lines[0] and "TimeoutError" in lines[0] and "attempt 2 of 2" in lines[0]
         (d,) = await client.dead_letters(Q)
         assert d.task == b"slow" and d.attempts == 2
         assert d.error == "TimeoutError: the handler ran longer than 0.2 s"
@@ -638,3 +670,167 @@ async def test_three_workers_claim_at_the_rate_limit(redis_url: str, namespace: 
         for i, t in enumerate(starts):
             assert sum(1 for u in starts[i:] if u < t + 1.0) <= 10 + 20 + 1
         assert (await client.configure(Q, rate_limit=0)).rate_limit == 0
+
+
+# --- priorities ----------------------------------------------------------------
+
+
+async def test_claim_takes_the_highest_priority_first_fifo_within_one(
+    redis_url: str, namespace: str
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        conn, b, keys = client._conn, Binding(client._keys), client._keys
+        await client.enqueue(Q, "a")
+        await client.enqueue_many(Q, ["b", "c"], priority=5)
+        await client.enqueue(Q, "d", priority=9)
+        await client.enqueue(Q, "e", priority=0)
+        await client.enqueue(Q, "f", priority=5)
+        assert await client.tasks(Q) == [b"d", b"b", b"c", b"f", b"a", b"e"]
+        assert await client.queue_length(Q) == 6
+        assert (await client.queue_info(Q)).queued == 6
+        inc = await join(b, conn, "w1", Q)
+        beat = (await b.heartbeat(conn, "w1", inc, 60_000, [], [Q])).beats()[0]
+        assert beat.state == 0  # work
+        c = await b.claim(conn, "w1", inc, Q, 3, 0)
+        assert [p.task for p in c.processes] == [b"d", b"b", b"c"]
+        assert c.remaining == 3
+        # the record keeps the level; the process list reads it
+        assert {p.task for p in await client.processes(Q)} == {b"d", b"b", b"c"}
+        c = await b.claim(conn, "w1", inc, Q, 5, 0)
+        assert [p.task for p in c.processes] == [b"f", b"a", b"e"]
+        assert await conn.execute("EXISTS", keys.prio(Q)) == 0
+        # only tasks with a priority left: the heartbeat still reports work
+        await client.enqueue(Q, "g", priority=1)
+        beat = (await b.heartbeat(conn, "w1", inc, 60_000, [], [Q])).beats()[0]
+        assert beat.state == 0
+
+
+async def test_priority_is_validated(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        for bad in (10, -1, 2.5, True, "3"):
+            with pytest.raises(ConfigError, match="priority must be a whole number from 0 to 9"):
+                await client.enqueue(Q, "x", priority=bad)  # type: ignore[arg-type]
+        b = Binding(client._keys)
+        with pytest.raises(CommandError, match="BAD_ARG priority"):
+            await b.enqueue(client._conn, Q, [b"x"], 10)
+        with pytest.raises(CommandError, match="BAD_ARG priority"):
+            await b.delay(client._conn, Q, [b"x"], in_ms=5, priority=10)
+        assert await client.queue_length(Q) == 0
+
+
+async def test_returned_failed_and_recycled_tasks_keep_their_priority(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    from .protocol_helpers import expire_worker
+
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"p1", b"p2"], 5)
+    c = await b.claim(conn, "w1", inc, Q, 1, 3, backoff_ms=0, backoff_cap_ms=0)
+    (p1,) = c.processes
+    await b.enqueue(conn, Q, [b"p3"], 5)
+    await b.enqueue(conn, Q, [b"plain"])
+    # handed back: the front of its level, not the list
+    assert await b.give_back(conn, "w1", Q, [p1.id], failed=False) == [(1, 0)]
+
+    async def order() -> list[bytes]:
+        prio = await conn.execute("ZRANGE", keys.prio(Q), 0, -1)
+        return [m[16:] for m in prio] + list(await conn.execute("LRANGE", keys.queue(Q), 0, -1))
+
+    assert await order() == [b"p1", b"p2", b"p3", b"plain"]
+    # failed without a backoff: the back of its level
+    c = await b.claim(conn, "w1", inc, Q, 1, 3, backoff_ms=0, backoff_cap_ms=0)
+    assert await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=True) == [(2, 0)]
+    assert await order() == [b"p2", b"p3", b"p1", b"plain"]
+    # failed with a backoff: delayed, and when due the front of its level
+    c = await b.claim(conn, "w1", inc, Q, 1, 3, backoff_ms=60_000, backoff_cap_ms=60_000)
+    assert c.processes[0].task == b"p2"
+    r = await b.give_back(
+        conn, "w1", Q, [c.processes[0].id], failed=True, backoff_ms=60_000, backoff_cap_ms=60_000
+    )
+    assert r == [(2, 60_000)]
+    assert await conn.execute("HGET", keys.delayed_prio(Q), b"p2") == b"5"
+    await conn.execute("ZADD", keys.delayed(Q), "XX", 0, b"p2")  # due now (forced)
+    c = await b.claim(conn, "w1", inc, Q, 1, 3, backoff_ms=0, backoff_cap_ms=0)
+    assert c.processes[0].task == b"p2"  # before p3, p1 and the plain task
+    assert await conn.execute("EXISTS", keys.delayed_prio(Q)) == 0
+    # a crashed worker's task: its second failure goes to the back of its
+    # level (no backoff here); a first crash to the front; dead-lettered at
+    # its limit like any other
+    await expire_worker(conn, keys, "w1")
+    rr = await b.recycle(conn, "w1", leave=False)
+    assert (rr.returned, rr.dead_lettered) == (1, 0)
+    assert await order() == [b"p3", b"p1", b"p2", b"plain"]
+    inc = await join(b, conn, "w2", Q)
+    c = await b.claim(conn, "w2", inc, Q, 1, 3)
+    assert c.processes[0].task == b"p3" and c.processes[0].attempts == 0
+    await expire_worker(conn, keys, "w2")
+    rr = await b.recycle(conn, "w2", leave=False)
+    assert (rr.returned, rr.dead_lettered) == (1, 0)
+    assert await order() == [b"p3", b"p1", b"p2", b"plain"]
+    inc = await join(b, conn, "w3", Q)
+    c = await b.claim(conn, "w3", inc, Q, 1, 2)
+    assert c.processes[0].task == b"p3" and c.processes[0].attempts == 1
+    await expire_worker(conn, keys, "w3")
+    rr = await b.recycle(conn, "w3", leave=False)
+    assert (rr.returned, rr.dead_lettered) == (0, 1)
+    assert [d[-2:] for d in await conn.execute("LRANGE", keys.dead(Q), 0, -1)] == [b"p3"]
+    # a worker that stops serving hands its tasks back to the front of their level
+    inc = await join(b, conn, "w4", Q)
+    c = await b.claim(conn, "w4", inc, Q, 2, 3)
+    assert [p.task for p in c.processes] == [b"p1", b"p2"]
+    assert await b.unserve(conn, "w4", Q) == 2
+    assert await order() == [b"p1", b"p2", b"plain"]
+
+
+async def test_delayed_tasks_with_a_priority_land_in_their_level(
+    redis_url: str, namespace: str
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        conn, b, keys = client._conn, Binding(client._keys), client._keys
+        await client.enqueue_many(Q, ["plain", "low"], priority=0)
+        await client.enqueue(Q, "two", priority=2)
+        await client.enqueue(Q, "late", delay=3600, priority=7)
+        assert [d.task for d in await client.delayed(Q)] == [b"late"]
+        assert (await client.queue_info(Q)).delayed == 1
+        await conn.execute("ZADD", keys.delayed(Q), "XX", 0, b"late")  # due now (forced)
+        inc = await join(b, conn, "w1", Q)
+        c = await b.claim(conn, "w1", inc, Q, 4, 0)
+        assert [p.task for p in c.processes] == [b"late", b"two", b"plain", b"low"]
+
+
+async def test_cancel_delete_and_ensure_see_tasks_with_a_priority(
+    redis_url: str, namespace: str
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        keys = client._keys
+        await client.enqueue_many(Q, ["x", "y", "x\0z"], priority=3)
+        await client.enqueue(Q, "x", priority=8)
+        await client.enqueue(Q, "x", delay=3600, priority=4)
+        with pytest.raises(ConflictError):
+            await client.ensure(Q, "y")
+        assert await client.cancel(Q, "x") == 3  # two queued, one delayed
+        assert await client.tasks(Q) == [b"y", b"x\0z"]
+        assert await client._conn.execute("EXISTS", keys.delayed_prio(Q)) == 0
+        await client.enqueue(Q, "w", delay=3600, priority=4)
+        assert await client.delete_queue(Q) == 3
+        for k in (keys.prio(Q), keys.delayed_prio(Q), keys.delayed(Q)):
+            assert await client._conn.execute("EXISTS", k) == 0
+
+
+async def test_a_worker_runs_the_highest_priority_first(redis_url: str, namespace: str) -> None:
+    ran: list[bytes] = []
+
+    async def handler(p: Process) -> None:
+        ran.append(p.task)
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await client.enqueue_many(Q, [f"low-{i}" for i in range(3)])
+        await client.enqueue_many(Q, [f"mid-{i}" for i in range(3)], priority=4)
+        await client.enqueue(Q, "top", priority=9)
+        await w.start_work(Q, handler, concurrency=1)
+
+        async def all_ran() -> bool:
+            return len(ran) == 7
+
+        await wait_until(all_ran, within=5, what="the tasks ran")
+        assert ran == [b"top", b"mid-0", b"mid-1", b"mid-2", b"low-0", b"low-1", b"low-2"]

@@ -48,7 +48,8 @@ from mesh._scripts import Binding, ResultsToKeep, parse_result
 from mesh.testing import RedisServer
 
 T = TypeVar("T")
-STEPS = {"marked": 0, "reserved": 0, "kept": 0}  # how often the rebalance steps did something
+# how often the rebalance steps did something, and claims took tasks with a priority
+STEPS = {"marked": 0, "reserved": 0, "kept": 0, "prioritized": 0}
 QUEUES = ("q1", "q2")
 MAX_ATTEMPTS = 2
 
@@ -100,6 +101,7 @@ class MeshModel(RuleBasedStateMachine):
         # (queue, payload) -> the worker a rebalance meant it for (while marked or reserved)
         self.reserved_for: dict[tuple[str, bytes], str] = {}
         self.sticky: set[str] = set()  # left with a sticky restart, may rejoin
+        self.priority: dict[bytes, int] = {}  # payload -> its priority, if not 0
         for _ in range(2):
             self.add_worker()
         # start uneven, so that every example has something to rebalance:
@@ -166,6 +168,13 @@ class MeshModel(RuleBasedStateMachine):
         reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS, rate=rate))
         if rate is not None:
             assert len(reply.processes) <= rate[0]
+        # the highest priority first: nothing left queued above a level taken,
+        # and a one-shot task of priority 0 only once none with one is left
+        left = [-int(s) for _, s in self.r.zrange(self.keys.prio(q), 0, -1, withscores=True)]
+        for p in reply.processes:
+            if not p.persistent:
+                assert all(lv <= self.priority.get(p.task, 0) for lv in left), (p.task, left)
+                STEPS["prioritized"] += p.task in self.priority
         for p in reply.processes:
             assert p.id not in self.procs
             assert p.task in self.live[q]
@@ -438,6 +447,8 @@ class MeshModel(RuleBasedStateMachine):
         assert self.dead_payloads(q) == left
         if requeue:
             self.live[q].update(set(dead) - set(left))
+            for p in set(dead) - set(left):
+                self.priority.pop(p, None)  # requeued at priority 0
             back = sorted(set(dead) - set(left))
             if back:  # attempts reset
                 assert self.r.hmget(self.keys.attempts(q), back) == [None] * len(back)
@@ -508,6 +519,16 @@ class MeshModel(RuleBasedStateMachine):
         for q in QUEUES:
             places: list[bytes] = []
             places += self.r.lrange(k.queue(q), 0, -1)
+            # tasks with a priority: in their level's place
+            for m, s in self.r.zrange(k.prio(q), 0, -1, withscores=True):
+                assert int(m[:1]) == -s == self.priority.get(m[16:]), (m, s)
+                places.append(m[16:])
+            delayed_now = set(self.r.zrange(k.delayed(q), 0, -1))
+            for p, lv in self.r.hgetall(k.delayed_prio(q)).items():
+                assert p in delayed_now and int(lv) == self.priority.get(p), (p, lv)
+            for p in delayed_now:
+                if self.priority.get(p):
+                    assert self.r.hget(k.delayed_prio(q), p) is not None, p
             places += self.r.zrange(k.delayed(q), 0, -1)
             places += self.r.hkeys(k.reserved(q))  # handed back for balance, for one peer
             waiting = set(places)  # queued or delayed
@@ -515,6 +536,10 @@ class MeshModel(RuleBasedStateMachine):
             places += dead
             procs = self.r.hgetall(k.procs(q))
             places += [rec.split(b"\0", 8)[8] for rec in procs.values()]
+            for rec in procs.values():  # a process keeps its task's priority
+                _, kind, *_, payload = rec.split(b"\0", 8)
+                want = self.priority.get(payload, 0)
+                assert kind == (b"o%d" % want if want else kind[:1]), (kind, payload)
             assert len(places) == len(set(places)), f"a task in two places in {q}: {places}"
             # dead letters leave the live set as the model learns of them
             self.live[q] -= set(dead) - set(self.persistent[q])
@@ -568,6 +593,23 @@ class JobsModel(MeshModel):
     def rated_claim(self, data: st.DataObject, q: str, n: int) -> None:
         self.claim(data, q, n, rated=True)
 
+    @rule(
+        q=st.sampled_from(QUEUES),
+        n=st.integers(1, 3),
+        level=st.integers(0, 9),
+        ms=st.sampled_from([None, 0, 60_000]),
+    )
+    def prioritized(self, q: str, n: int, level: int, ms: int | None) -> None:
+        """Enqueue (or delay by ``ms``) tasks with a priority."""
+        ps = [self.fresh() for _ in range(n)]
+        if ms is None:
+            run(self.b.enqueue(self.x, q, ps, level))
+        else:
+            run(self.b.delay(self.x, q, ps, in_ms=ms, priority=level))
+        if level:
+            self.priority.update(dict.fromkeys(ps, level))
+        self.live[q].update(ps)
+
 
 def run_model(server: RedisServer, *, derandomize: bool) -> dict[str, int]:
     """Run the state machine; returns how often the rebalancing and sticky
@@ -613,4 +655,6 @@ def test_job_queue_model(redis_server: RedisServer) -> None:
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
+    STEPS["prioritized"] = 0
     JobsModel.TestCase().runTest()
+    assert STEPS["prioritized"] > 0, STEPS

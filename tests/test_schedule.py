@@ -186,3 +186,29 @@ async def test_a_tick_is_not_missed_when_a_peer_is_sigkilled(
             assert procs[1].poll() is None and procs[2].poll() is None
     finally:
         peers.stop_all()
+
+
+async def test_the_scheduler_reads_the_policies_in_its_own_round_trip(
+    conn: Connection, b: Binding, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    import math
+
+    from mesh._policy import PolicyWatch, QueuePolicy, policy_fields
+
+    await b.configure(conn, "q1", "set", "configure", policy_fields(max_attempts=7))
+    await conn.execute("HSET", keys.policy, "q2", b"not json")
+    applied: list[tuple[str, int]] = []
+
+    def apply(q: str, p: QueuePolicy) -> None:
+        applied.append((q, p.max_attempts))
+
+    watch = PolicyWatch(keys.policy, {"q1": None, "q2": None, "q3": None}, apply)
+    with caplog.at_level("WARNING", logger="mesh.worker"):
+        assert await _fire_due(conn, b, keys, watch) == math.inf  # no schedule
+    assert applied == [("q1", 7)]  # q2 unreadable (logged), q3 has none
+    assert any("policy of queue q2" in r.getMessage() for r in caplog.records)
+    # without a watch (or with no queues), no policy is read
+    applied.clear()
+    assert await _fire_due(conn, b, keys) == math.inf
+    assert await _fire_due(conn, b, keys, PolicyWatch(keys.policy, {}, apply)) == math.inf
+    assert applied == []

@@ -107,6 +107,7 @@ class SentinelSetup:
     master: RedisServer
     replica: RedisServer
     sentinels: list[SentinelProcess]
+    more_replicas: list[RedisServer] = attrs.Factory(list)
 
     @property
     def url(self) -> str:
@@ -122,22 +123,28 @@ class SentinelSetup:
 
 
 @contextlib.contextmanager
-def sentinel_setup(sentinels: int = 1, down_after_ms: int = 400) -> Iterator[SentinelSetup]:
-    """One master, one replica and ``sentinels`` sentinels watching them (quorum: a
-    majority), with a small ``down-after-milliseconds``."""
+def sentinel_setup(
+    sentinels: int = 1, down_after_ms: int = 400, replicas: int = 1
+) -> Iterator[SentinelSetup]:
+    """One master, ``replicas`` replicas and ``sentinels`` sentinels watching them
+    (quorum: a majority), with a small ``down-after-milliseconds``."""
     dirs: list[Path] = []
     procs: list[SentinelProcess] = []
     servers: list[RedisServer] = []
     try:
         master = _server((), dirs)
         servers.append(master)
-        replica = _server(("--replicaof", "127.0.0.1", str(master.port)), dirs)
-        servers.append(replica)
-        wait_for(
-            "the replica to sync",
-            lambda: client(replica.port).info("replication")["master_link_status"] == "up",
-        )
-        _wait_streaming(master, replica, "trio-mesh-probe")
+        for _ in range(replicas):
+            replica = _server(("--replicaof", "127.0.0.1", str(master.port)), dirs)
+            servers.append(replica)
+        for replica in servers[1:]:
+            wait_for(
+                "the replica to sync",
+                lambda r=replica: (  # type: ignore[misc]
+                    client(r.port).info("replication")["master_link_status"] == "up"
+                ),
+            )
+            _wait_streaming(master, replica, "trio-mesh-probe")
         quorum = sentinels // 2 + 1
         for _ in range(sentinels):
             port = free_port()
@@ -164,12 +171,12 @@ def sentinel_setup(sentinels: int = 1, down_after_ms: int = 400) -> Iterator[Sen
             wait_for(f"sentinel on {port}", lambda port=port: _ping(port))  # type: ignore[misc]
         for s in procs:
             wait_for(
-                "the sentinels to see the replica",
-                lambda s=s: client(s.port).execute_command(  # type: ignore[misc]
-                    "SENTINEL", "REPLICAS", SERVICE
+                "the sentinels to see the replicas",
+                lambda s=s: (  # type: ignore[misc]
+                    len(client(s.port).execute_command("SENTINEL", "REPLICAS", SERVICE)) == replicas
                 ),
             )
-        yield SentinelSetup(master, replica, procs)
+        yield SentinelSetup(master, servers[1], procs, servers[2:])
     finally:
         for p in procs:
             p.stop()
@@ -226,7 +233,8 @@ class ClusterSetup:
         wait_for("the cluster to be ok and agree", ok, timeout)
 
 
-def _node_id(server: RedisServer) -> str:
+def node_id(server: RedisServer) -> str:
+    """The cluster node id of ``server``."""
     return client(server.port).execute_command("CLUSTER", "MYID").decode()
 
 
@@ -258,7 +266,7 @@ def cluster_setup(
         if replica_of_slot is not None:
             owner_port = setup.owner_port(replica_of_slot)
             owner = next(m for m in setup.masters if m.port == owner_port)
-            owner_id = _node_id(owner)
+            owner_id = node_id(owner)
             replica = _server(args, dirs)
             setup.replicas.append(replica)
             client(replica.port).execute_command("CLUSTER", "MEET", "127.0.0.1", owner.port)
@@ -291,3 +299,49 @@ def cluster_setup(
             n.stop()
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def begin_migration(
+    setup: ClusterSetup, slot: int, source: RedisServer, target: RedisServer
+) -> None:
+    """Mark ``slot`` IMPORTING on ``target`` and MIGRATING on ``source`` (the first
+    steps of a resharding, as ``redis-cli --cluster reshard`` does them)."""
+    client(target.port).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+    client(source.port).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+
+
+def move_keys(
+    slot: int, source: RedisServer, target: RedisServer, batch: int = 100, rounds: int = -1
+) -> int:
+    """MIGRATE the keys of ``slot`` from ``source`` to ``target``, ``batch`` keys per
+    MIGRATE, all of them or ``rounds`` MIGRATEs; returns how many moved."""
+    c = client(source.port)
+    moved = 0
+    while rounds != 0:
+        rounds -= 1
+        keys = c.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
+        if not keys:
+            return moved
+        c.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        moved += len(keys)
+    return moved
+
+
+def end_migration(setup: ClusterSetup, slot: int, target: RedisServer) -> None:
+    """Give ``slot`` to ``target``: ``SETSLOT NODE`` on the target first, then on
+    every other master (the order ``redis-cli`` uses)."""
+    target_id = node_id(target)
+    client(target.port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    for m in setup.masters:
+        if m is not target and m.process is not None and m.process.poll() is None:
+            client(m.port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+
+def migrate_slot(setup: ClusterSetup, slot: int, target: RedisServer) -> int:
+    """Move ``slot`` with its keys from its master to ``target`` (no redis-cli):
+    IMPORTING/MIGRATING, MIGRATE in batches, SETSLOT NODE. Returns the keys moved."""
+    source = next(m for m in setup.masters if m.port == setup.owner_port(slot, via=target))
+    begin_migration(setup, slot, source, target)
+    moved = move_keys(slot, source, target)
+    end_migration(setup, slot, target)
+    return moved

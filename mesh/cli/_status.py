@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import signal
 import sys
 import time
@@ -40,6 +41,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_target_options(p)
     p.add_argument("--json", action="store_true", help="print JSON (one line per refresh)")
     p.add_argument("--processes", "-p", action="store_true", help="also list every running process")
+    p.add_argument(
+        "--delayed",
+        "-d",
+        nargs="?",
+        type=_count,
+        const=20,
+        metavar="N",
+        help="also list the next N delayed tasks of each queue (default 20), the first due "
+        "first, with their due time (Redis clock) and priority",
+    )
     p.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C (then exit 0)")
     p.add_argument(
         "--interval",
@@ -50,6 +61,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds between refreshes with --watch (default 1)",
     )
     p.set_defaults(func=_status)
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return n
 
 
 def share_text(shares: tuple[mesh.QueueShare, ...]) -> str:
@@ -108,6 +129,29 @@ def render(snap: Snapshot, t: Target) -> list[str]:
         )
     else:
         lines.append("QUEUES: none")
+    if snap.delayed is not None:
+        lines.append("")
+        if snap.delayed:
+            lines.append("DELAYED (due times on the Redis clock, UTC)")
+            rows = []
+            for q in snap.queues:
+                shown = snap.delayed.get(q.name, [])
+                for d in shown:
+                    due = datetime.datetime.fromtimestamp(d.due, datetime.UTC)
+                    rows.append(
+                        [
+                            q.name,
+                            show_task(d.task, 40),
+                            due.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                            format_seconds(d.due - snap.now) if d.due > snap.now else "now",
+                            d.priority,
+                        ]
+                    )
+                if len(shown) < q.delayed:
+                    rows.append([q.name, f"({q.delayed - len(shown)} more)", "", "", ""])
+            lines += table(["QUEUE", "TASK", "DUE", "IN", "PRIORITY"], rows, right="IN PRIORITY")
+        else:
+            lines.append("DELAYED: none")
     if snap.processes is not None:
         lines.append("")
         if snap.processes:
@@ -155,6 +199,12 @@ def as_json(snap: Snapshot, t: Target) -> dict[str, Any]:
         ],
         "queues": [attrs.asdict(q) for q in snap.queues],
     }
+    if snap.delayed is not None:
+        out["delayed"] = [
+            {"queue": q, "task": json_task(d.task), "due": d.due, "priority": d.priority}
+            for q, ds in snap.delayed.items()
+            for d in ds
+        ]
     if snap.processes is not None:
         out["processes"] = [
             {
@@ -180,7 +230,7 @@ def _status(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, t: Target) -> int:
     async with mesh.open_client(t.config, namespace=t.namespace) as client:
         if not args.watch:
-            snap = await snapshot(client, processes=args.processes)
+            snap = await snapshot(client, processes=args.processes, delayed=args.delayed)
             if args.json:
                 dump_json(as_json(snap, t))
             else:
@@ -206,7 +256,7 @@ async def _watch(client: mesh.Client, args: argparse.Namespace, t: Target) -> No
     try:
         while True:
             try:
-                snap = await snapshot(client, processes=args.processes)
+                snap = await snapshot(client, processes=args.processes, delayed=args.delayed)
             except mesh.MeshConnectionError as exc:
                 # Keep watching: the connection reconnects by itself.
                 lines = [f"{t.shown}  namespace {t.namespace}", "", f"Redis: {exc}"]

@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 import mesh
+from mesh._client import MAX_PRIORITY, check_priority
 
 from ._common import (
     UsageError,
@@ -60,6 +61,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="TIME",
         help="ready at TIME: ISO 8601 with a timezone (2030-01-01T09:00:00+00:00) "
         "or a Unix time in seconds",
+    )
+    p.add_argument(
+        "--priority",
+        type=_priority,
+        default=0,
+        metavar="N",
+        help="0 (the default) to 9: workers claim the highest priority first, in order within one",
     )
     _data_options(p)
     p.set_defaults(func=_enqueue)
@@ -117,6 +125,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_delete_queue)
 
 
+def _priority(text: str) -> int:
+    try:
+        return check_priority(int(text))
+    except (ValueError, mesh.ConfigError):
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 0 to {MAX_PRIORITY}, got {text!r}"
+        ) from None
+
+
 def _data_options(p: argparse.ArgumentParser) -> None:
     add_target_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -130,7 +147,11 @@ def _enqueue(args: argparse.Namespace) -> int:
         n = 0
         for i in range(0, len(tasks), _BATCH):
             n += await client.enqueue_many(
-                args.queue, tasks[i : i + _BATCH], delay=args.delay, at=args.at
+                args.queue,
+                tasks[i : i + _BATCH],
+                delay=args.delay,
+                at=args.at,
+                priority=args.priority,
             )
         delayed = args.delay is not None or args.at is not None
         if args.json:
