@@ -33,6 +33,13 @@ CLAIMS = 2_000
 BATCH = 10
 
 
+def claim_key_count(src: bytes) -> int:
+    """How many keys a ``claim.lua`` takes: the highest ``KEYS[n]`` of its
+    header that is not optional (protocol 3: 12, 4: 13, 5: 14, 6: 16)."""
+    found = re.findall(rb"^-- KEYS\[(\d+)\](?! \(optional\))", src, re.M)
+    return max(int(n) for n in found)
+
+
 def child_claim_cost(claims: int) -> dict[str, float]:
     """Run in the tree under test: Redis µs and wall µs per claim of 10."""
     import time
@@ -101,8 +108,7 @@ def child_interleaved(tree_a: Path, tree_b: Path, rounds: int, block: int) -> di
     for name, tree in (("A", tree_a), ("B", tree_b)):
         src = _expand(tree / "protocol", "claim.lua")
         scripts[name] = Script("claim", src, hashlib.sha1(src).hexdigest())
-        # protocol 4's claim takes 13 keys (14: the rate bucket), 5's 15
-        nkeys[name] = 15 if b"KEYS[14] {ns}:prio" in src else 13
+        nkeys[name] = claim_key_count(src)
 
     async def go(url: str) -> dict[str, float]:
         b = Binding(Keys("ab"))
@@ -194,7 +200,7 @@ def child_callgrind(tree_a: Path, tree_b: Path, claims: int) -> dict[str, float]
     out: dict[str, float] = {}
     for name, tree in (("A", tree_a), ("B", tree_b)):
         src = _expand(tree / "protocol", "claim.lua")
-        nkeys = 15 if b"KEYS[14] {ns}:prio" in src else 13
+        nkeys = claim_key_count(src)
         with tempfile.TemporaryDirectory(prefix="claim-callgrind-") as d:
             wrapper = Path(d) / "redis-server"
             wrapper.write_text(

@@ -176,8 +176,12 @@ async def test_the_acl_user_of_operating_md_can_run_a_mesh(
         await worker.start_work("conns", handler)
         await client.enqueue("jobs", "j1")
         assert (await client.reconcile("conns", ["c1", "c2"])).added == (b"c1", b"c2")
+        # the job-queue features: a priority, a delay coming due, a rate limit
+        await client.configure("jobs", rate_limit=100)
+        await client.enqueue("jobs", "j2", priority=5)
+        await client.enqueue_many("jobs", ["j3", "j4"], delay=0.05)
         with trio.fail_after(5):
-            while len(seen) < 3:  # noqa: ASYNC110 - a poll with a deadline
+            while len(seen) < 6:  # noqa: ASYNC110 - a poll with a deadline
                 await trio.sleep(0.01)
         assert [w.alive for w in await client.workers()] == [True]
         assert len(await client.processes()) == 2
