@@ -1,12 +1,19 @@
 """Rebalancing persistent tasks: the decisions, without I/O.
 
-The fair share of a queue's P persistent tasks over its S servers is
-``floor(P / S)`` or ``ceil(P / S)`` tasks per worker (the ``P mod S`` workers
-holding the most may keep the larger). A worker below ``floor(P / S)`` asks
-(``rebalance.lua``) the workers above their share to hand back their surplus,
-reserved for it; a worker within one of its share asks nothing. This is the
-hysteresis: in a mesh where every worker holds ``floor`` or ``ceil``, nothing
-moves, and a task moves only to a worker below its share, never on to a third.
+The fair share is by weight against capacity (Helix's WAGED idea): a queue's
+persistent tasks weigh T in all (each task 1 unless ensured with another
+weight), its servers have a total capacity C (each 1 unless served with
+another), and worker w's fair share is ``T * capacity(w) / C``: with every
+weight and capacity 1, ``P / S``, so that each worker holds ``floor(P / S)``
+or ``ceil(P / S)`` tasks.
+
+A worker holding at most its share - 1 (by weight) asks (``rebalance.lua``)
+the workers above their share to hand back their surplus, reserved for it; a
+worker within one of its share asks nothing. This is the hysteresis: a task
+of weight x moves only to a worker that stays at or below its share, from one
+that stays above its share - 1, so nothing bounces and nothing goes on to a
+third worker; with weights, each worker ends within one task's weight of its
+share (a task heavier than any worker's deficit stays where it is).
 
 Which processes move, and from whom, is decided atomically in Redis from
 Redis state (``rebalance.lua``); this module decides when a worker asks and
@@ -23,7 +30,46 @@ import math
 
 import attrs
 
-__all__ = ["BalancePolicy", "fair_bounds", "pull_count"]
+from ._errors import ConfigError
+
+__all__ = [
+    "MAX_WEIGHT",
+    "BalancePolicy",
+    "check_capacity",
+    "check_weight",
+    "fair_bounds",
+    "fair_share",
+    "pull_count",
+]
+
+#: The largest weight of a task and capacity of a worker (both whole numbers
+#: from 1).
+MAX_WEIGHT = 1_000_000
+
+
+def _check(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WEIGHT:
+        raise ConfigError(f"{what} must be a whole number from 1 to {MAX_WEIGHT:,}, got {value!r}")
+
+
+def check_weight(weight: object) -> None:
+    """Refuse a task weight that is not a whole number from 1 to
+    :data:`MAX_WEIGHT`.
+
+    Raises:
+        ConfigError: with a one-line message.
+    """
+    _check(weight, "weight")
+
+
+def check_capacity(capacity: object) -> None:
+    """Refuse a worker capacity that is not a whole number from 1 to
+    :data:`MAX_WEIGHT`.
+
+    Raises:
+        ConfigError: with a one-line message.
+    """
+    _check(capacity, "capacity")
 
 
 @attrs.frozen
@@ -33,7 +79,7 @@ class BalancePolicy:
     Attributes:
         absolute_limit: at most this many tasks asked for per request.
         relative_limit: and at most this fraction of the queue's persistent
-            tasks (at least one).
+            tasks (by weight; at least one).
     """
 
     absolute_limit: int = 20
@@ -43,18 +89,36 @@ class BalancePolicy:
         return max(1, min(self.absolute_limit, math.ceil(self.relative_limit * persistent)))
 
 
-def fair_bounds(persistent: int, servers: int) -> tuple[int, int]:
-    """The least and the most a worker should hold: floor and ceil of
-    ``persistent / servers``."""
-    s = max(1, servers)
-    return persistent // s, -(-persistent // s)
+def fair_share(total_weight: int, total_capacity: int, capacity: int = 1) -> float:
+    """A worker's fair share of a queue: ``total_weight * capacity /
+    total_capacity`` (a total capacity below 1 counts as 1)."""
+    return total_weight * capacity / max(1, total_capacity)
 
 
-def pull_count(held: int, persistent: int, servers: int, ready: bool, policy: BalancePolicy) -> int:
-    """How many tasks a worker holding ``held`` processes of a queue should
-    ask for now: 0 unless it holds fewer than the floor of its share and no
-    task of the queue is ready to claim."""
+def fair_bounds(total_weight: int, total_capacity: int, capacity: int = 1) -> tuple[int, int]:
+    """The least and the most a worker should hold, by weight, with every
+    task's weight 1: floor and ceil of its fair share (with heavier tasks, a
+    balanced worker is within one task's weight of its share)."""
+    share = fair_share(total_weight, total_capacity, capacity)
+    return math.floor(share), math.ceil(share)
+
+
+def pull_count(
+    held: int,
+    persistent: int,
+    servers: int,
+    ready: bool,
+    policy: BalancePolicy,
+    capacity: int = 1,
+) -> int:
+    """How many tasks a worker holding ``held`` (by weight) of a queue
+    whose persistent tasks weigh ``persistent`` in all, served with a total
+    capacity of ``servers``, should ask for now: 0 unless it holds at most
+    its share - 1 and no task of the queue is ready to claim; else its
+    deficit (rounded down), at most the policy's round limit."""
     if ready or persistent <= 0:
         return 0
-    low, _ = fair_bounds(persistent, servers)
-    return max(0, min(low - held, policy.round_limit(persistent)))
+    deficit = fair_share(persistent, servers, capacity) - held
+    if deficit < 1:
+        return 0
+    return min(math.floor(deficit), policy.round_limit(persistent))

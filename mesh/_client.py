@@ -9,13 +9,14 @@ from __future__ import annotations
 import datetime
 import json
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import outcome
 import trio
 
+from ._balance import check_weight, fair_share
 from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
 from ._keys import Keys, check_queue
@@ -434,36 +435,46 @@ class Client:
             for p, due, lv in zip(payloads, r[1::2], levels, strict=True)
         ]
 
-    async def ensure(self, queue: str, task: bytes | str) -> bool:
+    async def ensure(self, queue: str, task: bytes | str, *, weight: int = 1) -> bool:
         """Make ``task`` a persistent task of ``queue``: one live owner at a time,
         for as long as it is not cancelled.
+
+        ``weight`` (a whole number from 1 to 1,000,000, default 1) is the
+        task's part of the load: the fair share that peers balance is by
+        weight against each worker's capacity (see
+        :meth:`Worker.start_work`). Ensuring a task that is there already
+        sets its weight (and the mesh rebalances if it changed).
 
         Returns:
             True if it was added, False if it was there already (queued,
             waiting for a retry, or running).
         Raises:
-            TypeError, ValueError, ConfigError: a bad payload or queue name
-                (nothing was sent).
+            TypeError, ValueError, ConfigError: a bad payload, queue name or
+                weight (nothing was sent).
             ConflictError: the payload is queued or waiting for a retry as a
                 one-shot task of ``queue`` (as :meth:`enqueue` refuses a
                 persistent one). Costs a read of the queue: O(its length).
             MeshConnectionError: as for :meth:`enqueue` (``min_replicas``
                 included); ensuring again is safe.
         """
-        return (await self.ensure_many(queue, [task]))[0]
+        return (await self.ensure_many(queue, [task], weight=weight))[0]
 
-    async def ensure_many(self, queue: str, tasks: Iterable[bytes | str]) -> list[bool]:
-        """:meth:`ensure` for several tasks in one round trip; one bool each.
+    async def ensure_many(
+        self, queue: str, tasks: Iterable[bytes | str], *, weight: int = 1
+    ) -> list[bool]:
+        """:meth:`ensure` for several tasks in one round trip, each with
+        ``weight``; one bool each.
 
         Raises:
             As :meth:`ensure`; on ConflictError none was added.
         """
         conn = self._check()
         check_queue(queue)
+        check_weight(weight)
         payloads = self._payloads(tasks)
         if not payloads:
             return []
-        added = await self._binding.ensure(conn, queue, payloads)
+        added = await self._binding.ensure(conn, queue, payloads, weight)
         await self._replicated(conn)
         return added
 
@@ -474,9 +485,17 @@ class Client:
         if self.min_replicas:
             await conn.wait_replicas(self.min_replicas, conn.config.connect_timeout)
 
-    async def reconcile(self, queue: str, tasks: Iterable[bytes | str]) -> ReconcileResult:
+    async def reconcile(
+        self,
+        queue: str,
+        tasks: Iterable[bytes | str] | Mapping[bytes | str, int],
+        *,
+        weight: int = 1,
+    ) -> ReconcileResult:
         """Make the persistent tasks of ``queue`` exactly ``tasks``: ensure the
-        missing ones, cancel (wherever they run) the others.
+        missing ones, cancel (wherever they run) the others. Each gets
+        ``weight``, or, when ``tasks`` is a mapping, its value there (see
+        :meth:`ensure`; a task there already takes the weight given).
 
         Each step is atomic; the whole is not: a concurrent ``ensure`` by
         someone else may survive or be cancelled. Safe to repeat.
@@ -487,14 +506,25 @@ class Client:
         """
         conn = self._check()
         check_queue(queue)
-        want = list(dict.fromkeys(self._payloads(tasks)))
+        check_weight(weight)
+        weights: dict[bytes, int] = {}
+        if isinstance(tasks, Mapping):
+            for t, w in tasks.items():
+                check_weight(w)
+                weights[payload_bytes(t)] = w
+            want = list(dict.fromkeys(self._payloads(tasks.keys())))
+        else:
+            want = list(dict.fromkeys(self._payloads(tasks)))
         have = set(await self._persistent(conn, queue))
         wanted = set(want)
         extra = sorted(have - wanted)
         added: list[bytes] = []
-        if want:
-            flags = await self._binding.ensure(conn, queue, want)
-            added = [p for p, f in zip(want, flags, strict=True) if f]
+        by_weight: dict[int, list[bytes]] = {}
+        for p in want:
+            by_weight.setdefault(weights.get(p, weight), []).append(p)
+        for w, group in sorted(by_weight.items()):
+            flags = await self._binding.ensure(conn, queue, group, w)
+            added += [p for p, f in zip(group, flags, strict=True) if f]
         cancelled: list[bytes] = []
         for p in extra:
             if sum(await self._binding.cancel(conn, queue, p)):
@@ -689,28 +719,38 @@ class Client:
             cmds += [("EXISTS", k.heartbeat(w)), ("SMEMBERS", k.serves(w)), ("HGET", k.info, w)]
         r = await conn.pipeline(cmds)
         served = [sorted(q.decode() for q in r[3 * i + 1]) for i in range(len(entries))]
-        counts = (
-            await conn.pipeline(
-                [
-                    ("SCARD", k.held(w, q))
-                    for (w, _), qs in zip(entries, served, strict=True)
-                    for q in qs
-                ]
-            )
-            if any(served)
-            else []
-        )
+        pairs = [(w, q) for (w, _), qs in zip(entries, served, strict=True) for q in qs]
+        cmds = []
+        for w, q in pairs:
+            cmds += [("SCARD", k.held(w, q)), ("HMGET", k.share(q), "c" + w, "h" + w)]
+        r2 = await conn.pipeline(cmds) if pairs else []
+        counts = r2[0::2]
+        weights = r2[1::2]
         shares = await self._shares(sorted({q for qs in served for q in qs}))
         out, pos = [], 0
         for i, (w, deadline) in enumerate(entries):
             held = [int(c) for c in counts[pos : pos + len(served[i])]]
+            caps = weights[pos : pos + len(served[i])]
             n = sum(held)
             pos += len(served[i])
             mine = []
-            for q, h in zip(served[i], held, strict=True):
+            for q, h, (cap_b, extra_b) in zip(served[i], held, caps, strict=True):
                 p, s, moving_in, moving_out = shares[q]
-                lo, hi = p // s, -(-p // s)
-                mine.append(QueueShare(q, h, lo, hi, moving_in.get(w, 0), moving_out.get(w, 0)))
+                cap = int(cap_b or 1)
+                share = fair_share(p, s, cap)
+                mine.append(
+                    QueueShare(
+                        q,
+                        h,
+                        math.floor(share),
+                        math.ceil(share),
+                        moving_in.get(w, 0),
+                        moving_out.get(w, 0),
+                        weight=h + int(extra_b or 0),
+                        share=share,
+                        capacity=cap,
+                    )
+                )
             info = _load_info(r[3 * i + 2])
             out.append(
                 WorkerInfo(
@@ -731,28 +771,28 @@ class Client:
     async def _shares(
         self, queues: list[str]
     ) -> dict[str, tuple[int, int, dict[str, int], dict[str, int]]]:
-        """Per queue: persistent tasks, servers (at least 1), and per worker
-        the tasks moving to it and from it (rebalancing)."""
+        """Per queue: the total weight of its persistent tasks, the total
+        capacity of its servers (at least 1), and per worker the tasks
+        moving to it and from it (rebalancing)."""
         if not queues:
             return {}
         k = self._keys
         cmds: list[tuple[Any, ...]] = []
         for q in queues:
             cmds += [
-                ("HLEN", k.persistent(q)),
-                ("SCARD", k.standby(q)),
-                ("SCARD", k.servers(q)),
+                ("HMGET", k.share(q), ":weight", ":capacity"),
                 ("HGETALL", k.moving(q)),
                 ("HGETALL", k.reserved(q)),
             ]
         r = await self._check().pipeline(cmds)
         out = {}
         for j, q in enumerate(queues):
-            p = int(r[5 * j]) + int(r[5 * j + 1])
-            s = max(1, int(r[5 * j + 2]))
+            weight, capacity = r[3 * j]
+            p = int(weight or 0)
+            s = max(1, int(capacity or 0))
             incoming: dict[str, int] = {}
             outgoing: dict[str, int] = {}
-            moving, reserved = _pairs(r[5 * j + 3]), _pairs(r[5 * j + 4])
+            moving, reserved = _pairs(r[3 * j + 1]), _pairs(r[3 * j + 2])
             for v in [*moving.values(), *reserved.values()]:
                 to = v.decode().rsplit(":", 1)[0]
                 incoming[to] = incoming.get(to, 0) + 1

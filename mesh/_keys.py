@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "6"
+PROTOCOL_VERSION = "7"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -126,6 +126,15 @@ class Keys:
         persistent task of ``q`` (queued, delayed or reserved: since it was
         ensured, handed back or recycled)."""
         return f"{self.prefix}unowned:{q}"
+
+    def share(self, q: str) -> str:
+        """HASH: what the fair share of ``q`` weighs: the total weight of its
+        persistent tasks (``:weight``) and capacity of its servers
+        (``:capacity``), task weights (``w`` + payload) and server
+        capacities (``c`` + worker id) other than 1, the extra weight each
+        worker holds (``h`` + worker id), and a generation (``:gen``). See
+        protocol/README.md."""
+        return f"{self.prefix}share:{q}"
 
     def standby(self, q: str) -> str:
         """SET: the persistent tasks of ``q`` that are queued or delayed."""

@@ -150,8 +150,10 @@ class Lease:
         cancel_process: Callable[[str], None],
         recorder: Recorder,
         driver: HeartbeatDriver | None = None,
+        capacity: Callable[[str], int] = lambda queue: 1,
     ) -> None:
         self._conn = conn
+        self._capacity = capacity  # the worker's capacity on a queue it serves
         self._pubsub = pubsub
         self._binding = binding
         # replicas that must have a renewal before it counts (WAIT); 0: none
@@ -290,7 +292,7 @@ class Lease:
             self._conn, gen.id, gen.incarnation, int(self.timing.ttl * 1000), info
         )
         for q in list(self._queues()):
-            await self._binding.serve(self._conn, gen.id, gen.incarnation, q)
+            await self._binding.serve(self._conn, gen.id, gen.incarnation, q, self._capacity(q))
         try:
             await self._pubsub.subscribe(
                 self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id)

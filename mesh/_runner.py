@@ -108,6 +108,7 @@ class QueueConfig:
     timeout: float = 0.0  # seconds a handler may run (0: no limit)
     result_ttl: float = 0.0  # seconds results are kept (0: not kept)
     rate: tuple[int, int] | None = None  # at most (claims, per ms) across the mesh
+    capacity: int = 1  # this worker's part of the queue's fair share (see _balance)
 
     def with_policy(self, p: QueuePolicy) -> QueueConfig:
         """This config under the queue's policy ``p``."""
@@ -201,6 +202,9 @@ class QueueRunner:
         self._returned: list[str] = []
         self._stopping = False
         self._pull = 0  # tasks to ask peers for (rebalance), 0: none
+        # (held weight, total weight, total capacity) when a request marked
+        # nothing: not asked again until one of them changes
+        self._fruitless: tuple[int, int, int] | None = None
         self._servers: list[str] = []  # the queue's servers, as last learned
         self.policy = BalancePolicy()
         self._io_scope: trio.CancelScope | None = None
@@ -261,8 +265,16 @@ class QueueRunner:
         c = self.config
         if c.balance and c.rebalance and c.handler is not None and not self._stopping:
             self._pull = pull_count(
-                beat.held, beat.persistent, beat.servers, beat.state == 0, self.policy
+                beat.weight,
+                beat.persistent,
+                beat.servers,
+                beat.state == 0,
+                self.policy,
+                beat.capacity,
             )
+            if self._pull and self._fruitless == (beat.weight, beat.persistent, beat.servers):
+                # the last request found nothing that fits, and nothing changed
+                self._pull = 0
             if self._pull:
                 self._wakeup.set()
         self.check_held(beat.held)
@@ -716,6 +728,7 @@ class QueueRunner:
             self._servers,
         )
         self._counters.pulled += reply.marked
+        self._fruitless = None if reply.marked else (reply.held, reply.persistent, reply.servers)
 
     async def _give_back_returned(self) -> None:
         """Hand back, unharmed, the processes whose handlers a stop ended

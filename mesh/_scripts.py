@@ -307,9 +307,11 @@ class QueueBeat:
     held: int  # processes Redis says the worker holds on the queue
     idle: bool  # whether the worker is in the queue's idle set
     idle_servers: int
-    persistent: int = 0  # persistent tasks of the queue (P)
-    servers: int = 1  # workers that serve it (S)
+    persistent: int = 0  # total weight of its persistent tasks (T; P with weights 1)
+    servers: int = 1  # total capacity of its servers (C; S with capacities 1)
     release: tuple[str, ...] = ()  # processes a rebalance asks us to hand back
+    capacity: int = 1  # the worker's capacity on the queue
+    weight: int = 0  # the weight of the worker's processes there
 
 
 @attrs.frozen
@@ -324,6 +326,8 @@ class HeartbeatReply:
     persistent: tuple[int, ...] = ()
     servers: tuple[int, ...] = ()
     release: tuple[tuple[str, ...], ...] = ()
+    capacity: tuple[int, ...] = ()
+    weight: tuple[int, ...] = ()
 
     def beats(self) -> list[QueueBeat]:
         """One :class:`QueueBeat` per queue named in the call, in its order."""
@@ -335,6 +339,8 @@ class HeartbeatReply:
             self.persistent,
             self.servers,
             self.release,
+            self.capacity,
+            self.weight,
             strict=True,
         )
         return [QueueBeat(self.now_ms, *q) for q in per_queue]
@@ -351,10 +357,14 @@ class HeartbeatRequest:
 
 
 def parse_heartbeats(
-    raw: Any, requests: Sequence[HeartbeatRequest]
+    raw: Any,
+    requests: Sequence[HeartbeatRequest],
+    cache: dict[tuple[str, str], tuple[str, int, int, int, int]],
 ) -> list[outcome.Outcome[HeartbeatReply]]:
-    """Split a ``heartbeat.lua`` reply into one outcome per worker."""
-    now, next_ms, qinfo, replies = int(raw[0]), int(raw[1]), raw[2], raw[3]
+    """Split a ``heartbeat.lua`` reply into one outcome per worker; ``cache``
+    keeps each (worker, queue)'s last balance (generation, T, C, capacity,
+    extra weight), used when the reply says it still holds."""
+    now, next_ms, idles, replies = int(raw[0]), int(raw[1]), raw[2], raw[3]
     index: dict[str, int] = {}
     for r in requests:
         for q in r.queues:
@@ -368,15 +378,27 @@ def parse_heartbeats(
         n = int(rep[0])
         inbox = tuple(x.decode() for x in rep[1 : 1 + n])
         pos = 1 + n
-        states, held, idle, release = [], [], [], []
-        for _ in r.queues:
+        states, held, idle, release, shares = [], [], [], [], []
+        for q in r.queues:
             states.append(int(rep[pos]))
-            held.append(int(rep[pos + 1]))
+            h = int(rep[pos + 1])
+            held.append(h)
             idle.append(rep[pos + 2] == 1)
-            nrel = int(rep[pos + 3])
-            release.append(tuple(x.decode() for x in rep[pos + 4 : pos + 4 + nrel]))
-            pos += 4 + nrel
-        info = [qinfo[index[q]] for q in r.queues]
+            pos += 3
+            ids: tuple[str, ...] = ()
+            if int(rep[pos]) == 0:
+                pos += 1
+                _, total, capacity, cap, extra = cache.get((r.worker, q), ("", 0, 1, 1, 0))
+            else:
+                gen, total, capacity, cap, extra, nrel = (int(x) for x in rep[pos + 1 : pos + 7])
+                ids = tuple(x.decode() for x in rep[pos + 7 : pos + 7 + nrel])
+                pos += 7 + nrel
+                if gen >= 0:
+                    cache[(r.worker, q)] = (str(gen), total, capacity, cap, extra)
+                else:
+                    cache.pop((r.worker, q), None)
+            shares.append((total, capacity, cap, h + extra))
+            release.append(ids)
         out.append(
             outcome.Value(
                 HeartbeatReply(
@@ -386,10 +408,12 @@ def parse_heartbeats(
                     tuple(states),
                     tuple(held),
                     tuple(idle),
-                    tuple(int(i[0]) for i in info),
-                    tuple(int(i[1]) for i in info),
-                    tuple(int(i[2]) for i in info),
+                    tuple(int(idles[index[q]]) for q in r.queues),
+                    tuple(x[0] for x in shares),
+                    tuple(x[1] for x in shares),
                     tuple(release),
+                    tuple(x[2] for x in shares),
+                    tuple(x[3] for x in shares),
                 )
             )
         )
@@ -454,9 +478,9 @@ class RecycleManyReply:
 @attrs.frozen
 class RebalanceReply:
     marked: int  # processes of peers marked to move to the caller
-    persistent: int  # P
-    servers: int  # S
-    held: int  # the caller's count, what is on its way included
+    persistent: int  # T, the total weight of the persistent tasks (P with weights 1)
+    servers: int  # C, the total capacity of the servers (S with capacities 1)
+    held: int  # the caller's held weight, what is on its way included
 
 
 class ReapCheck(NamedTuple):
@@ -472,6 +496,9 @@ class Binding:
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
         self.scripts = load_scripts()
+        # (worker, queue) -> (generation, T, C, capacity, extra held weight):
+        # the balance a heartbeat last read with nothing moving or reserved
+        self._balance: dict[tuple[str, str], tuple[str, int, int, int, int]] = {}
 
     async def run(self, conn: Executor, call: ScriptCall[T]) -> T:
         """Send one built call (:meth:`claim_call`, :meth:`finish_call`) and
@@ -494,13 +521,17 @@ class Binding:
             )
         )
 
-    async def serve(self, conn: Executor, worker: str, incarnation: str, queue: str) -> None:
+    async def serve(
+        self, conn: Executor, worker: str, incarnation: str, queue: str, capacity: int = 1
+    ) -> None:
+        """Serve ``queue`` with ``capacity`` (its part of the fair share; see
+        ``serve.lua``); serving again changes the capacity."""
         k = self.keys
         await self._run(
             conn,
             "serve",
-            [k.heartbeat(worker), k.serves(worker), k.queues, k.servers(queue)],
-            [worker, incarnation, queue],
+            [k.heartbeat(worker), k.serves(worker), k.queues, k.servers(queue), k.share(queue)],
+            [worker, incarnation, queue, capacity],
         )
 
     async def heartbeat(
@@ -543,16 +574,21 @@ class Binding:
                 index.setdefault(q, len(index) + 1)
         keys = [k.workers]
         for q in index:
-            keys += (k.queue(q), k.delayed(q), k.idle(q), k.persistent(q))
-            keys += (k.standby(q), k.servers(q), k.moving(q), k.reserved(q), k.prio(q))
+            keys += (k.queue(q), k.delayed(q), k.idle(q), k.moving(q))
+            keys += (k.reserved(q), k.share(q), k.prio(q))
+        # the generation of each queue's share last seen with nothing moving:
+        # unchanged, the script reads nothing more of it (heartbeat.lua)
+        cache = self._balance
         args: list[Any] = [ttl_ms, len(index), len(requests)]
         for r in requests:
             keys += (k.heartbeat(r.worker), k.inbox(r.worker))
             keys += [k.held(r.worker, q) for q in r.queues]
             args += (r.worker, r.incarnation, len(r.acks), *r.acks, len(r.queues))
-            args += [index[q] for q in r.queues]
+            for q in r.queues:
+                seen = cache.get((r.worker, q))
+                args += (index[q], seen[0] if seen is not None else "")
         raw = await self._run(conn, "heartbeat", keys, args)
-        return parse_heartbeats(raw, requests)
+        return parse_heartbeats(raw, requests, cache)
 
     def claim_call(
         self,
@@ -589,6 +625,7 @@ class Binding:
             k.idle(queue),
             k.reserved(queue),
             k.unowned(queue),
+            k.share(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -684,6 +721,7 @@ class Binding:
             k.held(worker, queue),
             k.persistent(queue),
             k.attempts(queue),
+            k.share(queue),
         ]
         args = [worker, incarnation, k.done_channel(queue), *ids]
         return ScriptCall(self.scripts["finish"], keys, args, _parse_finish)
@@ -703,6 +741,7 @@ class Binding:
             k.held(worker, queue),
             k.persistent(queue),
             k.attempts(queue),
+            k.share(queue),
         ]
         args: list[Any] = [worker, incarnation, k.done_channel(queue), results.ttl_ms]
         for pid in ids:
@@ -781,6 +820,7 @@ class Binding:
             k.moving(queue),
             k.reserved(queue),
             k.unowned(queue),
+            k.share(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -818,6 +858,7 @@ class Binding:
             k.standby(queue),
             k.idle(queue),
             k.unowned(queue),
+            k.share(queue),
             k.prio(queue),
             k.delayed_prio(queue),
         ]
@@ -874,6 +915,7 @@ class Binding:
                     k.standby(q),
                     k.idle(q),
                     k.unowned(q),
+                    k.share(q),
                     k.prio(q),
                     k.delayed_prio(q),
                 )
@@ -922,6 +964,7 @@ class Binding:
                 k.moving(queue),
                 k.reserved(queue),
                 k.queue(queue),
+                k.share(queue),
                 *(k.held(w, queue) for w in names),
             ]
             args = [worker, incarnation, queue, limit, hold_ms, k.wake_prefix, *names]
@@ -1033,11 +1076,16 @@ class Binding:
             args += [sid, tick, nxt]
         return [int(x) for x in await self._run(conn, "fire", keys, args)]
 
-    async def ensure(self, conn: Executor, queue: str, payloads: Sequence[bytes]) -> list[bool]:
+    async def ensure(
+        self, conn: Executor, queue: str, payloads: Sequence[bytes], weight: int = 1
+    ) -> list[bool]:
+        """Per payload: added (True) or a persistent task already (False);
+        every one gets ``weight``."""
         k = self.keys
         keys = [k.queue(queue), k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        keys += [k.delayed(queue), k.unowned(queue), k.prio(queue)]
-        r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, *payloads])
+        keys += [k.delayed(queue), k.unowned(queue), k.share(queue), k.procs(queue)]
+        keys.append(k.prio(queue))
+        r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, weight, *payloads])
         return [x == 1 for x in r]
 
     async def cancel(self, conn: Executor, queue: str, payload: bytes) -> tuple[int, int]:
@@ -1045,7 +1093,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
-        keys += [k.prio(queue), k.delayed_prio(queue)]
+        keys += [k.share(queue), k.prio(queue), k.delayed_prio(queue)]
         return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
@@ -1054,7 +1102,7 @@ class Binding:
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.dead(queue), k.queues, k.standby(queue)]
-        keys += [k.moving(queue), k.reserved(queue), k.unowned(queue)]
+        keys += [k.moving(queue), k.reserved(queue), k.unowned(queue), k.share(queue)]
         keys += [k.prio(queue), k.delayed_prio(queue)]
         args = [queue, k.cancel_prefix, k.delete_channel(queue)]
         return await self._cancelling(conn, "delete_queue", queue, keys, args)

@@ -54,13 +54,19 @@ class QueueShare:
     Attributes:
         queue: the queue.
         held: processes of the queue the worker holds.
-        fair_min, fair_max: its fair share of the queue's persistent tasks,
-            floor and ceil of (persistent tasks / workers serving the queue);
-            a balanced mesh holds one of the two everywhere.
+        fair_min, fair_max: floor and ceil of :attr:`share`; with every
+            weight 1, a balanced mesh holds one of the two everywhere.
         incoming: persistent tasks on their way to it (a rebalance asked
             their holder to hand them back for it, or they wait reserved
             for it).
         outgoing: its processes a rebalance asked it to hand back.
+        weight: the weight of the processes it holds (each persistent
+            task's weight, 1 for others): what the fair share compares.
+        share: its fair share of the queue, by weight: the total weight of
+            the queue's persistent tasks * :attr:`capacity` / the total
+            capacity of its servers. A balanced worker holds within one
+            task's weight of it.
+        capacity: its capacity on the queue.
     """
 
     queue: str
@@ -69,6 +75,9 @@ class QueueShare:
     fair_max: int
     incoming: int = 0
     outgoing: int = 0
+    weight: int = 0
+    share: float = 0.0
+    capacity: int = 1
 
 
 @attrs.frozen

@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 import trio
 
+from ._balance import check_capacity
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._connection import Connection, open_connection
 from ._errors import (
@@ -186,6 +187,7 @@ class Worker:
             cancel_process=self._cancel_process,
             recorder=self._stats,
             driver=driver,
+            capacity=lambda q: self._queues[q].capacity if q in self._queues else 1,
         )
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
@@ -276,6 +278,7 @@ class Worker:
         backoff_max: float | None = None,
         balance: bool = True,
         rebalance: bool = True,
+        capacity: int = 1,
     ) -> None:
         """Serve ``queue``.
 
@@ -304,19 +307,29 @@ class Worker:
                 the policies of its queues again each heartbeat interval.
             backoff: seconds before the first retry (see ``max_attempts``).
             backoff_max: the longest retry delay.
-            balance: claim persistent tasks only up to a fair share
-                (ceil(persistent tasks / workers serving the queue), counted
-                against all this worker's processes of the queue), so they
-                spread over the peers. Tasks a fair share leaves queued are
-                taken anyway one heartbeat interval later if no peer took
-                them.
+            balance: claim persistent tasks only up to a fair share, so
+                they spread over the peers: the queue's total weight of
+                persistent tasks times this worker's ``capacity`` over the
+                total capacity of the queue's servers (with every weight and
+                capacity 1: ceil(persistent tasks / workers serving the
+                queue)), counted against the weight of all this worker's
+                processes of the queue (a one-shot one weighs 1). Tasks a
+                fair share leaves queued are taken anyway one heartbeat
+                interval later if no peer took them.
             rebalance: with ``balance``, also move running persistent tasks
                 to even the load out when it changes (peers join or leave,
-                tasks are added): a worker below floor(P / S) asks the peers
-                above their share for their surplus, which each hands back
-                once the task's handler has exited, reserved for it (see
+                tasks are added, weights or capacities change): a worker at
+                least one below its share asks the peers above theirs for
+                their surplus (by weight), which each hands back once the
+                task's handler has exited, reserved for it (see
                 :mod:`mesh._balance`). False: this worker never asks (its
                 peers may still ask it to hand tasks back).
+            capacity: this worker's part of the fair share of the queue, a
+                whole number from 1 to 1,000,000 (default 1): a worker of
+                capacity 2 is given twice the weight of one of capacity 1.
+                Persistent tasks' weights are set by :meth:`Client.ensure`.
+                It does not limit how many processes run here (that is
+                ``concurrency``).
 
         Raises:
             ConfigError: bad queue name or arguments, or already served.
@@ -333,6 +346,7 @@ class Worker:
         check_queue(queue)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+        check_capacity(capacity)
         explicit: dict[str, Any] = {
             k: v
             for k, v in (
@@ -373,12 +387,13 @@ class Worker:
                 local.backoff_max,
                 balance,
                 rebalance,
+                capacity=capacity,
             )
             self._queues[queue] = cfg
             try:
                 gen = await self._current_generation()
                 try:
-                    await self._binding.serve(self._conn, gen.id, gen.incarnation, queue)
+                    await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
                     policy = await self._adopt_policy(gen.id, queue, local, explicit)
                     cfg = self._queues[queue] = cfg.with_policy(policy)
                     await self._start_runner(gen, cfg)

@@ -13,8 +13,10 @@
 -- KEYS[7] {ns}:reserved:<Q>      HASH payload -> "W:expiry": a task handed back for balance, reserved
 --                                for W (removed: a queued copy)
 -- KEYS[8] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
--- KEYS[9] {ns}:prio:<Q>          ZSET of queued tasks with a priority (lib.lua prio_add)
--- KEYS[10] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task
+-- KEYS[9] {ns}:share:<Q>         HASH weights and capacities (lib.lua): a
+--                                persistent task's weight leaves it
+-- KEYS[10] {ns}:prio:<Q>         ZSET of queued tasks with a priority (lib.lua prio_add)
+-- KEYS[11] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] the payload
@@ -28,8 +30,8 @@
 --!include lib.lua
 
 local nw = #ARGV - 2
-if #KEYS ~= 10 + 2 * nw then
-  return redis.error_reply('BAD_ARG expected ' .. (10 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+if #KEYS ~= 11 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (11 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local payload = ARGV[1]
 local found = {}
@@ -37,19 +39,25 @@ local owner = redis.call('HGET', KEYS[2], payload)
 if owner then
   local rec = redis.call('HGET', KEYS[3], owner)
   if rec then found[1] = {owner, unpack_record(rec).worker} end
-elseif redis.call('SISMEMBER', KEYS[6], payload) == 0 then
+end
+local standby = not owner and redis.call('SISMEMBER', KEYS[6], payload) == 1
+if not owner and not standby then
   found = find_processes(KEYS[3], payload)
 end
-local wkeys, missing = worker_keys(found, 2, 10, nw)
+local wkeys, missing = worker_keys(found, 2, 11, nw)
 if missing then return missing end
 
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
   + redis.call('HDEL', KEYS[7], payload)
-if redis.call('EXISTS', KEYS[9]) == 1 then removed = removed + prio_remove(KEYS[9], payload) end
-redis.call('HDEL', KEYS[10], payload)
+if redis.call('EXISTS', KEYS[10]) == 1 then removed = removed + prio_remove(KEYS[10], payload) end
+redis.call('HDEL', KEYS[11], payload)
 redis.call('HDEL', KEYS[2], payload)
 redis.call('SREM', KEYS[6], payload)
 redis.call('ZREM', KEYS[8], payload)
 redis.call('HDEL', KEYS[4], payload)
+if owner or standby then
+  local w = forget_weight(KEYS[9], payload)
+  if found[1] then add_share(KEYS[9], 'h' .. found[1][2], 1 - w) end
+end
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
 return {0, removed, #found}

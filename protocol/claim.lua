@@ -4,8 +4,11 @@
 -- across a restart or failover that lost {ns}:token, as long as the Redis
 -- clock does not go back.
 --
--- Fair share: with ARGV[6] = 1, W takes a persistent task only while it holds
--- fewer processes on Q than ceil(persistent tasks of Q / workers serving Q);
+-- Fair share: with ARGV[6] = 1, W takes a persistent task only while the
+-- weight it holds on Q is below its fair share, T * capacity of W / C (the
+-- total weight of Q's persistent tasks and the total capacity of its servers:
+-- lib.lua fair_share; with weights and capacities 1, while it holds fewer
+-- than P / S); so it ends at most one task's weight above its share. The
 -- persistent tasks it may not take stay at the head of the queue for peers.
 -- Callers that were held back and still see work later claim with ARGV[6] = 0,
 -- so a peer with spare capacity never leaves a task waiting.
@@ -35,11 +38,14 @@
 --                                to the head of the queue, for anyone.
 -- KEYS[14] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 --                                (a claimed one leaves it)
--- KEYS[15] {ns}:prio:<Q>        ZSET of queued tasks with a priority (see lib.lua prio_add):
+-- KEYS[15] {ns}:share:<Q>       HASH weights and capacities (lib.lua): the
+--                                weight of each persistent task taken is added
+--                                to W's held weight
+-- KEYS[16] {ns}:prio:<Q>        ZSET of queued tasks with a priority (see lib.lua prio_add):
 --                                taken before the list, the highest priority first
--- KEYS[16] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task: a due one with a
---                                priority goes to the front of its level in KEYS[15]
--- KEYS[17] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
+-- KEYS[17] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task: a due one with a
+--                                priority goes to the front of its level in KEYS[16]
+-- KEYS[18] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
 --         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
@@ -89,7 +95,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
 end
 local wake = ARGV[10] == '1'
-local bucket, rate, per = KEYS[17], nil, nil
+local bucket, rate, per = KEYS[18], nil, nil
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -109,21 +115,23 @@ local now = now_ms()
 -- the next one is due, and idle peers are woken for due ones left over.
 -- A queue that never had a priority or a delayed task pays one EXISTS here.
 local next_due = -1
-local has_delayed, has_prio = false, false
-local extra = redis.call('EXISTS', KEYS[8], KEYS[15])
+-- one call in the usual case: nothing delayed, reserved or with a priority
+local has_delayed, has_prio, waiting = false, false, false
+local extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16])
 if extra > 0 then
   has_delayed = redis.call('EXISTS', KEYS[8]) == 1
-  has_prio = extra > (has_delayed and 1 or 0)
+  has_prio = redis.call('EXISTS', KEYS[16]) == 1
+  waiting = extra > (has_delayed and 1 or 0) + (has_prio and 1 or 0)  -- reserved
 end
 if has_delayed then
   local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
-  local leveled = redis.call('EXISTS', KEYS[16]) == 1
+  local leveled = redis.call('EXISTS', KEYS[17]) == 1
   for i = #due, 1, -1 do
     redis.call('ZREM', KEYS[8], due[i])
-    local level = leveled and tonumber(redis.call('HGET', KEYS[16], due[i]) or '0') or 0
+    local level = leveled and tonumber(redis.call('HGET', KEYS[17], due[i]) or '0') or 0
     if level > 0 then
-      redis.call('HDEL', KEYS[16], due[i])
-      prio_add(KEYS[15], level, {due[i]}, true)
+      redis.call('HDEL', KEYS[17], due[i])
+      prio_add(KEYS[16], level, {due[i]}, true)
       has_prio = true
     else
       redis.call('LPUSH', KEYS[3], due[i])
@@ -152,7 +160,7 @@ end
 -- Tasks reserved for W by a rebalance go to the head, taken first (the
 -- fair share does not hold them back: they were moved to W to even it out).
 local forced, forced_list = {}, {}
-if redis.call('EXISTS', KEYS[13]) == 1 then
+if waiting and redis.call('EXISTS', KEYS[13]) == 1 then
   local _, mine = expire_reserved(KEYS[13], KEYS[3], KEYS[4], KEYS[11], now, ARGV[1])
   for i = math.min(#mine, n), 1, -1 do
     redis.call('HDEL', KEYS[13], mine[i])
@@ -165,7 +173,7 @@ end
 -- Tasks with a priority first (after those reserved for W), then the list.
 local take = {}
 if has_prio and n > #forced_list then
-  local z = redis.call('ZPOPMIN', KEYS[15], n - #forced_list)
+  local z = redis.call('ZPOPMIN', KEYS[16], n - #forced_list)
   for i = 1, #z, 2 do take[#take + 1] = {string.sub(z[i], 17), false, -tonumber(z[i + 1])} end
 end
 local items = {}
@@ -180,24 +188,30 @@ end
 local has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
 local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
 local room = #items
+-- weights other than 1 only where the share hash counts tasks of such weights
+local weighted = has_persistent and redis.call('HEXISTS', KEYS[15], ':heavy') == 1
 if has_persistent and ARGV[6] == '1' then
-  local p, servers = fair_share(KEYS[4], KEYS[11], KEYS[10])
-  room = math.ceil(p / servers) - redis.call('SCARD', KEYS[6])
+  local total, capacity, mine, extra = fair_share(KEYS[15], ARGV[1])
+  room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
 end
-local left = {}
+local left, gained = {}, 0
 for _, payload in ipairs(items) do
   local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
   if persistent and room <= 0 and not forced[payload] then
     left[#left + 1] = payload
   else
-    if persistent then room = room - 1 end
+    if persistent then
+      local w = weighted and task_weight(KEYS[15], payload) or 1
+      room = room - w
+      gained = gained + w - 1
+    end
     take[#take + 1] = {payload, persistent}
   end
 end
 for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
 local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3]), next_due}
-if has_prio and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[15]) end
+if has_prio and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[16]) end
 if wake and #left == 0 and #take < n then
   redis.call('SADD', KEYS[12], ARGV[1])
 else
@@ -216,6 +230,7 @@ if bucket then
     if out[3] < 0 or wait < out[3] then out[3] = wait end
   end
 end
+add_share(KEYS[15], 'h' .. ARGV[1], gained)
 local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
 redis.call('SET', KEYS[9], int(first + #take - 1))
 for i, t in ipairs(take) do

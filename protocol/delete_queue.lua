@@ -12,7 +12,9 @@
 -- KEYS[9] {ns}:moving:<Q>, KEYS[10] {ns}:reserved:<Q> (rebalancing; deleted)
 -- KEYS[8] {ns}:standby:<Q>
 -- KEYS[11] {ns}:unowned:<Q> (deleted)
--- KEYS[12] {ns}:prio:<Q>, KEYS[13] {ns}:delayed_prio:<Q> (priorities; deleted)
+-- KEYS[12] {ns}:share:<Q>  (task weights and held weights removed; the
+--          servers' capacities stay: they go on serving Q)
+-- KEYS[13] {ns}:prio:<Q>, KEYS[14] {ns}:delayed_prio:<Q> (priorities; deleted)
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
 -- ARGV[1] queue name Q
@@ -28,18 +30,27 @@
 --!include lib.lua
 
 local nw = #ARGV - 3
-if #KEYS ~= 13 + 2 * nw then
-  return redis.error_reply('BAD_ARG expected ' .. (13 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
+if #KEYS ~= 14 + 2 * nw then
+  return redis.error_reply('BAD_ARG expected ' .. (14 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local found = find_processes(KEYS[3], false)
-local wkeys, missing = worker_keys(found, 3, 13, nw)
+local wkeys, missing = worker_keys(found, 3, 14, nw)
 if missing then return missing end
 
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
-  + redis.call('LLEN', KEYS[6]) + redis.call('HLEN', KEYS[10]) + redis.call('ZCARD', KEYS[12])
+  + redis.call('LLEN', KEYS[6]) + redis.call('HLEN', KEYS[10]) + redis.call('ZCARD', KEYS[13])
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9],
-  KEYS[10], KEYS[11], KEYS[12], KEYS[13])
+  KEYS[10], KEYS[11], KEYS[13], KEYS[14])
 redis.call('SREM', KEYS[7], ARGV[1])
+local gone = {}
+local fields = redis.call('HGETALL', KEYS[12])  -- HGETALL: the documented ACL has no HKEYS
+for i = 1, #fields, 2 do
+  local f = fields[i]
+  local kind = string.sub(f, 1, 1)
+  if kind == 'w' or kind == 'h' or f == ':weight' or f == ':heavy' then gone[#gone + 1] = f end
+end
+call_chunked('HDEL', KEYS[12], gone)
+if #gone > 0 then redis.call('HINCRBY', KEYS[12], ':gen', 1) end
 redis.call('PUBLISH', ARGV[3], '')
 return {0, removed, #found}

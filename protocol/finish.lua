@@ -5,6 +5,8 @@
 -- KEYS[3] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
+-- KEYS[6] {ns}:share:<Q>         HASH weights and capacities (lib.lua): a
+--                                finished persistent task's weight leaves it
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] the done channel of Q ({ns}:done:<Q>)
@@ -21,6 +23,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   for i = 4, #ARGV do out[#out + 1] = 0 end
   return out
 end
+local weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1
 for i = 4, #ARGV do
   local id = ARGV[i]
   local rec = redis.call('HGET', KEYS[2], id)
@@ -30,8 +33,11 @@ for i = 4, #ARGV do
     if r.worker == ARGV[1] then
       redis.call('HDEL', KEYS[2], id)
       redis.call('SREM', KEYS[3], id)
+      local w = (r.persistent and weighted) and task_weight(KEYS[6], r.payload) or 1
+      add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
       if r.persistent and redis.call('HGET', KEYS[4], r.payload) == id then
         redis.call('HDEL', KEYS[4], r.payload)
+        forget_weight(KEYS[6], r.payload)  -- the task leaves: its weight leaves the sums
       end
       if r.attempts > 0 or r.persistent then redis.call('HDEL', KEYS[5], r.payload) end
       redis.call('PUBLISH', ARGV[3], r.payload)

@@ -7,7 +7,9 @@
 -- KEYS[3] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
--- KEYS[5 + i] {ns}:result:<H>:<Q> for each process i = 1..n: STRING, the
+-- KEYS[6] {ns}:share:<Q>         HASH weights and capacities (lib.lua): a
+--                                finished persistent task's weight leaves it
+-- KEYS[6 + i] {ns}:result:<H>:<Q> for each process i = 1..n: STRING, the
 --         result record of its payload (H: the SHA-1 of the payload, hex)
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
@@ -31,7 +33,7 @@ local ttl, err = count_arg(ARGV[4], 'result ttl')
 if err then return err end
 if ttl < 1 then return redis.error_reply('BAD_ARG result ttl must be >= 1') end
 local n = (#ARGV - 4) / 3
-if n ~= math.floor(n) or #KEYS ~= 5 + n then
+if n ~= math.floor(n) or #KEYS ~= 6 + n then
   return redis.error_reply('BAD_ARG expected 3 arguments and 1 key per process')
 end
 local out = {}
@@ -40,6 +42,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   return out
 end
 local now = now_ms()
+local weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1
 for i = 1, n do
   local a = 5 + 3 * (i - 1)
   local id = ARGV[a]
@@ -50,13 +53,16 @@ for i = 1, n do
     if r.worker == ARGV[1] then
       redis.call('HDEL', KEYS[2], id)
       redis.call('SREM', KEYS[3], id)
+      local w = (r.persistent and weighted) and task_weight(KEYS[6], r.payload) or 1
+      add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
       if r.persistent and redis.call('HGET', KEYS[4], r.payload) == id then
         redis.call('HDEL', KEYS[4], r.payload)
+        forget_weight(KEYS[6], r.payload)  -- the task leaves: its weight leaves the sums
       end
       if r.attempts > 0 or r.persistent then redis.call('HDEL', KEYS[5], r.payload) end
       local kind = ARGV[a + 1] == 'v' and 'v' or 'n'
       local value = ARGV[a + 2]
-      redis.call('SET', KEYS[5 + i], kind .. '\0' .. int(now) .. '\0' .. ARGV[1] .. '\0'
+      redis.call('SET', KEYS[6 + i], kind .. '\0' .. int(now) .. '\0' .. ARGV[1] .. '\0'
         .. #value .. '\0' .. value .. r.payload, 'PX', ttl)
       redis.call('PUBLISH', ARGV[3], r.payload)
       done = 1

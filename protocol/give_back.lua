@@ -24,9 +24,13 @@
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
 -- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
--- KEYS[13] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
+-- KEYS[13] {ns}:share:<Q>        HASH weights and capacities (lib.lua): the
+--                                weight of each persistent task given back
+--                                leaves W's held weight; a reservation moves
+--                                its generation on
+-- KEYS[14] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
 --                                back to the front (retried: the back) of its level (lib.lua prio_add)
--- KEYS[14] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
+-- KEYS[15] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
@@ -58,7 +62,9 @@ if err then return err end
 
 local now = now_ms()
 local moving = redis.call('EXISTS', KEYS[10]) == 1
-local out, front, pers, ready = {}, {}, {}, 0
+local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
+local out, front, pers, ready, lost = {}, {}, {}, 0, 0
+local kept = false  -- a task was reserved
 for i = 7, #ARGV do
   local id, why = ARGV[i], ''
   local cut = string.find(id, '\0', 1, true)
@@ -70,12 +76,16 @@ for i = 7, #ARGV do
     if r.worker == ARGV[1] then
       redis.call('HDEL', KEYS[1], id)
       redis.call('SREM', KEYS[2], id)
-      if r.persistent then pers[#pers + 1] = r.payload end
+      if r.persistent then
+        pers[#pers + 1] = r.payload
+        if weighted then lost = lost + task_weight(KEYS[13], r.payload) - 1 end
+      end
       local to = moving and redis.call('HGET', KEYS[10], id)
       if to then redis.call('HDEL', KEYS[10], id) end
       if mode == 'keep' and r.persistent and not to then
         -- a sticky restart: reserved for W itself for ARGV[3] ms
         redis.call('HSET', KEYS[11], r.payload, ARGV[1] .. ':' .. int(now + base))
+        kept = true
         outcome = 1
       elseif mode ~= 'fail' and to and r.persistent then
         -- moved for balance: reserved for its receiver (who may have died:
@@ -83,6 +93,7 @@ for i = 7, #ARGV do
         local w, at = parse_entry(to)
         if at > now then
           redis.call('HSET', KEYS[11], r.payload, to)
+          kept = true
           redis.call('PUBLISH', ARGV[5] .. w, ARGV[6])
         else
           front[#front + 1] = {tonumber(id), r.payload, r.level}
@@ -99,10 +110,10 @@ for i = 7, #ARGV do
           outcome = 3
         elseif where == 'later' then
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
-          delay_level(KEYS[14], r.payload, r.level)
+          delay_level(KEYS[15], r.payload, r.level)
           outcome = 2
         elseif r.level > 0 then
-          prio_add(KEYS[13], r.level, {r.payload}, false)
+          prio_add(KEYS[14], r.level, {r.payload}, false)
           ready = ready + 1
           outcome = 2
         else
@@ -117,11 +128,14 @@ for i = 7, #ARGV do
   out[#out + 1] = delay
 end
 to_standby(KEYS[4], KEYS[8], pers, true, KEYS[12], now)
+add_share(KEYS[13], 'h' .. ARGV[1], -lost)
+-- a reservation is balance news: heartbeats read the share again
+if kept then redis.call('HINCRBY', KEYS[13], ':gen', 1) end
 -- oldest claim first at the front
 table.sort(front, function(a, b) return a[1] < b[1] end)
 for i = #front, 1, -1 do
   if front[i][3] > 0 then
-    prio_add(KEYS[13], front[i][3], {front[i][2]}, true)
+    prio_add(KEYS[14], front[i][3], {front[i][2]}, true)
   else
     redis.call('LPUSH', KEYS[3], front[i][2])
   end

@@ -470,12 +470,99 @@ local function cancel_found(found, procs, wkeys, cancel_prefix)
   end
 end
 
--- The fair share of a queue's persistent tasks: how many there are (P,
--- queued, delayed or running) and how many workers serve the queue (S, at
--- least 1). Every worker should hold floor(P / S) or ceil(P / S).
-local function fair_share(persistent, standby, servers)
-  local p = redis.call('HLEN', persistent) + redis.call('SCARD', standby)
-  return p, math.max(1, redis.call('SCARD', servers))
+-- Weights and capacities of a queue Q ({ns}:share:<Q>, a HASH):
+--   ':weight'       T, the total weight of the persistent tasks of Q (their
+--                   number when every weight is 1)
+--   ':capacity'     C, the total capacity of the servers of Q (their number
+--                   when every capacity is 1)
+--   ':heavy'        how many persistent tasks of Q weigh other than 1
+--   'w' .. payload  the weight of a persistent task of Q (default 1)
+--   'c' .. W        the capacity of server W on Q (default 1)
+--   'h' .. W        the weight of W's processes on Q beyond one each: the
+--                   sum of (weight - 1) over them (default 0)
+--   ':gen'          a generation: moves on with every change of the others,
+--                   every rebalance mark and every reservation (see
+--                   heartbeat.lua); never left out once written
+-- A field is left out while it would hold 0 or its default. Worker ids
+-- contain no ':', and the first byte tells the kinds apart. The sums are
+-- kept by the scripts that change them, so fair_share reads one HMGET.
+
+-- The weight of a persistent task of Q.
+local function task_weight(share, payload)
+  return tonumber(redis.call('HGET', share, 'w' .. payload) or '1')
+end
+
+-- Add `delta` to a whole-number field of the share hash, which is left out
+-- when it comes to 0; a change moves the generation ':gen' on (heartbeat.lua
+-- reads the share again only when it moved).
+local function add_share(share, field, delta)
+  if delta ~= 0 then
+    if redis.call('HINCRBY', share, field, delta) == 0 then redis.call('HDEL', share, field) end
+    redis.call('HINCRBY', share, ':gen', 1)
+  end
+end
+
+-- New persistent tasks of Q, `n` of them of weight `weight` each.
+local function add_tasks(share, n, weight)
+  add_share(share, ':weight', n * weight)
+  if weight ~= 1 then add_share(share, ':heavy', n) end
+end
+
+-- Set the weight of a persistent task of Q (it was `was`): its entry and
+-- the sums. Returns the change.
+local function set_weight(share, payload, weight, was)
+  if weight == was then return 0 end
+  if weight == 1 then
+    redis.call('HDEL', share, 'w' .. payload)
+  else
+    redis.call('HSET', share, 'w' .. payload, weight)
+  end
+  add_share(share, ':weight', weight - was)
+  add_share(share, ':heavy', (weight ~= 1 and 1 or 0) - (was ~= 1 and 1 or 0))
+  return weight - was
+end
+
+-- The persistent task `payload` leaves Q (finished or cancelled): its
+-- weight leaves the sums. Returns its weight.
+local function forget_weight(share, payload)
+  local w = task_weight(share, payload)
+  set_weight(share, payload, 1, w)
+  add_share(share, ':weight', -1)
+  return w
+end
+
+-- W becomes a server of Q with capacity `cap` (`was`: its capacity as a
+-- server already, or 0 if it was not one).
+local function set_capacity(share, worker, cap, was)
+  if cap == was then return end
+  if cap == 1 or cap == 0 then
+    redis.call('HDEL', share, 'c' .. worker)
+  else
+    redis.call('HSET', share, 'c' .. worker, cap)
+  end
+  add_share(share, ':capacity', cap - was)
+end
+
+-- W leaves Q with every process it held there: its held weight is
+-- forgotten, and, if it was a server (`server`), its capacity leaves the sum.
+local function leave_share(share, worker, server)
+  if server then
+    set_capacity(share, worker, 0, tonumber(redis.call('HGET', share, 'c' .. worker) or '1'))
+  end
+  redis.call('HDEL', share, 'h' .. worker)
+end
+
+-- The fair share of a queue, one HMGET: T, the total weight of its
+-- persistent tasks (queued, delayed or running), C, the total capacity of
+-- the workers that serve it (at least 1), and for `worker` its capacity and
+-- the weight of its processes beyond one each (its held weight is SCARD of
+-- its held set plus that). W's fair share is T * capacity / C; with every
+-- weight and capacity 1, P / S, and every worker should hold floor(P / S)
+-- or ceil(P / S).
+local function fair_share(share, worker)
+  local v = redis.call('HMGET', share, ':weight', ':capacity', 'c' .. worker, 'h' .. worker)
+  return tonumber(v[1] or '0'), math.max(1, tonumber(v[2] or '0')),
+    tonumber(v[3] or '1'), tonumber(v[4] or '0')
 end
 
 -- A balance entry ({ns}:moving:<Q> or {ns}:reserved:<Q> value): the worker

@@ -16,11 +16,12 @@
 -- then for each worker W_j named in ARGV (j = 1..n), three keys:
 --   {ns}:worker:<W_j> (heartbeat key), {ns}:serves:<W_j> (SET of queues it
 --   serves), {ns}:inbox:<W_j> (SET of its unacknowledged cancels)
--- then for each queue Q_i named in ARGV (i = 1..m), twelve keys:
+-- then for each queue Q_i named in ARGV (i = 1..m), thirteen keys:
 --   {ns}:procs:<Q>, {ns}:queue:<Q>, {ns}:persistent:<Q>, {ns}:attempts:<Q>,
 --   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>, {ns}:standby:<Q>,
---   {ns}:idle:<Q>, {ns}:unowned:<Q>, {ns}:prio:<Q>, {ns}:delayed_prio:<Q>
---   (a task with a priority goes back to its level: lib.lua return_held)
+--   {ns}:idle:<Q>, {ns}:unowned:<Q>, {ns}:share:<Q> (the worker's capacity and
+--   held weight leave it), {ns}:prio:<Q>, {ns}:delayed_prio:<Q> (a task with
+--   a priority goes back to its level: lib.lua return_held)
 -- then for each worker j and each queue i (worker by worker), one key:
 --   {ns}:held:<W_j>:<Q_i>
 -- ARGV[1] mode: "dead" or "leave"
@@ -57,12 +58,12 @@ if n < 1 or (mode == 'leave' and n ~= 1) or 4 + n > #ARGV then
   return redis.error_reply('BAD_ARG worker count must be 1 in mode "leave", 1 to 1000 in mode "dead"')
 end
 local m = #ARGV - 4 - n
-if #KEYS ~= 2 + 3 * n + 12 * m + n * m then
-  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 12 * m + n * m) .. ' keys for '
+if #KEYS ~= 2 + 3 * n + 13 * m + n * m then
+  return redis.error_reply('BAD_ARG expected ' .. (2 + 3 * n + 13 * m + n * m) .. ' keys for '
     .. n .. ' workers and ' .. m .. ' queues')
 end
-local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 12(i-1) + 1..12]
-local hbase = qbase + 12 * m        -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
+local qbase = 2 + 3 * n             -- queue i's keys are KEYS[qbase + 13(i-1) + 1..13]
+local hbase = qbase + 13 * m        -- held key of (j, i) is KEYS[hbase + m(j-1) + i]
 
 -- Check everything before the first write.
 local given = {}
@@ -109,12 +110,13 @@ for _, j in ipairs(todo) do
   local known = redis.call('ZREM', KEYS[1], w) + redis.call('HDEL', KEYS[2], w)
   local back, buried = 0, 0
   for i = 1, m do
-    local q = qbase + 12 * (i - 1)
+    local q = qbase + 13 * (i - 1)
     local b, d, dl = return_held(KEYS[hbase + m * (j - 1) + i], KEYS[q + 1], KEYS[q + 2],
       KEYS[q + 3], KEYS[q + 4], KEYS[q + 5], KEYS[q + 7], mode == 'dead', now, KEYS[q + 8],
-      KEYS[q + 10], KEYS[q + 11], KEYS[q + 12])
-    redis.call('SREM', KEYS[q + 6], w)
+      KEYS[q + 10], KEYS[q + 12], KEYS[q + 13])
+    local server = redis.call('SREM', KEYS[q + 6], w) == 1
     redis.call('SREM', KEYS[q + 9], w)
+    leave_share(KEYS[q + 11], w, server)
     back_q[i] = back_q[i] + b
     back, buried = back + b, buried + d
     for _, t in ipairs(dl) do
@@ -126,7 +128,7 @@ for _, j in ipairs(todo) do
   out[2], out[3] = out[2] + back, out[3] + buried
 end
 for i = 1, m do
-  wake_idle(KEYS[qbase + 12 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
+  wake_idle(KEYS[qbase + 13 * (i - 1) + 9], ARGV[3], ARGV[4 + n + i], back_q[i])
 end
 out[5], out[6] = alive_ids, told
 return out

@@ -14,9 +14,11 @@
 --                                handed-back one moves there from KEYS[5]
 -- KEYS[11] {ns}:idle:<Q>         SET of idle servers of Q (see lib.lua wake_idle)
 -- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
--- KEYS[13] {ns}:prio:<Q>         ZSET of queued tasks with a priority: one goes back to the
+-- KEYS[13] {ns}:share:<Q>       HASH weights and capacities (lib.lua): W's
+--                                capacity and held weight leave it
+-- KEYS[14] {ns}:prio:<Q>         ZSET of queued tasks with a priority: one goes back to the
 --                                front of its level (lib.lua prio_add)
--- KEYS[14] {ns}:delayed_prio:<Q> (passed for the shared helper; not written)
+-- KEYS[15] {ns}:delayed_prio:<Q> (passed for the shared helper; not written)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3] worker id W
@@ -27,9 +29,10 @@
 --!include lib.lua
 
 local back = return_held(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], false,
-  now_ms(), KEYS[10], KEYS[12], KEYS[13], KEYS[14])
+  now_ms(), KEYS[10], KEYS[12], KEYS[14], KEYS[15])
 redis.call('SREM', KEYS[1], ARGV[1])
-redis.call('SREM', KEYS[8], ARGV[3])
+local server = redis.call('SREM', KEYS[8], ARGV[3]) == 1
 redis.call('SREM', KEYS[11], ARGV[3])
+leave_share(KEYS[13], ARGV[3], server)
 wake_idle(KEYS[11], ARGV[2], ARGV[1], back)
 return back

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 import mesh
@@ -52,10 +53,18 @@ class Mesh:
         self.workers: list[mesh.Worker] = []
         self._stops: dict[str, trio.Event] = {}
 
-    async def add(self, rebalance: bool = True) -> mesh.Worker:
+    async def add(
+        self, rebalance: bool = True, capacity: int = 1, concurrency: int = 10
+    ) -> mesh.Worker:
         async def run(task_status: trio.TaskStatus[mesh.Worker]) -> None:
             async with mesh.open_worker(self.url, namespace=self.ns, ttl=TTL) as w:
-                await w.start_work("devices", self.owners.handler, rebalance=rebalance)
+                await w.start_work(
+                    "devices",
+                    self.owners.handler,
+                    rebalance=rebalance,
+                    capacity=capacity,
+                    concurrency=concurrency,
+                )
                 stop = self._stops[w.id] = trio.Event()
                 task_status.started(w)
                 await stop.wait()
@@ -124,7 +133,7 @@ async def test_peers_that_join_take_exactly_the_surplus(redis_url: str, namespac
         assert sum(s.processes_moved for s in stats) == 15
         # visible: every worker holds its fair 5, nothing moving
         for info in await client.workers():
-            assert info.shares == (mesh.QueueShare("devices", 5, 5, 5, 0, 0),)
+            assert info.shares == (mesh.QueueShare("devices", 5, 5, 5, 0, 0, weight=5, share=5.0),)
         assert share_text(info.shares) == "devices 5/5"
 
 
@@ -154,6 +163,80 @@ async def test_a_rolling_restart_ends_balanced(redis_url: str, namespace: str) -
         assert m.counts() == [5] * 6
 
 
+async def test_one_heavy_task_and_many_light_ones_spread_by_weight(
+    redis_url: str, namespace: str
+) -> None:
+    """A task of weight 10 and 20 of weight 1 over 3 peers: a fair share of
+    10 each, by weight; every peer ends within one task's weight of it
+    (here exactly at it: the light tasks fill in around the heavy one)."""
+    async with open_mesh(redis_url, namespace) as (client, m):
+        for _ in range(3):
+            await m.add()
+        await client.ensure("devices", "heavy", weight=10)
+        await client.ensure_many("devices", [f"d{i}" for i in range(20)])
+        weight = {b"heavy": 10}
+
+        def loads() -> list[int]:
+            held = [0] * len(m.workers)
+            ids = [w.id for w in m.workers]
+            for task, wid in m.owners.running.items():
+                held[ids.index(wid)] += weight.get(task, 1)
+            return held
+
+        async def spread() -> bool:
+            return len(m.owners.running) == 21 and all(abs(x - 10) < 10 for x in loads())
+
+        await wait_until(spread, within=15, what=f"a spread by weight (now {loads()})")
+        await wait_until(
+            lambda: _true(loads() == [10, 10, 10]), within=15, what=f"exact (now {loads()})"
+        )
+        shares = {i.id: i.shares[0] for i in await client.workers()}
+        assert sorted(sh.weight for sh in shares.values()) == [10, 10, 10]
+        assert {sh.share for sh in shares.values()} == {10.0}
+        heavy = next(w for w in m.workers if m.owners.running[b"heavy"] == w.id)
+        assert shares[heavy.id].held == 1  # the heavy one alone
+        # the weight changes: ensuring again sets it, and the mesh rebalances
+        await client.ensure("devices", "heavy", weight=1)
+        weight[b"heavy"] = 1
+
+        async def even() -> bool:
+            return sorted(loads()) == [7, 7, 7]
+
+        await wait_until(even, within=15, what=f"7 each after the reweight (now {loads()})")
+
+
+async def test_capacities_one_to_two_get_one_to_two_of_the_weight(
+    redis_url: str, namespace: str
+) -> None:
+    async with open_mesh(redis_url, namespace) as (client, m):
+        await m.add(capacity=1, concurrency=30)
+        await client.ensure_many("devices", [f"d{i}" for i in range(30)])
+        await wait_until(lambda: _true(m.counts() == [30]), what="the first peer runs all")
+        await m.add(capacity=2, concurrency=30)
+        await wait_until(lambda: _true(m.counts() == [10, 20]), within=15, what=f"{m.counts()}")
+        shares = [i.shares[0] for i in await client.workers()]
+        assert sorted((sh.capacity, sh.weight, sh.share) for sh in shares) == [
+            (1, 10, 10.0),
+            (2, 20, 20.0),
+        ]
+        assert "x2" in share_text((shares[0],)) + share_text((shares[1],))
+
+
+async def test_bad_weights_and_capacities_are_refused_in_one_line(
+    redis_url: str, namespace: str
+) -> None:
+    async with (
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w,
+    ):
+        for bad in (0, -1, 1.5, True, 1_000_001, "2"):
+            with pytest.raises(mesh.ConfigError, match=r"^weight must be a whole number from 1"):
+                await client.ensure("devices", "x", weight=bad)  # type: ignore[arg-type]
+            with pytest.raises(mesh.ConfigError, match=r"^capacity must be a whole number from"):
+                await w.start_work("devices", Owners().handler, capacity=bad)  # type: ignore[arg-type]
+        assert await client.persistent_tasks("devices") == {}
+
+
 def test_the_share_column_of_mesh_status() -> None:
     s = mesh.QueueShare
     assert share_text((s("devices", 3, 5, 5, 2, 0),)) == "devices 3/5 +2"
@@ -171,6 +254,10 @@ def test_the_pull_decision() -> None:
     assert pull_count(5, 31, 6, False, policy) == 0  # within one: hysteresis
     assert pull_count(0, 30, 6, True, policy) == 0  # tasks ready: claims spread them
     assert pull_count(0, 0, 6, False, policy) == 0
+    # by weight against capacity: a share of 30 * 2 / 4 = 15
+    assert pull_count(5, 30, 4, False, policy, capacity=2) == 3
+    assert pull_count(14, 30, 4, False, policy, capacity=2) == 1
+    assert pull_count(14.5, 30, 4, False, policy, capacity=2) == 0  # type: ignore[arg-type]
 
 
 async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
@@ -204,7 +291,7 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
         await trio.sleep(TTL * 2)  # the peer heartbeats, and may not take them
         assert owners.counts([peer]) == [2] and len(owners.running) == 2
         shares = {i.id: i.shares for i in await client.workers()}
-        assert shares[peer.id] == (mesh.QueueShare("devices", 2, 4, 4, 0, 0),)
+        assert shares[peer.id] == (mesh.QueueShare("devices", 2, 4, 4, 0, 0, weight=2, share=4.0),)
         async with mesh.open_worker(
             redis_url,
             worker_id="sticky-1",

@@ -98,6 +98,10 @@ class MeshModel(RuleBasedStateMachine):
         self.old_pids: list[tuple[str, str, str]] = []  # (worker, queue, pid) no longer valid
         self.live: dict[str, set[bytes]] = {q: set() for q in QUEUES}  # payloads in the mesh
         self.persistent: dict[str, set[bytes]] = {q: set() for q in QUEUES}
+        # weights and capacities other than 1 (the fair share is by weight
+        # against capacity): (queue, payload) -> weight, (worker, queue) -> capacity
+        self.weight: dict[tuple[str, bytes], int] = {}
+        self.capacity: dict[tuple[str, str], int] = {}
         # (queue, payload) -> the worker a rebalance meant it for (while marked or reserved)
         self.reserved_for: dict[tuple[str, bytes], str] = {}
         self.sticky: set[str] = set()  # left with a sticky restart, may rejoin
@@ -126,9 +130,15 @@ class MeshModel(RuleBasedStateMachine):
         w = f"w{len(self.workers) + len(self.dead) + len(self.gone)}"
         inc = "i-" + w
         run(self.b.register(self.x, w, inc, 600_000, b"{}"))
-        for q in QUEUES:
-            run(self.b.serve(self.x, w, inc, q))
+        self.serve_all(w, inc)
         self.workers[w] = inc
+
+    def serve_all(self, w: str, inc: str) -> None:
+        """Serve every queue; every third worker with capacity 2 on q1."""
+        for q in QUEUES:
+            cap = 2 if q == "q1" and int(w[1:]) % 3 == 2 else 1
+            run(self.b.serve(self.x, w, inc, q, cap))
+            self.capacity[(w, q)] = cap
 
     @rule(q=st.sampled_from(QUEUES), n=st.integers(1, 3))
     def enqueue(self, q: str, n: int) -> None:
@@ -141,15 +151,19 @@ class MeshModel(RuleBasedStateMachine):
         existing = sorted(self.persistent[q])
         again = data.draw(st.booleans())
         p = data.draw(st.sampled_from(existing)) if existing and again else self.fresh()
-        (added,) = run(self.b.ensure(self.x, q, [p]))
+        weight = 1 + self.n % 3  # ensuring again sets the weight (it may change)
+        (added,) = run(self.b.ensure(self.x, q, [p], weight))
         assert added == (p not in self.persistent[q])
         self.persistent[q].add(p)
         self.live[q].add(p)
+        self.weight[(q, p)] = weight
 
     @rule(q=st.sampled_from(QUEUES), n=st.integers(3, 8))
     def ensure_several(self, q: str, n: int) -> None:
         ps = [self.fresh() for _ in range(n)]
-        assert run(self.b.ensure(self.x, q, ps)) == [True] * n
+        weight = {3: 2, 5: 3}.get(n, 1)
+        assert run(self.b.ensure(self.x, q, ps, weight)) == [True] * n
+        self.weight.update({(q, p): weight for p in ps})
         self.persistent[q].update(ps)
         self.live[q].update(ps)
 
@@ -218,6 +232,7 @@ class MeshModel(RuleBasedStateMachine):
             self.old_pids.append((w, q, pid))
             self.live[q].discard(payload)
             self.persistent[q].discard(payload)
+            self.weight.pop((q, payload), None)
             # run twice: no change
             assert run(self.b.finish(self.x, w, inc, q, [pid], results)) == [False]
 
@@ -308,6 +323,7 @@ class MeshModel(RuleBasedStateMachine):
             self.old_pids.append((w, q, pid))
         self.live[q].discard(p)
         self.persistent[q].discard(p)
+        self.weight.pop((q, p), None)
         assert run(self.b.cancel(self.x, q, p)) == (0, 0)
 
     @precondition(lambda self: self.workers)
@@ -405,8 +421,7 @@ class MeshModel(RuleBasedStateMachine):
         self.gone.discard(w)
         inc = "i2-" + w
         run(self.b.register(self.x, w, inc, 600_000, b"{}"))
-        for q in QUEUES:
-            run(self.b.serve(self.x, w, inc, q))
+        self.serve_all(w, inc)
         self.workers[w] = inc
 
     def leave_as(self, w: str) -> None:
@@ -510,6 +525,44 @@ class MeshModel(RuleBasedStateMachine):
             # cancel removes its reservation)
             for p in self.r.hkeys(self.keys.reserved(q)):
                 assert p in self.persistent[q]
+
+    @invariant()
+    def weights_and_capacities_add_up(self) -> None:
+        """The share hash holds each persistent task's weight, each server's
+        capacity, each worker's extra held weight and their sums: exactly
+        what they are (the fair share reads only these)."""
+        if not hasattr(self, "keys"):
+            return
+        for q in QUEUES:
+            pers = self.persistent[q]
+            weight = {p: self.weight.get((q, p), 1) for p in pers}
+            servers = sorted(set(self.workers) | self.dead)
+            want: dict[bytes, bytes] = {}
+            for p, x in weight.items():
+                if x != 1:
+                    want[b"w" + p] = str(x).encode()
+            total = sum(weight.values())
+            if total:
+                want[b":weight"] = str(total).encode()
+            heavy = sum(x != 1 for x in weight.values())
+            if heavy:
+                want[b":heavy"] = str(heavy).encode()
+            caps = sum(self.capacity[(w, q)] for w in servers)
+            if caps:
+                want[b":capacity"] = str(caps).encode()
+            for w in servers:
+                if self.capacity[(w, q)] != 1:
+                    want[b"c" + w.encode()] = str(self.capacity[(w, q)]).encode()
+            held: dict[str, int] = {}
+            for w, pq, p in self.procs.values():
+                if pq == q and p in pers:
+                    held[w] = held.get(w, 0) + weight[p] - 1
+            for w, x in held.items():
+                if x:
+                    want[b"h" + w.encode()] = str(x).encode()
+            got = self.r.hgetall(self.keys.share(q))
+            got.pop(b":gen", None)  # a generation: it only moves on
+            assert got == want, q
 
     @invariant()
     def one_place(self) -> None:

@@ -3,6 +3,7 @@ codes, and that running it twice is safe."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -1054,9 +1055,10 @@ async def test_rebalance_moves_the_surplus_to_its_receiver_only_and_loses_nothin
     assert sorted(hb.release[0]) == sorted(moving)
     # visible: each worker's load against its share, and what is moving
     shares = {w.id: w.shares for w in await mesh.Client(conn, keys).workers()}
-    assert shares["w1"] == (mesh.QueueShare(Q, 6, 2, 2, incoming=0, outgoing=4),)
-    assert shares["w2"] == (mesh.QueueShare(Q, 0, 2, 2, incoming=2, outgoing=0),)
-    assert shares["w3"] == (mesh.QueueShare(Q, 0, 2, 2, incoming=2, outgoing=0),)
+    share = functools.partial(mesh.QueueShare, Q, fair_min=2, fair_max=2, share=2.0)
+    assert shares["w1"] == (share(held=6, incoming=0, outgoing=4, weight=6),)
+    assert shares["w2"] == (share(held=0, incoming=2, outgoing=0, weight=0),)
+    assert shares["w3"] == (share(held=0, incoming=2, outgoing=0, weight=0),)
     assert (hb.persistent, hb.servers) == ((6,), (3,))
     # w1's handlers exited: it hands the four back; each is reserved for its
     # receiver, not queued for anyone

@@ -25,6 +25,7 @@ from mesh._scripts import Script, run_script
 from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port
+from mesh.testing import wait_until as mesh_wait
 
 from .topology import (
     SERVICE,
@@ -399,6 +400,42 @@ async def test_client_and_worker_on_other_nodes(cluster: ClusterSetup) -> None:
             await w.start_work("p", runs.handler)
             await wait_until(lambda: runs.tokens(b"device-1"), 10, "the persistent task to run")
     assert client(owner).exists(ROUTE + "persistent:p")
+
+
+async def test_rebalancing_by_weight_on_a_cluster(cluster: ClusterSetup) -> None:
+    """Rebalancing works on Cluster as on one server: a peer that joins
+    through another master takes its fair share by weight against capacity
+    (every script of the namespace runs on its slot's master), moved only
+    once its old handler exited."""
+    owner = cluster.owner_port(SLOT)
+    other = next(m for m in cluster.masters if m.port != owner)
+    runs = Runs()
+    kw = {"namespace": NS, "ttl": 1.5}
+    async with (
+        mesh.open_client(cluster.url(cluster.replicas[0]), namespace=NS) as c,
+        mesh.open_worker(cluster.url(), **kw) as first,  # type: ignore[arg-type]
+    ):
+        await first.start_work("balanced", runs.handler)
+        await c.ensure("balanced", "heavy", weight=4)
+        await c.ensure_many("balanced", [f"light-{i}" for i in range(8)])
+
+        async def weights() -> dict[str, tuple[int, float]]:
+            return {
+                w.id: (w.shares[0].weight, w.shares[0].share) for w in await c.workers() if w.shares
+            }
+
+        await wait_until(
+            lambda: len(runs.started) - len(runs.cancelled) == 9, 10, "all nine to run"
+        )
+        async with mesh.open_worker(cluster.url(other), **kw) as second:  # type: ignore[arg-type]
+            await second.start_work("balanced", runs.handler, capacity=2)
+
+            async def even() -> bool:
+                return await weights() == {first.id: (4, 4.0), second.id: (8, 8.0)}
+
+            await mesh_wait(even, within=15, what="weights 4 and 8 of 12 at capacities 1, 2")
+            assert runs.cancelled  # tasks moved, each once its handler exited
+    assert client(owner).exists(ROUTE + "share:balanced")
 
 
 def test_cli_status_on_a_replica(cluster: ClusterSetup) -> None:

@@ -75,8 +75,9 @@ def _count(text: str) -> int:
 
 def share_text(shares: tuple[mesh.QueueShare, ...]) -> str:
     """What a worker holds of each queue with persistent tasks against its
-    fair share, and what is moving: ``devices 3/5 +2`` (3 held, a fair 5, 2
-    on their way to it), ``devices 10/4-5 -5``."""
+    fair share, by weight, and what is moving: ``devices 3/5 +2`` (it holds
+    a weight of 3, a fair 5, 2 tasks on their way to it), ``devices
+    10/4-5 -5``, ``devices 12/13-14 x2`` (a share of 13.3 at capacity 2)."""
     parts = []
     for sh in shares:
         if sh.fair_max == 0:
@@ -85,7 +86,8 @@ def share_text(shares: tuple[mesh.QueueShare, ...]) -> str:
         moving = (f" +{sh.incoming}" if sh.incoming else "") + (
             f" -{sh.outgoing}" if sh.outgoing else ""
         )
-        parts.append(f"{sh.queue} {sh.held}/{fair}{moving}")
+        cap = f" x{sh.capacity}" if sh.capacity != 1 else ""
+        parts.append(f"{sh.queue} {sh.weight or sh.held}/{fair}{moving}{cap}")
     return ", ".join(parts) or "-"
 
 

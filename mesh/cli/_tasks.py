@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 import mesh
+from mesh._balance import MAX_WEIGHT
 from mesh._client import MAX_PRIORITY, check_priority
 
 from ._common import (
@@ -77,10 +78,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="make tasks persistent tasks of a queue",
         description="Make each TASK a persistent task of QUEUE: owned by exactly one live "
         "worker until cancelled, moved when that worker dies or stops. A task that is "
-        "there already is left alone.",
+        "there already is left alone (but for its weight, set to --weight).",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument("tasks", metavar="TASK", nargs="+", help=_TASKS_HELP)
+    _weight_option(p)
     _data_options(p)
     p.set_defaults(func=_ensure)
 
@@ -110,6 +112,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="accept an empty set (cancels every persistent task of QUEUE)",
     )
+    _weight_option(p)
     _data_options(p)
     p.set_defaults(func=_reconcile)
 
@@ -132,6 +135,31 @@ def _priority(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"must be a whole number from 0 to {MAX_PRIORITY}, got {text!r}"
         ) from None
+
+
+def weight_arg(text: str) -> int:
+    """A task weight or worker capacity: a whole number from 1 to 1,000,000."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_WEIGHT:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 1 to {MAX_WEIGHT:,}, not {text!r}"
+        )
+    return n
+
+
+def _weight_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weight",
+        type=weight_arg,
+        default=1,
+        metavar="N",
+        help="each task's weight in the fair share that peers balance (1 to 1,000,000; "
+        "default 1): a worker's share is the total weight times its capacity over the total "
+        "capacity of the queue's workers",
+    )
 
 
 def _data_options(p: argparse.ArgumentParser) -> None:
@@ -174,7 +202,8 @@ def _ensure(args: argparse.Namespace) -> int:
         existing: list[bytes] = []
         for i in range(0, len(tasks), _BATCH):
             batch = tasks[i : i + _BATCH]
-            for task, new in zip(batch, await client.ensure_many(args.queue, batch), strict=True):
+            flags = await client.ensure_many(args.queue, batch, weight=args.weight)
+            for task, new in zip(batch, flags, strict=True):
                 (added if new else existing).append(task)
         if args.json:
             dump_json(
@@ -231,7 +260,7 @@ def _reconcile(args: argparse.Namespace) -> int:
         )
 
     async def go(client: mesh.Client) -> int:
-        r = await client.reconcile(args.queue, tasks)
+        r = await client.reconcile(args.queue, tasks, weight=args.weight)
         if args.json:
             dump_json(
                 {

@@ -38,6 +38,7 @@ from ._common import (
     show_task,
     target,
 )
+from ._tasks import weight_arg
 
 __all__ = ["AppImportError", "load_app", "register"]
 
@@ -77,6 +78,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_queue_concurrency_arg,
         metavar="Q=N",
         help="the same as --concurrency Q=N",
+    )
+    p.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        type=_capacity_arg,
+        metavar="[Q=]N",
+        help="this worker's part of the fair share of persistent tasks, against the other "
+        "workers' (1 to 1,000,000): 'Q=N' for queue Q, a bare 'N' for every other queue "
+        "(repeatable; default 1). A worker of capacity 2 is given twice the weight of one "
+        "of capacity 1",
     )
     p.add_argument(
         "--max-attempts",
@@ -177,11 +189,37 @@ def _concurrency_arg(text: str) -> tuple[str | None, int]:
     return queue, _count_arg(n)
 
 
+def _capacity_arg(text: str) -> tuple[str | None, int]:
+    queue, eq, n = text.rpartition("=")
+    if eq and not queue:
+        raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, not {text!r}")
+    if eq:
+        try:
+            check_queue(queue)
+        except mesh.ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return (queue if eq else None), weight_arg(n)
+
+
 def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
     queue, n = _concurrency_arg(text)
     if queue is None:
         raise argparse.ArgumentTypeError(f"expected QUEUE=N, not {text!r}")
     return queue, n
+
+
+def _per_queue(
+    given: list[tuple[str | None, int]], app: dict[str, mesh.Handler], default: int, option: str
+) -> dict[str, int]:
+    """``[Q=]N`` options as a value per queue of ``app`` (a bare N: the default)."""
+    for queue, n in given:
+        if queue is None:
+            default = n
+    per_queue = {q: n for q, n in given if q is not None}
+    unknown = sorted(set(per_queue) - set(app))
+    if unknown:
+        raise UsageError(f"{option} names queues that APP does not serve: {unknown}")
+    return {q: per_queue.get(q, default) for q in app}
 
 
 class AppImportError(CliError):
@@ -282,6 +320,7 @@ def _worker(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--concurrency names queues that APP does not serve: {unknown}")
     concurrency = {q: per_queue.get(q, default) for q in app}
+    capacity = _per_queue(args.capacity, app, 1, "--capacity")
     try:
         LeaseTiming.make(args.ttl, None, None)
         if args.worker_id is not None:
@@ -303,7 +342,7 @@ def _worker(args: argparse.Namespace) -> int:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    return trio.run(_serve, args, t, app, concurrency)
+    return trio.run(_serve, args, t, app, concurrency, capacity)
 
 
 class JsonFormatter(logging.Formatter):
@@ -381,6 +420,7 @@ async def _serve(
     t: Target,
     app: dict[str, mesh.Handler],
     concurrency: dict[str, int],
+    capacity: dict[str, int] | None = None,
 ) -> int:
     stopping = _Stopping()
     stop = trio.Event()
@@ -443,6 +483,7 @@ async def _serve(
                         queue,
                         _logged(handler, stopping),
                         concurrency=concurrency[queue],
+                        capacity=(capacity or {}).get(queue, 1),
                         max_attempts=args.max_attempts,
                         backoff=args.backoff,
                         backoff_max=args.backoff_max,

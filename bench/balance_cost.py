@@ -1,0 +1,276 @@
+"""The Redis time of a heartbeat and of a claim, before rebalancing and with it.
+
+``python -m bench.balance_cost [--calls 3000] [--rounds 3]`` starts its own
+redis-server (127.0.0.1, a free port) and loads three versions of the
+scripts side by side: ``before`` (main at deac1f2, protocol 4 before
+rebalancing), ``main-f8ba231`` (rebalancing, counts only),
+``main-0fd0f83`` (protocol 6: task priorities, the fair share by counts) and ``this``
+(the working tree: the fair share by weight against capacity, protocol 7,
+with version 6's task priorities). For each it
+sets up the same state in a namespace of its own (a worker W serving one
+queue with 30 persistent tasks it holds, 4 servers) and measures, round by
+round and version by version in turn (so load drifts hit all alike):
+
+- ``heartbeat.lua`` for W's one queue;
+- ``claim.lua`` with the fair share on, nothing left to take.
+
+Each figure is ``INFO commandstats`` (``cmdstat_evalsha`` usec / calls)
+over ``--calls`` calls after ``CONFIG RESETSTAT``; the report gives the
+median of the rounds and their min-max, and the ratio to ``before``.
+
+With ``--callgrind`` the redis-server runs under ``valgrind
+--tool=callgrind --toggle-collect=evalShaCommand`` and the figure is the
+instructions executed inside EVALSHA per call (counters zeroed before and
+dumped after the ``--calls`` calls): repeatable on a loaded machine, where
+the times are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from mesh._scripts import _expand
+from mesh.testing import run_redis_server
+
+Q = "devices"
+N_TASKS = 30
+SERVERS = 4
+VERSIONS = {
+    "before": "deac1f2",
+    "main-f8ba231": "f8ba231",
+    "main-0fd0f83": "0fd0f83",
+    "this": None,
+}
+
+
+class Scripts:
+    """One version's scripts, loaded into the server, called by name."""
+
+    def __init__(self, r: redis.Redis, d: Path) -> None:
+        self.r = r
+        self.sha: dict[str, str] = {}
+        for f in d.glob("*.lua"):
+            if f.name == "lib.lua":
+                continue
+            src = _expand(d, f.name)
+            self.sha[f.stem] = hashlib.sha1(src).hexdigest()
+            r.script_load(src)
+
+    def __call__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self.r.evalsha(self.sha[name], len(keys), *keys, *args)
+
+
+def checkout(rev: str | None, tmp: Path) -> Path:
+    """The protocol/ directory of ``rev`` (None: the working tree)."""
+    here = Path(__file__).resolve().parent.parent
+    if rev is None:
+        return here / "protocol"
+    d = tmp / rev
+    d.mkdir()
+    names = subprocess.run(
+        ["git", "-C", str(here), "ls-tree", "--name-only", f"{rev}:protocol"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for n in names:
+        if n.endswith(".lua"):
+            src = subprocess.run(
+                ["git", "-C", str(here), "show", f"{rev}:protocol/{n}"],
+                check=True,
+                capture_output=True,
+            ).stdout
+            (d / n).write_bytes(src)
+    return d
+
+
+def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The same state in every version; returns (heartbeat call, claim call)."""
+    p = f"{{{ns}}}:"
+    w = "w0"
+    inc = "inc-w0"
+    ttl = 600_000
+    share = p + "share:" + Q
+    new = version == "this"
+    v6 = version == "main-0fd0f83"  # protocol 6: unowned, priorities; counts, no weights
+    for i in range(SERVERS):
+        wi = f"w{i}"
+        keys = [p + "worker:" + wi, p + "workers", p + "info", p + "version"]
+        ver = "7" if new else "6" if v6 else "4"
+        s("register", keys, [wi, "inc-" + wi, ttl, b"{}", ver])
+        keys = [p + "worker:" + wi, p + "serves:" + wi, p + "queues", p + "servers:" + Q]
+        s("serve", keys + ([share] if new else []), [wi, "inc-" + wi, Q] + ([1] if new else []))
+    keys = [p + "queue:" + Q, p + "queues", p + "persistent:" + Q, p + "standby:" + Q]
+    keys += [p + "idle:" + Q, p + "delayed:" + Q]
+    payloads = [b"d%d" % i for i in range(N_TASKS)]
+    if new:
+        keys += [p + "unowned:" + Q, share, p + "procs:" + Q, p + "prio:" + Q]
+        s("ensure", keys, [Q, p + "wake:", 1, *payloads])
+    elif v6:
+        keys += [p + "unowned:" + Q, p + "prio:" + Q]
+        s("ensure", keys, [Q, p + "wake:", *payloads])
+    else:
+        s("ensure", keys, [Q, p + "wake:", *payloads])
+    claim_keys = [
+        p + "worker:" + w,
+        p + "serves:" + w,
+        p + "queue:" + Q,
+        p + "persistent:" + Q,
+        p + "procs:" + Q,
+        p + "held:" + w + ":" + Q,
+        p + "attempts:" + Q,
+        p + "delayed:" + Q,
+        p + "token",
+        p + "servers:" + Q,
+        p + "standby:" + Q,
+        p + "idle:" + Q,
+    ]
+    if version != "before":
+        claim_keys.append(p + "reserved:" + Q)
+    if new:
+        claim_keys += [p + "unowned:" + Q, share, p + "prio:" + Q, p + "delayed_prio:" + Q]
+    elif v6:
+        claim_keys += [p + "unowned:" + Q, p + "prio:" + Q, p + "delayed_prio:" + Q]
+    claim_args = [w, inc, Q, N_TASKS, 5, 0, 1000, 60000, ttl, 1, p + "wake:"]
+    s("claim", claim_keys, claim_args)  # W takes all 30 (no fair share)
+    fair_args = [w, inc, Q, 10, 5, 1, 1000, 60000, ttl, 1, p + "wake:"]
+    hb_keys = [p + "worker:" + w, p + "workers", p + "inbox:" + w]
+    qk = [p + "queue:" + Q, p + "delayed:" + Q, p + "held:" + w + ":" + Q, p + "idle:" + Q]
+    if version in ("main-f8ba231", "main-0fd0f83"):
+        qk += [p + "persistent:" + Q, p + "standby:" + Q, p + "servers:" + Q]
+        qk += [p + "moving:" + Q, p + "reserved:" + Q]
+        if v6:
+            qk.append(p + "prio:" + Q)
+    elif new:
+        qk += [p + "moving:" + Q, p + "reserved:" + Q, share, p + "prio:" + Q]
+    hb_keys += qk
+    hb_args: list[Any] = [w, inc, ttl, 0]
+    if new:
+        # as the Python peers do: give back the generation of the share
+        # last read with nothing moving, so an unchanged one is not read again
+        balance = s("heartbeat", hb_keys, hb_args)[7]  # the first reads the share
+        assert balance[0] == 1 and balance[1] >= 0, balance
+        hb_args.append(balance[1])
+    return (
+        lambda: s("heartbeat", hb_keys, hb_args),
+        lambda: s("claim", claim_keys, fair_args),
+    )
+
+
+def per_call(r: redis.Redis, call: Callable[[], Any], n: int) -> float:
+    r.config_resetstat()
+    for _ in range(n):
+        call()
+    st = r.info("commandstats")["cmdstat_evalsha"]
+    return float(st["usec"]) / int(st["calls"])
+
+
+def instructions(pid: int, out: str, r: redis.Redis, call: Callable[[], Any], n: int) -> float:
+    """Instructions inside EVALSHA per call, by callgrind."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    for _ in range(n):
+        call()
+    before = set(glob.glob(out + "*"))
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    for _ in range(100):
+        new = set(glob.glob(out + "*")) - before
+        if new:
+            break
+        time.sleep(0.1)
+    (f,) = new
+    time.sleep(0.2)
+    for line in Path(f).read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1]) / n
+    raise RuntimeError(f"no totals in {f}")
+
+
+def callgrind(calls_n: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        out = os.path.join(tmp, "cg.out")
+        proc = subprocess.Popen(
+            [
+                "valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
+                f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
+                "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            r = redis.Redis(port=port)
+            for _ in range(600):
+                try:
+                    r.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.1)
+            res = {}
+            for v, rev in VERSIONS.items():
+                s = Scripts(r, checkout(rev, Path(tmp)))
+                hb, claim = setup(v, s, "cost-" + v)
+                res[(v, "heartbeat")] = instructions(proc.pid, out, r, hb, calls_n)
+                res[(v, "claim")] = instructions(proc.pid, out, r, claim, calls_n)
+            r.close()
+        finally:
+            proc.kill()
+            proc.wait()
+    for what in ("heartbeat", "claim"):
+        base = res[("before", what)]
+        for v in VERSIONS:
+            m = res[(v, what)]
+            print(f"{what:9s} {v:13s} {m:9.0f} instructions/call  x{m / base:.3f} of before")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--callgrind", action="store_true")
+    args = ap.parse_args(argv)
+    if args.callgrind:
+        return callgrind(args.calls)
+    with tempfile.TemporaryDirectory() as tmp, run_redis_server() as server:
+        r = redis.Redis(port=server.port)
+        calls = {}
+        for v, rev in VERSIONS.items():
+            s = Scripts(r, checkout(rev, Path(tmp)))
+            calls[v] = setup(v, s, "cost-" + v)
+        res: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.rounds):
+            for v, (hb, claim) in calls.items():
+                res.setdefault((v, "heartbeat"), []).append(per_call(r, hb, args.calls))
+                res.setdefault((v, "claim"), []).append(per_call(r, claim, args.calls))
+        r.close()
+    for what in ("heartbeat", "claim"):
+        base = statistics.median(res[("before", what)])
+        for v in VERSIONS:
+            xs = res[(v, what)]
+            m = statistics.median(xs)
+            print(
+                f"{what:9s} {v:13s} {m:6.2f} us/call (min {min(xs):.2f}, max {max(xs):.2f})"
+                f"  x{m / base:.3f} of before"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

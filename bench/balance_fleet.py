@@ -1,0 +1,378 @@
+"""Rebalancing at fleet scale: a rolling restart and a mass failure.
+
+``python -m bench.balance_fleet converge [--tasks 30000] [--ttl 1.5]``: 3
+workers (one per OS process, ``bench._balance_child``) own ``--tasks``
+persistent tasks, 3 more join; the time from the first new worker serving
+until every worker holds floor or ceil of the fair share (polled in Redis
+every 50 ms), the moves (tasks whose process changed) against the minimum,
+and each hand-over's gap (old handler exited -> new handler started, both
+noted with CLOCK_MONOTONIC in the children).
+
+``python -m bench.balance_fleet rolling [--peers 10] [--tasks 10000] [--ttl 1.5]``:
+``--peers`` workers (one per OS process) own ``--tasks`` persistent tasks;
+each in turn is replaced as a deployment with a surge of one replaces it (a
+new worker starts, then the old one gets SIGTERM and hands everything back
+once its handlers exited), waiting after each until every worker holds
+floor or ceil of its fair share. Reports the time, the final spread, and per
+task the total gap (the sum over its hand-overs of: old handler exited ->
+new handler started): mean, p99 and max over the tasks, and p50/p99 of
+single hand-overs, and how many starts came before the old handler's exit
+(must be 0).
+
+``python -m bench.balance_fleet massfail [--procs 10] [--per 10]
+[--tasks 100000] [--ttl 1.5]`` runs ``--procs`` OS processes of ``--per``
+workers each (``bench._mesh_child hold``) that own ``--tasks`` persistent
+tasks, SIGKILLs half of the processes, and reports, by this process's
+monotonic clock from the kill: when every task was held again by a live
+worker (the sum of the survivors' held sets, polled every 20 ms; target
+TTL + 0.5 s), the spread right then, and when every survivor held floor or
+ceil of its fair share again (rebalancing).
+
+Each starts its own redis-server (127.0.0.1, a free port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import signal
+import statistics
+import sys
+import time
+
+import trio
+
+import mesh
+from mesh._connection import Connection, open_connection
+from mesh._keys import Keys
+from mesh.testing import run_redis_server
+
+from ._util import Child, Children, children, mesh_child
+
+QUEUE = "devices"
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * (len(xs) - 1)))] if xs else 0.0
+
+
+def child_argv(url: str, workers: int, ttl: float, concurrency: int) -> list[str]:
+    return [
+        sys.executable, "-m", "bench._balance_child", "--url", url, "--ns", "bench",
+        "--queue", QUEUE, "--workers", str(workers), "--ttl", str(ttl),
+        "--concurrency", str(concurrency),
+    ]  # fmt: skip
+
+
+async def spawn(kids: Children, url: str, ttl: float, concurrency: int) -> tuple[Child, str, float]:
+    """One child with one worker: (child, worker id, monotonic time it was ready)."""
+    child = await kids.spawn("peer", child_argv(url, 1, ttl, concurrency))
+    wid = (await child.expect("worker ", 120)).split()[1]
+    await child.expect("ready", 120)
+    return child, wid, time.monotonic()
+
+
+async def read_until(child: Child, last: str) -> list[str]:
+    """Lines up to ``last`` (not included)."""
+    out: list[str] = []
+    while True:
+        line = await child.lines.receive()
+        if line is None or line == last:
+            return out
+        out.append(line)
+
+
+async def dump(child: Child) -> list[str]:
+    await child.send("dump")
+    return await read_until(child, "end")
+
+
+async def stop(child: Child) -> list[str]:
+    """SIGTERM: the worker hands everything back; its last notes."""
+    child.signal(signal.SIGTERM)
+    notes = await read_until(child, "bye")
+    await child.kill()
+    return notes
+
+
+def handovers(notes: list[str]) -> tuple[list[float], dict[str, float], int]:
+    """From start/exit notes: every hand-over's gap (an owner's handler
+    exited -> the next owner's started), the total gap per task, and how
+    many times two owners' handlers of one task ran at once (must be 0).
+    A handler with an exit and no start noted ran since before the notes."""
+    runs: dict[str, dict[str, list[float]]] = {}
+    for line in notes:
+        kind, task, when, token = line.split()
+        span = runs.setdefault(task, {}).setdefault(token, [-math.inf, math.inf])
+        span[0 if kind == "s" else 1] = int(when) / 1e9
+    gaps: list[float] = []
+    total: dict[str, float] = {}
+    overlaps = 0
+    for task, spans in runs.items():
+        ordered = sorted(spans.values())
+        for prev, nxt in itertools.pairwise(ordered):
+            if nxt[0] < prev[1]:
+                overlaps += 1
+            elif prev[1] < math.inf:
+                gaps.append(nxt[0] - prev[1])
+                total[task] = total.get(task, 0.0) + nxt[0] - prev[1]
+    return gaps, total, overlaps
+
+
+async def live_workers(conn: Connection, k: Keys) -> list[str]:
+    """The registered workers whose lease is live. A worker that fenced
+    itself (no heartbeat confirmed within R) rejoins under a new id."""
+    ids = [w.decode() for w in await conn.execute("ZRANGE", k.workers, 0, -1)]
+    alive = await conn.pipeline([("EXISTS", k.heartbeat(w)) for w in ids]) if ids else []
+    return [w for w, a in zip(ids, alive, strict=True) if a]
+
+
+async def wait_balanced(
+    conn: Connection, k: Keys, n: int, tasks: int, within: float = 900
+) -> float:
+    """Until ``n`` live workers hold all ``tasks``, each floor or ceil of
+    the fair share; returns the monotonic time."""
+    t = time.monotonic()
+    while time.monotonic() - t < within:
+        ids = await live_workers(conn, k)
+        h = await held_by(conn, k, ids) if ids else []
+        if len(ids) == n and sum(h) == tasks and max(h) - min(h) <= 1:
+            return time.monotonic()
+        await trio.sleep(0.05)
+    raise RuntimeError(f"not balanced within {within} s: {h}")
+
+
+async def rejoined(conn: Connection, k: Keys, first: set[str]) -> int:
+    """How many live workers are not among the ids the children printed:
+    rejoins after fencing themselves."""
+    return len(set(await live_workers(conn, k)) - first)
+
+
+async def ensure_all(client: mesh.Client, tasks: int) -> None:
+    for i in range(0, tasks, 10_000):
+        await client.ensure_many(QUEUE, [b"d%d" % j for j in range(i, min(tasks, i + 10_000))])
+
+
+async def converge(tasks: int, ttl: float) -> dict[str, float | str]:
+    k = Keys("bench")
+    with run_redis_server() as server:
+        url = server.url
+        async with (
+            open_connection(url) as conn,
+            mesh.open_client(url, namespace="bench") as client,
+            children() as kids,
+        ):
+            peers = [await spawn(kids, url, ttl, tasks) for _ in range(3)]
+            await ensure_all(client, tasks)
+            await wait_balanced(conn, k, 3, tasks)
+            before = _pairs(await conn.execute("HGETALL", k.persistent(QUEUE)))
+            for c, _, _ in peers:
+                await dump(c)
+            new = [await spawn(kids, url, ttl, tasks) for _ in range(3)]
+            t0 = new[0][2]  # the first new worker serves the queue
+            peers += new
+            done = await wait_balanced(conn, k, 6, tasks)
+            await trio.sleep(3 * ttl)  # nothing more moves
+            ids = await live_workers(conn, k)
+            final = await held_by(conn, k, ids)
+            rejoins = await rejoined(conn, k, {p[1] for p in peers})
+            after = _pairs(await conn.execute("HGETALL", k.persistent(QUEUE)))
+            notes = [line for c, _, _ in peers for line in await dump(c)]
+    moves = sum(1 for t, pid in after.items() if before.get(t) != pid)
+    gaps, _, overlaps = handovers(notes)
+    return {
+        "tasks": tasks,
+        "ttl_s": ttl,
+        "peers": "3 -> 6 (one worker per OS process)",
+        "balanced_after_s": round(done - t0, 2),
+        "all_three_serving_after_s": round(new[-1][2] - t0, 2),
+        "moves": moves,
+        "minimum_moves": tasks - 3 * (tasks // 6) - min(3, tasks % 6),
+        "final_spread": f"{min(final)}-{max(final)}",
+        "handover_p50_ms": round(1000 * pct(gaps, 0.5), 2),
+        "handover_p99_ms": round(1000 * pct(gaps, 0.99), 2),
+        "handover_max_ms": round(1000 * max(gaps), 2) if gaps else 0.0,
+        "overlaps": overlaps,
+        "rejoins_after_fencing": rejoins,
+    }
+
+
+def _pairs(reply: list[bytes]) -> dict[bytes, bytes]:
+    return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
+
+
+async def rolling(peers_n: int, tasks: int, ttl: float) -> dict[str, float | str]:
+    k = Keys("bench")
+    with run_redis_server() as server:
+        url = server.url
+        async with (
+            open_connection(url) as conn,
+            mesh.open_client(url, namespace="bench") as client,
+            children() as kids,
+        ):
+            peers = [await spawn(kids, url, ttl, tasks) for _ in range(peers_n)]
+            await ensure_all(client, tasks)
+            await wait_balanced(conn, k, peers_n, tasks)
+            for c, _, _ in peers:
+                await dump(c)
+            notes: list[str] = []
+            each = []
+            t0 = time.monotonic()
+            for _ in range(peers_n):
+                # as a deployment with a surge of one: the new peer first
+                t = time.monotonic()
+                old = peers.pop(0)
+                peers.append(await spawn(kids, url, ttl, tasks))
+                notes += await stop(old[0])
+                await wait_balanced(conn, k, peers_n, tasks)
+                each.append(time.monotonic() - t)
+            took = time.monotonic() - t0
+            await trio.sleep(3 * ttl)
+            final = await held_by(conn, k, await live_workers(conn, k))
+            rejoins = await rejoined(conn, k, {p[1] for p in peers})
+            for c, _, _ in peers:
+                notes += await dump(c)
+    gaps, total, overlaps = handovers(notes)
+    totals = [total.get(f"d{i}", 0.0) for i in range(tasks)]
+    return {
+        "peers": peers_n,
+        "tasks": tasks,
+        "ttl_s": ttl,
+        "restart": "each peer: a new one starts, then the old one gets SIGTERM",
+        "restart_all_s": round(took, 2),
+        "restart_each_s_median": round(statistics.median(each), 2),
+        "restart_each_s_max": round(max(each), 2),
+        "handovers": len(gaps),
+        "final_spread": f"{min(final)}-{max(final)}",
+        "gap_per_task_mean_ms": round(1000 * statistics.fmean(totals), 2),
+        "gap_per_task_p99_ms": round(1000 * pct(totals, 0.99), 2),
+        "gap_per_task_max_ms": round(1000 * max(totals), 2),
+        "handover_p50_ms": round(1000 * pct(gaps, 0.5), 2),
+        "handover_p99_ms": round(1000 * pct(gaps, 0.99), 2),
+        "overlaps": overlaps,
+        "rejoins_after_fencing": rejoins,
+    }
+
+
+async def held_by(conn: Connection, k: Keys, ids: list[str]) -> list[int]:
+    r = await conn.pipeline([("SCARD", k.held(w, QUEUE)) for w in ids])
+    return [int(x) for x in r]
+
+
+async def massfail(procs: int, per: int, tasks: int, ttl: float) -> dict[str, float | str]:
+    k = Keys("bench")
+    with run_redis_server() as server:
+        url = server.url
+        async with (
+            open_connection(url) as conn,
+            mesh.open_client(url, namespace="bench") as client,
+            children() as kids,
+        ):
+            groups: list[tuple[Child, list[str]]] = []
+            cap = 2 * tasks // (procs * per) + 100  # what a survivor may come to hold
+            for i in range(procs):
+                child = await kids.spawn(
+                    f"hold{i}",
+                    mesh_child(
+                        "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
+                        "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap),
+                    ),
+                )  # fmt: skip
+                ids = []
+                while True:
+                    line = await child.expect("", 120)
+                    if line == "ready":
+                        break
+                    if line.startswith("worker "):
+                        ids.append(line.split()[1])
+                groups.append((child, ids))
+            everyone = [w for _, ids in groups for w in ids]
+            t = time.monotonic()
+            await ensure_all(client, tasks)
+            await wait_balanced(conn, k, procs * per, tasks)
+            owned_after_ensure = time.monotonic() - t
+            await trio.sleep(2 * ttl)  # settled: a few more heartbeats
+            doomed = groups[: procs // 2]
+            dead_pids = {str(child.pid) for child, _ in doomed}
+
+            async def survivors() -> list[str]:
+                # worker ids are <host>-<pid>-<random>[.<rejoin>]
+                live = await live_workers(conn, k)
+                return [w for w in live if w.rsplit("-", 2)[1] not in dead_pids]
+
+            t0 = time.monotonic()
+            for child, _ in doomed:
+                child.signal(signal.SIGKILL)
+            owned_at = None
+            spread_then = (0, 0)
+            balanced_at = None
+            n_alive = procs * per - len(doomed) * per
+            while time.monotonic() - t0 < 120:
+                ids = await survivors()
+                h = await held_by(conn, k, ids)
+                now = time.monotonic() - t0
+                if owned_at is None and sum(h) == tasks:
+                    owned_at, spread_then = now, (min(h), max(h))
+                if owned_at is not None and len(ids) == n_alive and max(h) - min(h) <= 1:
+                    balanced_at = now
+                    break
+                await trio.sleep(0.02)
+            ids = await survivors()
+            final = await held_by(conn, k, ids)
+            rejoins = len(set(await live_workers(conn, k)) - set(everyone))
+            info = await conn.execute("INFO", "memory")
+            mem = next(
+                line.split(":")[1]
+                for line in info.decode().splitlines()
+                if line.startswith("used_memory_human")
+            )
+    return {
+        "processes": procs,
+        "workers": procs * per,
+        "tasks": tasks,
+        "ttl_s": ttl,
+        "all_owned_first_s": round(owned_after_ensure, 2),
+        "killed_workers": procs * per - n_alive,
+        "all_owned_again_after_s": round(owned_at, 3) if owned_at is not None else -1.0,
+        "target_s": ttl + 0.5,
+        "spread_when_owned": f"{spread_then[0]}-{spread_then[1]}",
+        "balanced_after_s": round(balanced_at, 3) if balanced_at is not None else -1.0,
+        "final_spread": f"{min(final)}-{max(final)}",
+        "fair_share": tasks / n_alive,
+        "rejoins_after_fencing": rejoins,
+        "redis_used_memory": mem.strip(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("converge")
+    c.add_argument("--tasks", type=int, default=30_000)
+    c.add_argument("--ttl", type=float, default=1.5)
+    r = sub.add_parser("rolling")
+    r.add_argument("--peers", type=int, default=10)
+    r.add_argument("--tasks", type=int, default=10_000)
+    r.add_argument("--ttl", type=float, default=1.5)
+    m = sub.add_parser("massfail")
+    m.add_argument("--procs", type=int, default=10)
+    m.add_argument("--per", type=int, default=10)
+    m.add_argument("--tasks", type=int, default=100_000)
+    m.add_argument("--ttl", type=float, default=1.5)
+    args = ap.parse_args(argv)
+    res: dict[str, float | str]
+    if args.what == "converge":
+        res = trio.run(converge, args.tasks, args.ttl)
+    elif args.what == "rolling":
+        res = trio.run(rolling, args.peers, args.tasks, args.ttl)
+    else:
+        res = trio.run(massfail, args.procs, args.per, args.tasks, args.ttl)
+    for key, v in res.items():
+        print(f"{key}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
