@@ -170,13 +170,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["produce", "throughput", "failover", "hold"])
     parser.add_argument("--url", required=True)
+    parser.add_argument("--fleet", action="store_true", help="hold: the workers as one fleet")
     parser.add_argument("--ns", required=True)
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--n", type=int, default=0)
-    parser.add_argument("--fleet", action="store_true", help="hold: the workers as one fleet")
     args = parser.parse_args()
     roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
     role = roles[args.role]
