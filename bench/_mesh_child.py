@@ -7,7 +7,8 @@ Roles:
 * ``produce``: enqueues ``--n`` one-shot tasks with one ``enqueue_many`` and
   prints ``enqueued <seconds>`` (connection set-up not included).
 * ``throughput``: one worker; prints ``ready``, waits for ``go``, then serves
-  the queue with a no-op handler.
+  the queue with a no-op handler (with ``--batch N``, a no-op batch handler
+  of up to N processes per call).
 * ``failover``: one worker serving ``devices`` (persistent tasks, concurrency
   1); prints ``ready <worker id>``; each handler start prints
   ``start <token> <monotonic ns>``. SIGTERM makes
@@ -69,12 +70,20 @@ async def throughput(args: argparse.Namespace) -> None:
     async def noop(process: mesh.Process) -> None:
         pass
 
+    async def noop_batch(processes: list[mesh.Process]) -> None:
+        pass
+
     stdin = Stdin()
     async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
         out("ready")
         if await stdin.readline() != "go":
             return
-        await worker.start_work(args.queue, noop, concurrency=args.concurrency)
+        if args.batch:
+            await worker.start_work(
+                args.queue, batch_handler=noop_batch, batch=args.batch, concurrency=args.concurrency
+            )
+        else:
+            await worker.start_work(args.queue, noop, concurrency=args.concurrency)
         out("started")
         await trio.sleep_forever()
 
@@ -177,6 +186,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--n", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
     args = parser.parse_args()
     roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
     role = roles[args.role]

@@ -48,7 +48,7 @@ from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
 from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
 from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import Handler, QueueConfig, QueueRunner, check_handler
+from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner, check_handler
 from ._schedule import run_scheduler
 from ._scripts import Binding
 from ._stats import Histogram, QueueStatistics, Recorder
@@ -272,12 +272,14 @@ class Worker:
         queue: str,
         handler: Handler | None = None,
         *,
-        concurrency: int = 10,
+        concurrency: int | None = None,
         max_attempts: int | None = None,
         backoff: float | None = None,
         backoff_max: float | None = None,
         balance: bool = True,
         rebalance: bool = True,
+        batch_handler: BatchHandler | None = None,
+        batch: int = 10,
         capacity: int = 1,
     ) -> None:
         """Serve ``queue``.
@@ -293,9 +295,29 @@ class Worker:
         without limit); a cancel of its payload cancels the scope. Without a
         handler, use :meth:`dequeue`, :meth:`finish` and :meth:`give_back`.
 
+        With a ``batch_handler`` instead, the worker runs ``await
+        batch_handler(processes)`` on up to ``batch`` processes claimed
+        together (fewer when fewer are queued: it never waits to fill a
+        batch), each call in a cancel scope of its own, and each process of
+        the call finishes or fails on its own: the call returns None (all
+        finished) or a sequence with one entry per process, in order: an
+        exception instance fails that process (retried, dead-lettered, as
+        above), anything else finishes it (bytes, str or None: its result on
+        a queue that keeps results). Raising fails every process of the
+        call; so does returning anything else (logged). A cancel of one
+        process of a running call does not interrupt the call (its other
+        processes' work goes on): that process's outcome is dropped (it
+        has left the mesh); a cancel of every process of the call cancels
+        its scope. A stop (or a rebalance hand-back of one of its processes)
+        cancels the call and hands each of its processes back. The queue's
+        ``timeout`` limits each call: it fails every process of the call.
+
         Args:
             concurrency: at most this many processes of this queue at once
-                (for persistent tasks: how many this worker may own).
+                (for persistent tasks: how many this worker may own); with a
+                batch handler, batch calls at once are at most this many
+                processes together. Default 10, or ``batch`` with a batch
+                handler.
             max_attempts: 0 for no limit; default 5. With ``backoff``
                 (default 1.0 s) and ``backoff_max`` (default 60.0 s) this is
                 the retry policy for a queue that has no policy in Redis:
@@ -324,6 +346,10 @@ class Worker:
                 task's handler has exited, reserved for it (see
                 :mod:`mesh._balance`). False: this worker never asks (its
                 peers may still ask it to hand tasks back).
+            batch_handler: serve the queue with this batch handler (not
+                with ``handler``).
+            batch: with ``batch_handler``, at most this many processes per
+                call (at most ``concurrency``).
             capacity: this worker's part of the fair share of the queue, a
                 whole number from 1 to 1,000,000 (default 1): a worker of
                 capacity 2 is given twice the weight of one of capacity 1.
@@ -332,7 +358,9 @@ class Worker:
                 ``concurrency``).
 
         Raises:
-            ConfigError: bad queue name or arguments, or already served.
+            ConfigError: bad queue name or arguments (both a ``handler`` and
+                a ``batch_handler``, ``batch`` < 1 or above
+                ``concurrency``), or already served.
             TypeError: ``handler`` is not an async callable (an ``async def``
                 function, a ``functools.partial`` of one, or an object with
                 an ``async def __call__``): a plain ``def`` is refused here,
@@ -344,6 +372,18 @@ class Worker:
         leaves, which only affects the fair share.
         """
         check_queue(queue)
+        if batch_handler is not None:
+            if handler is not None:
+                raise ConfigError("give a handler or a batch_handler, not both")
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+                raise ConfigError(f"batch must be a whole number >= 1, got {batch!r}")
+            concurrency = batch if concurrency is None else concurrency
+            if isinstance(concurrency, int) and 1 <= concurrency < batch:
+                raise ConfigError(
+                    f"batch ({batch}) is more than concurrency ({concurrency}), the most "
+                    "processes at once: a batch could never be full"
+                )
+        concurrency = 10 if concurrency is None else concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
         check_capacity(capacity)
@@ -369,6 +409,8 @@ class Worker:
             )
         if handler is not None:
             check_handler(handler)
+        if batch_handler is not None:
+            check_handler(batch_handler)
         self._check_open()
         async with self._queue_lock:
             if queue in self._queues:
@@ -380,13 +422,14 @@ class Worker:
                 )
             cfg = QueueConfig(
                 queue,
-                handler,
+                handler if batch_handler is None else batch_handler,
                 concurrency,
                 local.max_attempts,
                 local.backoff,
                 local.backoff_max,
                 balance,
                 rebalance,
+                batch=0 if batch_handler is None else batch,
                 capacity=capacity,
             )
             self._queues[queue] = cfg

@@ -227,6 +227,7 @@ async def test_parts() -> None:
     from bench import parts
 
     rows = dict(await parts.run(rounds=20, repeat=1))
-    assert len(rows) == 7
+    assert len(rows) == 8
     assert all(v > 0 for v in rows.values())
     assert "parse a claim reply of 10 processes" in rows
+    assert "run 10 handlers in the runner's pool (mesh._runner)" in rows
