@@ -7,7 +7,8 @@ Roles:
 * ``produce``: enqueues ``--n`` one-shot tasks with one ``enqueue_many`` and
   prints ``enqueued <seconds>`` (connection set-up not included).
 * ``throughput``: one worker; prints ``ready``, waits for ``go``, then serves
-  the queue with a no-op handler.
+  the queue with a no-op handler (with ``--batch N``, a no-op batch handler
+  of up to N processes per call).
 * ``failover``: one worker serving ``devices`` (persistent tasks, concurrency
   1); prints ``ready <worker id>``; each handler start prints
   ``start <token> <monotonic ns>``. SIGTERM makes
@@ -15,8 +16,10 @@ Roles:
 * ``hold``: ``--workers`` workers in this process, each serving the queue with
   handlers that run until cancelled; a cancelled handler notes
   ``time.monotonic_ns()``. Prints ``worker <id>`` for each, then ``ready``.
-  Answers ``count`` with ``count <running handlers>`` and ``dump`` with one
+  Answers ``count`` with ``count <running handlers>``, ``beats`` with
+  ``beats <heartbeats confirmed, all workers>`` and ``dump`` with one
   ``cancelled <payload> <ns>`` line per cancelled handler, then ``end``.
+  With ``--fleet``, the workers are one :func:`mesh.open_fleet`'s.
 
 Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
 process of the machine (Linux), so the parent can compare them with its own.
@@ -67,12 +70,20 @@ async def throughput(args: argparse.Namespace) -> None:
     async def noop(process: mesh.Process) -> None:
         pass
 
+    async def noop_batch(processes: list[mesh.Process]) -> None:
+        pass
+
     stdin = Stdin()
     async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
         out("ready")
         if await stdin.readline() != "go":
             return
-        await worker.start_work(args.queue, noop, concurrency=args.concurrency)
+        if args.batch:
+            await worker.start_work(
+                args.queue, batch_handler=noop_batch, batch=args.batch, concurrency=args.concurrency
+            )
+        else:
+            await worker.start_work(args.queue, noop, concurrency=args.concurrency)
         out("started")
         await trio.sleep_forever()
 
@@ -109,43 +120,73 @@ async def hold(args: argparse.Namespace) -> None:
     ready = 0
     all_ready = trio.Event()
 
-    async def one(i: int) -> None:
-        nonlocal ready
-        async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
-            await worker.start_work(args.queue, handler, concurrency=args.concurrency)
-            out(f"worker {worker.id}")
-            ready += 1
-            if ready == args.workers:
-                all_ready.set()
-            await trio.sleep_forever()
+    workers: list[mesh.Worker] = []
+    # At most 50 workers starting at once: a thousand joining together would
+    # hold the event loop long enough for the first leases (TTL 3 s) to run out.
+    starting = trio.Semaphore(50)
 
-    stdin = Stdin()
-    async with trio.open_nursery() as nursery:
-        for i in range(args.workers):
-            nursery.start_soon(one, i)
-        await all_ready.wait()
-        out("ready")
-        while (line := await stdin.readline()) is not None:
-            if line == "count":
-                out(f"count {running}")
-            elif line == "dump":
-                for task, ns in cancelled:
-                    out(f"cancelled {task.decode()} {ns}")
-                cancelled.clear()
-                out("end")
-        nursery.cancel_scope.cancel()
+    async def one(i: int, fleet: mesh.Fleet | None) -> None:
+        nonlocal ready
+        opened = (
+            fleet.open_worker()
+            if fleet is not None
+            else mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl)
+        )
+        await starting.acquire()
+        started = False
+        try:
+            async with opened as worker:
+                workers.append(worker)
+                await worker.start_work(args.queue, handler, concurrency=args.concurrency)
+                starting.release()
+                started = True
+                out(f"worker {worker.id}")
+                ready += 1
+                if ready == args.workers:
+                    all_ready.set()
+                await trio.sleep_forever()
+        finally:
+            if not started:
+                starting.release()
+
+    async def serve(fleet: mesh.Fleet | None) -> None:
+        stdin = Stdin()
+        async with trio.open_nursery() as nursery:
+            for i in range(args.workers):
+                nursery.start_soon(one, i, fleet)
+            await all_ready.wait()
+            out("ready")
+            while (line := await stdin.readline()) is not None:
+                if line == "count":
+                    out(f"count {running}")
+                elif line == "beats":
+                    out(f"beats {sum(w.statistics().heartbeats for w in workers)}")
+                elif line == "dump":
+                    for task, ns in cancelled:
+                        out(f"cancelled {task.decode()} {ns}")
+                    cancelled.clear()
+                    out("end")
+            nursery.cancel_scope.cancel()
+
+    if args.fleet:
+        async with mesh.open_fleet(args.url, namespace=args.ns, ttl=args.ttl) as fleet:
+            await serve(fleet)
+    else:
+        await serve(None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["produce", "throughput", "failover", "hold"])
     parser.add_argument("--url", required=True)
+    parser.add_argument("--fleet", action="store_true", help="hold: the workers as one fleet")
     parser.add_argument("--ns", required=True)
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--n", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
     args = parser.parse_args()
     roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
     role = roles[args.role]

@@ -22,7 +22,10 @@ import trio
 import mesh
 from mesh._connection import _pack, open_connection
 from mesh._keys import Keys
+from mesh._runner import QueueConfig, QueueRunner, _Slot
 from mesh._scripts import Binding, ClaimReply, ScriptCall, run_script
+from mesh._stats import QueueCounters
+from mesh._types import Process
 from mesh.testing import run_redis_server
 
 BATCH = 10
@@ -98,6 +101,49 @@ async def handlers(rounds: int, scope: bool) -> float:
     return (spent - (cpu() - t)) / rounds
 
 
+async def pool(procs: list[Process], rounds: int) -> float:
+    """CPU per batch to run 10 no-op handlers the way a runner does now:
+    each process handed to a long-lived handler trio task of the runner's
+    pool (a reschedule), run in that trio task's cancel scope and in a copy
+    of the runner's context, its outcome noted."""
+
+    async def handler(p: Process) -> None:
+        pass
+
+    r = QueueRunner(
+        None,  # type: ignore[arg-type]  # no I/O here
+        None,  # type: ignore[arg-type]
+        "w",
+        "i",
+        QueueConfig("bench", handler, BATCH, 0, 1.0, 1.0),
+        QueueCounters(),
+        lambda _: None,
+    )
+    async with trio.open_nursery() as nursery:
+        r._handlers = nursery
+        for _ in range(2):  # the pool's trio tasks exist before the timing
+            for p in procs:
+                r.running[p.id] = slot = _Slot(p, 0.0)
+                r._dispatch(slot)
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
+        t = cpu()
+        for _ in range(rounds):
+            for p in procs:
+                r.running[p.id] = slot = _Slot(p, 0.0)
+                r._dispatch(slot)
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
+            r._done.clear()
+        spent = cpu() - t
+        r._end_pool()
+    t = cpu()
+    for _ in range(rounds):  # the two checkpoints alone, taken off
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+    return (spent - (cpu() - t)) / rounds
+
+
 async def round_trips(url: str, rounds: int) -> tuple[float, float, float]:
     """CPU per round trip: PING through trio-mesh's Connection (with a
     reply_timeout, as a worker's), a pipeline of two PINGs (a finish report
@@ -140,6 +186,10 @@ async def run(rounds: int, repeat: int) -> list[tuple[str, float]]:
             keep("parse a claim reply of 10 processes", parse(claim, reply, rounds))
             keep("start + run 10 handlers (task + cancel scope each)", await handlers(rounds, True))
             keep("  the same without the cancel scopes", await handlers(rounds, False))
+            keep(
+                "run 10 handlers in the runner's pool (mesh._runner)",
+                await pool(list(claim.parse(reply).processes), rounds),
+            )
             one, two, bare = await round_trips(server.url, rounds)
             keep("round trip: Connection.execute(PING)", one)
             keep("round trip: Connection.pipeline(2 x PING)", two)

@@ -23,7 +23,7 @@ import trio
 
 from ._types import Process
 
-__all__ = ["traced", "tracer"]
+__all__ = ["active", "traced", "tracer"]
 
 try:
     from opentelemetry import trace as _trace
@@ -39,6 +39,13 @@ tracer: Any = _trace.get_tracer("mesh") if _trace is not None else None
 _NO_SDK: tuple[type, ...] = (
     (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider) if _trace is not None else ()
 )
+
+
+def active() -> bool:
+    """Whether a handler span would record anything: OpenTelemetry is
+    importable and an SDK tracer provider is set. Sync, cheap enough to ask
+    once per claimed batch rather than once per handler run."""
+    return _trace is not None and not isinstance(_trace.get_tracer_provider(), _NO_SDK)
 
 
 async def traced(handler: Any, p: Process) -> Any:

@@ -45,10 +45,10 @@ from ._errors import (
     raise_single,
 )
 from ._keys import Keys, check_queue, check_worker_id
-from ._lease import Generation, Lease, LeaseTiming
+from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
 from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
 from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import Handler, QueueConfig, QueueRunner, check_handler
+from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner, check_handler
 from ._schedule import run_scheduler
 from ._scripts import Binding
 from ._stats import Histogram, QueueStatistics, Recorder
@@ -58,7 +58,14 @@ from ._transport import check_min_replicas
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
-__all__ = ["LeaseTiming", "Worker", "WorkerStatistics", "open_worker"]
+__all__ = [
+    "LeaseTiming",
+    "Worker",
+    "WorkerStatistics",
+    "check_server",
+    "open_worker",
+    "worker_options",
+]
 
 log = logging.getLogger("mesh.worker")
 
@@ -135,6 +142,10 @@ class Worker:
         max_payload: int,
         stop_grace: float = 10.0,
         rejoin_grace: float = 0.0,
+        *,
+        reaper: Reaper | None = None,
+        driver: HeartbeatDriver | None = None,
+        housekeeping: bool = True,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -152,7 +163,10 @@ class Worker:
         self._closing = False
         self._closed = False
         self._stats = Recorder()
-        self._reaper = Reaper(
+        # A fleet's worker shares the fleet's reaper (and its scheduler and
+        # policy reader: housekeeping=False) and its batched heartbeats.
+        self._housekeeping = housekeeping
+        self._reaper = reaper or Reaper(
             conn,
             self._binding,
             ttl=timing.ttl,
@@ -172,6 +186,7 @@ class Worker:
             start_runners=self._start_runners,
             cancel_process=self._cancel_process,
             recorder=self._stats,
+            driver=driver,
             capacity=lambda q: self._queues[q].capacity if q in self._queues else 1,
         )
         self._queue_lock = trio.Lock()
@@ -257,12 +272,14 @@ class Worker:
         queue: str,
         handler: Handler | None = None,
         *,
-        concurrency: int = 10,
+        concurrency: int | None = None,
         max_attempts: int | None = None,
         backoff: float | None = None,
         backoff_max: float | None = None,
         balance: bool = True,
         rebalance: bool = True,
+        batch_handler: BatchHandler | None = None,
+        batch: int = 10,
         capacity: int = 1,
     ) -> None:
         """Serve ``queue``.
@@ -278,9 +295,29 @@ class Worker:
         without limit); a cancel of its payload cancels the scope. Without a
         handler, use :meth:`dequeue`, :meth:`finish` and :meth:`give_back`.
 
+        With a ``batch_handler`` instead, the worker runs ``await
+        batch_handler(processes)`` on up to ``batch`` processes claimed
+        together (fewer when fewer are queued: it never waits to fill a
+        batch), each call in a cancel scope of its own, and each process of
+        the call finishes or fails on its own: the call returns None (all
+        finished) or a sequence with one entry per process, in order: an
+        exception instance fails that process (retried, dead-lettered, as
+        above), anything else finishes it (bytes, str or None: its result on
+        a queue that keeps results). Raising fails every process of the
+        call; so does returning anything else (logged). A cancel of one
+        process of a running call does not interrupt the call (its other
+        processes' work goes on): that process's outcome is dropped (it
+        has left the mesh); a cancel of every process of the call cancels
+        its scope. A stop (or a rebalance hand-back of one of its processes)
+        cancels the call and hands each of its processes back. The queue's
+        ``timeout`` limits each call: it fails every process of the call.
+
         Args:
             concurrency: at most this many processes of this queue at once
-                (for persistent tasks: how many this worker may own).
+                (for persistent tasks: how many this worker may own); with a
+                batch handler, batch calls at once are at most this many
+                processes together. Default 10, or ``batch`` with a batch
+                handler.
             max_attempts: 0 for no limit; default 5. With ``backoff``
                 (default 1.0 s) and ``backoff_max`` (default 60.0 s) this is
                 the retry policy for a queue that has no policy in Redis:
@@ -309,6 +346,10 @@ class Worker:
                 task's handler has exited, reserved for it (see
                 :mod:`mesh._balance`). False: this worker never asks (its
                 peers may still ask it to hand tasks back).
+            batch_handler: serve the queue with this batch handler (not
+                with ``handler``).
+            batch: with ``batch_handler``, at most this many processes per
+                call (at most ``concurrency``).
             capacity: this worker's part of the fair share of the queue, a
                 whole number from 1 to 1,000,000 (default 1): a worker of
                 capacity 2 is given twice the weight of one of capacity 1.
@@ -317,7 +358,9 @@ class Worker:
                 ``concurrency``).
 
         Raises:
-            ConfigError: bad queue name or arguments, or already served.
+            ConfigError: bad queue name or arguments (both a ``handler`` and
+                a ``batch_handler``, ``batch`` < 1 or above
+                ``concurrency``), or already served.
             TypeError: ``handler`` is not an async callable (an ``async def``
                 function, a ``functools.partial`` of one, or an object with
                 an ``async def __call__``): a plain ``def`` is refused here,
@@ -329,6 +372,18 @@ class Worker:
         leaves, which only affects the fair share.
         """
         check_queue(queue)
+        if batch_handler is not None:
+            if handler is not None:
+                raise ConfigError("give a handler or a batch_handler, not both")
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+                raise ConfigError(f"batch must be a whole number >= 1, got {batch!r}")
+            concurrency = batch if concurrency is None else concurrency
+            if isinstance(concurrency, int) and 1 <= concurrency < batch:
+                raise ConfigError(
+                    f"batch ({batch}) is more than concurrency ({concurrency}), the most "
+                    "processes at once: a batch could never be full"
+                )
+        concurrency = 10 if concurrency is None else concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
         check_capacity(capacity)
@@ -354,6 +409,8 @@ class Worker:
             )
         if handler is not None:
             check_handler(handler)
+        if batch_handler is not None:
+            check_handler(batch_handler)
         self._check_open()
         async with self._queue_lock:
             if queue in self._queues:
@@ -365,22 +422,33 @@ class Worker:
                 )
             cfg = QueueConfig(
                 queue,
-                handler,
+                handler if batch_handler is None else batch_handler,
                 concurrency,
                 local.max_attempts,
                 local.backoff,
                 local.backoff_max,
                 balance,
                 rebalance,
+                batch=0 if batch_handler is None else batch,
                 capacity=capacity,
             )
             self._queues[queue] = cfg
             try:
                 gen = await self._current_generation()
-                await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
-                policy = await self._adopt_policy(gen.id, queue, local, explicit)
-                cfg = self._queues[queue] = cfg.with_policy(policy)
-                await self._start_runner(gen, cfg)
+                try:
+                    await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
+                    policy = await self._adopt_policy(gen.id, queue, local, explicit)
+                    cfg = self._queues[queue] = cfg.with_policy(policy)
+                    await self._start_runner(gen, cfg)
+                except (FencedError, RuntimeError) as exc:
+                    # RuntimeError: the generation's nursery closed under us
+                    # (it ended: fenced, or stopping).
+                    fenced = gen.scope.cancel_called or gen is not self._gen
+                    if self._lease.closing or (isinstance(exc, FencedError) and not fenced):
+                        raise
+                    # This identity was fenced meanwhile: the next one serves
+                    # the queue (it is in self._queues) and starts its runner.
+                    await self._current_generation()
             except BaseException:
                 del self._queues[queue]
                 raise
@@ -567,10 +635,10 @@ class Worker:
         return await self._lease.current()
 
     async def _start_runners(self, gen: Generation) -> None:
-        if gen.nursery is not None:
+        if gen.nursery is not None and self._housekeeping:
             # the job-queue housekeeping of this generation, one round trip
             # per heartbeat interval: fire periodic tasks, and re-read the
-            # policies of the served queues
+            # policies of the served queues (a fleet's worker: the fleet's)
             watch = PolicyWatch(self._keys.policy, gen.runners, self._apply_policy)
             gen.nursery.start_soon(
                 run_scheduler, self._conn, self._binding, self.timing.interval, watch
@@ -773,24 +841,7 @@ async def open_worker(
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)
-    if (
-        isinstance(stop_grace, bool)
-        or not isinstance(stop_grace, int | float)
-        or not 0 <= stop_grace < float("inf")
-    ):
-        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
-    if (
-        isinstance(rejoin_grace, bool)
-        or not isinstance(rejoin_grace, int | float)
-        or not 0 <= rejoin_grace < float("inf")
-    ):
-        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
-    if rejoin_grace > 0 and worker_id is None:
-        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
-    if worker_id is None:
-        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
-        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
-    check_worker_id(worker_id)
+    worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
     # A half-open socket must not hold a fenced worker's hand-back forever.
     reply_timeout = max(2 * timing.ttl, 5.0)
     # One topology for both connections: they follow the master together (key-expiry
@@ -803,7 +854,7 @@ async def open_worker(
         topology=topology,
         reroute_timeout=timing.fence_after,
     ) as conn:
-        await _check_server(conn)
+        await check_server(conn)
         # The event link only speeds things up: every H the heartbeat brings
         # the durable state (work, cancels, overdue leases) anyway. Probing it
         # every T, not every second, is enough, and 1,000 idle workers then
@@ -835,7 +886,35 @@ async def open_worker(
                 raise_single(eg)
 
 
-async def _check_server(conn: Connection) -> None:
+def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float) -> str:
+    """Check a worker's options (see :func:`open_worker`); returns its id
+    (a new ``<host>-<pid>-<random>`` if None).
+
+    Raises:
+        ConfigError: a bad id, grace, or rejoin_grace without an id.
+    """
+    if (
+        isinstance(stop_grace, bool)
+        or not isinstance(stop_grace, int | float)
+        or not 0 <= stop_grace < float("inf")
+    ):
+        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
+    if (
+        isinstance(rejoin_grace, bool)
+        or not isinstance(rejoin_grace, int | float)
+        or not 0 <= rejoin_grace < float("inf")
+    ):
+        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
+    if rejoin_grace > 0 and worker_id is None:
+        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
+    if worker_id is None:
+        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
+        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
+    check_worker_id(worker_id)
+    return worker_id
+
+
+async def check_server(conn: Connection) -> None:
     """Refuse an eviction policy that can evict heartbeat keys; the check is
     skipped where CONFIG is not allowed (managed Redis, ACL)."""
     try:

@@ -24,26 +24,41 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   return out
 end
 local weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  local rec = redis.call('HGET', KEYS[2], id)
+-- One HMGET for every record, one HDEL and one SREM for every finished
+-- process (not one of each per process): a runner reports a whole batch.
+-- The fields of a record (see lib.lua pack_record) that a finish needs:
+-- one match, not a table of all nine fields.
+local function record_head(rec)
+  local w, kind, attempts, payload = string.match(rec,
+    '^([^%z]*)%z([^%z]*)%z(%d+)%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
+  return {worker = w, persistent = (kind == 'p'), attempts = tonumber(attempts), payload = payload}
+end
+local ids = {}
+for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+local recs = hmget_all(KEYS[2], ids)
+local gone, seen, attempts = {}, {}, {}
+for i, id in ipairs(ids) do
+  local rec = recs[i]
   local done = 0
-  if rec then
-    local r = unpack_record(rec)
+  if rec and not seen[id] then
+    seen[id] = true
+    local r = record_head(rec)
     if r.worker == ARGV[1] then
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('SREM', KEYS[3], id)
+      gone[#gone + 1] = id
       local w = (r.persistent and weighted) and task_weight(KEYS[6], r.payload) or 1
       add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
       if r.persistent and redis.call('HGET', KEYS[4], r.payload) == id then
         redis.call('HDEL', KEYS[4], r.payload)
         forget_weight(KEYS[6], r.payload)  -- the task leaves: its weight leaves the sums
       end
-      if r.attempts > 0 or r.persistent then redis.call('HDEL', KEYS[5], r.payload) end
+      if r.attempts > 0 or r.persistent then attempts[#attempts + 1] = r.payload end
       redis.call('PUBLISH', ARGV[3], r.payload)
       done = 1
     end
   end
   out[#out + 1] = done
 end
+call_chunked('HDEL', KEYS[2], gone)
+call_chunked('SREM', KEYS[3], gone)
+call_chunked('HDEL', KEYS[5], attempts)
 return out

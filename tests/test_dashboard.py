@@ -118,6 +118,7 @@ async def test_page_follows_a_worker_live_and_cancels_a_task(
         ):
             await client.ensure("devices", "sensor-7")
             await client.enqueue_many("reports", ["r1", "r2", "r3"])  # nobody serves it
+            await client.ensure("spares", "lonely")  # nobody serves it either
             with chromium() as driver:
                 await in_page(driver, lambda d: d.get(url))
                 # the worker the test started, alive, owning the task
@@ -130,6 +131,12 @@ async def test_page_follows_a_worker_live_and_cancels_a_task(
                     what="the task owned by w-doomed",
                 )
                 assert "alive" in row and "devices" in row
+                # an unowned task says so, and for how long (Redis keeps since when)
+                lonely = await page_until(
+                    driver, row_text("persistent", "task", "lonely"), what="the unowned task"
+                )
+                assert "unowned" in lonely
+                assert re.search(r"\b\d+(\.\d)?m?s\b", lonely), lonely  # not "-"
                 title = await in_page(driver, lambda d: d.title)
                 assert title == "trio-mesh dashboard"
 

@@ -20,8 +20,6 @@ from mesh.testing import wait_until
 from .protocol_helpers import join, snapshot
 from .test_worker import client_and_workers
 
-wait_for = wait_until
-
 Q = "jobs"
 
 
@@ -320,7 +318,7 @@ async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
             async def dead() -> bool:
                 return len(await client.dead_letters(Q)) == 1
 
-            await wait_for(dead, within=5, what="the dead letter")
+            await wait_until(dead, within=5, what="the dead letter")
         (d,) = await client.dead_letters(Q)
         assert d.task == b"bad-1" and d.attempts == 2 and d.worker == w.id
         assert d.error.startswith("KeyError: 'no such thing xxx") and len(d.error) <= 2000
@@ -336,7 +334,7 @@ async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
         async def dead_again() -> bool:
             return len(await client.dead_letters(Q)) == 1
 
-        await wait_for(dead_again, within=5, what="dead-lettered again")
+        await wait_until(dead_again, within=5, what="dead-lettered again")
         assert [p.attempts for p in runs if p.task == b"bad-1"] == [0, 1, 0, 1]
         assert await client.purge_dead(Q, ["other"]) == 0
         assert await client.purge_dead(Q, ["bad-1"]) == 1
@@ -361,7 +359,7 @@ async def test_a_peer_that_recycles_a_crashed_worker_logs_each_task_it_dead_lett
             async def recycled() -> bool:
                 return await client.queue_length(Q) == 1
 
-            await wait_for(recycled, within=10, what="the live worker recycled the crashed one")
+            await wait_until(recycled, within=10, what="the live worker recycled the crashed one")
         lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
         assert len(lines) == 1, lines
         line = lines[0]
@@ -450,7 +448,7 @@ async def test_the_queue_policy_wins_over_start_work_options_with_a_warning(
         async def dead() -> bool:
             return len(await client.dead_letters(Q)) == 1
 
-        await wait_for(dead, within=5)
+        await wait_until(dead, within=5)
         assert len(runs) == 2  # both workers applied max_attempts=2, neither 7
         # a policy changed later reaches running workers (within a heartbeat)
         await client.configure(Q, max_attempts=3)
@@ -458,13 +456,13 @@ async def test_the_queue_policy_wins_over_start_work_options_with_a_warning(
         async def applied() -> bool:
             return all(w._queues[Q].max_attempts == 3 for w in (w1, w2))
 
-        await wait_for(applied, within=3, what="the new policy applied by both workers")
+        await wait_until(applied, within=3, what="the new policy applied by both workers")
         await client.requeue_dead(Q)
 
         async def dead_after_three() -> bool:
             return len(runs) == 5 and len(await client.dead_letters(Q)) == 1
 
-        await wait_for(dead_after_three, within=5)
+        await wait_until(dead_after_three, within=5)
         (d,) = await client.dead_letters(Q)
         assert d.attempts == 3
 
@@ -494,7 +492,7 @@ async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
             async def dead() -> bool:
                 return len(await client.dead_letters(Q)) == 1
 
-            await wait_for(dead, within=5)
+            await wait_until(dead, within=5)
         # one line for the timeout that dead-lettered it
         lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
         assert len(lines) == 1, lines
@@ -599,7 +597,7 @@ async def test_results_expire_and_plain_queues_keep_none(
         async def plain_done() -> bool:
             return w.statistics().processes_finished == 2
 
-        await wait_for(plain_done)
+        await wait_until(plain_done)
         # nothing kept for a queue without result_ttl
         assert await client._conn.execute("EXISTS", keys.result("plain", b"y")) == 0
         with pytest.raises(TimeoutError):
@@ -608,7 +606,7 @@ async def test_results_expire_and_plain_queues_keep_none(
         async def expired() -> bool:
             return bool(await client._conn.execute("EXISTS", keys.result(Q, b"x")) == 0)
 
-        await wait_for(expired, within=3, what="the result expired")
+        await wait_until(expired, within=3, what="the result expired")
         with pytest.raises(TimeoutError):
             await client.result(Q, "x", timeout=0.1)
 
@@ -660,7 +658,7 @@ async def test_three_workers_claim_at_the_rate_limit(redis_url: str, namespace: 
         async def all_ran() -> bool:
             return len(runs) == 70
 
-        await wait_for(all_ran, within=15)
+        await wait_until(all_ran, within=15)
         starts = sorted(p.started for p in runs)
         assert len({p.worker_id for p in runs}) >= 2  # spread over the workers
         # after the first burst of 10, 20 per second across the mesh

@@ -6,9 +6,11 @@ outcomes in hand finished when the runner stops)."""
 
 from __future__ import annotations
 
+import contextvars
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -416,3 +418,283 @@ async def test_stop_work_reports_what_already_finished(redis_url: str, namespace
     assert (reports.queued, reports.running) == (0, 0)
     # the failed attempt counts: the task waits for its backoff
     assert (flaky.queued, flaky.running, flaky.delayed) == (0, 0, 1)
+
+
+# --- the handler pool: long-lived handler trio tasks, each handler still in
+# a cancel scope only its own process reaches
+
+
+async def test_the_pool_runs_at_most_concurrency_handlers_at_once(
+    redis_url: str, namespace: str
+) -> None:
+    now = peak = 0
+    ran: list[bytes] = []
+
+    async def handler(p: mesh.Process) -> None:
+        nonlocal now, peak
+        now += 1
+        peak = max(peak, now)
+        await trio.sleep(0.001 * random.random())
+        ran.append(p.task)
+        now -= 1
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.start_work(Q, handler, concurrency=3)
+        await worker.client.enqueue_many(Q, [b"%d" % i for i in range(40)])
+        await wait_until(lambda: worker.statistics().processes_finished == 40, within=10)
+    assert peak == 3 and sorted(ran) == sorted(b"%d" % i for i in range(40))
+
+
+async def test_a_cancel_reaches_only_its_handler_and_the_next_runs_unharmed(
+    redis_url: str, namespace: str
+) -> None:
+    # Concurrency 1: one pool trio task runs every handler, one after the
+    # other. After a cancel, the next handler must not inherit the
+    # cancelled scope, nor a context variable the previous handler set.
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    started = trio.Event()
+    seen: list[tuple[bytes, str]] = []
+    cancelled: list[bytes] = []
+
+    async def handler(p: mesh.Process) -> None:
+        seen.append((p.task, var.get()))
+        var.set(p.task.decode())
+        if p.task == b"long":
+            started.set()
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                cancelled.append(p.task)
+                raise
+        await trio.sleep(0.01)  # checkpoints: a reused cancelled scope would cancel these
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.start_work(Q, handler, concurrency=1)
+        await worker.client.enqueue_many(Q, ["long", "next", "last"])
+        await started.wait()
+        assert await worker.client.cancel(Q, "long") == 1
+        await wait_until(lambda: worker.statistics().processes_finished == 2, within=10)
+        st = worker.statistics()
+    assert cancelled == [b"long"] and st.processes_cancelled == 1 and st.processes_failed == 0
+    assert seen == [(b"long", "unset"), (b"next", "unset"), (b"last", "unset")]
+
+
+async def test_a_timeout_fails_only_its_handler_in_a_pool_trio_task(
+    redis_url: str, namespace: str
+) -> None:
+    async def handler(p: mesh.Process) -> None:
+        await trio.sleep(30 if p.task == b"slow" else 0.1)
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.configure(Q, timeout=0.2, max_attempts=1)
+        await worker.start_work(Q, handler, concurrency=1)
+        await worker.client.enqueue_many(Q, ["slow"])
+        await wait_until(lambda: worker.statistics().processes_failed == 1, within=10)
+        # the same pool trio task, a new scope with a deadline of its own
+        await worker.client.enqueue_many(Q, ["quick"])
+        await wait_until(lambda: worker.statistics().processes_finished == 1, within=10)
+        (d,) = await worker.client.dead_letters(Q)
+    assert d.task == b"slow" and d.error == "TimeoutError: the handler ran longer than 0.2 s"
+
+
+# --- batch handlers
+
+
+class Batches:
+    """A batch handler that records its calls; payloads in ``fail`` fail (an
+    exception in its slot) on their first attempt, ``hold`` waits for
+    ``release`` and ``forever`` never returns."""
+
+    def __init__(self, fail: tuple[bytes, ...] = (), forever: bool = False) -> None:
+        self.calls: list[list[bytes]] = []
+        self.fail = set(fail)
+        self.forever = forever
+        self.started = trio.Event()
+        self.cancelled = 0
+
+    async def __call__(self, ps: list[mesh.Process]) -> list[Any]:
+        self.calls.append([p.task for p in ps])
+        self.started.set()
+        if self.forever:
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                self.cancelled += 1
+                raise
+        return [
+            ValueError(f"bad row {p.task!r}") if p.task in self.fail and not p.attempts else p.task
+            for p in ps
+        ]
+
+
+async def test_a_batch_handler_gets_up_to_batch_and_fails_only_what_it_marks(
+    redis_url: str, namespace: str
+) -> None:
+    h = Batches(fail=(b"3", b"7"))
+    tasks = [b"%d" % i for i in range(10)]
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.configure(Q, backoff=0.01, backoff_max=0.01, result_ttl=60)
+        await worker.client.enqueue_many(Q, tasks)
+        await worker.start_work(Q, batch_handler=h, batch=4)
+        await wait_until(lambda: worker.statistics().processes_finished == 10, within=10)
+        st = worker.statistics()
+        results = [await worker.client.result(Q, t, timeout=5) for t in tasks]
+        info = await worker.client.queue_info(Q)
+    assert st.processes_failed == 2 and (info.queued, info.running, info.delayed) == (0, 0, 0)
+    assert all(1 <= len(c) <= 4 for c in h.calls)
+    runs = sorted(t for c in h.calls for t in c)
+    assert runs == sorted([*tasks, b"3", b"7"])  # only the failed ones ran again
+    assert results == tasks  # each process's entry is its result
+
+
+async def test_a_batch_handler_that_raises_or_returns_a_bad_shape_fails_the_batch(
+    redis_url: str, namespace: str
+) -> None:
+    async def bad(ps: list[mesh.Process]) -> list[Any]:
+        if ps[0].task == b"raise":
+            raise RuntimeError("bulk write refused")
+        return [None]  # one entry for two processes
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.configure(Q, max_attempts=1)
+        await worker.start_work(Q, batch_handler=bad, batch=2, concurrency=2)
+        await worker.client.enqueue_many(Q, ["raise", "x"])
+        await wait_until(lambda: worker.statistics().processes_failed == 2, within=10)
+        await worker.client.enqueue_many(Q, ["a", "b"])
+        await wait_until(lambda: worker.statistics().processes_failed == 4, within=10)
+        dead = {d.task: d.error for d in await worker.client.dead_letters(Q)}
+    assert dead[b"raise"] == dead[b"x"] == "RuntimeError: bulk write refused"
+    assert dead[b"a"].startswith("TypeError: the batch handler of queue jobs returned list of 1")
+
+
+async def test_a_cancel_of_one_process_of_a_batch_drops_only_it(
+    redis_url: str, namespace: str
+) -> None:
+    release = trio.Event()
+    calls: list[list[bytes]] = []
+    cancelled = 0
+
+    async def bulk(ps: list[mesh.Process]) -> None:
+        nonlocal cancelled
+        calls.append([p.task for p in ps])
+        try:
+            await release.wait()
+        except trio.Cancelled:
+            cancelled += 1
+            raise
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        c = worker.client
+        await c.enqueue_many(Q, ["a", "b", "c"])
+        await worker.start_work(Q, batch_handler=bulk, batch=3)
+        await wait_until(lambda: len(calls) == 1, within=10)
+        assert await c.cancel(Q, "b") == 1
+        await wait_until(lambda: worker.statistics().processes_cancelled == 1, within=10)
+        assert cancelled == 0  # the call goes on for a and c
+        release.set()
+        await wait_until(lambda: worker.statistics().processes_finished == 2, within=10)
+        # a cancel of every process of a call cancels the call's scope
+        release = trio.Event()
+        await c.enqueue_many(Q, ["d", "e"])
+        await wait_until(lambda: len(calls) == 2, within=10)
+        assert await c.cancel(Q, "d") == 1 and await c.cancel(Q, "e") == 1
+        await wait_until(lambda: cancelled == 1, within=10)
+        await wait_until(lambda: worker.statistics().processes_cancelled == 3, within=10)
+        info = await c.queue_info(Q)
+    assert calls == [[b"a", b"b", b"c"], [b"d", b"e"]]
+    assert (info.queued, info.running, info.delayed, info.dead) == (0, 0, 0, 0)
+
+
+async def test_a_batch_call_over_its_timeout_fails_each_of_its_processes(
+    redis_url: str, namespace: str
+) -> None:
+    h = Batches(forever=True)
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.configure(Q, timeout=0.2, max_attempts=1)
+        await worker.client.enqueue_many(Q, ["a", "b"])
+        await worker.start_work(Q, batch_handler=h, batch=2)
+        await wait_until(lambda: worker.statistics().processes_failed == 2, within=10)
+        dead = await worker.client.dead_letters(Q)
+    assert h.calls == [[b"a", b"b"]] and h.cancelled == 1
+    assert {d.task for d in dead} == {b"a", b"b"}
+    assert {d.error for d in dead} == {"TimeoutError: the handler ran longer than 0.2 s"}
+
+
+async def test_leaving_hands_a_running_batch_back_whole(redis_url: str, namespace: str) -> None:
+    h = Batches(forever=True)
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.enqueue_many(Q, ["a", "b", "c"])
+        await worker.start_work(Q, batch_handler=h, batch=3)
+        await h.started.wait()
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        info = await client.queue_info(Q)
+    assert h.cancelled == 1 and (info.queued, info.running) == (3, 0)
+
+
+async def test_start_work_checks_the_batch_options(redis_url: str, namespace: str) -> None:
+    h = Batches()
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        with pytest.raises(mesh.ConfigError, match="not both"):
+            await worker.start_work(Q, Ran(), batch_handler=h)
+        with pytest.raises(mesh.ConfigError, match="batch must be"):
+            await worker.start_work(Q, batch_handler=h, batch=0)
+        with pytest.raises(mesh.ConfigError, match="more than concurrency"):
+            await worker.start_work(Q, batch_handler=h, batch=5, concurrency=4)
+    with pytest.raises(TypeError, match="batch size"):
+        mesh.Batched(h, 0)
+
+
+def test_mesh_worker_loads_a_batch_handler_from_the_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mesh.cli._worker import load_app
+
+    (tmp_path / "bulkapp.py").write_text(
+        "import mesh\n"
+        "async def rows(ps):\n    return None\n"
+        "async def one(p):\n    return None\n"
+        "queues = {'rows': mesh.Batched(rows, 50), 'one': one}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    app = load_app("bulkapp:queues")
+    rows = app["rows"]
+    assert isinstance(rows, mesh.Batched) and rows.size == 50 and callable(app["one"])
+
+
+async def test_one_finish_report_of_many_processes_finishes_each_once(setup: Setup) -> None:
+    # finish.lua reads every record with one HMGET and deletes with one HDEL
+    # and one SREM: a process named twice is finished once, one not ours is
+    # left alone, and a retried report changes nothing.
+    await setup.join(b"a", b"b", b"c")
+    b, conn = setup.b, setup.conn
+    ps = (await b.claim(conn, "w1", setup.inc, Q, 3, 0)).processes
+    a, bb, c = (p.id for p in ps)
+    assert await b.finish(conn, "w1", setup.inc, Q, [a, bb, a, "999"]) == [True, True, False, False]
+    assert await b.finish(conn, "w1", setup.inc, Q, [a, bb]) == [False, False]
+    s = await snapshot(conn, setup.keys, Q, ["w1"])
+    assert set(s["procs"]) == {c.encode()} and s["held"]["w1"] == {c}
+    assert await b.finish(conn, "w1", setup.inc, Q, [c]) == [True]
+    assert await setup.drained()
+
+
+async def test_a_finish_report_of_2500_processes(setup: Setup) -> None:
+    # more ids than one unpack() in Lua may take at once: done in chunks
+    await setup.join(*[b"%d" % i for i in range(2500)])
+    b, conn = setup.b, setup.conn
+    ids = []
+    for _ in range(3):
+        ids += [p.id for p in (await b.claim(conn, "w1", setup.inc, Q, 1000, 0)).processes]
+    assert len(ids) == 2500
+    assert await b.finish(conn, "w1", setup.inc, Q, ids) == [True] * 2500
+    assert await setup.drained()
+
+
+async def test_finish_reads_payloads_with_any_bytes(setup: Setup) -> None:
+    # finish.lua parses only the head of each record, with one pattern
+    odd = [b"a\0b", b"\0", b"line\nbreak\0\0", b"\xff\xfe", b"p" * 70_000]
+    await setup.join(*odd)
+    b, conn = setup.b, setup.conn
+    ps = (await b.claim(conn, "w1", setup.inc, Q, 10, 0)).processes
+    assert [p.task for p in ps] == odd
+    assert await b.finish(conn, "w1", setup.inc, Q, [p.id for p in ps]) == [True] * len(odd)
+    assert await setup.drained()

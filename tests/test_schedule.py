@@ -4,28 +4,21 @@ SIGKILLed, one (not one per missed tick) after an outage."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 import mesh
 from mesh import ConfigError
-from mesh._connection import Connection, open_connection
+from mesh._connection import Connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._schedule import _fire_due, cron_next, next_tick
 from mesh._scripts import Binding
+from mesh.testing import wait_until
 
 from .test_jobs import redis_ms
-from .test_worker import client_and_workers, wait_for
+from .test_worker import client_and_workers
 
 Q = "ticks"
-
-
-@pytest.fixture
-async def conn(redis_url: str) -> AsyncIterator[Connection]:
-    async with open_connection(redis_url) as c:
-        yield c
 
 
 @pytest.fixture
@@ -151,7 +144,7 @@ async def check_one_copy_per_tick(
     async def due() -> bool:
         return await client.time() > first + (ticks - 1) * every + every / 4
 
-    await wait_for(due, within=ticks * every + 10, what=f"{ticks} ticks")
+    await wait_until(due, within=ticks * every + 10, what=f"{ticks} ticks")
     before = await client.time()
     await client.unschedule(Q, "tick")
     after = await client.time()
@@ -180,7 +173,7 @@ async def test_a_tick_is_not_missed_when_a_peer_is_sigkilled(
             async def three_ticks() -> bool:
                 return await client.time() > s.next_run + 0.65
 
-            await wait_for(three_ticks, within=10)
+            await wait_until(three_ticks, within=10)
             procs[0].kill()  # SIGKILL one of the three
             await check_one_copy_per_tick(client, s.next_run, 0.3, 12)
             assert procs[1].poll() is None and procs[2].poll() is None

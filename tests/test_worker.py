@@ -23,9 +23,6 @@ from .protocol_helpers import expire_worker, join
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
-# The old name of mesh.testing.wait_until, for tests written before it.
-wait_for = wait_until
-
 
 @asynccontextmanager
 async def client_and_workers(

@@ -1,7 +1,10 @@
 """``mesh worker APP``: run a peer that serves the queues of an app.
 
 APP is ``module:attribute`` naming a mapping ``{queue name: handler}``, where a
-handler is ``async def handler(process: mesh.Process)``. The current directory
+handler is ``async def handler(process: mesh.Process)``, or
+``mesh.Batched(batch_handler, size)`` for a batch handler
+(``async def batch_handler(processes: list[mesh.Process])``, see
+:meth:`mesh.Worker.start_work`). The current directory
 is put on ``sys.path`` first, as uvicorn and arq do, so ``mesh worker
 tasks:queues`` finds ``./tasks.py``.
 """
@@ -209,7 +212,10 @@ def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
 
 
 def _per_queue(
-    given: list[tuple[str | None, int]], app: dict[str, mesh.Handler], default: int, option: str
+    given: list[tuple[str | None, int]],
+    app: dict[str, mesh.Handler | mesh.Batched],
+    default: int,
+    option: str,
 ) -> dict[str, int]:
     """``[Q=]N`` options as a value per queue of ``app`` (a bare N: the default)."""
     for queue, n in given:
@@ -227,7 +233,7 @@ class AppImportError(CliError):
     The exception is the ``__cause__``; ``--traceback`` prints it."""
 
 
-def load_app(spec: str) -> dict[str, mesh.Handler]:
+def load_app(spec: str) -> dict[str, mesh.Handler | mesh.Batched]:
     """Import ``module:attribute`` and check that it maps queue names to handlers.
 
     The current directory goes first on ``sys.path`` (as with uvicorn).
@@ -276,14 +282,15 @@ def load_app(spec: str) -> dict[str, mesh.Handler]:
         )
     if not obj:
         raise UsageError(f"APP {spec!r} maps no queue")
-    app: dict[str, mesh.Handler] = {}
+    app: dict[str, mesh.Handler | mesh.Batched] = {}
     for queue, handler in obj.items():
         try:
             check_queue(queue)
         except (TypeError, mesh.ConfigError) as exc:
             raise UsageError(f"APP {spec!r}: {exc}") from None
         try:
-            check_handler(handler)
+            if not isinstance(handler, mesh.Batched):
+                check_handler(handler)
         except TypeError as exc:
             raise UsageError(f"APP {spec!r}, queue {queue!r}: {exc}") from None
         app[queue] = handler
@@ -371,6 +378,23 @@ class _Stopping:
         self.now = False
 
 
+def _logged_batch(handler: mesh.BatchHandler, stopping: _Stopping) -> mesh.BatchHandler:
+    async def run(ps: list[mesh.Process]) -> Any:
+        what = f"{ps[0].queue} batch of {len(ps)}"
+        log.info("start %s", what)
+        t0 = time.monotonic()
+        try:
+            result = await handler(ps)
+        except trio.Cancelled:
+            how = "stopped" if stopping.now else "cancelled"
+            log.info("%s %s after %.0f ms", how, what, (time.monotonic() - t0) * 1000)
+            raise
+        log.info("finish %s in %.0f ms", what, (time.monotonic() - t0) * 1000)
+        return result
+
+    return run
+
+
 def _logged(handler: mesh.Handler, stopping: _Stopping) -> mesh.Handler:
     async def run(p: mesh.Process) -> Any:
         what = f"{p.queue} {show_task(p.task)!r} token {p.token}"
@@ -418,7 +442,7 @@ def _waiting_for(worker: mesh.Worker) -> str:
 async def _serve(
     args: argparse.Namespace,
     t: Target,
-    app: dict[str, mesh.Handler],
+    app: dict[str, mesh.Handler | mesh.Batched],
     concurrency: dict[str, int],
     capacity: dict[str, int] | None = None,
 ) -> int:
@@ -479,14 +503,27 @@ async def _serve(
                 _metrics.serve_worker_metrics(worker, args),
             ):
                 for queue, handler in app.items():
+                    retry = {
+                        "max_attempts": args.max_attempts,
+                        "backoff": args.backoff,
+                        "backoff_max": args.backoff_max,
+                    }
+                    if isinstance(handler, mesh.Batched):
+                        await worker.start_work(
+                            queue,
+                            batch_handler=_logged_batch(handler.handler, stopping),
+                            batch=handler.size,
+                            concurrency=max(concurrency[queue], handler.size),
+                            capacity=(capacity or {}).get(queue, 1),
+                            **retry,
+                        )
+                        continue
                     await worker.start_work(
                         queue,
                         _logged(handler, stopping),
                         concurrency=concurrency[queue],
                         capacity=(capacity or {}).get(queue, 1),
-                        max_attempts=args.max_attempts,
-                        backoff=args.backoff,
-                        backoff_max=args.backoff_max,
+                        **retry,
                     )
                 started = True
                 log.info(
