@@ -29,6 +29,7 @@ BENCHMARKS = {
     "failover": failover.run,
     "cancel": cancel.run,
     "scale": scale.run,
+    "fleet": scale.run_fleet,
     "memory": memory.run,
     "observe": observe.run,
     "delayed": delayed.run,

@@ -16,8 +16,10 @@ Roles:
 * ``hold``: ``--workers`` workers in this process, each serving the queue with
   handlers that run until cancelled; a cancelled handler notes
   ``time.monotonic_ns()``. Prints ``worker <id>`` for each, then ``ready``.
-  Answers ``count`` with ``count <running handlers>`` and ``dump`` with one
+  Answers ``count`` with ``count <running handlers>``, ``beats`` with
+  ``beats <heartbeats confirmed, all workers>`` and ``dump`` with one
   ``cancelled <payload> <ns>`` line per cancelled handler, then ``end``.
+  With ``--fleet``, the workers are one :func:`mesh.open_fleet`'s.
 
 Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
 process of the machine (Linux), so the parent can compare them with its own.
@@ -118,37 +120,66 @@ async def hold(args: argparse.Namespace) -> None:
     ready = 0
     all_ready = trio.Event()
 
-    async def one(i: int) -> None:
-        nonlocal ready
-        async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
-            await worker.start_work(args.queue, handler, concurrency=args.concurrency)
-            out(f"worker {worker.id}")
-            ready += 1
-            if ready == args.workers:
-                all_ready.set()
-            await trio.sleep_forever()
+    workers: list[mesh.Worker] = []
+    # At most 50 workers starting at once: a thousand joining together would
+    # hold the event loop long enough for the first leases (TTL 3 s) to run out.
+    starting = trio.Semaphore(50)
 
-    stdin = Stdin()
-    async with trio.open_nursery() as nursery:
-        for i in range(args.workers):
-            nursery.start_soon(one, i)
-        await all_ready.wait()
-        out("ready")
-        while (line := await stdin.readline()) is not None:
-            if line == "count":
-                out(f"count {running}")
-            elif line == "dump":
-                for task, ns in cancelled:
-                    out(f"cancelled {task.decode()} {ns}")
-                cancelled.clear()
-                out("end")
-        nursery.cancel_scope.cancel()
+    async def one(i: int, fleet: mesh.Fleet | None) -> None:
+        nonlocal ready
+        opened = (
+            fleet.open_worker()
+            if fleet is not None
+            else mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl)
+        )
+        await starting.acquire()
+        started = False
+        try:
+            async with opened as worker:
+                workers.append(worker)
+                await worker.start_work(args.queue, handler, concurrency=args.concurrency)
+                starting.release()
+                started = True
+                out(f"worker {worker.id}")
+                ready += 1
+                if ready == args.workers:
+                    all_ready.set()
+                await trio.sleep_forever()
+        finally:
+            if not started:
+                starting.release()
+
+    async def serve(fleet: mesh.Fleet | None) -> None:
+        stdin = Stdin()
+        async with trio.open_nursery() as nursery:
+            for i in range(args.workers):
+                nursery.start_soon(one, i, fleet)
+            await all_ready.wait()
+            out("ready")
+            while (line := await stdin.readline()) is not None:
+                if line == "count":
+                    out(f"count {running}")
+                elif line == "beats":
+                    out(f"beats {sum(w.statistics().heartbeats for w in workers)}")
+                elif line == "dump":
+                    for task, ns in cancelled:
+                        out(f"cancelled {task.decode()} {ns}")
+                    cancelled.clear()
+                    out("end")
+            nursery.cancel_scope.cancel()
+
+    if args.fleet:
+        async with mesh.open_fleet(args.url, namespace=args.ns, ttl=args.ttl) as fleet:
+            await serve(fleet)
+    else:
+        await serve(None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["produce", "throughput", "failover", "hold"])
     parser.add_argument("--url", required=True)
+    parser.add_argument("--fleet", action="store_true", help="hold: the workers as one fleet")
     parser.add_argument("--ns", required=True)
     parser.add_argument("--queue", default="bench")
     parser.add_argument("--ttl", type=float, default=3.0)

@@ -59,7 +59,8 @@ async def one_run(url: str, sizes: Sizes, kind: str) -> Samples:
     ns = "cx" + secrets.token_hex(3)
     nproc = math.ceil(sizes.workers / sizes.per_process)
     concurrency = math.ceil(sizes.processes / sizes.workers)
-    payloads = [f"{kind}-{i:06d}" for i in range(sizes.processes)]
+    fleet = kind.endswith("fleets")
+    payloads = [f"{kind.split(',')[0]}-{i:06d}" for i in range(sizes.processes)]
     async with children() as kids_, mesh.open_client(url, namespace=ns) as client:
         kids = []
         left = sizes.workers
@@ -69,12 +70,13 @@ async def one_run(url: str, sizes: Sizes, kind: str) -> Samples:
             argv = mesh_child(
                 "hold", "--url", url, "--ns", ns, "--queue", QUEUE,
                 "--workers", str(k), "--concurrency", str(concurrency),
+                *(["--fleet"] if fleet else []),
             )  # fmt: skip
             kids.append(await kids_.spawn(f"cancel workers {i}", argv))
         for k in kids:
             await k.expect("ready", 120)
         await trio.sleep(0.5)  # first claims back: a nudge during one is lost (findings.md)
-        if kind == "persistent":
+        if kind.startswith("persistent"):
             await client.ensure_many(QUEUE, payloads)
         else:
             await client.enqueue_many(QUEUE, payloads)
@@ -123,7 +125,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     )
     p = percentile
     with run_redis_server() as server:
-        for kind in ("persistent", "one-shot"):
+        for kind in ("persistent", "one-shot", "persistent, fleets"):
             res: list[Samples] = []
             for r in range(ctx.runs):
                 ctx.log(f"cancel: run {r + 1}/{ctx.runs}: {sizes.processes:,} {kind} processes")
@@ -181,5 +183,8 @@ one-shot tasks (`enqueue_many`) that run until cancelled. "After cancel()
 returned" is the issue's figure; a handler cancelled before the call returned
 (the cancel message overtook the script's reply) counts as 0, and how often that
 happened is shown. p50/p99 over the {p:,} cancels of a run; figures are the
-median, min and max over the runs.
+median, min and max over the runs. "Persistent, fleets": the same persistent
+tasks, with the workers of each OS process in one fleet (`mesh.open_fleet`), so
+every cancel reaches its worker through the process's one shared pub/sub
+connection.
 """

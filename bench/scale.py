@@ -1,7 +1,10 @@
 """Scale: 1,000 workers (250 ``open_worker``s in each of 4 OS processes)
 holding 10,000 persistent tasks. Idle Redis CPU, heartbeat and reap cost,
 the Redis time to recycle 1, 10 and 100 dead workers, and the cost of a
-claim from a queue of 10 and of 1,000,000 tasks.
+claim from a queue of 10 and of 1,000,000 tasks. Then idle fleets at TTL 3 s:
+the same number of workers as ``open_worker``s and as fleets
+(:func:`mesh.open_fleet`), alternating, and 10,000 workers as 10 fleets of
+1,000.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ._util import (
     chunks,
     command_stats,
     cpu_seconds,
+    info,
     median,
     mesh_child,
     percentile,
@@ -52,6 +56,15 @@ class Sizes:
     herd: int = 100  # dead workers for the natural (expiry-driven) reap
     long_queue: int = 1_000_000
     claim_samples: int = 200
+    # idle fleets (TTL 3 s): solo workers and fleets of the same size,
+    # alternating, then the big fleet
+    fleet_ttl: float = 3.0
+    compare_processes: int = 4
+    compare_per_process: int = 250
+    big_processes: int = 10
+    big_per_process: int = 1_000
+    fleet_window: float = 10.0
+    fleet_slowlog: float = 3.0
 
 
 FULL = Sizes()
@@ -64,6 +77,12 @@ QUICK = Sizes(
     herd=10,
     long_queue=100_000,
     claim_samples=50,
+    compare_processes=2,
+    compare_per_process=50,
+    big_processes=2,
+    big_per_process=100,
+    fleet_window=2.0,
+    fleet_slowlog=1.0,
 )
 
 
@@ -91,6 +110,22 @@ class Run:
     due_us: float = math.nan
     claim_us: dict[tuple[int, int], float] = field(default_factory=dict)  # (queue, n) -> µs
     claim_wall: dict[tuple[int, int], float] = field(default_factory=dict)
+    idle: dict[str, Idle] = field(default_factory=dict)  # "solo", "fleet", "big" -> figures
+
+
+@dataclass
+class Idle:
+    """An idle mesh at the fleet TTL: what it costs Redis."""
+
+    workers: int = 0
+    redis_cpu: float = math.nan  # % of one core
+    worker_cpu: float = math.nan  # % of one core, all worker processes
+    renewals: float = math.nan  # leases renewed per second (heartbeats confirmed)
+    commands: float = math.nan  # commands run per second, scripts' own included (commandstats)
+    redis_us_per_worker: float = math.nan  # µs of Redis CPU per worker per second
+    heartbeat_calls: float = math.nan  # heartbeat.lua calls per second (SLOWLOG)
+    heartbeat_us: float = math.nan  # SLOWLOG µs of heartbeat.lua per renewed lease
+    other_us: float = math.nan  # SLOWLOG µs per second of everything else
 
 
 def sha_names() -> dict[bytes, str]:
@@ -110,13 +145,22 @@ def by_script(entries: list[tuple[int, list[bytes]]]) -> dict[str, list[int]]:
 
 
 async def spawn_group(
-    kids: Children, url: str, ns: str, n: int, ttl: float, concurrency: int, name: str
+    kids: Children,
+    url: str,
+    ns: str,
+    n: int,
+    ttl: float,
+    concurrency: int,
+    name: str,
+    *,
+    fleet: bool = False,
 ) -> tuple[Child, list[str]]:
     child = await kids.spawn(
         name,
         mesh_child(
             "hold", "--url", url, "--ns", ns, "--queue", QUEUE, "--workers", str(n),
             "--ttl", str(ttl), "--concurrency", str(concurrency),
+            *(["--fleet"] if fleet else []),
         ),
     )  # fmt: skip
     ids = []
@@ -264,6 +308,105 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
         ctx.log(f"scale: recycle {n} dead workers on a quiet server, {idle} idle servers")
         res.isolated_us[idle] = await recycle_quiet(url, conn, n, sizes.concurrency, idle)
     return res
+
+
+async def all_command_stats(conn: Connection) -> tuple[int, int]:
+    """(calls, µs) so far of every command, from ``INFO commandstats``."""
+    calls = usec = 0
+    for k, v in (await info(conn, "commandstats")).items():
+        if k.startswith("cmdstat_"):
+            fields = dict(kv.split("=", 1) for kv in v.split(","))
+            calls += int(fields["calls"])
+            usec += int(fields["usec"])
+    return calls, usec
+
+
+async def beats(groups: list[Child]) -> int:
+    total = 0
+    for child in groups:
+        await child.send("beats")
+        total += int((await child.expect("beats", 30)).split()[1])
+    return total
+
+
+async def idle_mesh(
+    ctx: Context,
+    url: str,
+    conn: Connection,
+    procs: int,
+    per: int,
+    fleet: bool,
+    sizes: Sizes,
+    *,
+    tasks: bool = True,
+) -> Idle:
+    """``procs`` OS processes of ``per`` workers each (``open_worker``s, or
+    one fleet per process), TTL ``sizes.fleet_ttl``, serving one queue, with
+    (``tasks``) one persistent task each, all running, or none (each worker
+    then waits in the queue's idle set); then the idle cost over
+    ``sizes.fleet_window``."""
+    await conn.execute("FLUSHALL")
+    ns = "fl" + secrets.token_hex(3)
+    k = Keys(ns)
+    n = procs * per
+    res = Idle(workers=n)
+    what = "fleets" if fleet else "open_workers"
+    async with children() as kids, mesh.open_client(url, namespace=ns) as client:
+        ctx.log(f"scale: {n:,} idle workers ({procs} x {per} {what}), ttl {sizes.fleet_ttl:g} s")
+        groups = []
+        for i in range(procs):
+            child, _ = await spawn_group(
+                kids, url, ns, per, sizes.fleet_ttl, 1, f"{what} {i}", fleet=fleet
+            )
+            groups.append(child)
+        # A few hundred at a time: ten thousand claims and handler starts at
+        # once would starve the worker processes (2 cores) past R, and they
+        # would fence themselves (see findings.md).
+        held = 0
+        for batch in chunks([f"device-{i:06d}" for i in range(n if tasks else 0)], 500):
+            await client.ensure_many(QUEUE, batch)
+            held += len(batch)
+            await wait_held(conn, k, held, 0, 300)
+        await trio.sleep(sizes.fleet_ttl)  # settle: every worker renews and reaps
+        pids = [c.pid for c in groups]
+        b0, e0 = await beats(groups), await all_command_stats(conn)
+        c0, w0, t0 = await redis_cpu(conn), sum(map(cpu_seconds, pids)), trio.current_time()
+        await trio.sleep(sizes.fleet_window)
+        c1, w1, t1 = await redis_cpu(conn), sum(map(cpu_seconds, pids)), trio.current_time()
+        b1, e1 = await beats(groups), await all_command_stats(conn)
+        span = t1 - t0
+        res.redis_cpu = (c1 - c0) / span * 100
+        res.worker_cpu = (w1 - w0) / span * 100
+        res.renewals = (b1 - b0) / span
+        res.commands = (e1[0] - e0[0]) / span
+        res.redis_us_per_worker = (c1 - c0) / span / n * 1e6
+        async with SlowlogWindow(conn, max_len=1_000_000) as w:
+            b0, t0 = await beats(groups), trio.current_time()
+            await trio.sleep(sizes.fleet_slowlog)
+            b1, t1 = await beats(groups), trio.current_time()
+        sha = Binding(k).scripts["heartbeat"].sha
+        hb = [us for us, _ in w.script_calls(sha)]
+        res.heartbeat_calls = len(hb) / (t1 - t0)
+        res.heartbeat_us = sum(hb) / max(1, b1 - b0)
+        res.other_us = (sum(us for us, _ in w.entries) - sum(hb)) / (t1 - t0)
+        ctx.log(
+            f"  Redis CPU {res.redis_cpu:.2f}% of a core, {res.renewals:,.0f} renewals/s in "
+            f"{res.heartbeat_calls:,.0f} calls/s, {res.heartbeat_us:.1f} µs per renewal"
+        )
+    return res
+
+
+async def idle_fleets(ctx: Context, url: str, conn: Connection, sizes: Sizes, res: Run) -> None:
+    """Solo workers and fleets of the same size, one after the other (the
+    same load hits both), then the big fleet."""
+    p, per = sizes.compare_processes, sizes.compare_per_process
+    res.idle["solo"] = await idle_mesh(ctx, url, conn, p, per, False, sizes)
+    res.idle["fleet"] = await idle_mesh(ctx, url, conn, p, per, True, sizes)
+    # No tasks: 10,000 claims and handler starts, even 500 at a time, starved
+    # the 2 shared cores past R (every worker fenced and rejoined, in a storm).
+    res.idle["big"] = await idle_mesh(
+        ctx, url, conn, sizes.big_processes, sizes.big_per_process, True, sizes, tasks=False
+    )
 
 
 async def wake_idle(url: str, conn: Connection, sizes: Sizes, res: Run) -> None:
@@ -648,4 +791,112 @@ tasks whose handlers sleep. Once every task runs, and after a settling pause:
   and as many tasks enqueued again, so the lengths stay put). Reported: the
   median SLOWLOG duration of `claim.lua`, and the median wall time of
   `Binding.claim` on a loopback connection.
+"""
+
+
+async def run_fleet(ctx: Context, sizes: Sizes | None = None) -> Section:
+    """Idle fleets at TTL 3 s: ``open_worker``s and fleets of the same size,
+    then the big fleet, in each run."""
+    sizes = sizes or (QUICK if ctx.quick else FULL)
+    section = Section(
+        "fleet",
+        "Idle fleets (issue 14: a fleet ten times larger)",
+        FLEET_METHOD.format(
+            fttl=sizes.fleet_ttl,
+            cw=sizes.compare_processes * sizes.compare_per_process,
+            cp=sizes.compare_processes,
+            cper=sizes.compare_per_process,
+            bw=sizes.big_processes * sizes.big_per_process,
+            bp=sizes.big_processes,
+            bper=sizes.big_per_process,
+            fwin=sizes.fleet_window,
+            fslow=sizes.fleet_slowlog,
+        ),
+        runs=ctx.runs,
+    )
+    runs: list[Run] = []
+    most = max(
+        sizes.compare_processes * sizes.compare_per_process,
+        sizes.big_processes * sizes.big_per_process,
+    )
+    with run_redis_server(["--maxclients", str(max(10_000, 3 * most))]) as server:
+        async with open_connection(server.url) as conn:
+            for r in range(ctx.runs):
+                ctx.log(f"fleet: run {r + 1}/{ctx.runs}")
+                res = Run()
+                await idle_fleets(ctx, server.url, conn, sizes, res)
+                runs.append(res)
+    f = section.figures
+    for key, label in (
+        ("solo", "open_workers"),
+        ("fleet", "fleets"),
+        ("big", "fleets"),
+    ):
+        xs = [x.idle[key] for x in runs if key in x.idle]
+        if not xs:
+            continue
+        n = xs[0].workers
+        who = f"{n:,} idle {label}, ttl {sizes.fleet_ttl:g} s" + (
+            ", no tasks" if key == "big" else ""
+        )
+        f.append(
+            Figure(
+                f"{who}: Redis CPU",
+                "% of a core",
+                [x.redis_cpu for x in xs],
+                target=Target("<", 20, "< 20%") if key == "big" else None,
+            )
+        )
+        f.append(
+            Figure(f"{who}: Redis CPU per worker", "µs/s", [x.redis_us_per_worker for x in xs])
+        )
+        f.append(Figure(f"{who}: worker processes' CPU", "% of a core", [x.worker_cpu for x in xs]))
+        f.append(Figure(f"{who}: leases renewed", "/s", [x.renewals for x in xs]))
+        f.append(Figure(f"{who}: heartbeat.lua calls", "/s", [x.heartbeat_calls for x in xs]))
+        f.append(
+            Figure(
+                f"{who}: heartbeat.lua Redis time per renewed lease",
+                "µs",
+                [x.heartbeat_us for x in xs],
+                note="SLOWLOG (a little high, see above)",
+            )
+        )
+        f.append(
+            Figure(f"{who}: commands run, scripts' own included", "/s", [x.commands for x in xs])
+        )
+        f.append(
+            Figure(
+                f"{who}: Redis time of all other commands",
+                "ms/s",
+                [x.other_us / 1000 for x in xs],
+                note="SLOWLOG",
+            )
+        )
+    pairs = [(x.idle["solo"], x.idle["fleet"]) for x in runs if "fleet" in x.idle]
+    if pairs:
+        f.append(
+            Figure(
+                f"Redis CPU per idle worker: {pairs[0][0].workers:,} open_workers / as many "
+                "in fleets (same run)",
+                "x",
+                [a.redis_us_per_worker / b.redis_us_per_worker for a, b in pairs],
+            )
+        )
+    return section
+
+
+FLEET_METHOD = """
+At TTL {fttl:g} s (a heartbeat every second), {cw:,} workers ({cp} OS processes x
+{cper}) each holding one persistent task, first as `open_worker`s, then as one
+fleet per process (`mesh.open_fleet`: one connection, one pub/sub connection,
+one reaper and batched heartbeats per process), then {bw:,} workers as {bp}
+fleets of {bper:,} that serve the queue and hold nothing (each waits in the
+queue's idle set); in that order in each run. The tasks are ensured 500 at a
+time, each batch held before the next. Over {fwin:g} s: `INFO cpu` of
+redis-server (and the worker processes' CPU), the commands Redis ran (`INFO
+commandstats`: those scripts run are counted too), and the leases renewed
+(heartbeats the workers counted as confirmed); then for {fslow:g} s `SLOWLOG`:
+the `heartbeat.lua` calls and their time per renewed lease (SLOWLOG logs every
+command a script runs as well, which makes script times high), and the time of
+every other command.
 """

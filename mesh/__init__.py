@@ -20,6 +20,8 @@ from ._errors import FencedError as FencedError
 from ._errors import MeshConnectionError as MeshConnectionError
 from ._errors import MeshError as MeshError
 from ._errors import ProtocolError as ProtocolError
+from ._fleet import Fleet as Fleet
+from ._fleet import open_fleet as open_fleet
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._lease import LeaseTiming as LeaseTiming
 from ._policy import QueuePolicy as QueuePolicy

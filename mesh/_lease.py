@@ -29,7 +29,8 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
 
 import attrs
 import trio
@@ -39,13 +40,24 @@ from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError
 from ._keys import Keys
 from ._pubsub import PubSub
 from ._runner import QueueRunner
-from ._scripts import Binding
+from ._scripts import Binding, HeartbeatReply
 from ._stats import Recorder
 from ._supervisor import Reaper
 
-__all__ = ["Generation", "Lease", "LeaseTiming"]
+__all__ = ["Generation", "HeartbeatDriver", "Lease", "LeaseTiming"]
 
 log = logging.getLogger("mesh.worker")
+
+
+class HeartbeatDriver(Protocol):
+    """Renews the leases of several workers together (a fleet's): from
+    :meth:`add` until :meth:`remove`, it sends ``gen``'s heartbeats and calls
+    :meth:`Lease.renewed`, :meth:`Lease.renewal_failed` or
+    :meth:`Generation.fence` with each outcome (sync, no I/O)."""
+
+    def add(self, lease: Lease, gen: Generation) -> None: ...
+
+    def remove(self, lease: Lease, gen: Generation) -> None: ...
 
 
 @attrs.frozen
@@ -95,6 +107,12 @@ class Generation:
         # its way): id -> when it came. A runner that then claims the id does
         # not start it. Pruned after the TTL.
         self.early_cancels: dict[str, float] = {}
+        # The heartbeat's state: cancels seen (acknowledged in the next one),
+        # the first unanswered heartbeat of an outage, the random spread of
+        # the next renewal (wide at first, then narrow).
+        self.acks: list[str] = []
+        self.trouble_since: float | None = None
+        self.spread = 0.5
 
     def fence(self, reason: str) -> None:
         if self.fence_reason is None:
@@ -113,6 +131,9 @@ class Lease:
         cancel_process: a process id the heartbeat's inbox says is cancelled.
         recorder: the worker's counters (heartbeats, fences, hand-backs on
             retiring).
+        driver: a fleet's heartbeat driver, which renews this lease together
+            with its other workers' (:mod:`mesh._fleet`); default: a
+            heartbeat loop of its own, one script call per heartbeat.
     """
 
     def __init__(
@@ -128,6 +149,7 @@ class Lease:
         start_runners: Callable[[Generation], Awaitable[None]],
         cancel_process: Callable[[str], None],
         recorder: Recorder,
+        driver: HeartbeatDriver | None = None,
         capacity: Callable[[str], int] = lambda queue: 1,
     ) -> None:
         self._conn = conn
@@ -144,6 +166,9 @@ class Lease:
         self._start_runners = start_runners
         self._cancel_process = cancel_process
         self._stats = recorder
+        # who renews the lease: our own heartbeat loop (None), or a fleet's
+        # driver that renews its workers together (mesh._fleet)
+        self._driver = driver
         self.gen = Generation(base_id, 1)
         self.ids = {base_id}  # every identity this worker has had
         self._reconnects_seen = -1  # the connection's count at the last heartbeat
@@ -315,15 +340,20 @@ class Lease:
             pass
 
     async def _heartbeat_loop(self, gen: Generation) -> None:
+        if self._driver is not None:
+            # A fleet's driver renews this generation with its peers' and
+            # calls renewed()/renewal_failed() (see mesh._fleet).
+            self._driver.add(self, gen)
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._driver.remove(self, gen)
+        else:
+            await self._heartbeat_alone(gen)
+
+    async def _heartbeat_alone(self, gen: Generation) -> None:
         t = self.timing
         ttl_ms = int(t.ttl * 1000)
-        acks: list[str] = []
-        # Renew a little early, at random (never late: R counts from the last
-        # confirmed renewal), so that peers started together do not renew in
-        # lockstep: their heartbeats are the reapers' backstop, and a
-        # mesh-wide burst of them would wake every reaper at once.
-        spread = 0.5
-        trouble_since: float | None = None  # the first unanswered heartbeat
         while True:
             sent = trio.current_time()
             queues = list(gen.runners)
@@ -331,7 +361,7 @@ class Lease:
             try:
                 with trio.move_on_after(t.fence_after):
                     renewal = await self._binding.heartbeat(
-                        self._conn, gen.id, gen.incarnation, ttl_ms, acks, queues
+                        self._conn, gen.id, gen.incarnation, ttl_ms, gen.acks, queues
                     )
                     # With min_replicas, a renewal counts once replicas have it.
                     await self._conn.wait_replicas(self.min_replicas, t.fence_after)
@@ -340,53 +370,82 @@ class Lease:
                 gen.fence(str(exc))
                 return
             except (MeshConnectionError, CommandError) as exc:
-                # Retried until it works or the fence deadline passes (an OOM
-                # Redis refuses the lease renewal: we fence, we do not crash).
-                # Said once per outage, not once per try.
-                what = "Redis unreachable" if isinstance(exc, MeshConnectionError) else "refused"
-                if trouble_since is None:
-                    trouble_since = sent
-                    log.warning(
-                        "worker %s: heartbeat failed, %s: %s; retrying (its handlers are "
-                        "cancelled %g s after the last confirmed heartbeat)",
-                        gen.id,
-                        what,
-                        exc,
-                        t.fence_after,
-                    )
-                else:
-                    log.debug("worker %s: heartbeat failed again: %s", gen.id, exc)
-                await trio.sleep(min(t.interval / 4, 0.25))
+                await trio.sleep_until(self.renewal_failed(gen, sent, exc))
                 continue
             if reply is None:
                 continue
-            if trouble_since is not None:
-                log.info(
-                    "worker %s: heartbeat confirmed again, %.1f s after the first that failed",
-                    gen.id,
-                    sent - trouble_since,
-                )
-                trouble_since = None
+            await trio.sleep_until(self.renewed(gen, sent, queues, reply))
+
+    def renewal_failed(self, gen: Generation, sent: float, exc: Exception) -> float:
+        """A heartbeat sent at ``sent`` failed with ``exc`` (Redis unreachable,
+        or refusing). Retried until it works or the fence deadline passes (an
+        OOM Redis refuses the lease renewal: we fence, we do not crash). Said
+        once per outage, not once per try. Returns when to try again."""
+        t = self.timing
+        what = "Redis unreachable" if isinstance(exc, MeshConnectionError) else "refused"
+        if gen.trouble_since is None:
+            gen.trouble_since = sent
+            log.warning(
+                "worker %s: heartbeat failed, %s: %s; retrying (its handlers are "
+                "cancelled %g s after the last confirmed heartbeat)",
+                gen.id,
+                what,
+                exc,
+                t.fence_after,
+            )
+        else:
+            log.debug("worker %s: heartbeat failed again: %s", gen.id, exc)
+        return trio.current_time() + min(t.interval / 4, 0.25)
+
+    def renewed(
+        self,
+        gen: Generation,
+        sent: float,
+        queues: Sequence[str],
+        reply: HeartbeatReply,
+        reconnects: int | None = None,
+    ) -> float:
+        """A heartbeat sent at ``sent`` for ``queues`` was confirmed: push the
+        fence deadline on, act on the cancel inbox, fan the reply out to the
+        runners and the reaper. Sync: no I/O. ``reconnects``: the connection's
+        count now, if the caller has it at hand. Returns when the next
+        heartbeat is due."""
+        t = self.timing
+        if gen.trouble_since is not None:
+            log.info(
+                "worker %s: heartbeat confirmed again, %.1f s after the first that failed",
+                gen.id,
+                sent - gen.trouble_since,
+            )
+            gen.trouble_since = None
+        if reconnects is None:
             reconnects = self._conn.statistics().reconnects
-            if reconnects > self._reconnects_seen:
-                if self._reconnects_seen >= 0:
-                    log.info("worker %s: the connection to Redis was lost and is back", gen.id)
-                self._reconnects_seen = reconnects
-            self._stats.heartbeats += 1
-            self._stats.heartbeat.observe(trio.current_time() - sent)
-            gen.scope.deadline = sent + t.fence_after
-            acks = list(reply.inbox)
-            for pid in acks:
-                self._cancel_process(pid)
+        if reconnects > self._reconnects_seen:
+            if self._reconnects_seen >= 0:
+                log.info("worker %s: the connection to Redis was lost and is back", gen.id)
+            self._reconnects_seen = reconnects
+        now = trio.current_time()
+        self._stats.heartbeats += 1
+        self._stats.heartbeat.observe(now - sent)
+        gen.scope.deadline = sent + t.fence_after
+        gen.acks = list(reply.inbox)
+        for pid in gen.acks:
+            self._cancel_process(pid)
+        if gen.early_cancels:
             stale = sent - t.ttl
             for pid, at in list(gen.early_cancels.items()):
                 if at < stale:
                     del gen.early_cancels[pid]
-            for q, beat in zip(queues, reply.beats(), strict=True):
-                runner = gen.runners.get(q)
-                if runner is not None:
-                    runner.on_heartbeat(beat)
-            if reply.next_deadline_ms <= 0:
-                self._reaper.deadline_passed(-reply.next_deadline_ms / 1000)
-            await trio.sleep_until(sent + t.interval * (1 - spread * random.random()))
-            spread = 0.05
+        for q, beat in zip(queues, reply.beats(), strict=True):
+            runner = gen.runners.get(q)
+            if runner is not None:
+                runner.on_heartbeat(beat)
+        if reply.next_deadline_ms <= 0:
+            self._reaper.deadline_passed(-reply.next_deadline_ms / 1000)
+        # Renew a little early, at random (never late: R counts from the last
+        # confirmed renewal), so that peers started together do not renew in
+        # lockstep: their heartbeats are the reapers' backstop, and a
+        # mesh-wide burst of them would wake every reaper at once.
+        nxt = sent + t.interval * (1 - gen.spread * random.random())
+        gen.spread = 0.05
+        return nxt

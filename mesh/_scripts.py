@@ -32,6 +32,7 @@ from ._types import DeadLetter, Process
 __all__ = [
     "Binding",
     "Executor",
+    "HeartbeatRequest",
     "PipelineExecutor",
     "Script",
     "ScriptCall",
@@ -346,6 +347,80 @@ class HeartbeatReply:
 
 
 @attrs.frozen
+class HeartbeatRequest:
+    """One worker's part of a ``heartbeat.lua`` call."""
+
+    worker: str
+    incarnation: str
+    acks: tuple[str, ...] = ()  # process ids of cancels it has seen
+    queues: tuple[str, ...] = ()  # the queues it serves, in the order beats() keeps
+
+
+def parse_heartbeats(
+    raw: Any,
+    requests: Sequence[HeartbeatRequest],
+    cache: dict[tuple[str, str], tuple[str, int, int, int, int]],
+) -> list[outcome.Outcome[HeartbeatReply]]:
+    """Split a ``heartbeat.lua`` reply into one outcome per worker; ``cache``
+    keeps each (worker, queue)'s last balance (generation, T, C, capacity,
+    extra weight), used when the reply says it still holds."""
+    now, next_ms, idles, replies = int(raw[0]), int(raw[1]), raw[2], raw[3]
+    index: dict[str, int] = {}
+    for r in requests:
+        for q in r.queues:
+            index.setdefault(q, len(index))
+    out: list[outcome.Outcome[HeartbeatReply]] = []
+    for r, rep in zip(requests, replies, strict=True):
+        if isinstance(rep, bytes):
+            msg = rep.decode()
+            out.append(outcome.Error(FencedError(msg.removeprefix("FENCED "))))
+            continue
+        n = int(rep[0])
+        inbox = tuple(x.decode() for x in rep[1 : 1 + n])
+        pos = 1 + n
+        states, held, idle, release, shares = [], [], [], [], []
+        for q in r.queues:
+            states.append(int(rep[pos]))
+            h = int(rep[pos + 1])
+            held.append(h)
+            idle.append(rep[pos + 2] == 1)
+            pos += 3
+            ids: tuple[str, ...] = ()
+            if int(rep[pos]) == 0:
+                pos += 1
+                _, total, capacity, cap, extra = cache.get((r.worker, q), ("", 0, 1, 1, 0))
+            else:
+                gen, total, capacity, cap, extra, nrel = (int(x) for x in rep[pos + 1 : pos + 7])
+                ids = tuple(x.decode() for x in rep[pos + 7 : pos + 7 + nrel])
+                pos += 7 + nrel
+                if gen >= 0:
+                    cache[(r.worker, q)] = (str(gen), total, capacity, cap, extra)
+                else:
+                    cache.pop((r.worker, q), None)
+            shares.append((total, capacity, cap, h + extra))
+            release.append(ids)
+        out.append(
+            outcome.Value(
+                HeartbeatReply(
+                    now,
+                    next_ms,
+                    inbox,
+                    tuple(states),
+                    tuple(held),
+                    tuple(idle),
+                    tuple(int(idles[index[q]]) for q in r.queues),
+                    tuple(x[0] for x in shares),
+                    tuple(x[1] for x in shares),
+                    tuple(release),
+                    tuple(x[2] for x in shares),
+                    tuple(x[3] for x in shares),
+                )
+            )
+        )
+    return out
+
+
+@attrs.frozen
 class ClaimReply:
     now_ms: int
     remaining: int
@@ -468,52 +543,52 @@ class Binding:
         acks: Sequence[str],
         queues: Sequence[str],
     ) -> HeartbeatReply:
+        """Renew one worker's lease (``heartbeat.lua`` with one worker).
+
+        Raises:
+            FencedError: its lease is gone or superseded (nothing written).
+        """
+        (one,) = await self.heartbeat_many(
+            conn, ttl_ms, [HeartbeatRequest(worker, incarnation, tuple(acks), tuple(queues))]
+        )
+        return one.unwrap()
+
+    async def heartbeat_many(
+        self, conn: Executor, ttl_ms: int, requests: Sequence[HeartbeatRequest]
+    ) -> list[outcome.Outcome[HeartbeatReply]]:
+        """Renew the leases of several workers in one ``heartbeat.lua`` call
+        (1 to 1,000 of them): each is fenced on its own.
+
+        Returns:
+            Per request, in order: ``outcome.Value`` of its reply, or
+            ``outcome.Error(FencedError)`` for a worker whose lease is gone
+            or superseded (nothing of it written; the others are renewed).
+        Raises:
+            MeshConnectionError, CommandError: for the whole call (then it is
+                unknown which leases were renewed; renewing again is safe).
+        """
         k = self.keys
-        keys = [k.heartbeat(worker), k.workers, k.inbox(worker)]
-        for q in queues:
-            keys += (k.queue(q), k.delayed(q), k.held(worker, q), k.idle(q))
-            keys += (k.moving(q), k.reserved(q), k.share(q), k.prio(q))
+        index: dict[str, int] = {}
+        for r in requests:
+            for q in r.queues:
+                index.setdefault(q, len(index) + 1)
+        keys = [k.workers]
+        for q in index:
+            keys += (k.queue(q), k.delayed(q), k.idle(q), k.moving(q))
+            keys += (k.reserved(q), k.share(q), k.prio(q))
         # the generation of each queue's share last seen with nothing moving:
         # unchanged, the script reads nothing more of it (heartbeat.lua)
         cache = self._balance
-        gens = [cache[(worker, q)][0] if (worker, q) in cache else "" for q in queues]
-        r = await self._run(
-            conn, "heartbeat", keys, [worker, incarnation, ttl_ms, len(acks), *acks, *gens]
-        )
-        held = tuple(int(x) for x in r[4])
-        balance: list[Any] = list(r[7]) if len(r) > 7 else [0] * len(queues)
-        shares: list[tuple[int, int, int, int]] = []
-        release: list[tuple[str, ...]] = []
-        pos = 0
-        for q, h in zip(queues, held, strict=True):
-            if int(balance[pos]) == 0:
-                pos += 1
-                _, total, capacity, cap, extra = cache.get((worker, q), (0, 0, 1, 1, 0))
-                ids: tuple[str, ...] = ()
-            else:
-                gen, total, capacity, cap, extra, n = (int(x) for x in balance[pos + 1 : pos + 7])
-                ids = tuple(x.decode() for x in balance[pos + 7 : pos + 7 + n])
-                pos += 7 + n
-                if gen >= 0:
-                    cache[(worker, q)] = (str(gen), total, capacity, cap, extra)
-                else:
-                    cache.pop((worker, q), None)
-            shares.append((total, capacity, cap, h + extra))
-            release.append(ids)
-        return HeartbeatReply(
-            int(r[0]),
-            int(r[1]),
-            tuple(x.decode() for x in r[2]),
-            tuple(int(x) for x in r[3]),
-            held,
-            tuple(x == 1 for x in r[5]),
-            tuple(int(x) for x in r[6]),
-            tuple(x[0] for x in shares),
-            tuple(x[1] for x in shares),
-            tuple(release),
-            tuple(x[2] for x in shares),
-            tuple(x[3] for x in shares),
-        )
+        args: list[Any] = [ttl_ms, len(index), len(requests)]
+        for r in requests:
+            keys += (k.heartbeat(r.worker), k.inbox(r.worker))
+            keys += [k.held(r.worker, q) for q in r.queues]
+            args += (r.worker, r.incarnation, len(r.acks), *r.acks, len(r.queues))
+            for q in r.queues:
+                seen = cache.get((r.worker, q))
+                args += (index[q], seen[0] if seen is not None else "")
+        raw = await self._run(conn, "heartbeat", keys, args)
+        return parse_heartbeats(raw, requests, cache)
 
     def claim_call(
         self,

@@ -72,6 +72,10 @@ class Reaper:
         reapers on watch do not all check in the same millisecond).
     recorder: where the reaper counts its checks and recycles (its worker's
         statistics); a fresh one by default.
+    weight: how many workers this reaper stands for (a fleet's reaper: all
+        the fleet's workers, which run no reaper of their own): it acts on a
+        death, and is on watch, with probability ``herd`` x weight / N, so
+        the mesh keeps about ``herd`` reapers acting, whatever its fleets.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Reaper:
         herd: int = 3,
         jitter: float = 0.02,
         recorder: Recorder | None = None,
+        weight: Callable[[], int] = lambda: 1,
     ) -> None:
         self._conn = conn
         self._binding = binding
@@ -104,6 +109,7 @@ class Reaper:
         self._own_queues = queues
         self._own_ids = own
         self._me = me
+        self._weight = weight
         self._queues: list[str] = []  # the queues dead workers served lately
 
     @property
@@ -117,7 +123,7 @@ class Reaper:
     def heard_expiry(self) -> None:
         """A worker's lease key expired (every peer hears it): check now if
         on watch, or if drawn for this event (probability ``herd`` / N)."""
-        if self._on_watch or random.random() * self._mesh_size < self.herd:
+        if self._on_watch or random.random() * self._mesh_size < self.herd * self._weight():
             self._wakeup.set()
 
     def deadline_passed(self, overdue: float) -> None:
@@ -210,7 +216,7 @@ class Reaper:
             # the same rate: a reaper on watch also passes at every deadline,
             # and redrawing there would make the watch a rare state.
             if periodic:
-                self._on_watch = random.random() * self._mesh_size < self.herd
+                self._on_watch = random.random() * self._mesh_size < self.herd * self._weight()
             timeout = self.interval * (1 + random.random() * 0.2)
             periodic = True
             if self._on_watch and 0 <= self._next_ms < timeout * 1000:

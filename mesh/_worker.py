@@ -45,7 +45,7 @@ from ._errors import (
     raise_single,
 )
 from ._keys import Keys, check_queue, check_worker_id
-from ._lease import Generation, Lease, LeaseTiming
+from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
 from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner, check_handler
@@ -58,7 +58,14 @@ from ._transport import check_min_replicas
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
-__all__ = ["LeaseTiming", "Worker", "WorkerStatistics", "open_worker"]
+__all__ = [
+    "LeaseTiming",
+    "Worker",
+    "WorkerStatistics",
+    "check_server",
+    "open_worker",
+    "worker_options",
+]
 
 log = logging.getLogger("mesh.worker")
 
@@ -135,6 +142,10 @@ class Worker:
         max_payload: int,
         stop_grace: float = 10.0,
         rejoin_grace: float = 0.0,
+        *,
+        reaper: Reaper | None = None,
+        driver: HeartbeatDriver | None = None,
+        housekeeping: bool = True,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -152,7 +163,10 @@ class Worker:
         self._closing = False
         self._closed = False
         self._stats = Recorder()
-        self._reaper = Reaper(
+        # A fleet's worker shares the fleet's reaper (and its scheduler and
+        # policy reader: housekeeping=False) and its batched heartbeats.
+        self._housekeeping = housekeeping
+        self._reaper = reaper or Reaper(
             conn,
             self._binding,
             ttl=timing.ttl,
@@ -172,6 +186,7 @@ class Worker:
             start_runners=self._start_runners,
             cancel_process=self._cancel_process,
             recorder=self._stats,
+            driver=driver,
             capacity=lambda q: self._queues[q].capacity if q in self._queues else 1,
         )
         self._queue_lock = trio.Lock()
@@ -420,10 +435,20 @@ class Worker:
             self._queues[queue] = cfg
             try:
                 gen = await self._current_generation()
-                await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
-                policy = await self._adopt_policy(gen.id, queue, local, explicit)
-                cfg = self._queues[queue] = cfg.with_policy(policy)
-                await self._start_runner(gen, cfg)
+                try:
+                    await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
+                    policy = await self._adopt_policy(gen.id, queue, local, explicit)
+                    cfg = self._queues[queue] = cfg.with_policy(policy)
+                    await self._start_runner(gen, cfg)
+                except (FencedError, RuntimeError) as exc:
+                    # RuntimeError: the generation's nursery closed under us
+                    # (it ended: fenced, or stopping).
+                    fenced = gen.scope.cancel_called or gen is not self._gen
+                    if self._lease.closing or (isinstance(exc, FencedError) and not fenced):
+                        raise
+                    # This identity was fenced meanwhile: the next one serves
+                    # the queue (it is in self._queues) and starts its runner.
+                    await self._current_generation()
             except BaseException:
                 del self._queues[queue]
                 raise
@@ -610,10 +635,10 @@ class Worker:
         return await self._lease.current()
 
     async def _start_runners(self, gen: Generation) -> None:
-        if gen.nursery is not None:
+        if gen.nursery is not None and self._housekeeping:
             # the job-queue housekeeping of this generation, one round trip
             # per heartbeat interval: fire periodic tasks, and re-read the
-            # policies of the served queues
+            # policies of the served queues (a fleet's worker: the fleet's)
             watch = PolicyWatch(self._keys.policy, gen.runners, self._apply_policy)
             gen.nursery.start_soon(
                 run_scheduler, self._conn, self._binding, self.timing.interval, watch
@@ -816,24 +841,7 @@ async def open_worker(
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)
-    if (
-        isinstance(stop_grace, bool)
-        or not isinstance(stop_grace, int | float)
-        or not 0 <= stop_grace < float("inf")
-    ):
-        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
-    if (
-        isinstance(rejoin_grace, bool)
-        or not isinstance(rejoin_grace, int | float)
-        or not 0 <= rejoin_grace < float("inf")
-    ):
-        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
-    if rejoin_grace > 0 and worker_id is None:
-        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
-    if worker_id is None:
-        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
-        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
-    check_worker_id(worker_id)
+    worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
     # A half-open socket must not hold a fenced worker's hand-back forever.
     reply_timeout = max(2 * timing.ttl, 5.0)
     # One topology for both connections: they follow the master together (key-expiry
@@ -846,7 +854,7 @@ async def open_worker(
         topology=topology,
         reroute_timeout=timing.fence_after,
     ) as conn:
-        await _check_server(conn)
+        await check_server(conn)
         # The event link only speeds things up: every H the heartbeat brings
         # the durable state (work, cancels, overdue leases) anyway. Probing it
         # every T, not every second, is enough, and 1,000 idle workers then
@@ -878,7 +886,35 @@ async def open_worker(
                 raise_single(eg)
 
 
-async def _check_server(conn: Connection) -> None:
+def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float) -> str:
+    """Check a worker's options (see :func:`open_worker`); returns its id
+    (a new ``<host>-<pid>-<random>`` if None).
+
+    Raises:
+        ConfigError: a bad id, grace, or rejoin_grace without an id.
+    """
+    if (
+        isinstance(stop_grace, bool)
+        or not isinstance(stop_grace, int | float)
+        or not 0 <= stop_grace < float("inf")
+    ):
+        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
+    if (
+        isinstance(rejoin_grace, bool)
+        or not isinstance(rejoin_grace, int | float)
+        or not 0 <= rejoin_grace < float("inf")
+    ):
+        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
+    if rejoin_grace > 0 and worker_id is None:
+        raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
+    if worker_id is None:
+        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
+        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
+    check_worker_id(worker_id)
+    return worker_id
+
+
+async def check_server(conn: Connection) -> None:
     """Refuse an eviction policy that can evict heartbeat keys; the check is
     skipped where CONFIG is not allowed (managed Redis, ACL)."""
     try:

@@ -112,7 +112,7 @@ async def test_failover() -> None:
 async def test_cancel() -> None:
     s = await cancel.run(ctx(), cancel.Sizes(workers=2, per_process=2, processes=20))
     check(s, "cancel")
-    for kind in ("persistent", "one-shot"):
+    for kind in ("persistent", "one-shot", "persistent, fleets"):
         p99 = figure(s, f"{kind}: after cancel() returned, p99")
         assert p99.unit == "ms" and p99.median >= 0 and p99.target is not None
         assert 0 <= figure(s, f"{kind}: cancelled before cancel() returned").median <= 100
@@ -138,6 +138,12 @@ async def test_scale() -> None:
         herd=2,
         long_queue=1_000,
         claim_samples=10,
+        compare_processes=1,
+        compare_per_process=3,
+        big_processes=1,
+        big_per_process=5,
+        fleet_window=0.5,
+        fleet_slowlog=0.5,
     )
     s = await scale.run(ctx(), sizes)
     check(s, "scale")
@@ -147,6 +153,11 @@ async def test_scale() -> None:
     assert figure(s, "claim 1: queue of 1,000 / queue of 10").target is not None
     assert figure(s, "2 workers SIGKILLed: recycle calls by all peers").median >= 1
     assert 1 <= figure(s, "recycle 2 dead workers: recycle.lua calls").median <= 2
+    s = await scale.run_fleet(ctx(), sizes)
+    check(s, "fleet")
+    assert figure(s, "5 idle fleets, ttl 3 s, no tasks: Redis CPU").target is not None
+    assert figure(s, "3 idle fleets, ttl 3 s: heartbeat.lua calls").median > 0
+    assert figure(s, "3 idle open_workers, ttl 3 s: leases renewed").median > 0
 
 
 async def test_memory() -> None:

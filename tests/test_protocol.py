@@ -16,7 +16,7 @@ from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
-from mesh._scripts import Binding, _expand, load_scripts, parse_record
+from mesh._scripts import Binding, HeartbeatRequest, _expand, load_scripts, parse_record
 from mesh.testing import RedisServer
 
 from .protocol_helpers import expire_worker, join, snapshot
@@ -321,6 +321,45 @@ async def test_heartbeat_renews_reports_inbox_and_queue_states(
     with pytest.raises(FencedError, match="no lease"):
         await b.heartbeat(conn, "w1", inc, 5000, [], [])
     assert await conn.execute("EXISTS", keys.heartbeat("w1")) == 0  # not revived
+
+
+async def test_one_heartbeat_call_renews_many_workers_each_fenced_on_its_own(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """A fleet's batched renewal: a worker whose lease is gone, or taken over,
+    gets its own FENCED and nothing of it is written; the others of the same
+    call are renewed and get their own inbox, held count and idle flag."""
+    incs = {w: await join(b, conn, w, Q, ttl_ms=1000) for w in ("a", "b", "c", "d")}
+    await join(b, conn, "e", "other", ttl_ms=1000)
+    await b.ensure(conn, Q, [b"p1", b"p2"])
+    (held,) = (await b.claim(conn, "b", incs["b"], Q, 1, 0)).processes
+    assert (await b.claim(conn, "d", incs["d"], Q, 1, 0)).processes != ()
+    assert (await b.claim(conn, "a", incs["a"], Q, 1, 0)).processes == ()  # idle
+    await conn.execute("SADD", keys.inbox("b"), held.id)
+    await expire_worker(conn, keys, "c")
+    await conn.execute("SET", keys.heartbeat("d"), "someone-else", "PX", 700)
+    reqs = [
+        HeartbeatRequest(w, incs.get(w, "inc-e"), (), ("other",) if w == "e" else (Q,))
+        for w in ("a", "b", "c", "d", "e")
+    ]
+    out = await b.heartbeat_many(conn, 5000, reqs)
+    a, bb, e = out[0].unwrap(), out[1].unwrap(), out[4].unwrap()
+    with pytest.raises(FencedError, match="no lease"):
+        out[2].unwrap()
+    with pytest.raises(FencedError, match="superseded"):
+        out[3].unwrap()
+    assert (a.inbox, a.held, a.idle, a.persistent, a.servers) == ((), (0,), (True,), (2,), (4,))
+    assert (bb.inbox, bb.held, bb.idle) == ((held.id,), (1,), (False,))
+    assert (e.inbox, e.held, e.servers) == ((), (0,), (1,))
+    for w in ("a", "b", "e"):
+        assert 4000 < await conn.execute("PTTL", keys.heartbeat(w)) <= 5000
+        assert int(await conn.execute("ZSCORE", keys.workers, w)) == a.now_ms + 5000
+    assert await conn.execute("EXISTS", keys.heartbeat("c")) == 0  # not revived
+    assert await conn.execute("PTTL", keys.heartbeat("d")) <= 700  # not renewed
+    assert int(await conn.execute("ZSCORE", keys.workers, "c")) == 0
+    # acknowledged cancels leave the inbox; the single-worker call is the same script
+    hb = await b.heartbeat(conn, "b", incs["b"], 5000, [held.id], [Q])
+    assert hb.inbox == () and hb.held == (1,)
 
 
 async def test_recycle_touches_only_the_dead_workers_processes(

@@ -1,0 +1,137 @@
+"""Fleets (mesh._fleet): many workers of one process sharing a connection,
+batched heartbeats, one pub/sub connection and one reaper."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+import mesh
+from mesh import Process
+from mesh._scripts import Binding
+from mesh.testing import wait_until
+
+from .protocol_helpers import expire_worker, join
+from .test_worker import Recorder
+
+TTL = 0.9  # H = 0.3 s, R = 0.6 s
+
+
+@asynccontextmanager
+async def fleet_of(
+    url: str, ns: str, n: int, ttl: float = TTL
+) -> AsyncIterator[tuple[mesh.Fleet, list[mesh.Worker]]]:
+    async with mesh.open_fleet(url, namespace=ns, ttl=ttl) as fleet:
+        async with trio.open_nursery() as nursery:
+            workers: list[mesh.Worker] = []
+            ready, done = trio.Event(), trio.Event()
+
+            async def one() -> None:
+                async with fleet.open_worker() as w:
+                    workers.append(w)
+                    if len(workers) == n:
+                        ready.set()
+                    await done.wait()
+
+            for _ in range(n):
+                nursery.start_soon(one)
+            await ready.wait()
+            try:
+                yield fleet, workers
+            finally:
+                done.set()
+
+
+async def test_batched_renewal_fences_one_worker_and_renews_the_others(
+    redis_url: str, namespace: str
+) -> None:
+    rec = Recorder()
+    async with fleet_of(redis_url, namespace, 3) as (fleet, workers):
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            for w in workers:
+                await w.start_work("devices", rec.forever, concurrency=1)
+            await client.ensure_many("devices", ["d0", "d1", "d2"])
+            await wait_until(lambda: _true(len(rec.running()) == 3))
+            ids = [w.id for w in workers]
+
+            # Heartbeats due at the same time go in one call: make all three due
+            # now (again, if a reply on its way made one of them due later).
+            async def batched() -> bool:
+                if fleet.renewals.largest >= 3:
+                    return True
+                for w in workers:
+                    fleet.renewals.add(w._lease, w._gen)
+                return False
+
+            await wait_until(batched, what="three leases in one call")
+            # Now one of the fleet's own workers loses its lease: it alone is
+            # fenced (its handler cancelled) and rejoins under a new id.
+            await expire_worker(client._conn, client._keys, ids[0])
+            await wait_until(lambda: _true(workers[0].id != ids[0] and len(rec.running()) == 3))
+            assert [p.worker_id for p in rec.cancelled] == [ids[0]]
+            assert [w.id for w in workers[1:]] == ids[1:]
+            assert workers[0].statistics().fenced == 1
+            assert all(w.statistics().fenced == 0 for w in workers[1:])
+
+
+async def test_the_shared_subscriber_delivers_each_cancel_to_its_worker(
+    redis_url: str, namespace: str
+) -> None:
+    # H = 20 s: a cancel that missed pub/sub would wait for the durable inbox.
+    rec = Recorder()
+    async with fleet_of(redis_url, namespace, 2, ttl=60) as (_, (a, b)):
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            await a.start_work("a-jobs", rec.forever)
+            await b.start_work("b-jobs", rec.forever)
+            await client.enqueue("a-jobs", b"x")
+            await client.enqueue("b-jobs", b"x")
+            await client.enqueue("b-jobs", b"y")
+            await wait_until(lambda: _true(len(rec.running()) == 3))
+            assert await client.cancel("b-jobs", b"x") == 1
+            await wait_until(lambda: _true(len(rec.cancelled) == 1), within=5)
+            (gone,) = rec.cancelled
+            assert (gone.queue, gone.task, gone.worker_id) == ("b-jobs", b"x", b.id)
+            assert sorted((p.queue, p.task) for p in rec.running()) == [
+                ("a-jobs", b"x"),
+                ("b-jobs", b"y"),
+            ]
+
+
+async def test_the_fleet_reaper_takes_over_from_a_dead_peer(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with fleet_of(redis_url, namespace, 2) as (fleet, workers):
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            b = Binding(client._keys)
+            inc = await join(b, client._conn, "peer", "devices")
+            await client.ensure("devices", "d")
+            (held,) = (await b.claim(client._conn, "peer", inc, "devices", 1, 0)).processes
+            for w in workers:
+                await w.start_work("devices", rec.forever)
+            await expire_worker(client._conn, client._keys, "peer")
+            await wait_until(lambda: _true(len(rec.running()) == 1))
+            (p,) = rec.running()
+            assert p.task == b"d" and p.token > held.token
+            assert p.worker_id in {w.id for w in workers}
+            assert fleet.statistics().workers_recycled == 1
+            assert sum(w.statistics().fenced for w in workers) == 0
+
+
+async def test_a_fleet_refuses_bad_options_before_starting(redis_url: str) -> None:
+    with pytest.raises(mesh.ConfigError):
+        async with mesh.open_fleet(redis_url, ttl=0.01):
+            pass  # pragma: no cover
+    async with mesh.open_fleet(redis_url, namespace="f") as fleet:
+        with pytest.raises(mesh.ConfigError):
+            async with fleet.open_worker(worker_id="bad id"):
+                pass  # pragma: no cover
+
+
+async def _true(v: bool) -> bool:
+    return v
+
+
+def _unused(p: Process) -> None:  # pragma: no cover
+    pass
