@@ -142,8 +142,10 @@ async def test_scale() -> None:
         compare_per_process=3,
         big_processes=1,
         big_per_process=5,
-        fleet_window=0.5,
-        fleet_slowlog=0.5,
+        # at ttl 3 s a worker or fleet beats once a second: a window shorter
+        # than that may see no heartbeat at all (it did, about half the time)
+        fleet_window=1.2,
+        fleet_slowlog=1.2,
     )
     s = await scale.run(ctx(), sizes)
     check(s, "scale")
