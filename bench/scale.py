@@ -286,7 +286,15 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
         async with SlowlogWindow(conn, max_len=1_000_000) as w:
             t0 = time.monotonic()
             await victims.kill()
-            await wait_held(conn, k, ntasks, len(extra), 60)
+
+            async def recycled() -> bool:
+                # every victim gone, and everything it held back in the mesh
+                # (a survivor with room may already have claimed some of it)
+                scores = await conn.pipeline([("ZSCORE", k.workers, i) for i in ids])
+                held, queued = await procs_held(conn, k)
+                return all(x is None for x in scores) and held + queued == ntasks + len(extra)
+
+            await poll_until(recycled, interval=0.05, within=60)
             res.herd_wall = time.monotonic() - t0
             await trio.sleep(1.0)  # reapers that woke late
         res.herd_ttl = ttl

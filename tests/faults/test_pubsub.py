@@ -74,8 +74,14 @@ async def test_cancel_and_work_published_while_pubsub_is_down_still_land(h: Harn
     # a cancelled task never starts again
     for victim in jobs + devices:
         assert sum(e.action == "start" and e.task == victim for e in ev) == 1
+
+    # the handlers' last events come before their finish reports reach Redis
+    async def finished() -> bool:
+        snap = await h.snapshot()
+        return snap.queues["jobs"].procs == {} and snap.queues["devices"].procs == {}
+
+    await wait_until(finished, 2 * TTL, "the finish reports")
     snap = await h.snapshot()
-    assert snap.queues["jobs"].procs == {} and snap.queues["devices"].procs == {}
     assert snap.queues["devices"].persistent == {} and snap.queues["devices"].standby == set()
     figure(
         "pubsub_kill",
