@@ -38,6 +38,43 @@ import trio
 import mesh
 
 
+class Stalls(trio.abc.Instrument):
+    """Notes every stretch the event loop ran without looking at I/O for
+    longer than ``floor`` seconds (a trio run batch): its length, how many
+    task steps it ran, and the three longest steps by task name. Written
+    to ``path`` as lines ``<monotonic ns> <batch ms> <steps> <name>=<ms> ...``."""
+
+    def __init__(self, path: str, floor: float = 0.05) -> None:
+        self._f = open(path, "w")
+        self._floor = floor
+        self._batch = time.perf_counter()
+        self._step = 0.0
+        self._steps: list[tuple[float, str]] = []
+
+    def after_io_wait(self, timeout: float) -> None:
+        self._batch = time.perf_counter()
+        self._steps = []
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._step = time.perf_counter()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._steps.append((time.perf_counter() - self._step, task.name))
+
+    def before_io_wait(self, timeout: float) -> None:
+        took = time.perf_counter() - self._batch
+        if took >= self._floor:
+            by: dict[str, tuple[float, int]] = {}
+            for d, name in self._steps:
+                name = name.rsplit(".", 1)[-1]
+                a, n = by.get(name, (0.0, 0))
+                by[name] = (a + d, n + 1)
+            top = sorted(by.items(), key=lambda kv: -kv[1][0])[:4]
+            desc = " ".join(f"{n}={1000 * a:.0f}ms/{c}" for n, (a, c) in top)
+            self._f.write(f"{time.monotonic_ns()} {1000 * took:.0f} {len(self._steps)} {desc}\n")
+            self._f.flush()
+
+
 def out(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -190,8 +227,10 @@ def main() -> None:
     args = parser.parse_args()
     roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
     role = roles[args.role]
+    stalls = os.environ.get("MESH_BENCH_STALLS")
+    instruments = [Stalls(f"{stalls}/stalls-{os.getpid()}.txt")] if stalls else []
     try:
-        trio.run(role, args)
+        trio.run(role, args, instruments=instruments)
     except KeyboardInterrupt:
         pass
 

@@ -238,6 +238,54 @@ class _Batch:
         self.slots: list[_Slot] = []
 
 
+#: At most this many processes per claim (claim.lua takes up to 1,000): a
+#: script holds up every client of Redis while it runs, heartbeats included,
+#: and a claim costs Redis about 15 us per persistent task. Fifty survivors of
+#: a mass failure each claiming 1,000 at once held Redis for seconds on a
+#: loaded machine; in claims of 250, another client's heartbeat waits behind
+#: at most one claim of each, a quarter as long.
+CLAIM_MAX = 250
+
+#: A claim reply with more processes than this starts their handlers this
+#: many at a time, one event loop batch after another (see :func:`_paced`).
+START_CHUNK = 100
+
+_STARTING: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("mesh_starting")
+
+
+async def _paced(dispatch: Callable[[_Slot | _Batch], None], items: list[_Slot | _Batch]) -> None:
+    """Hand ``items`` to ``dispatch`` :data:`START_CHUNK` at a time, with a
+    trip through the event loop between chunks, one large claim of the OS
+    process at a time (a lock per trio run).
+
+    Why: a trio run batch runs every task that is ready, and polls I/O only
+    between batches. A claim of 1,000 processes started at once made one
+    batch of 1,000 task creations and 1,000 first handler steps; ten
+    workers of a process taking over a dead peer's tasks together made
+    batches of 1 to 2 s on a loaded machine, long enough for heartbeat
+    replies to sit unread past the self-fence deadline (half the survivors
+    of a mass failure fenced themselves). Paced, a batch holds at most one
+    chunk's starts and the previous chunk's first steps, whatever the number
+    of workers and claims, and a heartbeat reply is read within a batch or
+    two.
+
+    Shielded from cancellation: the processes are ours in Redis and in
+    ``running`` already; each one is dispatched (one that was cancelled or
+    stopped meanwhile ends at once in the pool, as if it had waited there)."""
+    try:
+        lock = _STARTING.get()
+    except LookupError:
+        lock = trio.Lock()
+        _STARTING.set(lock)
+    with trio.CancelScope(shield=True):
+        async with lock:
+            for i in range(0, len(items), START_CHUNK):
+                if i:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                for item in items[i : i + START_CHUNK]:
+                    dispatch(item)
+
+
 class _Stop(Exception):
     """Sent to a parked pool trio task: the runner is done, exit."""
 
@@ -545,7 +593,7 @@ class QueueRunner:
                 self._next_due = float("inf")
                 self._maybe_work = True
             if free > 0 and self._maybe_work:
-                await self._claim(handlers, min(free, 1000))
+                await self._claim(handlers, min(free, CLAIM_MAX))
                 return 0.02
             if self._pull:
                 await self._rebalance()
@@ -679,19 +727,26 @@ class QueueRunner:
                 # Not replicated: not started. Redis holds them for us; the
                 # loop's resync (after this connection error) hands them back.
                 await self._replicate()
-            self._start_claimed(handlers, reply, n, now, held_back)
+            items = self._start_claimed(reply, n, now, held_back)
+            if len(items) <= START_CHUNK:
+                for item in items:
+                    self._dispatch(item)
+            else:
+                await _paced(self._dispatch, items)
         if errors:
             raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
 
     def _start_claimed(
         self,
-        handlers: trio.Nursery,
         reply: ClaimReply,
         asked: int,
         now: float,
         held_back: float | None,
-    ) -> None:
-        """Take a claim's reply: start its processes.
+    ) -> list[_Slot | _Batch]:
+        """Take a claim's reply: its processes run here from now on (in
+        :attr:`running`: a cancel, a release or a stop reaches them); returns
+        what to hand to the handler pool (:meth:`_dispatch`), which the
+        caller does at once, or paced for a large claim (:func:`_paced`).
 
         A claim that took fewer than it asked for (and was not held back)
         put this worker in the queue's idle set: whoever makes tasks ready
@@ -713,6 +768,7 @@ class QueueRunner:
         batch: _Batch | None = None
         self._traced = _telemetry.tracer is not None and _telemetry.active()
         claimed = trio.current_time()
+        items: list[_Slot | _Batch] = []
         for p in reply.processes:
             if self._early_cancels.pop(p.id, None) is not None:
                 # Cancelled in the mesh before this reply reached us; Redis
@@ -726,13 +782,14 @@ class QueueRunner:
             self._counters.started += 1
             if not size:
                 slot = self.running[p.id] = _Slot(p, claimed)
-                self._dispatch(slot)
+                items.append(slot)
                 continue
             if batch is None or len(batch.slots) >= size:
                 batch = _Batch()
-                self._dispatch(batch)
+                items.append(batch)
             slot = self.running[p.id] = _Slot(p, claimed, batch)
             batch.slots.append(slot)
+        return items
 
     # --- the handler pool ----------------------------------------------------
 
