@@ -59,6 +59,11 @@ class HeartbeatDriver(Protocol):
 
     def remove(self, lease: Lease, gen: Generation) -> None: ...
 
+    async def join_turn(self) -> None:
+        """Wait for this worker's turn to join, or to rejoin after a fence
+        (a fleet spreads the registrations of its workers that join at once).
+        Cancellable."""
+
 
 @attrs.frozen
 class LeaseTiming:
@@ -195,6 +200,8 @@ class Lease:
         previous = ""
         try:
             while True:
+                if first and self._driver is not None:
+                    await self._driver.join_turn()
                 sent = await self._register(gen, first=first)
                 if first:
                     task_status.started()
@@ -235,6 +242,10 @@ class Lease:
                     gen.id,
                     gen.fence_reason,
                 )
+                if self._driver is not None:
+                    # a fleet's workers fenced together (its connection was
+                    # down) hand back and rejoin paced, not all at once
+                    await self._driver.join_turn()
                 await self._retire(gen)
                 if self.closing:
                     return
