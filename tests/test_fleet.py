@@ -148,8 +148,9 @@ async def test_a_fleet_paces_its_joins_and_rejoins_and_every_worker_ends_registe
         await wait_until(lambda: _true(len(workers) == n), within=30)
         joins = fleet.renewals.joins
         assert joins.joined == n
-        # 200 after the burst, 0.5 ms apart: the last waited about 0.1 s
-        assert joins.longest >= 0.09
+        # 200 after the burst, 0.5 ms apart: the last waited up to 0.1 s
+        # (less the time the 300 took to arrive)
+        assert joins.longest >= 0.05
         conn, k = client._conn, client._keys
         assert await conn.execute("ZCARD", k.workers) == n
 
