@@ -186,10 +186,10 @@ class Reaper:
         k = self._binding.keys
         sizes = await self._conn.pipeline([("SCARD", k.held(w, q)) for w in dead for q in queues])
         parts: list[list[str]] = []
-        most = held = self._recycle_processes
+        most, held = self._recycle_processes, 0
         for i, w in enumerate(dead):
             n = sum(int(x) for x in sizes[i * len(queues) : (i + 1) * len(queues)])
-            if held + n > most:
+            if not parts or held + n > most:
                 parts.append([])
                 held = 0
             parts[-1].append(w)

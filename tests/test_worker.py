@@ -881,18 +881,19 @@ async def test_dead_workers_that_held_many_processes_are_recycled_a_few_at_a_tim
     from mesh._supervisor import Reaper
 
     b = Binding(Keys("parts"))
-    held = {"a": 4, "b": 4, "c": 1, "d": 1, "e": 3}
+    held = {"a": 0, "b": 4, "c": 4, "d": 1, "e": 1, "f": 3}
     async with open_connection(own_redis.url) as conn:
         for w, n in held.items():
             inc = await join(b, conn, w, "jobs")
-            await b.enqueue(conn, "jobs", [b"%s%d" % (w.encode(), i) for i in range(n)])
-            assert len((await b.claim(conn, w, inc, "jobs", n, 0)).processes) == n
+            if n:
+                await b.enqueue(conn, "jobs", [b"%s%d" % (w.encode(), i) for i in range(n)])
+                assert len((await b.claim(conn, w, inc, "jobs", n, 0)).processes) == n
             await expire_worker(conn, b.keys, w)
         reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"], recycle_processes=5)
-        assert await reaper.reap_once() == 5
+        assert await reaper.reap_once() == 6
         queued = await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1)
     assert len(queued) == 13
-    # reap_check's order is the deadlines' (all 0), then the ids: a | b | c d e
+    # reap_check's order is the deadlines' (all 0), then the ids: a b | c | d e f
     st = reaper.statistics()
     assert (st.recycle_calls, st.processes_recycled) == (3, 13)
 
