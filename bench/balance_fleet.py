@@ -277,7 +277,7 @@ async def held_by(conn: Connection, k: Keys, ids: list[str]) -> list[int]:
 
 
 async def massfail(
-    procs: int, per: int, tasks: int, ttl: float, spy: str | None = None
+    procs: int, per: int, tasks: int, ttl: float, spy: str | None = None, gc_threshold: int = 0
 ) -> dict[str, float | str]:
     k = Keys("bench")
     with run_redis_server() as server:
@@ -298,6 +298,7 @@ async def massfail(
                     mesh_child(
                         "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
                         "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap),
+                        *(["--gc-threshold", str(gc_threshold)] if gc_threshold else []),
                     ),
                 )  # fmt: skip
                 ids = []
@@ -383,6 +384,7 @@ async def massfail(
         "rejoins_after_fencing": rejoins,
         "redis_used_memory": mem.strip(),
         "scripts_over_100ms": _slow(slow),
+        "children_gc_threshold": gc_threshold or "python default (10)",
     }
 
 
@@ -420,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--tasks", type=int, default=100_000)
     m.add_argument("--ttl", type=float, default=1.5)
     m.add_argument("--py-spy", metavar="DIR", help="record the survivors with py-spy into DIR")
+    m.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=0,
+        help="the children run gc.set_threshold(700, 10, N) (default: Python's, 10)",
+    )
     args = ap.parse_args(argv)
     res: dict[str, float | str]
     if args.what == "converge":
@@ -427,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "rolling":
         res = trio.run(rolling, args.peers, args.tasks, args.ttl)
     else:
-        res = trio.run(massfail, args.procs, args.per, args.tasks, args.ttl, args.py_spy)
+        res = trio.run(
+            massfail, args.procs, args.per, args.tasks, args.ttl, args.py_spy, args.gc_threshold
+        )
     for key, v in res.items():
         print(f"{key}: {v}")
     return 0
