@@ -214,7 +214,7 @@ async def one_rejoin(url: str, workers: int, ttl: float, window: float | None) -
     ns = "rj" + secrets.token_hex(3)
     k = Keys(ns)
     extra = [] if window is None else ["--join-window", str(window)]
-    async with children() as kids, open_connection(url) as conn:
+    async with children() as kids, open_connection(url, reply_timeout=60) as conn:
         child, ids = await spawn_fleet(kids, "fleet", hold_argv(url, ns, workers, ttl, *extra))
         await trio.sleep(2 * ttl)
         r = 2 * ttl / 3
@@ -224,17 +224,26 @@ async def one_rejoin(url: str, workers: int, ttl: float, window: float | None) -
         samples = [(time.monotonic(), await redis_cpu(conn))]
         t0 = samples[0][0]
         done = None
+        died = ""
         while time.monotonic() - t0 < 60:
             await trio.sleep(0.1)
             samples.append((time.monotonic(), await redis_cpu(conn)))
+            if child.proc.returncode is not None:
+                # the storm can starve the fleet's process past its reply
+                # timeout; its last words say how it ended
+                died = child.stderr_tail(400).strip().splitlines()[-1]
+                break
             if done is None and await registered_again(conn, k, workers, set(ids)):
                 done = time.monotonic() - t0
             if done is not None and time.monotonic() - t0 > done + 1:
                 break
         await child.kill()
+    if died:
+        print(f"the fleet process died: {died}", file=sys.stderr)
     rates = [(c1 - c0) / (s1 - s0) for (s0, c0), (s1, c1) in itertools.pairwise(samples)]
     end = [i for i, (s, _) in enumerate(samples) if s - t0 <= (done or 60)][-1]
     return {
+        "fleet_process_died": float(bool(died)),
         "registered_again_s": round(done, 2) if done is not None else -1.0,
         "peak_redis_cpu_percent": round(100 * max(rates), 1),
         "redis_cpu_s_until_registered": round(samples[end][1] - samples[0][1], 3),
