@@ -51,6 +51,10 @@ log = logging.getLogger("mesh.worker")
 #: About this many idle servers of a queue act on a delayed task's due time.
 HERD = 3
 
+#: Seconds a claim or report in flight when a stop begins may take to come
+#: back before the stop drops it (a hung connection must not hold a stop).
+STOP_IO_GRACE = 0.5
+
 Handler = Callable[[Process], Awaitable[Any]]
 BatchHandler = Callable[[list[Process]], Awaitable[Sequence[Any] | None]]
 
@@ -195,7 +199,7 @@ class _Slot:
     then running in that trio task's cancel scope."""
 
     __slots__ = (
-        "batch", "cancel_requested", "dropped", "process", "scope", "started", "stopping",
+        "batch", "cancel_requested", "dropped", "hit", "process", "scope", "started", "stopping",
     )  # fmt: skip
 
     def __init__(self, process: Process, started: float, batch: _Batch | None = None) -> None:
@@ -211,6 +215,8 @@ class _Slot:
         # Of a batch call: cancelled in the mesh while the call goes on, so
         # no longer run here (see QueueRunner._cancel_slot).
         self.dropped = False
+        # Its scope was cancelled (its pool trio task needs a new one).
+        self.hit = False
 
     def cancel(self, stopping: bool) -> None:
         """Cancel this process's handler: its scope now, or, before a pool
@@ -230,15 +236,22 @@ class _Slot:
             b is None or stopping or all(s.cancel_requested for s in b.slots)
         ):
             self.scope.cancel()
+            self.hit = True
+            if b is not None:
+                b.hit = True
 
 
 class _Batch:
     """The processes of one batch handler call."""
 
-    __slots__ = ("slots",)
+    __slots__ = ("hit", "slots")
 
     def __init__(self) -> None:
         self.slots: list[_Slot] = []
+        self.hit = False  # its scope was cancelled
+
+
+_NOTHING: Any = object()
 
 
 class _Stop(Exception):
@@ -250,6 +263,7 @@ def _in_context(
     ctx: contextvars.Context,
     coro: Generator[Any, Any, Any] | Awaitable[Any],
     runner: QueueRunner | None = None,
+    first: Any = _NOTHING,
 ) -> Generator[Any, Any, Any]:
     """Await ``coro`` with each of its steps run in ``ctx``: a handler run by
     a long-lived pool trio task sees a fresh copy of the runner's context
@@ -258,15 +272,20 @@ def _in_context(
     included) pass through unchanged. Each time the handler yields to trio
     (it blocks, or passes a checkpoint), the processes still queued on
     ``runner`` are handed to pool trio tasks of their own
-    (:meth:`QueueRunner._fan_out`)."""
+    (:meth:`QueueRunner._fan_out`). ``first``: what the coroutine yielded
+    at its first step, taken already by the caller (see
+    :meth:`QueueRunner._run_one`)."""
     c = cast(Any, coro)
     send: Callable[[Any], Any] = c.send
     arg: Any = None
     while True:
-        try:
-            msg = ctx.run(send, arg)
-        except StopIteration as stop:
-            return stop.value
+        if first is not _NOTHING:
+            msg, first = first, _NOTHING
+        else:
+            try:
+                msg = ctx.run(send, arg)
+            except StopIteration as stop:
+                return stop.value
         if runner is not None and runner._queued:
             runner._fan_out()
         try:
@@ -350,6 +369,9 @@ class QueueRunner:
         self._pool = 0
         self._handlers: trio.Nursery | None = None
         self._ctx = contextvars.copy_context()
+        # trio's clock, read without trio.current_time()'s two calls around
+        # it (set when the loop starts)
+        self._now: Callable[[], float] = trio.current_time
         # Whether handler runs get spans (asked once per claimed batch).
         self._traced = False
 
@@ -453,8 +475,13 @@ class QueueRunner:
         finished or failed, as usual."""
         self._stopping = True
         if self._io_scope is not None:
-            # A claim or report in flight is dropped (see _run).
-            self._io_scope.cancel()
+            # A claim or report in flight gets STOP_IO_GRACE to come back,
+            # then it is dropped (see _run): it was most likely written
+            # already (the worker's connection writes at once), so its reply
+            # says what it did (a finish report counted, a claim's processes
+            # handed back unstarted) rather than leaving that unknown.
+            io = self._io_scope
+            io.deadline = min(io.deadline, trio.current_time() + STOP_IO_GRACE)
         for slot in list(self.running.values()):
             if not slot.cancel_requested:
                 slot.cancel(stopping=True)
@@ -476,6 +503,7 @@ class QueueRunner:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run until cancelled. Raises nothing but Cancelled: a fenced
         lease is reported through ``on_fenced`` and ends the loop."""
+        self._now = trio.lowlevel.current_clock().current_time
         try:
             with self._scope:
                 await self._run(task_status)
@@ -875,8 +903,10 @@ class QueueRunner:
                             await self._run_one(scope, current)
                         else:
                             await self._run_batch(scope, cast(_Batch, current))
-                        current = None
-                        if scope.cancel_called:
+                        hit, current = current.hit, None
+                        # (cancel_called reads the clock: asked only when a
+                        # deadline could have passed)
+                        if hit or (self.config.timeout > 0 and scope.cancel_called):
                             break
                 if current is not None:
                     # The handler ended by this scope's Cancelled: a cancel,
@@ -932,12 +962,21 @@ class QueueRunner:
             self._wakeup.set()  # every slot may be stuck now: see _hand_back_stuck
         handler = cast(Handler, self.config.handler)
         timeout = self.config.timeout
-        began = trio.current_time()
+        now = self._now
+        began = now()
         if timeout > 0:
             scope.deadline = began + timeout
         try:
             coro = _telemetry.traced(handler, p) if self._traced else handler(p)
-            value = await _in_context(self._ctx.copy(), coro, self)
+            ctx = self._ctx.copy()
+            # The first step here: a handler that does not yield to trio
+            # ends in it, with no generator around it.
+            try:
+                msg = ctx.run(cast(Any, coro).send, None)
+            except StopIteration as stop:
+                value = stop.value
+            else:
+                value = await _in_context(ctx, coro, self, msg)
         except Exception as exc:
             log.debug("handler of queue %s, process %s raised:", p.queue, p.id, exc_info=True)
             self._fail(p, describe_error(exc), _one_line(exc))
@@ -947,7 +986,7 @@ class QueueRunner:
             del self.running[p.id]
             if timeout > 0:
                 scope.deadline = math.inf
-            self._counters.handler.observe(trio.current_time() - began)
+            self._counters.handler.observe(now() - began)
         # A slot is free: the loop claims again if it may (a runner that is
         # not in the queue's idle set must look by itself, or no one wakes it).
         self._wakeup.set()

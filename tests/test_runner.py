@@ -727,6 +727,8 @@ async def test_prefetch_claims_beyond_concurrency_but_runs_at_most_concurrency(
             return (info.queued, info.running) == (7, 5)
 
         await wait_until(held, what="2 running and 3 prefetched, all held in Redis")
+        await wait_until(lambda: now == 2, what="both slots busy")
+        await trio.sleep(0.05)  # a chance for a prefetched handler to start (it must not)
         assert (now, len(h.tasks)) == (2, 2)  # the prefetched ones wait for a slot
         h.release.set()
         await wait_until(lambda: worker.statistics().processes_finished == 12, within=10)
