@@ -52,7 +52,7 @@ for i, id in ipairs(ids) do
         forget_weight(KEYS[6], r.payload)  -- the task leaves: its weight leaves the sums
       end
       if r.attempts > 0 or r.persistent then attempts[#attempts + 1] = r.payload end
-      redis.call('PUBLISH', ARGV[3], r.payload)
+      nudge(ARGV[3], r.payload)
       done = 1
     end
   end

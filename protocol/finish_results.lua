@@ -64,7 +64,7 @@ for i = 1, n do
       local value = ARGV[a + 2]
       redis.call('SET', KEYS[6 + i], kind .. '\0' .. int(now) .. '\0' .. ARGV[1] .. '\0'
         .. #value .. '\0' .. value .. r.payload, 'PX', ttl)
-      redis.call('PUBLISH', ARGV[3], r.payload)
+      nudge(ARGV[3], r.payload)
       done = 1
     end
   end
