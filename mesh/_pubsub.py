@@ -134,7 +134,7 @@ class PubSub:
         self._confirmed_sharded: set[bytes] = set()
         # Whether this socket takes SSUBSCRIBE: unknown until refused (6.2, ACL).
         self._shard_ok = True
-        self._shard_refusal = ""
+        self._slot_moves = 0  # sharded channels found elsewhere (sunsubscribe, MOVED)
         self._connected = True
         self._closed = False
         self._generation = 0
@@ -398,9 +398,10 @@ class PubSub:
                     self._confirmed_sharded.add(name)
                 else:
                     self._confirmed_sharded.discard(name)
-                    if name in self._sharded:
+                    if name in self._sharded and self._connected:
                         # Not asked for: the node no longer serves the channel's
                         # slot (a migration or failover). Find its new master.
+                        self._slot_moves += 1
                         self._broken(
                             f"the server dropped sharded channel {name!r:.80} (its slot "
                             "moved); following it"
@@ -429,6 +430,7 @@ class PubSub:
                 return None
             if reply.code in _ELSEWHERE:
                 # Only SSUBSCRIBE is routed by slot on a pubsub connection.
+                self._slot_moves += 1
                 self._broken(f"SSUBSCRIBE was answered {reply}; following the slot")
                 return None
             self._last_error_reply = reply
@@ -444,7 +446,6 @@ class PubSub:
             return False
         if self._shard_ok:
             self._shard_ok = False
-            self._shard_refusal = str(reply)[:200]
             self._confirmed_sharded.clear()
             self._notify()
         return True

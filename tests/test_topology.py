@@ -442,12 +442,12 @@ async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
         reconnects = w._pubsub.reconnects
         await trio.to_thread.run_sync(lambda: migrate_slot(cluster, slot, target))
         await wait_until(
-            lambda: shard_subscribers(target.port, wake) == 1, 10, "the subscription to follow"
+            lambda: w._pubsub.reconnects > reconnects and shard_subscribers(target.port, wake) == 1,
+            10,
+            "the subscription to follow",
         )
         assert shard_subscribers(source_port, wake) == 0
-        assert w._pubsub.reconnects > reconnects
-        # followed because the old master dropped the sharded channels
-        assert "dropped sharded channel" in w._pubsub._last_error
+        assert w._pubsub._slot_moves >= 1  # the old master dropped the channels
         client(target.port).config_resetstat()
         await wake_and_cancel(c, w, b"after")
         assert stats(target.port)["spublish"] >= 2 and stats(target.port)["publish"] == 0
@@ -954,7 +954,8 @@ async def test_min_replicas_waits_for_the_replica() -> None:
                 with pytest.raises(MeshConnectionError, match="only 0 of 1 replicas"):
                     await c.enqueue("q", b"b")
                 await wait_until(lambda: runs.cancelled, 5, "the worker to fence")
-                assert w.statistics().fenced >= 1
+                # (counted once every handler has exited)
+                await wait_until(lambda: w.statistics().fenced >= 1, 5, "the fence counted")
         # The argument wins over the URL.
         async with mesh.open_client(url, namespace=ns, min_replicas=0) as c:
             await c.enqueue("q", b"c")
