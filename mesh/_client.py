@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import outcome
 import trio
 
@@ -733,27 +734,13 @@ class Client:
         out, pos = [], 0
         for i, (w, deadline) in enumerate(entries):
             held = [int(c) for c in counts[pos : pos + len(served[i])]]
-            caps = weights[pos : pos + len(served[i])]
+            fields = weights[pos : pos + len(served[i])]
             n = sum(held)
             pos += len(served[i])
-            mine = []
-            for q, h, (cap_b, extra_b) in zip(served[i], held, caps, strict=True):
-                p, s, moving_in, moving_out = shares[q]
-                cap = int(cap_b or 1)
-                share = fair_share(p, s, cap)
-                mine.append(
-                    QueueShare(
-                        q,
-                        h,
-                        math.floor(share),
-                        math.ceil(share),
-                        moving_in.get(w, 0),
-                        moving_out.get(w, 0),
-                        weight=h + int(extra_b or 0),
-                        share=share,
-                        capacity=cap,
-                    )
-                )
+            mine = [
+                shares[q].of(w, h, cap_b, extra_b)
+                for q, h, (cap_b, extra_b) in zip(served[i], held, fields, strict=True)
+            ]
             info = _load_info(r[3 * i + 2])
             out.append(
                 WorkerInfo(
@@ -771,12 +758,8 @@ class Client:
         out.sort(key=lambda w: w.id)
         return out
 
-    async def _shares(
-        self, queues: list[str]
-    ) -> dict[str, tuple[int, int, dict[str, int], dict[str, int]]]:
-        """Per queue: the total weight of its persistent tasks, the total
-        capacity of its servers (at least 1), and per worker the tasks
-        moving to it and from it (rebalancing)."""
+    async def _shares(self, queues: list[str]) -> dict[str, QueueBalance]:
+        """Per queue, what its fair shares are made of (see :class:`QueueBalance`)."""
         if not queues:
             return {}
         k = self._keys
@@ -791,23 +774,79 @@ class Client:
         out = {}
         for j, q in enumerate(queues):
             weight, capacity = r[3 * j]
-            p = int(weight or 0)
-            s = max(1, int(capacity or 0))
-            incoming: dict[str, int] = {}
-            outgoing: dict[str, int] = {}
             moving, reserved = _pairs(r[3 * j + 1]), _pairs(r[3 * j + 2])
-            for v in [*moving.values(), *reserved.values()]:
-                to = v.decode().rsplit(":", 1)[0]
-                incoming[to] = incoming.get(to, 0) + 1
+            holders = []
             if moving:
-                pids = list(moving)
-                recs = await self._check().execute("HMGET", k.procs(q), *pids)
-                for rec in recs:
-                    if rec:
-                        holder = rec.split(b"\0", 1)[0].decode()
-                        outgoing[holder] = outgoing.get(holder, 0) + 1
-            out[q] = (p, s, incoming, outgoing)
+                recs = await self._check().execute("HMGET", k.procs(q), *moving)
+                holders = [rec.split(b"\0", 1)[0].decode() for rec in recs if rec]
+            out[q] = QueueBalance.read(q, weight, capacity, moving, reserved, holders)
         return out
+
+
+@attrs.frozen
+class QueueBalance:
+    """What the fair shares of one queue are made of, as read from Redis: the
+    one place that turns those reads into :class:`QueueShare` values, for
+    :meth:`Client.workers` (``mesh status``) and the dashboard's
+    :func:`mesh._view.overview` alike. Sync, no I/O.
+
+    Attributes:
+        queue: the queue.
+        weight: T, the total weight of its persistent tasks
+            (``:weight`` of ``{ns}:share:<Q>``).
+        capacity: C, the total capacity of its servers (``:capacity``),
+            at least 1.
+        incoming: per worker, the persistent tasks on their way to it (marked
+            to move to it, or handed back and reserved for it).
+        outgoing: per worker, its processes a rebalance asked it to hand back.
+    """
+
+    queue: str
+    weight: int
+    capacity: int
+    incoming: Mapping[str, int]
+    outgoing: Mapping[str, int]
+
+    @classmethod
+    def read(
+        cls,
+        queue: str,
+        weight: bytes | None,
+        capacity: bytes | None,
+        moving: Mapping[bytes, bytes],
+        reserved: Mapping[bytes, bytes],
+        holders: Iterable[str],
+    ) -> QueueBalance:
+        """From the share hash's ``:weight`` and ``:capacity``, the queue's
+        ``moving`` and ``reserved`` hashes (values ``R:ms``: for worker R),
+        and the worker holding each process in ``moving``."""
+        incoming: dict[str, int] = {}
+        for v in [*moving.values(), *reserved.values()]:
+            to = v.decode().rsplit(":", 1)[0]
+            incoming[to] = incoming.get(to, 0) + 1
+        outgoing: dict[str, int] = {}
+        for holder in holders:
+            outgoing[holder] = outgoing.get(holder, 0) + 1
+        return cls(queue, int(weight or 0), max(1, int(capacity or 0)), incoming, outgoing)
+
+    def of(self, worker: str, held: int, capacity: bytes | None, extra: bytes | None) -> QueueShare:
+        """``worker``'s share, holding ``held`` processes of the queue, with
+        its ``c`` + id and ``h`` + id fields of the share hash (its capacity,
+        1 when absent; the weight of its processes beyond one each, 0 when
+        absent)."""
+        cap = int(capacity or 1)
+        share = fair_share(self.weight, self.capacity, cap)
+        return QueueShare(
+            self.queue,
+            held,
+            math.floor(share),
+            math.ceil(share),
+            self.incoming.get(worker, 0),
+            self.outgoing.get(worker, 0),
+            weight=held + int(extra or 0),
+            share=share,
+            capacity=cap,
+        )
 
 
 def _pairs(reply: Any) -> dict[bytes, bytes]:

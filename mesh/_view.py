@@ -9,11 +9,14 @@ Two reads, both from a :class:`~mesh.Client` (no lease, no worker needed):
 * :func:`counts`: the mesh-wide numbers that metrics need, in two round trips
   whatever the number of workers (live workers are counted by lease deadline
   with ``ZCOUNT``): for machines polling.
-* :func:`overview`: everything the dashboard shows (workers, queues,
-  processes, persistent tasks and their owners) in two round trips and a
-  number of commands that grows with the number of queues, not of workers:
-  who serves a queue comes from ``servers:<Q>``, what a worker holds from the
-  process records, and the workers' descriptions are read once per worker.
+* :func:`overview`: everything the dashboard shows (workers with their fair
+  shares, queues, processes, persistent tasks and their owners) in two round
+  trips and a number of commands that grows with the number of queues, not of
+  workers: who serves a queue comes from ``servers:<Q>``, what a worker holds
+  from the process records, the fair shares from ``share:<Q>``, ``moving:<Q>``
+  and ``reserved:<Q>`` (turned into shares by the same
+  :class:`~mesh._client.QueueBalance` as :meth:`Client.workers`), and the
+  workers' descriptions are read once per worker.
 
 Both use the Redis clock (:meth:`Client.time`), never this machine's.
 """
@@ -25,11 +28,12 @@ from typing import Any
 
 import attrs
 
-from ._client import Client, _load_info
+from ._client import Client, QueueBalance, _load_info, _pairs
 from ._scripts import parse_record
-from ._types import DelayedTask, Process, QueueInfo, WorkerInfo
+from ._types import DelayedTask, Process, QueueInfo, QueueShare, WorkerInfo
 
 __all__ = [
+    "share_text",
     "show_payload",
     "MeshCounts",
     "Overview",
@@ -53,6 +57,26 @@ def show_payload(task: bytes, width: int = 80, ellipsis: str = "…") -> str:
         if not text.isprintable():
             text = repr(task)
     return text if len(text) <= width else text[: width - len(ellipsis)] + ellipsis
+
+
+def share_text(shares: Sequence[QueueShare]) -> str:
+    """What a worker holds of each queue with persistent tasks against its
+    fair share, by weight, and what is moving: ``devices 3/5 +2`` (it holds
+    a weight of 3, a fair 5, 2 tasks on their way to it), ``devices
+    10/4-5 -5``, ``devices 12/13-14 x2`` (a share of 13.3 at capacity 2);
+    queues without persistent tasks are left out, ``-`` if none is left.
+    What ``mesh status`` and the dashboard show. Sync, no I/O."""
+    parts = []
+    for sh in shares:
+        if sh.fair_max == 0:
+            continue
+        fair = str(sh.fair_min) if sh.fair_min == sh.fair_max else f"{sh.fair_min}-{sh.fair_max}"
+        moving = (f" +{sh.incoming}" if sh.incoming else "") + (
+            f" -{sh.outgoing}" if sh.outgoing else ""
+        )
+        cap = f" x{sh.capacity}" if sh.capacity != 1 else ""
+        parts.append(f"{sh.queue} {sh.weight or sh.held}/{fair}{moving}{cap}")
+    return ", ".join(parts) or "-"
 
 
 @attrs.frozen
@@ -208,6 +232,10 @@ def _queue_counts(
     return QueueCounts(info, owned, tuple(sorted(unowned)), unowned_since)
 
 
+#: Commands per queue in :func:`overview`'s transaction.
+_PER_QUEUE = 12
+
+
 @attrs.frozen
 class Overview:
     """What the dashboard shows (see :func:`overview`).
@@ -215,7 +243,7 @@ class Overview:
     Attributes:
         now: seconds of the Redis clock.
         workers: every registered worker; ``processes`` counts its process
-            records.
+            records, ``shares`` are as :meth:`Client.workers` reports them.
         queues: per known queue, with persistent tasks owned and unowned.
         processes: every running process, in token order.
     """
@@ -262,6 +290,9 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             ("SMEMBERS", k.servers(q)),
             ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
             ("ZCARD", k.prio(q)),
+            ("HGETALL", k.share(q)),
+            ("HGETALL", k.moving(q)),
+            ("HGETALL", k.reserved(q)),
         ]
     if new:
         cmds.append(("HMGET", k.info, *new))
@@ -277,19 +308,39 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
                 cache[w] = fresh[w]
     serves: dict[str, list[str]] = {w: [] for w in deadlines}
     held: dict[str, int] = dict.fromkeys(deadlines, 0)
+    shares: dict[str, list[QueueShare]] = {w: [] for w in deadlines}
     processes: list[Process] = []
     out: list[QueueCounts] = []
     for i, q in enumerate(queues):
-        group = replies[9 * i : 9 * (i + 1)]
-        queued, delayed, procs, persistent, standby, dead, servers, since, prio = group
+        group = replies[_PER_QUEUE * i : _PER_QUEUE * (i + 1)]
+        queued, delayed, procs, persistent, standby, dead, servers, since, prio = group[:9]
+        share_hash, moving, reserved = (_pairs(r) for r in group[9:])
         queued += prio  # tasks with a priority are queued too
+        on_q: dict[str, int] = {}
+        holder: dict[bytes, str] = {}
         for j in range(0, len(procs), 2):
             p = parse_record(procs[j], procs[j + 1], q)
             processes.append(p)
+            holder[procs[j]] = p.worker_id
+            on_q[p.worker_id] = on_q.get(p.worker_id, 0) + 1
             if p.worker_id in held:
                 held[p.worker_id] += 1
-        for w in servers:
-            serves.setdefault(w.decode(), []).append(q)
+        balance = QueueBalance.read(
+            q,
+            share_hash.get(b":weight"),
+            share_hash.get(b":capacity"),
+            moving,
+            reserved,
+            [holder[pid] for pid in moving if pid in holder],
+        )
+        for w_b in servers:
+            w = w_b.decode()
+            serves.setdefault(w, []).append(q)
+            shares.setdefault(w, []).append(
+                balance.of(
+                    w, on_q.get(w, 0), share_hash.get(b"c" + w_b), share_hash.get(b"h" + w_b)
+                )
+            )
         running = len(procs) // 2
         out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
     processes.sort(key=lambda p: p.token)
@@ -306,6 +357,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
                 host=str(info.get("host", "")),
                 pid=int(info.get("pid", 0)),
                 started=float(info.get("started", 0.0)),
+                shares=tuple(shares.get(w, ())),
             )
         )
     return Overview(now_ms / 1000, workers, out, processes)

@@ -23,7 +23,9 @@ import pytest
 import trio
 
 import mesh
+from mesh._view import share_text
 from mesh.dashboard import serve_dashboard
+from mesh.testing import wait_until
 
 from .test_cli import clean_env, mesh_cli
 
@@ -207,6 +209,57 @@ async def test_page_follows_a_worker_live_and_cancels_a_task(
         if proc.returncode is None:
             proc.kill()
         await proc.wait()
+
+
+async def test_page_shows_each_share_by_weight_against_capacity(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """One task of weight 3 and three of weight 1 (a total weight of 6) over a
+    worker of capacity 2 and one of capacity 1: fair shares of 4 and 2 by
+    weight (not 4 tasks / 2 workers = 2 each); the page shows what
+    Client.workers() (``mesh status``) reports, once nothing is moving."""
+
+    async def hold(p: mesh.Process) -> None:
+        await trio.sleep_forever()
+
+    async with (
+        dashboard(redis_url, namespace) as (client, url),
+        mesh.open_worker(redis_url, namespace=namespace, ttl=2, worker_id="w-big") as big,
+        mesh.open_worker(redis_url, namespace=namespace, ttl=2, worker_id="w-small") as small,
+    ):
+        await big.start_work("devices", hold, capacity=2)
+        await small.start_work("devices", hold)
+        await client.ensure("devices", "heavy", weight=3)
+        await client.ensure_many("devices", ["l1", "l2", "l3"])
+        with chromium() as driver:
+            await in_page(driver, lambda d: d.get(url))
+
+            async def page_agrees() -> dict[str, str] | None:
+                infos = await client.workers()
+                weights = [sh.weight for w in infos for sh in w.shares]
+                moving = [sh.incoming + sh.outgoing for w in infos for sh in w.shares]
+                if sum(weights) != 6 or any(moving):
+                    return None  # not all owned yet, or a rebalance under way
+                want = {w.id: share_text(w.shares) for w in infos}
+                for wid, text in want.items():
+                    script = "return " + row_text("workers", "worker", wid)
+
+                    def read_row(d: Any, script: str = script) -> Any:
+                        return d.execute_script(script)
+
+                    row = await in_page(driver, read_row)
+                    if not row or text not in row:
+                        return None
+                return want
+
+            want = await wait_until(
+                page_agrees, within=20, every=0.1, what="the page to show Client.workers' shares"
+            )
+            assert re.fullmatch(r"devices [1-6]/4 x2", want["w-big"]), want
+            assert re.fullmatch(r"devices [1-6]/2", want["w-small"]), want
+            shot = os.environ.get("MESH_DASHBOARD_SHARES_SCREENSHOT") or str(tmp_path / "s.png")
+            await in_page(driver, lambda d: d.save_screenshot(shot))
+            assert (await trio.Path(shot).stat()).st_size > 10_000
 
 
 def http(

@@ -20,10 +20,13 @@ async def test_overview_agrees_with_the_client(redis_url: str, namespace: str) -
         mesh.open_worker(redis_url, namespace=namespace, ttl=5) as w1,
         mesh.open_worker(redis_url, namespace=namespace, ttl=5) as w2,
     ):
-        await w1.start_work("devices", hold)
+        # a capacity and a weight other than 1: the fair shares are by weight
+        # against capacity (no rebalancing, so that nothing moves between reads)
+        await w1.start_work("devices", hold, capacity=2, rebalance=False)
         await w1.start_work("jobs", hold)
-        await w2.start_work("devices", hold)
-        await client.ensure_many("devices", ["d1", "d2", "d3"])
+        await w2.start_work("devices", hold, rebalance=False)
+        await client.ensure("devices", "d1", weight=3)
+        await client.ensure_many("devices", ["d2", "d3"])
         await client.enqueue_many("jobs", ["j1"])
         with trio.fail_after(5):
             while len(await client.processes()) < 4:  # noqa: ASYNC110 - a poll of Redis
@@ -38,6 +41,12 @@ async def test_overview_agrees_with_the_client(redis_url: str, namespace: str) -
             (w.id, w.alive, w.queues, w.processes, w.host, w.pid, w.started) for w in snap.workers
         ]
         assert strip == want
+        # the same fair shares as Client.workers() (mesh status): T = 5, C = 3
+        assert [w.shares for w in ov.workers] == [w.shares for w in snap.workers]
+        devices = {w.id: w.shares[0] for w in ov.workers}
+        assert (devices[w1.id].share, devices[w2.id].share) == (10 / 3, 5 / 3)
+        assert (devices[w1.id].capacity, devices[w2.id].capacity) == (2, 1)
+        assert sum(sh.weight for sh in devices.values()) == 5
         assert [q.info for q in ov.queues] == snap.queues
         assert ov.processes == snap.processes
         assert set(cache) == {w1.id, w2.id}  # descriptions read once, then cached

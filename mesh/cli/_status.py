@@ -13,7 +13,7 @@ import attrs
 import trio
 
 import mesh
-from mesh._view import Snapshot, snapshot
+from mesh._view import Snapshot, share_text, snapshot
 
 from ._common import (
     Target,
@@ -27,7 +27,7 @@ from ._common import (
     target,
 )
 
-__all__ = ["as_json", "register", "render"]
+__all__ = ["as_json", "register", "render", "share_text"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,24 +71,6 @@ def _count(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
     return n
-
-
-def share_text(shares: tuple[mesh.QueueShare, ...]) -> str:
-    """What a worker holds of each queue with persistent tasks against its
-    fair share, by weight, and what is moving: ``devices 3/5 +2`` (it holds
-    a weight of 3, a fair 5, 2 tasks on their way to it), ``devices
-    10/4-5 -5``, ``devices 12/13-14 x2`` (a share of 13.3 at capacity 2)."""
-    parts = []
-    for sh in shares:
-        if sh.fair_max == 0:
-            continue
-        fair = str(sh.fair_min) if sh.fair_min == sh.fair_max else f"{sh.fair_min}-{sh.fair_max}"
-        moving = (f" +{sh.incoming}" if sh.incoming else "") + (
-            f" -{sh.outgoing}" if sh.outgoing else ""
-        )
-        cap = f" x{sh.capacity}" if sh.capacity != 1 else ""
-        parts.append(f"{sh.queue} {sh.weight or sh.held}/{fair}{moving}{cap}")
-    return ", ".join(parts) or "-"
 
 
 def render(snap: Snapshot, t: Target) -> list[str]:

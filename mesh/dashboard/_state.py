@@ -9,7 +9,6 @@ import base64
 import collections
 import json
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ import trio
 from .._client import Client
 from .._errors import MeshError
 from .._types import Process
-from .._view import Overview, overview, show_payload
+from .._view import Overview, overview, share_text, show_payload
 
 __all__ = ["Poller", "Tracker", "show_payload"]
 
@@ -92,19 +91,8 @@ class Tracker:
         )
 
     def _state(self, ov: Overview, persistent: list[Process]) -> dict[str, Any]:
-        alive = {w.id for w in ov.workers if w.alive}
-        servers: dict[str, int] = collections.Counter(
-            q for w in ov.workers if w.alive for q in w.queues
-        )
-        per_queue = {q.info.name: q for q in ov.queues}
-        owned: dict[str, int] = collections.Counter(p.worker_id for p in persistent)
         workers = []
         for w in ov.workers:
-            fair = 0
-            for q in w.queues:
-                qc = per_queue.get(q)
-                if qc is not None and qc.info.persistent and servers[q]:
-                    fair += math.ceil(qc.info.persistent / servers[q])
             workers.append(
                 {
                     "id": w.id,
@@ -113,8 +101,15 @@ class Tracker:
                     "lease_left": round(w.lease_left, 2),
                     "queues": list(w.queues),
                     "processes": w.processes,
-                    "owned": owned.get(w.id, 0),
-                    "fair": fair if w.id in alive else None,
+                    # what it holds against its fair share, by weight against
+                    # capacity, as `mesh status` shows it (Client.workers);
+                    # over it on a queue where it holds more than one process
+                    # (a single heavy task over the share is as balanced as
+                    # can be)
+                    "share": share_text(w.shares),
+                    "over": any(
+                        sh.weight > sh.fair_max and sh.held > 1 for sh in w.shares if sh.fair_max
+                    ),
                     "host": w.host,
                     "pid": w.pid,
                 }
