@@ -422,7 +422,11 @@ trio-mesh is measured twice with one worker process: with a plain handler
 (`start_work(queue, handler, concurrency={c})`, the figure compared with the
 peers) and with a batch handler (`start_work(queue, batch_handler=...,
 batch={c})`: one call per claim of up to {c} processes, each finished on its
-own), to show what a batch handler saves where bulk work fits.
+own), to show what a batch handler saves where bulk work fits; and with
+`prefetch={c}` (`start_work(queue, handler, concurrency={c}, prefetch={c})`,
+1 and 2 worker processes): up to {c} processes claimed beyond the
+concurrency wait in the worker for a slot, so a slot freed by a handler
+does not wait for a round trip (opt-in: see "Prefetch" in the concepts).
 
 The handler does nothing (no extra Redis command per task for anyone). The
 producer, the workers, the polling parent and redis-server share the machine's
