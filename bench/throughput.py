@@ -378,6 +378,17 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 note="per run: each run measures both, one after the other",
             )
         )  # fmt: skip
+        if prefetched is not None:
+            section.figures.append(
+                Figure(
+                    f"trio-mesh, prefetch {prefetched.prefetch} (1 process) / Worqr, same run",
+                    "x",
+                    [w.processing / m.processing if m and w else nan
+                     for m, w in zip(results[prefetched.label], results[worqr.label],
+                                     strict=True)],
+                    note="per run",
+                )
+            )  # fmt: skip
     peers = sorted({c.lib for c in conts if c.lib not in ("mesh", "worqr")})
     if peers:
         versions = ", ".join(f"{lib} {ctx.peer_version(lib)}" for lib in peers)
