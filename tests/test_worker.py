@@ -868,6 +868,36 @@ async def test_a_reaper_names_its_own_queues_in_its_first_recycle(own_redis: Red
     assert calls == [3, 4]
 
 
+async def test_dead_workers_that_held_many_processes_are_recycled_a_few_at_a_time(
+    own_redis: RedisServer,
+) -> None:
+    """One recycle.lua call holds Redis (every heartbeat of the mesh waits)
+    for about 10 us per process it recycles: a reaper that finds several
+    dead workers recycles them in calls of about ``recycle_processes``
+    processes, one worker at least, not all in one call."""
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+    from mesh._scripts import Binding
+    from mesh._supervisor import Reaper
+
+    b = Binding(Keys("parts"))
+    held = {"a": 0, "b": 4, "c": 4, "d": 1, "e": 1, "f": 3}
+    async with open_connection(own_redis.url) as conn:
+        for w, n in held.items():
+            inc = await join(b, conn, w, "jobs")
+            if n:
+                await b.enqueue(conn, "jobs", [b"%s%d" % (w.encode(), i) for i in range(n)])
+                assert len((await b.claim(conn, w, inc, "jobs", n, 0)).processes) == n
+            await expire_worker(conn, b.keys, w)
+        reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"], recycle_processes=5)
+        assert await reaper.reap_once() == 6
+        queued = await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1)
+    assert len(queued) == 13
+    # reap_check's order is the deadlines' (all 0), then the ids: a b | c | d e f
+    st = reaper.statistics()
+    assert (st.recycle_calls, st.processes_recycled) == (3, 13)
+
+
 async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself(
     redis_url: str, namespace: str
 ) -> None:
@@ -1178,3 +1208,57 @@ async def test_a_worker_cancelled_from_outside_hands_back_at_once(
         assert (info.queued, info.running) == (1, 0)
         assert await client.workers() == []
         assert took < ttl / 3, f"leaving took {took:.3f} s"
+
+
+async def test_wakes_and_cancels_travel_sharded_where_the_server_has_it(
+    own_redis: RedisServer, namespace: str
+) -> None:
+    """Redis 7.0+: the scripts SPUBLISH an idle worker's wake and a cancel, and
+    the worker hears them on SSUBSCRIBE (PUBSUB SHARDNUMSUB); no PUBLISH is
+    sent. Redis 6.2 (tests/test_compat.py runs this file there): both go by
+    PUBLISH. Either way they arrive: with a heartbeat every 10 s, the task
+    starts and is cancelled within seconds only through the nudges."""
+    url = own_redis.url
+    started: list[bytes] = []
+    cancelled: list[bytes] = []
+
+    async def handler(p: Process) -> None:
+        started.append(p.task)
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append(p.task)
+            raise
+
+    async with mesh._connection.open_connection(url) as admin:
+        info: bytes = await admin.execute("INFO", "server")
+        sharded = int(info.split(b"redis_version:")[1].split(b".")[0]) >= 7
+        async with (
+            mesh.open_client(url, namespace=namespace) as c,
+            mesh.open_worker(url, namespace=namespace, ttl=30) as w,
+        ):
+            await w.start_work("q", handler)
+            idle = f"{{{namespace}}}:idle:q"
+
+            async def is_idle() -> bool:
+                return bool(await admin.execute("SISMEMBER", idle, w.id))
+
+            await wait_until(is_idle, 5, "the worker's first claim to find nothing")
+            wake = f"{{{namespace}}}:wake:{w.id}"
+            shard_subs = await admin.execute("PUBSUB", "SHARDNUMSUB", wake) if sharded else None
+            await admin.execute("CONFIG", "RESETSTAT")
+            await c.enqueue("q", b"job")
+            await wait_until(lambda: started, 5, "the woken worker to claim")
+            assert await c.cancel("q", b"job") == 1
+            await wait_until(lambda: cancelled, 5, "the cancel to reach the handler")
+            stats: bytes = await admin.execute("INFO", "commandstats")
+    calls = {
+        name: int(stats.split(f"cmdstat_{name}:calls=".encode())[1].split(b",")[0])
+        for name in ("publish", "spublish")
+        if f"cmdstat_{name}:".encode() in stats
+    }
+    if sharded:
+        assert shard_subs == [wake.encode(), 1]
+        assert calls.get("spublish", 0) >= 2 and "publish" not in calls, calls
+    else:
+        assert calls.get("publish", 0) >= 2 and "spublish" not in calls, calls
