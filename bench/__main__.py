@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -24,7 +25,7 @@ from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
 
-BENCHMARKS = {
+BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "throughput": throughput.run,
     "failover": failover.run,
     "cancel": cancel.run,
