@@ -1,12 +1,13 @@
 """The Redis time of a heartbeat and of a claim, before rebalancing and with it.
 
 ``python -m bench.balance_cost [--calls 3000] [--rounds 3]`` starts its own
-redis-server (127.0.0.1, a free port) and loads three versions of the
+redis-server (127.0.0.1, a free port) and loads versions of the
 scripts side by side: ``before`` (main at deac1f2, protocol 4 before
 rebalancing), ``main-f8ba231`` (rebalancing, counts only),
-``main-0fd0f83`` (protocol 6: task priorities, the fair share by counts) and ``this``
-(the working tree: the fair share by weight against capacity, protocol 7,
-with version 6's task priorities). For each it
+``main-0fd0f83`` (protocol 6: task priorities, the fair share by counts),
+``main-7bb04d2`` (protocol 7: the fair share by weight against capacity,
+and ``heartbeat.lua`` in its batched form, one worker per call here) and
+``this`` (the working tree). For each it
 sets up the same state in a namespace of its own (a worker W serving one
 queue with 30 persistent tasks it holds, 4 servers) and measures, round by
 round and version by version in turn (so load drifts hit all alike):
@@ -53,6 +54,7 @@ VERSIONS = {
     "before": "deac1f2",
     "main-f8ba231": "f8ba231",
     "main-0fd0f83": "0fd0f83",
+    "main-7bb04d2": "7bb04d2",
     "this": None,
 }
 
@@ -63,10 +65,11 @@ class Scripts:
     def __init__(self, r: redis.Redis, d: Path) -> None:
         self.r = r
         self.sha: dict[str, str] = {}
+        self.src: dict[str, bytes] = {}
         for f in d.glob("*.lua"):
             if f.name == "lib.lua":
                 continue
-            src = _expand(d, f.name)
+            src = self.src[f.stem] = _expand(d, f.name)
             self.sha[f.stem] = hashlib.sha1(src).hexdigest()
             r.script_load(src)
 
@@ -105,7 +108,9 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     inc = "inc-w0"
     ttl = 600_000
     share = p + "share:" + Q
-    new = version == "this"
+    new = version in ("this", "main-7bb04d2")  # protocol 7
+    # heartbeat.lua renews many workers in one call (a fleet's), one here
+    batched = b"n, how many workers" in s.src["heartbeat"]
     v6 = version == "main-0fd0f83"  # protocol 6: unowned, priorities; counts, no weights
     for i in range(SERVERS):
         wi = f"w{i}"
@@ -148,23 +153,33 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
     claim_args = [w, inc, Q, N_TASKS, 5, 0, 1000, 60000, ttl, 1, p + "wake:"]
     s("claim", claim_keys, claim_args)  # W takes all 30 (no fair share)
     fair_args = [w, inc, Q, 10, 5, 1, 1000, 60000, ttl, 1, p + "wake:"]
-    hb_keys = [p + "worker:" + w, p + "workers", p + "inbox:" + w]
-    qk = [p + "queue:" + Q, p + "delayed:" + Q, p + "held:" + w + ":" + Q, p + "idle:" + Q]
-    if version in ("main-f8ba231", "main-0fd0f83"):
-        qk += [p + "persistent:" + Q, p + "standby:" + Q, p + "servers:" + Q]
-        qk += [p + "moving:" + Q, p + "reserved:" + Q]
-        if v6:
-            qk.append(p + "prio:" + Q)
-    elif new:
-        qk += [p + "moving:" + Q, p + "reserved:" + Q, share, p + "prio:" + Q]
-    hb_keys += qk
-    hb_args: list[Any] = [w, inc, ttl, 0]
-    if new:
+    hb_args: list[Any]
+    if batched:
+        hb_keys = [p + "workers", p + "queue:" + Q, p + "delayed:" + Q, p + "idle:" + Q]
+        hb_keys += [p + "moving:" + Q, p + "reserved:" + Q, share, p + "prio:" + Q]
+        hb_keys += [p + "worker:" + w, p + "inbox:" + w, p + "held:" + w + ":" + Q]
+        hb_args = [ttl, 1, 1, w, inc, 0, 1, 1, ""]
         # as the Python peers do: give back the generation of the share
         # last read with nothing moving, so an unchanged one is not read again
-        balance = s("heartbeat", hb_keys, hb_args)[7]  # the first reads the share
-        assert balance[0] == 1 and balance[1] >= 0, balance
-        hb_args.append(balance[1])
+        reply = s("heartbeat", hb_keys, hb_args)[3][0]  # the first reads the share
+        assert reply[4] == 1 and reply[5] >= 0, reply
+        hb_args[-1] = reply[5]
+    else:
+        hb_keys = [p + "worker:" + w, p + "workers", p + "inbox:" + w]
+        qk = [p + "queue:" + Q, p + "delayed:" + Q, p + "held:" + w + ":" + Q, p + "idle:" + Q]
+        if version in ("main-f8ba231", "main-0fd0f83"):
+            qk += [p + "persistent:" + Q, p + "standby:" + Q, p + "servers:" + Q]
+            qk += [p + "moving:" + Q, p + "reserved:" + Q]
+            if v6:
+                qk.append(p + "prio:" + Q)
+        elif new:
+            qk += [p + "moving:" + Q, p + "reserved:" + Q, share, p + "prio:" + Q]
+        hb_keys += qk
+        hb_args = [w, inc, ttl, 0]
+        if new:
+            balance = s("heartbeat", hb_keys, hb_args)[7]  # the first reads the share
+            assert balance[0] == 1 and balance[1] >= 0, balance
+            hb_args.append(balance[1])
     return (
         lambda: s("heartbeat", hb_keys, hb_args),
         lambda: s("claim", claim_keys, fair_args),

@@ -75,19 +75,28 @@
 --            (those left) + 1 idle servers.
 --!include lib.lua
 
-local n, err = count_arg(ARGV[4], 'claim count', 1000)
-if err then return err end
+-- The counts: one match for all five in the usual case (plain decimal
+-- strings, kept as they are in the records); count_arg says which is wrong.
+local n, err, counts
+if ARGV[9] then  -- and so ARGV[4..8]
+  counts = string.match(ARGV[4] .. ',' .. ARGV[5] .. ',' .. ARGV[7] .. ',' .. ARGV[8] .. ','
+    .. ARGV[9], '^(%d%d?%d?%d?),%d+,%d+,%d+,%d+$')
+end
+if counts then
+  n = tonumber(counts)
+  if n > 1000 then counts = nil end
+end
+if not counts then
+  n, err = count_arg(ARGV[4], 'claim count', 1000)
+  if err then return err end
+  for _, a in ipairs({{5, 'max attempts'}, {7, 'backoff'}, {8, 'backoff cap'}, {9, 'ttl'}}) do
+    local v
+    v, err = count_arg(ARGV[a[1]], a[2])
+    if err then return err end
+    ARGV[a[1]] = int(v)
+  end
+end
 if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
-local max_attempts, backoff, backoff_cap
-max_attempts, err = count_arg(ARGV[5], 'max attempts')
-if err then return err end
-backoff, err = count_arg(ARGV[7], 'backoff')
-if err then return err end
-backoff_cap, err = count_arg(ARGV[8], 'backoff cap')
-if err then return err end
-local ttl
-ttl, err = count_arg(ARGV[9], 'ttl')
-if err then return err end
 if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
   return redis.error_reply('BAD_ARG fair share flag must be 0 or 1')
 end
@@ -109,7 +118,7 @@ if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
   return redis.error_reply('NOT_SERVING worker ' .. ARGV[1] .. ' does not serve queue ' .. ARGV[3])
 end
 
-local now = now_ms()
+local now, now_micro = now_ms_us()
 -- Delayed tasks (retries, and tasks enqueued with a delay): the due ones
 -- move to the head, at most N per claim (O(log n) each); the reply says when
 -- the next one is due, and idle peers are woken for due ones left over.
@@ -184,9 +193,13 @@ if #items == 0 and #take == 0 then
 end
 
 -- without persistent tasks, nothing popped is persistent and the fair share
--- does not matter
-local has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
-local has_attempts = redis.call('EXISTS', KEYS[7]) == 1
+-- does not matter; one call in the usual case: neither persistent tasks nor
+-- failed attempts
+local has_persistent, has_attempts = false, false
+if redis.call('EXISTS', KEYS[11], KEYS[4], KEYS[7]) > 0 then
+  has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
+  has_attempts = redis.call('EXISTS', KEYS[7]) == 1
+end
 local room = #items
 -- weights other than 1 only where the share hash counts tasks of such weights
 local weighted = has_persistent and redis.call('HEXISTS', KEYS[15], ':heavy') == 1
@@ -195,6 +208,9 @@ if has_persistent and ARGV[6] == '1' then
   room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
 end
 local left, gained = {}, 0
+-- what to take, in order: payload, persistent, priority level (nil: none)
+local tp, tpers, tlevel = {}, {}, {}
+for i, t in ipairs(take) do tp[i], tpers[i], tlevel[i] = t[1], t[2], t[3] end
 for _, payload in ipairs(items) do
   local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
   if persistent and room <= 0 and not forced[payload] then
@@ -205,14 +221,15 @@ for _, payload in ipairs(items) do
       room = room - w
       gained = gained + w - 1
     end
-    take[#take + 1] = {payload, persistent}
+    tp[#tp + 1] = payload
+    tpers[#tp] = persistent
   end
 end
 for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
 local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3]), next_due}
 if has_prio and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[16]) end
-if wake and #left == 0 and #take < n then
+if wake and #left == 0 and #tp < n then
   redis.call('SADD', KEYS[12], ARGV[1])
 else
   redis.call('SREM', KEYS[12], ARGV[1])
@@ -220,9 +237,9 @@ end
 -- Held back: peers under their share may be idle and were not woken (the
 -- wake went to us). Each held-back server leaves the set, so the chain ends.
 if #left > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], #left) end
-if #take == 0 then return out end
+if #tp == 0 then return out end
 if bucket then
-  tokens = tokens - #take
+  tokens = tokens - #tp
   redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
   redis.call('PEXPIRE', bucket, per + 1000)  -- full again by then anyway
   if tokens < 1 and out[2] ~= 0 then
@@ -231,29 +248,33 @@ if bucket then
   end
 end
 add_share(KEYS[15], 'h' .. ARGV[1], gained)
-local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_us())
-redis.call('SET', KEYS[9], int(first + #take - 1))
+local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_micro)
+local ids = id_strings(first, #tp)
+redis.call('SET', KEYS[9], ids[#ids])
 -- One HSET of every record and one SADD of every id, not one of each per
--- process; the fields that every record of this claim shares are packed
--- once (the layout of lib.lua pack_record).
-local shared = '\0' .. int(max_attempts) .. '\0' .. int(backoff) .. '\0' .. int(backoff_cap)
-  .. '\0' .. int(ttl) .. '\0' .. int(now) .. '\0'
-local records, ids = {}, {}
-for i, t in ipairs(take) do
-  local payload, persistent, level = t[1], t[2], t[3]
-  local id = int(first + i - 1)
+-- process; the fields that every record of this claim shares are joined
+-- once (the record layout is at the top of lib.lua).
+local shared = '\0' .. ARGV[5] .. '\0' .. ARGV[7] .. '\0' .. ARGV[8] .. '\0' .. ARGV[9] .. '\0'
+  .. int(now) .. '\0'
+local records = {}
+local head = ARGV[1] .. '\0'
+for i, payload in ipairs(tp) do
+  local persistent, level = tpers[i], tlevel[i]
+  local id = ids[i]
   if persistent then
     redis.call('SREM', KEYS[11], payload)
     redis.call('HSET', KEYS[4], payload, id)
     redis.call('ZREM', KEYS[14], payload)
   end
-  local attempts = 0
-  if has_attempts then attempts = tonumber(redis.call('HGET', KEYS[7], payload) or '0') end
+  local attempts, a = 0, '0'
+  if has_attempts then
+    a = redis.call('HGET', KEYS[7], payload) or '0'
+    attempts = tonumber(a)
+  end
   local kind = persistent and 'p' or 'o'
   if level and level > 0 then kind = 'o' .. level end
-  records[#records + 1] = id
-  records[#records + 1] = ARGV[1] .. '\0' .. kind .. '\0' .. int(attempts) .. shared .. payload
-  ids[#ids + 1] = id
+  records[2 * i - 1] = id
+  records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
   out[#out + 1] = id
   out[#out + 1] = persistent and 1 or 0
   out[#out + 1] = attempts

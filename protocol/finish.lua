@@ -26,33 +26,31 @@ end
 local weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1
 -- One HMGET for every record, one HDEL and one SREM for every finished
 -- process (not one of each per process): a runner reports a whole batch.
--- The fields of a record (see lib.lua pack_record) that a finish needs:
--- one match, not a table of all nine fields.
-local function record_head(rec)
-  local w, kind, attempts, payload = string.match(rec,
-    '^([^%z]*)%z([^%z]*)%z(%d+)%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
-  return {worker = w, persistent = (kind == 'p'), attempts = tonumber(attempts), payload = payload}
-end
+-- Of a record, only the fields a finish needs (lib.lua record_head).
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
 local recs = hmget_all(KEYS[2], ids)
+local wz = ARGV[1] .. '\0'
 local gone, seen, attempts = {}, {}, {}
 for i, id in ipairs(ids) do
   local rec = recs[i]
   local done = 0
   if rec and not seen[id] then
     seen[id] = true
-    local r = record_head(rec)
-    if r.worker == ARGV[1] then
+    local kind, tries, payload = record_head(rec, wz)
+    if kind then
       gone[#gone + 1] = id
-      local w = (r.persistent and weighted) and task_weight(KEYS[6], r.payload) or 1
-      add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
-      if r.persistent and redis.call('HGET', KEYS[4], r.payload) == id then
-        redis.call('HDEL', KEYS[4], r.payload)
-        forget_weight(KEYS[6], r.payload)  -- the task leaves: its weight leaves the sums
+      local persistent = kind == 'p'
+      if persistent then
+        local w = weighted and task_weight(KEYS[6], payload) or 1
+        add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
+        if redis.call('HGET', KEYS[4], payload) == id then
+          redis.call('HDEL', KEYS[4], payload)
+          forget_weight(KEYS[6], payload)  -- the task leaves: its weight leaves the sums
+        end
       end
-      if r.attempts > 0 or r.persistent then attempts[#attempts + 1] = r.payload end
-      redis.call('PUBLISH', ARGV[3], r.payload)
+      if persistent or tries ~= '0' then attempts[#attempts + 1] = payload end
+      redis.call('PUBLISH', ARGV[3], payload)
       done = 1
     end
   end

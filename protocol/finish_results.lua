@@ -41,33 +41,46 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   for i = 1, n do out[i] = 0 end
   return out
 end
-local now = now_ms()
+local now = int(now_ms())
 local weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1
-for i = 1, n do
-  local a = 5 + 3 * (i - 1)
-  local id = ARGV[a]
-  local rec = redis.call('HGET', KEYS[2], id)
+-- As finish.lua: one HMGET for every record, one HDEL and one SREM for every
+-- finished process, and of a record only what a finish needs (lib.lua
+-- record_head); then one SET per kept result.
+local ids = {}
+for i = 1, n do ids[i] = ARGV[2 + 3 * i] end
+local recs = hmget_all(KEYS[2], ids)
+local wz = ARGV[1] .. '\0'
+local gone, seen, attempts = {}, {}, {}
+for i, id in ipairs(ids) do
+  local a = 2 + 3 * i
+  local rec = recs[i]
   local done = 0
-  if rec then
-    local r = unpack_record(rec)
-    if r.worker == ARGV[1] then
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('SREM', KEYS[3], id)
-      local w = (r.persistent and weighted) and task_weight(KEYS[6], r.payload) or 1
-      add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
-      if r.persistent and redis.call('HGET', KEYS[4], r.payload) == id then
-        redis.call('HDEL', KEYS[4], r.payload)
-        forget_weight(KEYS[6], r.payload)  -- the task leaves: its weight leaves the sums
+  if rec and not seen[id] then
+    seen[id] = true
+    local kind, tries, payload = record_head(rec, wz)
+    if kind then
+      gone[#gone + 1] = id
+      local persistent = kind == 'p'
+      if persistent then
+        local w = weighted and task_weight(KEYS[6], payload) or 1
+        add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
+        if redis.call('HGET', KEYS[4], payload) == id then
+          redis.call('HDEL', KEYS[4], payload)
+          forget_weight(KEYS[6], payload)  -- the task leaves: its weight leaves the sums
+        end
       end
-      if r.attempts > 0 or r.persistent then redis.call('HDEL', KEYS[5], r.payload) end
-      local kind = ARGV[a + 1] == 'v' and 'v' or 'n'
+      if persistent or tries ~= '0' then attempts[#attempts + 1] = payload end
+      local kind_v = ARGV[a + 1] == 'v' and 'v' or 'n'
       local value = ARGV[a + 2]
-      redis.call('SET', KEYS[6 + i], kind .. '\0' .. int(now) .. '\0' .. ARGV[1] .. '\0'
-        .. #value .. '\0' .. value .. r.payload, 'PX', ttl)
-      redis.call('PUBLISH', ARGV[3], r.payload)
+      redis.call('SET', KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
+        .. string.format('%d', #value) .. '\0' .. value .. payload, 'PX', ttl)
+      redis.call('PUBLISH', ARGV[3], payload)
       done = 1
     end
   end
   out[i] = done
 end
+call_chunked('HDEL', KEYS[2], gone)
+call_chunked('SREM', KEYS[3], gone)
+call_chunked('HDEL', KEYS[5], attempts)
 return out

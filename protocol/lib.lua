@@ -2,8 +2,9 @@
 -- splices this file where a script has the line `--!include lib.lua`.
 --
 -- Process record (the value of a field of {ns}:procs:<Q>, the field being the
--- process id): nine fields joined by NUL bytes, the payload last so that it
--- may contain NUL bytes itself:
+-- process id; written by claim.lua, read by unpack_record and record_head):
+-- nine fields joined by NUL bytes, the payload last so that it may contain
+-- NUL bytes itself:
 --   worker \0 kind \0 attempts \0 max_attempts \0 backoff_ms \0 backoff_cap_ms
 --   \0 ttl_ms \0 started_ms \0 payload
 -- kind is "p" (persistent), "o" (one-shot) or "o1".."o9" (one-shot with that
@@ -24,18 +25,47 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- Both from one TIME call (each call costs about as much as a small command).
+local function now_ms_us()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+
 -- Integers as plain decimal strings (tostring() turns 1e15 into "1e+15").
 local function int(n)
   return string.format('%.0f', n)
 end
 
-local function pack_record(worker, persistent, attempts, max_attempts, backoff, backoff_cap,
-                           ttl, started, payload, level)
-  local kind = persistent and 'p' or 'o'
-  if level and level > 0 then kind = 'o' .. level end
-  return worker .. '\0' .. kind .. '\0' .. int(attempts) .. '\0'
-    .. int(max_attempts) .. '\0' .. int(backoff) .. '\0' .. int(backoff_cap) .. '\0'
-    .. int(ttl) .. '\0' .. int(started) .. '\0' .. payload
+-- The `k` process ids first, first + 1, .. as decimal strings, as int()
+-- writes them, with one string.format in the usual case instead of one per id
+-- (string.format is the dearest thing Lua does per claimed task): the last
+-- two digits are cut out of a constant. Ids are whole numbers below 2^53.
+local function id_strings(first, k)
+  local digits = '00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899'
+  local out = {}
+  local head, low = int(math.floor(first / 100)), first % 100
+  for i = 1, k do
+    if low == 100 then
+      head, low = int(math.floor((first + i - 1) / 100)), 0
+    end
+    if head == '0' then
+      out[i] = int(low)
+    else
+      out[i] = head .. string.sub(digits, 2 * low + 1, 2 * low + 2)
+    end
+    low = low + 1
+  end
+  return out
+end
+
+-- The fields of a process record (see the top of this file) that finishing
+-- it needs, if it is a record of `worker` (false otherwise): kind, attempts
+-- (a decimal string) and payload. One prefix compare and one match, not a
+-- table of all nine fields as unpack_record builds. `wz` is worker .. '\0'.
+local function record_head(rec, wz)
+  if string.sub(rec, 1, #wz) ~= wz then return false end
+  return string.match(rec, '^([^%z]*)%z(%d+)%z%d*%z%d*%z%d*%z%d*%z%d*%z(.*)$', #wz + 1)
 end
 
 local function unpack_record(rec)

@@ -175,6 +175,27 @@ async def test_claim_makes_processes_with_increasing_tokens(
     assert (await b.claim(conn, "w1", inc, Q, 3, 4)).processes == ()
 
 
+async def test_claimed_ids_carry_across_hundreds_and_records_keep_the_claims_fields(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    # claim.lua writes the last two digits of each id from a table, not with
+    # string.format: the ids of one claim cross ...99 -> ...00 correctly
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"t%d" % i for i in range(5)])
+    await conn.execute("SET", keys.token, "4999999999999997")
+    r = await b.claim(conn, "w1", inc, Q, 5, 7, backoff_ms=250, backoff_cap_ms=9000, ttl_ms=3000)
+    ids = [p.id for p in r.processes]
+    assert ids == [str(4999999999999998 + i) for i in range(5)]
+    assert await conn.execute("GET", keys.token) == ids[-1].encode()
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["held"]["w1"] == set(ids)
+    rec = s["procs"][ids[0].encode()].split(b"\0", 8)
+    assert rec[:7] == [b"w1", b"o", b"0", b"7", b"250", b"9000", b"3000"]
+    assert rec[8] == b"t0" and int(rec[7]) == r.now_ms
+    assert await b.finish(conn, "w1", inc, Q, ids) == [True] * 5
+    assert await conn.execute("HLEN", keys.procs(Q)) == 0
+
+
 async def test_claim_checks_lease_serving_and_arguments(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:

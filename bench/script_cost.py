@@ -1,0 +1,200 @@
+"""Redis instructions per task of a busy runner's scripts, by version.
+
+``python -m bench.script_cost [--base REV] [--tasks 5000] [--annotate]``
+starts its own redis-server under ``valgrind --tool=callgrind
+--toggle-collect=evalShaCommand`` (127.0.0.1, a free port) and measures, for
+the scripts of ``REV`` (default ``main``) and of the working tree, what the
+throughput benchmark's worker asks of Redis per task: one worker serving a
+one-shot queue claims 10 (``claim.lua``, fair share on, as a runner does),
+then reports those 10 finished (``finish.lua``), over and over until
+``--tasks`` tasks are done; and the same with results kept
+(``finish_results.lua``, a 16-byte value per task).
+
+The claims and the finishes are measured in separate passes over the same
+steady state: in one pass the claims go as ``EVALSHA`` (counted) and the
+finishes as ``EVAL`` (not counted, ``evalCommand`` is not inside
+``evalShaCommand``), in the other the reverse. The figure is instructions
+inside ``EVALSHA`` per task (per call / 10): repeatable on a loaded machine.
+Both versions are called with the working tree's keys and arguments
+(``mesh._scripts.Binding``), so they must share the key layout.
+
+With ``--annotate`` it also prints the top of ``callgrind_annotate
+--inclusive=yes`` of the working tree's claim and finish passes: where the
+instructions go (Lua VM, the commands the scripts call, allocation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.balance_cost import checkout
+from mesh._keys import PROTOCOL_VERSION, Keys
+from mesh._scripts import Binding, ResultsToKeep, ScriptCall, _expand
+
+Q = "jobs"
+BATCH = 10
+
+
+class Version:
+    """One version's scripts, loaded into the server."""
+
+    def __init__(self, r: redis.Redis, d: Path) -> None:
+        self.r = r
+        self.src: dict[str, bytes] = {}
+        self.sha: dict[str, str] = {}
+        for f in d.glob("*.lua"):
+            if f.name != "lib.lua":
+                self.src[f.stem] = _expand(d, f.name)
+                self.sha[f.stem] = r.script_load(self.src[f.stem])
+
+    def call(self, c: ScriptCall[Any], *, sha: bool = True) -> Any:
+        name = c.script.name
+        head = ("EVALSHA", self.sha[name]) if sha else ("EVAL", self.src[name])
+        return self.r.execute_command(*head, len(c.keys), *c.keys, *c.args)
+
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return self.r.evalsha(self.sha[name], len(keys), *keys, *args)
+
+
+def prepare(v: Version, ns: str, tasks: int) -> tuple[Binding, str, str]:
+    b = Binding(Keys(ns))
+    k = b.keys
+    w, inc = "w0", "inc-w0"
+    v.run("register", [k.heartbeat(w), k.workers, k.info, k.version],
+          [w, inc, 600_000, b"{}", PROTOCOL_VERSION])  # fmt: skip
+    v.run("serve", [k.heartbeat(w), k.serves(w), k.queues, k.servers(Q), k.share(Q)],
+          [w, inc, Q, 1])  # fmt: skip
+    keys = [k.queue(Q), k.queues, k.persistent(Q), k.standby(Q), k.idle(Q), k.prio(Q)]
+    payloads = [b"task-%08d" % i for i in range(tasks)]
+    for i in range(0, tasks, 1000):
+        v.run("enqueue", keys, [Q, k.wake_prefix, 0, *payloads[i : i + 1000]])
+    return b, w, inc
+
+
+def cycle(v: Version, b: Binding, w: str, inc: str, results: bool, count: str) -> Callable[[], int]:
+    """One claim of 10 and the finish of those 10; ``count`` says which of
+    the two goes as EVALSHA. Returns how many it claimed."""
+
+    def run() -> int:
+        claim = b.claim_call(w, inc, Q, BATCH, 0, fair=True, ttl_ms=600_000)
+        r = v.call(claim, sha=count == "claim")
+        ids = [x.decode() for x in r[3::4]]
+        if not ids:
+            return 0
+        keep = None
+        if results:
+            keep = ResultsToKeep(60_000, {pid: (p, b"result-%s" % p[-8:]) for pid, p in
+                                          zip(ids, r[6::4], strict=True)})  # fmt: skip
+        fin = b.finish_call(w, inc, Q, ids, keep)
+        assert all(v.call(fin, sha=count == "finish")), "finish refused"
+        return len(ids)
+
+    return run
+
+
+def dump_total(pid: int, out: str) -> tuple[int, str]:
+    before = set(glob.glob(out + "*"))
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    for _ in range(200):
+        new = set(glob.glob(out + "*")) - before
+        if new:
+            break
+        time.sleep(0.1)
+    (f,) = new
+    time.sleep(0.3)
+    for line in Path(f).read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1]), f
+    raise RuntimeError(f"no totals in {f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", default="main", help="git revision to compare with")
+    ap.add_argument("--tasks", type=int, default=5000)
+    ap.add_argument("--annotate", action="store_true")
+    args = ap.parse_args(argv)
+    versions = {args.base: args.base, "this": None}
+    res: dict[tuple[str, str, str], float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        out = os.path.join(tmp, "cg.out")
+        proc = subprocess.Popen(
+            [
+                "valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
+                f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
+                "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            r = redis.Redis(port=port)
+            for _ in range(600):
+                try:
+                    r.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.1)
+            n = 0
+            for name, rev in versions.items():
+                v = Version(r, checkout(rev, Path(tmp)))
+                for results in (False, True):
+                    for count in ("claim", "finish"):
+                        n += 1
+                        b, w, inc = prepare(v, f"cost{n}", args.tasks)
+                        run = cycle(v, b, w, inc, results, count)
+                        for _ in range(5):  # warm up: the hashes reach their steady size
+                            run()
+                        subprocess.run(["callgrind_control", "-z", str(proc.pid)],
+                                       check=True, capture_output=True)  # fmt: skip
+                        done = 0
+                        while True:
+                            got = run()
+                            if got == 0:
+                                break
+                            done += got
+                        total, f = dump_total(proc.pid, out)
+                        what = "finish_results" if results and count == "finish" else count
+                        res[(name, "results" if results else "plain", what)] = total / done
+                        if args.annotate and rev is None:
+                            print(f"--- {what} ({'results' if results else 'plain'}) ---")
+                            a = subprocess.run(
+                                ["callgrind_annotate", "--inclusive=yes", f],
+                                check=True, capture_output=True, text=True,
+                            ).stdout  # fmt: skip
+                            print("\n".join(a.splitlines()[:60]))
+            r.close()
+        finally:
+            proc.kill()
+            proc.wait()
+    base = args.base
+    for shape in ("plain", "results"):
+        for name in versions:
+            c = res[(name, shape, "claim")]
+            fk = "finish_results" if shape == "results" else "finish"
+            f = res[(name, shape, fk)]
+            line = f"{shape:8s} {name:10s} claim {c:8.0f}  {fk} {f:8.0f}  total {c + f:8.0f}"
+            if name != base:
+                t0 = res[(base, shape, "claim")] + res[(base, shape, fk)]
+                line += f"  x{(c + f) / t0:.3f} of {base}"
+            print(line + "  instructions per task")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
