@@ -77,7 +77,9 @@ def revision() -> str:
 
 
 async def main(args: argparse.Namespace) -> list[Section]:
-    ctx = Context(runs=args.runs, quick=args.quick, peers_python=args.peers_python)
+    ctx = Context(
+        runs=args.runs, quick=args.quick, peers_python=args.peers_python, peers=not args.no_peers
+    )
     sections = []
     names = args.only or list(BENCHMARKS)
     for name in names:
@@ -120,6 +122,11 @@ def cli(argv: list[str] | None = None) -> int:
         "--peers-python",
         help=f"interpreter with SAQ, arq and streaQ (default: {PEERS_VENV}/bin/python if it "
         "exists, else this one)",
+    )
+    parser.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="throughput: trio-mesh and Worqr only (SAQ, arq and streaQ take most of its time)",
     )
     parser.add_argument(
         "--setup-peers",

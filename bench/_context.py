@@ -27,6 +27,7 @@ class Context:
     runs: int = 3
     quick: bool = False
     peers_python: str | None = None
+    peers: bool = True  # throughput: run SAQ, arq and streaQ too
     log: Callable[[str], None] = field(default=_stderr)
     _peer_versions: dict[str, str | None] = field(default_factory=dict)
     _worqr: tuple[Worqr | None, str] | None = None

@@ -8,7 +8,8 @@ Roles:
   prints ``enqueued <seconds>`` (connection set-up not included).
 * ``throughput``: one worker; prints ``ready``, waits for ``go``, then serves
   the queue with a no-op handler (with ``--batch N``, a no-op batch handler
-  of up to N processes per call).
+  of up to N processes per call; with ``--prefetch N``, claiming up to N
+  processes beyond the concurrency).
 * ``failover``: one worker serving ``devices`` (persistent tasks, concurrency
   1); prints ``ready <worker id>``; each handler start prints
   ``start <token> <monotonic ns>``. SIGTERM makes
@@ -81,6 +82,10 @@ async def throughput(args: argparse.Namespace) -> None:
         if args.batch:
             await worker.start_work(
                 args.queue, batch_handler=noop_batch, batch=args.batch, concurrency=args.concurrency
+            )
+        elif args.prefetch:
+            await worker.start_work(
+                args.queue, noop, concurrency=args.concurrency, prefetch=args.prefetch
             )
         else:
             await worker.start_work(args.queue, noop, concurrency=args.concurrency)
@@ -187,6 +192,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--n", type=int, default=0)
     parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
+    parser.add_argument("--prefetch", type=int, default=0, help="throughput: prefetch")
     args = parser.parse_args()
     roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
     role = roles[args.role]

@@ -103,9 +103,10 @@ async def handlers(rounds: int, scope: bool) -> float:
 
 async def pool(procs: list[Process], rounds: int) -> float:
     """CPU per batch to run 10 no-op handlers the way a runner does now:
-    each process handed to a long-lived handler trio task of the runner's
-    pool (a reschedule), run in that trio task's cancel scope and in a copy
-    of the runner's context, its outcome noted."""
+    the processes queued, one long-lived handler trio task of the runner's
+    pool woken (a reschedule) runs them one after the other while none
+    yields to trio, each in that trio task's cancel scope and in a copy of
+    the runner's context, its outcome noted."""
 
     async def handler(p: Process) -> None:
         pass
@@ -124,14 +125,16 @@ async def pool(procs: list[Process], rounds: int) -> float:
         for _ in range(2):  # the pool's trio tasks exist before the timing
             for p in procs:
                 r.running[p.id] = slot = _Slot(p, 0.0)
-                r._dispatch(slot)
+                r._queued.append(slot)
+            r._kick()
             await trio.lowlevel.checkpoint()
             await trio.lowlevel.checkpoint()
         t = cpu()
         for _ in range(rounds):
             for p in procs:
                 r.running[p.id] = slot = _Slot(p, 0.0)
-                r._dispatch(slot)
+                r._queued.append(slot)
+            r._kick()
             await trio.lowlevel.checkpoint()
             await trio.lowlevel.checkpoint()
             r._done.clear()

@@ -6,6 +6,7 @@ worker processes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from collections.abc import Awaitable, Callable
@@ -44,6 +45,7 @@ class Contender:
     processes: int = 1
     extra: tuple[str, ...] = ()
     batch: int = 0  # trio-mesh: a batch handler of up to this many processes per call
+    prefetch: int = 0  # trio-mesh: processes claimed beyond the concurrency
 
 
 def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
@@ -54,6 +56,17 @@ def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
             f"trio-mesh, 1 worker process, batch handler (batch {sizes.concurrency})",
             "mesh",
             batch=sizes.concurrency,
+        ),
+        Contender(
+            f"trio-mesh, 1 worker process, prefetch {sizes.concurrency}",
+            "mesh",
+            prefetch=sizes.concurrency,
+        ),
+        Contender(
+            f"trio-mesh, 2 worker processes, prefetch {sizes.concurrency}",
+            "mesh",
+            processes=2,
+            prefetch=sizes.concurrency,
         ),
     ]
     notes = []
@@ -142,6 +155,7 @@ async def one_run(
                 argv = mesh_child(
                     "throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
                     "--concurrency", str(sizes.concurrency), "--batch", str(c.batch),
+                    "--prefetch", str(c.prefetch),
                 )  # fmt: skip
             elif c.lib == "worqr":
                 conc = str(sizes.concurrency)
@@ -210,6 +224,8 @@ async def script_calls(conn: Connection) -> int:
 
 async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     sizes = sizes or (QUICK if ctx.quick else FULL)
+    if not ctx.peers:
+        sizes = dataclasses.replace(sizes, peers=False)
     n = sizes.tasks
     conts, notes = contenders(ctx, sizes)
     section = Section(
@@ -325,6 +341,29 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 [b.processing / a.processing if a and b else nan
                  for a, b in zip(results[batched.label], mesh1_runs, strict=True)],
                 note="per run, 1 worker process each",
+            )
+        )  # fmt: skip
+    prefetched = next((c for c in conts if c.prefetch and c.processes == 1), None)
+    if prefetched is not None:
+        section.figures.append(
+            Figure(
+                f"trio-mesh: prefetch {prefetched.prefetch} / none",
+                "x",
+                [b.processing / a.processing if a and b else nan
+                 for a, b in zip(results[prefetched.label], mesh1_runs, strict=True)],
+                note="per run, 1 worker process each",
+            )
+        )  # fmt: skip
+    prefetched2 = next((c for c in conts if c.prefetch and c.processes == 2), None)
+    if prefetched2 is not None and prefetched is not None:
+        section.figures.append(
+            Figure(
+                f"trio-mesh, prefetch {prefetched.prefetch}: 2 worker processes / 1",
+                "x",
+                [b.processing / a.processing if a and b else nan
+                 for a, b in zip(results[prefetched2.label], results[prefetched.label],
+                                 strict=True)],
+                note="per run",
             )
         )  # fmt: skip
     worqr = next((c for c in conts if c.lib == "worqr"), None)

@@ -18,11 +18,19 @@ processes on free ports, never 6379) and measures:
   namespaces chosen with ``mesh.namespace_slot`` to land on the three masters
   (the recipe of docs/sharding.md, checked against ``CLUSTER SLOTS``). Per
   master: Redis commands per task (``INFO commandstats``: the commands scripts
-  call included, INFO itself left out; script calls and PUBLISH also apart)
+  call included, INFO itself left out; script calls, PUBLISH and SPUBLISH also apart)
   and Redis CPU per task (``INFO cpu``, user + sys), ``--rounds`` rounds
   alternating the two layouts.
 
-    python bench/topology.py [--trials 10] [--ttl 1.0] [--only failover|replicas|namespaces]
+* **mixed**: a rolling upgrade to sharded pub/sub, on one Redis 7 server: a
+  client of this release (its scripts ``SPUBLISH`` the nudges) and a worker that
+  stands for a peer of the previous release (an ACL user without
+  ``ssubscribe``/``spublish``: it hears only ``PUBLISH``), or a worker of this
+  release; ``--trials`` times: the time from ``enqueue`` to the handler's start
+  and from ``cancel`` to the handler's cancellation (``ttl=3``, a heartbeat
+  every second).
+
+    python bench/topology.py [--trials 10] [--ttl 1.0] [--only failover|replicas|namespaces|mixed]
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import random
 import secrets
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -42,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mesh
 from mesh._topology import keyslot
+from mesh.testing import run_redis_server
 from tests.topology import client, cluster_setup, sentinel_setup
 
 
@@ -157,17 +168,19 @@ def namespace_on(prefix: str, first_slot: int, last_slot: int) -> str:
     raise ValueError("no such name")
 
 
-def master_counters(port: int) -> tuple[int, float, int, int]:
+def master_counters(port: int) -> tuple[int, float, int, int, int]:
     """Counters of one node: commands run so far (those scripts call included,
     INFO left out); CPU seconds, user + sys; script calls (EVALSHA, EVAL);
-    PUBLISH (from scripts)."""
+    PUBLISH and SPUBLISH (from scripts)."""
     c = client(port)
     stats = c.info("commandstats")
     calls = sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
     scripts = sum(stats.get(f"cmdstat_{k}", {}).get("calls", 0) for k in ("evalsha", "eval"))
     publishes = stats.get("cmdstat_publish", {}).get("calls", 0)
+    sharded = stats.get("cmdstat_spublish", {}).get("calls", 0)
     cpu = c.info("cpu")
-    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), scripts, publishes
+    used = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return calls, used, scripts, publishes, sharded
 
 
 async def run_jobs(url: str, namespaces: list[str], jobs: int) -> float:
@@ -223,7 +236,7 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
         )
         ports = [port for _, _, port in slots]
         url = setup.url(scheme="redis+cluster")
-        results: dict[str, list[tuple[list[float], list[float], float, float, float]]] = {
+        results: dict[str, list[tuple[list[float], list[float], float, float, float, float]]] = {
             "one": [],
             "three": [],
         }
@@ -242,7 +255,8 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
                 cpu = [(a[1] - b[1]) / jobs * 1e6 for a, b in zip(after, before, strict=True)]
                 scripts = sum(a[2] - b[2] for a, b in zip(after, before, strict=True)) / jobs
                 pubs = sum(a[3] - b[3] for a, b in zip(after, before, strict=True)) / jobs
-                results[layout].append((cmds, cpu, took, scripts, pubs))
+                spubs = sum(a[4] - b[4] for a, b in zip(after, before, strict=True)) / jobs
+                results[layout].append((cmds, cpu, took, scripts, pubs, spubs))
         print(f"namespaces: {jobs} one-shot tasks, 3 workers, 3 masters, {rounds} rounds each")
         for layout, runs in results.items():
             for i, port in enumerate(ports):
@@ -260,13 +274,76 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
             print(
                 f"  {layout:5} all masters: script calls/task "
                 f"{statistics.median(run[3] for run in runs):.2f}, PUBLISH/task "
-                f"{statistics.median(run[4] for run in runs):.2f}; "
+                f"{statistics.median(run[4] for run in runs):.2f}, SPUBLISH/task "
+                f"{statistics.median(run[5] for run in runs):.2f}; "
                 f"all commands/task {statistics.median(total_c):.2f}; "
                 f"Redis CPU/task {statistics.median(total_u):.1f} us "
                 f"(min {min(total_u):.1f} max {max(total_u):.1f}); "
                 f"{statistics.median(rate):,.0f} tasks/s (min {min(rate):,.0f} "
                 f"max {max(rate):,.0f})"
             )
+
+
+async def mixed_latency(url: str, worker_url: str, trials: int) -> tuple[list[float], list[float]]:
+    """Seconds from enqueue to start and from cancel to cancellation, ``trials`` times."""
+    ns = "mx" + secrets.token_hex(3)
+    started: dict[bytes, float] = {}
+    cancelled: dict[bytes, float] = {}
+
+    async def handler(p: mesh.Process) -> None:
+        started[p.task] = time.monotonic()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled[p.task] = time.monotonic()
+
+    async def until(check: Callable[[], object]) -> None:
+        while not check():  # noqa: ASYNC110 - a poll
+            await trio.sleep(0.001)
+
+    wake, cancel = [], []
+    r = client(int(url.rsplit(":", 1)[1].split("/")[0]))
+    async with (
+        mesh.open_client(url, namespace=ns) as c,
+        mesh.open_worker(worker_url, namespace=ns, ttl=3) as w,
+    ):
+        await w.start_work("jobs", handler)
+        for i in range(trials):
+            task = b"job-%d" % i
+            await until(lambda: r.sismember(f"{{{ns}}}:idle:jobs", w.id))
+            await trio.sleep(random.random())  # anywhere in the heartbeat's cycle
+            t0 = time.monotonic()
+            await c.enqueue("jobs", task)
+            await until(lambda task=task: task in started)
+            wake.append(started[task] - t0)
+            t1 = time.monotonic()
+            await c.cancel("jobs", task)
+            await until(lambda task=task: task in cancelled)
+            cancel.append(cancelled[task] - t1)
+    return wake, cancel
+
+
+def mixed(trials: int) -> None:
+    with run_redis_server() as server:
+        old = "old-release"
+        client(server.port).execute_command(
+            "ACL", "SETUSER", old, "on", ">pw", "~*", "&*", "+@all",
+            "-ssubscribe", "-sunsubscribe", "-spublish",
+        )  # fmt: skip
+        old_url = server.url.replace("redis://", f"redis://{old}:pw@")
+        print(f"mixed: {trials} trials each, ttl=3 (heartbeat every 1 s); load {_load()}")
+        for label, worker_url in (("worker of this release", server.url),
+                                  ("worker of the previous release", old_url)):  # fmt: skip
+            wake, cancel = trio.run(mixed_latency, server.url, worker_url, trials)
+            print(
+                f"  {label:31}: enqueue -> start p50 {percentile(wake, 50) * 1e3:7.1f} ms "
+                f"max {max(wake) * 1e3:7.1f} ms; cancel -> cancelled p50 "
+                f"{percentile(cancel, 50) * 1e3:7.1f} ms max {max(cancel) * 1e3:7.1f} ms"
+            )
+
+
+def _load() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 if __name__ == "__main__":
@@ -278,7 +355,7 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--jobs", type=int, default=6000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", choices=["failover", "replicas", "namespaces"])
+    parser.add_argument("--only", choices=["failover", "replicas", "namespaces", "mixed"])
     ns_ = parser.parse_args()
     if ns_.only in (None, "failover"):
         failover(ns_.trials, ns_.ttl, ns_.tasks)
@@ -286,3 +363,5 @@ if __name__ == "__main__":
         trio.run(replicas_cost, ns_.seconds, 100)
     if ns_.only in (None, "namespaces"):
         namespaces_cost(ns_.jobs, ns_.rounds)
+    if ns_.only in (None, "mixed"):
+        mixed(ns_.trials)

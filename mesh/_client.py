@@ -285,8 +285,11 @@ class Client:
         got = await self._outcome(conn, queue, payload)
         if got is not None:
             return got.unwrap()
-        async with open_pubsub(conn.config, name=f"mesh-result:{self.namespace}") as ps:
-            await ps.subscribe(self._keys.done_channel(queue))
+        async with open_pubsub(
+            conn.config, name=f"mesh-result:{self.namespace}", route_key=self._keys.prefix
+        ) as ps:
+            # on the namespace's master (a cluster's SPUBLISH stays in its shard)
+            await ps.subscribe(self._keys.done_channel(queue), sharded=True)
             wait = 0.05
             while True:
                 # checked after subscribing: a finish before it is seen here

@@ -395,6 +395,8 @@ async def open_fleet(
         reply_timeout=max(2 * timing.ttl, 5.0),
         topology=topology,
         reroute_timeout=timing.fence_after,
+        # its writes are fenced by Redis (each lease's incarnation)
+        direct_writes=True,
     ) as conn:
         await check_server(conn)
         ping = min(max(1.0, timing.ttl), 30.0)

@@ -17,10 +17,21 @@ dropped.
 It connects where its :class:`~mesh._topology.Topology` says the master is, and
 shares that topology with the command connection: when either lands on a new master,
 the other follows (key-expiry events are published only on the node holding the
-keys). Channels are plain ``SUBSCRIBE`` channels: on a cluster, ``PUBLISH`` reaches
-every node, so wake and cancel messages arrive wherever we sit. Sharded pub/sub
-(``SSUBSCRIBE``, 7.0+) would spare that broadcast but needs its own message kind,
-``MOVED`` handling on the subscriber and a 6.2 fallback; it is not used yet.
+keys).
+
+Sharded pub/sub: ``subscribe(..., sharded=True)`` subscribes the channels both
+ways, ``SUBSCRIBE`` and, where the server has it (Redis 7.0+) and the user may run
+it, ``SSUBSCRIBE``; their messages come as ``message`` or ``smessage``. A
+publisher's ``SPUBLISH`` then reaches us without a broadcast to every node of a
+cluster, and a publisher that still uses ``PUBLISH`` (6.2, an older peer) is heard
+too. Every sharded channel must hash to the slot of the node we sit on (the
+route key's): the mesh's channels all carry the ``{namespace}`` hash tag. The
+server's answers that mean "not here" are followed, not raised: a ``MOVED`` (or
+``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) to ``SSUBSCRIBE``, and a ``sunsubscribe``
+we did not ask for (the node lost the slot in a migration or failover), break the
+connection, and the reconnect finds the slot's master again (then
+``reconnected``). An ``SSUBSCRIBE`` refused as unknown (6.2) or by the ACL leaves
+that socket on plain ``SUBSCRIBE``.
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ __all__ = ["Message", "PubSub", "open_pubsub"]
 
 _PING: Final = b"*1\r\n$4\r\nPING\r\n"
 _SEND_ERRORS: Final = (*TRANSPORT_ERRORS, trio.ClosedResourceError)
+# Error codes that mean "this node does not serve the slot (now)".
+_ELSEWHERE: Final = frozenset({"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"})
 
 
 @attrs.frozen
@@ -57,7 +70,8 @@ class Message:
     """One event from a :class:`PubSub`.
 
     Attributes:
-        kind: ``"message"`` (from a channel subscription), ``"pmessage"`` (from a
+        kind: ``"message"`` (from a channel subscription), ``"smessage"`` (from a
+            sharded channel subscription: an ``SPUBLISH``), ``"pmessage"`` (from a
             pattern subscription) or ``"reconnected"`` (the connection was re-made
             and every subscription restored; messages may have been missed).
         channel: the channel it was published on (``b""`` for ``reconnected``).
@@ -65,7 +79,7 @@ class Message:
         pattern: the matching pattern, for ``pmessage`` only.
     """
 
-    kind: Literal["message", "pmessage", "reconnected"]
+    kind: Literal["message", "smessage", "pmessage", "reconnected"]
     channel: bytes
     data: bytes
     pattern: bytes | None = None
@@ -116,6 +130,11 @@ class PubSub:
         self._patterns: set[bytes] = set()
         self._confirmed_channels: set[bytes] = set()  # what Redis confirmed on this socket
         self._confirmed_patterns: set[bytes] = set()
+        self._sharded: set[bytes] = set()  # of self._channels, also wanted sharded
+        self._confirmed_sharded: set[bytes] = set()
+        # Whether this socket takes SSUBSCRIBE: unknown until refused (6.2, ACL).
+        self._shard_ok = True
+        self._slot_moves = 0  # sharded channels found elsewhere (sunsubscribe, MOVED)
         self._connected = True
         self._closed = False
         self._generation = 0
@@ -136,15 +155,26 @@ class PubSub:
         return self._connected and not self._closed
 
     @property
+    def sharded(self) -> bool:
+        """Whether the sharded channels are also subscribed with ``SSUBSCRIBE`` on
+        the current connection (False once the server refused it: before Redis
+        7.0, or an ACL without ``ssubscribe``)."""
+        return self._shard_ok
+
+    @property
     def reconnects(self) -> int:
         """How many times the connection was re-made after breaking."""
         return self._reconnects
 
-    async def subscribe(self, *channels: bytes | str) -> None:
+    async def subscribe(self, *channels: bytes | str, sharded: bool = False) -> None:
         """Subscribe to channels and return once Redis confirmed every one.
 
         Args:
             *channels: channel names (``str`` is encoded as UTF-8).
+            sharded: also subscribe them with ``SSUBSCRIBE`` where the server has it
+                (see the module docstring); they must hash to the slot of the node
+                this pubsub sits on. Messages then come as ``smessage`` from
+                ``SPUBLISH`` and as ``message`` from ``PUBLISH``.
 
         Raises:
             CommandError: Redis refused (e.g. ``NOPERM`` for an ACL user); the
@@ -160,11 +190,17 @@ class PubSub:
         """
         names = self._check(_names(channels, "channel"), "subscribe")
         self._channels.update(names)
+        if sharded:
+            self._sharded.update(names)
         await self._until(
-            b"SUBSCRIBE",
-            names,
-            lambda: self._confirmed_channels.issuperset(names),
-            forget=self._channels,
+            lambda: self._commands(b"SUBSCRIBE", b"SSUBSCRIBE" if sharded else None, names),
+            lambda: (
+                self._confirmed_channels.issuperset(names)
+                and (not sharded or not self._shard_ok or self._confirmed_sharded.issuperset(names))
+            ),
+            forget=(self._channels, self._sharded),
+            what=b"SUBSCRIBE",
+            names=names,
         )
 
     async def psubscribe(self, *patterns: bytes | str) -> None:
@@ -172,16 +208,18 @@ class PubSub:
         names = self._check(_names(patterns, "pattern"), "psubscribe")
         self._patterns.update(names)
         await self._until(
-            b"PSUBSCRIBE",
-            names,
+            lambda: self._commands(b"PSUBSCRIBE", None, names),
             lambda: self._confirmed_patterns.issuperset(names),
-            forget=self._patterns,
+            forget=(self._patterns,),
+            what=b"PSUBSCRIBE",
+            names=names,
         )
 
     async def unsubscribe(self, *channels: bytes | str) -> None:
-        """Unsubscribe from channels (from all of them if none is given) and return once
-        Redis confirmed it, or at once if the connection is down (they will not be
-        re-subscribed). Messages published before the confirmation may still come.
+        """Unsubscribe from channels (from all of them if none is given), both ways for
+        sharded ones, and return once Redis confirmed it, or at once if the connection
+        is down (they will not be re-subscribed). Messages published before the
+        confirmation may still come.
 
         Raises:
             MeshConnectionError: not confirmed within ``connect_timeout``.
@@ -192,11 +230,28 @@ class PubSub:
         """
         names = _names(channels, "channel") or sorted(self._channels)
         self._check(names or [b""], "unsubscribe")
+        sharded = [n for n in names if n in self._sharded]
         self._channels.difference_update(names)
+        self._sharded.difference_update(names)
         if not names:
             await trio.lowlevel.checkpoint()
             return
-        await self._until(b"UNSUBSCRIBE", names, lambda: self._confirmed_channels.isdisjoint(names))
+
+        def commands() -> bytes:
+            data = self._commands(b"UNSUBSCRIBE", None, names)
+            if sharded and self._shard_ok:
+                data += b"".join(pack((b"SUNSUBSCRIBE", *sharded)))
+            return data
+
+        await self._until(
+            commands,
+            lambda: (
+                self._confirmed_channels.isdisjoint(names)
+                and self._confirmed_sharded.isdisjoint(names)
+            ),
+            what=b"UNSUBSCRIBE",
+            names=names,
+        )
 
     async def punsubscribe(self, *patterns: bytes | str) -> None:
         """Unsubscribe from patterns (all if none is given); as :meth:`unsubscribe`."""
@@ -207,7 +262,10 @@ class PubSub:
             await trio.lowlevel.checkpoint()
             return
         await self._until(
-            b"PUNSUBSCRIBE", names, lambda: self._confirmed_patterns.isdisjoint(names)
+            lambda: self._commands(b"PUNSUBSCRIBE", None, names),
+            lambda: self._confirmed_patterns.isdisjoint(names),
+            what=b"PUNSUBSCRIBE",
+            names=names,
         )
 
     def __aiter__(self) -> PubSub:
@@ -239,14 +297,23 @@ class PubSub:
         self._changed.set()
         self._changed = trio.Event()
 
+    def _commands(self, command: bytes, sharded: bytes | None, names: list[bytes]) -> bytes:
+        """``command names``, and ``sharded names`` if this socket takes it."""
+        data = b"".join(pack((command, *names)))
+        if sharded is not None and self._shard_ok:
+            data += b"".join(pack((sharded, *names)))
+        return data
+
     async def _until(
         self,
-        command: bytes,
-        names: list[bytes],
+        commands: Callable[[], bytes],
         done: Callable[[], bool],
-        forget: set[bytes] | None = None,
+        *,
+        what: bytes,
+        names: list[bytes],
+        forget: tuple[set[bytes], ...] = (),
     ) -> None:
-        """Send ``command names`` on every new socket until ``done()`` holds."""
+        """Send ``commands()`` on every new socket until ``done()`` holds."""
         await trio.lowlevel.checkpoint()
         sent_generation = -1
         error_seq = self._error_seq
@@ -255,22 +322,22 @@ class PubSub:
                 if self._closed:
                     raise ClosedError(f"the pubsub connection to {self._where} is closed")
                 if self._error_seq != error_seq and self._last_error_reply is not None:
-                    if forget is not None:
-                        forget.difference_update(names)
+                    for registered in forget:
+                        registered.difference_update(names)
                     reply = self._last_error_reply
                     raise CommandError(str(reply), code=reply.code)
                 if done():
                     return
-                if command.startswith(b"UN") or command.startswith(b"PUN"):
+                if what.startswith(b"UN") or what.startswith(b"PUN"):
                     if not self._connected:
                         return  # nothing is subscribed on a socket that is down
                 if self._connected and sent_generation != self._generation:
                     sent_generation = self._generation
-                    await self._send(b"".join(pack((command, *names))))
+                    await self._send(commands())
                     continue
                 await self._changed.wait()
         raise MeshConnectionError(
-            f"{command.decode()} on {self._where} not confirmed within connect_timeout="
+            f"{what.decode()} on {self._where} not confirmed within connect_timeout="
             f"{self.config.connect_timeout:g}s (connected: {self._connected}; last error: "
             f"{self._last_error or 'none'})"
             + ("; it stays registered and will be made after a reconnect" if forget else "")
@@ -298,6 +365,7 @@ class PubSub:
         self._last_error = scrub(reason, self.config)
         self._confirmed_channels.clear()
         self._confirmed_patterns.clear()
+        self._confirmed_sharded.clear()
         self._ping_sent_at = None
         if self._serve_scope is not None:
             self._serve_scope.cancel()
@@ -317,10 +385,28 @@ class PubSub:
             kind = reply[0]
             if kind == b"message" and len(reply) == 3:
                 return Message("message", reply[1], reply[2])
+            if kind == b"smessage" and len(reply) == 3:
+                return Message("smessage", reply[1], reply[2])
             if kind == b"pmessage" and len(reply) == 4:
                 return Message("pmessage", reply[2], reply[3], pattern=reply[1])
             if kind == b"pong":
                 self._ping_sent_at = None
+                return None
+            if kind in (b"ssubscribe", b"sunsubscribe"):
+                name = reply[1]
+                if kind == b"ssubscribe":
+                    self._confirmed_sharded.add(name)
+                else:
+                    self._confirmed_sharded.discard(name)
+                    if name in self._sharded and self._connected:
+                        # Not asked for: the node no longer serves the channel's
+                        # slot (a migration or failover). Find its new master.
+                        self._slot_moves += 1
+                        self._broken(
+                            f"the server dropped sharded channel {name!r:.80} (its slot "
+                            "moved); following it"
+                        )
+                self._notify()
                 return None
             if kind in (b"subscribe", b"psubscribe", b"unsubscribe", b"punsubscribe"):
                 name = reply[1]
@@ -340,11 +426,29 @@ class PubSub:
             self._ping_sent_at = None
             return None
         elif isinstance(reply, CommandError):
+            if self._shard_refused(reply):
+                return None
+            if reply.code in _ELSEWHERE:
+                # Only SSUBSCRIBE is routed by slot on a pubsub connection.
+                self._slot_moves += 1
+                self._broken(f"SSUBSCRIBE was answered {reply}; following the slot")
+                return None
             self._last_error_reply = reply
             self._error_seq += 1
             self._notify()
             return None
         raise _UnexpectedReply(f"unexpected reply on a pubsub connection: {reply!r:.200}")
+
+    def _shard_refused(self, reply: CommandError) -> bool:
+        """An SSUBSCRIBE refused (unknown before 7.0, or the ACL): stay on SUBSCRIBE."""
+        text = str(reply).lower()
+        if "ssubscribe" not in text or reply.code not in ("ERR", "NOPERM"):
+            return False
+        if self._shard_ok:
+            self._shard_ok = False
+            self._confirmed_sharded.clear()
+            self._notify()
+        return True
 
     async def _deliver(self, message: Message) -> None:
         self._delivering = True
@@ -383,12 +487,16 @@ class PubSub:
         stream, reader, _, node = await self.topology.connect(name=self._name)
         self._node = node
         channels, patterns = set(self._channels), set(self._patterns)
+        sharded = self._sharded & channels
+        self._shard_ok = True  # a new node: maybe another server version
         early: list[Message] = []
         try:
             with trio.fail_after(self.config.connect_timeout):
                 data = b""
                 if channels:
                     data += b"".join(pack((b"SUBSCRIBE", *sorted(channels))))
+                if sharded:
+                    data += b"".join(pack((b"SSUBSCRIBE", *sorted(sharded))))
                 if patterns:
                     data += b"".join(pack((b"PSUBSCRIBE", *sorted(patterns))))
                 if data:
@@ -396,8 +504,11 @@ class PubSub:
                 while not (
                     self._confirmed_channels.issuperset(channels)
                     and self._confirmed_patterns.issuperset(patterns)
+                    and (not self._shard_ok or self._confirmed_sharded.issuperset(sharded))
                 ):
                     reply = await next_reply(stream, reader)
+                    if isinstance(reply, CommandError) and self._shard_refused(reply):
+                        continue
                     if isinstance(reply, CommandError):
                         raise MeshConnectionError(
                             f"re-subscribing on {self._where} failed: {reply}"
@@ -408,6 +519,7 @@ class PubSub:
         except BaseException as exc:
             self._confirmed_channels.clear()
             self._confirmed_patterns.clear()
+            self._confirmed_sharded.clear()
             await trio.aclose_forcefully(stream)
             if isinstance(exc, trio.TooSlowError):
                 raise MeshConnectionError(

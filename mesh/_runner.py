@@ -51,6 +51,10 @@ log = logging.getLogger("mesh.worker")
 #: About this many idle servers of a queue act on a delayed task's due time.
 HERD = 3
 
+#: Seconds a claim or report in flight when a stop begins may take to come
+#: back before the stop drops it (a hung connection must not hold a stop).
+STOP_IO_GRACE = 0.5
+
 Handler = Callable[[Process], Awaitable[Any]]
 BatchHandler = Callable[[list[Process]], Awaitable[Sequence[Any] | None]]
 
@@ -146,6 +150,9 @@ class QueueConfig:
     rate: tuple[int, int] | None = None  # at most (claims, per ms) across the mesh
     batch: int = 0  # 0: handler(process); n >= 1: handler(up to n processes)
     capacity: int = 1  # this worker's part of the queue's fair share (see _balance)
+    # Processes claimed beyond ``concurrency``, held here until a slot frees
+    # (0: none; plain handlers only).
+    prefetch: int = 0
 
     def with_policy(self, p: QueuePolicy) -> QueueConfig:
         """This config under the queue's policy ``p``."""
@@ -192,7 +199,7 @@ class _Slot:
     then running in that trio task's cancel scope."""
 
     __slots__ = (
-        "batch", "cancel_requested", "dropped", "process", "scope", "started", "stopping",
+        "batch", "cancel_requested", "dropped", "hit", "process", "scope", "started", "stopping",
     )  # fmt: skip
 
     def __init__(self, process: Process, started: float, batch: _Batch | None = None) -> None:
@@ -208,6 +215,8 @@ class _Slot:
         # Of a batch call: cancelled in the mesh while the call goes on, so
         # no longer run here (see QueueRunner._cancel_slot).
         self.dropped = False
+        # Its scope was cancelled (its pool trio task needs a new one).
+        self.hit = False
 
     def cancel(self, stopping: bool) -> None:
         """Cancel this process's handler: its scope now, or, before a pool
@@ -227,15 +236,22 @@ class _Slot:
             b is None or stopping or all(s.cancel_requested for s in b.slots)
         ):
             self.scope.cancel()
+            self.hit = True
+            if b is not None:
+                b.hit = True
 
 
 class _Batch:
     """The processes of one batch handler call."""
 
-    __slots__ = ("slots",)
+    __slots__ = ("hit", "slots")
 
     def __init__(self) -> None:
         self.slots: list[_Slot] = []
+        self.hit = False  # its scope was cancelled
+
+
+_NOTHING: Any = object()
 
 
 class _Stop(Exception):
@@ -244,21 +260,34 @@ class _Stop(Exception):
 
 @types.coroutine
 def _in_context(
-    ctx: contextvars.Context, coro: Generator[Any, Any, Any] | Awaitable[Any]
+    ctx: contextvars.Context,
+    coro: Generator[Any, Any, Any] | Awaitable[Any],
+    runner: QueueRunner | None = None,
+    first: Any = _NOTHING,
 ) -> Generator[Any, Any, Any]:
     """Await ``coro`` with each of its steps run in ``ctx``: a handler run by
     a long-lived pool trio task sees a fresh copy of the runner's context
     (what a trio task of its own would see), so what one handler sets in a
     context variable never leaks into the next one. Exceptions (Cancelled
-    included) pass through unchanged."""
+    included) pass through unchanged. Each time the handler yields to trio
+    (it blocks, or passes a checkpoint), the processes still queued on
+    ``runner`` are handed to pool trio tasks of their own
+    (:meth:`QueueRunner._fan_out`). ``first``: what the coroutine yielded
+    at its first step, taken already by the caller (see
+    :meth:`QueueRunner._run_one`)."""
     c = cast(Any, coro)
     send: Callable[[Any], Any] = c.send
     arg: Any = None
     while True:
-        try:
-            msg = ctx.run(send, arg)
-        except StopIteration as stop:
-            return stop.value
+        if first is not _NOTHING:
+            msg, first = first, _NOTHING
+        else:
+            try:
+                msg = ctx.run(send, arg)
+            except StopIteration as stop:
+                return stop.value
+        if runner is not None and runner._queued:
+            runner._fan_out()
         try:
             arg = yield msg
             send = c.send
@@ -340,6 +369,9 @@ class QueueRunner:
         self._pool = 0
         self._handlers: trio.Nursery | None = None
         self._ctx = contextvars.copy_context()
+        # trio's clock, read without trio.current_time()'s two calls around
+        # it (set when the loop starts)
+        self._now: Callable[[], float] = trio.current_time
         # Whether handler runs get spans (asked once per claimed batch).
         self._traced = False
 
@@ -415,6 +447,8 @@ class QueueRunner:
         on leaves ``running`` now (it is not ours, and not reported): the
         call's outcome for it is dropped."""
         slot.cancel(stopping=False)
+        if self._unqueue(slot):
+            return
         if slot.batch is not None and not slot.dropped:
             slot.dropped = True
             del self.running[slot.process.id]
@@ -430,6 +464,7 @@ class QueueRunner:
             if slot is not None and not slot.cancel_requested:
                 slot.cancel(stopping=True)
                 self._counters.moved_out += 1
+                self._unqueue(slot)
 
     def begin_stop(self) -> None:
         """Stop claiming and cancel every handler. The loop keeps running (and
@@ -440,11 +475,17 @@ class QueueRunner:
         finished or failed, as usual."""
         self._stopping = True
         if self._io_scope is not None:
-            # A claim or report in flight is dropped (see _run).
-            self._io_scope.cancel()
+            # A claim or report in flight gets STOP_IO_GRACE to come back,
+            # then it is dropped (see _run): it was most likely written
+            # already (the worker's connection writes at once), so its reply
+            # says what it did (a finish report counted, a claim's processes
+            # handed back unstarted) rather than leaving that unknown.
+            io = self._io_scope
+            io.deadline = min(io.deadline, trio.current_time() + STOP_IO_GRACE)
         for slot in list(self.running.values()):
             if not slot.cancel_requested:
                 slot.cancel(stopping=True)
+                self._unqueue(slot)
         self._wakeup.set()
 
     @property
@@ -462,6 +503,7 @@ class QueueRunner:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run until cancelled. Raises nothing but Cancelled: a fenced
         lease is reported through ``on_fenced`` and ends the loop."""
+        self._now = trio.lowlevel.current_clock().current_time
         try:
             with self._scope:
                 await self._run(task_status)
@@ -535,6 +577,8 @@ class QueueRunner:
                 await self._resync()
             if self._failed:
                 await self._give_back_failed()
+            if self.config.prefetch:
+                self._hand_back_stuck()
             if self._returned:
                 await self._give_back_returned()
             # Finished processes left self.running when their handler
@@ -726,21 +770,63 @@ class QueueRunner:
             self._counters.started += 1
             if not size:
                 slot = self.running[p.id] = _Slot(p, claimed)
-                self._dispatch(slot)
+                self._queued.append(slot)
                 continue
             if batch is None or len(batch.slots) >= size:
                 batch = _Batch()
-                self._dispatch(batch)
+                self._queued.append(batch)
             slot = self.running[p.id] = _Slot(p, claimed, batch)
             batch.slots.append(slot)
+        self._kick()
 
     # --- the handler pool ----------------------------------------------------
 
     def _free(self) -> int:
         """How many processes this runner may claim now (a batch handler's
         calls are made of the processes claimed together, so ``concurrency``
-        bounds the processes at once with either kind of handler)."""
-        return self.config.concurrency - len(self.running)
+        bounds the processes at once with either kind of handler). With
+        ``prefetch``, up to that many more are claimed and wait here for a
+        free slot, unless every slot runs a persistent task (whose handler
+        may never end: nothing claimed beyond it could start)."""
+        c = self.config
+        if c.prefetch and not self._slots_stuck():
+            return c.concurrency + c.prefetch - len(self.running)
+        return c.concurrency - len(self.running)
+
+    def _slots_stuck(self) -> bool:
+        """Whether every slot runs the handler of a persistent task."""
+        c = self.config
+        if len(self.running) - len(self._queued) < c.concurrency:
+            return False
+        started = sum(
+            1 for s in self.running.values() if s.scope is not None and s.process.persistent
+        )
+        return started >= c.concurrency
+
+    def _hand_back_stuck(self) -> None:
+        """Hand back, unharmed, the prefetched processes queued here while
+        every slot runs a persistent task's handler (they could wait for
+        ever; a peer with a free slot can run them)."""
+        if self._queued and self._slots_stuck():
+            while self._queued:
+                slot = cast(_Slot, self._queued.popleft())
+                del self.running[slot.process.id]
+                self._returned.append(slot.process.id)
+
+    def _unqueue(self, slot: _Slot) -> bool:
+        """Take ``slot`` out of the queue for a handler if it waits there
+        (claimed, its handler not started): its cancel or stop is then
+        recorded at once rather than when a slot frees. Returns whether it
+        was queued."""
+        if slot.batch is not None or slot.scope is not None or not self._queued:
+            return False
+        try:
+            self._queued.remove(slot)
+        except ValueError:
+            return False  # handed to a pool trio task already: it records it
+        del self.running[slot.process.id]
+        self._cancelled(slot)
+        return True
 
     def _dispatch(self, item: _Slot | _Batch) -> None:
         """Hand a process (or a batch call) to an idle pool trio task, or to
@@ -753,6 +839,25 @@ class QueueRunner:
             self._handlers.start_soon(self._serve, item, name=f"mesh handlers {self.config.queue}")
         else:
             self._queued.append(item)
+
+    def _kick(self) -> None:
+        """Work was queued: make sure a pool trio task takes it. One is
+        woken (or started) for the first item; it runs the next ones after
+        it, one after the other, as long as their handlers do not yield to
+        trio; the first handler that does hands every item still queued to
+        pool trio tasks of their own (:meth:`_fan_out`). So handlers that
+        never block (or block late) cost one trio task switch per claimed
+        batch rather than one per process, and handlers that block all run
+        at once, one scheduling round later than their first one."""
+        if self._queued and (self._idle or self._pool < self.config.concurrency):
+            self._dispatch(self._queued.popleft())
+
+    def _fan_out(self) -> None:
+        """Hand every queued item to an idle or new pool trio task, while the
+        pool has room (sync, no I/O)."""
+        queued = self._queued
+        while queued and (self._idle or self._pool < self.config.concurrency):
+            self._dispatch(queued.popleft())
 
     def _end_pool(self) -> None:
         """Tell every parked pool trio task to exit (the runner is done)."""
@@ -798,8 +903,10 @@ class QueueRunner:
                             await self._run_one(scope, current)
                         else:
                             await self._run_batch(scope, cast(_Batch, current))
-                        current = None
-                        if scope.cancel_called:
+                        hit, current = current.hit, None
+                        # (cancel_called reads the clock: asked only when a
+                        # deadline could have passed)
+                        if hit or (self.config.timeout > 0 and scope.cancel_called):
                             break
                 if current is not None:
                     # The handler ended by this scope's Cancelled: a cancel,
@@ -851,14 +958,25 @@ class QueueRunner:
             self._cancelled(slot)
             return
         slot.scope = scope
+        if p.persistent and self.config.prefetch:
+            self._wakeup.set()  # every slot may be stuck now: see _hand_back_stuck
         handler = cast(Handler, self.config.handler)
         timeout = self.config.timeout
-        began = trio.current_time()
+        now = self._now
+        began = now()
         if timeout > 0:
             scope.deadline = began + timeout
         try:
             coro = _telemetry.traced(handler, p) if self._traced else handler(p)
-            value = await _in_context(self._ctx.copy(), coro)
+            ctx = self._ctx.copy()
+            # The first step here: a handler that does not yield to trio
+            # ends in it, with no generator around it.
+            try:
+                msg = ctx.run(cast(Any, coro).send, None)
+            except StopIteration as stop:
+                value = stop.value
+            else:
+                value = await _in_context(ctx, coro, self, msg)
         except Exception as exc:
             log.debug("handler of queue %s, process %s raised:", p.queue, p.id, exc_info=True)
             self._fail(p, describe_error(exc), _one_line(exc))
@@ -868,7 +986,7 @@ class QueueRunner:
             del self.running[p.id]
             if timeout > 0:
                 scope.deadline = math.inf
-            self._counters.handler.observe(trio.current_time() - began)
+            self._counters.handler.observe(now() - began)
         # A slot is free: the loop claims again if it may (a runner that is
         # not in the queue's idle set must look by itself, or no one wakes it).
         self._wakeup.set()
@@ -893,7 +1011,7 @@ class QueueRunner:
         if timeout > 0:
             scope.deadline = began + timeout
         try:
-            value = await _in_context(self._ctx.copy(), handler(procs))
+            value = await _in_context(self._ctx.copy(), handler(procs), self)
         except Exception as exc:
             log.debug("batch handler of queue %s raised:", self.config.queue, exc_info=True)
             outcomes: Sequence[Any] = [exc] * len(procs)

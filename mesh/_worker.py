@@ -281,6 +281,7 @@ class Worker:
         batch_handler: BatchHandler | None = None,
         batch: int = 10,
         capacity: int = 1,
+        prefetch: int = 0,
     ) -> None:
         """Serve ``queue``.
 
@@ -356,11 +357,26 @@ class Worker:
                 Persistent tasks' weights are set by :meth:`Client.ensure`.
                 It does not limit how many processes run here (that is
                 ``concurrency``).
+            prefetch: claim up to this many processes beyond
+                ``concurrency`` (default 0: none), so that a slot freed by a
+                handler starts the next process at once instead of waiting a
+                round trip to Redis for it. A prefetched process is claimed:
+                held by this worker (it counts in the queue's running
+                processes and in this worker's share, and peers recycle it if
+                this worker dies), but its handler waits here for a free slot;
+                at most ``concurrency`` handlers still run at once. A cancel
+                of a prefetched process that has not started ends it without
+                running its handler; a stop hands it back unharmed. While
+                every slot runs a persistent task's handler (which may never
+                end), nothing is claimed beyond ``concurrency`` and what was
+                prefetched is handed back. Plain handlers only (a batch
+                handler already takes what is claimed together).
 
         Raises:
             ConfigError: bad queue name or arguments (both a ``handler`` and
                 a ``batch_handler``, ``batch`` < 1 or above
-                ``concurrency``), or already served.
+                ``concurrency``, ``prefetch`` < 0 or with a
+                ``batch_handler``), or already served.
             TypeError: ``handler`` is not an async callable (an ``async def``
                 function, a ``functools.partial`` of one, or an object with
                 an ``async def __call__``): a plain ``def`` is refused here,
@@ -387,6 +403,13 @@ class Worker:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
         check_capacity(capacity)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ConfigError(f"prefetch must be a whole number >= 0, got {prefetch!r}")
+        if prefetch and batch_handler is not None:
+            raise ConfigError(
+                "prefetch is for plain handlers: a batch handler already gets the processes "
+                "claimed together (raise batch or concurrency instead)"
+            )
         explicit: dict[str, Any] = {
             k: v
             for k, v in (
@@ -431,6 +454,7 @@ class Worker:
                 rebalance,
                 batch=0 if batch_handler is None else batch,
                 capacity=capacity,
+                prefetch=prefetch,
             )
             self._queues[queue] = cfg
             try:
@@ -853,6 +877,8 @@ async def open_worker(
         reply_timeout=reply_timeout,
         topology=topology,
         reroute_timeout=timing.fence_after,
+        # its writes are fenced by Redis (the lease's incarnation)
+        direct_writes=True,
     ) as conn:
         await check_server(conn)
         # The event link only speeds things up: every H the heartbeat brings

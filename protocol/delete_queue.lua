@@ -52,5 +52,5 @@ for i = 1, #fields, 2 do
 end
 call_chunked('HDEL', KEYS[12], gone)
 if #gone > 0 then redis.call('HINCRBY', KEYS[12], ':gen', 1) end
-redis.call('PUBLISH', ARGV[3], '')
+nudge(ARGV[3], '')
 return {0, removed, #found}

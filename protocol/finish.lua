@@ -50,7 +50,7 @@ for i, id in ipairs(ids) do
         end
       end
       if persistent or tries ~= '0' then attempts[#attempts + 1] = payload end
-      redis.call('PUBLISH', ARGV[3], payload)
+      nudge(ARGV[3], payload)
       done = 1
     end
   end

@@ -74,7 +74,7 @@ for i, id in ipairs(ids) do
       local value = ARGV[a + 2]
       redis.call('SET', KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
         .. string.format('%d', #value) .. '\0' .. value .. payload, 'PX', ttl)
-      redis.call('PUBLISH', ARGV[3], payload)
+      nudge(ARGV[3], payload)
       done = 1
     end
   end

@@ -94,7 +94,7 @@ for i = 7, #ARGV do
         if at > now then
           redis.call('HSET', KEYS[11], r.payload, to)
           kept = true
-          redis.call('PUBLISH', ARGV[5] .. w, ARGV[6])
+          nudge(ARGV[5] .. w, ARGV[6])
         else
           front[#front + 1] = {tonumber(id), r.payload, r.level}
         end

@@ -431,6 +431,18 @@ local function rate_wait(tokens, rate, per)
   return math.max(1, math.ceil((1 - tokens) * per / rate))
 end
 
+-- Publish `message` on `channel`, a channel of the namespace (its name starts
+-- with `{ns}:`, so it hashes to the namespace's slot). Sharded (SPUBLISH) where
+-- the server has it (Redis 7.0+: `redis.REDIS_VERSION_NUM` is set) and the
+-- user may run it: on a cluster it reaches the nodes of the namespace's shard
+-- only, where PUBLISH is sent over the cluster bus to every node. Otherwise
+-- (6.2, or an ACL without `spublish`) PUBLISH. Subscribers listen both ways
+-- (SSUBSCRIBE where they can, and SUBSCRIBE): see Channels in README.md.
+local function nudge(channel, message)
+  if redis.REDIS_VERSION_NUM and pcall(redis.call, 'SPUBLISH', channel, message) then return end
+  redis.call('PUBLISH', channel, message)
+end
+
 -- Tasks of queue Q became ready: wake up to `ready` + 1 of Q's idle servers
 -- ({ns}:idle:<Q>: workers serving Q with a free slot whose last claim found
 -- nothing to take). Each is removed from the set and gets the queue name on
@@ -440,12 +452,12 @@ end
 -- message lost (its heartbeat then brings the news, within H).
 -- Call it before a script's first write where the count is known by then:
 -- writes are not rolled back, so a refused SPOP or PUBLISH (an ACL without
--- them) then changes nothing. Nobody can claim before the script ends.
+-- them) then changes nothing (a refused SPUBLISH falls back to PUBLISH). Nobody can claim before the script ends.
 -- Returns how many were woken.
 local function wake_idle(idle, wake_prefix, queue, ready)
   if ready <= 0 then return 0 end
   local ws = redis.call('SPOP', idle, ready + 1)
-  for _, w in ipairs(ws) do redis.call('PUBLISH', wake_prefix .. w, queue) end
+  for _, w in ipairs(ws) do nudge(wake_prefix .. w, queue) end
   return #ws
 end
 
@@ -496,7 +508,7 @@ local function cancel_found(found, procs, wkeys, cancel_prefix)
     redis.call('HDEL', procs, id)
     redis.call('SREM', wkeys[worker][1], id)
     redis.call('SADD', wkeys[worker][2], id)
-    redis.call('PUBLISH', cancel_prefix .. worker, id)
+    nudge(cancel_prefix .. worker, id)
   end
 end
 

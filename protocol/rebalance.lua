@@ -126,7 +126,7 @@ if redis.call('EXISTS', KEYS[7]) == 1 then
   end
   if back > 0 then
     -- wake the queue's servers once: anyone may take them now
-    for _, w in ipairs(servers) do redis.call('PUBLISH', ARGV[6] .. w, ARGV[3]) end
+    for _, w in ipairs(servers) do nudge(ARGV[6] .. w, ARGV[3]) end
   end
 end
 

@@ -145,6 +145,8 @@ async def test_help_in_a_subprocess() -> None:
         ["worker", "mesh.cli.demo_app:queues", "--concurrency", "nosuchqueue=3"],
         ["worker", "mesh.cli.demo_app:queues", "--queue-concurrency", "3"],
         ["worker", "mesh.cli.demo_app:queues", "--queue-concurrency", "jobs=0"],
+        ["worker", "mesh.cli.demo_app:queues", "--prefetch", "-1"],
+        ["worker", "mesh.cli.demo_app:queues", "--prefetch", "nosuchqueue=2"],
         ["worker", "mesh.cli.demo_app:nothing"],
         ["worker", "mesh.cli.demo_app:job"],
         ["worker", "mesh.cli.demo_app:queues", "--rejoin-grace", "5"],

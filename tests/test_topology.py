@@ -24,7 +24,7 @@ from mesh._connection import open_connection
 from mesh._scripts import Script, run_script
 from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
 from mesh._url import parse_url
-from mesh.testing import RedisServer, free_port, wait_until
+from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 
 from .topology import (
     SERVICE,
@@ -33,6 +33,7 @@ from .topology import (
     client,
     cluster_setup,
     end_migration,
+    migrate_slot,
     move_keys,
     sentinel_setup,
     wait_for,
@@ -379,6 +380,78 @@ async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
         f"migration: {moved} keys moved, {asks} ASK, {retries} TRYAGAIN; fenced",
         [w.statistics().fenced for w in workers],
     )
+
+
+def shard_subscribers(port: int, channel: str) -> int:
+    reply = client(port).execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(reply[1])
+
+
+async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
+    """The worker's wake and cancel channels are SSUBSCRIBEd on the slot's master
+    only; the scripts SPUBLISH there (no PUBLISH reaches the cluster bus), so a
+    wake and a cancel from a client that came in through another node arrive with
+    the heartbeat 10 s away. The slot then migrates: the old master drops the
+    sharded subscriptions (an unasked sunsubscribe), the pubsub follows the slot to
+    its new master, and a wake and a cancel published there arrive too."""
+    ns = next(f"sh{i}" for i in range(10**6) if mesh.namespace_slot(f"sh{i}") != SLOT)
+    slot = mesh.namespace_slot(ns)
+    source_port = cluster.owner_port(slot)
+    target = next(m for m in cluster.masters if m.port != source_port)
+    others = [m.port for m in cluster.masters if m.port != source_port]
+    started: list[bytes] = []
+    cancelled: list[bytes] = []
+
+    async def handler(p: Process) -> None:
+        started.append(p.task)
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append(p.task)
+            raise
+
+    def stats(port: int) -> dict[str, int]:
+        info = client(port).info("commandstats")
+        return {n: info.get(f"cmdstat_{n}", {}).get("calls", 0) for n in ("publish", "spublish")}
+
+    async def wake_and_cancel(c: mesh.Client, w: mesh.Worker, task: bytes) -> None:
+        idle = f"{{{ns}}}:idle:q"
+        owner = cluster.owner_port(slot)
+        await wait_until(lambda: client(owner).sismember(idle, w.id), 10, "the worker to be idle")
+        await c.enqueue("q", task)
+        await wait_until(lambda: task in started, 5, "the woken worker to claim")
+        assert await c.cancel("q", task) == 1
+        await wait_until(lambda: task in cancelled, 5, "the cancel to reach the handler")
+
+    other_url = cluster.url(next(m for m in cluster.masters if m.port == others[0]))
+    async with (
+        mesh.open_client(other_url, namespace=ns) as c,
+        mesh.open_worker(cluster.url(scheme="redis+cluster"), namespace=ns, ttl=30) as w,
+    ):
+        await w.start_work("q", handler)
+        wake = f"{{{ns}}}:wake:{w.id}"
+        await wait_until(
+            lambda: shard_subscribers(source_port, wake) == 1, 5, "the sharded subscription"
+        )
+        assert [shard_subscribers(port, wake) for port in others] == [0, 0]
+        for m in cluster.masters:
+            client(m.port).config_resetstat()
+        await wake_and_cancel(c, w, b"before")
+        assert stats(source_port)["spublish"] >= 2
+        assert all(stats(m.port)["publish"] == 0 for m in cluster.masters)
+        reconnects = w._pubsub.reconnects
+        await trio.to_thread.run_sync(lambda: migrate_slot(cluster, slot, target))
+        await wait_until(
+            lambda: w._pubsub.reconnects > reconnects and shard_subscribers(target.port, wake) == 1,
+            10,
+            "the subscription to follow",
+        )
+        assert shard_subscribers(source_port, wake) == 0
+        assert w._pubsub._slot_moves >= 1  # the old master dropped the channels
+        client(target.port).config_resetstat()
+        await wake_and_cancel(c, w, b"after")
+        assert stats(target.port)["spublish"] >= 2 and stats(target.port)["publish"] == 0
+    assert started == [b"before", b"after"] and cancelled == started
 
 
 async def test_client_and_worker_on_other_nodes(cluster: ClusterSetup) -> None:
@@ -881,10 +954,70 @@ async def test_min_replicas_waits_for_the_replica() -> None:
                 with pytest.raises(MeshConnectionError, match="only 0 of 1 replicas"):
                     await c.enqueue("q", b"b")
                 await wait_until(lambda: runs.cancelled, 5, "the worker to fence")
-                assert w.statistics().fenced >= 1
+                # (counted once every handler has exited)
+                await wait_until(lambda: w.statistics().fenced >= 1, 5, "the fence counted")
         # The argument wins over the URL.
         async with mesh.open_client(url, namespace=ns, min_replicas=0) as c:
             await c.enqueue("q", b"c")
         with pytest.raises(mesh.ConfigError, match="min_replicas"):
             async with mesh.open_client(url, namespace=ns, min_replicas=-1):
                 pass  # pragma: no cover
+
+
+@pytest.mark.slow
+async def test_min_replicas_holds_everything_while_the_replica_lags() -> None:
+    """A replica that stops acknowledging (SIGSTOP: the link stays up, so Redis
+    still counts it as connected) with min_replicas=1: `ensure` and `enqueue`
+    raise after connect_timeout instead of returning, the worker's renewals are
+    not confirmed so it fences, and a persistent task it claimed on the master
+    does not start. After SIGCONT the same calls return and every task runs, each
+    handler only once its claim is on the replica."""
+    ns = "lag" + secrets.token_hex(3)
+    procs = f"{{{ns}}}:procs:p"
+    token = f"{{{ns}}}:token"
+    with (
+        run_redis_server() as master,
+        run_redis_server(("--replicaof", "127.0.0.1", str(free_port()))) as replica,
+    ):
+        r = client(replica.port)
+        r.execute_command("REPLICAOF", "127.0.0.1", master.port)
+        wait_for("the replica to sync", lambda: r.info("replication")["master_link_status"] == "up")
+        url = master.url + "?min_replicas=1&connect_timeout=0.5"
+        m = client(master.port)
+        runs = Runs()
+        on_replica: dict[bytes, bool] = {}
+
+        async def handler(p: Process) -> None:
+            on_replica[p.task] = bool(r.hexists(procs, p.id))
+            await runs.handler(p)
+
+        async with (
+            mesh.open_client(url, namespace=ns) as c,
+            mesh.open_worker(url, namespace=ns, ttl=1.5) as w,
+        ):
+            await w.start_work("p", handler)
+            assert await c.ensure("p", b"dev1")
+            await wait_until(lambda: runs.running(b"dev1") == 1, 5, "dev1 to start")
+            before = int(m.get(token) or 0)
+            os.kill(replica.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(MeshConnectionError, match="only 0 of 1 replicas"):
+                    await c.ensure("p", b"dev2")  # on the master, not confirmed
+                with pytest.raises(MeshConnectionError, match="only 0 of 1 replicas"):
+                    await c.enqueue("q", b"job")
+                await wait_until(lambda: int(m.get(token) or 0) > before, 5, "a claim of dev2")
+                await wait_until(lambda: w.statistics().fenced >= 1, 5, "the worker to fence")
+                assert runs.running(b"dev1") == 0  # its renewals did not count
+                assert not runs.tokens(b"dev2")  # claimed on the master, never started
+            finally:
+                os.kill(replica.pid, signal.SIGCONT)
+            await c.enqueue("q", b"job2")  # confirmed again
+            assert await c.ensure("p", b"dev2") is False  # already there
+            await wait_until(
+                lambda: runs.running(b"dev1") == 1 and runs.running(b"dev2") == 1,
+                10,
+                "both tasks to run again",
+            )
+        assert on_replica == {b"dev1": True, b"dev2": True}
+        assert len(runs.tokens(b"dev1")) >= 2
+        runs.check_no_overlap()

@@ -1178,3 +1178,57 @@ async def test_a_worker_cancelled_from_outside_hands_back_at_once(
         assert (info.queued, info.running) == (1, 0)
         assert await client.workers() == []
         assert took < ttl / 3, f"leaving took {took:.3f} s"
+
+
+async def test_wakes_and_cancels_travel_sharded_where_the_server_has_it(
+    own_redis: RedisServer, namespace: str
+) -> None:
+    """Redis 7.0+: the scripts SPUBLISH an idle worker's wake and a cancel, and
+    the worker hears them on SSUBSCRIBE (PUBSUB SHARDNUMSUB); no PUBLISH is
+    sent. Redis 6.2 (tests/test_compat.py runs this file there): both go by
+    PUBLISH. Either way they arrive: with a heartbeat every 10 s, the task
+    starts and is cancelled within seconds only through the nudges."""
+    url = own_redis.url
+    started: list[bytes] = []
+    cancelled: list[bytes] = []
+
+    async def handler(p: Process) -> None:
+        started.append(p.task)
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append(p.task)
+            raise
+
+    async with mesh._connection.open_connection(url) as admin:
+        info: bytes = await admin.execute("INFO", "server")
+        sharded = int(info.split(b"redis_version:")[1].split(b".")[0]) >= 7
+        async with (
+            mesh.open_client(url, namespace=namespace) as c,
+            mesh.open_worker(url, namespace=namespace, ttl=30) as w,
+        ):
+            await w.start_work("q", handler)
+            idle = f"{{{namespace}}}:idle:q"
+
+            async def is_idle() -> bool:
+                return bool(await admin.execute("SISMEMBER", idle, w.id))
+
+            await wait_until(is_idle, 5, "the worker's first claim to find nothing")
+            wake = f"{{{namespace}}}:wake:{w.id}"
+            shard_subs = await admin.execute("PUBSUB", "SHARDNUMSUB", wake) if sharded else None
+            await admin.execute("CONFIG", "RESETSTAT")
+            await c.enqueue("q", b"job")
+            await wait_until(lambda: started, 5, "the woken worker to claim")
+            assert await c.cancel("q", b"job") == 1
+            await wait_until(lambda: cancelled, 5, "the cancel to reach the handler")
+            stats: bytes = await admin.execute("INFO", "commandstats")
+    calls = {
+        name: int(stats.split(f"cmdstat_{name}:calls=".encode())[1].split(b",")[0])
+        for name in ("publish", "spublish")
+        if f"cmdstat_{name}:".encode() in stats
+    }
+    if sharded:
+        assert shard_subs == [wake.encode(), 1]
+        assert calls.get("spublish", 0) >= 2 and "publish" not in calls, calls
+    else:
+        assert calls.get("publish", 0) >= 2 and "spublish" not in calls, calls

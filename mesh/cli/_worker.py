@@ -94,6 +94,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "of capacity 1",
     )
     p.add_argument(
+        "--prefetch",
+        action="append",
+        default=[],
+        type=_prefetch_arg,
+        metavar="[Q=]N",
+        help="processes to claim beyond the concurrency, held here until a slot frees, so "
+        "that a freed slot starts the next one without a round trip to Redis: 'Q=N' for "
+        "queue Q, a bare 'N' for every other queue (repeatable; default 0). Plain handlers "
+        "only; see Worker.start_work",
+    )
+    p.add_argument(
         "--max-attempts",
         type=int,
         default=None,
@@ -202,6 +213,24 @@ def _capacity_arg(text: str) -> tuple[str | None, int]:
         except mesh.ConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return (queue if eq else None), weight_arg(n)
+
+
+def _prefetch_arg(text: str) -> tuple[str | None, int]:
+    queue, eq, n = text.rpartition("=")
+    if eq and not queue:
+        raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, not {text!r}")
+    if eq:
+        try:
+            check_queue(queue)
+        except mesh.ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    try:
+        count = int(n)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {n!r}")
+    return (queue if eq else None), count
 
 
 def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
@@ -328,6 +357,12 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(f"--concurrency names queues that APP does not serve: {unknown}")
     concurrency = {q: per_queue.get(q, default) for q in app}
     capacity = _per_queue(args.capacity, app, 1, "--capacity")
+    prefetch = _per_queue(args.prefetch, app, 0, "--prefetch")
+    batched = sorted(q for q, _ in args.prefetch if q and isinstance(app.get(q), mesh.Batched))
+    if batched:
+        raise UsageError(f"--prefetch is for plain handlers; these queues are batched: {batched}")
+    # a bare N applies to the queues with plain handlers
+    prefetch = {q: 0 if isinstance(app[q], mesh.Batched) else n for q, n in prefetch.items()}
     try:
         LeaseTiming.make(args.ttl, None, None)
         if args.worker_id is not None:
@@ -349,7 +384,7 @@ def _worker(args: argparse.Namespace) -> int:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    return trio.run(_serve, args, t, app, concurrency, capacity)
+    return trio.run(_serve, args, t, app, concurrency, capacity, prefetch)
 
 
 class JsonFormatter(logging.Formatter):
@@ -445,6 +480,7 @@ async def _serve(
     app: dict[str, mesh.Handler | mesh.Batched],
     concurrency: dict[str, int],
     capacity: dict[str, int] | None = None,
+    prefetch: dict[str, int] | None = None,
 ) -> int:
     stopping = _Stopping()
     stop = trio.Event()
@@ -523,6 +559,7 @@ async def _serve(
                         _logged(handler, stopping),
                         concurrency=concurrency[queue],
                         capacity=(capacity or {}).get(queue, 1),
+                        prefetch=(prefetch or {}).get(queue, 0),
                         **retry,
                     )
                 started = True
