@@ -93,7 +93,7 @@ if not counts then
     local v
     v, err = count_arg(ARGV[a[1]], a[2])
     if err then return err end
-    ARGV[a[1]] = int(v)
+    ARGV[a[1]] = string.format('%.0f', v)  -- as int() would
   end
 end
 if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
@@ -259,7 +259,7 @@ redis.call('SET', KEYS[9], ids[#ids])
 -- process; the fields that every record of this claim shares are joined
 -- once (the record layout is at the top of lib.lua).
 local shared = '\0' .. ARGV[5] .. '\0' .. ARGV[7] .. '\0' .. ARGV[8] .. '\0' .. ARGV[9] .. '\0'
-  .. int(now) .. '\0'
+  .. string.format('%.0f', now) .. '\0'
 local records = {}
 local head = ARGV[1] .. '\0'
 for i, payload in ipairs(tp) do
