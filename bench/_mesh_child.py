@@ -20,7 +20,9 @@ Roles:
   Answers ``count`` with ``count <running handlers>``, ``beats`` with
   ``beats <heartbeats confirmed, all workers>`` and ``dump`` with one
   ``cancelled <payload> <ns>`` line per cancelled handler, then ``end``.
-  With ``--fleet``, the workers are one :func:`mesh.open_fleet`'s.
+  With ``--fleet``, the workers are one :func:`mesh.open_fleet`'s (with
+  ``--join-window``, its join window); with ``--notes``, each handler start
+  prints ``start <payload> <ns>``.
 
 Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
 process of the machine (Linux), so the parent can compare them with its own.
@@ -29,6 +31,7 @@ process of the machine (Linux), so the parent can compare them with its own.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
@@ -37,6 +40,65 @@ import time
 import trio
 
 import mesh
+
+
+class Stalls(trio.abc.Instrument):
+    """Notes every stretch the event loop ran without looking at I/O for
+    longer than ``floor`` seconds (a trio run batch): its length, how many
+    task steps it ran, the garbage collection in it, and the four longest
+    task names by time. Written to ``path`` as lines ``<monotonic ns> <batch
+    ms> <steps> gc=<ms> <name>=<ms>/<steps> ...``; and every garbage
+    collection of ``floor`` or more as ``<monotonic ns> gc gen<n> <ms>
+    collected <objects>``."""
+
+    def __init__(self, path: str, floor: float = 0.05) -> None:
+        self._f = open(path, "w")
+        self._floor = floor
+        self._gc_began = 0.0
+        self._gc = 0.0  # seconds of garbage collection in this batch
+        gc.callbacks.append(self._collected)
+        self._batch = time.perf_counter()
+        self._step = 0.0
+        self._steps: list[tuple[float, str]] = []
+
+    def _collected(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+            return
+        took = time.perf_counter() - self._gc_began
+        self._gc += took
+        if took >= self._floor:
+            self._f.write(
+                f"{time.monotonic_ns()} gc gen{info['generation']} {1000 * took:.0f}ms "
+                f"collected {info['collected']}\n"
+            )
+
+    def after_io_wait(self, timeout: float) -> None:
+        self._batch = time.perf_counter()
+        self._gc = 0.0
+        self._steps = []
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._step = time.perf_counter()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._steps.append((time.perf_counter() - self._step, task.name))
+
+    def before_io_wait(self, timeout: float) -> None:
+        took = time.perf_counter() - self._batch
+        if took >= self._floor:
+            by: dict[str, tuple[float, int]] = {}
+            for d, name in self._steps:
+                name = name.rsplit(".", 1)[-1]
+                a, n = by.get(name, (0.0, 0))
+                by[name] = (a + d, n + 1)
+            top = sorted(by.items(), key=lambda kv: -kv[1][0])[:4]
+            desc = " ".join(f"{n}={1000 * a:.0f}ms/{c}" for n, (a, c) in top)
+            self._f.write(
+                f"{time.monotonic_ns()} {1000 * took:.0f} {len(self._steps)} "
+                f"gc={1000 * self._gc:.0f}ms {desc}\n"
+            )
+            self._f.flush()
 
 
 def out(line: str) -> None:
@@ -114,6 +176,8 @@ async def hold(args: argparse.Namespace) -> None:
     async def handler(process: mesh.Process) -> None:
         nonlocal running
         running += 1
+        if args.notes:
+            out(f"start {process.task.decode()} {time.monotonic_ns()}")
         try:
             await trio.sleep_forever()
         except trio.Cancelled:
@@ -174,7 +238,9 @@ async def hold(args: argparse.Namespace) -> None:
             nursery.cancel_scope.cancel()
 
     if args.fleet:
-        async with mesh.open_fleet(args.url, namespace=args.ns, ttl=args.ttl) as fleet:
+        async with mesh.open_fleet(
+            args.url, namespace=args.ns, ttl=args.ttl, join_window=args.join_window
+        ) as fleet:
             await serve(fleet)
     else:
         await serve(None)
@@ -191,13 +257,29 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--n", type=int, default=0)
+    parser.add_argument(
+        "--join-window", type=float, default=None, help="hold --fleet: open_fleet's join_window"
+    )
+    parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=0,
+        help="gc.set_threshold(700, 10, N): a full collection every N gen1 ones",
+    )
+    parser.add_argument(
+        "--notes", action="store_true", help="hold: print start <payload> <ns> per handler start"
+    )
     parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
     parser.add_argument("--prefetch", type=int, default=0, help="throughput: prefetch")
     args = parser.parse_args()
     roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
     role = roles[args.role]
+    if args.gc_threshold:
+        gc.set_threshold(700, 10, args.gc_threshold)
+    stalls = os.environ.get("MESH_BENCH_STALLS")
+    instruments = [Stalls(f"{stalls}/stalls-{os.getpid()}.txt")] if stalls else []
     try:
-        trio.run(role, args)
+        trio.run(role, args, instruments=instruments)
     except KeyboardInterrupt:
         pass
 

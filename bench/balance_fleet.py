@@ -38,6 +38,7 @@ import itertools
 import math
 import signal
 import statistics
+import subprocess
 import sys
 import time
 
@@ -45,7 +46,9 @@ import trio
 
 import mesh
 from mesh._connection import Connection, open_connection
+from mesh._errors import CommandError
 from mesh._keys import Keys
+from mesh._scripts import load_scripts
 from mesh.testing import run_redis_server
 
 from ._util import Child, Children, children, mesh_child
@@ -124,6 +127,18 @@ def handovers(notes: list[str]) -> tuple[list[float], dict[str, float], int]:
 async def live_workers(conn: Connection, k: Keys) -> list[str]:
     """The registered workers whose lease is live. A worker that fenced
     itself (no heartbeat confirmed within R) rejoins under a new id."""
+    while True:
+        try:
+            return await _live_workers(conn, k)
+        except CommandError as exc:
+            if not str(exc).startswith("BUSY"):
+                raise
+            # a script has run for more than lua-time-limit: ask again
+            print("note: Redis answered BUSY", file=sys.stderr)
+            await trio.sleep(0.1)
+
+
+async def _live_workers(conn: Connection, k: Keys) -> list[str]:
     ids = [w.decode() for w in await conn.execute("ZRANGE", k.workers, 0, -1)]
     alive = await conn.pipeline([("EXISTS", k.heartbeat(w)) for w in ids]) if ids else []
     return [w for w, a in zip(ids, alive, strict=True) if a]
@@ -261,7 +276,9 @@ async def held_by(conn: Connection, k: Keys, ids: list[str]) -> list[int]:
     return [int(x) for x in r]
 
 
-async def massfail(procs: int, per: int, tasks: int, ttl: float) -> dict[str, float | str]:
+async def massfail(
+    procs: int, per: int, tasks: int, ttl: float, spy: str | None = None, gc_threshold: int = 0
+) -> dict[str, float | str]:
     k = Keys("bench")
     with run_redis_server() as server:
         url = server.url
@@ -270,6 +287,9 @@ async def massfail(procs: int, per: int, tasks: int, ttl: float) -> dict[str, fl
             mesh.open_client(url, namespace="bench") as client,
             children() as kids,
         ):
+            # scripts that held Redis 100 ms or more, reported at the end
+            await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
+            await conn.execute("SLOWLOG", "RESET")
             groups: list[tuple[Child, list[str]]] = []
             cap = 2 * tasks // (procs * per) + 100  # what a survivor may come to hold
             for i in range(procs):
@@ -278,6 +298,7 @@ async def massfail(procs: int, per: int, tasks: int, ttl: float) -> dict[str, fl
                     mesh_child(
                         "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
                         "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap),
+                        *(["--gc-threshold", str(gc_threshold)] if gc_threshold else []),
                     ),
                 )  # fmt: skip
                 ids = []
@@ -302,6 +323,22 @@ async def massfail(procs: int, per: int, tasks: int, ttl: float) -> dict[str, fl
                 live = await live_workers(conn, k)
                 return [w for w in live if w.rsplit("-", 2)[1] not in dead_pids]
 
+            spies = []
+            if spy:
+                # py-spy on every survivor from just before the kill (it does
+                # not pause them: --nonblocking); flame-graph text per process
+                for child, _ in groups[procs // 2 :]:
+                    argv = [
+                        "py-spy", "record", "--nonblocking", "-r", "200",
+                        "-d", str(int(ttl + 6)), "-f", "raw",
+                        "-o", f"{spy}/survivor-{child.pid}.txt", "-p", str(child.pid),
+                    ]  # fmt: skip
+                    spies.append(
+                        await trio.lowlevel.open_process(
+                            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                        )
+                    )
+                await trio.sleep(1.0)
             t0 = time.monotonic()
             for child, _ in doomed:
                 child.signal(signal.SIGKILL)
@@ -319,9 +356,12 @@ async def massfail(procs: int, per: int, tasks: int, ttl: float) -> dict[str, fl
                     balanced_at = now
                     break
                 await trio.sleep(0.02)
+            for s in spies:
+                await s.wait()
             ids = await survivors()
             final = await held_by(conn, k, ids)
             rejoins = len(set(await live_workers(conn, k)) - set(everyone))
+            slow = await conn.execute("SLOWLOG", "GET", "1000")
             info = await conn.execute("INFO", "memory")
             mem = next(
                 line.split(":")[1]
@@ -343,7 +383,27 @@ async def massfail(procs: int, per: int, tasks: int, ttl: float) -> dict[str, fl
         "fair_share": tasks / n_alive,
         "rejoins_after_fencing": rejoins,
         "redis_used_memory": mem.strip(),
+        "scripts_over_100ms": _slow(slow),
+        "children_gc_threshold": gc_threshold or "python default (10)",
     }
+
+
+def _slow(entries: list[list[object]]) -> str:
+    """The slow log as ``<script> x<count> max <ms>``: which scripts held
+    Redis 100 ms or more at once."""
+    names = {s.sha: n for n, s in load_scripts().items()}
+    by: dict[str, list[float]] = {}
+    for e in entries:
+        args = e[3]
+        assert isinstance(args, list)
+        name = b" ".join(args[:1]).decode(errors="replace")
+        if name.upper() in ("EVALSHA", "EVAL") and len(args) > 1:
+            sha = args[1].decode(errors="replace")
+            name = names.get(sha, sha[:12])
+        us = e[2]
+        assert isinstance(us, int)
+        by.setdefault(name, []).append(us / 1000)
+    return ", ".join(f"{n} x{len(v)} max {max(v):.0f} ms" for n, v in by.items()) or "none"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,6 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--per", type=int, default=10)
     m.add_argument("--tasks", type=int, default=100_000)
     m.add_argument("--ttl", type=float, default=1.5)
+    m.add_argument("--py-spy", metavar="DIR", help="record the survivors with py-spy into DIR")
+    m.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=0,
+        help="the children run gc.set_threshold(700, 10, N) (default: Python's, 10)",
+    )
     args = ap.parse_args(argv)
     res: dict[str, float | str]
     if args.what == "converge":
@@ -368,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "rolling":
         res = trio.run(rolling, args.peers, args.tasks, args.ttl)
     else:
-        res = trio.run(massfail, args.procs, args.per, args.tasks, args.ttl)
+        res = trio.run(
+            massfail, args.procs, args.per, args.tasks, args.ttl, args.py_spy, args.gc_threshold
+        )
     for key, v in res.items():
         print(f"{key}: {v}")
     return 0

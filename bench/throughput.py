@@ -378,6 +378,17 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 note="per run: each run measures both, one after the other",
             )
         )  # fmt: skip
+        if prefetched is not None:
+            section.figures.append(
+                Figure(
+                    f"trio-mesh, prefetch {prefetched.prefetch} (1 process) / Worqr, same run",
+                    "x",
+                    [w.processing / m.processing if m and w else nan
+                     for m, w in zip(results[prefetched.label], results[worqr.label],
+                                     strict=True)],
+                    note="per run",
+                )
+            )  # fmt: skip
     peers = sorted({c.lib for c in conts if c.lib not in ("mesh", "worqr")})
     if peers:
         versions = ", ".join(f"{lib} {ctx.peer_version(lib)}" for lib in peers)
@@ -422,7 +433,11 @@ trio-mesh is measured twice with one worker process: with a plain handler
 (`start_work(queue, handler, concurrency={c})`, the figure compared with the
 peers) and with a batch handler (`start_work(queue, batch_handler=...,
 batch={c})`: one call per claim of up to {c} processes, each finished on its
-own), to show what a batch handler saves where bulk work fits.
+own), to show what a batch handler saves where bulk work fits; and with
+`prefetch={c}` (`start_work(queue, handler, concurrency={c}, prefetch={c})`,
+1 and 2 worker processes): up to {c} processes claimed beyond the
+concurrency wait in the worker for a slot, so a slot freed by a handler
+does not wait for a round trip (opt-in: see "Prefetch" in the concepts).
 
 The handler does nothing (no extra Redis command per task for anyone). The
 producer, the workers, the polling parent and redis-server share the machine's

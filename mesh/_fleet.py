@@ -30,7 +30,11 @@ objects with the same lease, runners, fencing and hand-back, but share:
   fleet) / (workers in the mesh), so the mesh still has about ``herd``
   reapers on watch, as many as with one reaper per worker;
 * **one** periodic-task scheduler and **one** policy reader (one ``HMGET`` per
-  H for the queues of all its workers).
+  H for the queues of all its workers);
+* **paced joins**: workers that join together (a fleet process starting,
+  or its workers rejoining after fencing themselves when the connection
+  came back) register in turns spread over ``join_window`` (:class:`Joins`),
+  not all in the same instant.
 
 Every worker of a fleet has the fleet's lease timing (one TTL per call). The
 recycle counters (``peers_recycled`` and so on) are the fleet's
@@ -52,7 +56,14 @@ import trio
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._connection import Connection, open_connection
-from ._errors import ClosedError, CommandError, FencedError, MeshConnectionError, raise_single
+from ._errors import (
+    ClosedError,
+    CommandError,
+    ConfigError,
+    FencedError,
+    MeshConnectionError,
+    raise_single,
+)
 from ._keys import Keys
 from ._lease import Generation, Lease, LeaseTiming
 from ._policy import PolicyWatch, QueuePolicy
@@ -75,6 +86,61 @@ MAX_BATCH = 100
 time: a longer script would hold up every other client)."""
 
 
+JOIN_RATE = 2000.0
+"""A fleet's workers (re)join at most this many a second after the first
+:data:`JOIN_BURST` (unless that would take longer than the fleet's
+``join_window``: then faster, to end within it)."""
+
+JOIN_BURST = 100
+"""This many of a fleet's workers join at once without waiting."""
+
+
+class Joins:
+    """Spreads the (re)registrations of a fleet's workers that join together.
+
+    When a fleet process starts (or restarts) it opens thousands of workers
+    at once, and when its connection to Redis comes back after more than R
+    every worker fenced itself and rejoins: each registration is a few
+    script calls and a SUBSCRIBE, so thousands at once are a burst Redis
+    (and the event loop) take all at once. Each join takes a turn: the first
+    :data:`JOIN_BURST` go at once, the others one every 1 / :data:`JOIN_RATE`
+    s, or closer so that all who are waiting are through within ``window``
+    (a fraction of the TTL). A turn is first come, first served (a
+    generic cell rate algorithm: no lock, no task).
+
+    ``window`` 0: no pacing.
+    """
+
+    def __init__(self, window: float, rate: float = JOIN_RATE, burst: int = JOIN_BURST) -> None:
+        self.window = window
+        self._rate = rate
+        self._burst = burst
+        self._at = -math.inf  # when the last turn given is due (trio clock)
+        self.waiting = 0
+        self.joined = 0  # turns given
+        self.longest = 0.0  # the longest wait for a turn, seconds
+
+    async def turn(self) -> None:
+        """Wait for a turn (cancellable: a cancelled wait keeps its place
+        taken, which only makes the next turns come a little later)."""
+        if self.window <= 0:
+            return
+        self.waiting += 1
+        try:
+            # the workers opened in the same batch count themselves first
+            await trio.lowlevel.checkpoint()
+            step = min(1 / self._rate, self.window / self.waiting)
+            now = trio.current_time()
+            self._at = max(self._at, now - self._burst * step) + step
+            wait = self._at - now
+            self.longest = max(self.longest, wait)
+            if wait > 0:
+                await trio.sleep(wait)
+            self.joined += 1
+        finally:
+            self.waiting -= 1
+
+
 class Renewals:
     """The fleet's heartbeat driver: it renews its workers' leases together.
 
@@ -90,8 +156,14 @@ class Renewals:
     """
 
     def __init__(
-        self, conn: Connection, binding: Binding, timing: LeaseTiming, min_replicas: int
+        self,
+        conn: Connection,
+        binding: Binding,
+        timing: LeaseTiming,
+        min_replicas: int,
+        joins: Joins | None = None,
     ) -> None:
+        self.joins = Joins(0.0) if joins is None else joins
         self._conn = conn
         self._binding = binding
         self._timing = timing
@@ -112,6 +184,10 @@ class Renewals:
     def remove(self, lease: Lease, gen: Generation) -> None:
         """Stop renewing ``gen``'s lease (sync); a reply on its way is dropped."""
         self._due.pop((lease, gen), None)
+
+    async def join_turn(self) -> None:
+        """A worker's turn to (re)join (see :class:`Joins`)."""
+        await self.joins.turn()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Send due heartbeats until cancelled."""
@@ -206,6 +282,7 @@ class Fleet:
         name: str,
         max_payload: int,
         min_replicas: int,
+        join_window: float = 0.0,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -222,7 +299,7 @@ class Fleet:
         self._policies: dict[str, QueuePolicy] = {}
         self._opened = 0  # workers opened so far (their default ids count them)
         self._stats = Recorder()
-        self.renewals = Renewals(conn, self._binding, timing, min_replicas)
+        self.renewals = Renewals(conn, self._binding, timing, min_replicas, Joins(join_window))
         self._reaper = Reaper(
             conn,
             self._binding,
@@ -367,6 +444,7 @@ async def open_fleet(
     name: str | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     min_replicas: int | None = None,
+    join_window: float | None = None,
 ) -> AsyncIterator[Fleet]:
     """Open a fleet: the shared machinery for many workers of this OS process
     in the mesh ``namespace`` at ``url``; open each worker with
@@ -375,13 +453,23 @@ async def open_fleet(
     :func:`~mesh.open_worker`, for every worker of the fleet; ``name`` (default
     ``<host>-<pid>-<random>``) names the fleet's connections and log lines.
 
+    ``join_window`` (default TTL / 2; 0: none) paces the registrations of
+    workers that join together (a fleet process that starts, or workers
+    that rejoin after fencing themselves when the connection to Redis came
+    back after more than R): the first 100 go at once, the next at most
+    2,000 a second, or faster so that all who wait are through within the
+    window. A worker waits at most about the window for its turn; the fleet
+    does not fence for it (a worker's lease starts with its registration).
+
     Leaving the block stops the shared machinery (the workers must have left).
 
     Raises:
-        ConfigError: bad URL, namespace or timing (nothing started).
+        ConfigError: bad URL, namespace, timing or join window (nothing started).
         MeshConnectionError: Redis cannot be reached at start.
     """
     config = parse_url(url) if isinstance(url, str) else url
+    if join_window is not None and not (0 <= join_window <= 3600):
+        raise ConfigError(f"join_window must be 0 to 3600 seconds, not {join_window!r}")
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)
@@ -403,7 +491,8 @@ async def open_fleet(
         async with open_pubsub(
             config, name=f"mesh-fleet-events:{name}", ping_interval=ping, topology=topology
         ) as pubsub:
-            fleet = Fleet(conn, pubsub, keys, timing, name, max_payload, replicas)
+            window = timing.ttl / 2 if join_window is None else join_window
+            fleet = Fleet(conn, pubsub, keys, timing, name, max_payload, replicas, window)
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(fleet._run)

@@ -59,6 +59,11 @@ class HeartbeatDriver(Protocol):
 
     def remove(self, lease: Lease, gen: Generation) -> None: ...
 
+    async def join_turn(self) -> None:
+        """Wait for this worker's turn to join, or to rejoin after a fence
+        (a fleet spreads the registrations of its workers that join at once).
+        Cancellable."""
+
 
 @attrs.frozen
 class LeaseTiming:
@@ -195,6 +200,8 @@ class Lease:
         previous = ""
         try:
             while True:
+                if first and self._driver is not None:
+                    await self._driver.join_turn()
                 sent = await self._register(gen, first=first)
                 if first:
                     task_status.started()
@@ -235,6 +242,8 @@ class Lease:
                     gen.id,
                     gen.fence_reason,
                 )
+                if self._driver is not None:
+                    await self._rejoin_turn()
                 await self._retire(gen)
                 if self.closing:
                     return
@@ -245,6 +254,23 @@ class Lease:
                 self.ids.add(gen.id)
         finally:
             self.stopped.set()
+
+    async def _rejoin_turn(self) -> None:
+        """A fleet's workers that fenced themselves together (its connection
+        was down for more than R) hand back and rejoin in turns (the
+        driver's), from when Redis answers again, not all in the instant it
+        does. Waits for a PING answered (retried with backoff) first, unless
+        closing. Cancellable."""
+        assert self._driver is not None
+        backoff = 0.05
+        while not self.closing:
+            try:
+                await self._conn.execute("PING")
+                break
+            except (MeshConnectionError, CommandError):
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.timing.interval)
+        await self._driver.join_turn()
 
     async def _register(self, gen: Generation, *, first: bool) -> float:
         """Join the mesh as ``gen``. The first time, errors propagate (a bad

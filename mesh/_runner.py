@@ -254,6 +254,67 @@ class _Batch:
 _NOTHING: Any = object()
 
 
+#: At most this many processes per claim (claim.lua takes up to 1,000): a
+#: script holds up every client of Redis while it runs, heartbeats included,
+#: and a claim costs Redis about 15 us per persistent task. Fifty survivors of
+#: a mass failure each claiming 1,000 at once held Redis for seconds on a
+#: loaded machine; in claims of 250, another client's heartbeat waits behind
+#: at most one claim of each, a quarter as long.
+CLAIM_MAX = 250
+
+#: A claim reply with more processes than this starts their handlers this
+#: many at a time, one event loop batch after another (see :func:`_paced`).
+START_CHUNK = 100
+
+_STARTING: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("mesh_starting")
+
+
+async def _paced(
+    queue: Callable[[Sequence[_Slot | _Batch]], None],
+    items: list[_Slot | _Batch],
+    waiting: Callable[[], bool],
+) -> None:
+    """Hand ``items`` to ``queue`` :data:`START_CHUNK` at a time, with a
+    trip through the event loop between chunks, one large claim of the OS
+    process at a time (a lock per trio run).
+
+    Why: a trio run batch runs every task that is ready, and polls I/O only
+    between batches. A claim of 1,000 processes started at once made one
+    batch of 1,000 task creations and 1,000 first handler steps; ten
+    workers of a process taking over a dead peer's tasks together made
+    batches of 1 to 2 s on a loaded machine, long enough for heartbeat
+    replies to sit unread past the self-fence deadline (half the survivors
+    of a mass failure fenced themselves). Paced, a batch holds at most one
+    chunk's starts and the previous chunk's first steps, whatever the number
+    of workers and claims, and a heartbeat reply is read within a batch or
+    two.
+
+    Shielded from cancellation: the processes are ours in Redis and in
+    ``running`` already; each one is dispatched (one that was cancelled or
+    stopped meanwhile ends at once in the pool, as if it had waited there).
+    The pool starts a chunk's handlers when the first of them yields
+    (:meth:`QueueRunner._fan_out`): the next chunk is queued once
+    ``waiting()`` says the pool took the last one (or could not take more),
+    or after a few batches whatever it says."""
+    try:
+        lock = _STARTING.get()
+    except LookupError:
+        lock = trio.Lock()
+        _STARTING.set(lock)
+    with trio.CancelScope(shield=True):
+        async with lock:
+            for i in range(0, len(items), START_CHUNK):
+                queue(items[i : i + START_CHUNK])
+                # until the pool took the chunk (its first handler to yield
+                # hands the others out; a few batches at most), and one more
+                # batch, in which the handlers handed out make their first step
+                for _ in range(4):
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if not waiting():
+                        break
+                await trio.lowlevel.cancel_shielded_checkpoint()
+
+
 class _Stop(Exception):
     """Sent to a parked pool trio task: the runner is done, exit."""
 
@@ -589,7 +650,7 @@ class QueueRunner:
                 self._next_due = float("inf")
                 self._maybe_work = True
             if free > 0 and self._maybe_work:
-                await self._claim(handlers, min(free, 1000))
+                await self._claim(handlers, min(free, CLAIM_MAX))
                 return 0.02
             if self._pull:
                 await self._rebalance()
@@ -723,19 +784,25 @@ class QueueRunner:
                 # Not replicated: not started. Redis holds them for us; the
                 # loop's resync (after this connection error) hands them back.
                 await self._replicate()
-            self._start_claimed(handlers, reply, n, now, held_back)
+            items = self._start_claimed(reply, n, now, held_back)
+            if len(items) <= START_CHUNK:
+                self._queue(items)
+            else:
+                await _paced(self._queue, items, self._could_take)
         if errors:
             raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
 
     def _start_claimed(
         self,
-        handlers: trio.Nursery,
         reply: ClaimReply,
         asked: int,
         now: float,
         held_back: float | None,
-    ) -> None:
-        """Take a claim's reply: start its processes.
+    ) -> list[_Slot | _Batch]:
+        """Take a claim's reply: its processes run here from now on (in
+        :attr:`running`: a cancel, a release or a stop reaches them); returns
+        what to hand to the handler pool (:meth:`_dispatch`), which the
+        caller does at once, or paced for a large claim (:func:`_paced`).
 
         A claim that took fewer than it asked for (and was not held back)
         put this worker in the queue's idle set: whoever makes tasks ready
@@ -757,6 +824,7 @@ class QueueRunner:
         batch: _Batch | None = None
         self._traced = _telemetry.tracer is not None and _telemetry.active()
         claimed = trio.current_time()
+        items: list[_Slot | _Batch] = []
         for p in reply.processes:
             if self._early_cancels.pop(p.id, None) is not None:
                 # Cancelled in the mesh before this reply reached us; Redis
@@ -770,13 +838,23 @@ class QueueRunner:
             self._counters.started += 1
             if not size:
                 slot = self.running[p.id] = _Slot(p, claimed)
-                self._queued.append(slot)
+                items.append(slot)
                 continue
             if batch is None or len(batch.slots) >= size:
                 batch = _Batch()
-                self._queued.append(batch)
+                items.append(batch)
             slot = self.running[p.id] = _Slot(p, claimed, batch)
             batch.slots.append(slot)
+        return items
+
+    def _could_take(self) -> bool:
+        """Whether queued work waits for a pool trio task that could take it."""
+        return bool(self._queued) and (bool(self._idle) or self._pool < self.config.concurrency)
+
+    def _queue(self, items: Sequence[_Slot | _Batch]) -> None:
+        """Queue claimed work for the handler pool, and make sure a pool trio
+        task takes it (sync, no I/O)."""
+        self._queued.extend(items)
         self._kick()
 
     # --- the handler pool ----------------------------------------------------

@@ -22,7 +22,7 @@ import collections.abc
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar, cast
 
 import hiredis
 import trio
@@ -80,6 +80,11 @@ ENCODER: Final = Encoder(  # type: ignore[no-untyped-call]
 )
 
 
+# Arguments up to this many bytes are copied into one piece with their RESP
+# header (fewer, larger pieces for the writer to join); larger ones are not.
+_INLINE: Final = 512
+
+
 def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
     """Pack one command into a list of bytes for the writer to join (a large
     ``bytes`` argument is not copied here): ``str`` as UTF-8, ``int`` and
@@ -98,20 +103,29 @@ def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
     append = out.append
     b: bytes | memoryview
     for a in args:
-        if isinstance(a, bytes):
+        if type(a) is str:
+            b = a.encode()
+        elif type(a) is bytes:
+            b = a
+        elif type(a) is int:
+            b = b"%d" % a
+        elif isinstance(a, bytes):
             b = a
         elif isinstance(a, str):
             b = a.encode()
-        elif type(a) is int:
-            b = b"%d" % a
         else:
             try:
                 b = ENCODER.encode(a)  # type: ignore[no-untyped-call]
             except DataError as exc:
                 raise ConfigError(f"cannot send this argument to Redis: {exc}") from None
-        append(b"$%d\r\n" % len(b))
-        append(b)
-        append(b"\r\n")
+        if len(b) <= _INLINE:
+            # one piece per argument: its header, itself and CRLF
+            append(b"$%d\r\n%b\r\n" % (len(b), cast(bytes, b)))
+        else:
+            # a large one is not copied here (the writer joins the pieces)
+            append(b"$%d\r\n" % len(b))
+            append(b)
+            append(b"\r\n")
     return out
 
 

@@ -51,7 +51,9 @@ class Mesh:
     def __init__(self, url: str, ns: str, nursery: trio.Nursery, owners: Owners) -> None:
         self.url, self.ns, self.nursery, self.owners = url, ns, nursery, owners
         self.workers: list[mesh.Worker] = []
-        self._stops: dict[str, trio.Event] = {}
+        # by worker, not by id: a worker that fenced itself (a loaded
+        # machine, TTL 0.6 s) rejoined under a new id
+        self._stops: dict[mesh.Worker, trio.Event] = {}
 
     async def add(
         self, rebalance: bool = True, capacity: int = 1, concurrency: int = 10
@@ -65,7 +67,7 @@ class Mesh:
                     capacity=capacity,
                     concurrency=concurrency,
                 )
-                stop = self._stops[w.id] = trio.Event()
+                stop = self._stops[w] = trio.Event()
                 task_status.started(w)
                 await stop.wait()
 
@@ -75,7 +77,7 @@ class Mesh:
 
     async def stop(self, w: mesh.Worker) -> None:
         self.workers.remove(w)
-        self._stops[w.id].set()
+        self._stops[w].set()
 
     def counts(self) -> list[int]:
         return self.owners.counts(self.workers)

@@ -12,7 +12,7 @@ import trio
 import mesh
 from mesh import Process
 from mesh._scripts import Binding
-from mesh.testing import wait_until
+from mesh.testing import RedisServer, wait_until
 
 from .protocol_helpers import expire_worker, join
 from .test_worker import Recorder
@@ -119,9 +119,66 @@ async def test_the_fleet_reaper_takes_over_from_a_dead_peer(redis_url: str, name
             assert sum(w.statistics().fenced for w in workers) == 0
 
 
+@pytest.mark.slow
+async def test_a_fleet_paces_its_joins_and_rejoins_and_every_worker_ends_registered(
+    own_redis: RedisServer,
+) -> None:
+    """300 workers of a fleet open at once: the first JOIN_BURST register at
+    once, the others in turns (the join is paced, not refused). Then Redis
+    stops answering for longer than R (CLIENT PAUSE): every worker fences
+    itself and rejoins under a new id, paced again; each ends registered
+    with a live lease, fenced exactly once."""
+    n = 300
+    ns = "joins"
+    async with (
+        mesh.open_fleet(own_redis.url, namespace=ns, ttl=3.0, join_window=1.0) as fleet,
+        mesh.open_client(own_redis.url, namespace=ns) as client,
+        trio.open_nursery() as nursery,
+    ):
+        workers: list[mesh.Worker] = []
+        done = trio.Event()
+
+        async def one() -> None:
+            async with fleet.open_worker() as w:
+                workers.append(w)
+                await done.wait()
+
+        for _ in range(n):
+            nursery.start_soon(one)
+        await wait_until(lambda: _true(len(workers) == n), within=30)
+        joins = fleet.renewals.joins
+        assert joins.joined == n
+        # 200 after the burst, 0.5 ms apart: the last waited up to 0.1 s
+        # (less the time the 300 took to arrive)
+        assert joins.longest >= 0.05
+        conn, k = client._conn, client._keys
+        assert await conn.execute("ZCARD", k.workers) == n
+
+        first = {w.id for w in workers}
+        await conn.execute("CLIENT", "PAUSE", "2500")  # R = 2 s
+        await wait_until(
+            lambda: _true(all(w.statistics().generation == 2 for w in workers)), within=30
+        )
+        assert joins.joined == 2 * n
+
+        async def all_registered() -> bool:
+            ids = [w.id for w in workers]
+            live = await conn.pipeline([("EXISTS", k.heartbeat(i)) for i in ids])
+            members = {m.decode() for m in await conn.execute("ZRANGE", k.workers, 0, -1)}
+            return all(live) and members == set(ids)
+
+        await wait_until(all_registered, within=10, what="every worker registered again")
+        assert not first & {w.id for w in workers}  # new identities, the old ones retired
+        assert [w.statistics().fenced for w in workers] == [1] * n
+        done.set()
+
+
 async def test_a_fleet_refuses_bad_options_before_starting(redis_url: str) -> None:
     with pytest.raises(mesh.ConfigError):
         async with mesh.open_fleet(redis_url, ttl=0.01):
+            pass  # pragma: no cover
+    with pytest.raises(mesh.ConfigError):
+        async with mesh.open_fleet(redis_url, join_window=-1):
             pass  # pragma: no cover
     async with mesh.open_fleet(redis_url, namespace="f") as fleet:
         with pytest.raises(mesh.ConfigError):

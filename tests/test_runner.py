@@ -20,7 +20,7 @@ import mesh
 from mesh import Process
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._runner import HERD, QueueConfig, QueueRunner
+from mesh._runner import HERD, START_CHUNK, QueueConfig, QueueRunner
 from mesh._scripts import Binding
 from mesh._stats import QueueCounters
 from mesh.testing import RedisServer, wait_until
@@ -443,6 +443,52 @@ async def test_the_pool_runs_at_most_concurrency_handlers_at_once(
         await worker.client.enqueue_many(Q, [b"%d" % i for i in range(40)])
         await wait_until(lambda: worker.statistics().processes_finished == 40, within=10)
     assert peak == 3 and sorted(ran) == sorted(b"%d" % i for i in range(40))
+
+
+class _StartsPerBatch(trio.abc.Instrument):
+    """Counts handler starts (``started``) per trio run batch: the stretch
+    between two polls for I/O, when no socket is read."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.total = 0
+        self.peak = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.peak = max(self.peak, self.started)
+        self.started = 0
+
+
+async def test_a_large_claim_starts_its_handlers_without_holding_the_event_loop(
+    redis_url: str, namespace: str
+) -> None:
+    # Two workers of one process each claim 1,000 persistent tasks at once
+    # (a takeover). Started all in one trio run batch, 1,000 handlers kept
+    # the loop from reading any socket for the whole batch: seconds on a
+    # loaded machine, long enough for heartbeat replies to sit unread past
+    # the self-fence deadline. They start START_CHUNK at a time, one large
+    # claim of the process at a time, with I/O polled in between.
+    counter = _StartsPerBatch()
+
+    async def handler(p: mesh.Process) -> None:
+        counter.started += 1
+        counter.total += 1
+        await trio.sleep_forever()
+
+    trio.lowlevel.add_instrument(counter)
+    try:
+        async with (
+            mesh.open_worker(redis_url, namespace=namespace) as w1,
+            mesh.open_worker(redis_url, namespace=namespace) as w2,
+        ):
+            for w in (w1, w2):
+                await w.start_work(Q, handler, concurrency=1000)
+            await w1.client.ensure_many(Q, [b"d%d" % i for i in range(2000)])
+            await wait_until(lambda: counter.total == 2000, within=30)
+            assert [w1.statistics().running, w2.statistics().running] == [1000, 1000]
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    assert 0 < counter.peak <= START_CHUNK
 
 
 async def test_a_cancel_reaches_only_its_handler_and_the_next_runs_unharmed(

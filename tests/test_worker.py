@@ -868,6 +868,36 @@ async def test_a_reaper_names_its_own_queues_in_its_first_recycle(own_redis: Red
     assert calls == [3, 4]
 
 
+async def test_dead_workers_that_held_many_processes_are_recycled_a_few_at_a_time(
+    own_redis: RedisServer,
+) -> None:
+    """One recycle.lua call holds Redis (every heartbeat of the mesh waits)
+    for about 10 us per process it recycles: a reaper that finds several
+    dead workers recycles them in calls of about ``recycle_processes``
+    processes, one worker at least, not all in one call."""
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+    from mesh._scripts import Binding
+    from mesh._supervisor import Reaper
+
+    b = Binding(Keys("parts"))
+    held = {"a": 0, "b": 4, "c": 4, "d": 1, "e": 1, "f": 3}
+    async with open_connection(own_redis.url) as conn:
+        for w, n in held.items():
+            inc = await join(b, conn, w, "jobs")
+            if n:
+                await b.enqueue(conn, "jobs", [b"%s%d" % (w.encode(), i) for i in range(n)])
+                assert len((await b.claim(conn, w, inc, "jobs", n, 0)).processes) == n
+            await expire_worker(conn, b.keys, w)
+        reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"], recycle_processes=5)
+        assert await reaper.reap_once() == 6
+        queued = await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1)
+    assert len(queued) == 13
+    # reap_check's order is the deadlines' (all 0), then the ids: a b | c | d e f
+    st = reaper.statistics()
+    assert (st.recycle_calls, st.processes_recycled) == (3, 13)
+
+
 async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself(
     redis_url: str, namespace: str
 ) -> None:
