@@ -190,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in versions:
             c = res[(name, shape, "claim")]
             fk = "finish_results" if shape == "results" else "finish"
-            f = res[(name, shape, fk)]
-            line = f"{shape:8s} {name:10s} claim {c:8.0f}  {fk} {f:8.0f}  total {c + f:8.0f}"
+            fin = res[(name, shape, fk)]
+            line = f"{shape:8s} {name:10s} claim {c:8.0f}  {fk} {fin:8.0f}  total {c + fin:8.0f}"
             if name != base:
                 t0 = res[(base, shape, "claim")] + res[(base, shape, fk)]
-                line += f"  x{(c + f) / t0:.3f} of {base}"
+                line += f"  x{(c + fin) / t0:.3f} of {base}"
             print(line + "  instructions per task")
     return 0
 

@@ -37,16 +37,6 @@ async def messages_until_end(conn: Connection, pubsub: PubSub, channel: str) -> 
     raise AssertionError("unreachable")
 
 
-@pytest.fixture
-def keys(namespace: str) -> Keys:
-    return Keys(namespace)
-
-
-@pytest.fixture
-def b(keys: Keys) -> Binding:
-    return Binding(keys)
-
-
 async def test_every_key_carries_the_namespace_hash_tag(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
