@@ -121,11 +121,14 @@ def dump_total(pid: int, out: str) -> tuple[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="main", help="git revision to compare with")
     ap.add_argument("--tasks", type=int, default=5000)
     ap.add_argument("--annotate", action="store_true")
+    ap.add_argument("--batch", type=int, default=10, help="tasks per claim (default 10)")
     args = ap.parse_args(argv)
+    BATCH = args.batch
     versions = {args.base: args.base, "this": None}
     res: dict[tuple[str, str, str], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
