@@ -161,7 +161,9 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
         hb_args = [ttl, 1, 1, w, inc, 0, 1, 1, ""]
         # as the Python peers do: give back the generation of the share
         # last read with nothing moving, so an unchanged one is not read again
-        reply = s("heartbeat", hb_keys, hb_args)[3][0]  # the first reads the share
+        raw = s("heartbeat", hb_keys, hb_args)  # the first reads the share
+        # 7bb04d2 nests the worker's reply; the working tree's is one flat list
+        reply = raw[3][0] if isinstance(raw[3], list) else raw[3:]
         assert reply[4] == 1 and reply[5] >= 0, reply
         hb_args[-1] = reply[5]
     else:

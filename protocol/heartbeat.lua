@@ -201,44 +201,60 @@ for q = 1, m do
   idle_of[q] = is
 end
 
-for _, w in ipairs(live) do
+-- The reply, flat: one table (each table of a reply costs Redis more than a
+-- few elements do).
+local res = {now, -1}
+for q = 1, m do res[q + 2] = idles[q] end
+local r = m + 2
+for w = 1, n do
   local wk = workers[w]
-  local out = {0}
-  if any_inbox then
-    local ids = redis.call('SMEMBERS', KEYS[wk.key + 1])
-    out[1] = #ids
-    for i = 1, #ids do out[#out + 1] = ids[i] end
-  end
-  for i, q in ipairs(wk.qs) do
-    local held = KEYS[wk.key + 1 + i]
-    if wk.gens[i] == qgen[q] then
-      out[#out + 1] = qstate[q]
-      out[#out + 1] = redis.call('SCARD', held)
-      out[#out + 1] = idle_of[q][wk.id]
-      out[#out + 1] = 0
-    else
-      local s = balance_of(q)
-      local p, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], wk.id)
-      out[#out + 1] = (s.expired or s.reserved[wk.id]) and 0 or qstate[q]
-      out[#out + 1] = redis.call('SCARD', held)
-      out[#out + 1] = idle_of[q][wk.id]
-      local mine = {}
-      for _, pid in ipairs(s.moving) do
-        if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
+  if replies[w] then
+    r = r + 1
+    res[r] = replies[w]
+  else
+    local nin = 0
+    if any_inbox then
+      local ids = redis.call('SMEMBERS', KEYS[wk.key + 1])
+      nin = #ids
+      for i = 1, nin do res[r + 1 + i] = ids[i] end
+    end
+    res[r + 1] = nin
+    r = r + 1 + nin
+    local qs, gens = wk.qs, wk.gens
+    for i = 1, #qs do
+      local q = qs[i]
+      local held = KEYS[wk.key + 1 + i]
+      if gens[i] == qgen[q] then
+        res[r + 1] = qstate[q]
+        res[r + 2] = redis.call('SCARD', held)
+        res[r + 3] = idle_of[q][wk.id]
+        res[r + 4] = 0
+        r = r + 4
+      else
+        local s = balance_of(q)
+        local p, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], wk.id)
+        res[r + 1] = (s.expired or s.reserved[wk.id]) and 0 or qstate[q]
+        res[r + 2] = redis.call('SCARD', held)
+        res[r + 3] = idle_of[q][wk.id]
+        local mine = {}
+        for _, pid in ipairs(s.moving) do
+          if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
+        end
+        res[r + 4] = 1
+        res[r + 5] = s.busy and -1 or tonumber(qgen[q])
+        res[r + 6], res[r + 7], res[r + 8], res[r + 9] = p, sv, cap, extra
+        res[r + 10] = #mine
+        r = r + 10
+        for x = 1, #mine do res[r + x] = mine[x] end
+        r = r + #mine
       end
-      for _, x in ipairs({1, s.busy and -1 or tonumber(qgen[q]), p, sv, cap, extra, #mine}) do
-        out[#out + 1] = x
-      end
-      for _, pid in ipairs(mine) do out[#out + 1] = pid end
     end
   end
-  replies[w] = out
 end
 for i = 1, #deadlines, 200 do
   redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
 end
 
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local next_ms = -1
-if #earliest > 0 then next_ms = tonumber(earliest[2]) - now end
-return {now, next_ms, idles, replies}
+if #earliest > 0 then res[2] = tonumber(earliest[2]) - now end
+return res
