@@ -62,13 +62,12 @@
 -- Publishes: nothing.
 --!include lib.lua
 
--- The three counts: one match in the usual case; count_arg says which is wrong.
-local ttl, m, n, err
-if ARGV[3] then
-  ttl, m, n = string.match(ARGV[1] .. ',' .. ARGV[2] .. ',' .. ARGV[3], '^(%d+),(%d+),(%d+)$')
-end
-if ttl then
-  ttl, m, n = tonumber(ttl), tonumber(m), tonumber(n)
+-- The three counts: whole numbers in range in the usual case (x % 1 is not
+-- 0 for a fraction, inf or nan); count_arg says which is wrong.
+local ttl, m, n, err = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), nil
+if not (ttl and m and n) or ttl % 1 ~= 0 or m % 1 ~= 0 or n % 1 ~= 0 or ttl < 0 or m < 0
+    or n < 0 then
+  ttl = nil
 end
 if not ttl or m > (#KEYS - 1) / 7 or n > 1000 then
   ttl, err = count_arg(ARGV[1], 'ttl')
@@ -79,49 +78,52 @@ if not ttl or m > (#KEYS - 1) / 7 or n > 1000 then
   if err then return err end
 end
 
--- Check every argument before the first write.
+-- Check every argument before the first write. A worker's acks and the
+-- generations it gives are read from ARGV where they are (at ARGV[ack + i]
+-- and ARGV[gen + 2 * i]): fewer tables to build.
 local workers = {}
 local nargs, nkeys = #ARGV, #KEYS
-local none = {}
 local a, key = 4, 2 + 7 * m
 for w = 1, n do
   local id, inc = ARGV[a], ARGV[a + 1]
   local k = tonumber(ARGV[a + 2])
-  if not inc or not k or k < 0 or k ~= math.floor(k) or a + 3 + k > nargs then
+  if not inc or not k or k < 0 or k % 1 ~= 0 or a + 3 + k > nargs then
     return redis.error_reply('BAD_ARG worker ' .. w .. ': bad id, incarnation or ack count')
   end
-  local acks = none
-  if k > 0 then
-    acks = {}
-    for i = 1, k do acks[i] = ARGV[a + 2 + i] end
-  end
+  local ack = a + 2
   a = a + 3 + k
   local j = tonumber(ARGV[a])
-  if not j or j < 0 or j ~= math.floor(j) or a + 2 * j > nargs then
+  if not j or j < 0 or j % 1 ~= 0 or a + 2 * j > nargs then
     return redis.error_reply('BAD_ARG worker ' .. w .. ': bad served queue count')
   end
-  local qs, gens = {}, {}
+  local qs = {}
   for i = 1, j do
     local q = tonumber(ARGV[a + 2 * i - 1])
-    if not q or q < 1 or q > m or q ~= math.floor(q) then
+    if not q or q < 1 or q > m or q % 1 ~= 0 then
       return redis.error_reply('BAD_ARG queue index must be from 1 to ' .. m)
     end
-    qs[i], gens[i] = q, ARGV[a + 2 * i]
+    qs[i] = q
   end
-  a = a + 1 + 2 * j
   if key + 1 + j > nkeys then return redis.error_reply('BAD_ARG too few keys') end
-  workers[w] = {id = id, inc = inc, acks = acks, qs = qs, gens = gens, key = key}
+  workers[w] = {id = id, inc = inc, k = k, ack = ack, qs = qs, gen = a, key = key}
+  a = a + 1 + 2 * j
   key = key + 2 + j
 end
 
-local now = now_ms()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)  -- lib.lua now_ms
+
+-- The reply, flat (each table of a reply costs Redis more than a few
+-- elements do): now, ms until the earliest deadline (filled in last), the
+-- idle counts, then each worker's part.
+local res = {now, -1}
 
 -- Per queue, once: idle count, the share's generation, whether tasks are
 -- ready, the first delayed due time.
-local idles, qgen, qstate, slow = {}, {}, {}, {}
+local qgen, qstate, slow = {}, {}, {}
 for q = 1, m do
   local b = 2 + 7 * (q - 1)
-  idles[q] = redis.call('SCARD', KEYS[b + 2])
+  res[q + 2] = redis.call('SCARD', KEYS[b + 2])
   qgen[q] = redis.call('HGET', KEYS[b + 5], ':gen') or '0'
   local state = -1
   if redis.call('EXISTS', KEYS[b], KEYS[b + 6]) > 0 then
@@ -157,12 +159,19 @@ local function balance_of(q)
   return s
 end
 
--- The leases, in one MGET; then only the live ones are written.
-local leases = {}
-for w = 1, n do leases[w] = KEYS[workers[w].key] end
-leases = redis.call('MGET', unpack(leases))
+-- The leases, in one MGET (a GET for one worker); then only the live ones
+-- are written.
+local leases
+if n == 1 then
+  leases = {redis.call('GET', KEYS[workers[1].key])}
+else
+  leases = {}
+  for w = 1, n do leases[w] = KEYS[workers[w].key] end
+  leases = redis.call('MGET', unpack(leases))
+end
 local replies, deadlines, live, inboxes = {}, {}, {}, {}
-local deadline = string.format('%.0f', now + ttl)
+-- A number, not a string: Redis writes it in full (%.17g) for ZADD.
+local deadline = now + ttl
 for w = 1, n do
   local wk = workers[w]
   if not leases[w] then
@@ -173,38 +182,44 @@ for w = 1, n do
     -- SET, not PEXPIRE: Redis refuses it when out of memory (before anything
     -- is written, as the first write of the script), so an OOM Redis fences
     -- its workers instead of keeping them alive with nothing working
-    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ARGV[1])
+    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ttl)
     deadlines[#deadlines + 1] = deadline
     deadlines[#deadlines + 1] = wk.id
     live[#live + 1] = w
     inboxes[#inboxes + 1] = KEYS[wk.key + 1]
-    if #wk.acks > 0 then redis.call('SREM', KEYS[wk.key + 1], unpack(wk.acks)) end
+    if wk.k > 0 then redis.call('SREM', KEYS[wk.key + 1], unpack(ARGV, wk.ack + 1, wk.ack + wk.k)) end
   end
 end
 
 -- Inboxes: one EXISTS for all, in the usual case (no cancel pending).
-local any_inbox = #inboxes > 0 and redis.call('EXISTS', unpack(inboxes)) > 0
--- Idle sets: one SMISMEMBER per queue for all its live workers of the call.
-local idle_of = {}
-for q = 1, m do
-  local ids = {}
-  for _, w in ipairs(live) do
-    for _, wq in ipairs(workers[w].qs) do
-      if wq == q then ids[#ids + 1] = workers[w].id end
+local any_inbox = false
+if #inboxes == 1 then
+  any_inbox = redis.call('EXISTS', inboxes[1]) > 0
+elseif #inboxes > 1 then
+  any_inbox = redis.call('EXISTS', unpack(inboxes)) > 0
+end
+-- Idle sets: one SMISMEMBER per queue for all its live workers of the call
+-- (with one live worker, a SISMEMBER per queue as its reply is written: no
+-- tables to build).
+local idle_of = false
+if #live > 1 then
+  idle_of = {}
+  for q = 1, m do
+    local ids = {}
+    for _, w in ipairs(live) do
+      for _, wq in ipairs(workers[w].qs) do
+        if wq == q then ids[#ids + 1] = workers[w].id end
+      end
     end
+    local is = {}
+    if #ids > 0 then
+      local r = redis.call('SMISMEMBER', KEYS[2 + 7 * (q - 1) + 2], unpack(ids))
+      for i, id in ipairs(ids) do is[id] = r[i] end
+    end
+    idle_of[q] = is
   end
-  local is = {}
-  if #ids > 0 then
-    local r = redis.call('SMISMEMBER', KEYS[2 + 7 * (q - 1) + 2], unpack(ids))
-    for i, id in ipairs(ids) do is[id] = r[i] end
-  end
-  idle_of[q] = is
 end
 
--- The reply, flat: one table (each table of a reply costs Redis more than a
--- few elements do).
-local res = {now, -1}
-for q = 1, m do res[q + 2] = idles[q] end
 local r = m + 2
 for w = 1, n do
   local wk = workers[w]
@@ -220,14 +235,15 @@ for w = 1, n do
     end
     res[r + 1] = nin
     r = r + 1 + nin
-    local qs, gens = wk.qs, wk.gens
+    local qs, gen = wk.qs, wk.gen
     for i = 1, #qs do
       local q = qs[i]
       local held = KEYS[wk.key + 1 + i]
-      if gens[i] == qgen[q] then
+      if ARGV[gen + 2 * i] == qgen[q] then
         res[r + 1] = qstate[q]
         res[r + 2] = redis.call('SCARD', held)
-        res[r + 3] = idle_of[q][wk.id]
+        res[r + 3] = idle_of and idle_of[q][wk.id]
+          or redis.call('SISMEMBER', KEYS[2 + 7 * (q - 1) + 2], wk.id)
         res[r + 4] = 0
         r = r + 4
       else
@@ -235,7 +251,8 @@ for w = 1, n do
         local p, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], wk.id)
         res[r + 1] = (s.expired or s.reserved[wk.id]) and 0 or qstate[q]
         res[r + 2] = redis.call('SCARD', held)
-        res[r + 3] = idle_of[q][wk.id]
+        res[r + 3] = idle_of and idle_of[q][wk.id]
+          or redis.call('SISMEMBER', KEYS[2 + 7 * (q - 1) + 2], wk.id)
         local mine = {}
         for _, pid in ipairs(s.moving) do
           if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
@@ -251,8 +268,12 @@ for w = 1, n do
     end
   end
 end
-for i = 1, #deadlines, 200 do
-  redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
+if #deadlines == 2 then
+  redis.call('ZADD', KEYS[1], deadlines[1], deadlines[2])
+else
+  for i = 1, #deadlines, 200 do
+    redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
+  end
 end
 
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
