@@ -120,7 +120,7 @@ local res = {now, -1}
 
 -- Per queue, once: idle count, the share's generation, whether tasks are
 -- ready, the first delayed due time.
-local qgen, qstate, slow = {}, {}, {}
+local qgen, qstate, slow = {}, {}, false
 for q = 1, m do
   local b = 2 + 7 * (q - 1)
   res[q + 2] = redis.call('SCARD', KEYS[b + 2])
@@ -135,80 +135,73 @@ for q = 1, m do
   qstate[q] = state
 end
 
--- What is moving or reserved on queue q, read once, for the workers whose
--- generation is behind.
-local function balance_of(q)
-  local s = slow[q]
-  if s then return s end
-  local b = 2 + 7 * (q - 1)
-  s = {moving = {}, reserved = {}, expired = false, busy = false}
-  if redis.call('EXISTS', KEYS[b + 3]) == 1 then
-    s.busy = true
-    local all = redis.call('HGETALL', KEYS[b + 3])
-    for i = 1, #all, 2 do s.moving[#s.moving + 1] = all[i] end
-  end
-  if redis.call('EXISTS', KEYS[b + 4]) == 1 then
-    s.busy = true
-    local all = redis.call('HGETALL', KEYS[b + 4])
-    for i = 2, #all, 2 do
-      local w, at = parse_entry(all[i])
-      if at <= now then s.expired = true elseif w then s.reserved[w] = true end
-    end
-  end
-  slow[q] = s
-  return s
-end
-
 -- The leases, in one MGET (a GET for one worker); then only the live ones
--- are written.
+-- are written. With one worker, no tables: its deadline and inbox are used
+-- as they are. fenced[w]: the reply of a fenced worker (false: none is).
 local leases
 if n == 1 then
-  leases = {redis.call('GET', KEYS[workers[1].key])}
+  leases = redis.call('GET', KEYS[workers[1].key])
 else
   leases = {}
   for w = 1, n do leases[w] = KEYS[workers[w].key] end
   leases = redis.call('MGET', unpack(leases))
 end
-local replies, deadlines, live, inboxes = {}, {}, {}, {}
--- A number, not a string: Redis writes it in full (%.17g) for ZADD.
+local fenced, deadlines, inboxes, nlive = false, false, false, 0
+if n > 1 then deadlines, inboxes = {}, {} end
+-- A number, not a string: Redis writes it in full for ZADD.
 local deadline = now + ttl
 for w = 1, n do
   local wk = workers[w]
-  if not leases[w] then
-    replies[w] = 'FENCED worker ' .. wk.id .. ' has no lease (expired or recycled)'
-  elseif leases[w] ~= wk.inc then
-    replies[w] = 'FENCED worker ' .. wk.id .. ' lease superseded'
+  local lease
+  if n == 1 then lease = leases else lease = leases[w] end
+  if not lease then
+    fenced = fenced or {}
+    fenced[w] = 'FENCED worker ' .. wk.id .. ' has no lease (expired or recycled)'
+  elseif lease ~= wk.inc then
+    fenced = fenced or {}
+    fenced[w] = 'FENCED worker ' .. wk.id .. ' lease superseded'
   else
     -- SET, not PEXPIRE: Redis refuses it when out of memory (before anything
     -- is written, as the first write of the script), so an OOM Redis fences
     -- its workers instead of keeping them alive with nothing working
     redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ttl)
-    deadlines[#deadlines + 1] = deadline
-    deadlines[#deadlines + 1] = wk.id
-    live[#live + 1] = w
-    inboxes[#inboxes + 1] = KEYS[wk.key + 1]
+    nlive = nlive + 1
+    if deadlines then
+      deadlines[#deadlines + 1] = deadline
+      deadlines[#deadlines + 1] = wk.id
+      inboxes[#inboxes + 1] = KEYS[wk.key + 1]
+    end
     if wk.k > 0 then redis.call('SREM', KEYS[wk.key + 1], unpack(ARGV, wk.ack + 1, wk.ack + wk.k)) end
   end
 end
 
--- Inboxes: one EXISTS for all, in the usual case (no cancel pending).
+-- The deadlines: one ZADD (per 200 workers). Inboxes: one EXISTS for all,
+-- in the usual case (no cancel pending).
 local any_inbox = false
-if #inboxes == 1 then
-  any_inbox = redis.call('EXISTS', inboxes[1]) > 0
-elseif #inboxes > 1 then
-  any_inbox = redis.call('EXISTS', unpack(inboxes)) > 0
+if not deadlines then
+  if nlive == 1 then
+    redis.call('ZADD', KEYS[1], deadline, workers[1].id)
+    any_inbox = redis.call('EXISTS', KEYS[workers[1].key + 1]) > 0
+  end
+else
+  for i = 1, #deadlines, 200 do
+    redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
+  end
+  any_inbox = #inboxes > 0 and redis.call('EXISTS', unpack(inboxes)) > 0
 end
 -- Idle sets: one SMISMEMBER per queue for all its live workers of the call
 -- (with one live worker, a SISMEMBER per queue as its reply is written: no
 -- tables to build).
 local idle_of = false
-if #live > 1 then
+if nlive > 1 then
   idle_of = {}
   for q = 1, m do
     local ids = {}
-    for _, w in ipairs(live) do
-      for _, wq in ipairs(workers[w].qs) do
-        if wq == q then ids[#ids + 1] = workers[w].id end
+    for w = 1, n do
+      if not (fenced and fenced[w]) then
+        for _, wq in ipairs(workers[w].qs) do
+          if wq == q then ids[#ids + 1] = workers[w].id end
+        end
       end
     end
     local is = {}
@@ -223,9 +216,9 @@ end
 local r = m + 2
 for w = 1, n do
   local wk = workers[w]
-  if replies[w] then
+  if fenced and fenced[w] then
     r = r + 1
-    res[r] = replies[w]
+    res[r] = fenced[w]
   else
     local nin = 0
     if any_inbox then
@@ -247,7 +240,28 @@ for w = 1, n do
         res[r + 4] = 0
         r = r + 4
       else
-        local s = balance_of(q)
+        -- what is moving or reserved on Q, read once for the workers whose
+        -- generation is behind
+        slow = slow or {}
+        local s = slow[q]
+        if not s then
+          local b = 2 + 7 * (q - 1)
+          s = {moving = {}, reserved = {}, expired = false, busy = false}
+          if redis.call('EXISTS', KEYS[b + 3]) == 1 then
+            s.busy = true
+            local all = redis.call('HGETALL', KEYS[b + 3])
+            for x = 1, #all, 2 do s.moving[#s.moving + 1] = all[x] end
+          end
+          if redis.call('EXISTS', KEYS[b + 4]) == 1 then
+            s.busy = true
+            local all = redis.call('HGETALL', KEYS[b + 4])
+            for x = 2, #all, 2 do
+              local ew, at = parse_entry(all[x])
+              if at <= now then s.expired = true elseif ew then s.reserved[ew] = true end
+            end
+          end
+          slow[q] = s
+        end
         local p, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], wk.id)
         res[r + 1] = (s.expired or s.reserved[wk.id]) and 0 or qstate[q]
         res[r + 2] = redis.call('SCARD', held)
@@ -266,13 +280,6 @@ for w = 1, n do
         r = r + #mine
       end
     end
-  end
-end
-if #deadlines == 2 then
-  redis.call('ZADD', KEYS[1], deadlines[1], deadlines[2])
-else
-  for i = 1, #deadlines, 200 do
-    redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
   end
 end
 
