@@ -202,7 +202,7 @@ def fleet_setup(s: Scripts, ns: str, n: int) -> Callable[[], Any]:
         keys = [p + "worker:" + wi, p + "workers", p + "info", p + "version"]
         s("register", keys, [wi, "inc-" + wi, ttl, b"{}", "7"])
         keys = [p + "worker:" + wi, p + "serves:" + wi, p + "queues", p + "servers:" + Q]
-        s("serve", keys + [share], [wi, "inc-" + wi, Q, 1])
+        s("serve", [*keys, share], [wi, "inc-" + wi, Q, 1])
     keys = [p + "queue:" + Q, p + "queues", p + "persistent:" + Q, p + "standby:" + Q]
     keys += [p + "idle:" + Q, p + "delayed:" + Q, p + "unowned:" + Q, share]
     keys += [p + "procs:" + Q, p + "prio:" + Q]

@@ -13,6 +13,9 @@
 -- (SMISMEMBER, per queue) and their new deadlines (ZADD). What is left per
 -- worker: a SET (the lease), an SCARD (held) per served queue, and the
 -- balance where the queue's generation moved since the worker last saw it.
+-- A call for one worker (a worker without a fleet, or a fleet of one) makes
+-- no tables it does not need: GET, EXISTS, ZADD and SISMEMBER with its keys
+-- as they are (a Lua table costs about as much as a small command).
 --
 -- KEYS[1]  {ns}:workers   ZSET lease deadlines
 -- KEYS[2 + 7i] .. KEYS[8 + 7i] for each queue i = 0..m-1 named by the call:
@@ -29,13 +32,16 @@
 --          its 1-based index into the m queues and the generation of its
 --          share hash (field ':gen') W last saw with nothing moving or
 --          reserved ("": none)
--- Returns: {now_ms, ms until the earliest lease deadline of any worker,
---           {per queue: how many servers are in its idle set},
---           {per worker: a reply}}
---          A worker's reply is the string "FENCED <reason>" if its lease
+-- Returns: one flat list (a table in a reply costs Redis more than a few
+--          elements do): now_ms, ms until the earliest lease deadline of
+--          any worker (-1: none), then per queue i = 1..m how many servers
+--          are in its idle set, then each worker's part, in ARGV's order,
+--          one after the other (the caller knows each part's length from
+--          its counts).
+--          A worker's part is the one string "FENCED <reason>" if its lease
 --          is gone (expired or recycled) or superseded (nothing of it was
 --          written; the others of the call are renewed all the same), else
---          a flat list: k, its k inbox process ids, then per queue it named:
+--          k, its k inbox process ids, then per queue it named:
 --          state (0 = tasks ready, -1 = none, N = ms until the earliest
 --          delayed task is due), how many processes W holds there, 1 if W
 --          is in its idle set else 0, then its balance: 0 when the
