@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -24,7 +25,7 @@ from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
 
-BENCHMARKS = {
+BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "throughput": throughput.run,
     "failover": failover.run,
     "cancel": cancel.run,
@@ -171,11 +172,12 @@ def cli(argv: list[str] | None = None) -> int:
                 + f" anew (trio-mesh {info['trio-mesh']}; load average before: "
                 f"{LOAD_BEFORE}); the other sections are from the run above."
             )
-            text = update_markdown(output.read_text(), sections, note, charts_dir)
+            findings = FINDINGS.read_text() if FINDINGS.exists() else None
+            text = update_markdown(output.read_text(), sections, note, charts_dir, findings)
         else:
             text = markdown(sections, info, command.strip(), when, charts_dir)
-        if FINDINGS.exists():
-            text += "\n" + FINDINGS.read_text()
+            if FINDINGS.exists():
+                text += "\n" + FINDINGS.read_text()
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
         print(f"wrote {output}", file=sys.stderr)

@@ -25,7 +25,7 @@ import logging
 import sys
 import time
 from importlib.metadata import version
-from typing import Any
+from typing import Any, Literal
 
 QUEUE = "bench"
 ENQUEUE_CONCURRENCY = 20  # as in SAQ's own benchmark (benchmarks/simple.py)
@@ -37,7 +37,7 @@ def out(line: str) -> None:
 
 
 async def wait_for_go() -> bool:
-    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    line: str = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     return line.strip() == "go"
 
 
@@ -124,7 +124,7 @@ async def arq_work(url: str, concurrency: int, args: argparse.Namespace) -> None
 # --- streaQ ---------------------------------------------------------------------
 
 
-def streaq_worker(url: str, concurrency: int, backend: str) -> Any:
+def streaq_worker(url: str, concurrency: int, backend: Literal["asyncio", "trio"]) -> Any:
     from streaq import Worker
 
     worker = Worker(
@@ -135,11 +135,10 @@ def streaq_worker(url: str, concurrency: int, backend: str) -> Any:
         anyio_backend=backend,
     )
 
-    @worker.task(silent=True)
     async def noop() -> None:
         pass
 
-    worker.noop = noop  # type: ignore[attr-defined]
+    worker.noop = worker.task(silent=True)(noop)  # registered as "noop"
     return worker
 
 

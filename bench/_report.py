@@ -199,15 +199,22 @@ def markdown(
 
 
 def update_markdown(
-    old: str, sections: Sequence[Section], note: str, charts_dir: str = "img"
+    old: str,
+    sections: Sequence[Section],
+    note: str,
+    charts_dir: str = "img",
+    findings: str | None = None,
 ) -> str:
     """``old`` (a report written by :func:`markdown`, findings included) with
     ``sections`` measured anew: each replaces the section of the same title
-    (a new one goes after the others) and its rows of the Targets table;
-    every other section stays as it was measured. ``note`` (which run, which
-    sections) goes under the report's ``Run:`` line. The hand-written
-    findings (``## Findings...`` to the end) are dropped: the caller appends
-    the current ones.
+    (a new one goes after the others, before the findings) and its rows of
+    the Targets table, where they stood; every other section and row stays
+    as it was, in the order it had (hand-written ones, and sections after
+    the findings, included).
+    ``findings`` (the current ``bench/findings.md``) replaces the
+    ``## Findings...`` section where it stands (goes at the end if there was
+    none); None keeps it as it was. ``note`` (which run, which sections) goes
+    under the report's ``Run:`` line.
 
     Raises:
         ValueError: ``old`` has no Targets table (not a report of ours).
@@ -219,21 +226,40 @@ def update_markdown(
     if "Targets" not in titles:
         raise ValueError("not a report written by python -m bench: it has no Targets table")
     old_targets = parts[titles.index("Targets")].splitlines()
-    kept = [(t, b) for t, b in zip(titles, parts, strict=True) if not t.startswith("Findings")]
     new = {s.title: s for s in sections}
     body: list[tuple[str, str]] = []
-    for title, block in kept:
+    for title, block in zip(titles, parts, strict=True):
+        if title.startswith("Findings"):
+            # measured sections not in the old report go before the findings
+            body += [(s.title, section_markdown(s, charts_dir)) for s in new.values()]
+            new = {}
+            body.append((title, block if findings is None else findings.strip("\n")))
+            continue
         s = new.pop(title, None)
         body.append((title, block if s is None else section_markdown(s, charts_dir)))
     body += [(s.title, section_markdown(s, charts_dir)) for s in new.values()]
+    if findings is not None and not any(t.startswith("Findings") for t, _ in body):
+        body.append(("Findings", findings.strip("\n")))
+    # the Targets table: the rows of the measured sections replace theirs
+    # where they stood (or go at the end); every other row, hand-written or
+    # from a section measured earlier, and any text after the table stay
     measured = {s.title: s for s in sections}
+    table_end = len(TARGETS_HEAD)
+    while table_end < len(old_targets) and old_targets[table_end].startswith("|"):
+        table_end += 1
     rows: list[str] = []
+    placed: set[str] = set()
+    for row in old_targets[len(TARGETS_HEAD) : table_end]:
+        owner = next((t for t in measured if row.startswith(f"| {t}: ")), None)
+        if owner is None:
+            rows.append(row)
+        elif owner not in placed:
+            rows += target_rows(measured[owner])
+            placed.add(owner)
     for title, _ in body:
-        if title in measured:
+        if title in measured and title not in placed:
             rows += target_rows(measured[title])
-        elif title not in ("Machine", "Targets"):
-            rows += [r for r in old_targets if r.startswith(f"| {title}: ")]
-    targets = "\n".join([*TARGETS_HEAD, *rows])
+    targets = "\n".join([*TARGETS_HEAD, *rows, *old_targets[table_end:]])
     lines = head.rstrip("\n").split("\n")
     at = next((i for i, x in enumerate(lines) if x.startswith("Run: ")), len(lines) - 1)
     lines[at + 1 : at + 1] = ["", note]

@@ -29,22 +29,7 @@ import trio
 import mesh
 from mesh import Process
 from mesh.testing import run_redis_server
-
-
-class Owners:
-    def __init__(self) -> None:
-        self.running: dict[bytes, str] = {}
-        self.starts: list[tuple[Process, float]] = []
-        self.exits: dict[int, float] = {}
-
-    async def handler(self, p: Process) -> None:
-        self.running[p.task] = p.worker_id
-        self.starts.append((p, trio.current_time()))
-        try:
-            await trio.sleep_forever()
-        finally:
-            del self.running[p.task]
-            self.exits[p.token] = trio.current_time()
+from tests.test_balance import Owners  # records starts and exits, refuses two owners
 
 
 def spread(owners: Owners, ids: list[str]) -> tuple[int, int]:

@@ -41,7 +41,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import attrs
 import trio
 
 import mesh
@@ -170,8 +173,24 @@ async def ensure_all(client: mesh.Client, tasks: int) -> None:
         await client.ensure_many(QUEUE, [b"d%d" % j for j in range(i, min(tasks, i + 10_000))])
 
 
-async def converge(tasks: int, ttl: float) -> dict[str, float | str]:
-    k = Keys("bench")
+@attrs.frozen
+class Peers:
+    """A redis-server of this bench's own and what talks to it."""
+
+    url: str
+    conn: Connection
+    client: mesh.Client
+    kids: Children
+    k: Keys
+    #: (child, worker id, monotonic time it was ready) per peer
+    peers: list[tuple[Child, str, float]]
+
+
+@asynccontextmanager
+async def balanced_peers(n: int, tasks: int, ttl: float) -> AsyncIterator[Peers]:
+    """A redis-server of its own and ``n`` peers (one worker per OS process)
+    that hold ``tasks`` persistent tasks, balanced (the state converge and
+    rolling start from); the children are killed on the way out."""
     with run_redis_server() as server:
         url = server.url
         async with (
@@ -179,22 +198,29 @@ async def converge(tasks: int, ttl: float) -> dict[str, float | str]:
             mesh.open_client(url, namespace="bench") as client,
             children() as kids,
         ):
-            peers = [await spawn(kids, url, ttl, tasks) for _ in range(3)]
+            k = Keys("bench")
+            peers = [await spawn(kids, url, ttl, tasks) for _ in range(n)]
             await ensure_all(client, tasks)
-            await wait_balanced(conn, k, 3, tasks)
-            before = _pairs(await conn.execute("HGETALL", k.persistent(QUEUE)))
-            for c, _, _ in peers:
-                await dump(c)
-            new = [await spawn(kids, url, ttl, tasks) for _ in range(3)]
-            t0 = new[0][2]  # the first new worker serves the queue
-            peers += new
-            done = await wait_balanced(conn, k, 6, tasks)
-            await trio.sleep(3 * ttl)  # nothing more moves
-            ids = await live_workers(conn, k)
-            final = await held_by(conn, k, ids)
-            rejoins = await rejoined(conn, k, {p[1] for p in peers})
-            after = _pairs(await conn.execute("HGETALL", k.persistent(QUEUE)))
-            notes = [line for c, _, _ in peers for line in await dump(c)]
+            await wait_balanced(conn, k, n, tasks)
+            yield Peers(url, conn, client, kids, k, peers)
+
+
+async def converge(tasks: int, ttl: float) -> dict[str, float | str]:
+    async with balanced_peers(3, tasks, ttl) as m:
+        conn, k, peers = m.conn, m.k, m.peers
+        before = _pairs(await conn.execute("HGETALL", k.persistent(QUEUE)))
+        for c, _, _ in peers:
+            await dump(c)
+        new = [await spawn(m.kids, m.url, ttl, tasks) for _ in range(3)]
+        t0 = new[0][2]  # the first new worker serves the queue
+        peers += new
+        done = await wait_balanced(conn, k, 6, tasks)
+        await trio.sleep(3 * ttl)  # nothing more moves
+        ids = await live_workers(conn, k)
+        final = await held_by(conn, k, ids)
+        rejoins = await rejoined(conn, k, {p[1] for p in peers})
+        after = _pairs(await conn.execute("HGETALL", k.persistent(QUEUE)))
+        notes = [line for c, _, _ in peers for line in await dump(c)]
     moves = sum(1 for t, pid in after.items() if before.get(t) != pid)
     gaps, _, overlaps = handovers(notes)
     return {
@@ -219,36 +245,27 @@ def _pairs(reply: list[bytes]) -> dict[bytes, bytes]:
 
 
 async def rolling(peers_n: int, tasks: int, ttl: float) -> dict[str, float | str]:
-    k = Keys("bench")
-    with run_redis_server() as server:
-        url = server.url
-        async with (
-            open_connection(url) as conn,
-            mesh.open_client(url, namespace="bench") as client,
-            children() as kids,
-        ):
-            peers = [await spawn(kids, url, ttl, tasks) for _ in range(peers_n)]
-            await ensure_all(client, tasks)
+    async with balanced_peers(peers_n, tasks, ttl) as m:
+        conn, k, peers = m.conn, m.k, m.peers
+        for c, _, _ in peers:
+            await dump(c)
+        notes: list[str] = []
+        each = []
+        t0 = time.monotonic()
+        for _ in range(peers_n):
+            # as a deployment with a surge of one: the new peer first
+            t = time.monotonic()
+            old = peers.pop(0)
+            peers.append(await spawn(m.kids, m.url, ttl, tasks))
+            notes += await stop(old[0])
             await wait_balanced(conn, k, peers_n, tasks)
-            for c, _, _ in peers:
-                await dump(c)
-            notes: list[str] = []
-            each = []
-            t0 = time.monotonic()
-            for _ in range(peers_n):
-                # as a deployment with a surge of one: the new peer first
-                t = time.monotonic()
-                old = peers.pop(0)
-                peers.append(await spawn(kids, url, ttl, tasks))
-                notes += await stop(old[0])
-                await wait_balanced(conn, k, peers_n, tasks)
-                each.append(time.monotonic() - t)
-            took = time.monotonic() - t0
-            await trio.sleep(3 * ttl)
-            final = await held_by(conn, k, await live_workers(conn, k))
-            rejoins = await rejoined(conn, k, {p[1] for p in peers})
-            for c, _, _ in peers:
-                notes += await dump(c)
+            each.append(time.monotonic() - t)
+        took = time.monotonic() - t0
+        await trio.sleep(3 * ttl)
+        final = await held_by(conn, k, await live_workers(conn, k))
+        rejoins = await rejoined(conn, k, {p[1] for p in peers})
+        for c, _, _ in peers:
+            notes += await dump(c)
     gaps, total, overlaps = handovers(notes)
     totals = [total.get(f"d{i}", 0.0) for i in range(tasks)]
     return {

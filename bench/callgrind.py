@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -46,7 +47,7 @@ async def child(url: str, ns: str, n: int, concurrency: int, prefetch: int, batc
             done.set()
 
     async with mesh.open_worker(url, namespace=ns) as worker:
-        extra = {"prefetch": prefetch} if prefetch else {}
+        extra: dict[str, Any] = {"prefetch": prefetch} if prefetch else {}
         if batch:
             await worker.start_work(
                 "q", batch_handler=noop_batch, batch=batch, concurrency=concurrency, **extra

@@ -65,11 +65,11 @@ async def one_run(url: str, sizes: Sizes, kind: str) -> Samples:
         kids = []
         left = sizes.workers
         for i in range(nproc):
-            k = min(left, sizes.per_process)
-            left -= k
+            n = min(left, sizes.per_process)
+            left -= n
             argv = mesh_child(
                 "hold", "--url", url, "--ns", ns, "--queue", QUEUE,
-                "--workers", str(k), "--concurrency", str(concurrency),
+                "--workers", str(n), "--concurrency", str(concurrency),
                 *(["--fleet"] if fleet else []),
             )  # fmt: skip
             kids.append(await kids_.spawn(f"cancel workers {i}", argv))

@@ -151,10 +151,13 @@ async def latency(procs: int, per: int, ttl: float, kills: int, cancels: int) ->
             # cancel latency first (the fleet as started)
             before: list[float] = []
             after: list[float] = []
+            first_start: list[float] = []  # ensure() called -> handler started
             for i in range(cancels):
                 task = f"c{i}"
+                t_ensure = time.monotonic_ns()
                 await client.ensure(QUEUE, task)
-                owner, _ = await notes.start_of(task, 0, 30)
+                owner, started = await notes.start_of(task, 0, 120)
+                first_start.append((started - t_ensure) / 1e6)
                 a = time.monotonic_ns()
                 assert await client.cancel(QUEUE, task) == 1
                 b = time.monotonic_ns()
@@ -162,6 +165,8 @@ async def latency(procs: int, per: int, ttl: float, kills: int, cancels: int) ->
                 before.append((seen - a) / 1e6)
                 after.append((seen - b) / 1e6)
             out["cancel_trials"] = cancels
+            out["ensure_to_start_ms_p50"] = round(percentile(first_start, 50), 2)
+            out["ensure_to_start_ms_max"] = round(max(first_start), 2)
             out["cancel_from_call_ms_p50"] = round(percentile(before, 50), 3)
             out["cancel_from_call_ms_p99"] = round(percentile(before, 99), 3)
             out["cancel_after_return_ms_p50"] = round(percentile(after, 50), 3)

@@ -110,7 +110,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                         f"  {res[-1].queued:.1f} B per queued task, "
                         f"{res[-1].running:.1f} B per running process"
                     )
-                short = {}
+                short: dict[int, list[float]] = {}
                 for length in sizes.short_queues:
                     short[length] = []
                     for _ in range(ctx.runs):

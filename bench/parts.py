@@ -20,11 +20,12 @@ from typing import Any
 import trio
 
 import mesh
-from mesh._connection import _pack, open_connection
+from mesh._connection import open_connection
 from mesh._keys import Keys
 from mesh._runner import QueueConfig, QueueRunner, _Slot
 from mesh._scripts import Binding, ClaimReply, ScriptCall, run_script
 from mesh._stats import QueueCounters
+from mesh._transport import pack as _pack
 from mesh._types import Process
 from mesh.testing import run_redis_server
 

@@ -232,7 +232,7 @@ def child_idle(workers: int, seconds: float, ttl: float) -> dict[str, float]:
     try:
         from mesh.testing import run_redis_server
     except ImportError:  # before mesh.testing (e.g. cd2d249)
-        from mesh._server import run_redis_server  # type: ignore[import-not-found,no-redef]
+        from mesh._server import run_redis_server  # type: ignore[no-redef]
 
     def stats(raw: bytes) -> dict[str, tuple[int, int]]:
         out = {}
@@ -372,8 +372,8 @@ def main() -> None:
         for i in range(a.runs):
             r = child_callgrind(a.a.resolve(), a.b.resolve(), a.claims)
             ratio = r["B_instructions_per_claim"] / r["A_instructions_per_claim"]
-            rounded = {k: round(v) for k, v in r.items()}
-            print(f"run {i + 1}: {json.dumps(rounded)} B/A {ratio:.4f}", flush=True)
+            print(f"run {i + 1}: {json.dumps({k: round(v) for k, v in r.items()})} B/A {ratio:.4f}",
+                  flush=True)  # fmt: skip
         return
     if a.interleaved:
         print(f"load before: {os.getloadavg()}", flush=True)
@@ -386,12 +386,12 @@ def main() -> None:
         return
     trees = {"A": a.a.resolve(), "B": a.b.resolve()}
     for name, tree in trees.items():
-        head = subprocess.run(
+        commit = subprocess.run(
             ["git", "-C", str(tree), "log", "-1", "--format=%h %s"],
             capture_output=True,
             text=True,
         ).stdout.strip()
-        print(f"{name}: {tree} ({head})", flush=True)
+        print(f"{name}: {tree} ({commit})", flush=True)
     print(f"load before: {os.getloadavg()}", flush=True)
     results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     for i in range(a.runs):

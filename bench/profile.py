@@ -129,7 +129,7 @@ async def herd(args: argparse.Namespace, raw: Path) -> None:
             await dead.kill()
 
             async def back() -> bool:
-                return int(await conn.execute("LLEN", k.queue("devices"))) == 10 * args.dead
+                return int(await conn.execute("LLEN", k.queue("devices"))) == 10 * int(args.dead)
 
             t1 = await poll_until(back, interval=0.05, within=120)
             print(f"{args.dead} dead workers' tasks back in the queue after {t1 - t0:.2f} s")

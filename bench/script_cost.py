@@ -121,11 +121,14 @@ def dump_total(pid: int, out: str) -> tuple[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="main", help="git revision to compare with")
     ap.add_argument("--tasks", type=int, default=5000)
     ap.add_argument("--annotate", action="store_true")
+    ap.add_argument("--batch", type=int, default=10, help="tasks per claim (default 10)")
     args = ap.parse_args(argv)
+    BATCH = args.batch
     versions = {args.base: args.base, "this": None}
     res: dict[tuple[str, str, str], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in versions:
             c = res[(name, shape, "claim")]
             fk = "finish_results" if shape == "results" else "finish"
-            f = res[(name, shape, fk)]
-            line = f"{shape:8s} {name:10s} claim {c:8.0f}  {fk} {f:8.0f}  total {c + f:8.0f}"
+            fin = res[(name, shape, fk)]
+            line = f"{shape:8s} {name:10s} claim {c:8.0f}  {fk} {fin:8.0f}  total {c + fin:8.0f}"
             if name != base:
                 t0 = res[(base, shape, "claim")] + res[(base, shape, fk)]
-                line += f"  x{(c + f) / t0:.3f} of {base}"
+                line += f"  x{(c + fin) / t0:.3f} of {base}"
             print(line + "  instructions per task")
     return 0
 

@@ -36,6 +36,7 @@ processes on free ports, never 6379) and measures:
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import random
@@ -314,11 +315,11 @@ async def mixed_latency(url: str, worker_url: str, trials: int) -> tuple[list[fl
             await trio.sleep(random.random())  # anywhere in the heartbeat's cycle
             t0 = time.monotonic()
             await c.enqueue("jobs", task)
-            await until(lambda task=task: task in started)
+            await until(functools.partial(started.__contains__, task))
             wake.append(started[task] - t0)
             t1 = time.monotonic()
             await c.cancel("jobs", task)
-            await until(lambda task=task: task in cancelled)
+            await until(functools.partial(cancelled.__contains__, task))
             cancel.append(cancelled[task] - t1)
     return wake, cancel
 

@@ -117,6 +117,11 @@ _UNIT = re.compile(
 )
 
 
+# A Lua comment to the end of its line: ``--`` at the start of a line or after
+# a space (no string in protocol/ holds such a ``--``).
+_COMMENT = re.compile(rb"(?:^|(?<=\s))--[^\n]*", re.M)
+
+
 def _prune(lib: bytes, user: bytes) -> bytes:
     """Keep only the functions of the included file ``lib`` that ``user`` (the
     rest of the script) calls, directly or through each other.
@@ -135,7 +140,9 @@ def _prune(lib: bytes, user: bytes) -> bytes:
     wanted: set[bytes] = set()
     todo = [user]
     while todo:
-        for word in set(ident.findall(todo.pop())):
+        # a function named only in a comment ("see lib.lua to_standby") is
+        # not called: its closure would be made at every call for nothing
+        for word in set(ident.findall(_COMMENT.sub(b"", todo.pop()))):
             if word in bodies and word not in wanted:
                 wanted.add(word)
                 todo.append(bodies[word])

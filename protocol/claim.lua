@@ -93,7 +93,7 @@ if not counts then
     local v
     v, err = count_arg(ARGV[a[1]], a[2])
     if err then return err end
-    ARGV[a[1]] = int(v)
+    ARGV[a[1]] = string.format('%.0f', v)  -- as int() would
   end
 end
 if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
@@ -211,6 +211,10 @@ local left, gained = {}, 0
 -- what to take, in order: payload, persistent, priority level (nil: none)
 local tp, tpers, tlevel = {}, {}, {}
 for i, t in ipairs(take) do tp[i], tpers[i], tlevel[i] = t[1], t[2], t[3] end
+if #tp == 0 and not has_persistent then
+  tp = items  -- the usual case: all of them, none persistent
+  items = {}
+end
 for _, payload in ipairs(items) do
   local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
   if persistent and room <= 0 and not forced[payload] then
@@ -255,7 +259,7 @@ redis.call('SET', KEYS[9], ids[#ids])
 -- process; the fields that every record of this claim shares are joined
 -- once (the record layout is at the top of lib.lua).
 local shared = '\0' .. ARGV[5] .. '\0' .. ARGV[7] .. '\0' .. ARGV[8] .. '\0' .. ARGV[9] .. '\0'
-  .. int(now) .. '\0'
+  .. string.format('%.0f', now) .. '\0'
 local records = {}
 local head = ARGV[1] .. '\0'
 for i, payload in ipairs(tp) do
@@ -275,10 +279,11 @@ for i, payload in ipairs(tp) do
   if level and level > 0 then kind = 'o' .. level end
   records[2 * i - 1] = id
   records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
-  out[#out + 1] = id
-  out[#out + 1] = persistent and 1 or 0
-  out[#out + 1] = attempts
-  out[#out + 1] = payload
+  local o = 4 * i
+  out[o] = id
+  out[o + 1] = persistent and 1 or 0
+  out[o + 2] = attempts
+  out[o + 3] = payload
 end
 call_chunked('HSET', KEYS[5], records, 2)
 call_chunked('SADD', KEYS[6], ids)

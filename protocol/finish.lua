@@ -23,17 +23,22 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   for i = 4, #ARGV do out[#out + 1] = 0 end
   return out
 end
-local weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1
+local weighted  -- whether any task of Q weighs other than 1: read at the first persistent one
 -- One HMGET for every record, one HDEL and one SREM for every finished
 -- process (not one of each per process): a runner reports a whole batch.
 -- Of a record, only the fields a finish needs (lib.lua record_head).
-local ids = {}
-for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-local recs = hmget_all(KEYS[2], ids)
+local recs = {}
+if #ARGV > 1003 then
+  local ids = {}
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+  recs = hmget_all(KEYS[2], ids)
+elseif #ARGV > 3 then
+  recs = redis.call('HMGET', KEYS[2], unpack(ARGV, 4))  -- the ids as they came
+end
 local wz = ARGV[1] .. '\0'
 local gone, seen, attempts = {}, {}, {}
-for i, id in ipairs(ids) do
-  local rec = recs[i]
+for i = 1, #ARGV - 3 do
+  local id, rec = ARGV[i + 3], recs[i]
   local done = 0
   if rec and not seen[id] then
     seen[id] = true
@@ -42,6 +47,7 @@ for i, id in ipairs(ids) do
       gone[#gone + 1] = id
       local persistent = kind == 'p'
       if persistent then
+        if weighted == nil then weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1 end
         local w = weighted and task_weight(KEYS[6], payload) or 1
         add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
         if redis.call('HGET', KEYS[4], payload) == id then

@@ -42,7 +42,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   return out
 end
 local now = int(now_ms())
-local weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1
+local weighted  -- whether any task of Q weighs other than 1: read at the first persistent one
 -- As finish.lua: one HMGET for every record, one HDEL and one SREM for every
 -- finished process, and of a record only what a finish needs (lib.lua
 -- record_head); then one SET per kept result.
@@ -62,6 +62,7 @@ for i, id in ipairs(ids) do
       gone[#gone + 1] = id
       local persistent = kind == 'p'
       if persistent then
+        if weighted == nil then weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1 end
         local w = weighted and task_weight(KEYS[6], payload) or 1
         add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
         if redis.call('HGET', KEYS[4], payload) == id then

@@ -62,14 +62,22 @@
 -- Publishes: nothing.
 --!include lib.lua
 
-local ttl, err = count_arg(ARGV[1], 'ttl')
-if err then return err end
-local m
-m, err = count_arg(ARGV[2], 'queue count', (#KEYS - 1) / 7)
-if err then return err end
-local n
-n, err = count_arg(ARGV[3], 'worker count', 1000)
-if err then return err end
+-- The three counts: one match in the usual case; count_arg says which is wrong.
+local ttl, m, n, err
+if ARGV[3] then
+  ttl, m, n = string.match(ARGV[1] .. ',' .. ARGV[2] .. ',' .. ARGV[3], '^(%d+),(%d+),(%d+)$')
+end
+if ttl then
+  ttl, m, n = tonumber(ttl), tonumber(m), tonumber(n)
+end
+if not ttl or m > (#KEYS - 1) / 7 or n > 1000 then
+  ttl, err = count_arg(ARGV[1], 'ttl')
+  if err then return err end
+  m, err = count_arg(ARGV[2], 'queue count', (#KEYS - 1) / 7)
+  if err then return err end
+  n, err = count_arg(ARGV[3], 'worker count', 1000)
+  if err then return err end
+end
 
 -- Check every argument before the first write.
 local workers = {}

@@ -44,13 +44,15 @@ end
 local function id_strings(first, k)
   local digits = '00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899'
   local out = {}
-  local head, low = int(math.floor(first / 100)), first % 100
+  -- string.format as int() does, not int(): a script calling this one
+  -- then need not make int()'s closure at every call
+  local head, low = string.format('%.0f', math.floor(first / 100)), first % 100
   for i = 1, k do
     if low == 100 then
-      head, low = int(math.floor((first + i - 1) / 100)), 0
+      head, low = string.format('%.0f', math.floor((first + i - 1) / 100)), 0
     end
     if head == '0' then
-      out[i] = int(low)
+      out[i] = string.format('%.0f', low)
     else
       out[i] = head .. string.sub(digits, 2 * low + 1, 2 * low + 2)
     end
@@ -623,7 +625,8 @@ local function expire_reserved(reserved, queue, persistent, standby, now, worker
   local all = redis.call('HGETALL', reserved)
   for i = 1, #all, 2 do
     local payload = all[i]
-    local w, at = parse_entry(all[i + 1])
+    local w, at = string.match(all[i + 1], '^(.*):(%d+)$')  -- parse_entry, inlined
+    at = tonumber(at or '0')
     if not is_queued_persistent(persistent, standby, payload) then
       redis.call('HDEL', reserved, payload)
     elseif at <= now then

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from mesh._connection import Connection, open_connection
+from mesh._keys import Keys
+from mesh._scripts import Binding
 from mesh.testing import RedisServer, run_redis_server
 
 
@@ -43,3 +45,15 @@ async def conn(redis_url: str) -> AsyncIterator[Connection]:
     """A raw connection to the shared server, named ``test-conn``."""
     async with open_connection(redis_url, name="test-conn") as c:
         yield c
+
+
+@pytest.fixture
+def keys(namespace: str) -> Keys:
+    """The test's namespace's keys."""
+    return Keys(namespace)
+
+
+@pytest.fixture
+def b(keys: Keys) -> Binding:
+    """The protocol scripts, bound to the test's namespace."""
+    return Binding(keys)

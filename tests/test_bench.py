@@ -211,7 +211,9 @@ def test_update_markdown_replaces_only_what_was_measured() -> None:
     old += "\n## Findings and profiles\n\nold findings\n"
     fresh = section("throughput", "Throughput", 333.0)
     fresh.charts.append(Chart("bench-throughput.png", "alt"))
-    new = update_markdown(old, [fresh], "Updated: now, Throughput anew.")
+    findings = "## Findings and profiles\n\ncurrent findings\n"
+    new = update_markdown(old, [fresh], "Updated: now, Throughput anew.", findings=findings)
+    assert new.endswith(findings)
     assert "| Throughput: rate | 333 | x | >= 1 | met |" in new
     assert "| Memory: rate | 222 | x | >= 1 | met |" in new
     assert "111" not in new and "old findings" not in new
@@ -221,6 +223,55 @@ def test_update_markdown_replaces_only_what_was_measured() -> None:
     assert new.count("## Targets") == 1 and new.count("## Machine") == 1
     with pytest.raises(ValueError, match="no Targets table"):
         update_markdown("# something else\n\n## A\n", [fresh], "note")
+
+
+def test_update_markdown_keeps_the_order_of_hand_written_sections() -> None:
+    """--update keeps every section where it stood, findings and sections
+    after them included, and hand-written rows of the Targets table; the
+    findings are replaced by the current ones in place, a section new to the
+    report goes before them."""
+    from bench._report import Target, update_markdown
+
+    def section(title: str, v: float) -> Section:
+        s = Section(title.lower(), title, f"method of {title}", runs=1)
+        s.figures.append(Figure("rate", "x", [v], target=Target(">=", 1.0, ">= 1")))
+        return s
+
+    old = markdown([section("Throughput", 111.0), section("Memory", 222.0)], {}, "cmd", "then")
+    old = old.replace("| Memory: rate", "| By hand: rate | 7 | x | >= 1 | met |\n| Memory: rate")
+    old += "\n## By hand\n\nwritten by hand\n"
+    old += "\n## Findings and profiles\n\nold findings\n\n### A subsection\n"
+    old += "\n## Topologies (by hand, after the findings)\n\nmore by hand\n"
+    new = update_markdown(
+        old,
+        [section("Memory", 333.0), section("Delayed", 444.0)],
+        "Updated: now.",
+        findings="## Findings and profiles\n\nnew findings\n",
+    )
+    headings = [line for line in new.splitlines() if line.startswith("## ")]
+    assert headings == [
+        "## Machine",
+        "## Targets",
+        "## Throughput",
+        "## Memory",
+        "## By hand",
+        "## Delayed",
+        "## Findings and profiles",
+        "## Topologies (by hand, after the findings)",
+    ]
+    rows = [line.split(" | ")[0] for line in new.splitlines() if ": rate |" in line]
+    assert rows == [
+        "| Throughput: rate",
+        "| By hand: rate",
+        "| Memory: rate",
+        "| Delayed: rate",
+    ]
+    assert "| Memory: rate | 333 |" in new and "| Delayed: rate | 444 |" in new
+    assert "new findings" in new and "old findings" not in new and "A subsection" not in new
+    assert "more by hand" in new and "written by hand" in new
+    # nothing measured, the same findings: the report is unchanged but for the note
+    same = update_markdown(new, [], "Again.", findings="## Findings and profiles\n\nnew findings\n")
+    assert same.replace("\n\nAgain.", "", 1) == new
 
 
 async def test_parts() -> None:

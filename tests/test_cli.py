@@ -13,8 +13,10 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -35,6 +37,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESH_")}
     env.update(extra)
     return env
+
+
+@asynccontextmanager
+async def running_process(argv: Sequence[str], **kwargs: Any) -> AsyncIterator[trio.Process]:
+    """A process started with ``trio.lowlevel.open_process(argv, **kwargs)``
+    for the body; killed (if the body did not end it) and reaped on the way
+    out, whatever happened in the body."""
+    proc = await trio.lowlevel.open_process(list(argv), **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 async def mesh_cli(
@@ -375,13 +391,12 @@ async def test_status_watch_redraws_until_interrupted(
 ) -> None:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         await client.enqueue("jobs", "x")
-        proc = await trio.lowlevel.open_process(
+        async with running_process(
             [sys.executable, "-m", "mesh.cli", "status", "--watch", "--interval", "0.05", *ns_args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=clean_env(),
-        )
-        try:
+        ) as proc:
             assert proc.stdout is not None and proc.stderr is not None
             buf = b""
             with trio.fail_after(20):
@@ -395,10 +410,6 @@ async def test_status_watch_redraws_until_interrupted(
                 proc.send_signal(signal.SIGINT)
                 assert await proc.wait() == 0
             assert b"Traceback" not in await proc.stderr.receive_some()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
 
 
 # --- the console script --------------------------------------------------------
@@ -443,13 +454,12 @@ async def test_a_password_is_never_printed(own_redis: RedisServer) -> None:
         outputs.append(r)
 
     # A worker logs where it connects: without the password.
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [sys.executable, "-m", "mesh.cli", "worker", "mesh.cli.demo_app:queues"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=clean_env(MESH_REDIS_URL=good),
-    )
-    try:
+    ) as proc:
         assert proc.stderr is not None
         log = b""
         with trio.fail_after(20):
@@ -460,10 +470,6 @@ async def test_a_password_is_never_printed(own_redis: RedisServer) -> None:
             async for chunk in proc.stderr:
                 log += chunk
         assert b"redis://:***@127.0.0.1" in log, log
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
     for r in outputs:
         assert PASSWORD not in text(r), text(r)
     assert PASSWORD.encode() not in log
@@ -490,7 +496,7 @@ async def test_worker_hands_everything_back_on_a_signal(
     redis_url: str, namespace: str, ns_args: list[str], tmp_path: Path, signum: int
 ) -> None:
     (tmp_path / "cli_test_app.py").write_text(APP)
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [
             *(sys.executable, "-m", "mesh.cli", "worker", "cli_test_app:queues", "--ttl", "30"),
             *("--concurrency", "devices=2", "--concurrency", "1", "--worker-id", "w-cli"),
@@ -499,8 +505,7 @@ async def test_worker_hands_everything_back_on_a_signal(
         cwd=tmp_path,  # APP is found in the current directory
         stderr=subprocess.PIPE,
         env=clean_env(),
-    )
-    try:
+    ) as proc:
         async with mesh.open_client(redis_url, namespace=namespace) as client:
             await client.ensure_many("devices", ["d1", "d2", "d3"])
             await client.enqueue_many("jobs", ["j1", "j2"])
@@ -531,10 +536,6 @@ async def test_worker_hands_everything_back_on_a_signal(
             assert b"cancelling 2 running handlers" in log, log
             assert b"handed back 2 processes" in log, log
             assert b"finish jobs 'j2'" in log, log
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
 
 
 SLOW_APP = """
@@ -560,7 +561,7 @@ async def test_worker_stop_waits_for_cleanups_says_what_it_waits_for_and_ends_at
     worker exits 1, leaving the slow one's task held until its lease runs out
     (never handed back while its handler may run)."""
     (tmp_path / "cli_slow_app.py").write_text(SLOW_APP)
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [
             *(sys.executable, "-m", "mesh.cli", "worker", "cli_slow_app:queues", "--ttl", "30"),
             *("--stop-grace", "1.5", "--worker-id", "w-slow", *ns_args),
@@ -568,8 +569,7 @@ async def test_worker_stop_waits_for_cleanups_says_what_it_waits_for_and_ends_at
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         env=clean_env(),
-    )
-    try:
+    ) as proc:
         async with mesh.open_client(redis_url, namespace=namespace) as client:
             await client.ensure_many("devices", ["0.3", "60"])
 
@@ -598,10 +598,6 @@ async def test_worker_stop_waits_for_cleanups_says_what_it_waits_for_and_ends_at
             ), log
             assert b"left of the stop grace" in log, log
             assert b"handlers still running 1.5 s after the stop began; exiting" in log, log
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
 
 
 PLAIN_APP = """
@@ -661,7 +657,7 @@ async def test_worker_logs_json_for_log_shippers(
     redis_url: str, namespace: str, ns_args: list[str], tmp_path: Path
 ) -> None:
     (tmp_path / "failing_app.py").write_text(FAILING_APP)
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [
             *(sys.executable, "-m", "mesh.cli", "worker", "failing_app:queues"),
             *("--log-format", "json", "--log-level", "debug", "--max-attempts", "1"),
@@ -670,8 +666,7 @@ async def test_worker_logs_json_for_log_shippers(
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         env=clean_env(),
-    )
-    try:
+    ) as proc:
         async with mesh.open_client(redis_url, namespace=namespace) as client:
 
             async def joined() -> bool:
@@ -688,10 +683,6 @@ async def test_worker_logs_json_for_log_shippers(
                 assert await proc.wait() == 0
                 async for chunk in proc.stderr:
                     log += chunk
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
     records = [json.loads(line) for line in log.decode().splitlines()]  # every line is JSON
     assert all(set(r) >= {"time", "level", "logger", "message"} for r in records)
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["time"]) for r in records)
@@ -784,13 +775,12 @@ async def test_demo_on_a_given_redis_leaves_no_key(redis_url: str) -> None:
 async def test_demo_interrupted_leaves_nothing_behind(tmp_path: Path) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [sys.executable, "-m", "mesh.cli", "demo"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=clean_env(TMPDIR=str(tmp)),
-    )
-    try:
+    ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         out = b""
         with trio.fail_after(30):
@@ -804,10 +794,6 @@ async def test_demo_interrupted_leaves_nothing_behind(tmp_path: Path) -> None:
             err = b""
             async for chunk in proc.stderr:
                 err += chunk
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
     assert err.decode().strip().splitlines()[-1].startswith("mesh demo: interrupted"), err
     assert b"Traceback" not in err
     pids = demo_pids(out.decode())
@@ -818,13 +804,12 @@ async def test_demo_interrupted_leaves_nothing_behind(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 async def test_demo_keep_going_serves_until_interrupted(tmp_path: Path) -> None:
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [sys.executable, "-m", "mesh.cli", "demo", "--keep-going", "--verbose"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=clean_env(TMPDIR=str(tmp_path)),
-    )
-    try:
+    ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         out = b""
         with trio.fail_after(30):
@@ -843,10 +828,6 @@ async def test_demo_keep_going_serves_until_interrupted(tmp_path: Path) -> None:
             err = b""
             async for chunk in proc.stderr:
                 err += chunk
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
     assert b"== Summary" in out
     assert b"[peer-2] " in err and b"Traceback" not in err  # --verbose shows the peers' logs
     assert not [p for p in demo_pids(out.decode()) if pid_alive(p)]

@@ -15,7 +15,7 @@ from mesh._scripts import Binding
 from mesh.testing import RedisServer, wait_until
 
 from .protocol_helpers import expire_worker, join
-from .test_worker import Recorder
+from .test_worker import Recorder, running_workers
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
@@ -24,25 +24,12 @@ TTL = 0.9  # H = 0.3 s, R = 0.6 s
 async def fleet_of(
     url: str, ns: str, n: int, ttl: float = TTL
 ) -> AsyncIterator[tuple[mesh.Fleet, list[mesh.Worker]]]:
-    async with mesh.open_fleet(url, namespace=ns, ttl=ttl) as fleet:
-        async with trio.open_nursery() as nursery:
-            workers: list[mesh.Worker] = []
-            ready, done = trio.Event(), trio.Event()
-
-            async def one() -> None:
-                async with fleet.open_worker() as w:
-                    workers.append(w)
-                    if len(workers) == n:
-                        ready.set()
-                    await done.wait()
-
-            for _ in range(n):
-                nursery.start_soon(one)
-            await ready.wait()
-            try:
-                yield fleet, workers
-            finally:
-                done.set()
+    """A fleet and ``n`` of its workers."""
+    async with (
+        mesh.open_fleet(url, namespace=ns, ttl=ttl) as fleet,
+        running_workers(fleet.open_worker, n) as workers,
+    ):
+        yield fleet, workers
 
 
 async def test_batched_renewal_fences_one_worker_and_renews_the_others(

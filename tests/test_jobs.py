@@ -23,16 +23,6 @@ from .test_worker import client_and_workers
 Q = "jobs"
 
 
-@pytest.fixture
-def keys(namespace: str) -> Keys:
-    return Keys(namespace)
-
-
-@pytest.fixture
-def b(keys: Keys) -> Binding:
-    return Binding(keys)
-
-
 async def redis_ms(conn: Connection) -> int:
     sec, usec = await conn.execute("TIME")
     return int(sec) * 1000 + int(usec) // 1000

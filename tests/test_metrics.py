@@ -24,7 +24,7 @@ from mesh.metrics import MeshCollector, WorkerCollector, serve_metrics
 from mesh.testing import run_redis_server
 
 from .protocol_helpers import expire_worker
-from .test_cli import clean_env, mesh_cli
+from .test_cli import clean_env, mesh_cli, running_process
 
 TTL = 0.9
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -218,15 +218,14 @@ async def served_url(proc: trio.Process) -> str:
 
 @pytest.mark.slow
 async def test_mesh_exporter_command_serves_and_stops(redis_url: str, namespace: str) -> None:
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [
             *(sys.executable, "-m", "mesh.cli", "exporter", "--port", "0"),
             *("--redis", redis_url, "--namespace", namespace),
         ],
         stderr=subprocess.PIPE,
         env=clean_env(),
-    )
-    try:
+    ) as proc:
         url = await served_url(proc)
         assert url.startswith("http://127.0.0.1:")
         async with mesh.open_client(redis_url, namespace=namespace) as client:
@@ -235,10 +234,6 @@ async def test_mesh_exporter_command_serves_and_stops(redis_url: str, namespace:
         proc.terminate()
         with trio.fail_after(10):
             assert await proc.wait() == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
 
 
 @pytest.mark.slow
@@ -246,7 +241,7 @@ async def test_mesh_worker_metrics_port(redis_url: str, namespace: str, tmp_path
     (tmp_path / "metrics_app.py").write_text(
         "async def work(p):\n    pass\n\nqueues = {'jobs': work}\n"
     )
-    proc = await trio.lowlevel.open_process(
+    async with running_process(
         [
             *(sys.executable, "-m", "mesh.cli", "worker", "metrics_app:queues"),
             *("--metrics-port", "0", "--redis", redis_url, "--namespace", namespace),
@@ -254,8 +249,7 @@ async def test_mesh_worker_metrics_port(redis_url: str, namespace: str, tmp_path
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         env=clean_env(),
-    )
-    try:
+    ) as proc:
         url = await served_url(proc)
         assert url.startswith("http://127.0.0.1:")
         async with mesh.open_client(redis_url, namespace=namespace) as client:
@@ -268,10 +262,6 @@ async def test_mesh_worker_metrics_port(redis_url: str, namespace: str, tmp_path
         proc.terminate()
         with trio.fail_after(10):
             assert await proc.wait() == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
 
 
 async def test_metrics_options_are_checked() -> None:

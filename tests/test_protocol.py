@@ -37,16 +37,6 @@ async def messages_until_end(conn: Connection, pubsub: PubSub, channel: str) -> 
     raise AssertionError("unreachable")
 
 
-@pytest.fixture
-def keys(namespace: str) -> Keys:
-    return Keys(namespace)
-
-
-@pytest.fixture
-def b(keys: Keys) -> Binding:
-    return Binding(keys)
-
-
 async def test_every_key_carries_the_namespace_hash_tag(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
@@ -204,6 +194,21 @@ async def test_claimed_ids_carry_across_hundreds_and_records_keep_the_claims_fie
     assert rec[8] == b"t0" and int(rec[7]) == r.now_ms
     assert await b.finish(conn, "w1", inc, Q, ids) == [True] * 5
     assert await conn.execute("HLEN", keys.procs(Q)) == 0
+
+
+async def test_a_finish_of_more_than_a_thousand_ids_reads_them_in_chunks(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    # finish.lua passes up to 1,000 ids to one HMGET, more in chunks
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"t%d" % i for i in range(1200)])
+    ids = [p.id for p in (await b.claim(conn, "w1", inc, Q, 1000, 0)).processes]
+    ids += [p.id for p in (await b.claim(conn, "w1", inc, Q, 1000, 0)).processes]
+    assert len(ids) == 1200
+    done = await b.finish(conn, "w1", inc, Q, [*ids, ids[0], "1"])
+    assert done == [True] * 1200 + [False, False]
+    assert await conn.execute("HLEN", keys.procs(Q)) == 0
+    assert await b.finish(conn, "w1", inc, Q, []) == []
 
 
 async def test_claim_checks_lease_serving_and_arguments(

@@ -21,16 +21,6 @@ from .test_worker import client_and_workers
 Q = "ticks"
 
 
-@pytest.fixture
-def keys(namespace: str) -> Keys:
-    return Keys(namespace)
-
-
-@pytest.fixture
-def b(keys: Keys) -> Binding:
-    return Binding(keys)
-
-
 async def test_schedule_add_replace_remove(conn: Connection, b: Binding, keys: Keys) -> None:
     t0 = await redis_ms(conn)
     new, first = await b.schedule(conn, Q, b"p\0x", "every 5000", None)

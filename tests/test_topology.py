@@ -608,6 +608,16 @@ async def test_cluster_failovers() -> None:
                 assert len(runs.cancelled) == cancelled  # no handler stopped
                 assert len(runs.started) == started  # none started again
                 assert all(w.statistics().fenced == 0 for w in workers)
+                # The sharded subscriptions (wake, cancel) followed to the new master.
+                await wait_until(
+                    lambda: all(
+                        shard_subscribers(replica.port, f"{route}cancel:{w.id}") == 1
+                        and shard_subscribers(old_master.port, f"{route}cancel:{w.id}") == 0
+                        for w in workers
+                    ),
+                    10,
+                    "the sharded subscriptions on the new master",
+                )
 
                 # 2. SIGKILL of the slot's master (now the former replica): the old
                 # master is promoted back; the workers ride it out or fence and
@@ -630,6 +640,14 @@ async def test_cluster_failovers() -> None:
                     ),
                     20,
                     "heartbeats and every persistent task running once",
+                )
+                await wait_until(
+                    lambda: all(
+                        shard_subscribers(old_master.port, f"{route}cancel:{w.id}") == 1
+                        for w in workers
+                    ),
+                    10,
+                    "the sharded subscriptions back on the old master",
                 )
                 held = {p.task for p in await c.processes("p")}
                 nursery.cancel_scope.cancel()

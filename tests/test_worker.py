@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -25,29 +25,42 @@ TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
 
 @asynccontextmanager
+async def running_workers(
+    open_one: Callable[[], AbstractAsyncContextManager[mesh.Worker]], n: int
+) -> AsyncIterator[list[mesh.Worker]]:
+    """``n`` workers, each opened with ``open_one`` in a task of its own and
+    all joined before the body runs; they leave (each closing its context)
+    when the body ends."""
+    async with trio.open_nursery() as nursery:
+        workers: list[mesh.Worker] = []
+        ready, done = trio.Event(), trio.Event()
+
+        async def one() -> None:
+            async with open_one() as w:
+                workers.append(w)
+                if len(workers) == n:
+                    ready.set()
+                await done.wait()
+
+        for _ in range(n):
+            nursery.start_soon(one)
+        await ready.wait()
+        try:
+            yield workers
+        finally:
+            done.set()
+
+
+@asynccontextmanager
 async def client_and_workers(
     url: str, ns: str, n: int, ttl: float = TTL
 ) -> AsyncIterator[tuple[mesh.Client, list[mesh.Worker]]]:
-    async with mesh.open_client(url, namespace=ns) as client:
-        async with trio.open_nursery() as nursery:
-            workers: list[mesh.Worker] = []
-            ready = trio.Event()
-            done = trio.Event()
-
-            async def one() -> None:
-                async with mesh.open_worker(url, namespace=ns, ttl=ttl) as w:
-                    workers.append(w)
-                    if len(workers) == n:
-                        ready.set()
-                    await done.wait()
-
-            for _ in range(n):
-                nursery.start_soon(one)
-            await ready.wait()
-            try:
-                yield client, workers
-            finally:
-                done.set()
+    """A client and ``n`` workers, each with its own connection."""
+    async with (
+        mesh.open_client(url, namespace=ns) as client,
+        running_workers(lambda: mesh.open_worker(url, namespace=ns, ttl=ttl), n) as workers,
+    ):
+        yield client, workers
 
 
 class Recorder:
