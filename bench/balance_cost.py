@@ -23,7 +23,11 @@ With ``--callgrind`` the redis-server runs under ``valgrind
 --tool=callgrind --toggle-collect=evalShaCommand`` and the figure is the
 instructions executed inside EVALSHA per call (counters zeroed before and
 dumped after the ``--calls`` calls): repeatable on a loaded machine, where
-the times are not.
+the times are not. ``--fleet N`` (with ``--callgrind``) also measures, for
+the versions whose ``heartbeat.lua`` is batched (``main-7bb04d2`` and
+``this``), one call renewing N workers that serve the queue (a fleet's
+heartbeat; the queue has tasks ready, none held) and reports instructions
+per worker.
 """
 
 from __future__ import annotations
@@ -161,7 +165,9 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
         hb_args = [ttl, 1, 1, w, inc, 0, 1, 1, ""]
         # as the Python peers do: give back the generation of the share
         # last read with nothing moving, so an unchanged one is not read again
-        reply = s("heartbeat", hb_keys, hb_args)[3][0]  # the first reads the share
+        raw = s("heartbeat", hb_keys, hb_args)  # the first reads the share
+        # 7bb04d2 nests the worker's reply; the working tree's is one flat list
+        reply = raw[3][0] if isinstance(raw[3], list) else raw[3:]
         assert reply[4] == 1 and reply[5] >= 0, reply
         hb_args[-1] = reply[5]
     else:
@@ -184,6 +190,43 @@ def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callabl
         lambda: s("heartbeat", hb_keys, hb_args),
         lambda: s("claim", claim_keys, fair_args),
     )
+
+
+def fleet_setup(s: Scripts, ns: str, n: int) -> Callable[[], Any]:
+    """N workers serving Q (protocol 7), renewed by one heartbeat.lua call."""
+    p = f"{{{ns}}}:"
+    ttl = 600_000
+    share = p + "share:" + Q
+    ids = [f"f{i}" for i in range(n)]
+    for wi in ids:
+        keys = [p + "worker:" + wi, p + "workers", p + "info", p + "version"]
+        s("register", keys, [wi, "inc-" + wi, ttl, b"{}", "7"])
+        keys = [p + "worker:" + wi, p + "serves:" + wi, p + "queues", p + "servers:" + Q]
+        s("serve", [*keys, share], [wi, "inc-" + wi, Q, 1])
+    keys = [p + "queue:" + Q, p + "queues", p + "persistent:" + Q, p + "standby:" + Q]
+    keys += [p + "idle:" + Q, p + "delayed:" + Q, p + "unowned:" + Q, share]
+    keys += [p + "procs:" + Q, p + "prio:" + Q]
+    s("ensure", keys, [Q, p + "wake:", 1, *[b"d%d" % i for i in range(N_TASKS)]])
+    hb_keys = [p + "workers", p + "queue:" + Q, p + "delayed:" + Q, p + "idle:" + Q]
+    hb_keys += [p + "moving:" + Q, p + "reserved:" + Q, share, p + "prio:" + Q]
+    hb_args: list[Any] = [ttl, 1, n]
+    for wi in ids:
+        hb_keys += [p + "worker:" + wi, p + "inbox:" + wi, p + "held:" + wi + ":" + Q]
+        hb_args += [wi, "inc-" + wi, 0, 1, 1, ""]
+    raw = s("heartbeat", hb_keys, hb_args)  # the first reads the share
+    if isinstance(raw[3], list):  # 7bb04d2: one nested reply per worker
+        gens = [rep[5] for rep in raw[3]]
+    else:  # one flat list: per worker k, k ids, state, held, idle, balance
+        gens, pos = [], 3
+        for _ in ids:
+            pos += 1 + raw[pos]
+            assert raw[pos + 3] == 1, raw[pos : pos + 10]
+            gens.append(raw[pos + 4])
+            pos += 10 + raw[pos + 9]
+    for i, g in enumerate(gens):
+        assert g >= 0, gens
+        hb_args[3 + 6 * i + 5] = g
+    return lambda: s("heartbeat", hb_keys, hb_args)
 
 
 def per_call(r: redis.Redis, call: Callable[[], Any], n: int) -> float:
@@ -214,7 +257,7 @@ def instructions(pid: int, out: str, r: redis.Redis, call: Callable[[], Any], n:
     raise RuntimeError(f"no totals in {f}")
 
 
-def callgrind(calls_n: int) -> int:
+def callgrind(calls_n: int, fleet: int = 0) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -243,6 +286,10 @@ def callgrind(calls_n: int) -> int:
                 hb, claim = setup(v, s, "cost-" + v)
                 res[(v, "heartbeat")] = instructions(proc.pid, out, r, hb, calls_n)
                 res[(v, "claim")] = instructions(proc.pid, out, r, claim, calls_n)
+                if fleet and v in ("main-7bb04d2", "this"):
+                    call = fleet_setup(s, "fleet-" + v, fleet)
+                    n = max(1, calls_n // 10)
+                    res[(v, "fleet")] = instructions(proc.pid, out, r, call, n) / fleet
             r.close()
         finally:
             proc.kill()
@@ -252,6 +299,14 @@ def callgrind(calls_n: int) -> int:
         for v in VERSIONS:
             m = res[(v, what)]
             print(f"{what:9s} {v:13s} {m:9.0f} instructions/call  x{m / base:.3f} of before")
+    if fleet:
+        base = res[("main-7bb04d2", "fleet")]
+        for v in ("main-7bb04d2", "this"):
+            m = res[(v, "fleet")]
+            print(
+                f"fleet of {fleet}: heartbeat {v:13s} {m:9.0f} instructions/worker"
+                f"  x{m / base:.3f} of main-7bb04d2"
+            )
     return 0
 
 
@@ -260,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--callgrind", action="store_true")
+    ap.add_argument("--fleet", type=int, default=0, help="with --callgrind: N workers per call")
     args = ap.parse_args(argv)
     if args.callgrind:
-        return callgrind(args.calls)
+        return callgrind(args.calls, args.fleet)
     with tempfile.TemporaryDirectory() as tmp, run_redis_server() as server:
         r = redis.Redis(port=server.port)
         calls = {}

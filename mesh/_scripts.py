@@ -371,34 +371,38 @@ def parse_heartbeats(
     """Split a ``heartbeat.lua`` reply into one outcome per worker; ``cache``
     keeps each (worker, queue)'s last balance (generation, T, C, capacity,
     extra weight), used when the reply says it still holds."""
-    now, next_ms, idles, replies = int(raw[0]), int(raw[1]), raw[2], raw[3]
+    now, next_ms = int(raw[0]), int(raw[1])
     index: dict[str, int] = {}
     for r in requests:
         for q in r.queues:
             index.setdefault(q, len(index))
+    idles = raw[2 : 2 + len(index)]
+    # one flat list: each worker's part follows the last (heartbeat.lua)
+    pos = 2 + len(index)
     out: list[outcome.Outcome[HeartbeatReply]] = []
-    for r, rep in zip(requests, replies, strict=True):
-        if isinstance(rep, bytes):
-            msg = rep.decode()
+    for r in requests:
+        if isinstance(raw[pos], bytes):
+            msg = raw[pos].decode()
+            pos += 1
             out.append(outcome.Error(FencedError(msg.removeprefix("FENCED "))))
             continue
-        n = int(rep[0])
-        inbox = tuple(x.decode() for x in rep[1 : 1 + n])
-        pos = 1 + n
+        n = int(raw[pos])
+        inbox = tuple(x.decode() for x in raw[pos + 1 : pos + 1 + n])
+        pos += 1 + n
         states, held, idle, release, shares = [], [], [], [], []
         for q in r.queues:
-            states.append(int(rep[pos]))
-            h = int(rep[pos + 1])
+            states.append(int(raw[pos]))
+            h = int(raw[pos + 1])
             held.append(h)
-            idle.append(rep[pos + 2] == 1)
+            idle.append(raw[pos + 2] == 1)
             pos += 3
             ids: tuple[str, ...] = ()
-            if int(rep[pos]) == 0:
+            if int(raw[pos]) == 0:
                 pos += 1
                 _, total, capacity, cap, extra = cache.get((r.worker, q), ("", 0, 1, 1, 0))
             else:
-                gen, total, capacity, cap, extra, nrel = (int(x) for x in rep[pos + 1 : pos + 7])
-                ids = tuple(x.decode() for x in rep[pos + 7 : pos + 7 + nrel])
+                gen, total, capacity, cap, extra, nrel = (int(x) for x in raw[pos + 1 : pos + 7])
+                ids = tuple(x.decode() for x in raw[pos + 7 : pos + 7 + nrel])
                 pos += 7 + nrel
                 if gen >= 0:
                     cache[(r.worker, q)] = (str(gen), total, capacity, cap, extra)

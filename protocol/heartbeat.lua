@@ -13,6 +13,9 @@
 -- (SMISMEMBER, per queue) and their new deadlines (ZADD). What is left per
 -- worker: a SET (the lease), an SCARD (held) per served queue, and the
 -- balance where the queue's generation moved since the worker last saw it.
+-- A call for one worker (a worker without a fleet, or a fleet of one) makes
+-- no tables it does not need: GET, EXISTS, ZADD and SISMEMBER with its keys
+-- as they are (a Lua table costs about as much as a small command).
 --
 -- KEYS[1]  {ns}:workers   ZSET lease deadlines
 -- KEYS[2 + 7i] .. KEYS[8 + 7i] for each queue i = 0..m-1 named by the call:
@@ -29,13 +32,16 @@
 --          its 1-based index into the m queues and the generation of its
 --          share hash (field ':gen') W last saw with nothing moving or
 --          reserved ("": none)
--- Returns: {now_ms, ms until the earliest lease deadline of any worker,
---           {per queue: how many servers are in its idle set},
---           {per worker: a reply}}
---          A worker's reply is the string "FENCED <reason>" if its lease
+-- Returns: one flat list (a table in a reply costs Redis more than a few
+--          elements do): now_ms, ms until the earliest lease deadline of
+--          any worker (-1: none), then per queue i = 1..m how many servers
+--          are in its idle set, then each worker's part, in ARGV's order,
+--          one after the other (the caller knows each part's length from
+--          its counts).
+--          A worker's part is the one string "FENCED <reason>" if its lease
 --          is gone (expired or recycled) or superseded (nothing of it was
 --          written; the others of the call are renewed all the same), else
---          a flat list: k, its k inbox process ids, then per queue it named:
+--          k, its k inbox process ids, then per queue it named:
 --          state (0 = tasks ready, -1 = none, N = ms until the earliest
 --          delayed task is due), how many processes W holds there, 1 if W
 --          is in its idle set else 0, then its balance: 0 when the
@@ -62,13 +68,12 @@
 -- Publishes: nothing.
 --!include lib.lua
 
--- The three counts: one match in the usual case; count_arg says which is wrong.
-local ttl, m, n, err
-if ARGV[3] then
-  ttl, m, n = string.match(ARGV[1] .. ',' .. ARGV[2] .. ',' .. ARGV[3], '^(%d+),(%d+),(%d+)$')
-end
-if ttl then
-  ttl, m, n = tonumber(ttl), tonumber(m), tonumber(n)
+-- The three counts: whole numbers in range in the usual case (x % 1 is not
+-- 0 for a fraction, inf or nan); count_arg says which is wrong.
+local ttl, m, n, err = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), nil
+if not (ttl and m and n) or ttl % 1 ~= 0 or m % 1 ~= 0 or n % 1 ~= 0 or ttl < 0 or m < 0
+    or n < 0 then
+  ttl = nil
 end
 if not ttl or m > (#KEYS - 1) / 7 or n > 1000 then
   ttl, err = count_arg(ARGV[1], 'ttl')
@@ -79,49 +84,52 @@ if not ttl or m > (#KEYS - 1) / 7 or n > 1000 then
   if err then return err end
 end
 
--- Check every argument before the first write.
+-- Check every argument before the first write. A worker's acks and the
+-- generations it gives are read from ARGV where they are (at ARGV[ack + i]
+-- and ARGV[gen + 2 * i]): fewer tables to build.
 local workers = {}
 local nargs, nkeys = #ARGV, #KEYS
-local none = {}
 local a, key = 4, 2 + 7 * m
 for w = 1, n do
   local id, inc = ARGV[a], ARGV[a + 1]
   local k = tonumber(ARGV[a + 2])
-  if not inc or not k or k < 0 or k ~= math.floor(k) or a + 3 + k > nargs then
+  if not inc or not k or k < 0 or k % 1 ~= 0 or a + 3 + k > nargs then
     return redis.error_reply('BAD_ARG worker ' .. w .. ': bad id, incarnation or ack count')
   end
-  local acks = none
-  if k > 0 then
-    acks = {}
-    for i = 1, k do acks[i] = ARGV[a + 2 + i] end
-  end
+  local ack = a + 2
   a = a + 3 + k
   local j = tonumber(ARGV[a])
-  if not j or j < 0 or j ~= math.floor(j) or a + 2 * j > nargs then
+  if not j or j < 0 or j % 1 ~= 0 or a + 2 * j > nargs then
     return redis.error_reply('BAD_ARG worker ' .. w .. ': bad served queue count')
   end
-  local qs, gens = {}, {}
+  local qs = {}
   for i = 1, j do
     local q = tonumber(ARGV[a + 2 * i - 1])
-    if not q or q < 1 or q > m or q ~= math.floor(q) then
+    if not q or q < 1 or q > m or q % 1 ~= 0 then
       return redis.error_reply('BAD_ARG queue index must be from 1 to ' .. m)
     end
-    qs[i], gens[i] = q, ARGV[a + 2 * i]
+    qs[i] = q
   end
-  a = a + 1 + 2 * j
   if key + 1 + j > nkeys then return redis.error_reply('BAD_ARG too few keys') end
-  workers[w] = {id = id, inc = inc, acks = acks, qs = qs, gens = gens, key = key}
+  workers[w] = {id = id, inc = inc, k = k, ack = ack, qs = qs, gen = a, key = key}
+  a = a + 1 + 2 * j
   key = key + 2 + j
 end
 
-local now = now_ms()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)  -- lib.lua now_ms
+
+-- The reply, flat (each table of a reply costs Redis more than a few
+-- elements do): now, ms until the earliest deadline (filled in last), the
+-- idle counts, then each worker's part.
+local res = {now, -1}
 
 -- Per queue, once: idle count, the share's generation, whether tasks are
 -- ready, the first delayed due time.
-local idles, qgen, qstate, slow = {}, {}, {}, {}
+local qgen, qstate, slow = {}, {}, false
 for q = 1, m do
   local b = 2 + 7 * (q - 1)
-  idles[q] = redis.call('SCARD', KEYS[b + 2])
+  res[q + 2] = redis.call('SCARD', KEYS[b + 2])
   qgen[q] = redis.call('HGET', KEYS[b + 5], ':gen') or '0'
   local state = -1
   if redis.call('EXISTS', KEYS[b], KEYS[b + 6]) > 0 then
@@ -133,112 +141,154 @@ for q = 1, m do
   qstate[q] = state
 end
 
--- What is moving or reserved on queue q, read once, for the workers whose
--- generation is behind.
-local function balance_of(q)
-  local s = slow[q]
-  if s then return s end
-  local b = 2 + 7 * (q - 1)
-  s = {moving = {}, reserved = {}, expired = false, busy = false}
-  if redis.call('EXISTS', KEYS[b + 3]) == 1 then
-    s.busy = true
-    local all = redis.call('HGETALL', KEYS[b + 3])
-    for i = 1, #all, 2 do s.moving[#s.moving + 1] = all[i] end
-  end
-  if redis.call('EXISTS', KEYS[b + 4]) == 1 then
-    s.busy = true
-    local all = redis.call('HGETALL', KEYS[b + 4])
-    for i = 2, #all, 2 do
-      local w, at = parse_entry(all[i])
-      if at <= now then s.expired = true elseif w then s.reserved[w] = true end
-    end
-  end
-  slow[q] = s
-  return s
+-- The leases, in one MGET (a GET for one worker); then only the live ones
+-- are written. With one worker, no tables: its deadline and inbox are used
+-- as they are. fenced[w]: the reply of a fenced worker (false: none is).
+local leases
+if n == 1 then
+  leases = redis.call('GET', KEYS[workers[1].key])
+else
+  leases = {}
+  for w = 1, n do leases[w] = KEYS[workers[w].key] end
+  leases = redis.call('MGET', unpack(leases))
 end
-
--- The leases, in one MGET; then only the live ones are written.
-local leases = {}
-for w = 1, n do leases[w] = KEYS[workers[w].key] end
-leases = redis.call('MGET', unpack(leases))
-local replies, deadlines, live, inboxes = {}, {}, {}, {}
-local deadline = string.format('%.0f', now + ttl)
+local fenced, deadlines, inboxes, nlive = false, false, false, 0
+if n > 1 then deadlines, inboxes = {}, {} end
+-- A number, not a string: Redis writes it in full for ZADD.
+local deadline = now + ttl
 for w = 1, n do
   local wk = workers[w]
-  if not leases[w] then
-    replies[w] = 'FENCED worker ' .. wk.id .. ' has no lease (expired or recycled)'
-  elseif leases[w] ~= wk.inc then
-    replies[w] = 'FENCED worker ' .. wk.id .. ' lease superseded'
+  local lease
+  if n == 1 then lease = leases else lease = leases[w] end
+  if not lease then
+    fenced = fenced or {}
+    fenced[w] = 'FENCED worker ' .. wk.id .. ' has no lease (expired or recycled)'
+  elseif lease ~= wk.inc then
+    fenced = fenced or {}
+    fenced[w] = 'FENCED worker ' .. wk.id .. ' lease superseded'
   else
     -- SET, not PEXPIRE: Redis refuses it when out of memory (before anything
     -- is written, as the first write of the script), so an OOM Redis fences
     -- its workers instead of keeping them alive with nothing working
-    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ARGV[1])
-    deadlines[#deadlines + 1] = deadline
-    deadlines[#deadlines + 1] = wk.id
-    live[#live + 1] = w
-    inboxes[#inboxes + 1] = KEYS[wk.key + 1]
-    if #wk.acks > 0 then redis.call('SREM', KEYS[wk.key + 1], unpack(wk.acks)) end
-  end
-end
-
--- Inboxes: one EXISTS for all, in the usual case (no cancel pending).
-local any_inbox = #inboxes > 0 and redis.call('EXISTS', unpack(inboxes)) > 0
--- Idle sets: one SMISMEMBER per queue for all its live workers of the call.
-local idle_of = {}
-for q = 1, m do
-  local ids = {}
-  for _, w in ipairs(live) do
-    for _, wq in ipairs(workers[w].qs) do
-      if wq == q then ids[#ids + 1] = workers[w].id end
+    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ttl)
+    nlive = nlive + 1
+    if deadlines then
+      deadlines[#deadlines + 1] = deadline
+      deadlines[#deadlines + 1] = wk.id
+      inboxes[#inboxes + 1] = KEYS[wk.key + 1]
     end
+    if wk.k > 0 then redis.call('SREM', KEYS[wk.key + 1], unpack(ARGV, wk.ack + 1, wk.ack + wk.k)) end
   end
-  local is = {}
-  if #ids > 0 then
-    local r = redis.call('SMISMEMBER', KEYS[2 + 7 * (q - 1) + 2], unpack(ids))
-    for i, id in ipairs(ids) do is[id] = r[i] end
-  end
-  idle_of[q] = is
 end
 
-for _, w in ipairs(live) do
+-- The deadlines: one ZADD (per 200 workers). Inboxes: one EXISTS for all,
+-- in the usual case (no cancel pending).
+local any_inbox = false
+if not deadlines then
+  if nlive == 1 then
+    redis.call('ZADD', KEYS[1], deadline, workers[1].id)
+    any_inbox = redis.call('EXISTS', KEYS[workers[1].key + 1]) > 0
+  end
+else
+  for i = 1, #deadlines, 200 do
+    redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
+  end
+  any_inbox = #inboxes > 0 and redis.call('EXISTS', unpack(inboxes)) > 0
+end
+-- Idle sets: one SMISMEMBER per queue for all its live workers of the call
+-- (with one live worker, a SISMEMBER per queue as its reply is written: no
+-- tables to build).
+local idle_of = false
+if nlive > 1 then
+  idle_of = {}
+  for q = 1, m do
+    local ids = {}
+    for w = 1, n do
+      if not (fenced and fenced[w]) then
+        for _, wq in ipairs(workers[w].qs) do
+          if wq == q then ids[#ids + 1] = workers[w].id end
+        end
+      end
+    end
+    local is = {}
+    if #ids > 0 then
+      local r = redis.call('SMISMEMBER', KEYS[2 + 7 * (q - 1) + 2], unpack(ids))
+      for i, id in ipairs(ids) do is[id] = r[i] end
+    end
+    idle_of[q] = is
+  end
+end
+
+local r = m + 2
+for w = 1, n do
   local wk = workers[w]
-  local out = {0}
-  if any_inbox then
-    local ids = redis.call('SMEMBERS', KEYS[wk.key + 1])
-    out[1] = #ids
-    for i = 1, #ids do out[#out + 1] = ids[i] end
-  end
-  for i, q in ipairs(wk.qs) do
-    local held = KEYS[wk.key + 1 + i]
-    if wk.gens[i] == qgen[q] then
-      out[#out + 1] = qstate[q]
-      out[#out + 1] = redis.call('SCARD', held)
-      out[#out + 1] = idle_of[q][wk.id]
-      out[#out + 1] = 0
-    else
-      local s = balance_of(q)
-      local p, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], wk.id)
-      out[#out + 1] = (s.expired or s.reserved[wk.id]) and 0 or qstate[q]
-      out[#out + 1] = redis.call('SCARD', held)
-      out[#out + 1] = idle_of[q][wk.id]
-      local mine = {}
-      for _, pid in ipairs(s.moving) do
-        if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
+  if fenced and fenced[w] then
+    r = r + 1
+    res[r] = fenced[w]
+  else
+    local nin = 0
+    if any_inbox then
+      local ids = redis.call('SMEMBERS', KEYS[wk.key + 1])
+      nin = #ids
+      for i = 1, nin do res[r + 1 + i] = ids[i] end
+    end
+    res[r + 1] = nin
+    r = r + 1 + nin
+    local qs, gen = wk.qs, wk.gen
+    for i = 1, #qs do
+      local q = qs[i]
+      local held = KEYS[wk.key + 1 + i]
+      if ARGV[gen + 2 * i] == qgen[q] then
+        res[r + 1] = qstate[q]
+        res[r + 2] = redis.call('SCARD', held)
+        res[r + 3] = idle_of and idle_of[q][wk.id]
+          or redis.call('SISMEMBER', KEYS[2 + 7 * (q - 1) + 2], wk.id)
+        res[r + 4] = 0
+        r = r + 4
+      else
+        -- what is moving or reserved on Q, read once for the workers whose
+        -- generation is behind
+        slow = slow or {}
+        local s = slow[q]
+        if not s then
+          local b = 2 + 7 * (q - 1)
+          s = {moving = {}, reserved = {}, expired = false, busy = false}
+          if redis.call('EXISTS', KEYS[b + 3]) == 1 then
+            s.busy = true
+            local all = redis.call('HGETALL', KEYS[b + 3])
+            for x = 1, #all, 2 do s.moving[#s.moving + 1] = all[x] end
+          end
+          if redis.call('EXISTS', KEYS[b + 4]) == 1 then
+            s.busy = true
+            local all = redis.call('HGETALL', KEYS[b + 4])
+            for x = 2, #all, 2 do
+              local ew, at = parse_entry(all[x])
+              if at <= now then s.expired = true elseif ew then s.reserved[ew] = true end
+            end
+          end
+          slow[q] = s
+        end
+        local p, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], wk.id)
+        res[r + 1] = (s.expired or s.reserved[wk.id]) and 0 or qstate[q]
+        res[r + 2] = redis.call('SCARD', held)
+        res[r + 3] = idle_of and idle_of[q][wk.id]
+          or redis.call('SISMEMBER', KEYS[2 + 7 * (q - 1) + 2], wk.id)
+        local mine = {}
+        for _, pid in ipairs(s.moving) do
+          if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
+        end
+        res[r + 4] = 1
+        res[r + 5] = s.busy and -1 or tonumber(qgen[q])
+        res[r + 6], res[r + 7], res[r + 8], res[r + 9] = p, sv, cap, extra
+        res[r + 10] = #mine
+        r = r + 10
+        for x = 1, #mine do res[r + x] = mine[x] end
+        r = r + #mine
       end
-      for _, x in ipairs({1, s.busy and -1 or tonumber(qgen[q]), p, sv, cap, extra, #mine}) do
-        out[#out + 1] = x
-      end
-      for _, pid in ipairs(mine) do out[#out + 1] = pid end
     end
   end
-  replies[w] = out
-end
-for i = 1, #deadlines, 200 do
-  redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
 end
 
 local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local next_ms = -1
-if #earliest > 0 then next_ms = tonumber(earliest[2]) - now end
-return {now, next_ms, idles, replies}
+if #earliest > 0 then res[2] = tonumber(earliest[2]) - now end
+return res

@@ -96,7 +96,10 @@ async def test_each_task_runs_once_across_workers(redis_url: str, namespace: str
         assert await client.enqueue_many("jobs", tasks) == 500
 
         async def all_done() -> bool:
-            return len(rec.done) >= 500 and not await client.processes("jobs")
+            # a finish report's reply reaches its worker a moment after Redis
+            # ran it (and the processes left): count once every reply is in
+            finished = sum(w.statistics().processes_finished for w in workers)
+            return len(rec.done) >= 500 and finished >= 500 and not await client.processes("jobs")
 
         await wait_until(all_done, what="500 tasks")
         assert sorted(p.task for p in rec.done) == sorted(tasks)
