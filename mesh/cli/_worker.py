@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,47 +190,42 @@ def _grace_arg(text: str) -> float:
     return v
 
 
-def _concurrency_arg(text: str) -> tuple[str | None, int]:
+def _queue_and_count(text: str, count: Callable[[str], int]) -> tuple[str | None, int]:
+    """Parse ``N`` or ``QUEUE=N``: the queue (None for a bare ``N``: every
+    other queue) and ``count(N)``. Raises ArgumentTypeError naming what was
+    wrong."""
     queue, eq, n = text.rpartition("=")
     if not eq:
-        return None, _count_arg(text)
+        return None, count(text)
     if not queue:
         raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, not {text!r}")
     try:
         check_queue(queue)
     except mesh.ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return queue, _count_arg(n)
+    return queue, count(n)
+
+
+def _concurrency_arg(text: str) -> tuple[str | None, int]:
+    return _queue_and_count(text, _count_arg)
 
 
 def _capacity_arg(text: str) -> tuple[str | None, int]:
-    queue, eq, n = text.rpartition("=")
-    if eq and not queue:
-        raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, not {text!r}")
-    if eq:
-        try:
-            check_queue(queue)
-        except mesh.ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return (queue if eq else None), weight_arg(n)
+    return _queue_and_count(text, weight_arg)
 
 
-def _prefetch_arg(text: str) -> tuple[str | None, int]:
-    queue, eq, n = text.rpartition("=")
-    if eq and not queue:
-        raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, not {text!r}")
-    if eq:
-        try:
-            check_queue(queue)
-        except mesh.ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+def _prefetch_count(n: str) -> int:
     try:
         count = int(n)
     except ValueError:
         count = -1
     if count < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {n!r}")
-    return (queue if eq else None), count
+    return count
+
+
+def _prefetch_arg(text: str) -> tuple[str | None, int]:
+    return _queue_and_count(text, _prefetch_count)
 
 
 def _queue_concurrency_arg(text: str) -> tuple[str | None, int]:
