@@ -42,7 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -257,43 +258,58 @@ def instructions(pid: int, out: str, r: redis.Redis, call: Callable[[], Any], n:
     raise RuntimeError(f"no totals in {f}")
 
 
-def callgrind(calls_n: int, fleet: int = 0) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        out = os.path.join(tmp, "cg.out")
-        proc = subprocess.Popen(
-            [
-                "valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
-                f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-                "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+@contextmanager
+def redis_under_callgrind(tmp: str) -> Iterator[tuple[redis.Redis, int, str]]:
+    """A redis-server on a free loopback port under ``valgrind
+    --tool=callgrind --toggle-collect=evalShaCommand``, its files in ``tmp``:
+    yields a client, the server's pid (for ``callgrind_control``) and the
+    callgrind output file. The server is killed on the way out, also on
+    error; a server that does not answer PING within 60 s raises
+    ``redis.ConnectionError``."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = os.path.join(tmp, "cg.out")
+    proc = subprocess.Popen(
+        [
+            "valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
+            f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
+            "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        r = redis.Redis(port=port)
+        for i in range(600):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                if i == 599:
+                    raise
+                time.sleep(0.1)
         try:
-            r = redis.Redis(port=port)
-            for _ in range(600):
-                try:
-                    r.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.1)
-            res = {}
-            for v, rev in VERSIONS.items():
-                s = Scripts(r, checkout(rev, Path(tmp)))
-                hb, claim = setup(v, s, "cost-" + v)
-                res[(v, "heartbeat")] = instructions(proc.pid, out, r, hb, calls_n)
-                res[(v, "claim")] = instructions(proc.pid, out, r, claim, calls_n)
-                if fleet and v in ("main-7bb04d2", "this"):
-                    call = fleet_setup(s, "fleet-" + v, fleet)
-                    n = max(1, calls_n // 10)
-                    res[(v, "fleet")] = instructions(proc.pid, out, r, call, n) / fleet
-            r.close()
+            yield r, proc.pid, out
         finally:
-            proc.kill()
-            proc.wait()
+            r.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def callgrind(calls_n: int, fleet: int = 0) -> int:
+    with tempfile.TemporaryDirectory() as tmp, redis_under_callgrind(tmp) as (r, pid, out):
+        res = {}
+        for v, rev in VERSIONS.items():
+            s = Scripts(r, checkout(rev, Path(tmp)))
+            hb, claim = setup(v, s, "cost-" + v)
+            res[(v, "heartbeat")] = instructions(pid, out, r, hb, calls_n)
+            res[(v, "claim")] = instructions(pid, out, r, claim, calls_n)
+            if fleet and v in ("main-7bb04d2", "this"):
+                call = fleet_setup(s, "fleet-" + v, fleet)
+                n = max(1, calls_n // 10)
+                res[(v, "fleet")] = instructions(pid, out, r, call, n) / fleet
     for what in ("heartbeat", "claim"):
         base = res[("before", what)]
         for v in VERSIONS:

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +37,7 @@ from typing import Any
 
 import redis
 
-from bench.balance_cost import checkout
+from bench.balance_cost import checkout, redis_under_callgrind
 from mesh._keys import PROTOCOL_VERSION, Keys
 from mesh._scripts import Binding, ResultsToKeep, ScriptCall, _expand
 
@@ -131,60 +129,35 @@ def main(argv: list[str] | None = None) -> int:
     BATCH = args.batch
     versions = {args.base: args.base, "this": None}
     res: dict[tuple[str, str, str], float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        out = os.path.join(tmp, "cg.out")
-        proc = subprocess.Popen(
-            [
-                "valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
-                f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-                "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            r = redis.Redis(port=port)
-            for _ in range(600):
-                try:
-                    r.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.1)
-            n = 0
-            for name, rev in versions.items():
-                v = Version(r, checkout(rev, Path(tmp)))
-                for results in (False, True):
-                    for count in ("claim", "finish"):
-                        n += 1
-                        b, w, inc = prepare(v, f"cost{n}", args.tasks)
-                        run = cycle(v, b, w, inc, results, count)
-                        for _ in range(5):  # warm up: the hashes reach their steady size
-                            run()
-                        subprocess.run(["callgrind_control", "-z", str(proc.pid)],
-                                       check=True, capture_output=True)  # fmt: skip
-                        done = 0
-                        while True:
-                            got = run()
-                            if got == 0:
-                                break
-                            done += got
-                        total, f = dump_total(proc.pid, out)
-                        what = "finish_results" if results and count == "finish" else count
-                        res[(name, "results" if results else "plain", what)] = total / done
-                        if args.annotate and rev is None:
-                            print(f"--- {what} ({'results' if results else 'plain'}) ---")
-                            a = subprocess.run(
-                                ["callgrind_annotate", "--inclusive=yes", f],
-                                check=True, capture_output=True, text=True,
-                            ).stdout  # fmt: skip
-                            print("\n".join(a.splitlines()[:60]))
-            r.close()
-        finally:
-            proc.kill()
-            proc.wait()
+    with tempfile.TemporaryDirectory() as tmp, redis_under_callgrind(tmp) as (r, pid, out):
+        n = 0
+        for name, rev in versions.items():
+            v = Version(r, checkout(rev, Path(tmp)))
+            for results in (False, True):
+                for count in ("claim", "finish"):
+                    n += 1
+                    b, w, inc = prepare(v, f"cost{n}", args.tasks)
+                    run = cycle(v, b, w, inc, results, count)
+                    for _ in range(5):  # warm up: the hashes reach their steady size
+                        run()
+                    subprocess.run(["callgrind_control", "-z", str(pid)],
+                                   check=True, capture_output=True)  # fmt: skip
+                    done = 0
+                    while True:
+                        got = run()
+                        if got == 0:
+                            break
+                        done += got
+                    total, f = dump_total(pid, out)
+                    what = "finish_results" if results and count == "finish" else count
+                    res[(name, "results" if results else "plain", what)] = total / done
+                    if args.annotate and rev is None:
+                        print(f"--- {what} ({'results' if results else 'plain'}) ---")
+                        a = subprocess.run(
+                            ["callgrind_annotate", "--inclusive=yes", f],
+                            check=True, capture_output=True, text=True,
+                        ).stdout  # fmt: skip
+                        print("\n".join(a.splitlines()[:60]))
     base = args.base
     for shape in ("plain", "results"):
         for name in versions:
