@@ -75,7 +75,7 @@ from ._supervisor import Reaper, ReaperStatistics
 from ._topology import Topology
 from ._transport import check_min_replicas
 from ._url import RedisConfig, parse_url
-from ._worker import Worker, check_server, worker_options
+from ._worker import Worker, check_server, subscribe_expiry, worker_options
 
 __all__ = ["Fleet", "open_fleet"]
 
@@ -395,14 +395,7 @@ class Fleet:
             w._apply_policy(queue, policy)
 
     async def _listen(self) -> None:
-        k = self._keys
-        expired = f"__keyevent@{self._conn.config.db}__:expired".encode()
-        wake = k.wake_prefix.encode()
-        cancel = k.cancel_prefix.encode()
-        try:
-            await self._pubsub.subscribe(expired)
-        except MeshConnectionError:
-            pass  # subscribed on the reconnect
+        expired, wake, cancel = await subscribe_expiry(self._pubsub, self._conn, self._keys)
         async for msg in self._pubsub:
             if msg.kind == "reconnected":
                 for w in list(self.workers):
@@ -416,7 +409,7 @@ class Fleet:
                         to._dispatch(msg, expired, wake, cancel)
                     break
             else:
-                if ch == expired and k.parse_heartbeat_key(msg.data) is not None:
+                if ch == expired and self._keys.parse_heartbeat_key(msg.data) is not None:
                     self._reaper.heard_expiry()
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

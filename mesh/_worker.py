@@ -738,14 +738,7 @@ class Worker:
         gen.early_cancels[pid] = trio.current_time()
 
     async def _listen(self) -> None:
-        k = self._keys
-        expired = f"__keyevent@{self._conn.config.db}__:expired".encode()
-        wake = k.wake_prefix.encode()
-        cancel = k.cancel_prefix.encode()
-        try:
-            await self._pubsub.subscribe(expired)
-        except MeshConnectionError:
-            pass  # subscribed on the reconnect
+        expired, wake, cancel = await subscribe_expiry(self._pubsub, self._conn, self._keys)
         async for msg in self._pubsub:
             self._dispatch(msg, expired, wake, cancel)
 
@@ -938,6 +931,22 @@ def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float
         worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
     check_worker_id(worker_id)
     return worker_id
+
+
+async def subscribe_expiry(
+    pubsub: PubSub, conn: Connection, keys: Keys
+) -> tuple[bytes, bytes, bytes]:
+    """Subscribe ``pubsub`` to the key-expiry events of ``conn``'s db and
+    return the channel names a listener tells apart: that expiry channel,
+    then the namespace's wake and cancel channel prefixes. A connection lost
+    meanwhile is not an error: the pub/sub connection subscribes again when
+    it reconnects. Cancellation passes through."""
+    expired = f"__keyevent@{conn.config.db}__:expired".encode()
+    try:
+        await pubsub.subscribe(expired)
+    except MeshConnectionError:
+        pass  # subscribed on the reconnect
+    return expired, keys.wake_prefix.encode(), keys.cancel_prefix.encode()
 
 
 async def check_server(conn: Connection) -> None:
