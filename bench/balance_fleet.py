@@ -373,6 +373,8 @@ async def massfail(
                 await conn.execute("CONFIG", "SET", "slowlog-max-len", "1000000")
                 await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "1000")
                 await conn.execute("SLOWLOG", "RESET")
+            # fences during the initial claims are not the mass failure's
+            live_at_kill = set(await live_workers(conn, k))
             t0 = time.monotonic()
             for child, _ in doomed:
                 child.signal(signal.SIGKILL)
@@ -398,7 +400,9 @@ async def massfail(
                 await s.wait()
             ids = await survivors()
             final = await held_by(conn, k, ids)
-            rejoins = len(set(await live_workers(conn, k)) - set(everyone))
+            live_now = set(await live_workers(conn, k))
+            rejoins = len(live_now - set(everyone))
+            fenced_after_kill = len(live_now - live_at_kill)
             if trace:
                 await _dump_trace(conn, trace, t0, polls)
                 await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
@@ -427,6 +431,7 @@ async def massfail(
         "final_spread": f"{min(final)}-{max(final)}",
         "fair_share": tasks / n_alive,
         "rejoins_after_fencing": rejoins,
+        "survivors_fenced_after_kill": fenced_after_kill,
         "redis_used_memory": mem.strip(),
         "scripts_over_100ms": _slow(slow),
         "children_gc_threshold": gc_threshold or "python default (10)",
