@@ -27,6 +27,7 @@ import outcome
 
 from ._errors import CommandError, ConfigError, ConflictError, FencedError, ProtocolError
 from ._keys import PROTOCOL_VERSION, Keys
+from ._transport import Packed
 from ._types import DeadLetter, Process
 
 __all__ = [
@@ -248,11 +249,28 @@ class ScriptCall(Generic[T]):
     keys: Sequence[str] = attrs.field(repr=False)
     args: Sequence[Any] = attrs.field(repr=False)
     parse: Callable[[Any], T] = attrs.field(repr=False)
+    #: The ``EVALSHA`` command packed once (:class:`Packed`), for a call that
+    #: is sent many times (see :meth:`Binding.claim_call`); None: built anew.
+    evalsha: Packed | None = attrs.field(default=None, repr=False, eq=False)
 
     def command(self, *, source: bool = False) -> tuple[Any, ...]:
         """The ``EVALSHA`` command, or with ``source`` the ``EVAL`` one."""
-        head = ("EVAL", self.script.source) if source else ("EVALSHA", self.script.sha)
-        return (*head, len(self.keys), *self.keys, *self.args)
+        if source:
+            return ("EVAL", self.script.source, len(self.keys), *self.keys, *self.args)
+        if self.evalsha is not None:
+            return self.evalsha
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+
+    def reusable(self) -> ScriptCall[T]:
+        """The same call with its ``EVALSHA`` command packed once, to be sent
+        many times (its keys and arguments are copied into tuples).
+
+        Raises:
+            ConfigError: an argument cannot be sent (as :meth:`Connection.execute`).
+        """
+        keys, args = tuple(self.keys), tuple(self.args)
+        packed = Packed(("EVALSHA", self.script.sha, len(keys), *keys, *args))
+        return ScriptCall(self.script, keys, args, self.parse, packed)
 
 
 async def run_pipelined(
@@ -501,6 +519,48 @@ class ReapCheck(NamedTuple):
     dead: list[str]  # ids whose lease has run out
 
 
+# How many argument sets Binding.claim_call and finish_call keep built.
+_CLAIM_MEMO = 64
+
+# A claim reply's processes are made without Process.__init__ (attrs' frozen
+# __init__ sets each field through object.__setattr__, about a quarter of the
+# cost of a claim reply): straight through the slots' descriptors, in the
+# order of attrs.fields(Process) (tests/test_protocol.py checks that it
+# builds what Process(...) does).
+_PROCESS_SLOTS = ("id", "queue", "task", "token", "worker_id", "persistent", "attempts", "started")
+_PROCESS_SET = tuple(getattr(Process, name).__set__ for name in _PROCESS_SLOTS)
+
+
+def parse_claim(r: Any, queue: str, worker: str) -> ClaimReply:
+    """A :class:`ClaimReply` from a ``claim.lua`` reply: {now ms, tasks left
+    (-1: held back), ms until the next delayed task (-1: none), then per
+    process its id, persistent flag, failed attempts and payload}.
+
+    Raises:
+        ValueError, TypeError, IndexError: the reply is not of that shape.
+    """
+    now = int(r[0])
+    started = now / 1000
+    procs: list[Process] = []
+    append = procs.append
+    new = object.__new__
+    set_id, set_queue, set_task, set_token = _PROCESS_SET[:4]
+    set_worker, set_persistent, set_attempts, set_started = _PROCESS_SET[4:]
+    for pid, persistent, attempts, task in zip(r[3::4], r[4::4], r[5::4], r[6::4], strict=True):
+        p = new(Process)
+        set_id(p, pid.decode())
+        set_queue(p, queue)
+        set_task(p, task)
+        set_token(p, int(pid))
+        set_worker(p, worker)
+        set_persistent(p, persistent == 1)
+        set_attempts(p, int(attempts))
+        set_started(p, started)
+        append(p)
+    left = int(r[1])
+    return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2]))
+
+
 class Binding:
     """Typed calls to the scripts of one namespace."""
 
@@ -510,6 +570,10 @@ class Binding:
         # (worker, queue) -> (generation, T, C, capacity, extra held weight):
         # the balance a heartbeat last read with nothing moving or reserved
         self._balance: dict[tuple[str, str], tuple[str, int, int, int, int]] = {}
+        # claim_call's arguments -> the call, built and packed once
+        self._claims: dict[tuple[Any, ...], ScriptCall[ClaimReply]] = {}
+        # (worker, incarnation, queue) -> finish.lua's keys and first arguments
+        self._finishes: dict[tuple[str, str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
     async def run(self, conn: Executor, call: ScriptCall[T]) -> T:
         """Send one built call (:meth:`claim_call`, :meth:`finish_call`) and
@@ -620,6 +684,13 @@ class Binding:
         set when it finds nothing (a runner waiting for work); False for a
         claim by hand, which nobody should wake. ``rate``: the queue's rate
         limit (claims, period ms), enforced by a token bucket in Redis."""
+        memo = (
+            worker, incarnation, queue, n, max_attempts, fair, backoff_ms, backoff_cap_ms,
+            ttl_ms, wake, rate,
+        )  # fmt: skip
+        call = self._claims.get(memo)
+        if call is not None:
+            return call
         k = self.keys
         keys = [
             k.heartbeat(worker),
@@ -657,30 +728,15 @@ class Binding:
             keys.append(k.rate(queue))
             args += [rate[0], rate[1]]
 
-        def parse(r: Any) -> ClaimReply:
-            now = int(r[0])
-            started = now / 1000
-            procs = []
-            for i in range(3, len(r), 4):
-                pid = r[i].decode()
-                procs.append(
-                    Process(
-                        pid,
-                        queue,
-                        r[i + 3],
-                        int(pid),
-                        worker,
-                        r[i + 1] == 1,
-                        int(r[i + 2]),
-                        started,
-                    )
-                )
-            left = int(r[1])
-            return ClaimReply(
-                now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2])
-            )
-
-        return ScriptCall(self.scripts["claim"], keys, args, parse)
+        # A runner claims with the same few argument sets over and over:
+        # each is built and packed once (a handful per runner; the memo is
+        # emptied should it ever grow large).
+        parse = functools.partial(parse_claim, queue=queue, worker=worker)
+        call = ScriptCall(self.scripts["claim"], keys, args, parse).reusable()
+        if len(self._claims) >= _CLAIM_MEMO:
+            self._claims.clear()
+        self._claims[memo] = call
+        return call
 
     async def claim(
         self,
@@ -723,19 +779,25 @@ class Binding:
     ) -> ScriptCall[list[bool]]:
         """A ``finish.lua`` call; with ``results`` (a queue that keeps them),
         a ``finish_results.lua`` call that keeps each id's result."""
-        k = self.keys
         if results is not None:
             return self._finish_results_call(worker, incarnation, queue, ids, results)
-        keys = [
-            k.heartbeat(worker),
-            k.procs(queue),
-            k.held(worker, queue),
-            k.persistent(queue),
-            k.attempts(queue),
-            k.share(queue),
-        ]
-        args = [worker, incarnation, k.done_channel(queue), *ids]
-        return ScriptCall(self.scripts["finish"], keys, args, _parse_finish)
+        memo = (worker, incarnation, queue)
+        head = self._finishes.get(memo)
+        if head is None:
+            k = self.keys
+            keys = (
+                k.heartbeat(worker),
+                k.procs(queue),
+                k.held(worker, queue),
+                k.persistent(queue),
+                k.attempts(queue),
+                k.share(queue),
+            )
+            head = keys, (worker, incarnation, k.done_channel(queue))
+            if len(self._finishes) >= _CLAIM_MEMO:
+                self._finishes.clear()
+            self._finishes[memo] = head
+        return ScriptCall(self.scripts["finish"], head[0], (*head[1], *ids), _parse_finish)
 
     def _finish_results_call(
         self,

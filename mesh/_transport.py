@@ -22,7 +22,7 @@ import collections.abc
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeAlias, TypeVar, cast
+from typing import Any, Final, TypeAlias, TypeVar
 
 import hiredis
 import trio
@@ -34,6 +34,7 @@ from ._url import RedisConfig, parse_url
 
 __all__ = [
     "Arg",
+    "Packed",
     "backoff_delays",
     "coerce_config",
     "connect",
@@ -84,13 +85,45 @@ ENCODER: Final = Encoder(  # type: ignore[no-untyped-call]
 # header (fewer, larger pieces for the writer to join); larger ones are not.
 _INLINE: Final = 512
 
+# The packed pieces of recent short str and int arguments. A worker's script
+# calls repeat most of theirs on every call (the script's SHA, key names, the
+# worker id, counts and flags), and a dict look-up costs a fraction of
+# encoding and formatting one. Arguments seen once (process ids) pass through
+# it too; it is emptied when full, so it never holds more than _PIECES_MAX
+# entries of at most _PIECE_MAX bytes each.
+_PIECES: Final[dict[str | int, bytes]] = {}
+_PIECES_MAX: Final = 1024
+_PIECE_MAX: Final = 128
+
+
+class Packed(tuple[Arg, ...]):
+    """A command's arguments (a tuple, usable wherever a command is) with its
+    RESP form made once, when it is created: :func:`pack` returns that
+    instead of packing the arguments again. For a command sent many times
+    unchanged (a runner's claim).
+
+    Raises (on creation): what :func:`pack` raises for the arguments.
+    """
+
+    resp: bytes
+
+    def __new__(cls, args: Sequence[Arg]) -> Packed:
+        resp = b"".join(pack(tuple(args)))
+        self = super().__new__(cls, args)
+        self.resp = resp
+        return self
+
 
 def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
     """Pack one command into a list of bytes for the writer to join (a large
     ``bytes`` argument is not copied here): ``str`` as UTF-8, ``int`` and
     ``float`` as their ``repr``, ``bytes`` and ``memoryview`` as they are; a
-    first argument with spaces (``"CLIENT KILL"``) is split into words. An
-    argument of an unsupported type is a ConfigError (nothing is sent)."""
+    first argument with spaces (``"CLIENT KILL"``) is split into words; a
+    :class:`Packed` command's bytes are returned as they were made. An
+    argument of an unsupported type is a ConfigError (nothing is sent); a
+    ``str`` that is not valid UTF-8 (lone surrogates) a UnicodeEncodeError."""
+    if type(args) is Packed:
+        return [args.resp]
     if not args:
         raise ConfigError("a Redis command needs at least its name")
     first = args[0]
@@ -101,14 +134,27 @@ def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
         args = (*first.split(), *args[1:])
     out: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
     append = out.append
-    b: bytes | memoryview
+    cached = _PIECES.get
+    a: Any
+    b: Any
     for a in args:
-        if type(a) is str:
-            b = a.encode()
-        elif type(a) is bytes:
+        t = type(a)
+        if t is str or t is int:
+            # exact types only: True and 1.0 are equal to 1 as dict keys
+            piece = cached(a)
+            if piece is not None:
+                append(piece)
+                continue
+            b = a.encode() if t is str else b"%d" % a
+            if len(b) <= _PIECE_MAX:
+                piece = b"$%d\r\n%b\r\n" % (len(b), b)
+                if len(_PIECES) >= _PIECES_MAX:
+                    _PIECES.clear()
+                _PIECES[a] = piece
+                append(piece)
+                continue
+        elif t is bytes:
             b = a
-        elif type(a) is int:
-            b = b"%d" % a
         elif isinstance(a, bytes):
             b = a
         elif isinstance(a, str):
@@ -120,7 +166,7 @@ def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
                 raise ConfigError(f"cannot send this argument to Redis: {exc}") from None
         if len(b) <= _INLINE:
             # one piece per argument: its header, itself and CRLF
-            append(b"$%d\r\n%b\r\n" % (len(b), cast(bytes, b)))
+            append(b"$%d\r\n%b\r\n" % (len(b), b))
         else:
             # a large one is not copied here (the writer joins the pieces)
             append(b"$%d\r\n" % len(b))

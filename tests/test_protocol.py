@@ -7,6 +7,7 @@ import functools
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -16,7 +17,16 @@ from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
-from mesh._scripts import Binding, HeartbeatRequest, _expand, load_scripts, parse_record
+from mesh._scripts import (
+    _PROCESS_SLOTS,
+    Binding,
+    HeartbeatRequest,
+    _expand,
+    load_scripts,
+    parse_claim,
+    parse_record,
+)
+from mesh._transport import Packed, pack
 from mesh.testing import RedisServer
 
 from .protocol_helpers import expire_worker, join, snapshot
@@ -1179,3 +1189,61 @@ async def test_a_claim_of_persistent_and_one_shot_tasks_after_a_crash(
     owner = {pers[i]: pers[i + 1].decode() for i in range(0, len(pers), 2)}
     assert owner == {p.task: p.id for p in again if p.persistent}
     assert (standby, unowned) == (0, 0)
+
+
+def test_claim_call_is_built_and_packed_once_per_argument_set(keys: Keys) -> None:
+    b = Binding(keys)
+    call = b.claim_call("w1", "i1", Q, 10, 3, fair=True, ttl_ms=5000)
+    assert b.claim_call("w1", "i1", Q, 10, 3, fair=True, ttl_ms=5000) is call
+    other = b.claim_call("w1", "i1", Q, 9, 3, fair=True, ttl_ms=5000)
+    assert other is not call and other.args[3] == 9
+    assert b.claim_call("w1", "i1", Q, 10, 3, fair=False, ttl_ms=5000).args[5] == 0
+    assert b.claim_call("w1", "i2", Q, 10, 3, fair=True, ttl_ms=5000).args[1] == "i2"
+    rated = b.claim_call("w1", "i1", Q, 10, 3, fair=True, ttl_ms=5000, rate=(5, 1000))
+    assert rated.keys[-1] == keys.rate(Q) and list(rated.args[-2:]) == [5, 1000]
+    cmd = call.command()
+    plain = ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+    assert type(cmd) is Packed and cmd == plain
+    assert pack(cmd) == [b"".join(pack(plain))]
+    assert call.command(source=True)[:2] == ("EVAL", call.script.source)
+    assert len(call.keys) == 17 and call.keys[0] == keys.heartbeat("w1")
+    assert list(call.args) == ["w1", "i1", Q, 10, 3, 1, 1000, 60_000, 5000, 1, keys.wake_prefix]
+
+
+def test_finish_call_names_its_keys_and_ids(keys: Keys) -> None:
+    b = Binding(keys)
+    for ids in (["1", "2"], ["3"], []):
+        call = b.finish_call("w1", "i1", Q, ids)
+        assert list(call.keys) == [
+            keys.heartbeat("w1"),
+            keys.procs(Q),
+            keys.held("w1", Q),
+            keys.persistent(Q),
+            keys.attempts(Q),
+            keys.share(Q),
+        ]
+        assert list(call.args) == ["w1", "i1", keys.done_channel(Q), *ids]
+    assert b.finish_call("w2", "i9", Q, ["4"]).args[:2] == ("w2", "i9")
+
+
+def test_parse_claim_builds_what_process_init_builds() -> None:
+    # parse_claim sets Process's slots itself: it must cover every field
+    assert _PROCESS_SLOTS == tuple(f.name for f in attrs.fields(Process))
+    raw: list[int | bytes] = [1_700_000_000_123, -1, 250]
+    raw += [b"1700000000123001", 0, 2, b"a\x00b"]
+    raw += [b"1700000000123002", 1, 0, b""]
+    r = parse_claim(raw, Q, "w1")
+    assert (r.now_ms, r.remaining, r.held_back, r.next_due_ms) == (1_700_000_000_123, 0, True, 250)
+    expected = (
+        Process("1700000000123001", Q, b"a\x00b", 1700000000123001, "w1", False, 2, 1700000000.123),
+        Process("1700000000123002", Q, b"", 1700000000123002, "w1", True, 0, 1700000000.123),
+    )
+    assert r.processes == expected
+    assert [repr(p) for p in r.processes] == [repr(p) for p in expected]
+    assert {hash(p) for p in r.processes} == {hash(p) for p in expected}
+    assert attrs.evolve(r.processes[0], attempts=3).attempts == 3
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        r.processes[0].task = b"x"  # type: ignore[misc]
+    assert parse_claim([5, 4, -1], Q, "w1").processes == ()
+    with pytest.raises(ValueError):
+        parse_claim([5, 4, -1, b"1", 0, 0], Q, "w1")  # a truncated process

@@ -148,3 +148,45 @@ def test_hiredis_protocol_error() -> None:
     reader.feed(b"?nonsense\r\n")
     with pytest.raises(hiredis.ProtocolError):
         reader.gets()
+
+
+def test_pack_reuses_pieces_of_repeated_arguments_without_mixing_types() -> None:
+    """The packer keeps the pieces of recent str and int arguments: the bytes
+    are the same on every call, and a value equal to a cached one but of
+    another type (True == 1, 1.0 == 1) is packed (or refused) as its own."""
+    for _ in range(3):
+        assert b"".join(_pack(("SET", "k", 1))) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n1\r\n"
+    assert b"".join(_pack(("SET", "k", 1.0))) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\n1.0\r\n"
+    assert b"".join(_pack(("SET", "1", b"1"))) == b"*3\r\n$3\r\nSET\r\n$1\r\n1\r\n$1\r\n1\r\n"
+    with pytest.raises(ConfigError, match="bool"):
+        _pack(("SET", "k", True))
+    long = "é" * 200  # longer than what is kept: packed each time
+    for _ in range(2):
+        assert b"".join(_pack(("ECHO", long))) == b"*2\r\n$4\r\nECHO\r\n$400\r\n" + (
+            long.encode() + b"\r\n"
+        )
+
+
+def test_pack_piece_cache_stays_bounded() -> None:
+    from mesh import _transport
+
+    for i in range(3 * _transport._PIECES_MAX):
+        assert b"".join(_pack(("GET", f"key:{i}"))) == b"*2\r\n$3\r\nGET\r\n$%d\r\nkey:%d\r\n" % (
+            len(f"key:{i}"),
+            i,
+        )
+        assert len(_transport._PIECES) <= _transport._PIECES_MAX
+    assert all(len(piece) <= _transport._PIECE_MAX + 10 for piece in _transport._PIECES.values())
+
+
+def test_packed_command_is_its_arguments_packed_once() -> None:
+    from mesh._transport import Packed
+
+    args = ("EVALSHA", "ab" * 20, 2, "{ns}:a", "{ns}:b", b"\x00payload", 7, 0.5)
+    packed = Packed(args)
+    assert packed == args and isinstance(packed, tuple)
+    assert packed[0] == "EVALSHA" and len(packed) == len(args)
+    assert _pack(packed) == [b"".join(_pack(args))]
+    assert Packed(("CLIENT KILL", "ID", 3)).resp == b"".join(_pack(("CLIENT", "KILL", "ID", 3)))
+    with pytest.raises(ConfigError, match="bool"):
+        Packed(("SET", "k", True))
