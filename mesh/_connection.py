@@ -854,6 +854,7 @@ class Connection:
         # deadline is when the last data arrived (or the wait began) plus
         # reply_timeout; when it passes, the loop looks at what really came.
         last = current_time()
+        timed = timeout < math.inf  # else ``last`` is never looked at again
         # On a plain socket, read it directly: a read that finds data does
         # not yield to trio (trio's receive_some does, after each), one that
         # finds none waits until it is readable. Every _FAIR_READS reads in a
@@ -887,7 +888,8 @@ class Connection:
                             if streak >= _FAIR_READS:
                                 streak = 0
                                 await trio.lowlevel.checkpoint()
-                        last = current_time()
+                        if timed:
+                            last = current_time()
                         if not data:
                             self._broken(None, "Redis closed the connection")
                             scope.cancel()
