@@ -616,20 +616,21 @@ class QueueRunner:
             self._handlers = handlers
             task_status.started()
             backoff = 0.02
-            while True:
-                if self._stopping:
-                    if await self._stop_step():
-                        # Every handler has exited: end the idle pool.
-                        self._end_pool()
-                        return
-                    continue
-                # begin_stop() cancels this scope: a claim or report in flight
-                # is dropped (a report is sent again while stopping; what a
-                # dropped claim took stays held, and is handed back by unserve
-                # or the worker's retirement).
-                with trio.CancelScope() as self._io_scope:
+            # begin_stop() gives this scope a deadline: a claim or report in
+            # flight then is dropped if it does not come back within
+            # STOP_IO_GRACE (a report is sent again while stopping; what a
+            # dropped claim took stays held, and is handed back by unserve or
+            # the worker's retirement). One scope for every turn while
+            # serving, not one per turn: entering and leaving a trio cancel
+            # scope costs about as much as a no-op handler run.
+            with trio.CancelScope() as self._io_scope:
+                while not self._stopping:
                     backoff = await self._step(handlers, backoff)
-                self._io_scope = None
+            self._io_scope = None
+            while not await self._stop_step():
+                pass
+            # Every handler has exited: end the idle pool.
+            self._end_pool()
 
     async def _step(self, handlers: trio.Nursery, backoff: float) -> float:
         """One turn of the loop while serving; returns the next error backoff."""
