@@ -303,6 +303,8 @@ class Connection:
         data = _pack(args)
         if not self._connected or self._closed:
             await self._wait_connected()
+        # a cancelled caller raises here, before anything is queued or written
+        await trio.lowlevel.checkpoint_if_cancelled()
         waiter = _Waiter(data, 1)
         self._submit(waiter)
         reply = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
@@ -349,6 +351,7 @@ class Connection:
             data.extend(_pack(command))
         if not self._connected or self._closed:
             await self._wait_connected()
+        await trio.lowlevel.checkpoint_if_cancelled()  # as in execute
         waiter = _Waiter(data, len(commands))
         self._submit(waiter)
         replies: list[Any] = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
@@ -427,7 +430,12 @@ class Connection:
         to the writer, which sends the rest first (or breaks the
         connection). The waiter is in flight from then on, as after the
         writer's send. Calls made right after a direct write wake the writer,
-        which sends them together: concurrent calls still share writes."""
+        which sends them together: concurrent calls still share writes.
+
+        The caller is not cancelled (:meth:`execute` and :meth:`pipeline`
+        pass ``checkpoint_if_cancelled`` just before, with no checkpoint
+        since): a cancelled call must never be sent, and a direct write
+        cannot be taken back."""
         writer = self._writer_task
         if writer is None:
             self._pending.append(waiter)  # the writer is busy: it takes it next
@@ -439,7 +447,6 @@ class Connection:
             or self._pending
             or self._unsent
             or not self._connected
-            or trio.current_effective_deadline() == -math.inf  # cancelled: never sent
         ):
             self._pending.append(waiter)
             self._writer_task = None
@@ -468,6 +475,7 @@ class Connection:
             data.extend(_pack(command))
         if not self._connected or self._closed:
             await self._wait_connected()
+        await trio.lowlevel.checkpoint_if_cancelled()  # as in execute
         waiter = _Waiter(data, len(commands))
         self._submit(waiter)
         replies = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
@@ -846,14 +854,19 @@ class Connection:
         # deadline is when the last data arrived (or the wait began) plus
         # reply_timeout; when it passes, the loop looks at what really came.
         last = current_time()
+        timed = timeout < math.inf  # else ``last`` is never looked at again
         # On a plain socket, read it directly: a read that finds data does
         # not yield to trio (trio's receive_some does, after each), one that
         # finds none waits until it is readable. Every _FAIR_READS reads in a
         # row without waiting, it yields anyway, so a flood of replies does
         # not starve the other trio tasks.
+        # When the data read so far answered every call in flight, the next
+        # read would find nothing (the callers have not even run yet): wait
+        # until the socket is readable first, rather than fail a read.
         fd = _plain_fd(stream)
         read = os.read
         streak = 0
+        wait_first = False
         try:
             while True:
                 with trio.CancelScope(deadline=last + timeout) as waited:
@@ -861,18 +874,22 @@ class Connection:
                         if fd < 0:
                             data = await stream.receive_some(_RECEIVE_SIZE)
                         else:
+                            if wait_first:
+                                wait_first = False
+                                streak = 0
+                                await trio.lowlevel.wait_readable(fd)
                             try:
                                 data = read(fd, _RECEIVE_SIZE)
                             except BlockingIOError:
-                                streak = 0
-                                await trio.lowlevel.wait_readable(fd)
+                                wait_first = True  # nothing came yet
                                 continue
                             self._wrote = False
                             streak += 1
                             if streak >= _FAIR_READS:
                                 streak = 0
                                 await trio.lowlevel.checkpoint()
-                        last = current_time()
+                        if timed:
+                            last = current_time()
                         if not data:
                             self._broken(None, "Redis closed the connection")
                             scope.cancel()
@@ -904,9 +921,11 @@ class Connection:
                                     if not waiter.cancelled:
                                         waiter.cancelled = True
                                         reschedule(waiter.task, outcome.Value(replies))
-                        if self._rerouting and not in_flight:
-                            scope.cancel()  # every owed reply arrived: re-route now
-                            return
+                        if not in_flight:
+                            if self._rerouting:
+                                scope.cancel()  # every owed reply arrived: re-route now
+                                return
+                            wait_first = True
                 if waited.cancelled_caught:
                     now = current_time()
                     if not in_flight:

@@ -297,30 +297,33 @@ async def run_pipelined(
     dropped if they were not written yet, otherwise they run in Redis and
     their replies are discarded.
     """
-    results: list[outcome.Outcome[Any] | None] = [None] * len(calls)
-    todo = list(range(len(calls)))
-    source = False
-    while todo:
+    replies = await conn.pipeline([call.command() for call in calls], raise_on_error=False)
+    results: list[outcome.Outcome[Any]] = []
+    retry: list[int] = []
+    for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+        if type(reply) is CommandError and reply.code == "NOSCRIPT":
+            retry.append(i)
+        results.append(_outcome(call, reply))
+    if retry:
         replies = await conn.pipeline(
-            [calls[i].command(source=source) for i in todo], raise_on_error=False
+            [calls[i].command(source=True) for i in retry], raise_on_error=False
         )
-        retry = []
-        for i, reply in zip(todo, replies, strict=True):
-            if isinstance(reply, CommandError):
-                if reply.code == "NOSCRIPT" and not source:
-                    retry.append(i)
-                    continue
-                mapped = _map_error(reply)
-                if mapped is not reply:
-                    mapped.__cause__ = reply
-                results[i] = outcome.Error(mapped)
-                continue
-            try:
-                results[i] = outcome.Value(calls[i].parse(reply))
-            except Exception as exc:  # a malformed reply: that call's error
-                results[i] = outcome.Error(exc)
-        todo, source = retry, True
-    return [r for r in results if r is not None]
+        for i, reply in zip(retry, replies, strict=True):
+            results[i] = _outcome(calls[i], reply)
+    return results
+
+
+def _outcome(call: ScriptCall[T], reply: Any) -> outcome.Outcome[T]:
+    """What :func:`run_script` would return or raise for ``call``'s reply."""
+    if isinstance(reply, CommandError):
+        mapped = _map_error(reply)
+        if mapped is not reply:
+            mapped.__cause__ = reply
+        return outcome.Error(mapped)
+    try:
+        return outcome.Value(call.parse(reply))
+    except Exception as exc:  # a malformed reply: that call's error
+        return outcome.Error(exc)
 
 
 @attrs.frozen

@@ -291,6 +291,48 @@ async def test_a_direct_write_in_a_cancelled_scope_is_never_sent(dconn: Connecti
     assert dconn.statistics().commands_sent == before + 1
 
 
+async def test_a_pipeline_in_a_cancelled_scope_is_never_sent(dconn: Connection) -> None:
+    # alone (it would be a direct write), and right after another call's
+    # direct write (it would go through the writer)
+    for after_another in (False, True):
+        before = dconn.statistics().commands_sent
+        async with trio.open_nursery() as nursery:
+            if after_another:
+                nursery.start_soon(dconn.execute, "ECHO", b"first")
+                await trio.lowlevel.checkpoint()  # it writes, and waits for its reply
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await dconn.pipeline([("ECHO", b"never"), ("ECHO", b"never")])
+            assert scope.cancelled_caught
+        assert await dconn.execute("ECHO", b"next") == b"next"
+        assert dconn.statistics().commands_sent == before + 1 + after_another
+
+
+async def test_replies_split_across_reads_reach_their_callers(
+    dconn: Connection, namespace: str
+) -> None:
+    """A reply larger than one read, and calls answered while others are
+    still owed: the reader reads on until every caller has its reply, then
+    waits for the socket (tested through the replies each caller gets)."""
+    key = f"{namespace}:split"
+    big = b"x" * (3 * 256 * 1024 + 17)  # more than one read of RECEIVE_SIZE
+    await dconn.execute("SET", key, big)
+    results: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await dconn.execute("GET", key) if i % 2 else await dconn.execute("ECHO", i)
+
+    for _ in range(3):
+        async with trio.open_nursery() as nursery:
+            for i in range(10):
+                nursery.start_soon(one, i)
+        assert results == {i: big if i % 2 else str(i).encode() for i in range(10)}
+        results.clear()
+        await trio.sleep(0.01)  # idle in between: the reader waits for the socket
+    assert dconn.statistics().in_flight == 0
+    assert await dconn.execute("DEL", key) == 1
+
+
 async def test_a_direct_write_larger_than_the_socket_buffer_is_finished_by_the_writer(
     dconn: Connection, namespace: str
 ) -> None:
