@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import trio
 
@@ -99,6 +100,46 @@ class Stalls(trio.abc.Instrument):
                 f"gc={1000 * self._gc:.0f}ms {desc}\n"
             )
             self._f.flush()
+
+
+def trace_scripts(path: str) -> None:
+    """Note every script call this process makes through
+    ``mesh._scripts.run_script`` (``MESH_BENCH_TRACE=DIR``): lines
+    ``<sent ns> <replied ns> <script> <n>`` in ``path``, monotonic clock;
+    ``n`` is what the reply says of the work done: processes claimed
+    (claim), processes put back (recycle), dead workers found (reap_check),
+    -1 for an error reply or a call that raised, 0 otherwise. Written as
+    each call returns (a SIGKILL loses nothing)."""
+    from mesh import _scripts
+
+    names = {s.sha: n for n, s in _scripts.load_scripts().items()}
+    f = open(path, "w")  # open for the life of the process
+    run = _scripts.run_script
+
+    def amount(name: str, r: object) -> int:
+        if not isinstance(r, list):
+            return 0
+        if name == "claim":
+            return (len(r) - 3) // 4
+        if name == "recycle" and r and r[0] == 0:
+            return int(r[1])
+        if name == "reap_check":
+            return len(r) - 3
+        return 0
+
+    async def traced(conn: Any, script: Any, keys: Any, args: Any) -> Any:
+        name = names.get(script.sha, "?")
+        t = time.monotonic_ns()
+        n = -1
+        try:
+            r = await run(conn, script, keys, args)
+            n = amount(name, r)
+            return r
+        finally:
+            f.write(f"{t} {time.monotonic_ns()} {name} {n}\n")
+            f.flush()
+
+    _scripts.run_script = traced
 
 
 def out(line: str) -> None:
@@ -276,6 +317,9 @@ def main() -> None:
     role = roles[args.role]
     if args.gc_threshold:
         gc.set_threshold(700, 10, args.gc_threshold)
+    trace = os.environ.get("MESH_BENCH_TRACE")
+    if trace:
+        trace_scripts(f"{trace}/calls-{os.getpid()}.txt")
     stalls = os.environ.get("MESH_BENCH_STALLS")
     instruments = [Stalls(f"{stalls}/stalls-{os.getpid()}.txt")] if stalls else []
     try:

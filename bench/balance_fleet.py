@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import signal
 import statistics
 import subprocess
@@ -294,9 +295,18 @@ async def held_by(conn: Connection, k: Keys, ids: list[str]) -> list[int]:
 
 
 async def massfail(
-    procs: int, per: int, tasks: int, ttl: float, spy: str | None = None, gc_threshold: int = 0
+    procs: int,
+    per: int,
+    tasks: int,
+    ttl: float,
+    spy: str | None = None,
+    gc_threshold: int = 0,
+    trace: str | None = None,
 ) -> dict[str, float | str]:
     k = Keys("bench")
+    if trace:
+        # the children note their script calls (bench._mesh_child)
+        os.environ["MESH_BENCH_TRACE"] = trace
     with run_redis_server() as server:
         url = server.url
         async with (
@@ -356,9 +366,21 @@ async def massfail(
                         )
                     )
                 await trio.sleep(1.0)
+            if trace:
+                # every script call of 1 ms or more from here on (with 0,
+                # the commands inside scripts are logged too, and logging
+                # 200,000 of them doubled what the scripts cost Redis)
+                await conn.execute("CONFIG", "SET", "slowlog-max-len", "1000000")
+                await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "1000")
+                await conn.execute("SLOWLOG", "RESET")
+            # fences during the initial claims are not the mass failure's
+            live_at_kill = set(await live_workers(conn, k))
             t0 = time.monotonic()
             for child, _ in doomed:
                 child.signal(signal.SIGKILL)
+            if trace:
+                await _note_deadlines(conn, k, trace, t0, [w for _, ids in doomed for w in ids])
+            polls: list[tuple[float, int]] = []
             owned_at = None
             spread_then = (0, 0)
             balanced_at = None
@@ -367,6 +389,7 @@ async def massfail(
                 ids = await survivors()
                 h = await held_by(conn, k, ids)
                 now = time.monotonic() - t0
+                polls.append((now, sum(h)))
                 if owned_at is None and sum(h) == tasks:
                     owned_at, spread_then = now, (min(h), max(h))
                 if owned_at is not None and len(ids) == n_alive and max(h) - min(h) <= 1:
@@ -377,8 +400,17 @@ async def massfail(
                 await s.wait()
             ids = await survivors()
             final = await held_by(conn, k, ids)
-            rejoins = len(set(await live_workers(conn, k)) - set(everyone))
-            slow = await conn.execute("SLOWLOG", "GET", "1000")
+            live_now = set(await live_workers(conn, k))
+            rejoins = len(live_now - set(everyone))
+            fenced_after_kill = len(live_now - live_at_kill)
+            if trace:
+                await _dump_trace(conn, trace, t0, polls)
+                await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
+            slow = [
+                e
+                for e in await conn.execute("SLOWLOG", "GET", "-1" if trace else "1000")
+                if isinstance(e[2], int) and e[2] >= 100_000
+            ]
             info = await conn.execute("INFO", "memory")
             mem = next(
                 line.split(":")[1]
@@ -399,10 +431,64 @@ async def massfail(
         "final_spread": f"{min(final)}-{max(final)}",
         "fair_share": tasks / n_alive,
         "rejoins_after_fencing": rejoins,
+        "survivors_fenced_after_kill": fenced_after_kill,
         "redis_used_memory": mem.strip(),
         "scripts_over_100ms": _slow(slow),
         "children_gc_threshold": gc_threshold or "python default (10)",
     }
+
+
+async def _note_deadlines(
+    conn: Connection, k: Keys, trace: str, t0: float, dead: list[str]
+) -> None:
+    """The killed workers' lease deadlines (Redis clock) as seconds after
+    the kill on this process's monotonic clock: ``DIR/deadlines.txt``."""
+    redis_s = await _redis_minus_monotonic(conn)
+    scores = await conn.pipeline([("ZSCORE", k.workers, w) for w in dead])
+    lines = [
+        f"{w} {float(sc) / 1000 - redis_s - t0:.4f}"
+        for w, sc in zip(dead, scores, strict=True)
+        if sc is not None
+    ]
+    _write(f"{trace}/deadlines.txt", lines)
+
+
+def _write(path: str, lines: list[str]) -> None:
+    with open(path, "w") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+async def _redis_minus_monotonic(conn: Connection) -> float:
+    """Redis time minus this process's monotonic time, in seconds (the
+    middle of the round trip)."""
+    a = time.monotonic()
+    sec, us = await conn.execute("TIME")
+    b = time.monotonic()
+    return int(sec) + int(us) / 1e6 - (a + b) / 2
+
+
+async def _dump_trace(
+    conn: Connection, trace: str, t0: float, polls: list[tuple[float, int]]
+) -> None:
+    """``DIR/slowlog.txt``: every command of 1 ms or more Redis ran since
+    the kill (claims and recycles; heartbeats are shorter), oldest first:
+    ``<unix s> <us> <command or script> <first key>``;
+    ``DIR/owned.txt``: ``<s after kill> <tasks held by survivors>`` per poll;
+    ``DIR/t0.txt``: the kill, monotonic ns, and Redis time minus
+    monotonic time in seconds."""
+    names = {s.sha: n for n, s in load_scripts().items()}
+    entries = await conn.execute("SLOWLOG", "GET", "-1")
+    lines = []
+    for e in reversed(entries):
+        args = [a.decode(errors="replace") for a in e[3]]
+        name = args[0].lower()
+        key = args[1] if len(args) > 1 else ""
+        if name in ("evalsha", "eval") and len(args) > 3:
+            name, key = names.get(args[1], args[1][:12]), args[3]
+        lines.append(f"{e[1]} {e[2]} {name} {key}")
+    _write(f"{trace}/slowlog.txt", lines)
+    _write(f"{trace}/owned.txt", [f"{s:.4f} {n}" for s, n in polls])
+    _write(f"{trace}/t0.txt", [f"{int(t0 * 1e9)} {await _redis_minus_monotonic(conn):.6f}"])
 
 
 def _slow(entries: list[list[object]]) -> str:
@@ -440,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--ttl", type=float, default=1.5)
     m.add_argument("--py-spy", metavar="DIR", help="record the survivors with py-spy into DIR")
     m.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="a timeline into DIR: the children's script calls, every Redis command's time "
+        "after the kill (SLOWLOG), the dead leases' deadlines; see bench.massfail_timeline",
+    )
+    m.add_argument(
         "--gc-threshold",
         type=int,
         default=0,
@@ -453,7 +545,14 @@ def main(argv: list[str] | None = None) -> int:
         res = trio.run(rolling, args.peers, args.tasks, args.ttl)
     else:
         res = trio.run(
-            massfail, args.procs, args.per, args.tasks, args.ttl, args.py_spy, args.gc_threshold
+            massfail,
+            args.procs,
+            args.per,
+            args.tasks,
+            args.ttl,
+            args.py_spy,
+            args.gc_threshold,
+            args.trace,
         )
     for key, v in res.items():
         print(f"{key}: {v}")

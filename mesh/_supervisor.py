@@ -43,6 +43,18 @@ log = logging.getLogger("mesh.supervisor")
 #: About this many processes held by dead workers per ``recycle.lua`` call
 #: (see :meth:`Reaper._parts`).
 RECYCLE_PROCESSES = 2000
+#: What recycling a dead worker costs Redis beyond its processes, counted in
+#: processes: its lease, description, server and share entries and keys cost
+#: about as much as two processes (``python -m bench.massfail_cost``: ~90k
+#: instructions per worker that held nothing, ~56k per process held).
+WORKER_COST = 2
+#: At most this many dead workers per lease check (``reap_check.lua``; its
+#: maximum, and ``recycle.lua``'s per call). The check used to take 16: a
+#: process of 1,000 workers that died was then recycled 16 workers per call,
+#: about 63 checks and calls one after the other, and the last of its tasks
+#: came back after 1.34 TTL. :meth:`Reaper._parts` keeps each call's cost
+#: bounded whatever the batch.
+REAP_BATCH = 1000
 # Dead letters are logged where the handlers' are (see _runner._log_failure).
 worker_log = logging.getLogger("mesh.worker")
 
@@ -70,7 +82,8 @@ class Reaper:
         it is recycled like any other, but that is not a takeover, so it is
         neither logged as one nor counted (the fence is what is reported).
     me: how to name this worker in a log line (its current id).
-    batch: at most this many dead workers per ``recycle.lua`` call.
+    batch: at most this many dead workers per lease check; they are
+        recycled in calls of about ``recycle_processes`` (see :meth:`_parts`).
     herd: how many reapers of the mesh act on a death, on average.
     jitter: on watch, wake up to this many seconds after a deadline (so the
         reapers on watch do not all check in the same millisecond).
@@ -81,7 +94,8 @@ class Reaper:
         death, and is on watch, with probability ``herd`` x weight / N, so
         the mesh keeps about ``herd`` reapers acting, whatever its fleets.
     recycle_processes: about this many processes of dead workers per
-        ``recycle.lua`` call, at least one worker (see :meth:`_parts`).
+        ``recycle.lua`` call, each worker counting :data:`WORKER_COST` more,
+        at least one worker per call (see :meth:`_parts`).
     """
 
     def __init__(
@@ -93,7 +107,7 @@ class Reaper:
         queues: Callable[[], Iterable[str]] = tuple,
         own: Callable[[], Container[str]] = frozenset,
         me: Callable[[], str] = lambda: "this worker",
-        batch: int = 16,
+        batch: int = REAP_BATCH,
         herd: int = 3,
         jitter: float = 0.02,
         recorder: Recorder | None = None,
@@ -175,12 +189,15 @@ class Reaper:
 
     async def _parts(self, dead: list[str], queues: list[str]) -> list[list[str]]:
         """``dead`` in groups of about ``recycle_processes`` processes
-        held (by one ``SCARD`` per worker and queue, in one round trip), at
-        least one worker each: recycling a worker costs Redis about 10 us per
-        process it held, and one script holds up every client, heartbeats
-        included. Sixteen workers of 2,000 processes each in one call held
-        Redis for 0.5 s (2 s on a loaded machine): the survivors of a mass
-        failure missed their self-fence deadlines and fenced themselves."""
+        held (by one ``SCARD`` per worker and queue, in one round trip), each
+        worker counting :data:`WORKER_COST` processes more, at least one
+        worker each: recycling costs Redis about 10 us per process held, and
+        one script holds up every client, heartbeats included. Sixteen
+        workers of 2,000 processes each in one call held Redis for 0.5 s
+        (2 s on a loaded machine): the survivors of a mass failure missed
+        their self-fence deadlines and fenced themselves. Workers that held
+        little go a thousand to a call (a process of 1,000 idle workers
+        that died: one call)."""
         if len(dead) < 2 or not queues:
             return [dead]
         k = self._binding.keys
@@ -188,7 +205,7 @@ class Reaper:
         parts: list[list[str]] = []
         most, held = self._recycle_processes, 0
         for i, w in enumerate(dead):
-            n = sum(int(x) for x in sizes[i * len(queues) : (i + 1) * len(queues)])
+            n = WORKER_COST + sum(int(x) for x in sizes[i * len(queues) : (i + 1) * len(queues)])
             if not parts or held + n > most:
                 parts.append([])
                 held = 0

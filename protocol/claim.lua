@@ -215,8 +215,29 @@ if #tp == 0 and not has_persistent then
   tp = items  -- the usual case: all of them, none persistent
   items = {}
 end
-for _, payload in ipairs(items) do
-  local persistent = has_persistent and is_queued_persistent(KEYS[4], KEYS[11], payload)
+-- Which popped payloads are persistent tasks (lib.lua is_queued_persistent
+-- for all of them at once): one HMGET of the persistent hash, and one
+-- SMISMEMBER of the standby set for those the hash does not hold (a call
+-- per payload cost Redis several times the work it did).
+local queued_p = {}
+if has_persistent and #items > 0 then
+  local vals = hmget_all(KEYS[4], items)
+  local ask, at = {}, {}
+  for i = 1, #items do
+    if vals[i] then
+      queued_p[i] = vals[i] == ''
+    else
+      ask[#ask + 1] = items[i]
+      at[#ask] = i
+    end
+  end
+  for c = 1, #ask, 1000 do
+    local m = redis.call('SMISMEMBER', KEYS[11], unpack(ask, c, math.min(c + 999, #ask)))
+    for j = 1, #m do queued_p[at[c + j - 1]] = m[j] == 1 end
+  end
+end
+for i, payload in ipairs(items) do
+  local persistent = queued_p[i] or false
   if persistent and room <= 0 and not forced[payload] then
     left[#left + 1] = payload
   else
@@ -262,17 +283,21 @@ local shared = '\0' .. ARGV[5] .. '\0' .. ARGV[7] .. '\0' .. ARGV[8] .. '\0' .. 
   .. string.format('%.0f', now) .. '\0'
 local records = {}
 local head = ARGV[1] .. '\0'
+-- The writes of the persistent tasks taken, and the reads of the failed
+-- attempts, one variadic call each for the whole claim.
+local running, pers = {}, {}
+local failed = has_attempts and hmget_all(KEYS[7], tp) or nil
 for i, payload in ipairs(tp) do
   local persistent, level = tpers[i], tlevel[i]
   local id = ids[i]
   if persistent then
-    redis.call('SREM', KEYS[11], payload)
-    redis.call('HSET', KEYS[4], payload, id)
-    redis.call('ZREM', KEYS[14], payload)
+    pers[#pers + 1] = payload
+    running[#running + 1] = payload
+    running[#running + 1] = id
   end
   local attempts, a = 0, '0'
-  if has_attempts then
-    a = redis.call('HGET', KEYS[7], payload) or '0'
+  if failed and failed[i] then
+    a = failed[i]
     attempts = tonumber(a)
   end
   local kind = persistent and 'p' or 'o'
@@ -285,6 +310,9 @@ for i, payload in ipairs(tp) do
   out[o + 2] = attempts
   out[o + 3] = payload
 end
+call_chunked('SREM', KEYS[11], pers)
+call_chunked('HSET', KEYS[4], running, 2)
+call_chunked('ZREM', KEYS[14], pers)
 call_chunked('HSET', KEYS[5], records, 2)
 call_chunked('SADD', KEYS[6], ids)
 return out

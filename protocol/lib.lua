@@ -70,25 +70,36 @@ local function record_head(rec, wz)
   return string.match(rec, '^([^%z]*)%z(%d+)%z%d*%z%d*%z%d*%z%d*%z%d*%z(.*)$', #wz + 1)
 end
 
-local function unpack_record(rec)
-  local f = {}
-  local pos = 1
-  for i = 1, 8 do
-    local e = string.find(rec, '\0', pos, true)
-    f[i] = string.sub(rec, pos, e - 1)
-    pos = e + 1
+-- tonumber(s), remembered in `nums` (a table the caller keeps for one
+-- script call): records of one worker share most of their numbers, and
+-- converting a string costs Redis ~1k instructions (strtod) where a table
+-- lookup costs a few.
+local function cached_number(nums, s)
+  local v = nums[s]
+  if v == nil then
+    v = tonumber(s) or false
+    nums[s] = v
   end
+  return v or nil
+end
+
+-- Every field of a process record (see the top of this file), one match;
+-- with `nums` (see cached_number), its numbers converted once per call.
+local function unpack_record(rec, nums)
+  local w, kind, a, ma, b, bc, ttl, st, payload = string.match(rec,
+    '^([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z(.*)$')
+  nums = nums or {}
   return {
-    worker = f[1],
-    persistent = (f[2] == 'p'),
-    level = tonumber(string.sub(f[2], 2)) or 0,
-    attempts = tonumber(f[3]),
-    max_attempts = tonumber(f[4]),
-    backoff = tonumber(f[5]),
-    backoff_cap = tonumber(f[6]),
-    ttl = tonumber(f[7]),
-    started = tonumber(f[8]),
-    payload = string.sub(rec, pos),
+    worker = w,
+    persistent = (kind == 'p'),
+    level = #kind > 1 and tonumber(string.sub(kind, 2)) or 0,
+    attempts = cached_number(nums, a),
+    max_attempts = cached_number(nums, ma),
+    backoff = cached_number(nums, b),
+    backoff_cap = cached_number(nums, bc),
+    ttl = cached_number(nums, ttl),
+    started = cached_number(nums, st),
+    payload = payload,
   }
 end
 
@@ -278,8 +289,9 @@ end
 local function to_standby(persistent, standby, payloads, running, unowned, now)
   if #payloads == 0 then return end
   local since = {}
+  local at = int(now)  -- converted once, not once per payload
   for _, p in ipairs(payloads) do
-    since[#since + 1] = now
+    since[#since + 1] = at
     since[#since + 1] = p
   end
   call_chunked('ZADD', unowned, since, 2)
@@ -327,10 +339,10 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   if #ids == 0 then return 0, 0, {} end
   local recs = hmget_all(procs, ids)
   -- newest claim first: the last LPUSHed, the oldest, ends up at the head
-  local rs = {}
+  local rs, nums = {}, {}
   for i = #ids, 1, -1 do
     if recs[i] then
-      local r = unpack_record(recs[i])
+      local r = unpack_record(recs[i], nums)
       r.id = ids[i]
       rs[#rs + 1] = r
     end
@@ -347,7 +359,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       end
     end
     local vals = hmget_all(attempts, order)
-    for i, p in ipairs(order) do count[p] = tonumber(vals[i] or '0') end
+    for i, p in ipairs(order) do count[p] = vals[i] and cached_number(nums, vals[i]) or 0 end
   end
   local keep = {}
   local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
@@ -388,11 +400,18 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       end
     end
   end
-  local kept, forgot = {}, {}
+  local kept, forgot, digits = {}, {}, {}
   for _, p in ipairs(order) do
-    if keep[p] then
+    local a = keep[p]
+    if a then
+      -- the counts as strings, each converted once (most are 1)
+      local d = digits[a]
+      if not d then
+        d = int(a)
+        digits[a] = d
+      end
       kept[#kept + 1] = p
-      kept[#kept + 1] = keep[p]
+      kept[#kept + 1] = d
     else
       forgot[#forgot + 1] = p
     end

@@ -1146,6 +1146,51 @@ def _pairs(reply: list[bytes] | dict[bytes, bytes]) -> dict[bytes, bytes]:
     return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
 
 
+async def test_a_claim_of_persistent_and_one_shot_tasks_after_a_crash(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """claim.lua reads which popped payloads are persistent, and their
+    failed attempts, for the whole claim at once, and writes the persistent
+    ones' entries at once: each process still gets its own kind and count,
+    and every persistent task taken leaves the standby set and the unowned
+    set for its process id."""
+    # enough persistent tasks that the hash is a hash table and they wait
+    # in the standby set, with a few that wait in the hash ("" entries
+    # before it grew), and one-shot tasks in between
+    await b.ensure(conn, Q, [b"early%d" % i for i in range(3)])
+    await b.enqueue(conn, Q, [b"one-a"])
+    await b.ensure(conn, Q, [b"p%d" % i for i in range(300)])
+    await b.enqueue(conn, Q, [b"one-b"])
+    inc = await join(b, conn, "w1", Q)
+    first = (await b.claim(conn, "w1", inc, Q, 1000, 0)).processes
+    kinds = {p.task: p.persistent for p in first}
+    assert kinds == {
+        **{b"early%d" % i: True for i in range(3)},
+        **{b"p%d" % i: True for i in range(300)},
+        b"one-a": False,
+        b"one-b": False,
+    }
+    assert all(p.attempts == 0 for p in first)
+    # w1 crashes: every task back, its crash counted as a failed attempt
+    await expire_worker(conn, keys, "w1")
+    assert (await b.recycle_dead(conn, ["w1"], queues=[Q])).returned == 305
+    assert await conn.execute("ZCARD", keys.unowned(Q)) == 303
+    inc2 = await join(b, conn, "w2", Q)
+    again = (await b.claim(conn, "w2", inc2, Q, 1000, 0)).processes
+    assert {p.task: p.persistent for p in again} == kinds
+    assert {p.attempts for p in again} == {1}
+    pers, standby, unowned = await conn.pipeline(
+        [
+            ("HGETALL", keys.persistent(Q)),
+            ("SCARD", keys.standby(Q)),
+            ("ZCARD", keys.unowned(Q)),
+        ]
+    )
+    owner = {pers[i]: pers[i + 1].decode() for i in range(0, len(pers), 2)}
+    assert owner == {p.task: p.id for p in again if p.persistent}
+    assert (standby, unowned) == (0, 0)
+
+
 def test_claim_call_is_built_and_packed_once_per_argument_set(keys: Keys) -> None:
     b = Binding(keys)
     call = b.claim_call("w1", "i1", Q, 10, 3, fair=True, ttl_ms=5000)

@@ -748,11 +748,12 @@ async def test_many_deaths_at_once_cost_a_few_batched_recycles_in_the_whole_mesh
         assert sorted(await client.tasks("jobs")) == sorted(d.encode() for d in dead)
         stats = [p._reaper.statistics() for p in peers]
         assert sum(s.workers_recycled for s in stats) == 50
-        # each dead worker went to one peer, 16 at most per call (a
-        # same-moment race may add a call or two)
+        # each dead worker went to one peer; holding one process each,
+        # all fit one call (issue 14; it was 16 per call), and a
+        # same-moment race may add a call or two
         calls = sum(s.recycle_calls for s in stats)
         print(f"recycle calls {calls}, checks {sum(s.checks for s in stats)}")
-        assert 4 <= calls <= 8
+        assert 1 <= calls <= 3
 
 
 async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer) -> None:
@@ -891,7 +892,8 @@ async def test_dead_workers_that_held_many_processes_are_recycled_a_few_at_a_tim
     """One recycle.lua call holds Redis (every heartbeat of the mesh waits)
     for about 10 us per process it recycles: a reaper that finds several
     dead workers recycles them in calls of about ``recycle_processes``
-    processes, one worker at least, not all in one call."""
+    processes (a worker counting ``WORKER_COST`` = 2 more), one worker at
+    least, not all in one call."""
     from mesh._connection import open_connection
     from mesh._keys import Keys
     from mesh._scripts import Binding
@@ -906,13 +908,44 @@ async def test_dead_workers_that_held_many_processes_are_recycled_a_few_at_a_tim
                 await b.enqueue(conn, "jobs", [b"%s%d" % (w.encode(), i) for i in range(n)])
                 assert len((await b.claim(conn, w, inc, "jobs", n, 0)).processes) == n
             await expire_worker(conn, b.keys, w)
-        reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"], recycle_processes=5)
+        reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"], recycle_processes=11)
         assert await reaper.reap_once() == 6
         queued = await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1)
     assert len(queued) == 13
-    # reap_check's order is the deadlines' (all 0), then the ids: a b | c | d e f
+    # reap_check's order is the deadlines' (all 0), then the ids; costs
+    # a 2, b 6, c 6, d 3, e 3, f 5: a b | c d | e f
     st = reaper.statistics()
     assert (st.recycle_calls, st.processes_recycled) == (3, 13)
+
+
+async def test_many_dead_workers_that_held_nothing_are_recycled_in_one_call(
+    own_redis: RedisServer,
+) -> None:
+    """Issue 14: a process of 1,000 idle workers that dies. The reaper takes
+    them in one lease check and one recycle.lua call (they cost about two
+    processes each), where it took 16 per check and call, one after the
+    other, and the last task came back after 1.34 TTL."""
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+    from mesh._scripts import Binding
+    from mesh._supervisor import Reaper
+
+    b = Binding(Keys("idle-dead"))
+    async with open_connection(own_redis.url) as conn:
+        for i in range(100):
+            w = f"w{i:03d}"
+            inc = await join(b, conn, w, "jobs")
+            if i == 57:  # the owner of the one task, somewhere in the middle
+                await b.ensure(conn, "jobs", [b"device"])
+                assert len((await b.claim(conn, w, inc, "jobs", 1, 0)).processes) == 1
+            await expire_worker(conn, b.keys, w)
+        reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"])
+        assert await reaper.reap_once() == 100
+        assert await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1) == [b"device"]
+        assert await conn.execute("ZCARD", b.keys.workers) == 0
+    st = reaper.statistics()
+    # one check that found them, one recycle, one check that found none
+    assert (st.checks, st.recycle_calls, st.processes_recycled) == (2, 1, 1)
 
 
 async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself(
