@@ -784,6 +784,15 @@ class Binding:
         a ``finish_results.lua`` call that keeps each id's result."""
         if results is not None:
             return self._finish_results_call(worker, incarnation, queue, ids, results)
+        keys, head = self._finish_head(worker, incarnation, queue)
+        return ScriptCall(self.scripts["finish"], keys, (*head, *ids), _parse_finish)
+
+    def _finish_head(
+        self, worker: str, incarnation: str, queue: str
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The keys and first arguments that ``finish.lua`` and
+        ``finish_results.lua`` share, built once per (worker, incarnation,
+        queue)."""
         memo = (worker, incarnation, queue)
         head = self._finishes.get(memo)
         if head is None:
@@ -800,7 +809,7 @@ class Binding:
             if len(self._finishes) >= _CLAIM_MEMO:
                 self._finishes.clear()
             self._finishes[memo] = head
-        return ScriptCall(self.scripts["finish"], head[0], (*head[1], *ids), _parse_finish)
+        return head
 
     def _finish_results_call(
         self,
@@ -811,15 +820,9 @@ class Binding:
         results: ResultsToKeep,
     ) -> ScriptCall[list[bool]]:
         k = self.keys
-        keys = [
-            k.heartbeat(worker),
-            k.procs(queue),
-            k.held(worker, queue),
-            k.persistent(queue),
-            k.attempts(queue),
-            k.share(queue),
-        ]
-        args: list[Any] = [worker, incarnation, k.done_channel(queue), results.ttl_ms]
+        first, head = self._finish_head(worker, incarnation, queue)
+        keys = list(first)
+        args: list[Any] = [*head, results.ttl_ms]
         for pid in ids:
             payload, value = results.values[pid]
             keys.append(k.result(queue, payload))
