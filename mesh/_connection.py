@@ -756,7 +756,7 @@ class Connection:
         def failed(message: str) -> None:
             self._last_error = message
 
-        return await reconnect(attempt, failed)
+        return await reconnect(attempt, failed, self.topology.reached)
 
     async def _serve(self, stream: trio.abc.Stream, reader: Any) -> None:
         """Run the reader and the writer on one stream until it breaks."""

@@ -471,7 +471,9 @@ class PubSub:
             await self._serve(self._stream, self._reader, initial)
             if self._closed:
                 await trio.sleep_forever()
-            stream, reader, early = await reconnect(self._reconnect_once, self._failed)
+            stream, reader, early = await reconnect(
+                self._reconnect_once, self._failed, self.topology.reached
+            )
             self._stream, self._reader = stream, reader
             self._generation += 1
             self._reconnects += 1

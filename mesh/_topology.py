@@ -175,6 +175,9 @@ class Topology:
         self.cluster = config.topology == "cluster"
         self.changes = 0
         self._changed = trio.Event()
+        # Set (and replaced) each time a connection gets through: the other
+        # connection, waiting out a reconnect backoff, tries at once.
+        self._reached = trio.Event()
         # CLUSTER SHARDS is unknown before 7.0: once refused, use CLUSTER SLOTS.
         self._use_slots = False
         # The sentinel that last told a connection the master had moved.
@@ -197,6 +200,20 @@ class Topology:
 
         On cancellation nothing is left open.
         """
+        found = await self._connect(name, extra)
+        self._reached.set()
+        self._reached = trio.Event()
+        return found
+
+    def reached(self) -> trio.Event:
+        """An event set the next time a connection of this topology gets through
+        (:meth:`connect` returns): a connection that waits to reconnect waits on it
+        too, so that after an outage both are back as soon as the server is."""
+        return self._reached
+
+    async def _connect(
+        self, name: str | None, extra: Sequence[Sequence[Arg]]
+    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
         config = self.config
         if config.topology == "sentinel":
             target = await self._ask_sentinels()

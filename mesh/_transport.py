@@ -346,18 +346,30 @@ def backoff_delays() -> collections.abc.Iterator[float]:
         delay = min(delay * 2, _BACKOFF_CAP)
 
 
-async def reconnect(attempt: Callable[[], Awaitable[T]], on_error: Callable[[str], None]) -> T:
+async def reconnect(
+    attempt: Callable[[], Awaitable[T]],
+    on_error: Callable[[str], None],
+    hurry: Callable[[], trio.Event] | None = None,
+) -> T:
     """Call ``attempt`` after each backoff delay until it returns.
 
     Args:
         attempt: one connect attempt; a :class:`MeshConnectionError` means "try again".
         on_error: told each failed attempt's (password-free) message.
+        hurry: gives an event that ends the current delay early when set: another
+            connection to the same server got through (``Topology.reached``), so this
+            one tries at once instead of sleeping out a backoff of up to a second.
 
     Returns:
         What ``attempt`` returned. It never gives up; cancel it to stop.
     """
     for delay in backoff_delays():
-        await trio.sleep(delay)
+        if hurry is None:
+            await trio.sleep(delay)
+        else:
+            event = hurry()
+            with trio.move_on_after(delay):
+                await event.wait()
         try:
             return await attempt()
         except MeshConnectionError as exc:

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
+from mesh._topology import Topology
+from mesh._transport import reconnect
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 
@@ -751,3 +754,45 @@ async def test_a_cancelled_connection_block_can_still_talk_in_shielded_cleanup(
     assert outer.cancelled_caught
     async with open_connection(redis_url) as conn:
         assert await conn.execute("GET", key) == b"cleaned up"
+
+
+async def test_a_reconnect_backoff_ends_when_another_connection_gets_through(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """After a long outage the backoff is up to a second; when the other
+    connection of the same topology gets through (``hurry`` fires), this one
+    tries at once instead of sleeping that out (a worker's pub/sub used to
+    come back up to a second after its commands did, and missed the wakes
+    of that second)."""
+    hurry = [trio.Event()]
+    calls: list[float] = []
+    up = False
+    result: list[str] = []
+
+    async def attempt() -> str:
+        calls.append(trio.current_time())
+        if not up:
+            raise MeshConnectionError("down")
+        return "up"
+
+    async def run() -> None:
+        result.append(await reconnect(attempt, lambda _: None, lambda: hurry[0]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await trio.sleep(10)  # the backoff is at its cap by now
+        assert len(calls) > 6 and calls[-1] - calls[-2] >= 0.5
+        up = True
+        hurried_at = trio.current_time()
+        hurry[0].set()
+        hurry[0] = trio.Event()
+    assert result == ["up"] and calls[-1] == hurried_at
+
+
+async def test_a_topology_signals_each_connection_that_gets_through(redis_url: str) -> None:
+    topology = Topology(parse_url(redis_url))
+    before = topology.reached()
+    assert not before.is_set()
+    async with open_connection(redis_url, topology=topology) as conn:
+        assert await conn.execute("PING") == b"PONG"
+    assert before.is_set() and not topology.reached().is_set()  # a fresh one, for the next
