@@ -627,6 +627,7 @@ class QueueRunner:
                 while not self._stopping:
                     backoff = await self._step(handlers, backoff)
             self._io_scope = None
+            await self._drain()
             while not await self._stop_step():
                 pass
             # Every handler has exited: end the idle pool.
@@ -684,6 +685,20 @@ class QueueRunner:
                 await self._wakeup.wait()
         self._wakeup = trio.Event()
         return backoff
+
+    async def _drain(self) -> None:
+        """The first step of a stop: stop being one of the queue's servers
+        (``drain.lua``) while still holding its processes, so that peers
+        claim what is handed back next at once, their fair share no longer
+        counting this worker (without it, a peer at its share would be held
+        back for a heartbeat interval). One attempt, bounded by the
+        heartbeat interval; on an error or timeout the stop goes on all the
+        same, and the share catches up when the worker unserves or retires."""
+        with trio.move_on_after(self._balance_wait):
+            try:
+                await self._binding.drain(self._conn, self._wid, self._inc, self.config.queue)
+            except (MeshConnectionError, CommandError, FencedError) as exc:
+                log.debug("queue %s: could not drain before the stop: %s", self.config.queue, exc)
 
     async def _stop_step(self) -> bool:
         """One turn of the loop while stopping: report outcomes, hand back

@@ -52,6 +52,7 @@ SCRIPT_NAMES = (
     "finish",
     "give_back",
     "unserve",
+    "drain",
     "recycle",
     "reap_check",
     "enqueue",
@@ -921,6 +922,19 @@ class Binding:
             args += ids
         r = await self._run(conn, "give_back", keys, args)
         return [(int(r[i]), int(r[i + 1])) for i in range(0, len(r), 2)]
+
+    async def drain(self, conn: Executor, worker: str, incarnation: str, queue: str) -> bool:
+        """Begin a graceful stop of ``queue`` (``drain.lua``): ``worker`` stops
+        being one of its servers (its capacity leaves the fair share) and
+        keeps the processes it holds until it hands them back. Returns
+        whether it served ``queue`` until now.
+
+        Raises:
+            FencedError: its lease is gone (nothing changed).
+        """
+        k = self.keys
+        keys = [k.heartbeat(worker), k.servers(queue), k.idle(queue), k.share(queue)]
+        return bool(await self._run(conn, "drain", keys, [worker, incarnation]))
 
     async def unserve(self, conn: Executor, worker: str, queue: str) -> int:
         k = self.keys

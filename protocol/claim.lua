@@ -14,7 +14,7 @@
 -- so a peer with spare capacity never leaves a task waiting.
 --
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
--- KEYS[2] {ns}:serves:<W>        SET of queues W serves
+-- KEYS[2] {ns}:serves:<W>        (passed, not read: whether W serves Q is KEYS[10])
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads, head = next
 -- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
 -- KEYS[5] {ns}:procs:<Q>         HASH process id -> process record
@@ -22,7 +22,8 @@
 -- KEYS[7] {ns}:attempts:<Q>      HASH payload -> failed attempts so far
 -- KEYS[8] {ns}:delayed:<Q>       ZSET payload -> due time (ms); due ones move to the head
 -- KEYS[9] {ns}:token             STRING fencing token counter
--- KEYS[10] {ns}:servers:<Q>      SET of the workers that serve Q
+-- KEYS[10] {ns}:servers:<Q>      SET of the workers that serve Q (W must be one: a worker
+--                                that drains Q, drain.lua, is not)
 -- KEYS[11] {ns}:standby:<Q>      SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                claimed one moves to KEYS[4]
 -- KEYS[12] {ns}:idle:<Q>         SET of idle servers of Q: with ARGV[10] = 1, W
@@ -68,7 +69,7 @@
 --           fair share), ms until the first delayed task is due (-1: none),
 --           then per process: id, persistent (1/0), failed attempts so far,
 --           payload}
--- Errors: FENCED, NOT_SERVING (W does not serve Q), BAD_ARG.
+-- Errors: FENCED, NOT_SERVING (W does not serve Q, or drains it), BAD_ARG.
 -- Publishes: when held back, Q on the wake channels of up to (tasks left) + 1
 --            idle servers (see lib.lua wake_idle); when more delayed tasks
 --            are due than this claim moved, Q on the wake channels of up to
@@ -114,7 +115,7 @@ if bucket then
 end
 err = lease_error(KEYS[1], ARGV[1], ARGV[2])
 if err then return err end
-if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
+if redis.call('SISMEMBER', KEYS[10], ARGV[1]) == 0 then
   return redis.error_reply('NOT_SERVING worker ' .. ARGV[1] .. ' does not serve queue ' .. ARGV[3])
 end
 

@@ -49,7 +49,7 @@ from mesh.testing import RedisServer
 
 T = TypeVar("T")
 # how often the rebalance steps did something, and claims took tasks with a priority
-STEPS = {"marked": 0, "reserved": 0, "kept": 0, "prioritized": 0}
+STEPS = {"marked": 0, "reserved": 0, "kept": 0, "prioritized": 0, "drained": 0}
 QUEUES = ("q1", "q2")
 MAX_ATTEMPTS = 2
 
@@ -105,6 +105,7 @@ class MeshModel(RuleBasedStateMachine):
         # (queue, payload) -> the worker a rebalance meant it for (while marked or reserved)
         self.reserved_for: dict[tuple[str, bytes], str] = {}
         self.sticky: set[str] = set()  # left with a sticky restart, may rejoin
+        self.drained: set[tuple[str, str]] = set()  # (worker, queue) drained: stopping
         self.priority: dict[bytes, int] = {}  # payload -> its priority, if not 0
         for _ in range(2):
             self.add_worker()
@@ -139,6 +140,7 @@ class MeshModel(RuleBasedStateMachine):
             cap = 2 if q == "q1" and int(w[1:]) % 3 == 2 else 1
             run(self.b.serve(self.x, w, inc, q, cap))
             self.capacity[(w, q)] = cap
+            self.drained.discard((w, q))
 
     @rule(q=st.sampled_from(QUEUES), n=st.integers(1, 3))
     def enqueue(self, q: str, n: int) -> None:
@@ -179,6 +181,10 @@ class MeshModel(RuleBasedStateMachine):
         }
         # a rate-limited queue (a token bucket in Redis) now and then
         rate = data.draw(st.sampled_from([None, (1, 60_000), (3, 1)])) if rated else None
+        if (w, q) in self.drained:  # a stopping worker claims nothing more
+            with pytest.raises(CommandError, match="NOT_SERVING"):
+                run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS, rate=rate))
+            return
         reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS, rate=rate))
         if rate is not None:
             assert len(reply.processes) <= rate[0]
@@ -261,13 +267,20 @@ class MeshModel(RuleBasedStateMachine):
         least = min(sorted(self.workers), key=lambda o: self.r.scard(self.keys.held(o, q)))
         w = data.draw(st.sampled_from([least, *sorted(self.workers)]))
         before = {pid for pid, _ in self.moving(q).items()}
+        if (w, q) in self.drained:
+            with pytest.raises(CommandError, match="NOT_SERVING"):
+                run(self.b.rebalance(self.x, w, self.workers[w], q, limit, 600_000))
+            return
         reply, _ = run(self.b.rebalance(self.x, w, self.workers[w], q, limit, 600_000))
         after = self.moving(q)
         new = set(after) - before
         assert len(new) == reply.marked <= limit
         for pid in new:
-            # a live persistent process of another worker, marked for w
+            # a live persistent process of another worker, marked for w;
+            # never one of a worker that drains the queue (it hands them back
+            # as it stops)
             assert after[pid] == w and pid in self.procs and self.procs[pid][0] != w
+            assert (self.procs[pid][0], q) not in self.drained
             assert self.procs[pid][2] in self.persistent[q]
         self.reserved_for.update({(q, self.procs[pid][2]): w for pid in new})
         STEPS["marked"] += len(new)
@@ -378,6 +391,24 @@ class MeshModel(RuleBasedStateMachine):
         # per-worker ownership: nobody else's processes moved
         after = {(o, q): self.r.smembers(self.keys.held(o, q)) for o in kept for q in QUEUES}
         assert after == before
+
+    @precondition(lambda self: self.workers)
+    @rule(data=st.data(), q=st.sampled_from(QUEUES))
+    def drain(self, data: st.DataObject, q: str) -> None:
+        """A worker begins a graceful stop of a queue: it leaves the servers
+        (and the fair share's capacity) and keeps its processes; it hands them
+        back later, or leaves, or dies, through the other rules."""
+        w = data.draw(st.sampled_from(sorted(self.workers)))
+        before = self.others_held(w)
+        served = run(self.b.drain(self.x, w, self.workers[w], q))
+        assert served == ((w, q) not in self.drained)
+        self.drained.add((w, q))
+        assert self.r.sismember(self.keys.servers(q), w) == 0
+        assert self.r.sismember(self.keys.idle(q), w) == 0
+        assert self.others_held(w) == before
+        held = {x.decode() for x in self.r.smembers(self.keys.held(w, q))}
+        assert held == {pid for pid, (pw, pq, _) in self.procs.items() if pw == w and pq == q}
+        STEPS["drained"] += bool(held)  # drained while it held processes
 
     @precondition(lambda self: self.workers)
     @rule(data=st.data())
@@ -496,6 +527,7 @@ class MeshModel(RuleBasedStateMachine):
 
     def drop_worker(self, w: str, *, count_attempts: bool) -> None:
         self.dead.discard(w)
+        self.drained -= {(w, q) for q in QUEUES}
         self.gone.add(w)
         for pid, (pw, q, _) in list(self.procs.items()):
             if pw == w:
@@ -547,6 +579,7 @@ class MeshModel(RuleBasedStateMachine):
             heavy = sum(x != 1 for x in weight.values())
             if heavy:
                 want[b":heavy"] = str(heavy).encode()
+            servers = [w for w in servers if (w, q) not in self.drained]
             caps = sum(self.capacity[(w, q)] for w in servers)
             if caps:
                 want[b":capacity"] = str(caps).encode()
@@ -692,10 +725,12 @@ def test_protocol_model_exercises_rebalancing_and_sticky_restarts(
     redis_server: RedisServer,
 ) -> None:
     """The same examples every run (so this cannot depend on luck): the
-    rebalancing and sticky steps did mark, reserve and keep tasks, with the
-    invariants checked after each."""
+    rebalancing and sticky steps did mark, reserve and keep tasks, and
+    workers drained queues while holding processes, with the invariants
+    checked after each."""
     steps = run_model(redis_server, derandomize=True)
     assert steps["marked"] > 0 and steps["reserved"] > 0 and steps["kept"] > 0, steps
+    assert steps["drained"] > 0, steps
 
 
 @pytest.mark.slow

@@ -1247,3 +1247,59 @@ def test_parse_claim_builds_what_process_init_builds() -> None:
     assert parse_claim([5, 4, -1], Q, "w1").processes == ()
     with pytest.raises(ValueError):
         parse_claim([5, 4, -1, b"1", 0, 0], Q, "w1")  # a truncated process
+
+
+async def test_a_draining_worker_leaves_the_share_and_keeps_its_processes(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """drain.lua: the first step of a graceful stop. The worker that drains
+    is no longer counted by its peers' fair share (they take what it hands
+    back at once, none held back), claims nothing more, and still holds its
+    processes until it hands them back, its held weight with them."""
+    i1 = await join(b, conn, "w1", Q)
+    i2 = await join(b, conn, "w2", Q)
+    await b.serve(conn, "w1", i1, Q, 3)  # capacity 3: C = 4
+    await b.ensure(conn, Q, [b"d1", b"d2", b"d3"])
+    await b.ensure(conn, Q, [b"heavy"], weight=5)  # T = 8
+    held = await b.claim(conn, "w1", i1, Q, 10, 0)
+    assert len(held.processes) == 4
+    share = keys.share(Q)
+    assert await conn.execute("HMGET", share, ":capacity", "c" + "w1", "h" + "w1") == [
+        b"4",
+        b"3",
+        b"4",
+    ]
+    assert await b.drain(conn, "w1", i1, Q) is True
+    assert await b.drain(conn, "w1", i1, Q) is False  # once is enough
+    assert await conn.execute("SMEMBERS", keys.servers(Q)) == [b"w2"]
+    assert await conn.execute("SISMEMBER", keys.idle(Q), "w1") == 0
+    # its capacity left the sum, its held weight stays while it holds them
+    assert await conn.execute("HMGET", share, ":capacity", "c" + "w1", "h" + "w1") == [
+        b"1",
+        None,
+        b"4",
+    ]
+    assert await conn.execute("SCARD", keys.held("w1", Q)) == 4
+    with pytest.raises(CommandError, match="NOT_SERVING"):
+        await b.claim(conn, "w1", i1, Q, 1, 0)
+    # handed back one by one, as their handlers exit; w2's fair claim takes
+    # each at once: its share is all of them now (8 * 1 / 1)
+    by_task = {p.task: p.id for p in held.processes}
+    for task in (b"heavy", b"d1", b"d2", b"d3"):
+        assert await b.give_back(conn, "w1", Q, [by_task[task]], failed=False) == [(1, 0)]
+        r2 = await b.claim(conn, "w2", i2, Q, 10, 0, fair=True)
+        assert [p.task for p in r2.processes] == [task] and not r2.held_back
+    assert await conn.execute("HMGET", share, ":capacity", "h" + "w1", "h" + "w2") == [
+        b"1",
+        None,
+        b"4",
+    ]
+    # unserve ends the stop without taking the capacity out twice
+    assert await b.unserve(conn, "w1", Q) == 0
+    assert await conn.execute("HGET", share, ":capacity") == b"1"  # w2's alone
+    assert await conn.execute("SMEMBERS", keys.servers(Q)) == [b"w2"]
+    await b.serve(conn, "w1", i1, Q)  # serving again counts it again
+    assert await conn.execute("HGET", share, ":capacity") == b"2"
+    await expire_worker(conn, keys, "w2")
+    with pytest.raises(FencedError):
+        await b.drain(conn, "w2", i2, Q)
