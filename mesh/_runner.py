@@ -414,6 +414,10 @@ class QueueRunner:
         self._scope = trio.CancelScope()
         self._exited = trio.Event()
         self._balance_wait = balance_wait
+        # 0.9 of it: the clocks of Redis and of this runner may differ by a
+        # little, and a task held back at the start of the wait has waited
+        # the whole of it when the runner claims again
+        self._patience_ms = max(2, int(balance_wait * 900))
         self._ttl_ms = int(ttl * 1000)
         self._held_back_since: float | None = None
         self._early_cancels = {} if early_cancels is None else early_cancels
@@ -740,10 +744,14 @@ class QueueRunner:
         the other way round; then the error is raised (a FencedError first)."""
         c = self.config
         now = trio.current_time()
-        # Fair share first; a worker held back by it that still sees work one
-        # balance_wait later takes it: peers with room had their chance.
+        # Fair share first; a worker held back by it claims again one
+        # balance_wait later and then takes, beyond its share, the persistent
+        # tasks that had no owner for (about) that long: peers below their
+        # share had their chance. Decided in Redis by how long each task
+        # waited, not by this runner's clock, so a task a stopping peer has
+        # just handed back goes to the peers below their share first.
         held_back = self._held_back_since
-        fair = c.balance and (held_back is None or now - held_back < self._balance_wait)
+        fair = c.balance
         # Clear the flag before the round trip: a nudge that arrives while the
         # claim is in flight (work enqueued after Redis ran it) sets it again
         # and must not be overwritten by this reply.
@@ -763,6 +771,7 @@ class QueueRunner:
             backoff_cap_ms=int(c.backoff_max * 1000),
             ttl_ms=self._ttl_ms,
             rate=c.rate,
+            patience_ms=self._patience_ms,
         )
         try:
             if done:

@@ -683,14 +683,17 @@ class Binding:
         ttl_ms: int = 0,
         wake: bool = True,
         rate: tuple[int, int] | None = None,
+        patience_ms: int = 0,
     ) -> ScriptCall[ClaimReply]:
         """One ``claim.lua`` call. ``wake``: put the worker in the queue's idle
         set when it finds nothing (a runner waiting for work); False for a
         claim by hand, which nobody should wake. ``rate``: the queue's rate
-        limit (claims, period ms), enforced by a token bucket in Redis."""
+        limit (claims, period ms), enforced by a token bucket in Redis.
+        ``patience_ms`` (with ``fair``, at least 2): also take a persistent
+        task beyond the fair share once it has had no owner for that long."""
         memo = (
             worker, incarnation, queue, n, max_attempts, fair, backoff_ms, backoff_cap_ms,
-            ttl_ms, wake, rate,
+            ttl_ms, wake, rate, patience_ms,
         )  # fmt: skip
         call = self._claims.get(memo)
         if call is not None:
@@ -721,7 +724,7 @@ class Binding:
             queue,
             n,
             max_attempts,
-            1 if fair else 0,
+            (patience_ms if patience_ms else 1) if fair else 0,
             backoff_ms,
             backoff_cap_ms,
             ttl_ms,
@@ -757,6 +760,7 @@ class Binding:
         ttl_ms: int = 0,
         wake: bool = True,
         rate: tuple[int, int] | None = None,
+        patience_ms: int = 0,
     ) -> ClaimReply:
         call = self.claim_call(
             worker,
@@ -770,6 +774,7 @@ class Binding:
             ttl_ms=ttl_ms,
             wake=wake,
             rate=rate,
+            patience_ms=patience_ms,
         )
         return await self.run(conn, call)
 

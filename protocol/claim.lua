@@ -10,8 +10,12 @@
 -- lib.lua fair_share; with weights and capacities 1, while it holds fewer
 -- than P / S); so it ends at most one task's weight above its share. The
 -- persistent tasks it may not take stay at the head of the queue for peers.
--- Callers that were held back and still see work later claim with ARGV[6] = 0,
--- so a peer with spare capacity never leaves a task waiting.
+-- With ARGV[6] = P >= 2 (a patience, in ms), the same, except that W also
+-- takes a persistent task beyond its share once it has had no owner for P
+-- ms ({ns}:unowned:<Q>): peers below their share had that long to take it,
+-- so a worker with spare capacity never leaves a task waiting for longer,
+-- and a task that has just been handed back (a stopping peer's) goes to the
+-- peers below their share first. ARGV[6] = 0: no limit.
 --
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
 -- KEYS[2] {ns}:serves:<W>        (passed, not read: whether W serves Q is KEYS[10])
@@ -56,7 +60,8 @@
 -- ARGV[3] queue name Q
 -- ARGV[4] N, how many to claim at most (1..1000)
 -- ARGV[5] max attempts for one-shot tasks claimed now (0 = no limit)
--- ARGV[6] 1 to claim only a fair share of persistent tasks, 0 for no limit
+-- ARGV[6] 1 to claim only a fair share of persistent tasks, P >= 2 for a fair
+--         share with a patience of P ms (above), 0 for no limit
 -- ARGV[7] backoff base in ms, ARGV[8] backoff cap in ms, ARGV[9] the
 --         worker's lease ttl in ms: stored in each process record, for peers
 --         that recycle it after a crash
@@ -98,8 +103,12 @@ if not counts then
   end
 end
 if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
+local patience = 0
 if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
-  return redis.error_reply('BAD_ARG fair share flag must be 0 or 1')
+  patience = tonumber(ARGV[6])
+  if not patience or patience < 2 or patience % 1 ~= 0 then
+    return redis.error_reply('BAD_ARG fair share flag must be 0, 1 or a patience in ms >= 2')
+  end
 end
 if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
   return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
@@ -204,7 +213,7 @@ end
 local room = #items
 -- weights other than 1 only where the share hash counts tasks of such weights
 local weighted = has_persistent and redis.call('HEXISTS', KEYS[15], ':heavy') == 1
-if has_persistent and ARGV[6] == '1' then
+if has_persistent and ARGV[6] ~= '0' then
   local total, capacity, mine, extra = fair_share(KEYS[15], ARGV[1])
   room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
 end
@@ -237,9 +246,21 @@ if has_persistent and #items > 0 then
     for j = 1, #m do queued_p[at[c + j - 1]] = m[j] == 1 end
   end
 end
+-- With a patience, which of the tasks from the first over the share on have
+-- had no owner for that long: one ZMSCORE, only once the share is reached.
+local waited = false
 for i, payload in ipairs(items) do
   local persistent = queued_p[i] or false
-  if persistent and room <= 0 and not forced[payload] then
+  local over = persistent and room <= 0 and not forced[payload]
+  if over and patience > 0 then
+    if not waited then
+      waited = {}
+      local since = redis.call('ZMSCORE', KEYS[14], unpack(items, i))
+      for j = 1, #since do waited[i + j - 1] = since[j] and tonumber(since[j]) <= now - patience end
+    end
+    over = not waited[i]
+  end
+  if over then
     left[#left + 1] = payload
   else
     if persistent then

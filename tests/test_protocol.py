@@ -1303,3 +1303,30 @@ async def test_a_draining_worker_leaves_the_share_and_keeps_its_processes(
     await expire_worker(conn, keys, "w2")
     with pytest.raises(FencedError):
         await b.drain(conn, "w2", i2, Q)
+
+
+async def test_a_fair_claim_with_patience_takes_only_tasks_that_waited_that_long(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """With a patience, a worker at its fair share takes a persistent task
+    beyond it only once the task has had no owner that long (by the Redis
+    clock, from {ns}:unowned): one just handed back goes to the peers below
+    their share first."""
+    i1 = await join(b, conn, "w1", Q)
+    await join(b, conn, "w2", Q)
+    await b.ensure(conn, Q, [b"d1", b"d2", b"d3", b"d4"])
+    r = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True, patience_ms=60_000)
+    assert [p.task for p in r.processes] == [b"d1", b"d2"] and r.held_back
+    # d3 and d4 have had no owner for a moment only: still held back
+    r = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True, patience_ms=60_000)
+    assert r.processes == () and r.held_back
+    # d4 has waited a minute (as if no peer took it): taken; d3 is left
+    now_ms = int((await conn.execute("TIME"))[0]) * 1000
+    await conn.execute("ZADD", keys.unowned(Q), now_ms - 61_000, b"d4")
+    r = await b.claim(conn, "w1", i1, Q, 10, 0, fair=True, patience_ms=60_000)
+    assert [p.task for p in r.processes] == [b"d4"] and r.held_back
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"d3"]
+    assert await conn.execute("ZRANGE", keys.unowned(Q), 0, -1) == [b"d3"]
+    for bad in (0.5, -3):
+        with pytest.raises(CommandError, match="BAD_ARG fair share flag"):
+            await b.claim(conn, "w1", i1, Q, 1, 0, fair=True, patience_ms=bad)  # type: ignore[arg-type]
