@@ -289,10 +289,18 @@ async def one_run(ctx: Context, url: str, conn: Connection, sizes: Sizes) -> Run
 
             async def recycled() -> bool:
                 # every victim gone, and everything it held back in the mesh
-                # (a survivor with room may already have claimed some of it)
+                # (a survivor with room may already have claimed some of it).
+                # A task whose earlier owner died too (a victim that missed its
+                # lease under load and was recycled once already) waits out a
+                # backoff in the delayed set, and, the survivors being full,
+                # stays there: it counts as back too.
                 scores = await conn.pipeline([("ZSCORE", k.workers, i) for i in ids])
                 held, queued = await procs_held(conn, k)
-                return all(x is None for x in scores) and held + queued == ntasks + len(extra)
+                delayed, reserved = await conn.pipeline(
+                    [("ZCARD", k.delayed(QUEUE)), ("HLEN", k.reserved(QUEUE))]
+                )
+                back = held + queued + int(delayed) + int(reserved)
+                return all(x is None for x in scores) and back == ntasks + len(extra)
 
             await poll_until(recycled, interval=0.05, within=60)
             res.herd_wall = time.monotonic() - t0
