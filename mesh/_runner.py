@@ -752,6 +752,7 @@ class QueueRunner:
         # just handed back goes to the peers below their share first.
         held_back = self._held_back_since
         fair = c.balance
+        waited = held_back is not None and now - held_back >= self._balance_wait
         # Clear the flag before the round trip: a nudge that arrives while the
         # claim is in flight (work enqueued after Redis ran it) sets it again
         # and must not be overwritten by this reply.
@@ -771,7 +772,7 @@ class QueueRunner:
             backoff_cap_ms=int(c.backoff_max * 1000),
             ttl_ms=self._ttl_ms,
             rate=c.rate,
-            patience_ms=self._patience_ms,
+            patience_ms=self._patience_ms if waited else 0,
         )
         try:
             if done:
