@@ -27,5 +27,5 @@ local err = lease_error(KEYS[1], ARGV[1], ARGV[2])
 if err then return err end
 redis.call('SREM', KEYS[3], ARGV[1])
 if redis.call('SREM', KEYS[2], ARGV[1]) == 0 then return 0 end
-set_capacity(KEYS[4], ARGV[1], 0, tonumber(redis.call('HGET', KEYS[4], 'c' .. ARGV[1]) or '1'))
+drop_capacity(KEYS[4], ARGV[1])
 return 1

@@ -606,12 +606,15 @@ local function set_capacity(share, worker, cap, was)
   add_share(share, ':capacity', cap - was)
 end
 
+-- W no longer serves Q: its capacity leaves the sum.
+local function drop_capacity(share, worker)
+  set_capacity(share, worker, 0, tonumber(redis.call('HGET', share, 'c' .. worker) or '1'))
+end
+
 -- W leaves Q with every process it held there: its held weight is
 -- forgotten, and, if it was a server (`server`), its capacity leaves the sum.
 local function leave_share(share, worker, server)
-  if server then
-    set_capacity(share, worker, 0, tonumber(redis.call('HGET', share, 'c' .. worker) or '1'))
-  end
+  if server then drop_capacity(share, worker) end
   redis.call('HDEL', share, 'h' .. worker)
 end
 
