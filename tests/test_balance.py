@@ -16,6 +16,7 @@ import trio
 import mesh
 from mesh import Process
 from mesh._balance import BalancePolicy, fair_bounds, pull_count
+from mesh._scripts import Binding
 from mesh.cli._status import share_text
 from mesh.testing import wait_until
 
@@ -178,6 +179,36 @@ async def test_a_stopping_peer_s_tasks_go_at_once_to_a_peer_at_its_share(
             if p.worker_id == b.id:  # b's handler had exited before a started it
                 (again,) = [t for q, t in moved if q.task == p.task]
                 assert m.owners.exits[p.token] <= again
+
+
+async def test_a_held_back_worker_s_retry_leaves_a_fresh_task_to_the_peers_below_share(
+    redis_url: str, namespace: str
+) -> None:
+    """A worker held back by the fair share claims again one heartbeat
+    interval (H = 2 s here) later. Then it takes, beyond its share, only the
+    tasks that have had no owner for 0.9 H: a task that appeared 1 s before the
+    retry stays for the peers below their share (a serving worker that never
+    claims, here) until it has waited that long. Before, the retry took
+    whatever was queued."""
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        b = Binding(client._keys)
+        await b.register(client._conn, "ghost", "g", 60_000, b"{}")
+        await b.serve(client._conn, "ghost", "g", "devices")  # counts, never claims
+        await client.ensure_many("devices", ["d1", "d2"])  # a fair share of 1 each
+        owners = Owners()
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=6) as w:
+            await w.start_work("devices", owners.handler)
+            await wait_until(lambda: len(owners.starts) == 1, 5, "w takes its share")
+            t0 = owners.starts[0][1]  # w was held back then (d2 left for the ghost)
+            await client.cancel("devices", "d2")
+            await trio.sleep_until(t0 + 1.0)
+            await client.ensure("devices", "d3")  # no owner since t0 + 1 s
+            await trio.sleep_until(t0 + 2.6)  # w's retry came at t0 + 2 s
+            assert [p.task for p, _ in owners.starts] == [b"d1"]
+            # once d3 has waited 1.8 s, w's next claim takes it
+            await wait_until(lambda: len(owners.starts) == 2, 5, "w takes d3 in the end")
+            assert owners.starts[1][0].task == b"d3"
+            assert owners.starts[1][1] - t0 >= 2.7
 
 
 async def test_with_rebalancing_off_nothing_moves(redis_url: str, namespace: str) -> None:
