@@ -49,7 +49,7 @@ from mesh.testing import RedisServer
 
 T = TypeVar("T")
 # how often the rebalance steps did something, and claims took tasks with a priority
-STEPS = {"marked": 0, "reserved": 0, "kept": 0, "prioritized": 0, "drained": 0}
+STEPS = {"marked": 0, "reserved": 0, "kept": 0, "prioritized": 0, "drained": 0, "patient": 0}
 QUEUES = ("q1", "q2")
 MAX_ATTEMPTS = 2
 
@@ -181,11 +181,22 @@ class MeshModel(RuleBasedStateMachine):
         }
         # a rate-limited queue (a token bucket in Redis) now and then
         rate = data.draw(st.sampled_from([None, (1, 60_000), (3, 1)])) if rated else None
+        # now and then a fair claim, or one with a patience (2 ms: nearly every
+        # waiting task qualifies; a minute: none does)
+        fair, patience = data.draw(
+            st.sampled_from([(False, 0), (True, 0), (True, 2), (True, 60_000)])
+        )
         if (w, q) in self.drained:  # a stopping worker claims nothing more
             with pytest.raises(CommandError, match="NOT_SERVING"):
                 run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS, rate=rate))
             return
-        reply = run(self.b.claim(self.x, w, self.workers[w], q, n, MAX_ATTEMPTS, rate=rate))
+        reply = run(
+            self.b.claim(
+                self.x, w, self.workers[w], q, n, MAX_ATTEMPTS,
+                rate=rate, fair=fair, patience_ms=patience,
+            )
+        )  # fmt: skip
+        STEPS["patient"] += patience > 0 and reply.held_back
         if rate is not None:
             assert len(reply.processes) <= rate[0]
         # the highest priority first: nothing left queued above a level taken,
@@ -725,12 +736,12 @@ def test_protocol_model_exercises_rebalancing_and_sticky_restarts(
     redis_server: RedisServer,
 ) -> None:
     """The same examples every run (so this cannot depend on luck): the
-    rebalancing and sticky steps did mark, reserve and keep tasks, and
-    workers drained queues while holding processes, with the invariants
-    checked after each."""
+    rebalancing and sticky steps did mark, reserve and keep tasks, workers
+    drained queues while holding processes, and claims with a patience were
+    held back by the fair share, with the invariants checked after each."""
     steps = run_model(redis_server, derandomize=True)
     assert steps["marked"] > 0 and steps["reserved"] > 0 and steps["kept"] > 0, steps
-    assert steps["drained"] > 0, steps
+    assert steps["drained"] > 0 and steps["patient"] > 0, steps
 
 
 @pytest.mark.slow
