@@ -55,6 +55,13 @@ HERD = 3
 #: back before the stop drops it (a hung connection must not hold a stop).
 STOP_IO_GRACE = 0.5
 
+#: A stop cancels its handlers this many at a time, and hands each group back
+#: while the next one exits (see QueueRunner._stop_step) ...
+STOP_CHUNK = 100
+#: ... the next group at the latest this long after the one before, whatever
+#: became of it (a group of slow cleanups holds up no other handler's stop).
+STOP_PACE = 0.01
+
 Handler = Callable[[Process], Awaitable[Any]]
 BatchHandler = Callable[[list[Process]], Awaitable[Sequence[Any] | None]]
 
@@ -395,6 +402,9 @@ class QueueRunner:
         # back unharmed (no attempt counted) by the loop, in batches.
         self._returned: list[str] = []
         self._stopping = False
+        # The handlers a stop has yet to cancel, and when the next group is due.
+        self._stop_order: deque[_Slot] = deque()
+        self._cancel_at = math.inf
         self._pull = 0  # tasks to ask peers for (rebalance), 0: none
         # (held weight, total weight, total capacity) when a request marked
         # nothing: not asked again until one of them changes
@@ -532,7 +542,10 @@ class QueueRunner:
                 self._unqueue(slot)
 
     def begin_stop(self) -> None:
-        """Stop claiming and cancel every handler. The loop keeps running (and
+        """Stop claiming and cancel every handler, :data:`STOP_CHUNK` at a
+        time: the next group when the one before is handed back, or
+        :data:`STOP_PACE` after it at the latest (every handler at once if
+        Redis cannot be reached). The loop keeps running (and
         the worker keeps renewing its lease): it hands each process back, to
         the front of its queue and with no attempt counted, only once its
         handler has exited, and ends when no handler is left (invariant 10).
@@ -547,11 +560,34 @@ class QueueRunner:
             # handed back unstarted) rather than leaving that unknown.
             io = self._io_scope
             io.deadline = min(io.deadline, trio.current_time() + STOP_IO_GRACE)
+        # Handlers are cancelled STOP_CHUNK at a time (see _cancel_next), so
+        # that each group is handed back while the next one exits: a peer
+        # starts the first tasks after one group's exits and round trips, not
+        # after all of them. What never started ends here at once.
+        order = self._stop_order
         for slot in list(self.running.values()):
             if not slot.cancel_requested:
-                slot.cancel(stopping=True)
-                self._unqueue(slot)
+                if slot.scope is None:  # its handler has not started
+                    slot.cancel(stopping=True)
+                    self._unqueue(slot)
+                else:
+                    order.append(slot)
+        self._cancel_next()
         self._wakeup.set()
+
+    def _cancel_next(self, n: int = 0) -> None:
+        """Cancel the handlers of the next ``n`` processes (STOP_CHUNK if 0)
+        of the stop, in the order they were claimed (sync, no I/O)."""
+        order = self._stop_order
+        n = n or STOP_CHUNK
+        while order and n > 0:
+            slot = order.popleft()
+            if slot.cancel_requested or self.running.get(slot.process.id) is not slot:
+                continue  # cancelled in the mesh or ended meanwhile
+            slot.cancel(stopping=True)
+            self._unqueue(slot)
+            n -= 1
+        self._cancel_at = trio.current_time() + STOP_PACE
 
     @property
     def exited(self) -> bool:
@@ -698,16 +734,23 @@ class QueueRunner:
         back for a heartbeat interval). One attempt, bounded by the
         heartbeat interval; on an error or timeout the stop goes on all the
         same, and the share catches up when the worker unserves or retires."""
-        with trio.move_on_after(self._balance_wait):
+        with trio.move_on_after(self._balance_wait) as cs:
             try:
                 await self._binding.drain(self._conn, self._wid, self._inc, self.config.queue)
             except (MeshConnectionError, CommandError, FencedError) as exc:
                 log.debug("queue %s: could not drain before the stop: %s", self.config.queue, exc)
+                self._cancel_next(len(self._stop_order))
+                return
+        if cs.cancelled_caught:
+            self._cancel_next(len(self._stop_order))
 
     async def _stop_step(self) -> bool:
         """One turn of the loop while stopping: report outcomes, hand back
         the processes whose handlers exited. Returns True once no handler is
         left and everything was reported."""
+        if self._stop_order and (self._returned or trio.current_time() >= self._cancel_at):
+            # The next group exits while the one before is handed back.
+            self._cancel_next()
         try:
             if self._failed:
                 await self._give_back_failed()
@@ -727,13 +770,17 @@ class QueueRunner:
                 exc,
                 0.1,
             )
+            # No pacing while nothing can be handed back: every handler is
+            # cancelled now, and its process waits in hand for Redis.
+            self._cancel_next(len(self._stop_order))
             await trio.sleep(0.1)
             return False
         if not self.running and not (self._done or self._failed or self._returned):
             return True
         if self.running and not (self._done or self._failed or self._returned):
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
+            with trio.move_on_at(self._cancel_at if self._stop_order else math.inf):
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
         return False
 
     async def _claim(self, handlers: trio.Nursery, n: int) -> None:

@@ -142,6 +142,71 @@ async def test_a_handler_that_outlives_the_grace_is_left_to_the_lease(
         assert "after the stop grace" in caplog.text
 
 
+async def test_a_large_stop_hands_back_group_by_group(redis_url: str, namespace: str) -> None:
+    """A worker that stops with 1,000 handlers cancels them a group at a
+    time and hands each group back while the next one exits: a peer starts
+    the first tasks before the last of the old handlers has even been
+    cancelled (before, all 1,000 exited first, then went back together), and
+    still never before a task's own old handler exited."""
+    n = 1000  # (TTL 3 s: 1,000 handler starts on a loaded machine must not fence A)
+    old, new = SlowStop(0.0), SlowStop(0.0)
+    exited_at_first_start: list[int] = []
+
+    async def peer(p: Process) -> None:
+        if not exited_at_first_start:
+            exited_at_first_start.append(len(old.exits))
+        await new.handler(p)
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure_many("devices", [f"d{i}" for i in range(n)])
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as b:
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
+                await a.start_work("devices", old.handler, concurrency=n)
+                await wait_until(lambda: _true(len(old.starts) == n), what="A runs all")
+                # B takes only what is handed back (no pull for balance)
+                await b.start_work("devices", peer, concurrency=n, rebalance=False)
+            await wait_until(lambda: _true(len(new.starts) == n), what="B takes all")
+        assert len(old.exits) == n
+        assert exited_at_first_start[0] < n, exited_at_first_start
+        exits = {p.task: t for p, t in old.exits}
+        for p, started in new.starts:
+            assert started >= exits[p.task]
+            assert p.attempts == 0
+
+
+async def test_slow_cleanups_in_the_first_group_hold_up_no_other_handler(
+    redis_url: str, namespace: str
+) -> None:
+    """The stop cancels the next group of handlers at the latest a few ms
+    after the one before, whatever became of it: handlers behind a group of
+    slow cleanups are cancelled at once all the same."""
+    n, slow = 250, 150  # the first group (100) and half of the next are slow
+    exits: dict[bytes, float] = {}
+    starts: list[bytes] = []
+
+    async def handler(p: Process) -> None:
+        starts.append(p.task)
+        try:
+            await trio.sleep_forever()
+        finally:
+            if starts.index(p.task) < slow:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(1.0)
+            exits[p.task] = trio.current_time()
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure_many("devices", [f"d{i}" for i in range(n)])
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a:
+            await a.start_work("devices", handler, concurrency=n)
+            await wait_until(lambda: _true(len(starts) == n), what="A runs all")
+            stop_at = trio.current_time()
+        fast = [exits[t] - stop_at for t in starts[slow:]]
+        late = [exits[t] - stop_at for t in starts[:slow]]
+        assert len(fast) == n - slow and max(fast) < 0.3
+        assert min(late) >= 1.0
+        assert await client.queue_length("devices") == n  # every one handed back
+
+
 async def test_stop_grace_is_checked() -> None:
     for bad in (-1, float("nan"), float("inf"), "1", True):
         with pytest.raises(mesh.ConfigError, match="stop_grace"):
