@@ -1063,6 +1063,8 @@ class QueueRunner:
                     # The handler ended by this scope's Cancelled: a cancel,
                     # a stop, or its time limit.
                     self._cancelled(current)
+                    if self._stopping and not self._queued:
+                        return  # nothing more for this pool trio task to run
         except _Stop:
             pass
         finally:
