@@ -18,6 +18,7 @@ dumped are printed, then ``bye``, and the process exits.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
@@ -84,6 +85,8 @@ async def main(args: argparse.Namespace) -> None:
                 for _ in range(args.workers):
                     workers.start_soon(one)
                 await all_ready.wait()
+                if args.gc_freeze:
+                    gc.freeze()  # as `mesh worker` does once serving
                 out("ready")
                 sys.stdout.flush()
                 nursery.start_soon(commands)
@@ -105,6 +108,7 @@ def cli() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--ttl", type=float, default=1.5)
     ap.add_argument("--concurrency", type=int, default=10)
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once serving")
     trio.run(main, ap.parse_args())
 
 

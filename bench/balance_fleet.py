@@ -65,17 +65,21 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * (len(xs) - 1)))] if xs else 0.0
 
 
-def child_argv(url: str, workers: int, ttl: float, concurrency: int) -> list[str]:
+def child_argv(
+    url: str, workers: int, ttl: float, concurrency: int, gc_freeze: bool = False
+) -> list[str]:
     return [
         sys.executable, "-m", "bench._balance_child", "--url", url, "--ns", "bench",
         "--queue", QUEUE, "--workers", str(workers), "--ttl", str(ttl),
-        "--concurrency", str(concurrency),
+        "--concurrency", str(concurrency), *(["--gc-freeze"] if gc_freeze else []),
     ]  # fmt: skip
 
 
-async def spawn(kids: Children, url: str, ttl: float, concurrency: int) -> tuple[Child, str, float]:
+async def spawn(
+    kids: Children, url: str, ttl: float, concurrency: int, gc_freeze: bool = False
+) -> tuple[Child, str, float]:
     """One child with one worker: (child, worker id, monotonic time it was ready)."""
-    child = await kids.spawn("peer", child_argv(url, 1, ttl, concurrency))
+    child = await kids.spawn("peer", child_argv(url, 1, ttl, concurrency, gc_freeze))
     wid = (await child.expect("worker ", 120)).split()[1]
     await child.expect("ready", 120)
     return child, wid, time.monotonic()
@@ -188,7 +192,7 @@ class Peers:
 
 
 @asynccontextmanager
-async def balanced_peers(n: int, tasks: int, ttl: float) -> AsyncIterator[Peers]:
+async def balanced_peers(n: int, tasks: int, ttl: float, gc_freeze: bool) -> AsyncIterator[Peers]:
     """A redis-server of its own and ``n`` peers (one worker per OS process)
     that hold ``tasks`` persistent tasks, balanced (the state converge and
     rolling start from); the children are killed on the way out."""
@@ -200,19 +204,19 @@ async def balanced_peers(n: int, tasks: int, ttl: float) -> AsyncIterator[Peers]
             children() as kids,
         ):
             k = Keys("bench")
-            peers = [await spawn(kids, url, ttl, tasks) for _ in range(n)]
+            peers = [await spawn(kids, url, ttl, tasks, gc_freeze) for _ in range(n)]
             await ensure_all(client, tasks)
             await wait_balanced(conn, k, n, tasks)
             yield Peers(url, conn, client, kids, k, peers)
 
 
-async def converge(tasks: int, ttl: float) -> dict[str, float | str]:
-    async with balanced_peers(3, tasks, ttl) as m:
+async def converge(tasks: int, ttl: float, gc_freeze: bool = False) -> dict[str, float | str]:
+    async with balanced_peers(3, tasks, ttl, gc_freeze) as m:
         conn, k, peers = m.conn, m.k, m.peers
         before = _pairs(await conn.execute("HGETALL", k.persistent(QUEUE)))
         for c, _, _ in peers:
             await dump(c)
-        new = [await spawn(m.kids, m.url, ttl, tasks) for _ in range(3)]
+        new = [await spawn(m.kids, m.url, ttl, tasks, gc_freeze) for _ in range(3)]
         t0 = new[0][2]  # the first new worker serves the queue
         peers += new
         done = await wait_balanced(conn, k, 6, tasks)
@@ -228,6 +232,7 @@ async def converge(tasks: int, ttl: float) -> dict[str, float | str]:
         "tasks": tasks,
         "ttl_s": ttl,
         "peers": "3 -> 6 (one worker per OS process)",
+        "children_gc": "gc.freeze() once serving" if gc_freeze else "python default",
         "balanced_after_s": round(done - t0, 2),
         "all_three_serving_after_s": round(new[-1][2] - t0, 2),
         "moves": moves,
@@ -245,8 +250,10 @@ def _pairs(reply: list[bytes]) -> dict[bytes, bytes]:
     return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
 
 
-async def rolling(peers_n: int, tasks: int, ttl: float) -> dict[str, float | str]:
-    async with balanced_peers(peers_n, tasks, ttl) as m:
+async def rolling(
+    peers_n: int, tasks: int, ttl: float, gc_freeze: bool = False
+) -> dict[str, float | str]:
+    async with balanced_peers(peers_n, tasks, ttl, gc_freeze) as m:
         conn, k, peers = m.conn, m.k, m.peers
         for c, _, _ in peers:
             await dump(c)
@@ -257,7 +264,7 @@ async def rolling(peers_n: int, tasks: int, ttl: float) -> dict[str, float | str
             # as a deployment with a surge of one: the new peer first
             t = time.monotonic()
             old = peers.pop(0)
-            peers.append(await spawn(m.kids, m.url, ttl, tasks))
+            peers.append(await spawn(m.kids, m.url, ttl, tasks, gc_freeze))
             notes += await stop(old[0])
             await wait_balanced(conn, k, peers_n, tasks)
             each.append(time.monotonic() - t)
@@ -274,6 +281,7 @@ async def rolling(peers_n: int, tasks: int, ttl: float) -> dict[str, float | str
         "tasks": tasks,
         "ttl_s": ttl,
         "restart": "each peer: a new one starts, then the old one gets SIGTERM",
+        "children_gc": "gc.freeze() once serving" if gc_freeze else "python default",
         "restart_all_s": round(took, 2),
         "restart_each_s_median": round(statistics.median(each), 2),
         "restart_each_s_max": round(max(each), 2),
@@ -519,6 +527,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--peers", type=int, default=10)
     r.add_argument("--tasks", type=int, default=10_000)
     r.add_argument("--ttl", type=float, default=1.5)
+    for p in (c, r):
+        p.add_argument(
+            "--gc-freeze",
+            action="store_true",
+            help="the children call gc.freeze() once serving, as `mesh worker` does",
+        )
     m = sub.add_parser("massfail")
     m.add_argument("--procs", type=int, default=10)
     m.add_argument("--per", type=int, default=10)
@@ -540,9 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res: dict[str, float | str]
     if args.what == "converge":
-        res = trio.run(converge, args.tasks, args.ttl)
+        res = trio.run(converge, args.tasks, args.ttl, args.gc_freeze)
     elif args.what == "rolling":
-        res = trio.run(rolling, args.peers, args.tasks, args.ttl)
+        res = trio.run(rolling, args.peers, args.tasks, args.ttl, args.gc_freeze)
     else:
         res = trio.run(
             massfail,

@@ -284,3 +284,17 @@ async def test_parts() -> None:
     assert all(v > 0 for v in rows.values())
     assert "parse a claim reply of 10 processes" in rows
     assert "run 10 handlers in the runner's pool (mesh._runner)" in rows
+
+
+async def test_balance_fleet_rolling() -> None:
+    """bench.balance_fleet rolling: 2 peers replaced one after the other (OS
+    processes whose children freeze their GC once serving), every task handed
+    over, never to a peer while its old handler ran, balanced at the end."""
+    from bench import balance_fleet
+
+    res = await balance_fleet.rolling(2, 20, 1.0, gc_freeze=True)
+    assert res["children_gc"] == "gc.freeze() once serving"
+    assert int(res["handovers"]) >= 20  # each task once at least
+    assert res["overlaps"] == 0
+    assert res["final_spread"] == "10-10"
+    assert res["rejoins_after_fencing"] == 0

@@ -12,6 +12,7 @@ tasks:queues`` finds ``./tasks.py``.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import logging
@@ -558,6 +559,12 @@ async def _serve(
                         **retry,
                     )
                 started = True
+                # The app, the mesh and the connection are loaded: what lives
+                # now lives as long as the process. Freezing it keeps the
+                # collector from scanning it again in every full collection
+                # (one took 15-19 ms in a fresh worker, in the middle of taking
+                # over 1,000 tasks, when the new handlers set it off).
+                gc.freeze()
                 log.info(
                     "worker %s serves %s on %s namespace %s (ttl %gs, stop grace %gs, pid %d)",
                     worker.id,
