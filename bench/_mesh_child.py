@@ -265,6 +265,8 @@ async def hold(args: argparse.Namespace) -> None:
             for i in range(args.workers):
                 nursery.start_soon(one, i, fleet)
             await all_ready.wait()
+            if args.gc_freeze:
+                gc.freeze()  # as `mesh worker` does once serving
             out("ready")
             while (line := await stdin.readline()) is not None:
                 if line == "count":
@@ -309,6 +311,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--notes", action="store_true", help="hold: print start <payload> <ns> per handler start"
+    )
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="hold: gc.freeze() once serving"
     )
     parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
     parser.add_argument("--prefetch", type=int, default=0, help="throughput: prefetch")

@@ -310,6 +310,7 @@ async def massfail(
     spy: str | None = None,
     gc_threshold: int = 0,
     trace: str | None = None,
+    gc_freeze: bool = False,
 ) -> dict[str, float | str]:
     k = Keys("bench")
     if trace:
@@ -334,6 +335,7 @@ async def massfail(
                         "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
                         "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap),
                         *(["--gc-threshold", str(gc_threshold)] if gc_threshold else []),
+                        *(["--gc-freeze"] if gc_freeze else []),
                     ),
                 )  # fmt: skip
                 ids = []
@@ -443,6 +445,7 @@ async def massfail(
         "redis_used_memory": mem.strip(),
         "scripts_over_100ms": _slow(slow),
         "children_gc_threshold": gc_threshold or "python default (10)",
+        "children_gc": "gc.freeze() once serving" if gc_freeze else "python default",
     }
 
 
@@ -527,12 +530,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--peers", type=int, default=10)
     r.add_argument("--tasks", type=int, default=10_000)
     r.add_argument("--ttl", type=float, default=1.5)
-    for p in (c, r):
-        p.add_argument(
-            "--gc-freeze",
-            action="store_true",
-            help="the children call gc.freeze() once serving, as `mesh worker` does",
-        )
     m = sub.add_parser("massfail")
     m.add_argument("--procs", type=int, default=10)
     m.add_argument("--per", type=int, default=10)
@@ -551,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="the children run gc.set_threshold(700, 10, N) (default: Python's, 10)",
     )
+    for p in (c, r, m):
+        p.add_argument(
+            "--gc-freeze",
+            action="store_true",
+            help="the children call gc.freeze() once serving, as `mesh worker` does",
+        )
     args = ap.parse_args(argv)
     res: dict[str, float | str]
     if args.what == "converge":
@@ -567,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
             args.py_spy,
             args.gc_threshold,
             args.trace,
+            args.gc_freeze,
         )
     for key, v in res.items():
         print(f"{key}: {v}")
