@@ -71,6 +71,8 @@ def _throughput(s: Section, folder: Path, prefix: str) -> None:
         ax.text(f.max, i, f"  {f.median:,.0f}", va="center", ha="left", fontsize=8)
     ax.set_xlabel(f"tasks/s (median of {s.runs} runs; whiskers: min and max)")
     ax.set_xlim(0, max(f.max for f in rates) * 1.2)
+    # at most 5 ticks: six-digit labels run into each other otherwise
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5))
     ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.set_title("Throughput: no-op tasks, one redis-server, 10 in flight per process", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
