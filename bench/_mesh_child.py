@@ -312,9 +312,7 @@ def main() -> None:
     parser.add_argument(
         "--notes", action="store_true", help="hold: print start <payload> <ns> per handler start"
     )
-    parser.add_argument(
-        "--gc-freeze", action="store_true", help="hold: gc.freeze() once serving"
-    )
+    parser.add_argument("--gc-freeze", action="store_true", help="hold: gc.freeze() once serving")
     parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
     parser.add_argument("--prefetch", type=int, default=0, help="throughput: prefetch")
     args = parser.parse_args()

@@ -820,9 +820,11 @@ async def test_sentinel_failover_shorter_than_the_ttl() -> None:
                 # (a claimed process counts as running before its handler's
                 # first line has run: wait for the four starts too)
                 await wait_until(
-                    lambda: len(workers) == 2
-                    and all(w.statistics().running == 2 for w in workers)
-                    and len(runs.started) == 4,
+                    lambda: (
+                        len(workers) == 2
+                        and all(w.statistics().running == 2 for w in workers)
+                        and len(runs.started) == 4
+                    ),
                     15,
                     "both workers serving, 2 persistent tasks each",
                 )
