@@ -573,7 +573,26 @@ class QueueRunner:
                 else:
                     order.append(slot)
         self._cancel_next()
+        if order:
+            # The later groups by time, whatever the loop is doing (waiting
+            # for Redis, say): every handler is cancelled within STOP_PACE
+            # per group of the stop's start.
+            try:
+                if self._handlers is None:
+                    raise RuntimeError("not running")
+                self._handlers.start_soon(self._pace_stop, name=f"mesh stop {self.config.queue}")
+            except RuntimeError:  # the loop is not running (its nursery closed): no pacing
+                self._cancel_next(len(order))
         self._wakeup.set()
+
+    async def _pace_stop(self) -> None:
+        """Cancel the stop's next group once STOP_PACE has passed since the
+        last one (the loop cancels one sooner each time it hands a group
+        back); ends when every handler of the stop is cancelled."""
+        while self._stop_order:
+            await trio.sleep_until(self._cancel_at)
+            if trio.current_time() >= self._cancel_at:
+                self._cancel_next()
 
     def _cancel_next(self, n: int = 0) -> None:
         """Cancel the handlers of the next ``n`` processes (STOP_CHUNK if 0)
@@ -748,7 +767,7 @@ class QueueRunner:
         """One turn of the loop while stopping: report outcomes, hand back
         the processes whose handlers exited. Returns True once no handler is
         left and everything was reported."""
-        if self._stop_order and (self._returned or trio.current_time() >= self._cancel_at):
+        if self._stop_order and self._returned:
             # The next group exits while the one before is handed back.
             self._cancel_next()
         try:
@@ -778,9 +797,8 @@ class QueueRunner:
         if not self.running and not (self._done or self._failed or self._returned):
             return True
         if self.running and not (self._done or self._failed or self._returned):
-            with trio.move_on_at(self._cancel_at if self._stop_order else math.inf):
-                await self._wakeup.wait()
-                self._wakeup = trio.Event()
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
         return False
 
     async def _claim(self, handlers: trio.Nursery, n: int) -> None:

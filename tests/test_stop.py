@@ -15,6 +15,7 @@ import trio
 
 import mesh
 from mesh import Process
+from mesh._connection import open_connection
 from mesh.testing import wait_until
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s; the cleanups below outlast T
@@ -205,6 +206,41 @@ async def test_slow_cleanups_in_the_first_group_hold_up_no_other_handler(
         assert len(fast) == n - slow and max(fast) < 0.3
         assert min(late) >= 1.0
         assert await client.queue_length("devices") == n  # every one handed back
+
+
+async def test_a_stop_cancels_every_group_in_time_while_redis_does_not_answer(
+    redis_url: str, namespace: str
+) -> None:
+    """The stop's groups are cancelled by time too, not only as the loop
+    hands groups back: with Redis asleep (DEBUG SLEEP) when the stop begins,
+    so that nothing can be handed back yet, every handler of three groups is
+    still cancelled within a few STOP_PACE, not when Redis answers again."""
+    n = 300
+    starts: list[bytes] = []
+    exits: list[float] = []
+
+    async def handler(p: Process) -> None:
+        starts.append(p.task)
+        try:
+            await trio.sleep_forever()
+        finally:
+            exits.append(trio.current_time())
+
+    async with (
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        open_connection(redis_url) as other,
+    ):
+        await client.ensure_many("devices", [f"d{i}" for i in range(n)])
+        async with trio.open_nursery() as nursery:
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
+                await a.start_work("devices", handler, concurrency=n)
+                await wait_until(lambda: _true(len(starts) == n), what="A runs all")
+                nursery.start_soon(other.execute, "DEBUG", "SLEEP", "0.6")
+                await trio.sleep(0.05)  # Redis sleeps now
+                stop_at = trio.current_time()
+        assert len(exits) == n
+        assert max(exits) - stop_at < 0.3  # Redis woke 0.55 s after the stop began
+        assert await client.queue_length("devices") == n  # all handed back then
 
 
 async def test_stop_grace_is_checked() -> None:
