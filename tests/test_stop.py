@@ -216,16 +216,7 @@ async def test_a_stop_cancels_every_group_in_time_while_redis_does_not_answer(
     so that nothing can be handed back yet, every handler of three groups is
     still cancelled within a few STOP_PACE, not when Redis answers again."""
     n = 300
-    starts: list[bytes] = []
-    exits: list[float] = []
-
-    async def handler(p: Process) -> None:
-        starts.append(p.task)
-        try:
-            await trio.sleep_forever()
-        finally:
-            exits.append(trio.current_time())
-
+    runs = SlowStop(0.0)
     async with (
         mesh.open_client(redis_url, namespace=namespace) as client,
         open_connection(redis_url) as other,
@@ -233,13 +224,14 @@ async def test_a_stop_cancels_every_group_in_time_while_redis_does_not_answer(
         await client.ensure_many("devices", [f"d{i}" for i in range(n)])
         async with trio.open_nursery() as nursery:
             async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
-                await a.start_work("devices", handler, concurrency=n)
-                await wait_until(lambda: _true(len(starts) == n), what="A runs all")
+                await a.start_work("devices", runs.handler, concurrency=n)
+                await wait_until(lambda: _true(len(runs.starts) == n), what="A runs all")
                 nursery.start_soon(other.execute, "DEBUG", "SLEEP", "0.6")
                 await trio.sleep(0.05)  # Redis sleeps now
                 stop_at = trio.current_time()
-        assert len(exits) == n
-        assert max(exits) - stop_at < 0.3  # Redis woke 0.55 s after the stop began
+        assert len(runs.exits) == n
+        # Redis woke 0.55 s after the stop began
+        assert max(t for _, t in runs.exits) - stop_at < 0.3
         assert await client.queue_length("devices") == n  # all handed back then
 
 
