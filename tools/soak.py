@@ -96,7 +96,7 @@ class Soak:
         d = self.h.spawn(
             tag,
             "--ttl", str(self.ttl),
-            "--concurrency", "100",
+            "--concurrency", str(self.args.concurrency),
             "--max-attempts", "0",
             "--backoff", "0.2",
             "--act-every", str(self.args.act_every),
@@ -414,6 +414,12 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=10)
     ap.add_argument("--persistent", type=int, default=200)
     ap.add_argument("--oneshot", type=int, default=5000)
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=100,
+        help="per worker: the workers together must be able to run every persistent task",
+    )
     ap.add_argument("--ttl", type=float, default=1.5)
     ap.add_argument("--act-every", type=float, default=0.25, help="persistent handler period")
     ap.add_argument("--fault-every", type=float, default=1.5, help="mean seconds between faults")
@@ -421,6 +427,13 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=120.0, help="max seconds to quiesce")
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    room = (args.workers - args.max_impaired) * args.concurrency
+    if args.persistent + 20 > room:  # 20: room for the 'late' tasks
+        ap.error(
+            f"--persistent {args.persistent} does not fit: {args.workers - args.max_impaired} "
+            f"unimpaired workers of --concurrency {args.concurrency} run at most {room} tasks "
+            "(less 20 for the 'late' ones)"
+        )
     if args.seed is None:
         args.seed = random.randrange(2**32)
     print(f"soak: seed={args.seed} {vars(args)}", flush=True)
