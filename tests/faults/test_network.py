@@ -17,18 +17,23 @@ from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 
+QUEUES = ("devices", "jobs")
+
 
 @pytest.mark.parametrize("how", ["stall", "cut"])
 async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how: str) -> None:
     proxy = await h.proxy()
-    (a,) = await h.start(1, url=proxy.url)
+    # Neither asks for a share of the other's tasks (--no-rebalance): every
+    # task moves only by the cut and by B's leaving. (A rejoined below its
+    # share used to pull a device from B before B left, now and then.)
+    (a,) = await h.start(1, "--no-rebalance", url=proxy.url)
     devices = payloads("dev", 4)
     jobs = [b"!hold=60;job%d" % i for i in range(4)]
     await h.client.ensure_many("devices", devices)
     await h.client.enqueue_many("jobs", jobs)
     await wait_until(lambda: h.runs(a, devices + jobs), 5, "A runs every task")
     a_id = await h.worker_id(a)
-    (b,) = await h.start(1, "--no-rebalance")  # nothing moves before the cut
+    (b,) = await h.start(1, "--no-rebalance")
     lease_left = await h.conn.execute("PTTL", h.keys.heartbeat(a_id)) / 1000
     async with h.monitor({"devices": set(devices)}, {"jobs": set(jobs)}) as mon:
         cut_at = await h.sink_now()
@@ -58,10 +63,32 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
         with trio.fail_after(5 * TTL):
             while (await h.snapshot()).workers.get(new_id) is not True:  # noqa: ASYNC110
                 await trio.sleep(0.02)
-        # it serves again: when B leaves, A takes everything at once
+
+        # It serves again, all the way: its runners wait in the idle sets
+        # and its wake channel has a subscriber (registered is not enough:
+        # it serves and subscribes right after). Then, when B leaves, A
+        # takes everything at once.
+        async def serving() -> bool:
+            k = h.keys
+            idle = [await h.conn.execute("SISMEMBER", k.idle(q), new_id) for q in QUEUES]
+            _, subscribers = await h.conn.execute("PUBSUB", "NUMSUB", k.wake_channel(new_id))
+            return all(idle) and int(subscribers) > 0
+
+        await wait_until(serving, 5 * TTL, "A to serve both queues and listen for wakes")
         left_at = await h.sink_now()
         b.term()
-        await wait_until(lambda: h.runs(a, devices + jobs, since=left_at), TTL, "A takes all back")
+        try:
+            await wait_until(
+                lambda: h.runs(a, devices + jobs, since=left_at), TTL, "A takes all back"
+            )
+        except trio.TooSlowError:
+            # what each side did since (so a failure in CI says where the time went)
+            seen = [
+                (round(e.t - left_at, 3), e.tag, e.action, e.task)
+                for e in await h.events()
+                if e.t >= left_at and e.action != "act"
+            ]
+            raise AssertionError(f"A took not all back within T; since B left: {seen}") from None
     assert mon.violations == []
     v = await h.judge()
     assert v.rejected == 0 and v.overlaps == [] and v.max_owners == 1
