@@ -53,6 +53,20 @@ async def running_process(argv: Sequence[str], **kwargs: Any) -> AsyncIterator[t
         await proc.wait()
 
 
+async def stderr_until(proc: trio.Process, pattern: bytes, within: float = 20) -> bytes:
+    """What ``proc`` wrote to its piped stderr, up to the first match of the
+    regular expression ``pattern`` (fails the test if the stream ends first,
+    or after ``within`` seconds); it may hold a little more."""
+    assert proc.stderr is not None
+    log = b""
+    with trio.fail_after(within):
+        while not re.search(pattern, log):
+            chunk = await proc.stderr.receive_some()
+            assert chunk, log
+            log += chunk
+    return log
+
+
 async def mesh_cli(
     *args: str,
     stdin: bytes = b"",
@@ -461,10 +475,8 @@ async def test_a_password_is_never_printed(own_redis: RedisServer) -> None:
         env=clean_env(MESH_REDIS_URL=good),
     ) as proc:
         assert proc.stderr is not None
-        log = b""
+        log = await stderr_until(proc, b"serves")
         with trio.fail_after(20):
-            while b"serves" not in log:
-                log += await proc.stderr.receive_some()
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
             async for chunk in proc.stderr:
@@ -675,10 +687,8 @@ async def test_worker_logs_json_for_log_shippers(
             await wait_until(joined, within=20, what="the worker to join")
             await client.enqueue("jobs", "j1")
             assert proc.stderr is not None
-            log = b""
+            log = await stderr_until(proc, b"dead-lettered")
             with trio.fail_after(20):
-                while b"dead-lettered" not in log:
-                    log += await proc.stderr.receive_some()
                 proc.send_signal(signal.SIGTERM)
                 assert await proc.wait() == 0
                 async for chunk in proc.stderr:
@@ -723,11 +733,7 @@ async def test_worker_freezes_what_it_loaded_once_serving(
         stderr=subprocess.PIPE,
         env=clean_env(),
     ) as proc:
-        assert proc.stderr is not None
-        log = b""
-        with trio.fail_after(20):
-            while b"serves" not in log:
-                log += await proc.stderr.receive_some()
+        await stderr_until(proc, b"serves")
         async with mesh.open_client(redis_url, namespace=namespace) as client:
             await client.enqueue("jobs", "j1")
 

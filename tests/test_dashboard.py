@@ -27,7 +27,7 @@ from mesh._view import share_text
 from mesh.dashboard import serve_dashboard
 from mesh.testing import wait_until
 
-from .test_cli import clean_env, mesh_cli, running_process
+from .test_cli import clean_env, mesh_cli, running_process, stderr_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -330,13 +330,7 @@ async def test_mesh_dashboard_command_serves_and_stops(redis_url: str, namespace
         stderr=subprocess.PIPE,
         env=clean_env(),
     ) as proc:
-        assert proc.stderr is not None
-        log = b""
-        with trio.fail_after(20):
-            while not re.search(rb"http://\S+/", log):
-                chunk = await proc.stderr.receive_some()
-                assert chunk, log
-                log += chunk
+        log = await stderr_until(proc, rb"http://\S+/")
         m = re.search(rb"http://127\.0\.0\.1:\d+/", log)
         assert m is not None, log  # loopback by default
         status, body = await trio.to_thread.run_sync(http, m.group().decode() + "state")

@@ -24,7 +24,7 @@ from mesh.metrics import MeshCollector, WorkerCollector, serve_metrics
 from mesh.testing import run_redis_server
 
 from .protocol_helpers import expire_worker
-from .test_cli import clean_env, mesh_cli, running_process
+from .test_cli import clean_env, mesh_cli, running_process, stderr_until
 
 TTL = 0.9
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -204,13 +204,7 @@ async def test_exporter_says_when_redis_is_down() -> None:
 
 async def served_url(proc: trio.Process) -> str:
     """The metrics URL a ``mesh`` command logged."""
-    assert proc.stderr is not None
-    log = b""
-    with trio.fail_after(20):
-        while b"/metrics" not in log:
-            chunk = await proc.stderr.receive_some()
-            assert chunk, log
-            log += chunk
+    log = await stderr_until(proc, rb"/metrics")
     m = re.search(rb"http://\S+/metrics", log)
     assert m is not None, log
     return m.group().decode()
