@@ -56,7 +56,7 @@ HERD = 3
 STOP_IO_GRACE = 0.5
 
 #: A stop cancels its handlers this many at a time, and hands each group back
-#: while the next one exits (see QueueRunner._stop_step) ...
+#: while the next one exits (QueueRunner._stop_step, _pace_stop) ...
 STOP_CHUNK = 100
 #: ... the next group at the latest this long after the one before, whatever
 #: became of it (a group of slow cleanups holds up no other handler's stop).
@@ -582,7 +582,7 @@ class QueueRunner:
                     raise RuntimeError("not running")
                 self._handlers.start_soon(self._pace_stop, name=f"mesh stop {self.config.queue}")
             except RuntimeError:  # the loop is not running (its nursery closed): no pacing
-                self._cancel_next(len(order))
+                self._cancel_rest()
         self._wakeup.set()
 
     async def _pace_stop(self) -> None:
@@ -594,11 +594,14 @@ class QueueRunner:
             if trio.current_time() >= self._cancel_at:
                 self._cancel_next()
 
-    def _cancel_next(self, n: int = 0) -> None:
-        """Cancel the handlers of the next ``n`` processes (STOP_CHUNK if 0)
-        of the stop, in the order they were claimed (sync, no I/O)."""
+    def _cancel_rest(self) -> None:
+        """Cancel every handler the stop has not cancelled yet (sync, no I/O)."""
+        self._cancel_next(len(self._stop_order))
+
+    def _cancel_next(self, n: int = STOP_CHUNK) -> None:
+        """Cancel the handlers of the next ``n`` processes of the stop, in
+        the order they were claimed (sync, no I/O)."""
         order = self._stop_order
-        n = n or STOP_CHUNK
         while order and n > 0:
             slot = order.popleft()
             if slot.cancel_requested or self.running.get(slot.process.id) is not slot:
@@ -758,10 +761,10 @@ class QueueRunner:
                 await self._binding.drain(self._conn, self._wid, self._inc, self.config.queue)
             except (MeshConnectionError, CommandError, FencedError) as exc:
                 log.debug("queue %s: could not drain before the stop: %s", self.config.queue, exc)
-                self._cancel_next(len(self._stop_order))
+                self._cancel_rest()
                 return
         if cs.cancelled_caught:
-            self._cancel_next(len(self._stop_order))
+            self._cancel_rest()
 
     async def _stop_step(self) -> bool:
         """One turn of the loop while stopping: report outcomes, hand back
@@ -791,7 +794,7 @@ class QueueRunner:
             )
             # No pacing while nothing can be handed back: every handler is
             # cancelled now, and its process waits in hand for Redis.
-            self._cancel_next(len(self._stop_order))
+            self._cancel_rest()
             await trio.sleep(0.1)
             return False
         if not self.running and not (self._done or self._failed or self._returned):
