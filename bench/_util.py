@@ -197,6 +197,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core of the machine so far (Linux
+    /proc/stat): busy is user + nice + system + irq + softirq; all adds idle,
+    iowait and steal (time the hypervisor gave to others)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait + steal
+
+
 # --- Redis probes -------------------------------------------------------------
 
 

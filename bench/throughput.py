@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import secrets
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -20,7 +21,16 @@ from mesh.testing import run_redis_server
 
 from ._context import PEER_CHILD, Context
 from ._report import Figure, Section, Target
-from ._util import children, cpu_seconds, info, mesh_child, poll_until, redis_cpu
+from ._util import (
+    children,
+    cpu_seconds,
+    info,
+    machine_ticks,
+    median,
+    mesh_child,
+    poll_until,
+    redis_cpu,
+)
 
 QUEUE = "bench"
 POLL = 0.002
@@ -32,10 +42,12 @@ class Sizes:
     concurrency: int = 10
     peers: bool = True  # SAQ, arq and streaQ
     worqr: bool = True
+    spin: int = 1_000_000  # rounds of each CPU-bound process of machine_scaling
+    spins: int = 3  # machine_scaling: how many times 1 alone and 2 at once, alternating
 
 
 FULL = Sizes()
-QUICK = Sizes(tasks=2_000)
+QUICK = Sizes(tasks=2_000, spin=200_000, spins=1)
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,7 @@ class RunResult:
     worker_cpu: float
     commands: int  # Redis commands run while processing, inside scripts too (our polls excluded)
     scripts: int  # EVALSHA/EVAL calls while processing
+    busy: float  # share of all the machine's cores busy while processing (0..1)
 
 
 async def one_run(
@@ -185,6 +198,7 @@ async def one_run(
         cmd0 = int((await info(conn, "stats"))["total_commands_processed"])
         ev0 = await script_calls(conn)
         wcpu0 = sum(cpu_seconds(w.pid) for w in workers)
+        ticks0 = machine_ticks()
         t0 = trio.current_time()
         for w in workers:
             await w.send("go")
@@ -197,12 +211,50 @@ async def one_run(
             return await pending(conn) == 0
 
         t1 = await poll_until(done, interval=POLL, within=within)
+        ticks1 = machine_ticks()
         wcpu1 = sum(cpu_seconds(w.pid) for w in workers)
         cpu1 = await redis_cpu(conn)
         cmd1 = int((await info(conn, "stats"))["total_commands_processed"])
         ev1 = await script_calls(conn)
     ours = polls * probe_cost + 3  # the polls, INFO cpu and commandstats
-    return RunResult(enqueue, t1 - t0, cpu1 - cpu0, wcpu1 - wcpu0, cmd1 - cmd0 - ours, ev1 - ev0)
+    busy = (ticks1[0] - ticks0[0]) / max(1, ticks1[1] - ticks0[1])
+    return RunResult(
+        enqueue, t1 - t0, cpu1 - cpu0, wcpu1 - wcpu0, cmd1 - cmd0 - ours, ev1 - ev0, busy
+    )
+
+
+@dataclass
+class Scaling:
+    """What the machine does with a second process that shares nothing."""
+
+    speed: float  # rounds per second of one process alone (how fast the machine is)
+    rate: float  # 2 processes at once / 1 alone, in rounds per second
+    cpu: float  # CPU seconds a process takes for its rounds: 2 at once / 1 alone
+
+
+async def machine_scaling(sizes: Sizes) -> Scaling:
+    """How much more two CPU-bound processes that share nothing (no Redis, no
+    I/O: :mod:`bench._spin_child`) get done on this machine than one: the
+    ceiling of "2 worker processes / 1" for any software. One alone and two at
+    once alternate ``sizes.spins`` times; the medians are compared. Each
+    process is started and waits for ``go``, so interpreter start-up is not
+    timed; two at once are timed to the later one's end."""
+    argv = [sys.executable, "-m", "bench._spin_child", str(sizes.spin)]
+    one: list[tuple[float, float]] = []
+    two: list[tuple[float, float]] = []
+    for _ in range(sizes.spins):
+        for k, into in ((1, one), (2, two)):
+            async with children() as kids:
+                spinners = [await kids.spawn(f"spinner {i}", argv) for i in range(k)]
+                for c in spinners:
+                    await c.expect("ready", 60)
+                for c in spinners:
+                    await c.send("go")
+                got = [(await c.expect("spun", 120)).split()[1:] for c in spinners]
+            into.append((max(float(g[0]) for g in got), median([float(g[1]) for g in got])))
+    wall1, wall2 = median([w for w, _ in one]), median([w for w, _ in two])
+    cpu1, cpu2 = median([c for _, c in one]), median([c for _, c in two])
+    return Scaling(speed=sizes.spin / wall1, rate=2 * wall1 / wall2, cpu=cpu2 / cpu1)
 
 
 def worqr_argv(ctx: Context, role: str, *args: str) -> list[str]:
@@ -231,14 +283,23 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     section = Section(
         "throughput",
         "Throughput",
-        METHOD.format(n=n, c=sizes.concurrency, poll=POLL * 1000),
+        METHOD.format(
+            n=n, c=sizes.concurrency, poll=POLL * 1000, spins=sizes.spins, spin=sizes.spin
+        ),
         runs=ctx.runs,
         notes=notes,
     )
     results: dict[str, list[RunResult | None]] = {c.label: [] for c in conts}
+    scaling: list[Scaling] = []
     with run_redis_server() as server:
         async with open_connection(server.url) as conn:
             for r in range(ctx.runs):
+                ctx.log(f"throughput: run {r + 1}/{ctx.runs}: the machine, 2 processes / 1")
+                scaling.append(await machine_scaling(sizes))
+                ctx.log(
+                    f"  {scaling[-1].rate:.2f}x the work, each process's CPU time "
+                    f"{scaling[-1].cpu:.2f}x"
+                )
                 for c in conts:
                     ctx.log(f"throughput: run {r + 1}/{ctx.runs}: {c.label}")
                     try:
@@ -303,6 +364,14 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
             )
         section.figures.append(
             Figure(
+                f"{c.label}: the machine's cores busy",
+                "%",
+                [100 * x.busy if x else nan for x in rs],
+                note="all processes, the kernel's work for them included",
+            )
+        )
+        section.figures.append(
+            Figure(
                 f"{c.label}: worker CPU per task",
                 "µs",
                 [x.worker_cpu / n * 1e6 if x else nan for x in rs],
@@ -330,6 +399,39 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
              for a, b in zip(mesh2_runs, mesh1_runs, strict=True)],
             target=Target(">=", 1.6, ">= 1.6x"),
             note="per run",
+        )
+    )  # fmt: skip
+    section.figures.append(
+        Figure(
+            "the machine: 1 CPU-bound process alone",
+            "M rounds/s",
+            [x.speed / 1e6 for x in scaling],
+            note="per run: how fast this machine runs Python, to compare runs on other machines",
+        )
+    )
+    section.figures.append(
+        Figure(
+            "the machine: 2 CPU-bound processes / 1 (no Redis, nothing shared)",
+            "x",
+            [x.rate for x in scaling],
+            note="per run, just before trio-mesh's: the ceiling of the line above for any software",
+        )
+    )
+    section.figures.append(
+        Figure(
+            "the machine: CPU time of the same work, 2 processes at once / 1 alone",
+            "x",
+            [x.cpu for x in scaling],
+            note="per run: above 1, the two cores share the hardware under them",
+        )
+    )
+    section.figures.append(
+        Figure(
+            "trio-mesh: 2 worker processes / 1, over the machine's 2 / 1",
+            "x",
+            [b.processing / a.processing / m.rate if a and b else nan
+             for a, b, m in zip(mesh2_runs, mesh1_runs, scaling, strict=True)],
+            note="per run: 1 is as well as the machine scales work that shares nothing",
         )
     )  # fmt: skip
     batched = next((c for c in conts if c.batch), None)
@@ -439,6 +541,17 @@ own), to show what a batch handler saves where bulk work fits; and with
 concurrency wait in the worker for a slot, so a slot freed by a handler
 does not wait for a round trip (opt-in: see "Prefetch" in the concepts).
 
+"2 worker processes / 1" is read against what the machine itself does with a
+second process: at the start of each run, {spins} times alternating, one
+CPU-bound Python process alone and two at once (`bench/_spin_child.py`: a loop
+of small dicts and byte strings, no I/O, nothing shared, {spin:,} rounds each,
+timed inside each process after a `go`); "the machine: 2 CPU-bound processes /
+1" is twice the median time of one alone over the median time of two at once
+(the later one's end), the most that any software gets from a second process
+here. "CPU time of the same work, 2 at once / 1 alone" says why, where it is
+above 1: each process ran all the time (its CPU time equals its wall time) and
+still took longer, so the two cores share the hardware under them.
+
 The handler does nothing (no extra Redis command per task for anyone). The
 producer, the workers, the polling parent and redis-server share the machine's
 cores. "Redis CPU per task" is the server's `used_cpu_user + used_cpu_sys`
@@ -450,7 +563,13 @@ round trips); for trio-mesh "script calls per task" counts the `EVALSHA` calls
 (claims, finish reports, heartbeats, reaper checks); a finish report and the
 next claim share one round trip, so a busy worker makes about half as many
 round trips as script calls; "worker CPU per task" is the
-worker processes' user + system time over the same span. The peers run in their
+worker processes' user + system time over the same span; "the machine's cores
+busy" is the share of all the machine's cores (`/proc/stat`: user, nice,
+system, irq and softirq time, over all time but steal included) that anything
+used over the same span: workers, redis-server, the polling parent, the
+kernel. One worker process that waits for each round trip keeps about one
+core busy between it and Redis; "2 worker processes / 1" cannot be more than
+what the second core adds. The peers run in their
 own virtual environment (`bench/peers.txt`) because arq needs redis-py < 6 and
 SAQ's redis extra redis-py < 8, while trio-mesh needs redis-py 8.
 """

@@ -16,6 +16,9 @@ from bench._report import Figure, Section, markdown, text_table
 pytestmark = pytest.mark.slow
 
 
+SPIN = 100_000  # rounds of each CPU-bound process of the machine's 2 / 1
+
+
 def ctx() -> Context:
     return Context(runs=1, log=lambda line: None)
 
@@ -46,17 +49,31 @@ def check(section: Section, name: str) -> None:
 
 
 async def test_throughput() -> None:
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False, worqr=False))
+    s = await throughput.run(
+        ctx(), throughput.Sizes(tasks=300, peers=False, worqr=False, spin=SPIN, spins=1)
+    )
     check(s, "throughput")
     rate = figure(s, "trio-mesh, 1 worker process: processing")
     assert rate.unit == "tasks/s" and rate.median > 0
     assert rate.target is not None
     assert rate.verdict() == "met" or rate.verdict().startswith("missed by")
     assert figure(s, "trio-mesh, 2 worker processes: processing").median > 0
+    busy = figure(s, "trio-mesh, 1 worker process: the machine's cores busy")
+    assert busy.unit == "%" and 0 < busy.median <= 100
     enq = figure(s, "trio-mesh, 1 worker process: enqueue 300")
     assert enq.unit == "s" and enq.target is not None
     ratio = figure(s, "trio-mesh: 2 worker processes / 1")
     assert ratio.target is not None and ratio.median > 0
+    # the machine's own 2 / 1, measured in the same run, and the mesh's over it
+    assert figure(s, "the machine: 1 CPU-bound process alone").median > 0
+    machine = figure(s, "the machine: 2 CPU-bound processes / 1 (no Redis, nothing shared)")
+    assert machine.median > 0 and machine.target is None
+    assert (
+        figure(s, "the machine: CPU time of the same work, 2 processes at once / 1 alone").median
+        > 0
+    )
+    over = figure(s, "trio-mesh: 2 worker processes / 1, over the machine's 2 / 1")
+    assert over.median == pytest.approx(ratio.median / machine.median)
     # issue 14's targets on the way: worker and Redis CPU per task
     assert figure(s, "trio-mesh, 1 worker process: worker CPU per task").target is not None
     assert figure(s, "trio-mesh, 1 worker process: Redis CPU per task").target is not None
@@ -68,7 +85,7 @@ async def test_throughput_worqr() -> None:
     repository) or the npm registry is missing, the run goes on without it
     and says why (the next test forces that case)."""
     w, why = worqr.prepare()
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False))
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False, spin=SPIN, spins=1))
     check(s, "throughput")
     assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
     if w is None:
@@ -89,7 +106,7 @@ async def test_throughput_worqr() -> None:
 async def test_throughput_without_worqr(monkeypatch: pytest.MonkeyPatch) -> None:
     """No tarball: Worqr is skipped with a note, and the run goes on."""
     monkeypatch.setenv("BENCH_WORQR_TGZ", "/nonexistent/worqr-1.2.3.tgz")
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=200, peers=False))
+    s = await throughput.run(ctx(), throughput.Sizes(tasks=200, peers=False, spin=SPIN, spins=1))
     assert [n for n in s.notes if n.startswith("Worqr skipped: worqr-1.2.3.tgz not found")]
     assert not [f for f in s.figures if "Worqr" in f.label]
     assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
