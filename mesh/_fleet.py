@@ -70,6 +70,7 @@ from ._policy import PolicyWatch, QueuePolicy
 from ._pubsub import PubSub, open_pubsub
 from ._schedule import run_scheduler
 from ._scripts import Binding, HeartbeatRequest
+from ._shielded import ShieldedTasks
 from ._stats import Recorder
 from ._supervisor import Reaper, ReaperStatistics
 from ._topology import Topology
@@ -364,16 +365,21 @@ class Fleet:
         worker._lease.min_replicas = self._min_replicas
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(worker._lease.run)
-                self.workers.append(worker)
+                # shielded from the caller's cancellations, as in open_worker
+                tasks = ShieldedTasks(nursery)
                 try:
-                    yield worker
+                    await tasks.start(worker._lease.run)
+                    self.workers.append(worker)
+                    try:
+                        yield worker
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            await worker._close()
+                        worker._closed = True
+                        worker.client._closed = True
+                        self.workers.remove(worker)
                 finally:
-                    with trio.CancelScope(shield=True):
-                        await worker._close()
-                    worker._closed = True
-                    worker.client._closed = True
-                    self.workers.remove(worker)
+                    tasks.cancel()
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as eg:
             raise_single(eg)
@@ -488,11 +494,15 @@ async def open_fleet(
             fleet = Fleet(conn, pubsub, keys, timing, name, max_payload, replicas, window)
             try:
                 async with trio.open_nursery() as nursery:
-                    await nursery.start(fleet._run)
+                    # The renewals go on while the fleet's workers stop after
+                    # a cancellation from outside (open_worker's shield).
+                    tasks = ShieldedTasks(nursery)
                     try:
+                        await tasks.start(fleet._run)
                         yield fleet
                     finally:
                         fleet._closed = True
+                        tasks.cancel()
                         nursery.cancel_scope.cancel()
             except BaseExceptionGroup as eg:
                 raise_single(eg)

@@ -45,6 +45,7 @@ import attrs
 import trio
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
+from ._shielded import ShieldedTasks
 from ._topology import Node, Topology
 from ._transport import (
     TRANSPORT_ERRORS,
@@ -649,11 +650,16 @@ async def open_pubsub(
     )
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(pubsub._run)
+            # Shielded from the caller's cancellations until the block is
+            # left: a block cancelled from outside can still (un)subscribe in
+            # its shielded clean-up (a stopping worker unsubscribes).
+            tasks = ShieldedTasks(nursery)
             try:
+                await tasks.start(pubsub._run)
                 yield pubsub
             finally:
                 pubsub._close()
+                tasks.cancel()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
         raise_single(eg)

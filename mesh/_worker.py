@@ -51,6 +51,7 @@ from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner, check_handler
 from ._schedule import run_scheduler
 from ._scripts import Binding
+from ._shielded import ShieldedTasks
 from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
 from ._topology import Topology
@@ -890,16 +891,24 @@ async def open_worker(
             reaper = worker._reaper
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(worker._listen)
-                    await nursery.start(worker._lease.run)
-                    await nursery.start(reaper.run)
+                    # Shielded from cancellations of the caller's scopes: a
+                    # block cancelled from outside still stops as described
+                    # above (lease renewed, handlers cancelled in groups, each
+                    # process handed back after its handler exited).
+                    tasks = ShieldedTasks(nursery)
                     try:
-                        yield worker
+                        tasks.start_soon(worker._listen)
+                        await tasks.start(worker._lease.run)
+                        await tasks.start(reaper.run)
+                        try:
+                            yield worker
+                        finally:
+                            with trio.CancelScope(shield=True):
+                                await worker._close()
+                            worker._closed = True
+                            worker.client._closed = True
                     finally:
-                        with trio.CancelScope(shield=True):
-                            await worker._close()
-                        worker._closed = True
-                        worker.client._closed = True
+                        tasks.cancel()
                         nursery.cancel_scope.cancel()
             except BaseExceptionGroup as eg:
                 raise_single(eg)

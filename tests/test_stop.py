@@ -235,6 +235,87 @@ async def test_a_stop_cancels_every_group_in_time_while_redis_does_not_answer(
         assert await client.queue_length("devices") == n  # all handed back then
 
 
+@pytest.mark.parametrize("how", ["worker", "fleet"])
+async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_cleanup_runs(
+    redis_url: str, namespace: str, how: str
+) -> None:
+    """Leaving the block by a cancellation from outside (the trio way to stop
+    a service) stops as leaving it normally does: the lease is renewed while
+    the cancelled handler cleans up for longer than T, and the task is handed
+    back only after the handler exited, with no attempt counted. Before,
+    the cancellation stopped the heartbeat with everything else: the lease ran
+    out after T, and a peer started the task while the old handler still
+    ran (invariant 10), counted as a crash."""
+    old, new = SlowStop(2.0), SlowStop(0.0)
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure("devices", "d1")
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            a_left = trio.Event()
+
+            async def run_a() -> None:
+                with scope:
+                    if how == "fleet":
+                        async with (
+                            mesh.open_fleet(redis_url, namespace=namespace, ttl=TTL) as fleet,
+                            fleet.open_worker() as a,
+                        ):
+                            await a.start_work("devices", old.handler)
+                            await trio.sleep_forever()
+                    else:
+                        async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a:
+                            await a.start_work("devices", old.handler)
+                            await trio.sleep_forever()
+                a_left.set()
+
+            nursery.start_soon(run_a)
+            await wait_until(lambda: _true(len(old.starts) == 1), what="A runs the task")
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b:
+                await b.start_work("devices", new.handler)
+                scope.cancel()
+                await trio.sleep(TTL * 1.5)  # past T: A's cleanup still runs
+                assert not new.starts
+                await wait_until(lambda: _true(len(new.starts) == 1), what="B takes it")
+                await a_left.wait()
+        (p, started), exited = new.starts[0], old.exits[0][1]
+        assert started > exited
+        assert started - exited < TTL / 2  # handed back at once, not left to T
+        assert p.attempts == 0
+
+
+async def test_a_large_stop_by_cancellation_hands_back_group_by_group(
+    redis_url: str, namespace: str
+) -> None:
+    """A block cancelled from outside cancels its 1,000 handlers a group at
+    a time too (before, the cancellation reached all of them at once, and
+    every task went back only when the last had exited)."""
+    n = 1000
+    old, new = SlowStop(0.0), SlowStop(0.0)
+    exited_at_first_start: list[int] = []
+
+    async def peer(p: Process) -> None:
+        if not exited_at_first_start:
+            exited_at_first_start.append(len(old.exits))
+        await new.handler(p)
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure_many("devices", [f"d{i}" for i in range(n)])
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as b:
+            with trio.CancelScope() as scope:
+                async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
+                    await a.start_work("devices", old.handler, concurrency=n)
+                    await wait_until(lambda: _true(len(old.starts) == n), what="A runs all")
+                    await b.start_work("devices", peer, concurrency=n, rebalance=False)
+                    scope.cancel()
+                    await trio.sleep_forever()
+            await wait_until(lambda: _true(len(new.starts) == n), what="B takes all")
+        assert exited_at_first_start[0] < n, exited_at_first_start
+        exits = {p.task: t for p, t in old.exits}
+        for p, started in new.starts:
+            assert started >= exits[p.task]
+            assert p.attempts == 0
+
+
 async def test_stop_grace_is_checked() -> None:
     for bad in (-1, float("nan"), float("inf"), "1", True):
         with pytest.raises(mesh.ConfigError, match="stop_grace"):
