@@ -401,30 +401,27 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
             note="per run",
         )
     )  # fmt: skip
-    section.figures.append(
-        Figure(
+    for label, unit, values, note in (
+        (
             "the machine: 1 CPU-bound process alone",
             "M rounds/s",
             [x.speed / 1e6 for x in scaling],
-            note="per run: how fast this machine runs Python, to compare runs on other machines",
-        )
-    )
-    section.figures.append(
-        Figure(
+            "per run: how fast this machine runs Python, to compare runs on other machines",
+        ),
+        (
             "the machine: 2 CPU-bound processes / 1 (no Redis, nothing shared)",
             "x",
             [x.rate for x in scaling],
-            note="per run, just before trio-mesh's: the ceiling of the line above for any software",
-        )
-    )
-    section.figures.append(
-        Figure(
+            "per run, just before trio-mesh's: the ceiling of the line above for any software",
+        ),
+        (
             "the machine: CPU time of the same work, 2 processes at once / 1 alone",
             "x",
             [x.cpu for x in scaling],
-            note="per run: above 1, the two cores share the hardware under them",
-        )
-    )
+            "per run: above 1, the two cores share the hardware under them",
+        ),
+    ):
+        section.figures.append(Figure(label, unit, values, note=note))
     section.figures.append(
         Figure(
             "trio-mesh: 2 worker processes / 1, over the machine's 2 / 1",

@@ -373,10 +373,7 @@ class Fleet:
                     try:
                         yield worker
                     finally:
-                        with trio.CancelScope(shield=True):
-                            await worker._close()
-                        worker._closed = True
-                        worker.client._closed = True
+                        await worker._leave()
                         self.workers.remove(worker)
                 finally:
                     tasks.cancel()

@@ -764,6 +764,15 @@ class Worker:
             if self._keys.parse_heartbeat_key(msg.data) is not None:
                 self._reaper.heard_expiry()
 
+    async def _leave(self) -> None:
+        """The end of the worker's block: :meth:`_close`, shielded (it runs to
+        its end while the block is being cancelled too), then the worker and
+        its client refuse further calls."""
+        with trio.CancelScope(shield=True):
+            await self._close()
+        self._closed = True
+        self.client._closed = True
+
     async def _close(self) -> None:
         """Cancel every handler and keep the lease while they exit, at most
         :attr:`stop_grace`: each process is handed back once its handler has
@@ -903,10 +912,7 @@ async def open_worker(
                         try:
                             yield worker
                         finally:
-                            with trio.CancelScope(shield=True):
-                                await worker._close()
-                            worker._closed = True
-                            worker.client._closed = True
+                            await worker._leave()
                     finally:
                         tasks.cancel()
                         nursery.cancel_scope.cancel()

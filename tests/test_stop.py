@@ -143,12 +143,17 @@ async def test_a_handler_that_outlives_the_grace_is_left_to_the_lease(
         assert "after the stop grace" in caplog.text
 
 
-async def test_a_large_stop_hands_back_group_by_group(redis_url: str, namespace: str) -> None:
+@pytest.mark.parametrize("leave", ["normally", "by cancellation"])
+async def test_a_large_stop_hands_back_group_by_group(
+    redis_url: str, namespace: str, leave: str
+) -> None:
     """A worker that stops with 1,000 handlers cancels them a group at a
     time and hands each group back while the next one exits: a peer starts
     the first tasks before the last of the old handlers has even been
     cancelled (before, all 1,000 exited first, then went back together), and
-    still never before a task's own old handler exited."""
+    still never before a task's own old handler exited. The same when the
+    block is cancelled from outside (before, the cancellation reached every
+    handler at once)."""
     n = 1000  # (TTL 3 s: 1,000 handler starts on a loaded machine must not fence A)
     old, new = SlowStop(0.0), SlowStop(0.0)
     exited_at_first_start: list[int] = []
@@ -161,11 +166,15 @@ async def test_a_large_stop_hands_back_group_by_group(redis_url: str, namespace:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         await client.ensure_many("devices", [f"d{i}" for i in range(n)])
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as b:
-            async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
-                await a.start_work("devices", old.handler, concurrency=n)
-                await wait_until(lambda: _true(len(old.starts) == n), what="A runs all")
-                # B takes only what is handed back (no pull for balance)
-                await b.start_work("devices", peer, concurrency=n, rebalance=False)
+            with trio.CancelScope() as scope:
+                async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
+                    await a.start_work("devices", old.handler, concurrency=n)
+                    await wait_until(lambda: _true(len(old.starts) == n), what="A runs all")
+                    # B takes only what is handed back (no pull for balance)
+                    await b.start_work("devices", peer, concurrency=n, rebalance=False)
+                    if leave == "by cancellation":
+                        scope.cancel()
+                        await trio.sleep_forever()
             await wait_until(lambda: _true(len(new.starts) == n), what="B takes all")
         assert len(old.exits) == n
         assert exited_at_first_start[0] < n, exited_at_first_start
@@ -281,39 +290,6 @@ async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_clean
         assert started > exited
         assert started - exited < TTL / 2  # handed back at once, not left to T
         assert p.attempts == 0
-
-
-async def test_a_large_stop_by_cancellation_hands_back_group_by_group(
-    redis_url: str, namespace: str
-) -> None:
-    """A block cancelled from outside cancels its 1,000 handlers a group at
-    a time too (before, the cancellation reached all of them at once, and
-    every task went back only when the last had exited)."""
-    n = 1000
-    old, new = SlowStop(0.0), SlowStop(0.0)
-    exited_at_first_start: list[int] = []
-
-    async def peer(p: Process) -> None:
-        if not exited_at_first_start:
-            exited_at_first_start.append(len(old.exits))
-        await new.handler(p)
-
-    async with mesh.open_client(redis_url, namespace=namespace) as client:
-        await client.ensure_many("devices", [f"d{i}" for i in range(n)])
-        async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as b:
-            with trio.CancelScope() as scope:
-                async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
-                    await a.start_work("devices", old.handler, concurrency=n)
-                    await wait_until(lambda: _true(len(old.starts) == n), what="A runs all")
-                    await b.start_work("devices", peer, concurrency=n, rebalance=False)
-                    scope.cancel()
-                    await trio.sleep_forever()
-            await wait_until(lambda: _true(len(new.starts) == n), what="B takes all")
-        assert exited_at_first_start[0] < n, exited_at_first_start
-        exits = {p.task: t for p, t in old.exits}
-        for p, started in new.starts:
-            assert started >= exits[p.task]
-            assert p.attempts == 0
 
 
 async def test_stop_grace_is_checked() -> None:
