@@ -20,6 +20,13 @@ cpu``): the peak and the total, and the time until every worker is
 registered again; with the fleet's join pacing off (``join_window=0``: all at
 once) and on (the default, TTL / 2), alternating, in one run.
 
+``python -m bench.fleet stop [--workers 1000] [--ttl 3] [--trials 3]``: one
+fleet of ``--workers`` workers, each running one persistent task of its own;
+the fleet's block is cancelled from outside (the child's stdin closes, and it
+cancels the nursery around the fleet: the trio way to stop a service). The
+time until every task is back in the queue (polled every 5 ms), and until the
+process has exited.
+
 Each starts its own redis-server (127.0.0.1, a free port).
 """
 
@@ -32,6 +39,7 @@ import secrets
 import signal
 import sys
 import time
+from functools import partial
 
 import trio
 
@@ -40,7 +48,7 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
-from ._util import Child, Children, children, mesh_child, percentile, redis_cpu
+from ._util import Child, Children, children, mesh_child, percentile, poll_until, redis_cpu
 
 QUEUE = "devices"
 
@@ -275,6 +283,50 @@ async def rejoin(workers: int, ttl: float, trials: int) -> dict[str, object]:
     return out
 
 
+async def stop(workers: int, ttl: float, trials: int) -> dict[str, object]:
+    back: list[float] = []
+    exited: list[float] = []
+    loads = [load()]
+    with run_redis_server() as server:
+        for _ in range(trials):
+            ns = "fs" + secrets.token_hex(3)
+            procs, queue = Keys(ns).procs(QUEUE), Keys(ns).queue(QUEUE)
+            async with (
+                children() as kids,
+                open_connection(server.url) as conn,
+                mesh.open_client(server.url, namespace=ns) as client,
+            ):
+                child, _ = await spawn_fleet(kids, "fleet", hold_argv(server.url, ns, workers, ttl))
+                await client.ensure_many(QUEUE, [f"dev-{i}" for i in range(workers)])
+                await poll_until(
+                    partial(_at_least, conn, "HLEN", procs, workers), interval=0.05,
+                    within=120,
+                )  # fmt: skip
+                t0 = trio.current_time()
+                assert child.proc.stdin is not None
+                await child.proc.stdin.aclose()
+                t1 = await poll_until(
+                    partial(_at_least, conn, "LLEN", queue, workers), interval=0.005,
+                    within=60,
+                )  # fmt: skip
+                back.append(t1 - t0)
+                with trio.fail_after(60):
+                    await child.proc.wait()
+                exited.append(trio.current_time() - t0)
+                print(f"back {back[-1]:.3f} s, exited {exited[-1]:.3f} s", file=sys.stderr)
+    loads.append(load())
+    return {
+        "workers (one OS process, one persistent task each)": workers,
+        "every task back in the queue after (s)": " ".join(f"{x:.3f}" for x in back),
+        "the process exited after (s)": " ".join(f"{x:.3f}" for x in exited),
+        "load": " -> ".join(loads),
+    }
+
+
+async def _at_least(conn: Connection, command: str, key: str, n: int) -> bool:
+    return int(await conn.execute(command, key)) >= n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -288,10 +340,16 @@ def main(argv: list[str] | None = None) -> int:
     rj.add_argument("--workers", type=int, default=5000)
     rj.add_argument("--ttl", type=float, default=3.0)
     rj.add_argument("--trials", type=int, default=3)
+    st = sub.add_parser("stop")
+    st.add_argument("--workers", type=int, default=1000)
+    st.add_argument("--ttl", type=float, default=3.0)
+    st.add_argument("--trials", type=int, default=3)
     args = ap.parse_args(argv)
     res: dict[str, object]
     if args.what == "latency":
         res = trio.run(latency, args.procs, args.per, args.ttl, args.kills, args.cancels)
+    elif args.what == "stop":
+        res = trio.run(stop, args.workers, args.ttl, args.trials)
     else:
         res = trio.run(rejoin, args.workers, args.ttl, args.trials)
     for key, v in res.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import _charts, cancel, delayed, failover, memory, scale, throughput, worqr
+from bench import _charts, cancel, delayed, failover, fleet, memory, scale, throughput, worqr
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
 
@@ -315,3 +315,13 @@ async def test_balance_fleet_rolling() -> None:
     assert res["overlaps"] == 0
     assert res["final_spread"] == "10-10"
     assert res["rejoins_after_fencing"] == 0
+
+
+async def test_fleet_stop() -> None:
+    """bench.fleet stop: a fleet cancelled from outside hands every task
+    back, and the process exits; both times are reported, one per trial."""
+    out = await fleet.stop(workers=5, ttl=3.0, trials=2)
+    back = [float(x) for x in str(out["every task back in the queue after (s)"]).split()]
+    exited = [float(x) for x in str(out["the process exited after (s)"]).split()]
+    assert len(back) == len(exited) == 2
+    assert all(0 < b <= e for b, e in zip(back, exited, strict=True))
