@@ -480,7 +480,10 @@ async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
             await client.enqueue_many(Q, ["slow", "quick"])
 
             async def dead() -> bool:
-                return len(await client.dead_letters(Q)) == 1
+                # the worker logs once the script that dead-lettered it has
+                # returned: the client can see the dead letter before that
+                logged = any("dead-lettered" in r.getMessage() for r in caplog.records)
+                return logged and len(await client.dead_letters(Q)) == 1
 
             await wait_until(dead, within=5)
         # one line for the timeout that dead-lettered it
