@@ -57,6 +57,7 @@ import outcome
 import trio
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
+from ._shielded import ShieldedTasks
 from ._topology import Node, Topology
 from ._transport import ENCODER as _ENCODER
 from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -1026,24 +1027,19 @@ async def open_connection(
         reroute_timeout=reroute_timeout,
         direct_writes=direct_writes,
     )
-    # The connection's trio tasks are shielded from cancellations of the
-    # caller's scopes, and stopped only when the block is left: a block
-    # cancelled from outside can still use the connection in its shielded
-    # clean-up (a worker hands its processes back that way).
-    shield = trio.CancelScope(shield=True)
-
-    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        with shield:
-            await conn._run(task_status=task_status)
-
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(run)
+            # The connection's trio tasks are shielded from cancellations of
+            # the caller's scopes, and stopped only when the block is left: a
+            # block cancelled from outside can still use the connection in its
+            # shielded clean-up (a worker hands its processes back that way).
+            tasks = ShieldedTasks(nursery)
             try:
+                await tasks.start(conn._run)
                 yield conn
             finally:
                 conn._close()
-                shield.cancel()
+                tasks.cancel()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
         raise_single(eg)

@@ -1,14 +1,15 @@
 """Background trio tasks that outlive a cancellation of the block that owns them.
 
-A worker's lease, runners and heartbeat, a fleet's renewals and a pub/sub
-connection run as trio tasks beside the user's ``async with`` block. When that
-block is cancelled from outside (the trio way to stop a service), the block's
-shielded clean-up still needs them: a worker keeps renewing its lease while its
-handlers exit and hands each process back after its handler exited
-(invariant 10). So these tasks run in cancel scopes shielded from the caller's
-cancellations, and are cancelled only by :meth:`ShieldedTasks.cancel`, which
-the block calls when it is left (in a ``finally``, so that an error on the way
-cannot leave them running and hang the nursery).
+A connection's reader and writer, a pub/sub connection, a worker's lease,
+runners and heartbeat, and a fleet's renewals run as trio tasks beside the
+user's ``async with`` block. When that block is cancelled from outside (the
+trio way to stop a service), the block's shielded clean-up still needs them: a
+worker keeps renewing its lease while its handlers exit and hands each process
+back after its handler exited (invariant 10). So these tasks run in cancel
+scopes shielded from the caller's cancellations, and are cancelled only by
+:meth:`ShieldedTasks.cancel`, which the block calls when it is left (in a
+``finally``, so that an error on the way cannot leave them running and hang
+the nursery).
 """
 
 from __future__ import annotations
