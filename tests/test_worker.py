@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -19,72 +17,10 @@ import mesh._connection
 from mesh import ClosedError, ConfigError, MeshConnectionError, Process
 from mesh.testing import RedisServer, wait_until
 
+from .helpers import Recorder, client_and_workers
 from .protocol_helpers import expire_worker, join
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
-
-
-@asynccontextmanager
-async def running_workers(
-    open_one: Callable[[], AbstractAsyncContextManager[mesh.Worker]], n: int
-) -> AsyncIterator[list[mesh.Worker]]:
-    """``n`` workers, each opened with ``open_one`` in a task of its own and
-    all joined before the body runs; they leave (each closing its context)
-    when the body ends."""
-    async with trio.open_nursery() as nursery:
-        workers: list[mesh.Worker] = []
-        ready, done = trio.Event(), trio.Event()
-
-        async def one() -> None:
-            async with open_one() as w:
-                workers.append(w)
-                if len(workers) == n:
-                    ready.set()
-                await done.wait()
-
-        for _ in range(n):
-            nursery.start_soon(one)
-        await ready.wait()
-        try:
-            yield workers
-        finally:
-            done.set()
-
-
-@asynccontextmanager
-async def client_and_workers(
-    url: str, ns: str, n: int, ttl: float = TTL
-) -> AsyncIterator[tuple[mesh.Client, list[mesh.Worker]]]:
-    """A client and ``n`` workers, each with its own connection."""
-    async with (
-        mesh.open_client(url, namespace=ns) as client,
-        running_workers(lambda: mesh.open_worker(url, namespace=ns, ttl=ttl), n) as workers,
-    ):
-        yield client, workers
-
-
-class Recorder:
-    """Handlers that record what they ran."""
-
-    def __init__(self) -> None:
-        self.started: list[Process] = []
-        self.done: list[Process] = []
-        self.cancelled: list[Process] = []
-
-    async def quick(self, p: Process) -> None:
-        self.started.append(p)
-        self.done.append(p)
-
-    async def forever(self, p: Process) -> None:
-        self.started.append(p)
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            self.cancelled.append(p)
-            raise
-
-    def running(self) -> list[Process]:
-        return [p for p in self.started if p not in self.done and p not in self.cancelled]
 
 
 async def test_each_task_runs_once_across_workers(redis_url: str, namespace: str) -> None:
