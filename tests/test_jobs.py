@@ -207,7 +207,11 @@ async def test_a_task_due_while_a_worker_is_sigkilled_runs_once_on_a_live_peer(
             await wait_ready(client, peers, 2)
             t0 = await client.time()
             await client.enqueue_many("jobs", ["d1", "d2"], delay=0.5)
-            await trio.sleep(0.45)
+
+            async def nearly_due() -> bool:
+                return await client.time() >= t0 + 0.45
+
+            await wait_until(nearly_due, what="just before the tasks are due")
             a.kill()  # SIGKILL, just before they come due
 
             async def ran() -> bool:
@@ -550,7 +554,7 @@ async def test_result_waits_for_the_handlers_value_and_raises_for_dead_letters(
                 got.append(await client.result(Q, "slow", timeout=10))
 
             nursery.start_soon(wait_slow)
-            await trio.sleep(0.2)
+            await trio.sleep(0.2)  # a deliberate window: the call must not return
             assert got == []  # still running: the call waits
             release.set()
         assert got == [b"done: slow"]
