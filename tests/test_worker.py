@@ -521,7 +521,7 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
     failed_once: set[bytes] = set()
 
     async def staggered(p: Process) -> None:
-        await trio.sleep(int(p.task) % 7 / 1000)
+        await trio.sleep(int(p.task) % 7 / 1000)  # work of its own length, not a wait
         if int(p.task) % 5 == 0 and p.task not in failed_once:
             failed_once.add(p.task)
             raise RuntimeError("fail once")
@@ -533,7 +533,7 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
         async with mesh._connection.open_connection(own_redis.url) as staller:
             for _ in range(30):
                 await staller.execute("EVAL", "for i = 1, 300000 do end", 0)
-                await trio.sleep(0.002)
+                await trio.sleep(0.002)  # not a wait: the stalls come now and then
 
         async def all_reported() -> bool:
             info = await client.queue_info("jobs")
@@ -632,7 +632,11 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
     rec = Recorder()
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("jobs", rec.quick)
-        await trio.sleep(0.05)  # idle: the runner waits for a nudge
+
+        async def idle() -> bool:  # the runner waits for a nudge
+            return w.id.encode() in await client._conn.execute("SMEMBERS", w._keys.idle("jobs"))
+
+        await wait_until(idle, what="the runner idle")
         real = w._binding.run
         calls = 0
 
@@ -645,7 +649,9 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
                 calls += 1
                 if calls == 1:
                     await client.enqueue("jobs", b"late")
-                    await trio.sleep(0.02)  # the wake is dispatched meanwhile
+                    # A deliberate window: the wake is dispatched meanwhile
+                    # (no event tells the test; the claim reply must wait).
+                    await trio.sleep(0.02)
             return reply
 
         w._binding.run = run  # type: ignore[method-assign]
@@ -720,7 +726,7 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
             await wait_until(recycled, within=5, what="the victim recycled")
             assert await client.tasks(q) == [b"orphan"]
             took = trio.current_time() - t0 - 0.3  # after the lease ran out
-            await trio.sleep(0.3)  # late wakers
+            await trio.sleep(0.3)  # a deliberate window: late wakers, counted below
             checks = sum(r._reaper.statistics().checks for r in peers) - before
             print(f"trial {trial}: {took:.3f} s after the lease, {checks} checks by {n} peers")
             # one expiry event: about 3 of the 30 act on it; if none (e^-3,
@@ -759,7 +765,7 @@ async def test_a_reaper_keeps_its_watch_between_periodic_checks(own_redis: Redis
                     return reaper.statistics().checks > c
 
                 await wait_until(passed, within=5, what="a pass")
-                await trio.sleep(0.002)
+                await trio.sleep(0.002)  # a deliberate window: on_watch must not change
                 seen.append(reaper.on_watch)
             nursery.cancel_scope.cancel()
     assert reaper.statistics().checks >= 61
@@ -909,7 +915,7 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         await wait_until(lambda: _true(len(rec.started) == 1), within=2)
         # the spare found nothing and is idle again; the owner is full
         await wait_until(lambda: idle_count(3), within=2)
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # a deliberate window: no other claim may follow
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert sorted(claims) == [0, 0, 1, 1]  # two woken, one claim each
         (owner,) = [w for w in workers if w.id == rec.started[0].worker_id]
@@ -920,7 +926,7 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         await client.cancel("devices", "a")
         await wait_until(lambda: _true(len(rec.cancelled) == 1), within=2)
         await wait_until(lambda: idle_count(4), within=2)
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # a deliberate window: no other claim may follow
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert claims == [1 if w is owner else 0 for w in workers]
 
