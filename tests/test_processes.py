@@ -106,6 +106,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
             )
 
         await wait_until(b_finished_job, within=5, what="B finishes the job")
+        # Not a synchronisation: A stays stopped for 2 TTL in all.
         await trio.sleep(max(0.0, 2 * TTL - (trio.current_time() - stopped_at)))
         resumed_at = time.time()  # the driver logs time.time() too
         os.kill(a.pid, signal.SIGCONT)
