@@ -527,7 +527,11 @@ async def test_worker_stop_waits_for_cleanups_says_what_it_waits_for_and_ends_at
 
             await wait_until(busy, within=20, what="the worker to hold both devices")
             proc.send_signal(signal.SIGTERM)
-            await trio.sleep(0.8)
+
+            async def quick_one_back() -> bool:
+                return await client.tasks("devices") == [b"0.3"]
+
+            await wait_until(quick_one_back, what="the quick cleanup's task handed back")
             proc.send_signal(signal.SIGINT)
             with trio.fail_after(10):
                 assert await proc.wait() == 1
