@@ -30,7 +30,7 @@ import math
 
 import attrs
 
-from ._errors import ConfigError
+from ._validate import whole
 
 __all__ = [
     "MAX_WEIGHT",
@@ -48,8 +48,7 @@ MAX_WEIGHT = 1_000_000
 
 
 def _check(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WEIGHT:
-        raise ConfigError(f"{what} must be a whole number from 1 to {MAX_WEIGHT:,}, got {value!r}")
+    whole(what, value, 1, MAX_WEIGHT)
 
 
 def check_weight(weight: object) -> None:

@@ -36,6 +36,7 @@ from ._types import (
     WorkerInfo,
 )
 from ._url import RedisConfig
+from ._validate import seconds, whole
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
 
@@ -279,8 +280,8 @@ class Client:
         conn = self._check()
         check_queue(queue)
         payload = payload_bytes(task, self._max_payload)
-        if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
-            raise ConfigError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        if timeout is not None:
+            seconds("timeout", timeout)
         deadline = trio.current_time() + (math.inf if timeout is None else timeout)
         got = await self._outcome(conn, queue, payload)
         if got is not None:
@@ -416,8 +417,8 @@ class Client:
             ConfigError: a bad queue name or a ``limit`` below 0.
         """
         check_queue(queue)
-        if limit is not None and (isinstance(limit, bool) or limit < 0):
-            raise ConfigError(f"limit must be a whole number >= 0, got {limit!r}")
+        if limit is not None:
+            whole("limit", limit)
         if limit == 0:
             return []
         conn = self._check()
@@ -866,15 +867,7 @@ def check_priority(priority: object) -> int:
     Raises:
         ConfigError: anything else.
     """
-    if (
-        isinstance(priority, bool)
-        or not isinstance(priority, int)
-        or not (0 <= priority <= MAX_PRIORITY)
-    ):
-        raise ConfigError(
-            f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}"
-        )
-    return priority
+    return whole("priority", priority, 0, MAX_PRIORITY)
 
 
 def _due(
@@ -893,11 +886,7 @@ def _due(
     if delay is not None and at is not None:
         raise ConfigError("give delay or at, not both")
     if delay is not None:
-        if isinstance(delay, bool) or not isinstance(delay, int | float):
-            raise TypeError(f"delay must be a number of seconds, not {type(delay).__name__}")
-        if not math.isfinite(delay) or delay < 0:
-            raise ConfigError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
-        return round(delay * 1000), None
+        return round(seconds("delay", delay, wrong_type=TypeError) * 1000), None
     if isinstance(at, datetime.datetime):
         if at.tzinfo is None or at.tzinfo.utcoffset(at) is None:
             raise ConfigError(

@@ -76,6 +76,7 @@ from ._supervisor import Reaper, ReaperStatistics
 from ._topology import Topology
 from ._transport import check_min_replicas
 from ._url import RedisConfig, parse_url
+from ._validate import seconds
 from ._worker import Worker, check_server, subscribe_expiry, worker_options
 
 __all__ = ["Fleet", "open_fleet"]
@@ -464,7 +465,7 @@ async def open_fleet(
         MeshConnectionError: Redis cannot be reached at start.
     """
     config = parse_url(url) if isinstance(url, str) else url
-    if join_window is not None and not (0 <= join_window <= 3600):
+    if join_window is not None and seconds("join_window", join_window) > 3600:
         raise ConfigError(f"join_window must be 0 to 3600 seconds, not {join_window!r}")
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)

@@ -43,6 +43,7 @@ from ._runner import QueueRunner
 from ._scripts import Binding, HeartbeatReply
 from ._stats import Recorder
 from ._supervisor import Reaper
+from ._validate import is_number
 
 __all__ = ["Generation", "HeartbeatDriver", "Lease", "LeaseTiming"]
 
@@ -80,7 +81,7 @@ class LeaseTiming:
     def make(cls, ttl: float, interval: float | None, fence_after: float | None) -> LeaseTiming:
         """Raises:
         ConfigError: unless 0.01 <= interval < fence_after < ttl (whole ms)."""
-        if not isinstance(ttl, int | float) or isinstance(ttl, bool):
+        if not is_number(ttl):
             raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
         h = ttl / 3 if interval is None else interval
         r = 2 * ttl / 3 if fence_after is None else fence_after

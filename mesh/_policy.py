@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ import attrs
 import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
+from ._validate import is_whole, seconds, seconds_field, whole, whole_field
 
 __all__ = [
     "PolicyWatch",
@@ -38,6 +38,11 @@ log = logging.getLogger("mesh.worker")
 @attrs.frozen
 class QueuePolicy:
     """The policy of a queue (see :meth:`Client.configure`).
+
+    Raises:
+        ConfigError: on construction, a value out of range (a count that is
+            not a whole number >= 0, seconds that are not a finite number
+            >= 0), or ``backoff`` above ``backoff_max``.
 
     Attributes:
         max_attempts: failed attempts after which a one-shot task is
@@ -58,14 +63,20 @@ class QueuePolicy:
             queue that had none.
     """
 
-    max_attempts: int = 5
-    backoff: float = 1.0
-    backoff_max: float = 60.0
-    timeout: float = 0.0
-    result_ttl: float = 0.0
-    rate_limit: int = 0
-    rate_period: float = 1.0
-    source: str = ""
+    max_attempts: int = attrs.field(default=5, validator=whole_field())
+    backoff: float = attrs.field(default=1.0, validator=seconds_field())
+    backoff_max: float = attrs.field(default=60.0, validator=seconds_field())
+    timeout: float = attrs.field(default=0.0, validator=seconds_field())
+    result_ttl: float = attrs.field(default=0.0, validator=seconds_field())
+    rate_limit: int = attrs.field(default=0, validator=whole_field())
+    rate_period: float = attrs.field(default=1.0, validator=seconds_field())
+    source: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+    def __attrs_post_init__(self) -> None:
+        if self.backoff > self.backoff_max:
+            raise ConfigError(
+                f"need backoff <= backoff_max, got {self.backoff!r}, {self.backoff_max!r}"
+            )
 
 
 _MS_FIELDS = {
@@ -80,7 +91,7 @@ def parse_policy(raw: bytes | str, queue: str) -> QueuePolicy:
     """A :class:`QueuePolicy` from the JSON that ``configure.lua`` stores.
 
     Raises:
-        ProtocolError: not the documented shape.
+        ProtocolError: not the documented shape, or a value out of range.
     """
     try:
         d = json.loads(raw)
@@ -98,12 +109,8 @@ def parse_policy(raw: bytes | str, queue: str) -> QueuePolicy:
         raise ProtocolError(f"malformed policy of queue {queue}: {exc}") from None
 
 
-def _seconds(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return round(value * 1000)
+def _ms(name: str, value: object) -> int:
+    return round(seconds(name, value) * 1000)
 
 
 def policy_fields(**given: Any) -> list[Any]:
@@ -125,20 +132,18 @@ def policy_fields(**given: Any) -> list[Any]:
                 n, per = value
             else:
                 raise ConfigError(bad)
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            if not is_whole(n) or n < 0:
                 raise ConfigError(bad)
-            ms = _seconds("rate_limit period", per)
+            ms = _ms("rate_limit period", per)
             if n > 0 and ms < 1:
                 raise ConfigError(f"the rate_limit period must be at least 1 ms, got {per!r}")
             out += ["rate_limit", n, "rate_period_ms", max(ms, 1)]
         elif name == "max_attempts":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"max_attempts must be a whole number >= 0, got {value!r}")
-            out += ["max_attempts", value]
+            out += ["max_attempts", whole("max_attempts", value)]
         elif name in _MS_FIELDS:
             out += [
                 _MS_FIELDS[name],
-                _seconds(name, value),
+                _ms(name, value),
             ]
         else:
             raise ConfigError(f"unknown policy option {name}")

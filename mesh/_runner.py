@@ -36,13 +36,15 @@ import outcome
 import trio
 
 from . import _telemetry
-from ._balance import BalancePolicy, pull_count
+from ._balance import BalancePolicy, check_capacity, pull_count
 from ._connection import Connection
-from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
+from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError, MeshError
+from ._keys import check_queue
 from ._policy import QueuePolicy
 from ._scripts import Binding, ClaimReply, QueueBeat, ResultsToKeep
 from ._stats import QueueCounters
 from ._types import Process
+from ._validate import seconds_field, whole, whole_field
 
 __all__ = ["BatchHandler", "Batched", "Handler", "QueueConfig", "QueueRunner", "check_handler"]
 
@@ -101,13 +103,10 @@ class Batched:
             a whole number >= 1.
     """
 
-    handler: BatchHandler
-    size: int = 10
-
-    def __attrs_post_init__(self) -> None:
-        check_handler(self.handler)
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise TypeError(f"batch size must be a whole number >= 1, got {self.size!r}")
+    handler: BatchHandler = attrs.field(validator=lambda _i, _a, h: check_handler(h))
+    size: int = attrs.field(
+        default=10, validator=lambda _i, _a, n: whole("batch size", n, 1, error=TypeError)
+    )
 
 
 def _is_async_callable(obj: object) -> bool:
@@ -141,25 +140,61 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
+def _handler(_instance: object, _attribute: object, handler: Any) -> None:
+    if handler is not None:
+        check_handler(handler)
+
+
 @attrs.frozen
 class QueueConfig:
-    queue: str
+    """How a worker serves one queue: ``start_work``'s options, checked here.
+
+    Raises:
+        ConfigError: on construction, a bad queue name, a value out of
+            range (named in the message), ``batch`` above ``concurrency``,
+            ``prefetch`` with a batch handler, or ``backoff`` above
+            ``backoff_max``.
+        TypeError: a queue name that is not a str, a handler that is not an
+            async callable.
+    """
+
+    queue: str = attrs.field(validator=lambda _i, _a, q: check_queue(q))
     # With batch > 0, a BatchHandler (up to ``batch`` processes per call).
-    handler: Handler | BatchHandler | None
-    concurrency: int
-    max_attempts: int
-    backoff: float
-    backoff_max: float
+    handler: Handler | BatchHandler | None = attrs.field(validator=_handler)
+    concurrency: int = attrs.field(validator=whole_field(1))
+    max_attempts: int = attrs.field(validator=whole_field())
+    backoff: float = attrs.field(validator=seconds_field())
+    backoff_max: float = attrs.field(validator=seconds_field())
     balance: bool = True
     rebalance: bool = True
-    timeout: float = 0.0  # seconds a handler may run (0: no limit)
-    result_ttl: float = 0.0  # seconds results are kept (0: not kept)
+    # seconds a handler may run (0: no limit)
+    timeout: float = attrs.field(default=0.0, validator=seconds_field())
+    # seconds results are kept (0: not kept)
+    result_ttl: float = attrs.field(default=0.0, validator=seconds_field())
     rate: tuple[int, int] | None = None  # at most (claims, per ms) across the mesh
-    batch: int = 0  # 0: handler(process); n >= 1: handler(up to n processes)
-    capacity: int = 1  # this worker's part of the queue's fair share (see _balance)
+    # 0: handler(process); n >= 1: handler(up to n processes)
+    batch: int = attrs.field(default=0, validator=whole_field())
+    # this worker's part of the queue's fair share (see _balance)
+    capacity: int = attrs.field(default=1, validator=lambda _i, _a, c: check_capacity(c))
     # Processes claimed beyond ``concurrency``, held here until a slot frees
     # (0: none; plain handlers only).
-    prefetch: int = 0
+    prefetch: int = attrs.field(default=0, validator=whole_field())
+
+    def __attrs_post_init__(self) -> None:
+        if self.batch > self.concurrency:
+            raise ConfigError(
+                f"batch ({self.batch}) is more than concurrency ({self.concurrency}), the "
+                "most processes at once: a batch could never be full"
+            )
+        if self.prefetch and self.batch:
+            raise ConfigError(
+                "prefetch is for plain handlers: a batch handler already gets the processes "
+                "claimed together (raise batch or concurrency instead)"
+            )
+        if self.backoff > self.backoff_max:
+            raise ConfigError(
+                f"need backoff <= backoff_max, got {self.backoff!r}, {self.backoff_max!r}"
+            )
 
     def with_policy(self, p: QueuePolicy) -> QueueConfig:
         """This config under the queue's policy ``p``."""

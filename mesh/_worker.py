@@ -33,7 +33,6 @@ from typing import Any
 import attrs
 import trio
 
-from ._balance import check_capacity
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._connection import Connection, open_connection
 from ._errors import (
@@ -48,7 +47,7 @@ from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
 from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
 from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner, check_handler
+from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner
 from ._schedule import run_scheduler
 from ._scripts import Binding
 from ._shielded import ShieldedTasks
@@ -58,6 +57,7 @@ from ._topology import Topology
 from ._transport import check_min_replicas
 from ._types import Process
 from ._url import RedisConfig, parse_url
+from ._validate import seconds, whole
 
 __all__ = [
     "LeaseTiming",
@@ -388,29 +388,10 @@ class Worker:
         Redis may still list the worker as a server of it until the worker
         leaves, which only affects the fair share.
         """
-        check_queue(queue)
         if batch_handler is not None:
             if handler is not None:
                 raise ConfigError("give a handler or a batch_handler, not both")
-            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-                raise ConfigError(f"batch must be a whole number >= 1, got {batch!r}")
-            concurrency = batch if concurrency is None else concurrency
-            if isinstance(concurrency, int) and 1 <= concurrency < batch:
-                raise ConfigError(
-                    f"batch ({batch}) is more than concurrency ({concurrency}), the most "
-                    "processes at once: a batch could never be full"
-                )
-        concurrency = 10 if concurrency is None else concurrency
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
-        check_capacity(capacity)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ConfigError(f"prefetch must be a whole number >= 0, got {prefetch!r}")
-        if prefetch and batch_handler is not None:
-            raise ConfigError(
-                "prefetch is for plain handlers: a batch handler already gets the processes "
-                "claimed together (raise batch or concurrency instead)"
-            )
+            whole("batch", batch, 1)
         explicit: dict[str, Any] = {
             k: v
             for k, v in (
@@ -421,20 +402,19 @@ class Worker:
             if v is not None
         }
         local = attrs.evolve(QueuePolicy(), **explicit)
-        if (
-            isinstance(local.max_attempts, bool)
-            or not isinstance(local.max_attempts, int)
-            or local.max_attempts < 0
-        ):
-            raise ConfigError(f"max_attempts must be a whole number >= 0, got {max_attempts!r}")
-        if not (0 <= local.backoff <= local.backoff_max):
-            raise ConfigError(
-                f"need 0 <= backoff <= backoff_max, got {local.backoff!r}, {local.backoff_max!r}"
-            )
-        if handler is not None:
-            check_handler(handler)
-        if batch_handler is not None:
-            check_handler(batch_handler)
+        cfg = QueueConfig(
+            queue,
+            handler if batch_handler is None else batch_handler,
+            (10 if batch_handler is None else batch) if concurrency is None else concurrency,
+            local.max_attempts,
+            local.backoff,
+            local.backoff_max,
+            balance,
+            rebalance,
+            batch=0 if batch_handler is None else batch,
+            capacity=capacity,
+            prefetch=prefetch,
+        )
         self._check_open()
         async with self._queue_lock:
             if queue in self._queues:
@@ -444,19 +424,6 @@ class Worker:
                     f"queue {queue!r} is still stopping: handlers that outlived the stop "
                     "grace still run"
                 )
-            cfg = QueueConfig(
-                queue,
-                handler if batch_handler is None else batch_handler,
-                concurrency,
-                local.max_attempts,
-                local.backoff,
-                local.backoff_max,
-                balance,
-                rebalance,
-                batch=0 if batch_handler is None else batch,
-                capacity=capacity,
-                prefetch=prefetch,
-            )
             self._queues[queue] = cfg
             try:
                 gen = await self._current_generation()
@@ -927,18 +894,8 @@ def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float
     Raises:
         ConfigError: a bad id, grace, or rejoin_grace without an id.
     """
-    if (
-        isinstance(stop_grace, bool)
-        or not isinstance(stop_grace, int | float)
-        or not 0 <= stop_grace < float("inf")
-    ):
-        raise ConfigError(f"stop_grace must be a number of seconds >= 0, got {stop_grace!r}")
-    if (
-        isinstance(rejoin_grace, bool)
-        or not isinstance(rejoin_grace, int | float)
-        or not 0 <= rejoin_grace < float("inf")
-    ):
-        raise ConfigError(f"rejoin_grace must be a number of seconds >= 0, got {rejoin_grace!r}")
+    seconds("stop_grace", stop_grace)
+    seconds("rejoin_grace", rejoin_grace)
     if rejoin_grace > 0 and worker_id is None:
         raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
     if worker_id is None:

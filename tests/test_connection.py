@@ -331,7 +331,8 @@ async def test_replies_split_across_reads_reach_their_callers(
                 nursery.start_soon(one, i)
         assert results == {i: big if i % 2 else str(i).encode() for i in range(10)}
         results.clear()
-        await trio.sleep(0.01)  # idle in between: the reader waits for the socket
+        # Not a synchronisation: idle in between, so the reader waits for the socket.
+        await trio.sleep(0.01)
     assert dconn.statistics().in_flight == 0
     assert await dconn.execute("DEL", key) == 1
 
@@ -670,7 +671,7 @@ async def test_reply_timeout_breaks_a_half_open_connection(own_redis: RedisServe
     socket stays open. With reply_timeout the call fails and the connection
     comes back by itself; an idle connection is never broken."""
     async with open_connection(own_redis.url, reply_timeout=0.3) as conn:
-        await trio.sleep(0.5)  # idle longer than the timeout: nothing happens
+        await trio.sleep(0.5)  # a deliberate window, idle past the timeout: nothing happens
         assert await conn.execute("PING") == b"PONG"
         async with open_connection(own_redis.url) as admin:
             await admin.execute("CLIENT", "PAUSE", 1000)
@@ -678,13 +679,14 @@ async def test_reply_timeout_breaks_a_half_open_connection(own_redis: RedisServe
             with pytest.raises(MeshConnectionError, match=r"no reply within reply_timeout=0\.3s"):
                 await conn.execute("PING")
             assert trio.current_time() - t0 < 0.9
-        with trio.fail_after(5):
-            while True:  # a poll with a deadline
-                try:
-                    assert await conn.execute("PING") == b"PONG"
-                    break
-                except MeshConnectionError:
-                    await trio.sleep(0.05)
+
+        async def answers() -> bool:
+            try:
+                return bool(await conn.execute("PING") == b"PONG")
+            except MeshConnectionError:
+                return False
+
+        await wait_until(answers, what="the connection back", every=0.05)
         assert conn.statistics().reconnects >= 1
 
 
@@ -731,9 +733,9 @@ async def test_reply_timeout_spares_a_busy_connection(own_redis: RedisServer) ->
         while trio.current_time() - t0 < 0.8:
             assert await conn.execute("PING") == b"PONG"
             n += 1
-            await trio.sleep(0.01)
+            await trio.sleep(0.01)  # not a synchronisation: replies spaced out
         assert n > 10
-        await trio.sleep(0.3)  # then idle longer than the timeout
+        await trio.sleep(0.3)  # a deliberate window, idle past the timeout: nothing breaks
         assert await conn.execute("PING") == b"PONG"
         assert conn.statistics().reconnects == 0
 
@@ -780,7 +782,7 @@ async def test_a_reconnect_backoff_ends_when_another_connection_gets_through(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
-        await trio.sleep(10)  # the backoff is at its cap by now
+        await trio.sleep(10)  # on the mock clock: the backoff is at its cap by now
         assert len(calls) > 6 and calls[-1] - calls[-2] >= 0.5
         up = True
         hurried_at = trio.current_time()

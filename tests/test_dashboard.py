@@ -27,7 +27,7 @@ from mesh._view import share_text
 from mesh.dashboard import serve_dashboard
 from mesh.testing import wait_until
 
-from .test_cli import clean_env, mesh_cli, running_process, stderr_until
+from .cli_helpers import clean_env, mesh_cli, running_process, stderr_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -70,13 +70,11 @@ async def in_page(driver: Any, fn: Callable[[Any], Any]) -> Any:
 
 async def page_until(driver: Any, script: str, within: float = 15.0, what: str = "") -> Any:
     """Poll a JavaScript expression in the page until it is truthy."""
-    with trio.move_on_after(within):
-        while True:
-            r = await in_page(driver, lambda d: d.execute_script("return " + script))
-            if r:
-                return r
-            await trio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for the page to show {what or script}")
+
+    async def shown() -> Any:
+        return await in_page(driver, lambda d: d.execute_script("return " + script))
+
+    return await wait_until(shown, within, f"the page to show {what or script}", every=0.05)
 
 
 def row_text(table: str, attr: str, key: str) -> str:
@@ -358,9 +356,11 @@ async def test_dead_letters_are_requeued_from_the_page_and_purged(
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=1) as w:
             await w.start_work("jobs", fail, max_attempts=1)
             await client.enqueue_many("jobs", ["a", "b"])
-            with trio.fail_after(10):
-                while len(await client.dead_letters("jobs")) < 2:  # noqa: ASYNC110 - Redis
-                    await trio.sleep(0.01)
+
+            async def two_dead() -> bool:
+                return len(await client.dead_letters("jobs")) >= 2
+
+            await wait_until(two_dead, within=10, what="two dead letters")
         with chromium() as driver:
             await in_page(driver, lambda d: d.get(url))
             row = await page_until(driver, row_text("queues", "queue", "jobs"), what="jobs")
@@ -392,9 +392,7 @@ async def test_dead_letters_are_requeued_from_the_page_and_purged(
         await client.enqueue("x", "y")
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=1) as w:
             await w.start_work("x", fail, max_attempts=1)
-            with trio.fail_after(10):
-                while not await client.dead_letters("x"):  # noqa: ASYNC110 - Redis
-                    await trio.sleep(0.01)
+            await wait_until(lambda: client.dead_letters("x"), within=10, what="x dead")
         headers = {"Content-Type": "application/json", "X-Mesh-Action": "1"}
         body = json.dumps({"queue": "x"}).encode()
         status, text = await trio.to_thread.run_sync(

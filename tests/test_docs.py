@@ -22,7 +22,7 @@ import trio
 import mesh
 from mesh._connection import open_connection
 from mesh._errors import CommandError
-from mesh.testing import RedisServer
+from mesh.testing import RedisServer, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -178,9 +178,7 @@ async def test_the_acl_user_of_operating_md_can_run_a_mesh(
         await client.configure("jobs", rate_limit=100)
         await client.enqueue("jobs", "j2", priority=5)
         await client.enqueue_many("jobs", ["j3", "j4"], delay=0.05)
-        with trio.fail_after(5):
-            while len(seen) < 6:  # noqa: ASYNC110 - a poll with a deadline
-                await trio.sleep(0.01)
+        await wait_until(lambda: len(seen) >= 6, what="6 tasks seen")
         assert [w.alive for w in await client.workers()] == [True]
         assert len(await client.processes()) == 2
         assert (await client.queue_info("conns")).running == 2
@@ -249,9 +247,7 @@ def test_the_quickstart_does_what_it_says(quickstart: Path, own_redis: RedisServ
                 held = {p.task for p in await client.processes("devices")}
                 return held == devices and reports.queued == reports.running == 0
 
-            with trio.fail_after(10):
-                while not await done():  # noqa: ASYNC110 - a poll with a deadline
-                    await trio.sleep(0.02)
+            await wait_until(done, within=10, what="the quickstart's work done", every=0.02)
 
     try:
         for c in feed:

@@ -14,8 +14,8 @@ from mesh import Process
 from mesh._scripts import Binding
 from mesh.testing import RedisServer, wait_until
 
+from .helpers import Recorder, running_workers
 from .protocol_helpers import expire_worker, join
-from .test_worker import Recorder, running_workers
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
 

@@ -17,15 +17,10 @@ from mesh._keys import Keys
 from mesh._scripts import Binding
 from mesh.testing import wait_until
 
+from .helpers import PEER_TTL, Peers, client_and_workers, redis_ms, wait_ready
 from .protocol_helpers import join, snapshot
-from .test_worker import client_and_workers
 
 Q = "jobs"
-
-
-async def redis_ms(conn: Connection) -> int:
-    sec, usec = await conn.execute("TIME")
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 # --- delay.lua -----------------------------------------------------------
@@ -204,8 +199,6 @@ async def test_a_delayed_task_runs_when_due_without_waiting_for_a_heartbeat(
 async def test_a_task_due_while_a_worker_is_sigkilled_runs_once_on_a_live_peer(
     redis_url: str, namespace: str
 ) -> None:
-    from .test_processes import TTL, Peers, wait_ready
-
     peers = Peers(redis_url, namespace)
     try:
         async with mesh.open_client(redis_url, namespace=namespace) as client:
@@ -214,7 +207,11 @@ async def test_a_task_due_while_a_worker_is_sigkilled_runs_once_on_a_live_peer(
             await wait_ready(client, peers, 2)
             t0 = await client.time()
             await client.enqueue_many("jobs", ["d1", "d2"], delay=0.5)
-            await trio.sleep(0.45)
+
+            async def nearly_due() -> bool:
+                return await client.time() >= t0 + 0.45
+
+            await wait_until(nearly_due, what="just before the tasks are due")
             a.kill()  # SIGKILL, just before they come due
 
             async def ran() -> bool:
@@ -223,7 +220,7 @@ async def test_a_task_due_while_a_worker_is_sigkilled_runs_once_on_a_live_peer(
                     "d2",
                 }
 
-            await wait_until(ran, within=TTL * 5, what="the due tasks ran on the live peer")
+            await wait_until(ran, within=PEER_TTL * 5, what="the due tasks ran on the live peer")
             starts = [e for e in await peers.events(client) if e.event == "start"]
             assert sorted(e.task for e in starts) == ["d1", "d2"]  # each exactly once
             assert all(e.at >= t0 + 0.5 - 0.05 for e in starts)  # not before due (wall clock)
@@ -557,7 +554,7 @@ async def test_result_waits_for_the_handlers_value_and_raises_for_dead_letters(
                 got.append(await client.result(Q, "slow", timeout=10))
 
             nursery.start_soon(wait_slow)
-            await trio.sleep(0.2)
+            await trio.sleep(0.2)  # a deliberate window: the call must not return
             assert got == []  # still running: the call waits
             release.set()
         assert got == [b"done: slow"]

@@ -21,10 +21,10 @@ import mesh
 from mesh._keys import Keys
 from mesh._view import counts
 from mesh.metrics import MeshCollector, WorkerCollector, serve_metrics
-from mesh.testing import run_redis_server
+from mesh.testing import run_redis_server, wait_until
 
+from .cli_helpers import clean_env, mesh_cli, running_process, stderr_until
 from .protocol_helpers import expire_worker
-from .test_cli import clean_env, mesh_cli, running_process, stderr_until
 
 TTL = 0.9
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -53,16 +53,14 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 async def until_scraped(
     url: str, pred: Callable[[Samples], bool], within: float = 10.0, what: str = ""
 ) -> Samples:
-    with trio.move_on_after(within):
-        while True:
-            s = await scrape(url)
-            try:
-                if pred(s):
-                    return s
-            except KeyError:
-                pass  # not there yet (e.g. a queue not served yet)
-            await trio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    async def scraped() -> Samples | None:
+        s = await scrape(url)
+        try:
+            return s if pred(s) else None
+        except KeyError:
+            return None  # not there yet (e.g. a queue not served yet)
+
+    return await wait_until(scraped, within, what, every=0.02)
 
 
 @asynccontextmanager
@@ -152,7 +150,7 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
             # how long they have had no owner is kept in Redis: a new
             # exporter (no memory of earlier scrapes) reads the same time
             t0 = await client.time()
-            await trio.sleep(0.3)
+            await trio.sleep(0.3)  # not a synchronisation: time passes unowned
             async with served(MeshCollector(client)) as url2:
                 s = await scrape(url2)
             unowned = value(s, "mesh_persistent_unowned_seconds", queue="devices")

@@ -5,63 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import attrs
 import pytest
 import trio
 
 import mesh
 from mesh.testing import wait_until
 
-DRIVER = str(Path(__file__).with_name("worker_proc.py"))
-TTL = 1.0
+from .helpers import PEER_TTL, Peers, wait_ready
+
+TTL = PEER_TTL
 pytestmark = pytest.mark.slow
-
-
-@attrs.frozen
-class Event:
-    event: str
-    queue: str
-    task: str
-    token: int
-    worker: str
-    at: float
-
-
-class Peers:
-    def __init__(self, url: str, namespace: str) -> None:
-        self.url = url
-        self.ns = namespace
-        self.log = f"{namespace}-log"
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *extra: str) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-        cmd = [sys.executable, DRIVER, "--redis", self.url, "--namespace", self.ns]
-        cmd += ["--log", self.log, "--ttl", str(TTL), *extra]
-        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
-        self.procs.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-            p.wait()
-
-    async def events(self, client: mesh.Client) -> list[Event]:
-        raw = await client._conn.execute("LRANGE", self.log, 0, -1)
-        out = []
-        for line in raw:
-            e, q, t, tok, w, at = line.decode().split(" ")
-            out.append(Event(e, q, t, int(tok), w, float(at)))
-        return out
 
 
 @pytest.fixture
@@ -71,13 +27,6 @@ def peers(redis_url: str, namespace: str) -> Iterator[Peers]:
         yield p
     finally:
         p.stop_all()
-
-
-async def wait_ready(client: mesh.Client, peers: Peers, n: int) -> None:
-    async def ready() -> bool:
-        return sum(e.event == "ready" for e in await peers.events(client)) >= n
-
-    await wait_until(ready, within=15, what=f"{n} workers ready")
 
 
 async def test_sigkilled_workers_tasks_move_to_a_live_peer(peers: Peers, namespace: str) -> None:
@@ -157,6 +106,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
             )
 
         await wait_until(b_finished_job, within=5, what="B finishes the job")
+        # Not a synchronisation: A stays stopped for 2 TTL in all.
         await trio.sleep(max(0.0, 2 * TTL - (trio.current_time() - stopped_at)))
         resumed_at = time.time()  # the driver logs time.time() too
         os.kill(a.pid, signal.SIGCONT)

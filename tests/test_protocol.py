@@ -27,7 +27,7 @@ from mesh._scripts import (
     parse_record,
 )
 from mesh._transport import Packed, pack
-from mesh.testing import RedisServer
+from mesh.testing import RedisServer, wait_until
 
 from .protocol_helpers import expire_worker, join, snapshot
 
@@ -949,8 +949,11 @@ async def test_a_reap_lease_gives_each_dead_worker_to_one_caller(
     await conn.execute("ZADD", keys.workers, "XX", 0, "w1")
     _, _, _, taken = await b.reap_check(conn, 1, 100)
     assert taken == ["w1"] and (await b.reap_check(conn, 1, 100)).dead == []
-    await trio.sleep(0.15)
-    assert (await b.reap_check(conn, 1, 5000)).dead == ["w1"]
+
+    async def back() -> bool:  # taken again (for 5 s) once the 100 ms lease ended
+        return (await b.reap_check(conn, 1, 5000)).dead == ["w1"]
+
+    await wait_until(back, within=2, what="w1 back once the lease ended")
     await conn.execute("ZADD", keys.workers, "XX", now + 5000, "w1")
     leased = int(float(await conn.execute("ZSCORE", keys.workers, first[0])))
     assert 5000 <= leased - now < 5100
@@ -973,7 +976,9 @@ async def test_a_persistent_task_that_ran_a_lease_before_each_crash_fails_over_a
         inc = await join(b, conn, w, Q)
         (p,) = (await b.claim(conn, w, inc, Q, 1, 0, backoff_ms=500, ttl_ms=20)).processes
         assert p.task == b"dev"
-        await trio.sleep(0.06)  # it ran for more than its worker's lease ttl
+        # Not a synchronisation: the process must run for more than its
+        # worker's lease ttl (20 ms) before the recycle.
+        await trio.sleep(0.06)
         await expire_worker(conn, keys, w)
         await b.recycle(conn, w, leave=False)
         s = await snapshot(conn, keys, Q, [])

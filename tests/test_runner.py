@@ -143,7 +143,7 @@ async def test_a_finish_and_the_next_claim_share_one_write(setup: Setup, redis_u
             return bool(await setup.conn.execute("SMEMBERS", setup.keys.idle(Q)) == [b"w1"])
 
         await wait_until(idle, what="the last claim put the runner in the idle set")
-        await trio.sleep(0.05)  # nothing more is sent
+        await trio.sleep(0.05)  # a deliberate window: nothing more is sent
         stats = conn.statistics()
     assert ran.tasks == [b"t1", b"t2", b"t3"]
     # claim t1; finish t1 + claim t2; finish t2 + claim t3; finish t3 + a
@@ -774,7 +774,8 @@ async def test_prefetch_claims_beyond_concurrency_but_runs_at_most_concurrency(
 
         await wait_until(held, what="2 running and 3 prefetched, all held in Redis")
         await wait_until(lambda: now == 2, what="both slots busy")
-        await trio.sleep(0.05)  # a chance for a prefetched handler to start (it must not)
+        # A deliberate window: a prefetched handler must not start in it.
+        await trio.sleep(0.05)
         assert (now, len(h.tasks)) == (2, 2)  # the prefetched ones wait for a slot
         h.release.set()
         await wait_until(lambda: worker.statistics().processes_finished == 12, within=10)

@@ -15,8 +15,7 @@ from mesh._schedule import _fire_due, cron_next, next_tick
 from mesh._scripts import Binding
 from mesh.testing import wait_until
 
-from .test_jobs import redis_ms
-from .test_worker import client_and_workers
+from .helpers import Peers, client_and_workers, redis_ms, wait_ready
 
 Q = "ticks"
 
@@ -150,8 +149,6 @@ async def check_one_copy_per_tick(
 async def test_a_tick_is_not_missed_when_a_peer_is_sigkilled(
     redis_url: str, namespace: str
 ) -> None:
-    from .test_processes import Peers, wait_ready
-
     peers = Peers(redis_url, namespace)
     try:
         async with mesh.open_client(redis_url, namespace=namespace) as client:

@@ -71,7 +71,8 @@ async def test_leaving_waits_for_a_slow_cleanup_then_hands_back_without_an_attem
                 await b.start_work("jobs", new.handler, max_attempts=1)
                 leave_a.set()
                 # Past T, A's cleanups still run: A still holds both tasks
-                # and renews its lease, so B has started nothing.
+                # and renews its lease, so B has started nothing (a
+                # deliberate window: nothing may move in it).
                 await trio.sleep(TTL * 1.5)
                 assert not new.starts
                 assert {p.worker_id for p in await client.processes()} == {a_id}
@@ -236,7 +237,9 @@ async def test_a_stop_cancels_every_group_in_time_while_redis_does_not_answer(
                 await a.start_work("devices", runs.handler, concurrency=n)
                 await wait_until(lambda: _true(len(runs.starts) == n), what="A runs all")
                 nursery.start_soon(other.execute, "DEBUG", "SLEEP", "0.6")
-                await trio.sleep(0.05)  # Redis sleeps now
+                # Not observable from here (Redis answers nobody while it
+                # sleeps): give the DEBUG SLEEP a moment to reach it.
+                await trio.sleep(0.05)
                 stop_at = trio.current_time()
         assert len(runs.exits) == n
         # Redis woke 0.55 s after the stop began
@@ -282,7 +285,8 @@ async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_clean
             async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b:
                 await b.start_work("devices", new.handler)
                 scope.cancel()
-                await trio.sleep(TTL * 1.5)  # past T: A's cleanup still runs
+                # A deliberate window past T: A's cleanup still runs, B starts nothing.
+                await trio.sleep(TTL * 1.5)
                 assert not new.starts
                 await wait_until(lambda: _true(len(new.starts) == 1), what="B takes it")
                 await a_left.wait()

@@ -87,6 +87,7 @@ def test_without_opentelemetry_nothing_is_imported(redis_url: str) -> None:
         import sys
         sys.modules["opentelemetry"] = None  # as if not installed: import fails
         import trio, mesh, mesh._telemetry as t
+        from mesh.testing import wait_until
         assert t.tracer is None
         done = []
         async def main():
@@ -95,9 +96,7 @@ def test_without_opentelemetry_nothing_is_imported(redis_url: str) -> None:
                     done.append(p.task)
                 await w.start_work("jobs", handler)
                 await w.client.enqueue("jobs", "x")
-                with trio.fail_after(5):
-                    while not done:
-                        await trio.sleep(0.01)
+                await wait_until(lambda: done, what="x done")
         trio.run(main)
         assert done == [b"x"]
         assert sys.modules["opentelemetry"] is None  # still never imported

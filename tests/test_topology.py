@@ -74,7 +74,7 @@ class Runs:
         try:
             while True:
                 self.act(p.task, p.token)
-                await trio.sleep(0.02)
+                await trio.sleep(0.02)  # the handler's work: it acts every 20 ms
         except trio.Cancelled:
             self.cancelled.append((p.task, p.token))
             raise
@@ -258,7 +258,7 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(split)
-            await trio.sleep(0.2)
+            await trio.sleep(0.2)  # a deliberate window: the call must keep retrying
             assert not results  # still retrying
             await trio.to_thread.run_sync(move_keys, slot, source, target)
             await trio.to_thread.run_sync(end_migration, cluster, slot, target)
@@ -299,7 +299,7 @@ async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
                     acked.add(payload)
                 except MeshConnectionError:
                     pass  # unknown whether it ran: not acknowledged
-                await trio.sleep(0.005)
+                await trio.sleep(0.005)  # not a synchronisation: the producer's pace
 
         workers: list[mesh.Worker] = []
         scopes: list[trio.CancelScope] = []
@@ -334,7 +334,7 @@ async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
                 if not step:
                     break
                 moved += step
-                await trio.sleep(0.02)
+                await trio.sleep(0.02)  # not a synchronisation: the migration's pace
             await trio.to_thread.run_sync(end_migration, cluster, slot, target)
             assert before > 10 and moved > 10  # (keys may come and go meanwhile)
             beats = [w.statistics().heartbeats for w in workers]
@@ -696,7 +696,7 @@ async def test_sentinel_failover_under_load() -> None:
                             acked.add(payload)  # acknowledged: on a replica too
                         except MeshConnectionError:
                             await trio.sleep(0.05)  # unknown whether it ran
-                        await trio.sleep(0.002)
+                        await trio.sleep(0.002)  # not a synchronisation: the producer's pace
 
             workers: list[mesh.Worker] = []
             async with trio.open_nursery() as nursery:
@@ -887,14 +887,10 @@ async def test_fenced_worker_gives_up_handing_back_and_rejoins(
     ns = "gu" + secrets.token_hex(3)
     async with mesh.open_worker(own_redis.url, namespace=ns, ttl=0.9) as w:
         own_redis.stop()
-        with trio.fail_after(10):
-            while "gave up handing back" not in caplog.text:  # noqa: ASYNC110 - poll
-                await trio.sleep(0.02)
+        await wait_until(lambda: "gave up handing back" in caplog.text, 10, "the give-up")
         await trio.to_thread.run_sync(own_redis.start)
         beats = w.statistics().heartbeats
-        with trio.fail_after(10):
-            while w.statistics().heartbeats <= beats + 1:  # noqa: ASYNC110 - poll
-                await trio.sleep(0.02)
+        await wait_until(lambda: w.statistics().heartbeats > beats + 1, 10, "renewals again")
         assert w.statistics().fenced >= 1
         assert w.statistics().generation >= 2
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -19,72 +17,10 @@ import mesh._connection
 from mesh import ClosedError, ConfigError, MeshConnectionError, Process
 from mesh.testing import RedisServer, wait_until
 
+from .helpers import Recorder, client_and_workers
 from .protocol_helpers import expire_worker, join
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
-
-
-@asynccontextmanager
-async def running_workers(
-    open_one: Callable[[], AbstractAsyncContextManager[mesh.Worker]], n: int
-) -> AsyncIterator[list[mesh.Worker]]:
-    """``n`` workers, each opened with ``open_one`` in a task of its own and
-    all joined before the body runs; they leave (each closing its context)
-    when the body ends."""
-    async with trio.open_nursery() as nursery:
-        workers: list[mesh.Worker] = []
-        ready, done = trio.Event(), trio.Event()
-
-        async def one() -> None:
-            async with open_one() as w:
-                workers.append(w)
-                if len(workers) == n:
-                    ready.set()
-                await done.wait()
-
-        for _ in range(n):
-            nursery.start_soon(one)
-        await ready.wait()
-        try:
-            yield workers
-        finally:
-            done.set()
-
-
-@asynccontextmanager
-async def client_and_workers(
-    url: str, ns: str, n: int, ttl: float = TTL
-) -> AsyncIterator[tuple[mesh.Client, list[mesh.Worker]]]:
-    """A client and ``n`` workers, each with its own connection."""
-    async with (
-        mesh.open_client(url, namespace=ns) as client,
-        running_workers(lambda: mesh.open_worker(url, namespace=ns, ttl=ttl), n) as workers,
-    ):
-        yield client, workers
-
-
-class Recorder:
-    """Handlers that record what they ran."""
-
-    def __init__(self) -> None:
-        self.started: list[Process] = []
-        self.done: list[Process] = []
-        self.cancelled: list[Process] = []
-
-    async def quick(self, p: Process) -> None:
-        self.started.append(p)
-        self.done.append(p)
-
-    async def forever(self, p: Process) -> None:
-        self.started.append(p)
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            self.cancelled.append(p)
-            raise
-
-    def running(self) -> list[Process]:
-        return [p for p in self.started if p not in self.done and p not in self.cancelled]
 
 
 async def test_each_task_runs_once_across_workers(redis_url: str, namespace: str) -> None:
@@ -585,7 +521,7 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
     failed_once: set[bytes] = set()
 
     async def staggered(p: Process) -> None:
-        await trio.sleep(int(p.task) % 7 / 1000)
+        await trio.sleep(int(p.task) % 7 / 1000)  # work of its own length, not a wait
         if int(p.task) % 5 == 0 and p.task not in failed_once:
             failed_once.add(p.task)
             raise RuntimeError("fail once")
@@ -597,7 +533,7 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
         async with mesh._connection.open_connection(own_redis.url) as staller:
             for _ in range(30):
                 await staller.execute("EVAL", "for i = 1, 300000 do end", 0)
-                await trio.sleep(0.002)
+                await trio.sleep(0.002)  # not a wait: the stalls come now and then
 
         async def all_reported() -> bool:
             info = await client.queue_info("jobs")
@@ -696,7 +632,11 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
     rec = Recorder()
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("jobs", rec.quick)
-        await trio.sleep(0.05)  # idle: the runner waits for a nudge
+
+        async def idle() -> bool:  # the runner waits for a nudge
+            return w.id.encode() in await client._conn.execute("SMEMBERS", w._keys.idle("jobs"))
+
+        await wait_until(idle, what="the runner idle")
         real = w._binding.run
         calls = 0
 
@@ -709,7 +649,9 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
                 calls += 1
                 if calls == 1:
                     await client.enqueue("jobs", b"late")
-                    await trio.sleep(0.02)  # the wake is dispatched meanwhile
+                    # A deliberate window: the wake is dispatched meanwhile
+                    # (no event tells the test; the claim reply must wait).
+                    await trio.sleep(0.02)
             return reply
 
         w._binding.run = run  # type: ignore[method-assign]
@@ -784,7 +726,7 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
             await wait_until(recycled, within=5, what="the victim recycled")
             assert await client.tasks(q) == [b"orphan"]
             took = trio.current_time() - t0 - 0.3  # after the lease ran out
-            await trio.sleep(0.3)  # late wakers
+            await trio.sleep(0.3)  # a deliberate window: late wakers, counted below
             checks = sum(r._reaper.statistics().checks for r in peers) - before
             print(f"trial {trial}: {took:.3f} s after the lease, {checks} checks by {n} peers")
             # one expiry event: about 3 of the 30 act on it; if none (e^-3,
@@ -796,38 +738,6 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
             assert checks <= 15
         assert prompt >= 2
         assert sum(on_watch) < 4 * n / 2
-
-
-async def test_a_reaper_keeps_its_watch_between_periodic_checks(own_redis: RedisServer) -> None:
-    """Whether a reaper is on watch is drawn at its periodic checks only: a
-    reaper on watch passes at every deadline, and redrawing there would
-    leave almost nobody on watch (about 3/4.5 of the intended 3)."""
-    from mesh._connection import open_connection
-    from mesh._keys import Keys
-    from mesh._scripts import Binding
-    from mesh._supervisor import Reaper
-
-    b = Binding(Keys("watch2"))
-    async with open_connection(own_redis.url) as conn:
-        for i in range(30):
-            await join(b, conn, f"w{i}", ttl_ms=600_000)
-        reaper = Reaper(conn, b, ttl=600.0)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reaper.run)
-            seen = []
-            for _ in range(60):
-                checks = reaper.statistics().checks
-                reaper.wake()
-
-                async def passed(c: int = checks) -> bool:
-                    return reaper.statistics().checks > c
-
-                await wait_until(passed, within=5, what="a pass")
-                await trio.sleep(0.002)
-                seen.append(reaper.on_watch)
-            nursery.cancel_scope.cancel()
-    assert reaper.statistics().checks >= 61
-    assert len(set(seen)) == 1  # redrawn 60 times, it would have changed
 
 
 @pytest.mark.parametrize(("ttl", "ping"), [(0.9, 1.0), (3.0, 3.0), (600.0, 30.0)])
@@ -851,101 +761,6 @@ async def test_peers_started_together_do_not_renew_in_lockstep(own_redis: RedisS
     deadlines = [float(r[i + 1]) for i in range(0, len(r), 2)]
     assert len(deadlines) == 20
     assert max(deadlines) - min(deadlines) > 200  # ms; started together: a few ms
-
-
-async def test_a_reaper_names_its_own_queues_in_its_first_recycle(own_redis: RedisServer) -> None:
-    """One recycle.lua call for a dead peer that served the reaper's queues:
-    without the hint the first call comes back asking for them."""
-    from mesh._connection import open_connection
-    from mesh._keys import Keys
-    from mesh._scripts import Binding
-    from mesh._supervisor import Reaper
-
-    b = Binding(Keys("hint"))
-
-    async def evalsha_calls(conn: mesh._connection.Connection) -> int:
-        stats = (await conn.execute("INFO", "commandstats")).decode()
-        line = next(x for x in stats.splitlines() if x.startswith("cmdstat_evalsha:"))
-        return int(line.split("calls=")[1].split(",")[0])
-
-    async with open_connection(own_redis.url) as conn:
-        calls = []
-        for hint in (["jobs"], []):
-            inc = await join(b, conn, "dead", "jobs")
-            await b.enqueue(conn, "jobs", [b"t"])
-            await b.claim(conn, "dead", inc, "jobs", 1, 0)
-            await expire_worker(conn, b.keys, "dead")
-            before = await evalsha_calls(conn)
-            reaper = Reaper(conn, b, ttl=1.0, queues=functools.partial(tuple, hint))
-            assert await reaper.reap_once() == 1
-            calls.append(await evalsha_calls(conn) - before)
-            assert await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1) == [b"t"]
-            await conn.execute("DEL", b.keys.queue("jobs"), b.keys.attempts("jobs"))
-    # reap_check (finds it), recycle, reap_check (none left); a second
-    # recycle call without the hint
-    assert calls == [3, 4]
-
-
-async def test_dead_workers_that_held_many_processes_are_recycled_a_few_at_a_time(
-    own_redis: RedisServer,
-) -> None:
-    """One recycle.lua call holds Redis (every heartbeat of the mesh waits)
-    for about 10 us per process it recycles: a reaper that finds several
-    dead workers recycles them in calls of about ``recycle_processes``
-    processes (a worker counting ``WORKER_COST`` = 2 more), one worker at
-    least, not all in one call."""
-    from mesh._connection import open_connection
-    from mesh._keys import Keys
-    from mesh._scripts import Binding
-    from mesh._supervisor import Reaper
-
-    b = Binding(Keys("parts"))
-    held = {"a": 0, "b": 4, "c": 4, "d": 1, "e": 1, "f": 3}
-    async with open_connection(own_redis.url) as conn:
-        for w, n in held.items():
-            inc = await join(b, conn, w, "jobs")
-            if n:
-                await b.enqueue(conn, "jobs", [b"%s%d" % (w.encode(), i) for i in range(n)])
-                assert len((await b.claim(conn, w, inc, "jobs", n, 0)).processes) == n
-            await expire_worker(conn, b.keys, w)
-        reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"], recycle_processes=11)
-        assert await reaper.reap_once() == 6
-        queued = await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1)
-    assert len(queued) == 13
-    # reap_check's order is the deadlines' (all 0), then the ids; costs
-    # a 2, b 6, c 6, d 3, e 3, f 5: a b | c d | e f
-    st = reaper.statistics()
-    assert (st.recycle_calls, st.processes_recycled) == (3, 13)
-
-
-async def test_many_dead_workers_that_held_nothing_are_recycled_in_one_call(
-    own_redis: RedisServer,
-) -> None:
-    """Issue 14: a process of 1,000 idle workers that dies. The reaper takes
-    them in one lease check and one recycle.lua call (they cost about two
-    processes each), where it took 16 per check and call, one after the
-    other, and the last task came back after 1.34 TTL."""
-    from mesh._connection import open_connection
-    from mesh._keys import Keys
-    from mesh._scripts import Binding
-    from mesh._supervisor import Reaper
-
-    b = Binding(Keys("idle-dead"))
-    async with open_connection(own_redis.url) as conn:
-        for i in range(100):
-            w = f"w{i:03d}"
-            inc = await join(b, conn, w, "jobs")
-            if i == 57:  # the owner of the one task, somewhere in the middle
-                await b.ensure(conn, "jobs", [b"device"])
-                assert len((await b.claim(conn, w, inc, "jobs", 1, 0)).processes) == 1
-            await expire_worker(conn, b.keys, w)
-        reaper = Reaper(conn, b, ttl=1.0, queues=lambda: ["jobs"])
-        assert await reaper.reap_once() == 100
-        assert await conn.execute("LRANGE", b.keys.queue("jobs"), 0, -1) == [b"device"]
-        assert await conn.execute("ZCARD", b.keys.workers) == 0
-    st = reaper.statistics()
-    # one check that found them, one recycle, one check that found none
-    assert (st.checks, st.recycle_calls, st.processes_recycled) == (2, 1, 1)
 
 
 async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself(
@@ -973,7 +788,7 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         await wait_until(lambda: _true(len(rec.started) == 1), within=2)
         # the spare found nothing and is idle again; the owner is full
         await wait_until(lambda: idle_count(3), within=2)
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # a deliberate window: no other claim may follow
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert sorted(claims) == [0, 0, 1, 1]  # two woken, one claim each
         (owner,) = [w for w in workers if w.id == rec.started[0].worker_id]
@@ -984,7 +799,7 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         await client.cancel("devices", "a")
         await wait_until(lambda: _true(len(rec.cancelled) == 1), within=2)
         await wait_until(lambda: idle_count(4), within=2)
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # a deliberate window: no other claim may follow
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert claims == [1 if w is owner else 0 for w in workers]
 
