@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import trio
@@ -19,6 +20,7 @@ import trio
 import mesh
 from mesh._connection import open_connection
 from mesh.conformance import _suite, _vectors
+from mesh.conformance._scenarios import Run
 from mesh.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,3 +143,44 @@ async def test_the_python_peer_refuses_another_protocol_version(
         assert event["event"] == "error" and event["code"] == "VERSION", event
         assert "protocol version 6" in event["message"], event
         assert await conn.execute("GET", f"{{{namespace}}}:version") == b"6"
+
+
+def record(run: Run, peer: str, t: float, **event: object) -> None:
+    run._record(run.peers[peer], run.t0 + t, dict(event, queue="p", task="t"))
+
+
+def synthetic_run() -> Run:
+    scenario = {"name": "synthetic", "peers": {"a": "test", "b": "test"}, "steps": []}
+    return Run(scenario, "", cast(Any, None), "", "x", lambda _: None)
+
+
+async def test_the_checker_reports_two_owners_at_once_and_a_token_that_does_not_grow() -> None:
+    run = synthetic_run()
+    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    record(run, "b", 1.5, event="start", token=4, worker="wb")
+    record(run, "a", 2.0, event="stop", token=5, reason="moved")
+    record(run, "b", 3.0, event="stop", token=4, reason="stopped")
+    run.check()
+    found = {(f.invariant, f.evidence.split(":")[0]) for f in run.failures}
+    assert ("one owner", "'t' of queue p ran twice at once for 0.500 s") in found, run.failures
+    assert ("growing tokens", "'t' of queue p") in found, run.failures
+
+
+async def test_the_checker_does_not_count_a_stopped_peer_until_it_reports_fenced() -> None:
+    run = synthetic_run()
+    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    run.peers["a"].paused.append([run.t0 + 1.2, run.t0 + 4.0])  # SIGSTOP .. SIGCONT
+    record(run, "b", 3.0, event="start", token=6, worker="wb")
+    record(run, "a", 4.1, event="stop", token=5, reason="fenced")
+    record(run, "b", 5.0, event="stop", token=6, reason="stopped")
+    run.check()
+    assert run.failures == []
+    # the same, but it ran on for a second after SIGCONT: two owners
+    run = synthetic_run()
+    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    run.peers["a"].paused.append([run.t0 + 1.2, run.t0 + 4.0])
+    record(run, "b", 3.0, event="start", token=6, worker="wb")
+    record(run, "a", 5.0, event="stop", token=5, reason="fenced")
+    record(run, "b", 6.0, event="stop", token=6, reason="stopped")
+    run.check()
+    assert [f.invariant for f in run.failures] == ["one owner"], run.failures

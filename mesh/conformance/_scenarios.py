@@ -627,15 +627,18 @@ class Run:
                     f"queue {queue}: {total} tasks should spread {lo}..{hi} over peers {names} "
                     f"within {within:.2f} s; they run {self.holdings(queue)}"
                 )
-        elif "done" in cond:
-            want = int(cond["done"])
+        elif "done" in cond or "failed" in cond:
+            ok_wanted = "done" in cond
+            want = int(cond["done" if ok_wanted else "failed"])
 
             def done_tasks() -> set[str]:
                 return {
                     str(ev.get("task"))
                     for p in self.peers.values()
                     for _, ev in p.events
-                    if ev.get("event") == "done" and ev.get("queue") == queue and ev.get("ok")
+                    if ev.get("event") == "done"
+                    and ev.get("queue") == queue
+                    and bool(ev.get("ok")) == ok_wanted
                 }
 
             def ok() -> bool:
@@ -643,7 +646,8 @@ class Run:
 
             def what() -> str:
                 return (
-                    f"{want} tasks of queue {queue} should be done; {len(done_tasks())} are "
+                    f"{want} tasks of queue {queue} should be done "
+                    f"{'(ok)' if ok_wanted else '(failed)'}; {len(done_tasks())} are "
                     f"after {within:.2f} s"
                 )
         else:
