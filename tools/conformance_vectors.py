@@ -428,11 +428,98 @@ async def story_jobs(r: Recorder, b: Binding, raw: Connection) -> None:
     await b.delete_queue(r.at("delete-queue", "delete the queue and everything in it"), "j")
 
 
+async def story_share(r: Recorder, b: Binding, raw: Connection) -> None:
+    """The fair share and its patience, a sticky hand-back, a rate limit."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.register(r, "w2", "i2", 3000, INFO)
+    await b.serve(r, "w1", "i1", "p")
+    await b.serve(r, "w2", "i2", "p")
+    await b.ensure(r, "p", [b"s1", b"s2", b"s3", b"s4"])
+    await b.claim(
+        r.at("claim-fair-share", "two servers: a fair claim takes half"),
+        "w1",
+        "i1",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+    )
+    await b.claim(
+        r.at("claim-held-back", "at its share, a fair claim takes nothing and wakes a peer"),
+        "w1",
+        "i1",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+    )
+    r.advance(1000)
+    await b.claim(
+        r.at("claim-patience", "with a patience of 900 ms, tasks unowned for longer are taken"),
+        "w1",
+        "i1",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+        patience_ms=900,
+    )
+    held = [_s(x) for x in await raw.execute("SMEMBERS", "{vgen}:held:w1:p")]
+    await b.give_back(
+        r.at("give-back-keep", "a sticky restart keeps persistent tasks reserved for w1"),
+        "w1",
+        "p",
+        sorted(held)[:1],
+        failed=False,
+        keep_ms=5000,
+    )
+    await b.enqueue(r, "r", [b"r1", b"r2", b"r3"])
+    await b.serve(r, "w2", "i2", "r")
+    await b.claim(
+        r.at("claim-rate", "a rate limit of 2 per second takes 2 of 3"),
+        "w2",
+        "i2",
+        "r",
+        3,
+        5,
+        ttl_ms=3000,
+        rate=(2, 1000),
+    )
+    await b.claim(
+        r.at("claim-rate-empty", "the bucket is empty: the reply says when the next token is due"),
+        "w2",
+        "i2",
+        "r",
+        3,
+        5,
+        ttl_ms=3000,
+        rate=(2, 1000),
+    )
+    await b.delay(
+        r.at("delay-at", "a task due at a time of the Redis clock, priority 3"),
+        "r",
+        [b"at"],
+        at_ms=START_S * 1000 + 90000,
+        priority=3,
+    )
+    await b.dead(
+        r.at("dead-purge-payloads", "purge the dead letters of given payloads (none)"),
+        "r",
+        "purge",
+        [b"r1"],
+    )
+
+
 STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_worker,
     story_persistent,
     story_reap,
     story_jobs,
+    story_share,
 ]
 
 
