@@ -1,0 +1,415 @@
+'use strict';
+/**
+ * A worker peer: joins the mesh under a lease (register.lua), renews it
+ * (heartbeat.lua every H = T/3), stops every handler itself when no heartbeat
+ * was confirmed for R = 2T/3 and rejoins under a new id, serves queues
+ * (one Runner each), hears wakes and cancels on its own channels (and the
+ * cancels again in every heartbeat's inbox), recycles dead peers (reap_check,
+ * recycle mode "dead"), and leaves gracefully: drain, stop every handler,
+ * hand each process back once its handler exited, then recycle mode "leave".
+ */
+const os = require('node:os');
+const crypto = require('node:crypto');
+const { EventEmitter } = require('node:events');
+const Redis = require('ioredis').default;
+const { Keys, checkQueue, checkWorkerId } = require('./keys');
+const { Binding } = require('./binding');
+const { Runner, parsePolicy } = require('./runner');
+const { FencedError } = require('./errors');
+
+/** @typedef {import('./runner').Handler} Handler */
+
+/** @param {number} ms */
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** One identity of the worker: an id and an incarnation, never reused after a fence. */
+class Generation {
+  /** @param {string} id */
+  constructor(id) {
+    this.id = id;
+    this.incarnation = crypto.randomBytes(8).toString('hex');
+    /** @type {Map<string, Runner>} */
+    this.runners = new Map();
+    this.fenced = false;
+    /** @type {string | null} */ this.fenceReason = null;
+    /** Cancels of process ids no runner knew yet (a claim reply on its way). @type {Set<string>} */
+    this.earlyCancels = new Set();
+    /** Cancels seen, acknowledged by the next heartbeat. @type {string[]} */
+    this.acks = [];
+    /** When the last confirmed heartbeat was sent (ms, this process's clock). */
+    this.confirmedSent = 0;
+    /** @type {NodeJS.Timeout | null} */ this.fenceTimer = null;
+    this.spread = 0.5;
+  }
+}
+
+/**
+ * @typedef {object} WorkerOptions
+ * @property {string | import('ioredis').RedisOptions} redis  a redis:// URL or ioredis options
+ * @property {string} namespace
+ * @property {number} [ttl]        lease TTL T in seconds (default 10)
+ * @property {number} [interval]   heartbeat interval H (default T/3)
+ * @property {number} [fenceAfter] self-fence R (default 2T/3)
+ * @property {string} [id]         worker id (default host-pid-random)
+ * @property {(level: string, message: string) => void} [log]  default: warnings to stderr
+ */
+
+/**
+ * Events: 'start' {queue, task, token, worker, persistent}, 'stop' {..., reason}
+ * ('cancelled' | 'moved' | 'stopped' | 'fenced'), 'done' {..., ok, error?},
+ * 'fenced' {worker, reason}, 'rejoined' {worker, previous}.
+ */
+class Worker extends EventEmitter {
+  /** @param {WorkerOptions} options */
+  constructor(options) {
+    super();
+    const ttl = options.ttl ?? 10;
+    const h = options.interval ?? ttl / 3;
+    const r = options.fenceAfter ?? (2 * ttl) / 3;
+    if (!(h >= 0.01 && h < r && r < ttl)) {
+      throw new TypeError(`lease timing must satisfy 0.01 s <= interval < fenceAfter < ttl; got ${h}, ${r}, ${ttl}`);
+    }
+    this.timing = { ttl, interval: h, fenceAfter: r };
+    this.keys = new Keys(options.namespace);
+    this.binding = new Binding(this.keys);
+    /** @type {import('ioredis').RedisOptions} */
+    const ropts = { maxRetriesPerRequest: null, enableAutoPipelining: false };
+    this.redis = typeof options.redis === 'string'
+      ? new Redis(options.redis, ropts) : new Redis({ ...options.redis, ...ropts });
+    this.sub = this.redis.duplicate();
+    const host = os.hostname().replace(/[^A-Za-z0-9_.-]/g, '-').slice(0, 60) || 'host';
+    this.baseId = checkWorkerId(options.id ?? `${host}-${process.pid}-${crypto.randomBytes(3).toString('hex')}`);
+    this.gen = new Generation(this.baseId);
+    /** @type {Map<string, {handler: Handler, concurrency: number, capacity: number}>} */
+    this.queues = new Map();
+    this._logFn = options.log ?? ((level, msg) => {
+      if (level === 'warn' || level === 'error') process.stderr.write(`mesh ${level}: ${msg}\n`);
+    });
+    this.started = false;
+    this.stopping = false;
+    this.closed = false;
+    /** @type {Promise<void> | null} */ this._hbLoop = null;
+    /** @type {(() => void) | null} */ this._hbWake = null;
+    /** @type {{onWatch: boolean, meshSize: number, nextMs: number, woken: boolean,
+     *   wake: (() => void) | null, loop: Promise<void> | null}} */
+    this._reaper = { onWatch: true, meshSize: 0, nextMs: -1, woken: false, wake: null, loop: null };
+    /** @type {Promise<void> | null} */ this._rejoining = null;
+    this._ttlMs = Math.round(ttl * 1000);
+  }
+
+  /** The current worker id (a new one after every fence). */
+  get id() { return this.gen.id; }
+
+  /** @param {string} level @param {string} msg */
+  _log(level, msg) { this._logFn(level, msg); }
+
+  /**
+   * Serve `queue` with `handler` (before or after start()).
+   * @param {string} queue
+   * @param {Handler} handler
+   * @param {{concurrency?: number, capacity?: number}} [options]
+   */
+  async serve(queue, handler, options = {}) {
+    checkQueue(queue);
+    const spec = { handler, concurrency: options.concurrency ?? 1, capacity: options.capacity ?? 1 };
+    this.queues.set(queue, spec);
+    if (this.started && !this.gen.fenced) await this._serveIn(this.gen, queue);
+  }
+
+  /**
+   * @param {Generation} gen @param {string} queue
+   */
+  async _serveIn(gen, queue) {
+    const spec = /** @type {{handler: Handler, concurrency: number, capacity: number}} */ (this.queues.get(queue));
+    const policy = parsePolicy(await this.redis.hget(this.keys.policy, queue));
+    await this.binding.serve(this.redis, gen.id, gen.incarnation, queue, spec.capacity);
+    if (gen.runners.has(queue)) return;
+    const runner = new Runner(this, gen, queue, spec.handler,
+      { concurrency: spec.concurrency, capacity: spec.capacity, policy });
+    gen.runners.set(queue, runner);
+    runner.start();
+  }
+
+  /**
+   * Join the mesh and start serving the queues given so far.
+   * @throws {import('./errors').VersionError} the namespace holds another protocol version
+   * @throws {import('./errors').DuplicateWorkerError} the id is live or not yet recycled
+   */
+  async start() {
+    if (this.started) return;
+    this.sub.on('messageBuffer', (ch, msg) => this._onMessage(ch.toString(), msg.toString()));
+    this.sub.on('smessageBuffer', (ch, msg) => this._onMessage(ch.toString(), msg.toString()));
+    const db = this.redis.options.db ?? 0;
+    this._expired = `__keyevent@${db}__:expired`;
+    await this.sub.subscribe(this._expired);
+    await this._join(this.gen);
+    this.started = true;
+    this._hbLoop = this._heartbeatLoop();
+    this._reaper.loop = this._reapLoop();
+  }
+
+  /** @param {Generation} gen */
+  async _join(gen) {
+    const info = JSON.stringify({ host: os.hostname(), pid: process.pid, lang: 'node' });
+    const sent = Date.now();
+    await this.binding.register(this.redis, gen.id, gen.incarnation, this._ttlMs, info);
+    gen.confirmedSent = sent;
+    this._armFence(gen);
+    const channels = [this.keys.cancelChannel(gen.id), this.keys.wakeChannel(gen.id)];
+    await this.sub.subscribe(...channels);
+    try { await this.sub.ssubscribe(...channels); } catch { /* before Redis 7.0: PUBLISH only */ }
+    for (const q of this.queues.keys()) await this._serveIn(gen, q);
+  }
+
+  /** @param {string} ch @param {string} msg */
+  _onMessage(ch, msg) {
+    const k = this.keys;
+    const gen = this.gen;
+    if (ch === this._expired) {
+      if (msg.startsWith(`${k.prefix}worker:`)) this._heardExpiry();
+      return;
+    }
+    if (ch === k.wakeChannel(gen.id)) {
+      const r = gen.runners.get(msg);
+      if (r) r.nudge();
+    } else if (ch === k.cancelChannel(gen.id)) {
+      this._cancel(gen, msg);
+    }
+  }
+
+  /** @param {Generation} gen @param {string} pid */
+  _cancel(gen, pid) {
+    for (const r of gen.runners.values()) if (r.cancelProcess(pid)) return;
+    gen.earlyCancels.add(pid);
+  }
+
+  /** (Re)arm the self-fence timer at the last confirmed send + R. @param {Generation} gen */
+  _armFence(gen) {
+    if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
+    const at = gen.confirmedSent + this.timing.fenceAfter * 1000;
+    gen.fenceTimer = setTimeout(() => {
+      this._fence(gen, `no heartbeat confirmed within ${this.timing.fenceAfter} s`);
+    }, Math.max(0, at - Date.now()));
+  }
+
+  /**
+   * Stop every handler of `gen` (reported as 'fenced'), retire the id and
+   * rejoin under a new one (unless stopping).
+   * @param {Generation} gen @param {string} reason
+   */
+  _fence(gen, reason) {
+    if (gen.fenced || this.closed) return;
+    gen.fenced = true;
+    gen.fenceReason = reason;
+    if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
+    for (const r of gen.runners.values()) r.fence();
+    this._log('warn', `worker ${gen.id} fenced (${reason}); its processes were stopped; rejoining`);
+    this.emit('fenced', { worker: gen.id, reason });
+    if (this._hbWake) this._hbWake();
+    this._rejoining = this._rejoin(gen);
+  }
+
+  /** @param {Generation} old */
+  async _rejoin(old) {
+    // every handler exited (bounded by T: by then peers may take over anyway)
+    await Promise.race([Promise.allSettled([...old.runners.values()].map((r) => r.loopDone)),
+      sleep(this._ttlMs)]);
+    await this._retire(old);
+    const channels = [this.keys.cancelChannel(old.id), this.keys.wakeChannel(old.id)];
+    await this.sub.unsubscribe(...channels).catch(() => {});
+    await this.sub.sunsubscribe(...channels).catch(() => {});
+    let backoff = 50;
+    while (!this.closed && !this.stopping) {
+      const gen = new Generation(`${this.baseId}.${crypto.randomBytes(3).toString('hex')}`);
+      try {
+        this.gen = gen;
+        await this._join(gen);
+        this._log('info', `worker ${old.id} rejoined the mesh as ${gen.id}`);
+        this.emit('rejoined', { worker: gen.id, previous: old.id });
+        if (this._hbWake) this._hbWake();
+        return;
+      } catch (err) {
+        gen.fenced = true;
+        if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
+        for (const r of gen.runners.values()) r.fence();
+        this._log('warn', `worker ${old.id} could not rejoin yet (${err instanceof Error ? err.message : err})`);
+        await sleep(backoff);
+        backoff = Math.min(backoff * 2, this.timing.interval * 1000);
+      }
+    }
+  }
+
+  /** Hand back what `gen` still holds and remove it (recycle mode "leave"). @param {Generation} gen */
+  async _retire(gen) {
+    const until = Date.now() + this._ttlMs;
+    let backoff = 50;
+    while (Date.now() < until) {
+      try {
+        const r = await this.binding.recycle(this.redis, [gen.id], 'leave', gen.incarnation, [...this.queues.keys()]);
+        if (r.returned) this._log('info', `worker ${gen.id} handed back ${r.returned} processes`);
+        return;
+      } catch (err) {
+        if (err instanceof FencedError) return;
+        await sleep(backoff);
+        backoff = Math.min(backoff * 2, 1000);
+      }
+    }
+  }
+
+  async _heartbeatLoop() {
+    const t = this.timing;
+    while (!this.closed) {
+      const gen = this.gen;
+      if (gen.fenced) {
+        await new Promise((resolve) => {
+          this._hbWake = () => resolve(undefined);
+          setTimeout(resolve, 50);
+        });
+        this._hbWake = null;
+        continue;
+      }
+      const sent = Date.now();
+      const queues = [...gen.runners.keys()];
+      /** @type {number} */
+      let next;
+      try {
+        const reply = await withTimeout(this.binding.heartbeat(this.redis, gen.id, gen.incarnation,
+          this._ttlMs, gen.acks, queues), t.fenceAfter * 1000);
+        if (gen.fenced || this.closed) continue;
+        if (Date.now() > sent + t.fenceAfter * 1000) {
+          // confirmed, but too late to count: handlers may have run past R already
+          this._fence(gen, `no heartbeat confirmed within ${t.fenceAfter} s`);
+          continue;
+        }
+        gen.confirmedSent = sent;
+        this._armFence(gen);
+        gen.acks = reply.inbox;
+        for (const pid of reply.inbox) this._cancel(gen, pid);
+        queues.forEach((q, i) => {
+          const r = gen.runners.get(q);
+          if (r) r.onHeartbeat(reply.beats[i]);
+        });
+        if (reply.nextDeadlineMs <= 0) this._deadlinePassed(-reply.nextDeadlineMs / 1000);
+        next = sent + t.interval * 1000 * (1 - gen.spread * Math.random());
+        gen.spread = 0.05;
+      } catch (err) {
+        if (err instanceof FencedError) {
+          this._fence(gen, err.message);
+          continue;
+        }
+        this._log('warn', `worker ${gen.id}: heartbeat failed: ${err instanceof Error ? err.message : err}; retrying`);
+        next = Date.now() + Math.min(t.interval * 250, 250);
+      }
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, Math.max(0, next - Date.now()));
+        this._hbWake = () => { clearTimeout(timer); resolve(undefined); };
+      });
+      this._hbWake = null;
+    }
+  }
+
+  // --- the reaper -----------------------------------------------------------
+
+  _heardExpiry() {
+    const rp = this._reaper;
+    if (rp.onWatch || Math.random() * rp.meshSize < 3) this._wakeReaper();
+  }
+
+  /** @param {number} overdue seconds */
+  _deadlinePassed(overdue) {
+    const grace = Math.min(Math.max(this.timing.ttl / 20, 0.025), 0.25);
+    if (this._reaper.onWatch || overdue >= grace) this._wakeReaper();
+  }
+
+  _wakeReaper() {
+    this._reaper.woken = true;
+    if (this._reaper.wake) this._reaper.wake();
+  }
+
+  /** Recycle every worker whose lease ran out; returns how many. */
+  async reapOnce() {
+    const leaseMs = Math.max(200, Math.round(this.timing.ttl * 500));
+    let total = 0;
+    for (;;) {
+      const check = await this.binding.reapCheck(this.redis, 1000, leaseMs);
+      this._reaper.nextMs = check.nextMs;
+      this._reaper.meshSize = check.workers;
+      if (!check.dead.length) return total;
+      const r = await this.binding.recycle(this.redis, check.dead, 'dead', '', [...this.queues.keys()]);
+      total += r.recycled;
+      if (r.recycled) {
+        this._log('info', `recycled ${r.recycled} dead workers (${r.returned} processes handed back)`);
+      }
+    }
+  }
+
+  async _reapLoop() {
+    const rp = this._reaper;
+    while (!this.closed) {
+      rp.woken = false;
+      try {
+        await this.reapOnce();
+      } catch (err) {
+        this._log('debug', `reap check failed: ${err instanceof Error ? err.message : err}`);
+      }
+      rp.onWatch = rp.meshSize <= 3 || Math.random() * rp.meshSize < 3;
+      if (rp.woken) continue;
+      let wait = 3 * this.timing.ttl * 1000;
+      if (rp.onWatch && rp.nextMs >= 0) wait = Math.min(wait, rp.nextMs + Math.random() * 20);
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, wait);
+        rp.wake = () => { clearTimeout(timer); resolve(undefined); };
+      });
+      rp.wake = null;
+    }
+  }
+
+  // --- leaving --------------------------------------------------------------
+
+  /**
+   * Leave gracefully: drain each queue, stop every handler, hand each process
+   * back once its handler exited (renewing the lease meanwhile), then retire
+   * (recycle mode "leave") and close the connections.
+   */
+  async stop() {
+    if (this.closed) return;
+    this.stopping = true;
+    if (this._rejoining) await this._rejoining;
+    const gen = this.gen;
+    if (this.started && !gen.fenced) {
+      for (const q of gen.runners.keys()) {
+        try {
+          await withTimeout(this.binding.drain(this.redis, gen.id, gen.incarnation, q), this.timing.interval * 1000);
+        } catch { /* the stop goes on: the share catches up when the worker retires */ }
+      }
+      for (const r of gen.runners.values()) r.beginStop();
+      await Promise.allSettled([...gen.runners.values()].map((r) => r.loopDone));
+    } else {
+      await Promise.allSettled([...gen.runners.values()].map((r) => r.loopDone));
+    }
+    if (this.started) await this._retire(gen);
+    this.closed = true;
+    if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
+    if (this._hbWake) this._hbWake();
+    if (this._reaper.wake) this._reaper.wake();
+    await Promise.allSettled([this._hbLoop, this._reaper.loop]);
+    this.sub.disconnect();
+    await this.redis.quit().catch(() => this.redis.disconnect());
+  }
+}
+
+/**
+ * @template T
+ * @param {Promise<T>} p @param {number} ms
+ * @returns {Promise<T>}
+ */
+function withTimeout(p, ms) {
+  /** @type {NodeJS.Timeout | undefined} */
+  let timer;
+  const timeout = new Promise((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`no reply within ${ms} ms`)), ms);
+  });
+  return /** @type {Promise<T>} */ (Promise.race([p, timeout])).finally(() => clearTimeout(timer));
+}
+
+module.exports = { Worker, Generation };
