@@ -47,9 +47,13 @@ const num = (x) => Number(Buffer.isBuffer(x) ? x.toString() : x);
 const str = (x) => (Buffer.isBuffer(x) ? x.toString('utf8') : String(x));
 
 class Binding {
-  /** @param {Keys} keys */
-  constructor(keys) {
+  /**
+   * @param {Keys} keys
+   * @param {string} [protocolVersion] the version register.lua is told (tests only)
+   */
+  constructor(keys, protocolVersion = PROTOCOL_VERSION) {
     this.keys = keys;
+    this.protocolVersion = protocolVersion;
     /** (worker \0 queue) -> [generation, T, C, capacity, extra weight] last seen
      * @type {Map<string, [string, number, number, number, number]>} */
     this.balance = new Map();
@@ -63,7 +67,7 @@ class Binding {
   async register(r, worker, incarnation, ttlMs, info) {
     const k = this.keys;
     return num(await runScript(r, 'register', [k.heartbeat(worker), k.workers, k.info, k.version],
-      [worker, incarnation, ttlMs, info, PROTOCOL_VERSION]));
+      [worker, incarnation, ttlMs, info, this.protocolVersion]));
   }
 
   /** serve.lua @param {Redis} r @param {string} worker @param {string} inc @param {string} queue @param {number} capacity */

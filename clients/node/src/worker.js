@@ -52,6 +52,7 @@ class Generation {
  * @property {number} [fenceAfter] self-fence R (default 2T/3)
  * @property {string} [id]         worker id (default host-pid-random)
  * @property {(level: string, message: string) => void} [log]  default: warnings to stderr
+ * @property {string} [protocolVersion]  the version to register with (tests of the refusal only)
  */
 
 /**
@@ -71,7 +72,7 @@ class Worker extends EventEmitter {
     }
     this.timing = { ttl, interval: h, fenceAfter: r };
     this.keys = new Keys(options.namespace);
-    this.binding = new Binding(this.keys);
+    this.binding = new Binding(this.keys, options.protocolVersion);
     /** @type {import('ioredis').RedisOptions} */
     const ropts = { maxRetriesPerRequest: null, enableAutoPipelining: false };
     this.redis = typeof options.redis === 'string'
@@ -290,6 +291,7 @@ class Worker extends EventEmitter {
           if (r) r.onHeartbeat(reply.beats[i]);
         });
         if (reply.nextDeadlineMs <= 0) this._deadlinePassed(-reply.nextDeadlineMs / 1000);
+        if (queues.length) this._refreshPolicies(gen, queues);
         next = sent + t.interval * 1000 * (1 - gen.spread * Math.random());
         gen.spread = 0.05;
       } catch (err) {
@@ -306,6 +308,20 @@ class Worker extends EventEmitter {
       });
       this._hbWake = null;
     }
+  }
+
+  /**
+   * Re-read the queues' policies (`{ns}:policy`), which every serving worker
+   * applies within a heartbeat interval; an error leaves the old ones.
+   * @param {Generation} gen @param {string[]} queues
+   */
+  _refreshPolicies(gen, queues) {
+    this.redis.hmget(this.keys.policy, ...queues).then((values) => {
+      queues.forEach((q, i) => {
+        const r = gen.runners.get(q);
+        if (r) r.policy = parsePolicy(values[i]);
+      });
+    }, () => {});
   }
 
   // --- the reaper -----------------------------------------------------------

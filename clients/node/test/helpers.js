@@ -59,13 +59,13 @@ async function startRedis() {
  * @template T
  * @param {() => T | Promise<T>} cond
  * @param {{timeout?: number, what?: string}} [o]
- * @returns {Promise<T>}
+ * @returns {Promise<NonNullable<T>>}
  */
 async function waitFor(cond, o = {}) {
   const until = Date.now() + (o.timeout ?? 15000);
   for (;;) {
     const v = await cond();
-    if (v) return v;
+    if (v) return /** @type {NonNullable<T>} */ (v);
     if (Date.now() > until) throw new Error(`timed out waiting for ${o.what ?? 'a condition'}`);
     await new Promise((r) => setTimeout(r, 20));
   }
