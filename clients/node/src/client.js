@@ -34,6 +34,8 @@ class Client {
     const c = connect(options.redis);
     this.redis = c.redis;
     this._owned = c.owned;
+    // ioredis reconnects by itself; a call during an outage waits or fails
+    if (c.owned) this.redis.on('error', () => {});
     /** @type {import('ioredis').RedisOptions} */
     this._options = { ...this.redis.options };
   }
@@ -212,6 +214,7 @@ class Client {
     let got = await this._outcome(queue, payload);
     if (got) return unwrap(got);
     const sub = new Redis({ ...this._options, lazyConnect: false });
+    sub.on('error', () => {});
     /** @type {(() => void) | null} */
     let poke = null;
     const onMessage = (/** @type {any} */ _ch, /** @type {Buffer} */ msg) => {

@@ -78,6 +78,9 @@ class Worker extends EventEmitter {
     this.redis = typeof options.redis === 'string'
       ? new Redis(options.redis, ropts) : new Redis({ ...options.redis, ...ropts });
     this.sub = this.redis.duplicate();
+    // ioredis reconnects by itself; an outage is reported by the heartbeat
+    this.redis.on('error', (err) => this._log('debug', `redis: ${err.message}`));
+    this.sub.on('error', (err) => this._log('debug', `redis (pub/sub): ${err.message}`));
     const host = os.hostname().replace(/[^A-Za-z0-9_.-]/g, '-').slice(0, 60) || 'host';
     this.baseId = checkWorkerId(options.id ?? `${host}-${process.pid}-${crypto.randomBytes(3).toString('hex')}`);
     this.gen = new Generation(this.baseId);

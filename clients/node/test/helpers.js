@@ -4,7 +4,7 @@
  * a peer process driven through the line protocol, and waiting for a
  * condition (no fixed sleeps as synchronisation).
  */
-const { spawn, execFileSync } = require('node:child_process');
+const { spawn, execFile } = require('node:child_process');
 const net = require('node:net');
 const fs = require('node:fs');
 const os = require('node:os');
@@ -128,16 +128,26 @@ function python() {
   return 'python3';
 }
 
+/** The arguments that run the Python CLI: `python -m mesh.cli`. */
+const MESH_CLI = ['-m', 'mesh.cli'];
+
 /**
- * Run the Python CLI (`python -m mesh ...`) and return its stdout.
+ * Run the Python CLI and return its stdout (asynchronously: a worker in this
+ * process keeps renewing its lease meanwhile).
  * @param {string[]} args
+ * @returns {Promise<string>}
  */
 function meshCli(args) {
-  return execFileSync(python(), ['-m', 'mesh', ...args], { cwd: REPO, encoding: 'utf8' });
+  return new Promise((resolve, reject) => {
+    execFile(python(), [...MESH_CLI, ...args], { cwd: REPO, encoding: 'utf8' }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`mesh ${args.join(' ')}: ${err.message}\n${stderr}`));
+      else resolve(stdout);
+    });
+  });
 }
 
 let nsCounter = 0;
 /** A fresh namespace per test. */
 function namespace() { return `nodetest-${process.pid}-${++nsCounter}`; }
 
-module.exports = { startRedis, waitFor, Peer, PEER, REPO, python, meshCli, namespace };
+module.exports = { startRedis, waitFor, Peer, PEER, REPO, python, meshCli, MESH_CLI, namespace };
