@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import mesh
 
-from . import _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
+from . import _conformance, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
 from ._common import EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     _status.register(sub)
     _metrics.register(sub)
     _dashboard.register(sub)
+    _conformance.register(sub)
     return parser
 
 

@@ -1,0 +1,240 @@
+"""The Python peer of the conformance line protocol (protocol/conformance/README.md).
+
+Run as ``python -m mesh.conformance.peer``: it reads its Redis URL and namespace
+from ``MESH_REDIS_URL`` and ``MESH_NAMESPACE``, commands from stdin, and writes
+events to stdout, one JSON object per line. Logs go to stderr.
+
+Exit status: 0 after ``stop`` (or EOF), 3 when it cannot join (``VERSION``: the
+namespace holds another protocol version; ``JOIN``: anything else), 2 on a bad
+command line or environment.
+
+Why a handler stopped (the ``reason`` of a ``stop`` event) is found when it
+is cancelled, before it exits (so before the process can be handed back):
+``stopped`` while this peer stops, ``fenced`` when the worker gave up its
+lease (``Worker.check_lease``), ``moved`` when a rebalance marked the process
+(``{ns}:moving:<Q>``) or Redis still holds it, ``cancelled`` when a cancel
+removed it from ``{ns}:procs:<Q>``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import trio
+
+import mesh
+from mesh._keys import Keys
+
+log = logging.getLogger("mesh.conformance.peer")
+
+EXIT_USAGE = 2
+EXIT_JOIN = 3
+
+
+class Peer:
+    """One peer process: at most one worker, driven by stdin commands."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.keys = Keys(namespace)
+        self.worker: mesh.Worker | None = None
+        self.stopping = False
+        self.exit_code = 0
+        self._stop = trio.Event()
+        self._ready = trio.Event()
+
+    def emit(self, **event: Any) -> None:
+        sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_commands, nursery)
+
+    async def _read_commands(self, nursery: trio.Nursery) -> None:
+        stream = trio.lowlevel.FdStream(os.dup(0))
+        buf = b""
+        async with stream:
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        if not await self._command(line, nursery):
+                            return
+        await self._command(b'{"op":"stop"}', nursery)
+
+    async def _command(self, line: bytes, nursery: trio.Nursery) -> bool:
+        """Run one command; False once the peer is done."""
+        try:
+            cmd = json.loads(line)
+            op = cmd["op"]
+        except (ValueError, KeyError, TypeError):
+            self.emit(
+                event="error", op=None, code="BAD_COMMAND", message=f"not a command: {line!r}"
+            )
+            return True
+        try:
+            if op == "start":
+                if self.worker is not None:
+                    raise mesh.ConfigError("a worker is started already")
+                await nursery.start(self._run_worker, float(cmd.get("ttl", 3.0)))
+                if self.worker is None:  # it could not join
+                    return False
+                return True
+            if op == "stop":
+                await self._stop_worker()
+                self.emit(event="stopped")
+                nursery.cancel_scope.cancel()
+                return False
+            worker = self.worker
+            if worker is None:
+                raise mesh.ConfigError(f"{op}: no worker (send start first)")
+            client = worker.client
+            queue = cmd.get("queue")
+            if op == "serve":
+                await worker.start_work(
+                    queue, self._handler(cmd["handler"]), concurrency=int(cmd["concurrency"])
+                )
+                self.emit(event="ack", op="serve", queue=queue)
+            elif op == "enqueue":
+                added = await client.enqueue_many(queue, cmd["tasks"])
+                self.emit(event="ack", op="enqueue", added=_count(added))
+            elif op == "ensure":
+                flags = await client.ensure_many(queue, cmd["tasks"])
+                self.emit(event="ack", op="ensure", added=sum(flags))
+            elif op == "cancel":
+                found = await client.cancel(queue, cmd["task"])
+                self.emit(event="ack", op="cancel", found=found > 0)
+            elif op == "reconcile":
+                r = await client.reconcile(queue, cmd["tasks"])
+                self.emit(
+                    event="ack", op="reconcile", added=len(r.added), cancelled=len(r.cancelled)
+                )
+            else:
+                self.emit(event="error", op=op, code="BAD_COMMAND", message=f"unknown op {op!r}")
+        except mesh.MeshError as exc:
+            self.emit(event="error", op=op, code=type(exc).__name__, message=str(exc))
+        return True
+
+    async def _run_worker(self, ttl: float, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            async with mesh.open_worker(self.url, namespace=self.namespace, ttl=ttl) as worker:
+                self.worker = worker
+                self.emit(event="ready", worker=worker.id, version=mesh.PROTOCOL_VERSION)
+                task_status.started()
+                async with trio.open_nursery() as watch:
+                    watch.start_soon(self._watch_fences, worker)
+                    await self._stop.wait()
+                    watch.cancel_scope.cancel()
+                self.stopping = True
+        except mesh.ProtocolError as exc:
+            self._refuse("VERSION", exc, task_status)
+        except mesh.MeshError as exc:
+            if self.worker is not None:
+                raise
+            self._refuse("JOIN", exc, task_status)
+        finally:
+            self._ready.set()
+
+    def _refuse(self, code: str, exc: Exception, task_status: trio.TaskStatus[None]) -> None:
+        self.emit(event="error", op="start", code=code, message=str(exc))
+        self.exit_code = EXIT_JOIN
+        task_status.started()
+
+    async def _stop_worker(self) -> None:
+        if self.worker is None:
+            return
+        self.stopping = True
+        self._stop.set()
+        await self._ready.wait()
+
+    async def _watch_fences(self, worker: mesh.Worker) -> None:
+        """Report each identity the worker gave up (a self-fence or a lost lease)."""
+        last = worker.id
+        while True:
+            await trio.sleep(0.02)
+            if worker.id != last:
+                self.emit(event="fenced", worker=last)
+                last = worker.id
+
+    def _handler(self, spec: Any) -> mesh.Handler:
+        if spec not in ("hold", "done", "fail") and not (
+            isinstance(spec, dict) and isinstance(spec.get("sleep"), int | float)
+        ):
+            raise mesh.ConfigError(f"unknown handler {spec!r}")
+
+        async def handler(p: mesh.Process) -> None:
+            task = p.task.decode()
+            self.emit(event="start", queue=p.queue, task=task, token=p.token, worker=p.worker_id)
+            try:
+                if spec == "hold":
+                    await trio.sleep_forever()
+                elif isinstance(spec, dict):
+                    await trio.sleep(float(spec["sleep"]))
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True):
+                    reason = await self._why_stopped(p)
+                self.emit(event="stop", queue=p.queue, task=task, token=p.token, reason=reason)
+                raise
+            if spec == "fail":
+                self.emit(event="done", queue=p.queue, task=task, token=p.token, ok=False)
+                raise RuntimeError("conformance failure")
+            self.emit(event="done", queue=p.queue, task=task, token=p.token, ok=True)
+
+        return handler
+
+    async def _why_stopped(self, p: mesh.Process) -> str:
+        worker = self.worker
+        if self.stopping or worker is None:
+            return "stopped"
+        try:
+            worker.check_lease(p)
+        except mesh.FencedError:
+            return "fenced"
+        conn = worker._conn
+        try:
+            with trio.fail_after(2.0):
+                marked, held = await conn.pipeline(
+                    [
+                        ("HEXISTS", self.keys.moving(p.queue), p.id),
+                        ("HEXISTS", self.keys.procs(p.queue), p.id),
+                    ]
+                )
+        except (mesh.MeshError, trio.TooSlowError):
+            return "fenced"
+        if marked or held:
+            return "moved"
+        return "cancelled"
+
+
+def _count(added: object) -> int:
+    if isinstance(added, int):
+        return added
+    if isinstance(added, list | tuple):
+        return sum(1 for a in added if a)
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    url = os.environ.get("MESH_REDIS_URL")
+    namespace = os.environ.get("MESH_NAMESPACE")
+    if not url or not namespace:
+        print("mesh.conformance.peer: set MESH_REDIS_URL and MESH_NAMESPACE", file=sys.stderr)
+        return EXIT_USAGE
+    peer = Peer(url, namespace)
+    trio.run(peer.run)
+    return peer.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The conformance suite (protocol/conformance/) and ``mesh conformance``:
+the Python peer passes it, the harness fails a broken peer with a report
+that names the invariant, the vectors' checker names a vector that differs,
+and a peer refuses a namespace of another protocol version."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import trio
+
+import mesh
+from mesh._connection import open_connection
+from mesh.conformance import _suite, _vectors
+from mesh.conformance._scenarios import Run
+from mesh.testing import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKEN = ROOT / "tests" / "conformance_broken_peer.py"
+
+
+async def conformance(*args: str, within: float = 240) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(within):
+        return await trio.run_process(
+            [sys.executable, "-m", "mesh.cli", "conformance", *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+def out(r: subprocess.CompletedProcess[bytes]) -> str:
+    return (r.stdout + r.stderr).decode(errors="replace")
+
+
+async def namespaces_left(url: str) -> list[bytes]:
+    async with open_connection(url) as conn:
+        keys: list[bytes] = await conn.execute("KEYS", "{conformance-*")
+        return keys
+
+
+async def test_the_python_peer_passes_the_whole_suite(own_redis: RedisServer) -> None:
+    r = await conformance("--redis", own_redis.url)
+    assert r.returncode == 0, out(r)
+    assert "all passed" in r.stdout.decode(), out(r)
+    for name in _suite.scenario_names():
+        assert f"scenario {name}: ok" in r.stdout.decode(), out(r)
+    # every namespace it used is gone again
+    assert await namespaces_left(own_redis.url) == []
+
+
+async def test_a_peer_that_does_not_hand_back_on_stop_fails(own_redis: RedisServer) -> None:
+    peer = f"{shlex.quote(sys.executable)} {BROKEN} no-handback"
+    r = await conformance("--redis", own_redis.url, "--peer", peer, "--only", "03_stop_hands_back")
+    assert r.returncode == 1, out(r)
+    err = r.stderr.decode()
+    assert "FAIL scenario 03_stop_hands_back: graceful stop" in err, err
+    assert "ended 'exited' on stop" in err, err
+    assert "1 failed" in err, err
+
+
+async def test_a_peer_that_repeats_a_token_fails(own_redis: RedisServer) -> None:
+    peer = f"{shlex.quote(sys.executable)} {BROKEN} same-token"
+    r = await conformance("--redis", own_redis.url, "--peer", peer, "--only", "01_oneshot")
+    assert r.returncode == 1, out(r)
+    err = r.stderr.decode()
+    assert "FAIL scenario 01_oneshot: growing tokens: token 1 given twice" in err, err
+
+
+async def test_usage_errors_exit_2(own_redis: RedisServer) -> None:
+    r = await conformance()
+    assert r.returncode == 2, out(r)
+    assert "--redis" in r.stderr.decode()
+    r = await conformance("--redis", own_redis.url, "--peer", "no-such-program-here")
+    assert r.returncode == 2, out(r)
+    assert "no such program: no-such-program-here" in r.stderr.decode()
+    r = await conformance("--redis", own_redis.url, "--only", "vectors,nonsense")
+    assert r.returncode == 2, out(r)
+    assert "unknown name(s) nonsense" in r.stderr.decode()
+    r = await conformance("--redis", "http://nowhere")
+    assert r.returncode == 2, out(r)
+
+
+async def test_the_vectors_match_and_a_changed_one_is_named(redis_url: str, namespace: str) -> None:
+    vectors = _vectors.load_vectors(_suite.suite_dir() / "vectors")
+    scripts = {v["script"] for _, v in vectors}
+    assert scripts == {p.stem for p in (ROOT / "protocol").glob("*.lua")} - {"lib"}
+    async with open_connection(redis_url) as conn:
+        assert await _vectors.check_vectors(conn, vectors, namespace) == []
+        # a vector whose recorded reply differs is reported by file and name
+        file, claim = next((f, v) for f, v in vectors if v["name"] == "claim-two")
+        wrong = copy.deepcopy(claim)
+        wrong["reply"][0] = 99
+        wrong["after"].pop("{ns}:token")
+        (bad,) = await _vectors.check_vectors(conn, [(file, wrong)], namespace)
+        assert (bad.file, bad.vector) == ("claim.json", "claim-two")
+        assert "expected reply [99" in bad.what
+        assert "key {ns}:token should not exist" in bad.what
+        assert await _vectors.dump(conn, namespace) == {}
+
+
+async def test_a_vector_pins_the_redis_time(redis_url: str, namespace: str) -> None:
+    (_, reg) = next(
+        x
+        for x in _vectors.load_vectors(_suite.suite_dir() / "vectors")
+        if x[1]["name"] == "register-new"
+    )
+    async with open_connection(redis_url) as conn:
+        _, after = await _vectors.replay(conn, reg, namespace)
+    deadline = reg["time"][0] * 1000 + reg["time"][1] // 1000 + int(reg["args"][2])
+    assert after["{ns}:workers"]["value"] == [["w1", str(deadline)]]
+
+
+async def test_the_python_peer_refuses_another_protocol_version(
+    redis_url: str, namespace: str
+) -> None:
+    async with open_connection(redis_url) as conn:
+        await conn.execute("SET", f"{{{namespace}}}:version", "6")
+        with pytest.raises(
+            mesh.ProtocolError,
+            match=f"protocol version 6, this client speaks {mesh.PROTOCOL_VERSION}$",
+        ):
+            async with mesh.open_worker(redis_url, namespace=namespace, ttl=1.5):
+                pass  # pragma: no cover
+        # the line-protocol peer says so in an error event and exits 3
+        env = dict(os.environ, MESH_REDIS_URL=redis_url, MESH_NAMESPACE=namespace)
+        with trio.fail_after(30):
+            r = await trio.run_process(
+                [sys.executable, "-m", "mesh.conformance.peer"],
+                stdin=b'{"op":"start","ttl":1.5}\n',
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                env=env,
+            )
+        assert r.returncode == 3, out(r)
+        (event,) = [json.loads(line) for line in r.stdout.splitlines()]
+        assert event["event"] == "error" and event["code"] == "VERSION", event
+        assert "protocol version 6" in event["message"], event
+        assert await conn.execute("GET", f"{{{namespace}}}:version") == b"6"
+
+
+def record(run: Run, peer: str, t: float, **event: object) -> None:
+    run._record(run.peers[peer], run.t0 + t, dict(event, queue="p", task="t"))
+
+
+def synthetic_run() -> Run:
+    scenario = {"name": "synthetic", "peers": {"a": "test", "b": "test"}, "steps": []}
+    return Run(scenario, "", cast(Any, None), "", "x", lambda _: None)
+
+
+async def test_the_checker_reports_two_owners_at_once_and_a_token_that_does_not_grow() -> None:
+    run = synthetic_run()
+    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    record(run, "b", 1.5, event="start", token=4, worker="wb")
+    record(run, "a", 2.0, event="stop", token=5, reason="moved")
+    record(run, "b", 3.0, event="stop", token=4, reason="stopped")
+    run.check()
+    found = {(f.invariant, f.evidence.split(":")[0]) for f in run.failures}
+    assert ("one owner", "'t' of queue p ran twice at once for 0.500 s") in found, run.failures
+    assert ("growing tokens", "'t' of queue p") in found, run.failures
+
+
+async def test_the_checker_does_not_count_a_stopped_peer_until_it_reports_fenced() -> None:
+    run = synthetic_run()
+    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    run.peers["a"].paused.append([run.t0 + 1.2, run.t0 + 4.0])  # SIGSTOP .. SIGCONT
+    record(run, "b", 3.0, event="start", token=6, worker="wb")
+    record(run, "a", 4.1, event="stop", token=5, reason="fenced")
+    record(run, "b", 5.0, event="stop", token=6, reason="stopped")
+    run.check()
+    assert run.failures == []
+    # the same, but it ran on for a second after SIGCONT: two owners
+    run = synthetic_run()
+    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    run.peers["a"].paused.append([run.t0 + 1.2, run.t0 + 4.0])
+    record(run, "b", 3.0, event="start", token=6, worker="wb")
+    record(run, "a", 5.0, event="stop", token=5, reason="fenced")
+    record(run, "b", 6.0, event="stop", token=6, reason="stopped")
+    run.check()
+    assert [f.invariant for f in run.failures] == ["one owner"], run.failures

@@ -1,0 +1,483 @@
+"""Record the conformance suite's script vectors (protocol/conformance/vectors/).
+
+    python tools/conformance_vectors.py            # regenerate every vector file
+    python tools/conformance_vectors.py --check    # replay them, report what differs
+
+It starts a redis-server of its own (``mesh.testing.run_redis_server``) and
+plays short stories through the Python peers' script bindings
+(``mesh._scripts.Binding``): each script call of a story runs for real, at a
+fixed Redis time (the vector time prelude), and becomes a vector with the
+keyspace before it, its keys and arguments, its reply (or error) and the
+keyspace after it. Run it after a change to a script; review the diff of the
+JSON files like any other change of the contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mesh._connection import Connection, open_connection
+from mesh._errors import CommandError, MeshError
+from mesh._keys import Keys
+from mesh._scripts import Binding, ResultsToKeep, load_scripts
+from mesh.conformance import _vectors as v
+from mesh.testing import run_redis_server
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "protocol" / "conformance" / "vectors"
+GEN_NS = "vgen"
+START_S = 1_800_000_000  # the Redis time of every story's first call (2027-01-15)
+TOKEN = "9000000000000000"  # {ns}:token at the start: tokens are last + 1, not the clock
+
+
+class Recorder:
+    """An executor for :class:`Binding` that runs each script at the story's
+    clock and records it as a vector (when a name was set for the call)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.ms = START_S * 1000
+        self.by_sha = {s.sha: name for name, s in load_scripts().items()}
+        self.name: str | None = None
+        self.description = ""
+        self.vectors: dict[str, list[dict[str, Any]]] = {}
+
+    def at(self, name: str, description: str) -> Named:
+        """An executor that records the script calls made through it as
+        vector ``name`` (and ``name-again``, ``name-again-2``... for the calls
+        a binding makes again, e.g. with the keys a first call said were
+        missing)."""
+        return Named(self, name, description)
+
+    async def execute(self, *args: Any) -> Any:
+        if args[0] != "EVALSHA":
+            return await self.conn.execute(*args)
+        script = self.by_sha[args[1]]
+        n = int(args[2])
+        keys = [_s(a) for a in args[3 : 3 + n]]
+        argv = [_s(a) for a in args[3 + n :]]
+        self.ms += 10
+        time = [self.ms // 1000, (self.ms % 1000) * 1000]
+        before = await v.dump(self.conn, GEN_NS)
+        try:
+            raw = await self.conn.execute("EVAL", v.source_at(script, time), n, *keys, *argv)
+            outcome: dict[str, Any] = {"reply": v.text(raw)}
+            error = None
+        except CommandError as exc:
+            outcome = {"error": v.error_text(exc)}
+            error = exc
+        after = await v.dump(self.conn, GEN_NS)
+        if self.name is not None:
+            vec = {
+                "script": script,
+                "name": self.name,
+                "description": self.description,
+                "time": time,
+                "before": before,
+                "keys": keys,
+                "args": argv,
+                **outcome,
+                "after": after,
+            }
+            reply = outcome.get("reply")
+            if (
+                isinstance(reply, list)
+                and reply
+                and (
+                    (script in ("cancel", "delete_queue") and reply[0] == 1)
+                    or (script in ("rebalance", "recycle") and reply[0] == 2)
+                )
+            ):
+                vec["unordered"] = True
+            self.vectors.setdefault(script, []).append(v.rename(vec, GEN_NS, v.PLACEHOLDER))
+            self.name = None
+        if error is not None:
+            raise error
+        return raw
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
+
+
+class Named:
+    """See :meth:`Recorder.at`."""
+
+    def __init__(self, r: Recorder, name: str, description: str) -> None:
+        self.r, self.name, self.description, self.calls = r, name, description, 0
+
+    async def execute(self, *args: Any) -> Any:
+        if args[0] == "EVALSHA":
+            suffix = (
+                "" if self.calls == 0 else "-again" + ("" if self.calls == 1 else f"-{self.calls}")
+            )
+            self.r.name, self.r.description = self.name + suffix, self.description
+            self.calls += 1
+        return await self.r.execute(*args)
+
+
+def _s(a: Any) -> str:
+    if isinstance(a, bytes | bytearray | memoryview):
+        return bytes(a).decode()
+    return str(a)
+
+
+async def expect_error(coro: Awaitable[Any]) -> None:
+    try:
+        await coro
+    except MeshError:
+        return
+    raise AssertionError("the call should have failed")
+
+
+INFO = b'{"host":"h1","pid":100}'
+
+
+async def story_worker(r: Recorder, b: Binding, raw: Connection) -> None:
+    """A worker's life on one-shot tasks: join, serve, claim, finish, fail,
+    heartbeat, be fenced, leave."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r.at("register-new", "a new worker joins"), "w1", "i1", 3000, INFO)
+    await expect_error(
+        b.register(
+            r.at("register-duplicate", "a live worker id is refused"), "w1", "i9", 3000, INFO
+        )
+    )
+    await b.serve(r.at("serve-first", "w1 serves queue q"), "w1", "i1", "q")
+    await b.serve(r.at("serve-again", "serving again changes nothing"), "w1", "i1", "q")
+    await b.enqueue(
+        r.at("enqueue-three", "three one-shot tasks, no idle server"), "q", [b"a", b"b", b"c"]
+    )
+    await b.enqueue(r.at("enqueue-priority", "a task of priority 5"), "q", [b"hi"], 5)
+    c1 = await b.claim(
+        r.at("claim-two", "claim two: the priority task first, then the list head"),
+        "w1",
+        "i1",
+        "q",
+        2,
+        5,
+        backoff_ms=1000,
+        backoff_cap_ms=60000,
+        ttl_ms=3000,
+    )
+    ids = [p.id for p in c1.processes]
+    await expect_error(
+        b.claim(
+            r.at("claim-fenced", "a claim with another incarnation is fenced"),
+            "w1",
+            "bad",
+            "q",
+            1,
+            5,
+        )
+    )
+    await expect_error(
+        b.claim(
+            r.at("claim-not-serving", "a claim of a queue not served"), "w1", "i1", "other", 1, 5
+        )
+    )
+    await b.finish(r.at("finish-one", "finish a live process"), "w1", "i1", "q", ids[:1])
+    await b.finish(r.at("finish-repeat", "finishing it again returns 0"), "w1", "i1", "q", ids[:1])
+    await b.give_back(
+        r.at("give-back-fail-retry", "a failed attempt waits in the delayed set"),
+        "w1",
+        "q",
+        ids[1:2],
+        failed=True,
+        backoff_ms=1000,
+        backoff_cap_ms=60000,
+        errors=["RuntimeError: boom"],
+    )
+    c2 = await b.claim(r.at("claim-rest", "claim what is left"), "w1", "i1", "q", 5, 5, ttl_ms=3000)
+    await b.give_back(
+        r.at("give-back-return", "processes handed back go to the head of the queue"),
+        "w1",
+        "q",
+        [p.id for p in c2.processes],
+        failed=False,
+    )
+    await b.heartbeat(
+        r.at("heartbeat-renew", "renew w1's lease, one queue"), "w1", "i1", 3000, [], ["q"]
+    )
+    await expect_error(
+        b.heartbeat(
+            r.at("heartbeat-fenced", "another incarnation is fenced"), "w1", "zz", 3000, [], ["q"]
+        )
+    )
+    await b.drain(r.at("drain", "w1 begins a graceful stop of q"), "w1", "i1", "q")
+    await b.drain(r.at("drain-repeat", "draining again answers 0"), "w1", "i1", "q")
+    await expect_error(
+        b.claim(r.at("claim-drained", "a drained worker may not claim"), "w1", "i1", "q", 1, 5)
+    )
+    await b.unserve(r.at("unserve", "w1 stops serving q"), "w1", "q")
+    await b.recycle(r.at("recycle-leave", "w1 leaves"), "w1", leave=True, incarnation="i1")
+
+
+async def story_persistent(r: Recorder, b: Binding, raw: Connection) -> None:
+    """Persistent tasks: ensure, conflicts, fair claims, cancel, rebalance."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.register(r, "w2", "i2", 3000, INFO)
+    await b.serve(r, "w1", "i1", "p")
+    await b.ensure(r.at("ensure-four", "four persistent tasks"), "p", [b"t1", b"t2", b"t3", b"t4"])
+    await b.ensure(r.at("ensure-repeat", "ensuring again adds nothing"), "p", [b"t1"])
+    await b.ensure(r.at("ensure-weight", "a persistent task of weight 3"), "p", [b"heavy"], 3)
+    await expect_error(
+        b.enqueue(r.at("enqueue-conflict", "a persistent task cannot be enqueued"), "p", [b"t1"])
+    )
+    await b.enqueue(r, "p", [b"one"])
+    await expect_error(
+        b.ensure(r.at("ensure-conflict", "a queued one-shot task cannot be ensured"), "p", [b"one"])
+    )
+    await b.claim(
+        r.at("claim-fair", "one server of one: a fair claim takes everything"),
+        "w1",
+        "i1",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+    )
+    await b.serve(r.at("serve-second", "a second server halves the fair share"), "w2", "i2", "p")
+    await b.heartbeat(
+        r.at("heartbeat-balance", "w2's heartbeat reads the balance of p"),
+        "w2",
+        "i2",
+        3000,
+        [],
+        ["p"],
+    )
+    await b.rebalance(
+        r.at("rebalance-marks", "w2, below its share, asks w1 for its surplus"),
+        "w2",
+        "i2",
+        "p",
+        20,
+        6000,
+    )
+    hb = await b.heartbeat(
+        r.at("heartbeat-moving", "w1 learns which processes to hand back"),
+        "w1",
+        "i1",
+        3000,
+        [],
+        ["p"],
+    )
+    moving = (
+        [pid for q in hb.queues for pid in getattr(q, "moving", ())]
+        if hasattr(hb, "queues")
+        else []
+    )
+    procs = await raw.execute("HKEYS", "{vgen}:procs:p")
+    marked = await raw.execute("HKEYS", "{vgen}:moving:p")
+    await b.give_back(
+        r.at("give-back-moved", "handing back a marked process reserves it for its receiver"),
+        "w1",
+        "p",
+        [_s(x) for x in (marked or moving)],
+        failed=False,
+    )
+    await b.claim(
+        r.at("claim-reserved", "the receiver takes its reservations first"),
+        "w2",
+        "i2",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+    )
+    await b.cancel(r.at("cancel-running", "cancel a running persistent task"), "p", b"t1")
+    await b.cancel(r.at("cancel-missing", "cancel a payload that is nowhere"), "p", b"nothing")
+    await b.cancel(r.at("cancel-queued", "cancel a queued one-shot task"), "p", b"one")
+    await b.heartbeat(
+        r.at("heartbeat-inbox", "the heartbeat returns the cancelled ids"),
+        "w1",
+        "i1",
+        3000,
+        [],
+        ["p"],
+    )
+    del procs
+    await b.rebalance(
+        r.at("rebalance-again", "w2 asks again after taking its reservations"),
+        "w2",
+        "i2",
+        "p",
+        20,
+        6000,
+    )
+    await b.finish(
+        r.at("finish-persistent", "a persistent task that returns leaves the mesh"),
+        "w2",
+        "i2",
+        "p",
+        [_s(x) for x in await raw.execute("SMEMBERS", "{vgen}:held:w2:p")][:1],
+    )
+    await b.unserve(
+        r.at("unserve-holding", "a server that leaves returns its processes"), "w2", "p"
+    )
+
+
+async def story_reap(r: Recorder, b: Binding, raw: Connection) -> None:
+    """A worker dies: reap_check finds it after its deadline, recycle returns its processes."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.register(r, "w2", "i2", 3000, INFO)
+    await b.serve(r, "w1", "i1", "q")
+    await b.serve(r, "w2", "i2", "q")
+    await b.ensure(r, "q", [b"p1"])
+    await b.enqueue(r, "q", [b"o1"])
+    await b.claim(r, "w1", "i1", "q", 5, 2, ttl_ms=3000)
+    await b.reap_check(r.at("reap-check-none", "nobody's deadline has passed"), 16, 0)
+    r.advance(4000)
+    await raw.execute("DEL", "{vgen}:worker:w1")  # w1's lease ran out (PX expiry)
+    await b.heartbeat(r, "w2", "i2", 3000, [], ["q"])
+    await b.reap_check(
+        r.at("reap-check-dead", "w1's deadline passed; a reap lease hides it"), 16, 500
+    )
+    await b.reap_check(r.at("reap-check-hidden", "within the reap lease w1 is hidden"), 16, 500)
+    await b.recycle_dead(
+        r.at("recycle-dead", "w1's processes go back; a crash counts an attempt"),
+        ["w1"],
+        queues=["q"],
+    )
+    # No vector of recycling a live worker: recycle.lua then sets its deadline
+    # from its lease key's PTTL, which runs on the real clock.
+
+
+async def story_jobs(r: Recorder, b: Binding, raw: Connection) -> None:
+    """Job-queue features: policies, delays, dead letters, results, schedules, delete."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await raw.execute("SET", "{vgen}:version", "0")
+    await expect_error(
+        b.register(
+            r.at("register-version", "a namespace of another protocol version"),
+            "w9",
+            "i9",
+            3000,
+            INFO,
+        )
+    )
+    await raw.execute("DEL", "{vgen}:version")
+    await b.configure(
+        r.at("configure-default", "a worker's options become the policy"),
+        "j",
+        "default",
+        "worker w1",
+        ["max_attempts", 1, "backoff_ms", 0],
+    )
+    await b.configure(
+        r.at("configure-set", "configure sets a field"),
+        "j",
+        "set",
+        "configure",
+        ["result_ttl_ms", 60000],
+    )
+    await expect_error(
+        b.configure(
+            r.at("configure-bad", "an unknown field"), "j", "set", "configure", ["colour", 1]
+        )
+    )
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "j")
+    await b.delay(r.at("delay-in", "a task due in 5 s"), "j", [b"later"], in_ms=5000)
+    await expect_error(b.delay(r.at("delay-bad", "a negative delay"), "j", [b"x"], in_ms=-1))
+    await b.enqueue(r, "j", [b"bad", b"good"])
+    c = await b.claim(r, "w1", "i1", "j", 2, 1, ttl_ms=3000)
+    bad = [p.id for p in c.processes if p.task == b"bad"]
+    good = {p.id: p.task for p in c.processes if p.task == b"good"}
+    await b.give_back(
+        r.at("give-back-dead", "the last attempt fails: a dead letter"),
+        "w1",
+        "j",
+        bad,
+        failed=True,
+        errors=["ValueError: no"],
+    )
+    await b.finish(
+        r.at("finish-results", "a finish that keeps the result"),
+        "w1",
+        "i1",
+        "j",
+        list(good),
+        ResultsToKeep(60000, {k: (t, b"42") for k, t in good.items()}),
+    )
+    await b.dead(r.at("dead-requeue", "requeue the dead letters"), "j", "requeue", None)
+    await b.enqueue(r, "j", [b"x"])
+    await b.dead(r.at("dead-purge-none", "purge when there is nothing dead"), "j", "purge", None)
+    await b.configure(r.at("configure-clear", "the policy is removed"), "j", "clear", "", [])
+    await b.schedule(
+        r.at("schedule-add", "a periodic task every 60 s"), "j", b"tick", "every 60000", None
+    )
+    r.advance(60000)
+    first = START_S * 1000 + 60000
+    await b.fire(r.at("fire-due", "the due tick fires once"), [(b"j\0tick", first, first + 60000)])
+    await b.fire(
+        r.at("fire-repeat", "the same tick again fires nothing"),
+        [(b"j\0tick", first, first + 60000)],
+    )
+    await b.unschedule(r.at("schedule-remove", "remove the periodic task"), "j", b"tick")
+    await b.delete_queue(r.at("delete-queue", "delete the queue and everything in it"), "j")
+
+
+STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
+    story_worker,
+    story_persistent,
+    story_reap,
+    story_jobs,
+]
+
+
+async def record(url: str) -> dict[str, list[dict[str, Any]]]:
+    async with open_connection(url) as conn:
+        r = Recorder(conn)
+        for story in STORIES:
+            await v.clear(conn, GEN_NS)
+            r.ms = START_S * 1000
+            await story(r, Binding(Keys(GEN_NS)), conn)
+            await v.clear(conn, GEN_NS)
+        return r.vectors
+
+
+async def check(url: str) -> int:
+    async with open_connection(url) as conn:
+        bad = await v.check_vectors(conn, v.load_vectors(OUT), "vcheck", print)
+    for m in bad:
+        print(f"{m.file} {m.vector}: {m.what}")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="replay the vectors instead")
+    args = ap.parse_args()
+    with run_redis_server() as server:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        if args.check:
+            return trio.run(check, url)
+        vectors = trio.run(record, url)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for old in OUT.glob("*.json"):
+        old.unlink()
+    for script, vs in sorted(vectors.items()):
+        doc = {"script": script, "vectors": vs}
+        (OUT / f"{script}.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    missing = sorted(set(load_scripts()) - set(vectors))
+    print(
+        f"wrote {sum(len(x) for x in vectors.values())} vectors for {len(vectors)} scripts to {OUT}"
+    )
+    if missing:
+        print(f"no vector for: {', '.join(missing)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
