@@ -233,6 +233,18 @@ class Binding {
     return out;
   }
 
+  /**
+   * configure.lua: the policy stored afterwards (JSON), or null after mode "clear".
+   * @param {Redis} r @param {string} queue @param {'set' | 'default' | 'clear'} mode
+   * @param {string} source @param {(string | number)[]} fields name, value, ...
+   * @returns {Promise<string | null>}
+   */
+  async configure(r, queue, mode, source, fields) {
+    const k = this.keys;
+    const raw = await runScript(r, 'configure', [k.policy, k.queues], [queue, mode, source, ...fields]);
+    return Buffer.isBuffer(raw) ? raw.toString('utf8') : null;
+  }
+
   /** drain.lua: whether the worker served the queue until now.
    * @param {Redis} r @param {string} worker @param {string} inc @param {string} queue */
   async drain(r, worker, inc, queue) {

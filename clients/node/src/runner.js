@@ -36,6 +36,7 @@
  * @property {Process} process
  * @property {AbortController} ac
  * @property {StopReason | null} reason
+ * @property {boolean} timedOut  cancelled by the policy's handler timeout (a failed attempt)
  */
 
 const CLAIM_MAX = 250;
@@ -53,6 +54,11 @@ function describeError(err) {
   const msg = (err instanceof Error ? err.message : String(err)).split(/\s+/).filter(Boolean).join(' ');
   const text = msg ? `${name}: ${msg}` : name;
   return text.length <= 2000 ? text : `${text.slice(0, 1997)}...`;
+}
+
+/** A number as Python's `%g` writes it (6 significant digits, no trailing zeros). @param {number} x */
+function formatG(x) {
+  return String(Number(x.toPrecision(6)));
 }
 
 class Runner {
@@ -287,7 +293,18 @@ class Runner {
     const w = this.worker;
     const ac = new AbortController();
     /** @type {Slot} */
-    const slot = { process: proc, ac, reason: null };
+    const slot = { process: proc, ac, reason: null, timedOut: false };
+    const timeoutMs = this.policy.timeoutMs;
+    /** @type {NodeJS.Timeout | undefined} */
+    let limit;
+    if (timeoutMs > 0) {
+      limit = setTimeout(() => {
+        if (slot.reason === null) {
+          slot.timedOut = true;
+          ac.abort('timeout');
+        }
+      }, timeoutMs);
+    }
     this.running.set(proc.id, slot);
     if (this.stopping || gen.fenced) this._abort(slot, gen.fenced ? 'fenced' : 'stopped');
     const info = { queue: this.queue, task: proc.task, token: proc.id, worker: gen.id,
@@ -303,7 +320,12 @@ class Runner {
       }
     })();
     const settled = run.then((out) => {
+      clearTimeout(limit);
       this.running.delete(proc.id);
+      if (slot.timedOut && slot.reason === null) {
+        // the policy's time limit: a failed attempt, whatever the handler did after
+        out = { ok: false, error: null };
+      }
       if (this.lastClaimFull) this.maybeWork = true;
       const reason = slot.reason;
       if (reason === 'cancelled' || reason === 'fenced') {
@@ -316,8 +338,10 @@ class Runner {
         if (this.policy.resultTtlMs > 0) this.results.set(proc.id, [proc.task, resultBytes(out.value)]);
         w.emit('done', { ...info, ok: true });
       } else {
-        this.failed.push([proc.id, describeError(out.error)]);
-        w.emit('done', { ...info, ok: false, error: describeError(out.error) });
+        const why = slot.timedOut ? `TimeoutError: the handler ran longer than ${formatG(timeoutMs / 1000)} s`
+          : describeError(out.error);
+        this.failed.push([proc.id, why]);
+        w.emit('done', { ...info, ok: false, error: why });
       }
       this.wake();
     });
@@ -416,6 +440,7 @@ class Runner {
  * @property {number} backoffMs
  * @property {number} backoffMaxMs
  * @property {number} resultTtlMs  > 0: results are kept that long (finish_results.lua)
+ * @property {number} timeoutMs    > 0: a handler running longer fails its attempt
  * @property {number} rateLimit    > 0: claims per ratePeriodMs across the mesh
  * @property {number} ratePeriodMs
  */
@@ -436,6 +461,7 @@ function parsePolicy(json) {
     backoffMs: int('backoff_ms', 1000),
     backoffMaxMs: int('backoff_max_ms', 60000),
     resultTtlMs: int('result_ttl_ms', 0),
+    timeoutMs: int('timeout_ms', 0),
     rateLimit: int('rate_limit', 0),
     ratePeriodMs: int('rate_period_ms', 1000),
   };

@@ -21,7 +21,7 @@ const { mapError } = require('./errors');
 const SCRIPT_NAMES = [
   'register', 'serve', 'heartbeat', 'claim', 'finish', 'finish_results', 'give_back',
   'drain', 'unserve', 'recycle', 'reap_check', 'rebalance', 'enqueue', 'delay', 'ensure',
-  'cancel',
+  'cancel', 'configure',
 ];
 
 const INCLUDE = /^--!include ([A-Za-z0-9_.]+)[ \t]*$/gm;

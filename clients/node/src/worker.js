@@ -32,8 +32,9 @@ class Generation {
     this.runners = new Map();
     this.fenced = false;
     /** @type {string | null} */ this.fenceReason = null;
-    /** Cancels of process ids no runner knew yet (a claim reply on its way). @type {Set<string>} */
-    this.earlyCancels = new Set();
+    /** Cancels of process ids no runner knew yet (a claim reply on its way) -> when heard.
+     * @type {Map<string, number>} */
+    this.earlyCancels = new Map();
     /** Cancels seen, acknowledged by the next heartbeat. @type {string[]} */
     this.acks = [];
     /** When the last confirmed heartbeat was sent (ms, this process's clock). */
@@ -52,6 +53,10 @@ class Generation {
  * @property {number} [fenceAfter] self-fence R (default 2T/3)
  * @property {string} [id]         worker id (default host-pid-random)
  * @property {(level: string, message: string) => void} [log]  default: warnings to stderr
+ * @property {number} [maxAttempts]  a queue's policy if it has none: attempts of a one-shot task (default 5)
+ * @property {number} [backoff]      ... and the first retry delay in s (default 1)
+ * @property {number} [backoffMax]   ... and the longest retry delay in s (default 60)
+ * @property {number} [stopGrace]    stop(): how long to wait for handlers to exit, in s (default 10)
  * @property {string} [protocolVersion]  the version to register with (tests of the refusal only)
  */
 
@@ -74,7 +79,9 @@ class Worker extends EventEmitter {
     this.keys = new Keys(options.namespace);
     this.binding = new Binding(this.keys, options.protocolVersion);
     /** @type {import('ioredis').RedisOptions} */
-    const ropts = { maxRetriesPerRequest: null, enableAutoPipelining: false };
+    const ropts = { maxRetriesPerRequest: null, enableAutoPipelining: false,
+      // a half-open socket must not hold a fenced worker's hand-back for ever
+      commandTimeout: Math.max(2 * ttl * 1000, 5000) };
     this.redis = typeof options.redis === 'string'
       ? new Redis(options.redis, ropts) : new Redis({ ...options.redis, ...ropts });
     this.sub = this.redis.duplicate();
@@ -99,6 +106,11 @@ class Worker extends EventEmitter {
     this._reaper = { onWatch: true, meshSize: 0, nextMs: -1, woken: false, wake: null, loop: null };
     /** @type {Promise<void> | null} */ this._rejoining = null;
     this._ttlMs = Math.round(ttl * 1000);
+    this._defaults = ['max_attempts', options.maxAttempts ?? 5,
+      'backoff_ms', Math.round((options.backoff ?? 1) * 1000),
+      'backoff_max_ms', Math.round((options.backoffMax ?? 60) * 1000)];
+    this._stopGraceMs = (options.stopGrace ?? 10) * 1000;
+    /** @type {NodeJS.Timeout | null} */ this._pinger = null;
   }
 
   /** The current worker id (a new one after every fence). */
@@ -125,7 +137,9 @@ class Worker extends EventEmitter {
    */
   async _serveIn(gen, queue) {
     const spec = /** @type {{handler: Handler, concurrency: number, capacity: number}} */ (this.queues.get(queue));
-    const policy = parsePolicy(await this.redis.hget(this.keys.policy, queue));
+    // the worker's options become the queue's policy only if it has none
+    const policy = parsePolicy(await this.binding.configure(this.redis, queue, 'default', `worker ${gen.id}`,
+      this._defaults));
     await this.binding.serve(this.redis, gen.id, gen.incarnation, queue, spec.capacity);
     if (gen.runners.has(queue)) return;
     const runner = new Runner(this, gen, queue, spec.handler,
@@ -150,6 +164,15 @@ class Worker extends EventEmitter {
     this.started = true;
     this._hbLoop = this._heartbeatLoop();
     this._reaper.loop = this._reapLoop();
+    this._pinger = setInterval(() => this._pingSub(), Math.min(Math.max(1000, this._ttlMs), 30000));
+  }
+
+  /** A dead pub/sub link is found by a ping (ioredis reconnects and subscribes again). */
+  _pingSub() {
+    const period = Math.min(Math.max(1000, this._ttlMs), 30000);
+    withTimeout(this.sub.ping(), period).catch(() => {
+      if (!this.closed) this.sub.disconnect(true);
+    });
   }
 
   /** @param {Generation} gen */
@@ -184,7 +207,7 @@ class Worker extends EventEmitter {
   /** @param {Generation} gen @param {string} pid */
   _cancel(gen, pid) {
     for (const r of gen.runners.values()) if (r.cancelProcess(pid)) return;
-    gen.earlyCancels.add(pid);
+    gen.earlyCancels.set(pid, Date.now());
   }
 
   /** (Re)arm the self-fence timer at the last confirmed send + R. @param {Generation} gen */
@@ -289,6 +312,7 @@ class Worker extends EventEmitter {
         this._armFence(gen);
         gen.acks = reply.inbox;
         for (const pid of reply.inbox) this._cancel(gen, pid);
+        for (const [pid, at] of gen.earlyCancels) if (at < sent - this._ttlMs) gen.earlyCancels.delete(pid);
         queues.forEach((q, i) => {
           const r = gen.runners.get(q);
           if (r) r.onHeartbeat(reply.beats[i]);
@@ -373,7 +397,7 @@ class Worker extends EventEmitter {
       }
       rp.onWatch = rp.meshSize <= 3 || Math.random() * rp.meshSize < 3;
       if (rp.woken) continue;
-      let wait = 3 * this.timing.ttl * 1000;
+      let wait = 3 * this.timing.ttl * 1000 * (1 + 0.2 * Math.random());
       if (rp.onWatch && rp.nextMs >= 0) wait = Math.min(wait, rp.nextMs + Math.random() * 20);
       await new Promise((resolve) => {
         const timer = setTimeout(resolve, wait);
@@ -389,9 +413,12 @@ class Worker extends EventEmitter {
    * Leave gracefully: drain each queue, stop every handler, hand each process
    * back once its handler exited (renewing the lease meanwhile), then retire
    * (recycle mode "leave") and close the connections.
+   * @returns {Promise<boolean>} false if handlers were still running after the
+   *   stop grace: then nothing more was handed back, the connections are
+   *   closed, and peers take the rest over when the lease runs out.
    */
   async stop() {
-    if (this.closed) return;
+    if (this.closed) return true;
     this.stopping = true;
     if (this._rejoining) await this._rejoining;
     const gen = this.gen;
@@ -402,18 +429,34 @@ class Worker extends EventEmitter {
         } catch { /* the stop goes on: the share catches up when the worker retires */ }
       }
       for (const r of gen.runners.values()) r.beginStop();
-      await Promise.allSettled([...gen.runners.values()].map((r) => r.loopDone));
-    } else {
-      await Promise.allSettled([...gen.runners.values()].map((r) => r.loopDone));
     }
-    if (this.started) await this._retire(gen);
+    const graceOver = Symbol('grace');
+    /** @type {NodeJS.Timeout | undefined} */
+    let graceTimer;
+    const outcome = await Promise.race([
+      Promise.allSettled([...gen.runners.values()].map((r) => r.loopDone)),
+      new Promise((resolve) => { graceTimer = setTimeout(() => resolve(graceOver), this._stopGraceMs); }),
+    ]);
+    clearTimeout(graceTimer);
+    let clean = true;
+    if (outcome === graceOver) {
+      // never hand back a process whose handler may still run (invariant 10):
+      // peers take these over once the lease runs out, as after a crash
+      clean = false;
+      this._log('warn', `worker ${gen.id}: handlers still running after the stop grace; `
+        + 'peers take their tasks over when the lease runs out');
+    } else if (this.started) {
+      await this._retire(gen);
+    }
     this.closed = true;
+    if (this._pinger) clearInterval(this._pinger);
     if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
     if (this._hbWake) this._hbWake();
     if (this._reaper.wake) this._reaper.wake();
     await Promise.allSettled([this._hbLoop, this._reaper.loop]);
     this.sub.disconnect();
     await this.redis.quit().catch(() => this.redis.disconnect());
+    return clean;
   }
 }
 

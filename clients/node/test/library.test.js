@@ -203,3 +203,26 @@ test('a worker refuses a namespace of another protocol version', async () => {
   w.sub.disconnect();
   w.redis.disconnect();
 });
+
+test("a queue without a policy gets the worker's options as its policy; a handler timeout fails the attempt", async () => {
+  const ns = namespace();
+  const client = new Client({ redis: server.url, namespace: ns });
+  const { w } = makeWorker(ns, { maxAttempts: 1 });
+  await w.serve('free', hold);
+  await w.start();
+  try {
+    const stored = JSON.parse(/** @type {string} */ (await redis.hget(`{${ns}}:policy`, 'free')));
+    assert.equal(stored.max_attempts, 1);
+    assert.equal(stored.source, `worker ${w.id}`);
+    await redis.hset(`{${ns}}:policy`, 'free', JSON.stringify({ ...stored, timeout_ms: 200, result_ttl_ms: 60000 }));
+    // the policy is re-read at every heartbeat (H = 0.5 s here): wait until this worker has it
+    const runner = /** @type {any} */ (w.gen.runners.get('free'));
+    await waitFor(() => runner.policy.timeoutMs === 200);
+    await client.enqueue('free', 'slow');
+    await assert.rejects(client.result('free', 'slow', { timeoutMs: 10000 }),
+      (err) => err instanceof Error && /TimeoutError: the handler ran longer than 0\.2 s/.test(err.message));
+  } finally {
+    await w.stop();
+    await client.close();
+  }
+});
