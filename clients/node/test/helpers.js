@@ -120,12 +120,14 @@ class Peer {
   kill(sig) { this.proc.kill(sig); }
 }
 
-/** The repository's Python (its venv), for the mixed tests. */
+/**
+ * The Python with the repository's package installed, for the mixed tests:
+ * $MESH_PYTHON, else the repository's venv, else python3 on the PATH.
+ */
 function python() {
-  for (const p of [path.join(REPO, '.venv', 'bin', 'python')]) {
-    if (fs.existsSync(p)) return p;
-  }
-  return 'python3';
+  if (process.env.MESH_PYTHON) return process.env.MESH_PYTHON;
+  const venv = path.join(REPO, '.venv', 'bin', 'python');
+  return fs.existsSync(venv) ? venv : 'python3';
 }
 
 /** The arguments that run the Python CLI: `python -m mesh.cli`. */
