@@ -31,6 +31,8 @@ class Generation {
     /** @type {Map<string, Runner>} */
     this.runners = new Map();
     this.fenced = false;
+    /** Retiring (recycle mode "leave" on a stop): a FENCED reply from now on is no fence. */
+    this.leaving = false;
     /** @type {string | null} */ this.fenceReason = null;
     /** Cancels of process ids no runner knew yet (a claim reply on its way) -> when heard.
      * @type {Map<string, number>} */
@@ -225,7 +227,7 @@ class Worker extends EventEmitter {
    * @param {Generation} gen @param {string} reason
    */
   _fence(gen, reason) {
-    if (gen.fenced || this.closed) return;
+    if (gen.fenced || gen.leaving || this.closed) return;
     gen.fenced = true;
     gen.fenceReason = reason;
     if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
@@ -287,7 +289,7 @@ class Worker extends EventEmitter {
     const t = this.timing;
     while (!this.closed) {
       const gen = this.gen;
-      if (gen.fenced) {
+      if (gen.fenced || gen.leaving) {
         await new Promise((resolve) => {
           this._hbWake = () => resolve(undefined);
           setTimeout(resolve, 50);
@@ -446,6 +448,7 @@ class Worker extends EventEmitter {
       this._log('warn', `worker ${gen.id}: handlers still running after the stop grace; `
         + 'peers take their tasks over when the lease runs out');
     } else if (this.started) {
+      gen.leaving = true;
       await this._retire(gen);
     }
     this.closed = true;
