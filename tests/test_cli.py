@@ -129,6 +129,7 @@ SUBCOMMANDS = [
     "status",
     "exporter",
     "dashboard",
+    "conformance",
 ]
 
 
@@ -148,6 +149,8 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
                     build_parser().parse_args([sub, action, "--help"])
                 out = capsys.readouterr().out
                 assert "--namespace" in out and "--redis" in out
+        elif sub == "conformance":  # namespaces of its own: no --namespace
+            assert "--redis" in out and "--namespace" not in out
         elif sub != "demo":
             assert "--namespace" in out and "--redis" in out
 

@@ -136,6 +136,20 @@ async def expect_error(coro: Awaitable[Any]) -> None:
     raise AssertionError("the call should have failed")
 
 
+async def variant(
+    r: Recorder, script: str, base: str, name: str, description: str, old: str, new: str
+) -> None:
+    """Record vector ``name``: the call of vector ``base`` again, with its
+    argument ``old`` replaced by ``new`` (an error path the binding never
+    takes)."""
+    vec = next(x for x in r.vectors[script] if x["name"] == base)
+    keys = v.rename(vec["keys"], v.PLACEHOLDER, GEN_NS)
+    args = [new if a == old else a for a in v.rename(vec["args"], v.PLACEHOLDER, GEN_NS)]
+    assert new in args, f"{base} has no argument {old!r}"
+    sha = load_scripts()[script].sha
+    await expect_error(r.at(name, description).execute("EVALSHA", sha, len(keys), *keys, *args))
+
+
 INFO = b'{"host":"h1","pid":100}'
 
 
@@ -151,6 +165,10 @@ async def story_worker(r: Recorder, b: Binding, raw: Connection) -> None:
     )
     await b.serve(r.at("serve-first", "w1 serves queue q"), "w1", "i1", "q")
     await b.serve(r.at("serve-again", "serving again changes nothing"), "w1", "i1", "q")
+    await expect_error(
+        b.serve(r.at("serve-fenced", "serve with another incarnation"), "w1", "i0", "q")
+    )
+    await variant(r, "serve", "serve-first", "serve-bad-capacity", "capacity 0", "1", "0")
     await b.enqueue(
         r.at("enqueue-three", "three one-shot tasks, no idle server"), "q", [b"a", b"b", b"c"]
     )
@@ -182,6 +200,7 @@ async def story_worker(r: Recorder, b: Binding, raw: Connection) -> None:
             r.at("claim-not-serving", "a claim of a queue not served"), "w1", "i1", "other", 1, 5
         )
     )
+    await variant(r, "claim", "claim-two", "claim-bad-count", "a claim of 0 tasks", "2", "0")
     await b.finish(r.at("finish-one", "finish a live process"), "w1", "i1", "q", ids[:1])
     await b.finish(r.at("finish-repeat", "finishing it again returns 0"), "w1", "i1", "q", ids[:1])
     await b.give_back(
@@ -202,6 +221,15 @@ async def story_worker(r: Recorder, b: Binding, raw: Connection) -> None:
         [p.id for p in c2.processes],
         failed=False,
     )
+    await variant(
+        r,
+        "give_back",
+        "give-back-return",
+        "give-back-bad-mode",
+        "an unknown mode",
+        "return",
+        "sideways",
+    )
     await b.heartbeat(
         r.at("heartbeat-renew", "renew w1's lease, one queue"), "w1", "i1", 3000, [], ["q"]
     )
@@ -217,6 +245,9 @@ async def story_worker(r: Recorder, b: Binding, raw: Connection) -> None:
     )
     await b.unserve(r.at("unserve", "w1 stops serving q"), "w1", "q")
     await b.recycle(r.at("recycle-leave", "w1 leaves"), "w1", leave=True, incarnation="i1")
+    await variant(
+        r, "recycle", "recycle-leave", "recycle-bad-mode", "an unknown mode", "leave", "linger"
+    )
 
 
 async def story_persistent(r: Recorder, b: Binding, raw: Connection) -> None:
@@ -410,6 +441,14 @@ async def story_jobs(r: Recorder, b: Binding, raw: Connection) -> None:
         list(good),
         ResultsToKeep(60000, {k: (t, b"42") for k, t in good.items()}),
     )
+    await b.finish(
+        r.at("finish-results-repeat", "finishing again keeps nothing more"),
+        "w1",
+        "i1",
+        "j",
+        list(good),
+        ResultsToKeep(60000, {k: (t, b"42") for k, t in good.items()}),
+    )
     await b.dead(r.at("dead-requeue", "requeue the dead letters"), "j", "requeue", None)
     await b.enqueue(r, "j", [b"x"])
     await b.dead(r.at("dead-purge-none", "purge when there is nothing dead"), "j", "purge", None)
@@ -424,8 +463,98 @@ async def story_jobs(r: Recorder, b: Binding, raw: Connection) -> None:
         r.at("fire-repeat", "the same tick again fires nothing"),
         [(b"j\0tick", first, first + 60000)],
     )
+    await variant(
+        r, "schedule", "schedule-add", "schedule-bad-mode", "an unknown mode", "add", "append"
+    )
     await b.unschedule(r.at("schedule-remove", "remove the periodic task"), "j", b"tick")
+    await b.delete_queue(r.at("delete-queue-unknown", "delete a queue that holds nothing"), "none")
     await b.delete_queue(r.at("delete-queue", "delete the queue and everything in it"), "j")
+
+
+async def story_share(r: Recorder, b: Binding, raw: Connection) -> None:
+    """The fair share and its patience, a sticky hand-back, a rate limit."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.register(r, "w2", "i2", 3000, INFO)
+    await b.serve(r, "w1", "i1", "p")
+    await b.serve(r, "w2", "i2", "p")
+    await b.ensure(r, "p", [b"s1", b"s2", b"s3", b"s4"])
+    await b.claim(
+        r.at("claim-fair-share", "two servers: a fair claim takes half"),
+        "w1",
+        "i1",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+    )
+    await b.claim(
+        r.at("claim-held-back", "at its share, a fair claim takes nothing and wakes a peer"),
+        "w1",
+        "i1",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+    )
+    r.advance(1000)
+    await b.claim(
+        r.at("claim-patience", "with a patience of 900 ms, tasks unowned for longer are taken"),
+        "w1",
+        "i1",
+        "p",
+        10,
+        5,
+        fair=True,
+        ttl_ms=3000,
+        patience_ms=900,
+    )
+    held = [_s(x) for x in await raw.execute("SMEMBERS", "{vgen}:held:w1:p")]
+    await b.give_back(
+        r.at("give-back-keep", "a sticky restart keeps persistent tasks reserved for w1"),
+        "w1",
+        "p",
+        sorted(held)[:1],
+        failed=False,
+        keep_ms=5000,
+    )
+    await b.enqueue(r, "r", [b"r1", b"r2", b"r3"])
+    await b.serve(r, "w2", "i2", "r")
+    await b.claim(
+        r.at("claim-rate", "a rate limit of 2 per second takes 2 of 3"),
+        "w2",
+        "i2",
+        "r",
+        3,
+        5,
+        ttl_ms=3000,
+        rate=(2, 1000),
+    )
+    await b.claim(
+        r.at("claim-rate-empty", "the bucket is empty: the reply says when the next token is due"),
+        "w2",
+        "i2",
+        "r",
+        3,
+        5,
+        ttl_ms=3000,
+        rate=(2, 1000),
+    )
+    await b.delay(
+        r.at("delay-at", "a task due at a time of the Redis clock, priority 3"),
+        "r",
+        [b"at"],
+        at_ms=START_S * 1000 + 90000,
+        priority=3,
+    )
+    await b.dead(
+        r.at("dead-purge-payloads", "purge the dead letters of given payloads (none)"),
+        "r",
+        "purge",
+        [b"r1"],
+    )
 
 
 STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
@@ -433,6 +562,7 @@ STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_persistent,
     story_reap,
     story_jobs,
+    story_share,
 ]
 
 

@@ -46,6 +46,10 @@ cannot notice anything while it is stopped."""
 REPLY_TIMEOUT = 10.0
 """How long (seconds) a peer has to answer a command or to exit."""
 
+START_TIMEOUT = 30.0
+"""How long (seconds) a peer has to answer ``start`` (its process start-up
+included: every peer of a scenario is launched at once)."""
+
 
 class ScenarioFailed(Exception):
     """A step or an invariant of a scenario failed (the message says which)."""
@@ -302,9 +306,15 @@ class Run:
         try:
             async with trio.open_nursery() as nursery:
                 try:
+                    # Every process is launched at once (each waits for its
+                    # start command): their start-up overlaps the steps.
+                    for peer in self.peers.values():
+                        await self.launch(nursery, peer)
                     for i, step in enumerate(self.sc["steps"]):
+                        began = self.now()
                         try:
                             await self.step(nursery, step)
+                            self.log_step(i, step, self.now() - began)
                         except ScenarioFailed as exc:
                             what = step.get("invariant", step.get("do", "step"))
                             self.fail(str(what), f"step {i + 1} ({json.dumps(step)}): {exc}")
@@ -317,6 +327,10 @@ class Run:
                     peer.stderr.close()
         self.check()
         return self.failures
+
+    def log_step(self, i: int, step: dict[str, Any], took: float) -> None:
+        if os.environ.get("MESH_CONFORMANCE_STEPS"):
+            self.log(f"  step {i + 1} {step['do']} {step.get('peer', '')}: {took:.2f} s")
 
     async def finish(self, nursery: trio.Nursery) -> None:
         """Stop every peer still running (stop, then SIGKILL), read their last lines."""
@@ -348,8 +362,7 @@ class Run:
         peer = self.peers[step["peer"]] if "peer" in step else None
         if do == "start":
             assert peer is not None
-            await self.launch(nursery, peer)
-            seen = 0
+            seen = len(peer.events)
             await self.send(peer, {"op": "start", "ttl": self.ttl})
 
             def answer() -> dict[str, Any] | None:
@@ -359,10 +372,9 @@ class Run:
                 return None
 
             ev = await self.wait_for(
-                f"peer {peer.name} did not answer start within {REPLY_TIMEOUT} s "
-                f"(stderr: {self.stderr_tail(peer)})",
+                f"peer {peer.name} did not answer start within {START_TIMEOUT} s",
                 lambda: answer() or (peer.exited.is_set() and {"event": "exited"}),
-                REPLY_TIMEOUT,
+                START_TIMEOUT,
             )
             expect = step.get("expect", "ready")
             if expect == "ready":
