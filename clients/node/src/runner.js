@@ -23,9 +23,12 @@
  */
 
 /**
- * A handler: runs a task until it returns (finished), throws (a failed
- * attempt: retried with backoff, dead-lettered at the limit) or, after its
- * signal was aborted, throws (handed back unharmed, or dropped if cancelled).
+ * A handler: runs a task until it returns (finished) or throws (a failed
+ * attempt: retried with backoff, dead-lettered at the limit). Once its signal
+ * is aborted it must exit soon, returning or throwing: then the process is
+ * handed back unharmed (reason 'moved' or 'stopped'), dropped ('cancelled',
+ * 'fenced': Redis no longer holds it for this worker), or counted as a failed
+ * attempt ('timeout', the policy's time limit).
  * What it returns (a string or Buffer) is kept as the result on a queue whose
  * policy keeps results.
  * @typedef {(task: Buffer, ctx: TaskContext) => Promise<unknown> | unknown} Handler
@@ -40,6 +43,8 @@
  */
 
 const CLAIM_MAX = 250;
+const STOP_CHUNK = 100;
+const STOP_PACE_MS = 10;
 const HERD = 3;
 
 /** @param {number} ms */
@@ -179,11 +184,20 @@ class Runner {
     }
   }
 
-  /** Stop claiming and stop every handler; the loop hands each back as it exits. */
+  /**
+   * Stop claiming and stop every handler, 100 every 10 ms (a large stop does
+   * not flood Redis with hand-backs at once); the loop hands each process back
+   * as its handler exits.
+   */
   beginStop() {
     this.stopping = true;
-    for (const slot of this.running.values()) this._abort(slot, 'stopped');
-    this.wake();
+    const slots = [...this.running.values()];
+    const next = () => {
+      for (const slot of slots.splice(0, STOP_CHUNK)) this._abort(slot, 'stopped');
+      if (slots.length) setTimeout(next, STOP_PACE_MS);
+      this.wake();
+    };
+    next();
   }
 
   /** The generation is fenced: stop every handler, report nothing. */
@@ -330,7 +344,9 @@ class Runner {
       const reason = slot.reason;
       if (reason === 'cancelled' || reason === 'fenced') {
         w.emit('stop', { ...info, reason });
-      } else if (reason !== null && !out.ok) {
+      } else if (reason !== null) {
+        // stopped or moved: handed back, whether the handler threw or returned
+        // (a JS handler often just returns once its signal is aborted)
         this.returned.push(proc.id);
         w.emit('stop', { ...info, reason });
       } else if (out.ok) {

@@ -113,6 +113,8 @@ class Worker extends EventEmitter {
       'backoff_max_ms', Math.round((options.backoffMax ?? 60) * 1000)];
     this._stopGraceMs = (options.stopGrace ?? 10) * 1000;
     /** @type {NodeJS.Timeout | null} */ this._pinger = null;
+    /** The queues dead workers served lately (a hint for recycle). @type {string[]} */
+    this._deadQueues = [];
   }
 
   /** The current worker id (a new one after every fence). */
@@ -380,12 +382,48 @@ class Worker extends EventEmitter {
       this._reaper.nextMs = check.nextMs;
       this._reaper.meshSize = check.workers;
       if (!check.dead.length) return total;
-      const r = await this.binding.recycle(this.redis, check.dead, 'dead', '', [...this.queues.keys()]);
-      total += r.recycled;
-      if (r.recycled) {
-        this._log('info', `recycled ${r.recycled} dead workers (${r.returned} processes handed back)`);
+      for (const part of await this._parts(check.dead)) {
+        const r = await this.binding.recycle(this.redis, part, 'dead', '', this._reapQueues());
+        this._deadQueues = r.queues.slice(-64);
+        total += r.recycled;
+        if (r.recycled) {
+          this._log('info', `recycled ${r.recycled} dead workers (${r.returned} processes handed back)`);
+        }
       }
     }
+  }
+
+  /** The queues dead workers most likely served: ours, and those of the last recycles. */
+  _reapQueues() {
+    return [...new Set([...this.queues.keys(), ...this._deadQueues])];
+  }
+
+  /**
+   * `dead` in groups of about 2,000 processes held (one SCARD per worker and
+   * queue, in one round trip), each worker counting 2 more, at least one
+   * worker each: one recycle call holds up every client of Redis while it runs.
+   * @param {string[]} dead
+   * @returns {Promise<string[][]>}
+   */
+  async _parts(dead) {
+    const queues = this._reapQueues();
+    if (dead.length < 2 || !queues.length) return [dead];
+    const p = this.redis.pipeline();
+    for (const w of dead) for (const q of queues) p.scard(this.keys.held(w, q));
+    const sizes = ((await p.exec()) || []).map(([, n]) => Number(n) || 0);
+    /** @type {string[][]} */
+    const parts = [];
+    let held = 0;
+    dead.forEach((w, i) => {
+      const n = 2 + sizes.slice(i * queues.length, (i + 1) * queues.length).reduce((a, b) => a + b, 0);
+      if (!parts.length || held + n > 2000) {
+        parts.push([]);
+        held = 0;
+      }
+      parts[parts.length - 1].push(w);
+      held += n;
+    });
+    return parts;
   }
 
   async _reapLoop() {

@@ -226,3 +226,23 @@ test("a queue without a policy gets the worker's options as its policy; a handle
     await client.close();
   }
 });
+
+test('a persistent task whose handler returns once stopped is handed back, not finished', async () => {
+  const ns = namespace();
+  const client = new Client({ redis: server.url, namespace: ns });
+  const { w, events } = makeWorker(ns);
+  // returns (does not throw) when its signal is aborted
+  await w.serve('p', (_t, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', resolve)));
+  await w.start();
+  try {
+    await client.ensure('p', 'keep-me');
+    await waitFor(() => events.find((e) => e.kind === 'start'));
+  } finally {
+    await w.stop();
+  }
+  assert.equal(events.find((e) => e.kind === 'stop')?.reason, 'stopped');
+  assert.equal(events.filter((e) => e.kind === 'done').length, 0);
+  assert.deepEqual([...(await client.persistentTasks('p')).entries()], [['keep-me', null]], 'still a persistent task, waiting');
+  assert.deepEqual(await redis.lrange(`{${ns}}:queue:p`, 0, -1), ['keep-me']);
+  await client.close();
+});
