@@ -1,0 +1,275 @@
+'use strict';
+/**
+ * The client: put work into a namespace and follow it (enqueue, ensure,
+ * cancel, reconcile, await a result). Needs no worker.
+ */
+const Redis = require('ioredis').default;
+const { Keys, checkQueue, payloadBytes } = require('./keys');
+const { Binding } = require('./binding');
+const { DeadLetterError } = require('./errors');
+
+/** @typedef {string | Buffer | Uint8Array} Task */
+
+/**
+ * @param {string | import('ioredis').Redis} redis a URL or a connection
+ * @returns {{redis: import('ioredis').Redis, owned: boolean}}
+ */
+function connect(redis) {
+  if (typeof redis === 'string') {
+    return { redis: new Redis(redis, { maxRetriesPerRequest: null, lazyConnect: false }), owned: true };
+  }
+  return { redis, owned: false };
+}
+
+class Client {
+  /**
+   * @param {{redis: string | import('ioredis').Redis, namespace: string}} options
+   *   redis: a redis:// URL (the client opens and closes its connection) or an
+   *   ioredis connection (left open by close()).
+   * @throws {TypeError} a bad namespace
+   */
+  constructor(options) {
+    this.keys = new Keys(options.namespace);
+    this.binding = new Binding(this.keys);
+    const c = connect(options.redis);
+    this.redis = c.redis;
+    this._owned = c.owned;
+    // ioredis reconnects by itself; a call during an outage waits or fails
+    if (c.owned) this.redis.on('error', () => {});
+    /** @type {import('ioredis').RedisOptions} */
+    this._options = { ...this.redis.options };
+  }
+
+  /**
+   * Append one-shot tasks to `queue`.
+   * @param {string} queue
+   * @param {Task | Task[]} tasks
+   * @param {{priority?: number, delayMs?: number}} [options] priority 0..9 (higher
+   *   first); delayMs: due that many ms from now (Redis clock)
+   * @returns {Promise<number>} the queue's length afterwards (with a priority: the
+   *   number of prioritized tasks; with a delay: how many were newly delayed)
+   * @throws {import('./errors').ConflictError} a payload is a persistent task of the queue
+   */
+  async enqueue(queue, tasks, options = {}) {
+    checkQueue(queue);
+    const payloads = (Array.isArray(tasks) ? tasks : [tasks]).map(payloadBytes);
+    if (payloads.length === 0) return 0;
+    const priority = options.priority ?? 0;
+    if (!Number.isInteger(priority) || priority < 0 || priority > 9) {
+      throw new TypeError(`priority must be a whole number from 0 to 9, got ${priority}`);
+    }
+    if (options.delayMs !== undefined && options.delayMs > 0) {
+      return (await this.binding.delay(this.redis, queue, payloads, Math.round(options.delayMs), priority)).added;
+    }
+    return this.binding.enqueue(this.redis, queue, payloads, priority);
+  }
+
+  /**
+   * Make each task a persistent task of `queue` (unique per queue and payload):
+   * it runs on exactly one worker until cancelled, and moves on when that
+   * worker dies or leaves.
+   * @param {string} queue
+   * @param {Task | Task[]} tasks
+   * @param {{weight?: number}} [options] its part of the fair share (1..1000000)
+   * @returns {Promise<number>} how many were added (the others existed already)
+   * @throws {import('./errors').ConflictError} a payload is queued as a one-shot task
+   */
+  async ensure(queue, tasks, options = {}) {
+    checkQueue(queue);
+    const payloads = (Array.isArray(tasks) ? tasks : [tasks]).map(payloadBytes);
+    if (payloads.length === 0) return 0;
+    const flags = await this.binding.ensure(this.redis, queue, payloads, options.weight ?? 1);
+    return flags.filter(Boolean).length;
+  }
+
+  /**
+   * Cancel a task by payload anywhere in the mesh: queued and delayed copies
+   * are removed, it stops being a persistent task, and every running process of
+   * it is cancelled (durably: through its worker's inbox).
+   * @param {string} queue
+   * @param {Task} task
+   * @returns {Promise<number>} queued copies removed plus processes cancelled (0: not found)
+   */
+  async cancel(queue, task) {
+    checkQueue(queue);
+    const [queued, running] = await this.binding.cancel(this.redis, queue, payloadBytes(task));
+    return queued + running;
+  }
+
+  /**
+   * The persistent tasks of `queue`: payload (as a Buffer) -> id of the process
+   * that runs it, or null while it waits.
+   * @param {string} queue
+   * @returns {Promise<Map<string, string | null>>} keyed by the payload as UTF-8 text
+   */
+  async persistentTasks(queue) {
+    checkQueue(queue);
+    const k = this.keys;
+    const res = /** @type {[Error | null, any][]} */ (await this.redis.multi()
+      .hgetallBuffer(k.persistent(queue)).smembersBuffer(k.standby(queue)).exec());
+    /** @type {Map<string, string | null>} */
+    const out = new Map();
+    for (const m of res[1][1]) out.set(m.toString('utf8'), null);
+    const running = /** @type {Record<string, Buffer>} */ (res[0][1]);
+    for (const [field, value] of Object.entries(running)) {
+      out.set(field, value.length ? value.toString() : null);
+    }
+    return out;
+  }
+
+  /**
+   * Make the persistent tasks of `queue` exactly `tasks`: ensure the missing
+   * ones, cancel the others wherever they run. Each step is atomic, the whole
+   * is not; safe to repeat.
+   * @param {string} queue
+   * @param {Task[]} tasks
+   * @param {{weight?: number}} [options]
+   * @returns {Promise<{added: string[], cancelled: string[]}>} payloads as UTF-8 text
+   */
+  async reconcile(queue, tasks, options = {}) {
+    checkQueue(queue);
+    const want = [...new Map(tasks.map((t) => {
+      const b = payloadBytes(t);
+      return [b.toString('latin1'), b];
+    })).values()];
+    const have = await this.persistentTasks(queue);
+    const wanted = new Set(want.map((b) => b.toString('utf8')));
+    /** @type {string[]} */
+    const added = [];
+    if (want.length) {
+      const flags = await this.binding.ensure(this.redis, queue, want, options.weight ?? 1);
+      want.forEach((b, i) => { if (flags[i]) added.push(b.toString('utf8')); });
+    }
+    /** @type {string[]} */
+    const cancelled = [];
+    for (const p of [...have.keys()].sort()) {
+      if (wanted.has(p)) continue;
+      const [q, r] = await this.binding.cancel(this.redis, queue, Buffer.from(p, 'utf8'));
+      if (q + r > 0) cancelled.push(p);
+    }
+    return { added, cancelled };
+  }
+
+  /**
+   * The latest outcome of `task`: its kept result, or its latest dead letter,
+   * whichever is later; undefined if neither exists.
+   * @param {string} queue @param {Buffer} payload
+   * @returns {Promise<{value: Buffer | null} | {dead: {attempts: number, error: string,
+   *   worker: string, when: number}} | undefined>}
+   */
+  async _outcome(queue, payload) {
+    const k = this.keys;
+    const res = /** @type {[Error | null, any][]} */ (await this.redis.multi()
+      .getBuffer(k.result(queue, payload)).lrangeBuffer(k.dead(queue), 0, -1).exec());
+    const rec = /** @type {Buffer | null} */ (res[0][1]);
+    /** @type {{when: number, value: Buffer | null} | undefined} */
+    let result;
+    if (rec) {
+      const parts = splitN(rec, 4);
+      if (parts.length === 5 && ['v', 'n'].includes(parts[0].toString())) {
+        const size = Number(parts[3].toString());
+        const rest = parts[4];
+        if (rest.subarray(size).equals(payload)) {
+          result = { when: Number(parts[1].toString()), value: parts[0].toString() === 'v' ? rest.subarray(0, size) : null };
+        }
+      }
+    }
+    /** @type {{attempts: number, error: string, worker: string, when: number} | undefined} */
+    let dead;
+    for (const raw of /** @type {Buffer[]} */ (res[1][1])) {
+      const parts = splitN(raw, 4);
+      if (parts.length === 5 && parts[4].equals(payload)) {
+        dead = { when: Number(parts[0].toString()), attempts: Number(parts[1].toString()),
+          worker: parts[2].toString(), error: parts[3].toString() };
+      }
+    }
+    if (dead && (!result || dead.when >= result.when)) return { dead };
+    if (result) return { value: result.value };
+    return undefined;
+  }
+
+  /**
+   * Wait for the outcome of the latest finished instance of `task` on `queue`,
+   * a queue whose policy keeps results (result_ttl_ms), and return what its
+   * handler returned (a Buffer, or null). Listens on the queue's done channel
+   * and checks again after 50 ms, 100 ms, ... up to every second.
+   * @param {string} queue
+   * @param {Task} task
+   * @param {{timeoutMs?: number}} [options] no timeout: wait for ever
+   * @returns {Promise<Buffer | null>}
+   * @throws {DeadLetterError} the latest outcome is a dead letter
+   * @throws {Error} with code 'TIMEOUT': no outcome within timeoutMs
+   */
+  async result(queue, task, options = {}) {
+    checkQueue(queue);
+    const payload = payloadBytes(task);
+    const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
+    const unwrap = (/** @type {any} */ got) => {
+      if (got.dead) {
+        throw new DeadLetterError(
+          `the task was dead-lettered after ${got.dead.attempts} attempts: ${got.dead.error || 'failed'}`, got.dead);
+      }
+      return got.value;
+    };
+    let got = await this._outcome(queue, payload);
+    if (got) return unwrap(got);
+    const sub = new Redis({ ...this._options, lazyConnect: false });
+    sub.on('error', () => {});
+    /** @type {(() => void) | null} */
+    let poke = null;
+    const onMessage = (/** @type {any} */ _ch, /** @type {Buffer} */ msg) => {
+      if (msg.equals(payload) && poke) poke();
+    };
+    sub.on('messageBuffer', onMessage);
+    sub.on('smessageBuffer', onMessage);
+    try {
+      const channel = this.keys.doneChannel(queue);
+      await sub.subscribe(channel);
+      try { await sub.ssubscribe(channel); } catch { /* before Redis 7: PUBLISH only */ }
+      let wait = 50;
+      for (;;) {
+        got = await this._outcome(queue, payload);
+        if (got) return unwrap(got);
+        const now = Date.now();
+        if (now >= deadline) {
+          const err = new Error(`no outcome of the task on queue ${queue} within ${options.timeoutMs} ms`);
+          Object.assign(err, { code: 'TIMEOUT' });
+          throw err;
+        }
+        await new Promise((resolve) => {
+          const t = setTimeout(resolve, Math.min(wait, deadline - now));
+          poke = () => { clearTimeout(t); resolve(undefined); };
+        });
+        poke = null;
+        wait = Math.min(wait * 2, 1000);
+      }
+    } finally {
+      sub.disconnect();
+    }
+  }
+
+  /** Close the connection if the client opened it. */
+  async close() {
+    if (this._owned) await this.redis.quit().catch(() => this.redis.disconnect());
+  }
+}
+
+/**
+ * Split `buf` at its first `n` NUL bytes.
+ * @param {Buffer} buf @param {number} n
+ * @returns {Buffer[]}
+ */
+function splitN(buf, n) {
+  const out = [];
+  let pos = 0;
+  for (let i = 0; i < n; i++) {
+    const j = buf.indexOf(0, pos);
+    if (j < 0) break;
+    out.push(buf.subarray(pos, j));
+    pos = j + 1;
+  }
+  out.push(buf.subarray(pos));
+  return out;
+}
+
+module.exports = { Client, connect };
