@@ -9,13 +9,48 @@ from __future__ import annotations
 
 import secrets
 
+import pytest
 import trio
 
 import mesh
-from mesh import Process
+from mesh import MeshConnectionError, Process
+from mesh._failover import FailoverWatch
 from mesh.testing import RedisServer, wait_until
 
-from .topology import client
+from .topology import SERVICE, Runs, client, sentinel_setup, wait_for
+
+
+def test_the_failover_watch_follows_the_announcements() -> None:
+    """The sentinels' messages as a planned failover sends them (recorded on
+    Redis 7.0): the hold starts at +try-failover, the chosen replica is known at
+    +selected-slave, +switch-master ends the hold and marks the old master as
+    left; another service's messages and an abort change nothing / end it."""
+    old, new = ("127.0.0.1", 7001), ("127.0.0.1", 7002)
+    w = FailoverWatch("mymaster", hold=1.5)
+    assert not w.in_progress(0.0) and not w.leaving(old, 0.0)
+    assert not w.feed("+try-failover", "master other 127.0.0.1 7001", 0.0)
+    assert w.feed("+try-failover", "master mymaster 127.0.0.1 7001", 1.0)
+    assert w.in_progress(1.1) and w.leaving(old, 1.1) and w.candidate is None
+    assert not w.in_progress(2.5)  # the hold is bounded
+    w.feed(
+        "+selected-slave",
+        "slave 127.0.0.1:7002 127.0.0.1 7002 @ mymaster 127.0.0.1 7001",
+        1.1,
+    )
+    assert w.candidate == new and w.old == old
+    w.feed("+switch-master", "mymaster 127.0.0.1 7001 127.0.0.1 7002", 1.7)
+    assert not w.in_progress(1.8) and w.leaving(old, 9.0) and not w.leaving(new, 9.0)
+    assert w.replaced(old) == new and w.replaced(new) is None
+    # a later failover back
+    w.feed("+try-failover", "master mymaster 127.0.0.1 7002", 10.0)
+    assert w.leaving(new, 10.1)
+    w.feed("-failover-abort-no-good-slave", "master mymaster 127.0.0.1 7002", 10.2)
+    assert not w.in_progress(10.3)
+    # +odown starts a hold; -odown before a replica was chosen ends it
+    w.feed("+odown", "master mymaster 127.0.0.1 7002 #quorum 2/2", 11.0)
+    assert w.in_progress(11.1)
+    w.feed("-odown", "master mymaster 127.0.0.1 7002", 11.2)
+    assert not w.in_progress(11.3)
 
 
 async def test_a_finish_lost_is_handed_back_within_a_heartbeat(own_redis: RedisServer) -> None:
@@ -69,3 +104,100 @@ async def test_a_finish_lost_is_handed_back_within_a_heartbeat(own_redis: RedisS
         await wait_until(finished, 5, "the job to finish again")
         assert w.statistics().fenced == 0
         assert runs[1] > runs[0]
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1])
+async def test_a_planned_failover_loses_no_acknowledged_enqueue(min_replicas: int) -> None:
+    """SENTINEL FAILOVER (1 master, 2 replicas, 3 sentinels) under a steady
+    enqueue load (nobody serves that queue: what is acknowledged must be found
+    on the new master), with workers holding persistent tasks (TTL 3 s): the
+    mesh holds its writes from the failover's announcement, moves to the
+    promoted replica as soon as it says master and leaves the demoted one;
+    every acknowledged enqueue is on the new master, no persistent task's
+    handler is cancelled or started again, and nobody fences."""
+    ns = "pf" + secrets.token_hex(3)
+    tasks = [f"device-{i}".encode() for i in range(4)]
+    with sentinel_setup(sentinels=3, down_after_ms=400, replicas=2) as setup:
+        url = f"{setup.url}?min_replicas={min_replicas}"
+        runs = Runs()
+        acked: list[bytes] = []
+
+        async with mesh.open_client(url, namespace=ns) as c:
+            for t in tasks:
+                await c.ensure("p", t)
+
+            async def produce(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                with trio.CancelScope() as scope:
+                    task_status.started(scope)
+                    for n in range(10**9):
+                        payload = b"job-%d" % n
+                        try:
+                            await c.enqueue("jobs", payload)
+                            acked.append(payload)
+                        except MeshConnectionError:
+                            pass  # not acknowledged: unknown whether it ran
+                        await trio.sleep(0.005)
+
+            workers: list[mesh.Worker] = []
+            async with trio.open_nursery() as nursery:
+
+                async def one() -> None:
+                    async with mesh.open_worker(url, namespace=ns, ttl=3) as w:
+                        await w.start_work("p", runs.handler)
+                        workers.append(w)
+                        await trio.sleep_forever()
+
+                for _ in range(2):
+                    nursery.start_soon(one)
+                producer = await nursery.start(produce)
+                await wait_until(
+                    lambda: len(workers) == 2 and len(runs.started) == 4 and len(acked) > 10,
+                    15,
+                    "both workers serving, every persistent task running, enqueues going",
+                )
+                cancelled, started = len(runs.cancelled), len(runs.started)
+                old = setup.master.port
+                sentinel = client(setup.sentinels[0].port)
+                await trio.to_thread.run_sync(
+                    lambda: wait_for(  # NOGOODSLAVE until Sentinel has polled the replicas
+                        "Sentinel to start a failover",
+                        lambda: sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE),
+                    )
+                )
+                new = await trio.to_thread.run_sync(
+                    lambda: wait_for(
+                        "every sentinel to name the new master",
+                        lambda: (
+                            len(ports := {setup.master_port(s) for s in setup.sentinels}) == 1
+                            and (port := ports.pop()) != old
+                            and port
+                        ),
+                    )
+                )
+                # The workers are on the new master and renewing there.
+                beats = [w.statistics().heartbeats for w in workers]
+                await wait_until(
+                    lambda: all(
+                        w._conn.node == ("127.0.0.1", new) and w.statistics().heartbeats > b + 1
+                        for w, b in zip(workers, beats, strict=True)
+                    ),
+                    10,
+                    "heartbeats on the new master",
+                )
+                acked_before = len(acked)
+                await wait_until(lambda: len(acked) > acked_before + 10, 10, "enqueues go on")
+                producer.cancel()
+                present = await trio.to_thread.run_sync(
+                    lambda: set(client(new).lrange(f"{{{ns}}}:queue:jobs", 0, -1))
+                )
+                lost = [p for p in acked if p not in present]
+                print(
+                    f"planned failover, min_replicas={min_replicas}: {len(acked)} acknowledged, "
+                    f"{len(lost)} lost"
+                )
+                assert lost == []
+                assert len(runs.cancelled) == cancelled  # no handler stopped
+                assert len(runs.started) == started  # none started again
+                assert all(w.statistics().fenced == 0 for w in workers)
+                nursery.cancel_scope.cancel()
+        runs.check_no_overlap()

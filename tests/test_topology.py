@@ -5,8 +5,6 @@ that follow the master through a failover."""
 from __future__ import annotations
 
 import hashlib
-import itertools
-import math
 import os
 import secrets
 import signal
@@ -29,6 +27,7 @@ from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 from .topology import (
     SERVICE,
     ClusterSetup,
+    Runs,
     begin_migration,
     client,
     cluster_setup,
@@ -42,71 +41,6 @@ from .topology import (
 NS = "topo" + secrets.token_hex(3)
 ROUTE = f"{{{NS}}}:"
 SLOT = keyslot(ROUTE)
-
-
-class Runs:
-    """A fenced sink: what each persistent task's owners did, by token.
-
-    Every handler acts every 20 ms with its token, like a storage system that
-    checks fencing tokens: an action with a token lower than the highest seen
-    for its task is refused and recorded (a stale owner acting after a newer
-    one started). Each handler's start and end (trio clock) are kept, to check
-    that no two owners of one task ever ran at once."""
-
-    def __init__(self) -> None:
-        self.started: list[tuple[bytes, int, float]] = []
-        self.cancelled: list[tuple[bytes, int]] = []
-        self.ended: dict[tuple[bytes, int], float] = {}
-        self.highest: dict[bytes, int] = {}
-        self.actions = 0
-        self.refused: list[tuple[bytes, int, int]] = []
-
-    def act(self, task: bytes, token: int) -> None:
-        highest = self.highest.get(task, 0)
-        if token < highest:
-            self.refused.append((task, token, highest))
-            return
-        self.highest[task] = token
-        self.actions += 1
-
-    async def handler(self, p: Process) -> None:
-        self.started.append((p.task, p.token, trio.current_time()))
-        try:
-            while True:
-                self.act(p.task, p.token)
-                await trio.sleep(0.02)
-        except trio.Cancelled:
-            self.cancelled.append((p.task, p.token))
-            raise
-        finally:
-            self.ended[p.task, p.token] = trio.current_time()
-
-    def tokens(self, task: bytes) -> list[int]:
-        return [token for t, token, _ in self.started if t == task]
-
-    def running(self, task: bytes) -> int:
-        """How many handlers of ``task`` are running now."""
-        started = sum(1 for t, _, _ in self.started if t == task)
-        return started - sum(1 for t, _ in self.cancelled if t == task)
-
-    def ran_since(self, task: bytes, since: float) -> bool:
-        return any(t == task and at > since for t, _, at in self.started)
-
-    def check_no_overlap(self) -> None:
-        """A task's tokens strictly increase with every new owner, the sink
-        refused no action (no stale owner acted after a newer one), and each
-        owner's handler ended before the next one's started."""
-        assert not self.refused, self.refused[:5]
-        for task in {t for t, _, _ in self.started}:
-            tokens = self.tokens(task)
-            assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), (task, tokens)
-            runs = sorted(
-                (at, self.ended.get((task, token), math.inf))
-                for t, token, at in self.started
-                if t == task
-            )
-            for (_, end), (start, _) in itertools.pairwise(runs):
-                assert end <= start, (task, runs)
 
 
 # ---------------------------------------------------------------- pure parts
