@@ -31,6 +31,7 @@ from typing import Any, Final
 import attrs
 import trio
 
+from ._epoch import Epoch
 from ._errors import CommandError, MeshConnectionError
 from ._failover import FailoverWatch
 from ._keys import Keys
@@ -109,6 +110,7 @@ class _Probe:
     cluster: bool
     myid: bytes | None
     shards: list[tuple[int, int, Node, bytes | None]] | None  # (first, last, master, id)
+    epoch: list[Any] = attrs.field(factory=list)  # the replies of Epoch.commands()
 
 
 def _decode(value: Any) -> str:
@@ -173,8 +175,19 @@ class Topology:
             to the master of slot 0.
     """
 
-    def __init__(self, config: RedisConfig, route_key: bytes | str | None = None) -> None:
+    def __init__(
+        self,
+        config: RedisConfig,
+        route_key: bytes | str | None = None,
+        epoch_key: str | None = None,
+    ) -> None:
         self.config = config
+        # The namespace's epoch (mesh._epoch), checked on every connect; on
+        # Sentinel and Cluster a node without it is refused.
+        self.epoch: Epoch | None = None
+        if epoch_key is not None:
+            strict = config.topology in ("sentinel", "cluster")
+            self.epoch = Epoch(epoch_key, strict=strict)
         self.slot = keyslot(route_key) if route_key is not None else 0
         self.master: Node | None = None
         self.cluster = config.topology == "cluster"
@@ -232,6 +245,7 @@ class Topology:
         if config.path is not None:
             stream, reader, replies, probe = await self._open(None, extra, name, cluster=False)
             self._refuse_replica(probe, None, stream)
+            await self._judge_epoch(probe, None, stream)
             return stream, reader, replies, ("", 0)
         return await self._connect_tcp(extra, name)
 
@@ -282,8 +296,20 @@ class Topology:
                 f"{self._show(target)} {why} master of {config.service!r} by Sentinel, but "
                 f"it says it is a {_role_name(probe)}; waiting for Sentinel to catch up"
             )
+        await self._judge_epoch(probe, target, stream)
         self._arrived(target)
         return stream, reader, replies, target
+
+    async def _judge_epoch(self, probe: _Probe, node: Node | None, stream: trio.abc.Stream) -> None:
+        """Refuse (close ``stream`` and raise MeshConnectionError) a node that
+        lacks the namespace's epoch this process knew (see mesh._epoch)."""
+        if self.epoch is None:
+            return
+        try:
+            self.epoch.check(probe.epoch, self._show(node))
+        except MeshConnectionError:
+            await trio.aclose_forcefully(stream)
+            raise
 
     def sentinel_configs(self) -> list[RedisConfig]:
         """The configuration of each sentinel of the URL (Sentinel only)."""
@@ -339,6 +365,9 @@ class Topology:
         if cluster is not False:
             probes.append(("CLUSTER", "MYID"))
             probes.append(("CLUSTER", "SLOTS") if self._use_slots else ("CLUSTER", "SHARDS"))
+        probed = len(probes)
+        if self.epoch is not None:
+            probes.extend(self.epoch.commands())
         try:
             stream, reader, replies = await connect(config, name=name, extra=[*probes, *extra])
         except MeshConnectionError as exc:
@@ -350,10 +379,11 @@ class Topology:
             raise
         probe_replies, rest = replies[: len(probes)], replies[len(probes) :]
         try:
-            probe = self._parse_probe(probe_replies)
+            probe = self._parse_probe(probe_replies[:probed])
         except MeshConnectionError:
             await trio.aclose_forcefully(stream)
             raise
+        probe = attrs.evolve(probe, epoch=probe_replies[probed:])
         if probe.cluster and probe.shards is None and not self._use_slots:
             # A 6.2 cluster: CLUSTER SHARDS is unknown there; ask CLUSTER SLOTS.
             self._use_slots = True
@@ -450,6 +480,7 @@ class Topology:
                 except MeshConnectionError:
                     await trio.aclose_forcefully(stream)
                     raise
+                await self._judge_epoch(probe, here, stream)
                 return stream, reader, replies, here
             self.cluster = True
             assert probe.shards is not None
@@ -476,6 +507,9 @@ class Topology:
                         f"{self._show(here)} owns slot {self.slot} by its map but says it "
                         f"is a {_role_name(probe)}"
                     )
+                if self.epoch is not None:
+                    self.epoch.strict = True  # a cluster: another node may take over
+                await self._judge_epoch(probe, addr, stream)
                 self._arrived(addr)
                 return stream, reader, replies, addr
             await trio.aclose_forcefully(stream)

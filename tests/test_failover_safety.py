@@ -201,3 +201,125 @@ async def test_a_planned_failover_loses_no_acknowledged_enqueue(min_replicas: in
                 assert all(w.statistics().fenced == 0 for w in workers)
                 nursery.cancel_scope.cancel()
         runs.check_no_overlap()
+
+
+# Started again on its own port with no data, and unable to be turned into a
+# replica or to feed one: a master Sentinel has to steer the mesh away from
+# (without the last two, the replicas would resync from it and lose the data too).
+EMPTY_AND_STUBBORN = (
+    *("--rename-command", "REPLICAOF", ""),
+    *("--rename-command", "SLAVEOF", ""),
+    *("--rename-command", "SYNC", ""),
+    *("--rename-command", "PSYNC", ""),
+)
+
+
+async def test_a_master_restarted_empty_is_refused_until_an_operator_adopts_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The master is restarted empty before the sentinels notice (they keep
+    naming it): a worker and a client that had been using the namespace refuse
+    it, say so once, and write nothing there; an operator's adopt_namespace
+    (a new process) makes them accept it: the worker rejoins and works again."""
+    ns = "re" + secrets.token_hex(3)
+    with sentinel_setup(sentinels=1, down_after_ms=5000) as setup:
+        url = f"{setup.url}?connect_timeout=0.5"
+        ran: list[bytes] = []
+
+        async def quick(p: Process) -> None:
+            ran.append(p.task)
+
+        async with (
+            mesh.open_client(url, namespace=ns) as c,
+            mesh.open_worker(url, namespace=ns, ttl=1.5) as w,
+        ):
+            await w.start_work("jobs", quick)
+            await c.enqueue("jobs", b"before")
+            await wait_until(lambda: ran == [b"before"], 5, "the first job to run")
+            old = setup.master
+            old.stop()  # SIGKILL
+            old.args = (*old.args, *EMPTY_AND_STUBBORN)
+            await trio.to_thread.run_sync(old.start)
+            await wait_until(lambda: "does not hold the namespace" in caplog.text, 10, "refusal")
+            with pytest.raises(MeshConnectionError, match="does not hold the namespace"):
+                await c.enqueue("jobs", b"refused")
+            await wait_until(lambda: w.statistics().fenced >= 1, 10, "the worker to fence")
+            refusals = [
+                r
+                for r in caplog.records
+                if r.name == "mesh.connection" and "does not hold the namespace" in r.message
+            ]
+            assert len(refusals) == 1  # said once, not once per attempt
+            # Nothing of the mesh was written there.
+            assert await trio.to_thread.run_sync(lambda: client(old.port).dbsize()) == 0
+            async with mesh.open_client(url, namespace=ns) as operator:
+                await operator.adopt_namespace()
+
+            async def enqueued() -> bool:
+                try:
+                    await c.enqueue("jobs", b"after")
+                except MeshConnectionError:
+                    return False  # still reconnecting (its backoff): again
+                return True
+
+            await wait_until(enqueued, 10, "the client to accept the adopted master")
+            await wait_until(lambda: b"after" in ran, 10, "the worker to work again")
+            assert w.statistics().generation >= 2
+
+
+async def test_a_master_restarted_empty_before_the_promotion_loses_nothing() -> None:
+    """SIGKILL of the master under a steady enqueue load (min_replicas=0), and
+    the old master restarted empty once the sentinels saw it down, before they
+    promote a replica: the mesh keeps off it and moves to the promoted replica;
+    every acknowledged enqueue is there, and the empty master took nothing."""
+    ns = "rp" + secrets.token_hex(3)
+    with sentinel_setup(sentinels=3, down_after_ms=400, replicas=2) as setup:
+        acked: list[bytes] = []
+        async with mesh.open_client(setup.url, namespace=ns) as c:
+
+            async def produce(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                with trio.CancelScope() as scope:
+                    task_status.started(scope)
+                    for n in range(10**9):
+                        payload = b"job-%d" % n
+                        try:
+                            await c.enqueue("jobs", payload)
+                            acked.append(payload)
+                        except MeshConnectionError:
+                            await trio.sleep(0.05)  # not acknowledged
+                        await trio.sleep(0.005)
+
+            async with trio.open_nursery() as nursery:
+                producer = await nursery.start(produce)
+                await wait_until(lambda: len(acked) > 10, 10, "enqueues going")
+                old = setup.master
+                old.stop()  # SIGKILL
+                sentinel = client(setup.sentinels[0].port)
+
+                def odown() -> bool:
+                    flags = str(sentinel.sentinel_master(SERVICE)["flags"])  # type: ignore[index]
+                    return "o_down" in flags or "failover_in_progress" in flags
+
+                await trio.to_thread.run_sync(lambda: wait_for("the master down", odown))
+                old.args = (*old.args, *EMPTY_AND_STUBBORN)
+                await trio.to_thread.run_sync(old.start)
+                new = await trio.to_thread.run_sync(
+                    lambda: wait_for(
+                        "every sentinel to name a promoted replica",
+                        lambda: (
+                            len(ports := {setup.master_port(s) for s in setup.sentinels}) == 1
+                            and (port := ports.pop()) != old.port
+                            and port
+                        ),
+                    )
+                )
+                acked_before = len(acked)
+                await wait_until(lambda: len(acked) > acked_before + 10, 10, "enqueues go on")
+                producer.cancel()
+        present = await trio.to_thread.run_sync(
+            lambda: set(client(new).lrange(f"{{{ns}}}:queue:jobs", 0, -1))
+        )
+        lost = [p for p in acked if p not in present]
+        print(f"restart empty before the promotion: {len(acked)} acknowledged, {len(lost)} lost")
+        assert lost == []
+        assert await trio.to_thread.run_sync(lambda: client(old.port).dbsize()) == 0
