@@ -569,6 +569,7 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                 "oneshot_duplicates": v.duplicates,
                 "stale_actions_rejected": v.rejected,
                 "overlaps": len(v.overlaps),
+                "overlap_examples": [repr(o) for o in v.overlaps[:5]],
                 "max_owners_accepted": v.max_owners,
                 "settle_timed_out": cs.cancelled_caught,
                 "keys_in_other_nodes": {
@@ -587,7 +588,8 @@ def phase_figures(
     ev: list[sink.Event], persistent: list[bytes], begin: float, end: float, acked: int
 ) -> dict[str, object]:
     """One phase's figures from the sink's events between ``begin`` and ``end``:
-    the longest a persistent task went without an accepted action, handlers of
+    the longest a persistent task went without an accepted action (up to the
+    end of the phase for one still silent then), handlers of
     persistent tasks cancelled and started, and workers that rejoined."""
     pset = set(persistent)
     last: dict[bytes, float] = {}
@@ -597,8 +599,13 @@ def phase_figures(
             if begin <= e.t <= end and e.task in last:
                 longest = max(longest, e.t - last[e.task])
             last[e.task] = e.t
+    for t in persistent:
+        # a task silent since its last action (or since the phase began)
+        longest = max(longest, end - max(last.get(t, begin), begin))
     inside = [e for e in ev if begin <= e.t <= end]
     return {
+        "begin": round(begin, 3),
+        "end": round(end, 3),
         "acknowledged_during": acked,
         "persistent_longest_gap_s": round(longest, 3),
         "persistent_cancelled": sum(
