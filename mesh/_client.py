@@ -19,12 +19,14 @@ import trio
 
 from ._balance import check_weight, fair_share
 from ._connection import Connection, open_connection
+from ._epoch import adopt_value
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
 from ._keys import Keys, check_queue
 from ._policy import QueuePolicy, parse_policy, policy_fields
 from ._pubsub import open_pubsub
 from ._schedule import Schedule, cron_next, parse_spec, spec_of, split_id
 from ._scripts import Binding, parse_dead, parse_record, parse_result, payload_bytes
+from ._topology import Topology
 from ._transport import check_min_replicas, coerce_config
 from ._types import (
     DeadLetter,
@@ -489,6 +491,26 @@ class Client:
         MeshConnectionError otherwise."""
         if self.min_replicas:
             await conn.wait_replicas(self.min_replicas, conn.config.connect_timeout)
+
+    async def adopt_namespace(self) -> None:
+        """The operator's step after a master lost the namespace (restarted
+        empty) and no node that holds it will come back: make the namespace
+        on the master this client is connected to the one every process
+        uses from now on. Processes that refuse that master (its epoch is not
+        the one they knew, see docs/operating.md) accept it at their next
+        connect attempt; what the lost copy held is gone (re-declare the
+        persistent tasks: :meth:`reconcile`).
+
+        Raises:
+            MeshConnectionError, CommandError: as for any write.
+
+        On cancellation the write may or may not have happened; run it again.
+        """
+        value = adopt_value()
+        await self._conn.execute("SET", self._keys.epoch, value)
+        epoch = self._conn.topology.epoch
+        if epoch is not None:
+            epoch.known = value
 
     async def reconcile(
         self,
@@ -959,9 +981,8 @@ async def open_client(
     keys = Keys(namespace)
     config = coerce_config(url)
     replicas = check_min_replicas(config, min_replicas)
-    async with open_connection(
-        config, name=f"mesh-client:{namespace}", route_key=keys.prefix
-    ) as conn:
+    topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
+    async with open_connection(config, name=f"mesh-client:{namespace}", topology=topology) as conn:
         client = Client(conn, keys, max_payload=max_payload)
         client.min_replicas = replicas
         try:

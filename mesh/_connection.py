@@ -780,7 +780,10 @@ class Connection:
     async def _follow_master(self) -> None:
         """Re-route when the pub/sub connection sharing our topology found a new
         master or, on Sentinel, when the sentinels name another master (the old
-        one may stay reachable, and take writes, for seconds)."""
+        one may stay reachable, and take writes, for seconds), polled, or as
+        soon as the sentinels announce a failover of our node on pub/sub
+        (:mod:`mesh._failover`): the re-route holds the writes, and the
+        reconnect waits for the chosen replica's promotion."""
         node = self._node
         if node is None or self.config.path is not None:
             await trio.sleep_forever()
@@ -799,8 +802,21 @@ class Connection:
                     self._request_reroute(f"the master moved to {self.topology.master}")
                     nursery.cancel_scope.cancel()
 
+                async def announced() -> None:
+                    failover = self.topology.failover
+                    if failover is None:
+                        await trio.sleep_forever()
+                    assert failover is not None
+                    while not failover.leaving(node, trio.current_time()):
+                        await failover.wait_changed()
+                    # Hold the writes now: the old master takes them until it
+                    # is demoted, seconds after the replica was promoted.
+                    self._request_reroute(f"Sentinel is failing over {node[0]}:{node[1]}")
+                    nursery.cancel_scope.cancel()
+
                 nursery.start_soon(watch)
                 nursery.start_soon(moved)
+                nursery.start_soon(announced)
             await trio.sleep_forever()  # the re-route cancels us
         await self.topology.wait_moved(node)
         self._request_reroute(f"the master moved to {self.topology.master}")
@@ -1036,6 +1052,12 @@ async def open_connection(
             tasks = ShieldedTasks(nursery)
             try:
                 await tasks.start(conn._run)
+                watch = topology.failover
+                if watch is not None and not watch.running:
+                    # One watch per topology: the pub/sub connection sharing
+                    # it reads the same announcements.
+                    sentinels = topology.sentinel_configs()
+                    tasks.start_soon(lambda: watch.run(sentinels))
                 yield conn
             finally:
                 conn._close()

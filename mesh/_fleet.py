@@ -473,7 +473,7 @@ async def open_fleet(
     if name is None:
         host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
         name = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
-    topology = Topology(config, route_key=keys.prefix)
+    topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
     async with open_connection(
         config,
         name=f"mesh-fleet:{name}",

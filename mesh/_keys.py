@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "7"
+PROTOCOL_VERSION = "8"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -64,6 +64,7 @@ class Keys:
 
     __slots__ = (
         "cancel_prefix",
+        "epoch",
         "info",
         "namespace",
         "policy",
@@ -91,6 +92,7 @@ class Keys:
         self.workers = p + "workers"
         self.info = p + "info"
         self.version = p + "version"
+        self.epoch = p + "epoch"
         self.policy = p + "policy"
         self.schedules = p + "schedules"
         self.schedule_specs = p + "schedule_specs"

@@ -454,6 +454,11 @@ class QueueRunner:
         that long (a sticky restart), instead of handing them to anyone."""
         self._maybe_work = True
         self._resync_needed = False
+        # Processes Redis may hold for us that this runner does not count
+        # right now: those of reports in flight (they leave Redis when the
+        # report runs) and up to n of a claim in flight (its reply, not yet
+        # here). The heartbeat's held count may exceed ours by that much.
+        self._unsure = 0
         self._next_due = float("inf")
         self._wakeup = trio.Event()
         self._scope = trio.CancelScope()
@@ -877,6 +882,8 @@ class QueueRunner:
             rate=c.rate,
             patience_ms=self._patience_ms if waited else 0,
         )
+        unsure = len(done) + n
+        self._unsure += unsure
         try:
             if done:
                 finished, claimed = await b.finish_and_claim(
@@ -892,34 +899,38 @@ class QueueRunner:
             # connection error the loop re-checks what Redis holds for us.
             self._done = done + self._done
             self._maybe_work = True
+            self._unsure -= unsure
             raise
-        # Each reply is taken as if it had come alone: a claim that went
-        # through is started even if the finish failed, and the other way
-        # round; then the error is raised, a FencedError first.
-        errors: list[MeshError] = []
-        if finished is not None:
-            try:
-                self._counters.finished += sum(finished.unwrap())
-            except MeshError as exc:
-                self._done = done + self._done
-                errors.append(exc)
         try:
-            reply = claimed.unwrap()
-        except MeshError as exc:
-            self._maybe_work = True
-            errors.append(exc)
-        else:
-            if self._replicate is not None and any(p.persistent for p in reply.processes):
-                # Not replicated: not started. Redis holds them for us; the
-                # loop's resync (after this connection error) hands them back.
-                await self._replicate()
-            items = self._start_claimed(reply, n, now, held_back)
-            if len(items) <= START_CHUNK:
-                self._queue(items)
+            # Each reply is taken as if it had come alone: a claim that went
+            # through is started even if the finish failed, and the other way
+            # round; then the error is raised, a FencedError first.
+            errors: list[MeshError] = []
+            if finished is not None:
+                try:
+                    self._counters.finished += sum(finished.unwrap())
+                except MeshError as exc:
+                    self._done = done + self._done
+                    errors.append(exc)
+            try:
+                reply = claimed.unwrap()
+            except MeshError as exc:
+                self._maybe_work = True
+                errors.append(exc)
             else:
-                await _paced(self._queue, items, self._could_take)
-        if errors:
-            raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
+                if self._replicate is not None and any(p.persistent for p in reply.processes):
+                    # Not replicated: not started. Redis holds them for us; the
+                    # loop's resync (after this connection error) hands them back.
+                    await self._replicate()
+                items = self._start_claimed(reply, n, now, held_back)
+                if len(items) <= START_CHUNK:
+                    self._queue(items)
+                else:
+                    await _paced(self._queue, items, self._could_take)
+            if errors:
+                raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
+        finally:
+            self._unsure -= unsure
 
     def _start_claimed(
         self,
@@ -1289,6 +1300,7 @@ class QueueRunner:
         # in flight append to a fresh list, for the next report. On an error
         # the taken ones go back, to be reported again.
         done, self._done = self._done, []
+        self._unsure += len(done)
         try:
             results = await self._binding.finish(
                 self._conn, self._wid, self._inc, self.config.queue, done, self._keep(done)
@@ -1296,11 +1308,14 @@ class QueueRunner:
         except BaseException:
             self._done = done + self._done
             raise
+        finally:
+            self._unsure -= len(done)
         self._counters.finished += sum(results)
 
     async def _give_back_failed(self) -> None:
         c = self.config
         failed, self._failed = self._failed, []
+        self._unsure += len(failed)
         try:
             outcomes = await self._binding.give_back(
                 self._conn,
@@ -1315,6 +1330,8 @@ class QueueRunner:
         except BaseException:
             self._failed = failed + self._failed
             raise
+        finally:
+            self._unsure -= len(failed)
         # Outcome 0: no longer ours (recycled or cancelled meanwhile), so
         # nothing of this failure was recorded: not counted as failed.
         self._counters.failed += sum(1 for result, _ in outcomes if result)
@@ -1349,6 +1366,7 @@ class QueueRunner:
         """Hand back, unharmed, the processes whose handlers a stop ended
         (their handlers have exited: no two owners)."""
         returned, self._returned = self._returned, []
+        self._unsure += len(returned)
         try:
             outcomes = await self._binding.give_back(
                 self._conn,
@@ -1361,6 +1379,8 @@ class QueueRunner:
         except BaseException:
             self._returned = returned + self._returned
             raise
+        finally:
+            self._unsure -= len(returned)
         back = sum(1 for result, _ in outcomes if result)
         self._counters.handed_back += back
         self.handed_back += back
@@ -1395,10 +1415,11 @@ class QueueRunner:
     async def _resync(self) -> None:
         """Make what this runner runs agree with what Redis says it holds on
         this queue. Held in Redis but not run here (a claim whose reply was
-        lost): handed back. Run here but no longer held (lost by Redis, e.g.
-        a failover that dropped writes; the task may have a new owner by
-        now): its handler is cancelled. A connection or command error
-        propagates and the loop tries again."""
+        lost, a finish lost in a failover): handed back, and run again. Run
+        here but no longer held (lost by Redis, e.g. a failover that dropped
+        writes; the task may have a new owner by now): its handler is
+        cancelled. A connection or command error propagates and the loop
+        tries again."""
         reply = await self._conn.execute(
             "SMEMBERS", self._binding.keys.held(self._wid, self.config.queue)
         )
@@ -1406,11 +1427,16 @@ class QueueRunner:
         ours = set(self.running) | set(self._done) | set(self._failed) | set(self._returned)
         lost = sorted(held - ours)
         if lost:
-            await self._binding.give_back(
-                self._conn, self._wid, self.config.queue, lost, failed=False
-            )
+            self._unsure += len(lost)
+            try:
+                await self._binding.give_back(
+                    self._conn, self._wid, self.config.queue, lost, failed=False
+                )
+            finally:
+                self._unsure -= len(lost)
             log.info(
-                "queue %s: handed back %d processes whose claim reply was lost",
+                "queue %s: handed back %d processes Redis held for this worker and it did not run "
+                "(a claim reply or a finish lost)",
                 self.config.queue,
                 len(lost),
             )
@@ -1441,8 +1467,13 @@ class QueueRunner:
 
     def check_held(self, held_in_redis: int) -> None:
         """The heartbeat saw ``held_in_redis`` processes of this queue held by
-        us in Redis. Fewer than we run means some were lost: re-check."""
+        us in Redis. Fewer than we run means some were lost (their handlers
+        are stopped); more than we run, beyond what reports and a claim in
+        flight may account for, means Redis holds processes nobody runs here
+        (a finish or a hand-back lost in a failover, a claim whose reply was
+        lost): they are handed back. Either way: re-check (:meth:`_resync`,
+        one SMEMBERS), only on such a mismatch."""
         ours = len(self.running) + len(self._done) + len(self._failed) + len(self._returned)
-        if held_in_redis < ours:
+        if held_in_redis < ours or held_in_redis > ours + self._unsure:
             self._resync_needed = True
             self._wakeup.set()

@@ -31,7 +31,9 @@ from typing import Any, Final
 import attrs
 import trio
 
+from ._epoch import Epoch
 from ._errors import CommandError, MeshConnectionError
+from ._failover import FailoverWatch
 from ._keys import Keys
 from ._transport import TRANSPORT_ERRORS, Arg, connect, next_reply, pack, scrub
 from ._url import RedisConfig
@@ -44,6 +46,10 @@ _SLOTS: Final = 16384
 # The most nodes one connect may hop through (seed -> slot master -> ...): a map that
 # keeps changing under us is a failover in progress; the reconnect loop tries again.
 _MAX_HOPS: Final = 3
+# The longest a connection keeps off a master being failed over, waiting for the
+# chosen replica's promotion (about 0.2 s on loopback); capped at half of
+# connect_timeout. Within the fence budget of the default lease (R = 2 s).
+FAILOVER_HOLD: Final = 1.5
 
 
 def _crc16_table() -> list[int]:
@@ -104,6 +110,7 @@ class _Probe:
     cluster: bool
     myid: bytes | None
     shards: list[tuple[int, int, Node, bytes | None]] | None  # (first, last, master, id)
+    epoch: list[Any] = attrs.field(factory=list)  # the replies of Epoch.commands()
 
 
 def _decode(value: Any) -> str:
@@ -168,8 +175,19 @@ class Topology:
             to the master of slot 0.
     """
 
-    def __init__(self, config: RedisConfig, route_key: bytes | str | None = None) -> None:
+    def __init__(
+        self,
+        config: RedisConfig,
+        route_key: bytes | str | None = None,
+        epoch_key: str | None = None,
+    ) -> None:
         self.config = config
+        # The namespace's epoch (mesh._epoch), checked on every connect; on
+        # Sentinel and Cluster a node without it is refused.
+        self.epoch: Epoch | None = None
+        if epoch_key is not None:
+            strict = config.topology in ("sentinel", "cluster")
+            self.epoch = Epoch(epoch_key, strict=strict)
         self.slot = keyslot(route_key) if route_key is not None else 0
         self.master: Node | None = None
         self.cluster = config.topology == "cluster"
@@ -182,6 +200,13 @@ class Topology:
         self._use_slots = False
         # The sentinel that last told a connection the master had moved.
         self._preferred_sentinel: Node | None = None
+        # Sentinel: the failover announcements, once a connection runs the
+        # watch (FailoverWatch.run); connections keep off a master that is
+        # being failed over for at most ``hold`` (see mesh._failover).
+        self.failover: FailoverWatch | None = None
+        if config.topology == "sentinel":
+            hold = min(config.connect_timeout / 2, FAILOVER_HOLD)
+            self.failover = FailoverWatch(config.service or "", hold)
 
     # ---------------------------------------------------------------- public
 
@@ -216,27 +241,79 @@ class Topology:
     ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
         config = self.config
         if config.topology == "sentinel":
-            target = await self._ask_sentinels()
-            stream, reader, replies, probe = await self._open(target, extra, name, cluster=False)
-            if probe.role is None:
-                await trio.aclose_forcefully(stream)
-                raise MeshConnectionError(
-                    f"the user may not run ROLE on {self._show(target)}: trio-mesh needs it "
-                    "on Sentinel to refuse a node that is not the master"
-                )
-            if probe.role != b"master":
-                await trio.aclose_forcefully(stream)
-                raise MeshConnectionError(
-                    f"Sentinel names {self._show(target)} as master of {config.service!r}, but "
-                    f"it says it is a {_role_name(probe)}; waiting for Sentinel to catch up"
-                )
-            self._arrived(target)
-            return stream, reader, replies, target
+            return await self._connect_sentinel(extra, name)
         if config.path is not None:
             stream, reader, replies, probe = await self._open(None, extra, name, cluster=False)
             self._refuse_replica(probe, None, stream)
+            await self._judge_epoch(probe, None, stream)
             return stream, reader, replies, ("", 0)
         return await self._connect_tcp(extra, name)
+
+    async def _connect_sentinel(
+        self, extra: Sequence[Sequence[Arg]], name: str | None
+    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+        """Sentinel: while a failover is announced (:mod:`mesh._failover`), keep
+        off the old master and take the replica chosen as soon as it says it is
+        master (bounded by the watch's hold); otherwise the master the sentinels
+        name, unless a switch was announced away from it."""
+        watch = self.failover
+        if watch is not None and watch.running:
+            while watch.in_progress(trio.current_time()):
+                candidate = watch.candidate
+                if candidate is not None and candidate != watch.old:
+                    try:
+                        return await self._open_master(candidate, extra, name, "was chosen")
+                    except MeshConnectionError:
+                        pass  # not promoted yet: try again shortly
+                with trio.move_on_at(min(watch.hold_until(), trio.current_time() + 0.02)):
+                    await watch.wait_changed()
+        target = await self._ask_sentinels()
+        if watch is not None:
+            new = watch.replaced(target)
+            if new is not None:
+                try:
+                    return await self._open_master(new, extra, name, "was switched to")
+                except MeshConnectionError:
+                    watch.forget_switch()  # a later failover we missed: ask again
+                    target = await self._ask_sentinels()
+        return await self._open_master(target, extra, name, "is named")
+
+    async def _open_master(
+        self, target: Node, extra: Sequence[Sequence[Arg]], name: str | None, why: str
+    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+        """Sentinel: connect to ``target`` and keep it only if ``ROLE`` says master."""
+        config = self.config
+        stream, reader, replies, probe = await self._open(target, extra, name, cluster=False)
+        if probe.role is None:
+            await trio.aclose_forcefully(stream)
+            raise MeshConnectionError(
+                f"the user may not run ROLE on {self._show(target)}: trio-mesh needs it "
+                "on Sentinel to refuse a node that is not the master"
+            )
+        if probe.role != b"master":
+            await trio.aclose_forcefully(stream)
+            raise MeshConnectionError(
+                f"{self._show(target)} {why} master of {config.service!r} by Sentinel, but "
+                f"it says it is a {_role_name(probe)}; waiting for Sentinel to catch up"
+            )
+        await self._judge_epoch(probe, target, stream)
+        self._arrived(target)
+        return stream, reader, replies, target
+
+    async def _judge_epoch(self, probe: _Probe, node: Node | None, stream: trio.abc.Stream) -> None:
+        """Refuse (close ``stream`` and raise MeshConnectionError) a node that
+        lacks the namespace's epoch this process knew (see mesh._epoch)."""
+        if self.epoch is None:
+            return
+        try:
+            self.epoch.check(probe.epoch, self._show(node))
+        except MeshConnectionError:
+            await trio.aclose_forcefully(stream)
+            raise
+
+    def sentinel_configs(self) -> list[RedisConfig]:
+        """The configuration of each sentinel of the URL (Sentinel only)."""
+        return [self._sentinel_config(node) for node in self.config.nodes]
 
     async def wait_moved(self, node: Node) -> None:
         """Return once the known master is no longer ``node`` (the other connection
@@ -288,6 +365,9 @@ class Topology:
         if cluster is not False:
             probes.append(("CLUSTER", "MYID"))
             probes.append(("CLUSTER", "SLOTS") if self._use_slots else ("CLUSTER", "SHARDS"))
+        probed = len(probes)
+        if self.epoch is not None:
+            probes.extend(self.epoch.commands())
         try:
             stream, reader, replies = await connect(config, name=name, extra=[*probes, *extra])
         except MeshConnectionError as exc:
@@ -299,10 +379,11 @@ class Topology:
             raise
         probe_replies, rest = replies[: len(probes)], replies[len(probes) :]
         try:
-            probe = self._parse_probe(probe_replies)
+            probe = self._parse_probe(probe_replies[:probed])
         except MeshConnectionError:
             await trio.aclose_forcefully(stream)
             raise
+        probe = attrs.evolve(probe, epoch=probe_replies[probed:])
         if probe.cluster and probe.shards is None and not self._use_slots:
             # A 6.2 cluster: CLUSTER SHARDS is unknown there; ask CLUSTER SLOTS.
             self._use_slots = True
@@ -399,6 +480,7 @@ class Topology:
                 except MeshConnectionError:
                     await trio.aclose_forcefully(stream)
                     raise
+                await self._judge_epoch(probe, here, stream)
                 return stream, reader, replies, here
             self.cluster = True
             assert probe.shards is not None
@@ -425,6 +507,9 @@ class Topology:
                         f"{self._show(here)} owns slot {self.slot} by its map but says it "
                         f"is a {_role_name(probe)}"
                     )
+                if self.epoch is not None:
+                    self.epoch.strict = True  # a cluster: another node may take over
+                await self._judge_epoch(probe, addr, stream)
                 self._arrived(addr)
                 return stream, reader, replies, addr
             await trio.aclose_forcefully(stream)
@@ -472,6 +557,9 @@ class Topology:
                         continue
                     if isinstance(reply, list) and len(reply) == 2:
                         named = (_decode(reply[0]), int(reply[1]))
+                        watch = self.failover
+                        if watch is not None and watch.replaced(named) == node:
+                            break  # a sentinel that has not caught up with the switch
                         if named != node:
                             # Ask this sentinel first on the reconnect: another
                             # one may not have heard of the failover yet.

@@ -840,7 +840,7 @@ async def open_worker(
     reply_timeout = max(2 * timing.ttl, 5.0)
     # One topology for both connections: they follow the master together (key-expiry
     # events are node-local). "Not executed here" replies are retried within R.
-    topology = Topology(config, route_key=keys.prefix)
+    topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
     async with open_connection(
         config,
         name=f"mesh-worker:{worker_id}",

@@ -57,6 +57,7 @@ SUBCOMMANDS = [
     "cancel",
     "reconcile",
     "delete-queue",
+    "adopt-namespace",
     "dead-letters",
     "configure",
     "schedule",
@@ -122,6 +123,7 @@ async def test_help_in_a_subprocess() -> None:
         ["reconcile", "q"],  # an empty desired set, without --allow-empty
         ["reconcile", "q", "--file", "/no/such/file"],
         ["delete-queue", "q"],  # no --yes, and stdin is not a terminal
+        ["adopt-namespace"],  # no --yes, and stdin is not a terminal
         ["enqueue", "q", "-", "-"],
     ],
 )
@@ -217,6 +219,12 @@ async def test_enqueue_ensure_cancel_reconcile_delete(
         await client._conn.execute("RPUSH", f"{{{namespace}}}:dead:jobs", "dead-2")
         r = await mesh_cli("delete-queue", "jobs", "--yes", *ns_args)
         assert r.stdout.decode().startswith("deleted queue jobs: 1 task removed"), text(r)
+
+        # adopt-namespace: the epoch becomes one every process accepts
+        r = await mesh_cli("adopt-namespace", "--yes", "--json", *ns_args)
+        assert json.loads(r.stdout) == {"namespace": namespace, "adopted": True}, text(r)
+        epoch = await client._conn.execute("GET", f"{{{namespace}}}:epoch")
+        assert epoch.startswith(b"adopted:")
 
 
 async def test_json_tells_bytes_from_text(redis_url: str, ns_args: list[str]) -> None:

@@ -5,8 +5,6 @@ that follow the master through a failover."""
 from __future__ import annotations
 
 import hashlib
-import itertools
-import math
 import os
 import secrets
 import signal
@@ -29,6 +27,7 @@ from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 from .topology import (
     SERVICE,
     ClusterSetup,
+    Runs,
     begin_migration,
     client,
     cluster_setup,
@@ -42,71 +41,6 @@ from .topology import (
 NS = "topo" + secrets.token_hex(3)
 ROUTE = f"{{{NS}}}:"
 SLOT = keyslot(ROUTE)
-
-
-class Runs:
-    """A fenced sink: what each persistent task's owners did, by token.
-
-    Every handler acts every 20 ms with its token, like a storage system that
-    checks fencing tokens: an action with a token lower than the highest seen
-    for its task is refused and recorded (a stale owner acting after a newer
-    one started). Each handler's start and end (trio clock) are kept, to check
-    that no two owners of one task ever ran at once."""
-
-    def __init__(self) -> None:
-        self.started: list[tuple[bytes, int, float]] = []
-        self.cancelled: list[tuple[bytes, int]] = []
-        self.ended: dict[tuple[bytes, int], float] = {}
-        self.highest: dict[bytes, int] = {}
-        self.actions = 0
-        self.refused: list[tuple[bytes, int, int]] = []
-
-    def act(self, task: bytes, token: int) -> None:
-        highest = self.highest.get(task, 0)
-        if token < highest:
-            self.refused.append((task, token, highest))
-            return
-        self.highest[task] = token
-        self.actions += 1
-
-    async def handler(self, p: Process) -> None:
-        self.started.append((p.task, p.token, trio.current_time()))
-        try:
-            while True:
-                self.act(p.task, p.token)
-                await trio.sleep(0.02)  # the handler's work: it acts every 20 ms
-        except trio.Cancelled:
-            self.cancelled.append((p.task, p.token))
-            raise
-        finally:
-            self.ended[p.task, p.token] = trio.current_time()
-
-    def tokens(self, task: bytes) -> list[int]:
-        return [token for t, token, _ in self.started if t == task]
-
-    def running(self, task: bytes) -> int:
-        """How many handlers of ``task`` are running now."""
-        started = sum(1 for t, _, _ in self.started if t == task)
-        return started - sum(1 for t, _ in self.cancelled if t == task)
-
-    def ran_since(self, task: bytes, since: float) -> bool:
-        return any(t == task and at > since for t, _, at in self.started)
-
-    def check_no_overlap(self) -> None:
-        """A task's tokens strictly increase with every new owner, the sink
-        refused no action (no stale owner acted after a newer one), and each
-        owner's handler ended before the next one's started."""
-        assert not self.refused, self.refused[:5]
-        for task in {t for t, _, _ in self.started}:
-            tokens = self.tokens(task)
-            assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), (task, tokens)
-            runs = sorted(
-                (at, self.ended.get((task, token), math.inf))
-                for t, token, at in self.started
-                if t == task
-            )
-            for (_, end), (start, _) in itertools.pairwise(runs):
-                assert end <= start, (task, runs)
 
 
 # ---------------------------------------------------------------- pure parts
@@ -258,7 +192,7 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(split)
-            await trio.sleep(0.2)  # a deliberate window: the call must keep retrying
+            await trio.sleep(0.2)
             assert not results  # still retrying
             await trio.to_thread.run_sync(move_keys, slot, source, target)
             await trio.to_thread.run_sync(end_migration, cluster, slot, target)
@@ -299,7 +233,7 @@ async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
                     acked.add(payload)
                 except MeshConnectionError:
                     pass  # unknown whether it ran: not acknowledged
-                await trio.sleep(0.005)  # not a synchronisation: the producer's pace
+                await trio.sleep(0.005)
 
         workers: list[mesh.Worker] = []
         scopes: list[trio.CancelScope] = []
@@ -334,7 +268,7 @@ async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
                 if not step:
                     break
                 moved += step
-                await trio.sleep(0.02)  # not a synchronisation: the migration's pace
+                await trio.sleep(0.02)
             await trio.to_thread.run_sync(end_migration, cluster, slot, target)
             assert before > 10 and moved > 10  # (keys may come and go meanwhile)
             beats = [w.statistics().heartbeats for w in workers]
@@ -696,7 +630,7 @@ async def test_sentinel_failover_under_load() -> None:
                             acked.add(payload)  # acknowledged: on a replica too
                         except MeshConnectionError:
                             await trio.sleep(0.05)  # unknown whether it ran
-                        await trio.sleep(0.002)  # not a synchronisation: the producer's pace
+                        await trio.sleep(0.002)
 
             workers: list[mesh.Worker] = []
             async with trio.open_nursery() as nursery:
@@ -887,10 +821,14 @@ async def test_fenced_worker_gives_up_handing_back_and_rejoins(
     ns = "gu" + secrets.token_hex(3)
     async with mesh.open_worker(own_redis.url, namespace=ns, ttl=0.9) as w:
         own_redis.stop()
-        await wait_until(lambda: "gave up handing back" in caplog.text, 10, "the give-up")
+        with trio.fail_after(10):
+            while "gave up handing back" not in caplog.text:  # noqa: ASYNC110 - poll
+                await trio.sleep(0.02)
         await trio.to_thread.run_sync(own_redis.start)
         beats = w.statistics().heartbeats
-        await wait_until(lambda: w.statistics().heartbeats > beats + 1, 10, "renewals again")
+        with trio.fail_after(10):
+            while w.statistics().heartbeats <= beats + 1:  # noqa: ASYNC110 - poll
+                await trio.sleep(0.02)
         assert w.statistics().fenced >= 1
         assert w.statistics().generation >= 2
 

@@ -9,6 +9,8 @@ when the ``with`` block is left (and by the kernel if the test process dies).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import random
 import shutil
 import socket
@@ -22,7 +24,9 @@ from typing import Any
 
 import attrs
 import redis
+import trio
 
+from mesh import Process
 from mesh._topology import keyslot
 from mesh.testing import RedisServer, _die_with_parent, _ping, find_redis_server, free_port
 
@@ -114,9 +118,10 @@ class SentinelSetup:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{SERVICE}"
 
-    def master_port(self) -> int:
-        """The port the sentinels name as master right now."""
-        reply = client(self.sentinels[0].port).execute_command(
+    def master_port(self, sentinel: SentinelProcess | None = None) -> int:
+        """The port the sentinels (or ``sentinel``) name as master right now."""
+        sentinel = self.sentinels[0] if sentinel is None else sentinel
+        reply = client(sentinel.port).execute_command(
             "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE
         )
         return int(reply[1])
@@ -345,3 +350,68 @@ def migrate_slot(setup: ClusterSetup, slot: int, target: RedisServer) -> int:
     moved = move_keys(slot, source, target)
     end_migration(setup, slot, target)
     return moved
+
+
+class Runs:
+    """A fenced sink: what each persistent task's owners did, by token.
+
+    Every handler acts every 20 ms with its token, like a storage system that
+    checks fencing tokens: an action with a token lower than the highest seen
+    for its task is refused and recorded (a stale owner acting after a newer
+    one started). Each handler's start and end (trio clock) are kept, to check
+    that no two owners of one task ever ran at once."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[bytes, int, float]] = []
+        self.cancelled: list[tuple[bytes, int]] = []
+        self.ended: dict[tuple[bytes, int], float] = {}
+        self.highest: dict[bytes, int] = {}
+        self.actions = 0
+        self.refused: list[tuple[bytes, int, int]] = []
+
+    def act(self, task: bytes, token: int) -> None:
+        highest = self.highest.get(task, 0)
+        if token < highest:
+            self.refused.append((task, token, highest))
+            return
+        self.highest[task] = token
+        self.actions += 1
+
+    async def handler(self, p: Process) -> None:
+        self.started.append((p.task, p.token, trio.current_time()))
+        try:
+            while True:
+                self.act(p.task, p.token)
+                await trio.sleep(0.02)
+        except trio.Cancelled:
+            self.cancelled.append((p.task, p.token))
+            raise
+        finally:
+            self.ended[p.task, p.token] = trio.current_time()
+
+    def tokens(self, task: bytes) -> list[int]:
+        return [token for t, token, _ in self.started if t == task]
+
+    def running(self, task: bytes) -> int:
+        """How many handlers of ``task`` are running now."""
+        started = sum(1 for t, _, _ in self.started if t == task)
+        return started - sum(1 for t, _ in self.cancelled if t == task)
+
+    def ran_since(self, task: bytes, since: float) -> bool:
+        return any(t == task and at > since for t, _, at in self.started)
+
+    def check_no_overlap(self) -> None:
+        """A task's tokens strictly increase with every new owner, the sink
+        refused no action (no stale owner acted after a newer one), and each
+        owner's handler ended before the next one's started."""
+        assert not self.refused, self.refused[:5]
+        for task in {t for t, _, _ in self.started}:
+            tokens = self.tokens(task)
+            assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), (task, tokens)
+            runs = sorted(
+                (at, self.ended.get((task, token), math.inf))
+                for t, token, at in self.started
+                if t == task
+            )
+            for (_, end), (start, _) in itertools.pairwise(runs):
+                assert end <= start, (task, runs)

@@ -35,6 +35,23 @@ one-shot task is done and every persistent task runs, then checks:
 
 Prints the figures and exits 1 on any violation. Nothing is left behind:
 every process is killed and the servers' directories are removed.
+
+Failover phases (``--phases planned-failover,restart-empty``) run instead on a
+Sentinel set-up (1 master, 2 replicas, 3 sentinels on loopback; the workers
+and the producer use the Sentinel URL with ``--min-replicas``), one after the
+other, under a steady enqueue load (one every 5 ms) and with the persistent
+tasks running:
+
+* ``planned-failover``: ``SENTINEL FAILOVER``; the phase ends when every
+  sentinel names the promoted replica;
+* ``restart-empty``: SIGKILL of the master, which is started again empty (and
+  unable to become or feed a replica) once the sentinels see it down, before
+  they promote a replica.
+
+Then the same accounting: acknowledged enqueues that are neither done nor in
+the mesh (lost), overlaps and stale actions accepted by the fenced sink; plus,
+per phase, the longest a persistent task went without an accepted action, the
+handlers cancelled and the workers that fenced.
 """
 
 from __future__ import annotations
@@ -47,7 +64,9 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -56,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mesh
 from mesh._connection import open_connection
 from mesh.testing import run_redis_server
+from tests import topology
 from tests.faults import checks, sink
 from tests.faults.harness import Driver, Harness
 from tests.faults.proxy import Proxy
@@ -408,6 +428,194 @@ def spread(xs: list[float]) -> dict[str, object]:
     }
 
 
+# --- failover phases (Sentinel) ---------------------------------------------------
+
+PHASES = ("planned-failover", "restart-empty")
+
+# An old master started again with no data, unable to become or feed a replica
+# (without the last two, the replicas would resync from it and lose the data too).
+EMPTY_AND_STUBBORN = (
+    *("--rename-command", "REPLICAOF", ""),
+    *("--rename-command", "SLAVEOF", ""),
+    *("--rename-command", "SYNC", ""),
+    *("--rename-command", "PSYNC", ""),
+)
+
+
+def _without_replicaof(args: tuple[str, ...]) -> tuple[str, ...]:
+    """A server's arguments without ``--replicaof HOST PORT`` (a replica that
+    was promoted, started again as a master)."""
+    out: list[str] = []
+    skip = 0
+    for a in args:
+        if skip:
+            skip -= 1
+        elif a == "--replicaof":
+            skip = 2
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+async def _until(what: str, check: Callable[[], object], within: float = 30.0) -> Any:
+    """Poll a blocking ``check`` (redis-py) in a thread until it is true."""
+    return await trio.to_thread.run_sync(lambda: topology.wait_for(what, check, within))
+
+
+async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
+    rng = random.Random(args.seed)
+    wall = time.time()
+    report: dict[str, Any] = {"phases": {}, "min_replicas": args.min_replicas, "ttl_s": args.ttl}
+    with (
+        topology.sentinel_setup(sentinels=3, down_after_ms=400, replicas=2) as setup,
+        run_redis_server() as sink_server,
+    ):
+        servers = [setup.master, setup.replica, *setup.more_replicas]
+        url = f"{setup.url}?min_replicas={args.min_replicas}"
+        ns = f"soak{rng.randrange(10**6)}"
+        persistent = [b"p%03d" % i for i in range(args.persistent)]
+        acknowledged: list[bytes] = []
+        async with (
+            trio.open_nursery() as nursery,
+            mesh.open_client(url, namespace=ns) as client,
+            open_connection(sink_server.url) as sconn,
+        ):
+            h = Harness(url, sink_server.url, ns, client, sconn, nursery, args.ttl)
+            try:
+                for _ in range(args.workers):
+                    h.spawn(None, "--concurrency", str(args.concurrency), "--max-attempts", "0")
+                for d in list(h.drivers):
+                    await h.wait_ready(d, within=30)
+                await client.ensure_many("devices", persistent)
+
+                async def produce(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                    with trio.CancelScope() as scope:
+                        task_status.started(scope)
+                        for n in range(10**9):
+                            payload = b"!hold=0.005;j%06d" % n
+                            try:
+                                await client.enqueue("jobs", payload)
+                                acknowledged.append(payload)
+                            except mesh.MeshConnectionError:
+                                await trio.sleep(0.02)  # not acknowledged
+                            await trio.sleep(0.005)
+
+                producer = await nursery.start(produce)
+                await trio.sleep(2.0)  # a steady state first
+                sentinel = topology.client(setup.sentinels[0].port)
+                for phase in phases:
+                    old_port = setup.master_port()
+                    (old,) = [s for s in servers if s.port == old_port]
+                    begin = await h.sink_now()
+                    acked_from = len(acknowledged)
+                    if phase == "planned-failover":
+                        await _until(
+                            "Sentinel to start a failover",
+                            lambda: sentinel.execute_command(  # type: ignore[no-untyped-call]
+                                "SENTINEL", "FAILOVER", "mymaster"
+                            ),
+                        )
+                    else:
+                        old.stop()  # SIGKILL
+
+                        def down() -> bool:
+                            flags = str(sentinel.sentinel_master("mymaster")["flags"])  # type: ignore[index]
+                            return "o_down" in flags or "failover_in_progress" in flags
+
+                        await _until("the master to be seen down", down)
+                        old.args = (*_without_replicaof(old.args), *EMPTY_AND_STUBBORN)
+                        await trio.to_thread.run_sync(old.start)
+
+                    def moved(old_port: int = old_port) -> bool:
+                        named = {setup.master_port(x) for x in setup.sentinels}
+                        return len(named) == 1 and old_port not in named
+
+                    await _until("every sentinel to name another master", moved)
+                    # the mesh settles on the new master (an enqueue load goes on)
+                    await trio.sleep(3 * args.ttl)
+                    end = await h.sink_now()
+                    ev = await h.events()
+                    report["phases"][phase] = phase_figures(
+                        ev, persistent, begin, end, len(acknowledged) - acked_from
+                    )
+                    print(phase, json.dumps(report["phases"][phase]), flush=True)
+                producer.cancel()
+                new_port = setup.master_port()
+                done: set[bytes] = set()
+                with trio.move_on_after(args.settle) as cs:
+                    while True:
+                        ev = await h.events()
+                        done = {e.task for e in ev if e.fenced and e.ok and e.action == "done"}
+                        if set(acknowledged) <= done:
+                            break
+                        await trio.sleep(0.25)
+                snap = await checks.snapshot(h.conn, h.keys, ["devices", "jobs"])
+                places = snap.places("jobs")
+                h.reap_all()
+                ev = await h.events()
+                v = sink.judge(ev)
+            finally:
+                h.reap_all()
+                nursery.cancel_scope.cancel()
+        lost = [p for p in acknowledged if not v.done_count.get(p) and not places[p]]
+        old_masters = [s for s in servers if s.port != new_port and s.process is not None]
+        report.update(
+            {
+                "workers": args.workers,
+                "persistent_tasks": len(persistent),
+                "oneshot_acknowledged": len(acknowledged),
+                "lost": len(lost),
+                "lost_examples": [x.decode() for x in lost[:5]],
+                "oneshot_duplicates": v.duplicates,
+                "stale_actions_rejected": v.rejected,
+                "overlaps": len(v.overlaps),
+                "overlap_examples": [repr(o) for o in v.overlaps[:5]],
+                "max_owners_accepted": v.max_owners,
+                "settle_timed_out": cs.cancelled_caught,
+                "keys_in_other_nodes": {
+                    s.port: topology.client(s.port).dbsize() for s in old_masters
+                },
+            }
+        )
+    report["wall_s"] = round(time.time() - wall, 1)
+    print(json.dumps(report, indent=1))
+    bad = report["lost"] or report["overlaps"] or report["settle_timed_out"]
+    print("VIOLATIONS" if bad else "OK: no violation")
+    return 1 if bad else 0
+
+
+def phase_figures(
+    ev: list[sink.Event], persistent: list[bytes], begin: float, end: float, acked: int
+) -> dict[str, object]:
+    """One phase's figures from the sink's events between ``begin`` and ``end``:
+    the longest a persistent task went without an accepted action (up to the
+    end of the phase for one still silent then), handlers of
+    persistent tasks cancelled and started, and workers that rejoined."""
+    pset = set(persistent)
+    last: dict[bytes, float] = {}
+    longest = 0.0
+    for e in ev:
+        if e.task in pset and e.fenced and e.ok and e.action not in ("start", "done"):
+            if begin <= e.t <= end and e.task in last:
+                longest = max(longest, e.t - last[e.task])
+            last[e.task] = e.t
+    for t in persistent:
+        # a task silent since its last action (or since the phase began)
+        longest = max(longest, end - max(last.get(t, begin), begin))
+    inside = [e for e in ev if begin <= e.t <= end]
+    return {
+        "begin": round(begin, 3),
+        "end": round(end, 3),
+        "acknowledged_during": acked,
+        "persistent_longest_gap_s": round(longest, 3),
+        "persistent_cancelled": sum(
+            1 for e in inside if e.action == "cancelled" and e.task in pset
+        ),
+        "persistent_started": sum(1 for e in inside if e.action == "start" and e.task in pset),
+        "rejoins": sum(1 for e in inside if e.action == "id"),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=180.0, help="seconds of faults")
@@ -426,7 +634,23 @@ def main() -> int:
     ap.add_argument("--max-impaired", type=int, default=3)
     ap.add_argument("--settle", type=float, default=120.0, help="max seconds to quiesce")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument(
+        "--phases",
+        default="",
+        help=f"comma-separated failover phases on a Sentinel set-up ({', '.join(PHASES)}), "
+        "run in order instead of the random faults",
+    )
+    ap.add_argument("--min-replicas", type=int, default=0, help="for --phases")
     args = ap.parse_args()
+    if args.phases:
+        phases = args.phases.split(",")
+        unknown = [p for p in phases if p not in PHASES]
+        if unknown:
+            ap.error(f"unknown phase {unknown[0]!r}: choose from {', '.join(PHASES)}")
+        if args.seed is None:
+            args.seed = random.randrange(2**32)
+        print(f"soak phases: seed={args.seed} {vars(args)}", flush=True)
+        return trio.run(run_phases, args, phases)
     room = (args.workers - args.max_impaired) * args.concurrency
     if args.persistent + 20 > room:  # 20: room for the 'late' tasks
         ap.error(

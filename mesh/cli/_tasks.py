@@ -127,6 +127,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _data_options(p)
     p.set_defaults(func=_delete_queue)
 
+    p = sub.add_parser(
+        "adopt-namespace",
+        help="make the master's copy of the namespace the one to use (after a data loss)",
+        description="After a master lost the namespace (restarted empty) and no node that "
+        "holds it will come back: make the namespace on the master the URL leads to the one "
+        "every process uses. Processes that refuse that master (docs/operating.md, 'A master "
+        "restarted empty') accept it at their next connect attempt. What was lost stays "
+        "lost: re-declare the persistent tasks (mesh reconcile). Asks first unless --yes.",
+    )
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    _data_options(p)
+    p.set_defaults(func=_adopt_namespace)
+
 
 def _priority(text: str) -> int:
     try:
@@ -312,6 +325,33 @@ def _delete_queue(args: argparse.Namespace) -> int:
                     "tasks removed (queued, delayed or dead-lettered) or processes cancelled",
                 )
             )
+        return 0
+
+    return run_client(t, go)
+
+
+def _adopt_namespace(args: argparse.Namespace) -> int:
+    t = target(args)
+    if not args.yes and not sys.stdin.isatty():
+        raise UsageError(
+            f"refusing to adopt namespace {t.namespace} without --yes (stdin is not a terminal)"
+        )
+
+    async def go(client: mesh.Client) -> int:
+        if not args.yes:
+            question = (
+                f"make namespace {t.namespace} on {client._conn.node} the one every process "
+                "uses (what other copies held is given up)? [y/N] "
+            )
+            answer = await trio.to_thread.run_sync(_ask, question, abandon_on_cancel=True)
+            if answer.strip().lower() not in ("y", "yes"):
+                print("not adopted", file=sys.stderr)
+                return 1
+        await client.adopt_namespace()
+        if args.json:
+            dump_json({"namespace": t.namespace, "adopted": True})
+        else:
+            print(f"adopted namespace {t.namespace} on {t.shown}")
         return 0
 
     return run_client(t, go)
