@@ -257,7 +257,7 @@ class Monitor:
         while True:
             with trio.move_on_after(max(1.0, every * 5)):
                 await self.sample()
-            await trio.sleep(every)
+            await trio.sleep(every)  # not a synchronisation: the sampling period
 
 
 def payloads(prefix: str, n: int) -> list[bytes]:

@@ -52,6 +52,7 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
         # A fenced itself at R after its last confirmed heartbeat was sent
         assert max(fenced_at) < 2 * TTL / 3 + 0.15
         assert min(taken_at) > lease_left - 0.05  # peers waited for the lease
+        # Not a synchronisation: the cut lasts 2 TTL in all.
         await trio.sleep(max(0.0, cut_at + 2 * TTL - await h.sink_now()))
         proxy.heal()
         e = await h.wait_event(lambda e: e.action == "id" and e.tag == a.tag, 5 * TTL, "rejoin")
@@ -60,9 +61,11 @@ async def test_a_cut_worker_fences_itself_before_peers_take_over(h: Harness, how
         # Its hand-back gave up after T during the cut (it never loops forever),
         # so the new id may be announced before the cut heals: it registers
         # once Redis answers again.
-        with trio.fail_after(5 * TTL):
-            while (await h.snapshot()).workers.get(new_id) is not True:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+
+        async def registered() -> bool:
+            return (await h.snapshot()).workers.get(new_id) is True
+
+        await wait_until(registered, 5 * TTL, "the new id registered", every=0.02)
 
         # It serves again, all the way: its runners wait in the idle sets
         # and its wake channel has a subscriber (registered is not enough:
@@ -135,9 +138,11 @@ async def test_a_worker_whose_connection_went_half_open_rejoins(h: Harness) -> N
         )
         # The new id is announced when the hand-back gives up (after T); it is
         # registered once the half-open socket is replaced.
-        with trio.fail_after(reply_timeout + 3 * TTL):
-            while (await h.snapshot(["devices"])).workers.get(e.worker) is not True:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+
+        async def registered() -> bool:
+            return (await h.snapshot(["devices"])).workers.get(e.worker) is True
+
+        await wait_until(registered, reply_timeout + 3 * TTL, "A registered", every=0.02)
         rejoined = await h.sink_now() - frozen_at
         assert rejoined < reply_timeout + TTL
     assert mon.violations == []
@@ -238,8 +243,8 @@ async def test_a_lost_heartbeat_reply_does_not_fence(h: Harness) -> None:
         lost = proxy.lose_reply_to(sha("heartbeat"))
         with trio.fail_after(5):
             await lost.wait()
-        await trio.sleep(TTL / 3)
-    await trio.sleep(TTL)
+        await trio.sleep(TTL / 3)  # not a synchronisation: one loss per heartbeat interval
+    await trio.sleep(TTL)  # a deliberate window: nobody may fence or rejoin
     ev = await h.events()
     assert not [e for e in ev if e.action in ("id", "cancelled")]
     assert len({e.token for e in ev if e.action == "start"}) == 3

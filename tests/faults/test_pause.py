@@ -44,6 +44,7 @@ async def test_a_paused_owner_is_replaced_and_cannot_act_when_it_wakes(h: Harnes
             - stopped_at
         )
         assert lease_left - 0.05 < took < 2 * TTL
+        # Not a synchronisation: A stays stopped for 2 TTL in all.
         await trio.sleep(max(0.0, stopped_at + 2 * TTL - await h.sink_now()))
         resumed_at = await h.sink_now()
         a.cont()
@@ -110,10 +111,10 @@ async def test_late_writes_of_a_paused_owner_are_refused_by_token(h: Harness) ->
 async def pause_and_watch(h: Harness, d: Driver, pause: float) -> None:
     """Pause ``d`` for ``pause`` seconds, at a random phase of its heartbeat
     cycle (the test cannot see that cycle, so it samples it)."""
-    await trio.sleep(random.random() * TTL / 3)
+    await trio.sleep(random.random() * TTL / 3)  # the scenario: a random phase
     d.stop()
     try:
-        await trio.sleep(pause)
+        await trio.sleep(pause)  # the scenario: the pause itself
     finally:
         d.cont()
 
@@ -144,7 +145,7 @@ async def test_a_short_pause_changes_nothing(
     for _ in range(3):
         for d in (a, b):
             await pause_and_watch(h, d, pause)
-            await trio.sleep(0.2)
+            await trio.sleep(0.2)  # not a synchronisation: pauses 0.2 s apart
     assert await all_running() == before  # same processes, same owners
     assert not [e for e in await h.events() if e.action in ("id", "cancelled")]
     v = await h.judge()
@@ -175,6 +176,7 @@ async def test_half_ttl_pauses_with_the_default_timing(h: Harness) -> None:
                     len(snap.owners("jobs", j)) == 1 for j in jobs
                 )
 
+            # not a synchronisation: the pause's effects (a fence) play out first
             await trio.sleep(0.3)
             await wait_until(settled, 3 * TTL, "every task running again")
             fenced += await h.worker_id(d) != before
@@ -213,7 +215,7 @@ async def test_a_pause_racing_the_recycle_leaves_every_task_in_one_place(h: Harn
         for i, pause in enumerate((0.9, 0.97, 1.0, 1.03, 1.1)):
             d = (a, b)[i % 2]
             await pause_and_watch(h, d, pause * TTL)
-            await trio.sleep(0.2)
+            await trio.sleep(0.2)  # not a synchronisation: the pause's effects play out
             await wait_until(settled, 4 * TTL, "every task in one place, owners live")
     assert mon.violations == [] and mon.samples > 100
     v = await h.judge()

@@ -100,7 +100,7 @@ async def test_pubsub_killed_over_and_over_under_load(h: Harness) -> None:
             nonlocal killed
             while True:
                 killed += await kill_pubsub(h)
-                await trio.sleep(0.03)
+                await trio.sleep(0.03)  # not a synchronisation: the killer's pace
 
         nursery.start_soon(killer)
         jobs = [b"!hold=0.2;j%d" % i for i in range(60)]
@@ -108,7 +108,7 @@ async def test_pubsub_killed_over_and_over_under_load(h: Harness) -> None:
         await h.client.enqueue_many("jobs", long)
         for i in range(0, 60, 6):
             await h.client.enqueue_many("jobs", jobs[i : i + 6])
-            await trio.sleep(0.05)
+            await trio.sleep(0.05)  # not a synchronisation: the producer's pace
         for x in long:
             assert await h.client.cancel("jobs", x) in (0, 1)
 

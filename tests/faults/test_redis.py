@@ -41,13 +41,14 @@ async def test_restart_with_aof_loses_no_acknowledged_task(ho: Harness) -> None:
     jobs = [b"!hold=0.2;j%d" % i for i in range(200)]
     for i in range(0, len(jobs), 20):
         await h.client.enqueue_many("jobs", jobs[i : i + 20])  # each acknowledged
-    await trio.sleep(0.5)
+    await trio.sleep(0.5)  # not a synchronisation: work in flight when Redis dies
     before = max(e.token for e in await h.events() if e.fenced)
     h.server.stop()  # SIGKILL: nothing flushed beyond what AOF has
     down_at = await h.sink_now()
     with pytest.raises(MeshConnectionError):
         with trio.fail_after(10):
             await h.client.enqueue("jobs", b"never acknowledged")
+    # Not a synchronisation: Redis stays down 1.5 TTL in all.
     await trio.sleep(max(0.0, down_at + 1.5 * TTL - await h.sink_now()))
     h.server.start()
     async with h.monitor({"devices": set(devices)}) as mon:
@@ -87,7 +88,7 @@ async def test_a_redis_restart_shorter_than_r_is_absorbed(ho: Harness) -> None:
     await h.wait_event(lambda e: e.action == "start" and e.task in jobs, 5, "jobs running")
     starts = {e.token for e in await h.events() if e.action == "start" and e.task in devices}
     h.server.stop()
-    await trio.sleep(0.1)
+    await trio.sleep(0.1)  # not a synchronisation: a short outage
     h.server.start()
 
     async def all_done() -> bool:
@@ -191,6 +192,8 @@ async def _debug_sleep(h: Harness) -> None:
         stall_at = await h.sink_now()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.execute, "DEBUG", "SLEEP", 2 * TTL)
+            # Not observable from here (Redis answers nobody while it
+            # sleeps): give the DEBUG SLEEP a moment to reach it.
             await trio.sleep(0.01)
 
             async def all_cancelled() -> bool:
@@ -255,7 +258,8 @@ async def test_out_of_memory_fences_the_workers_and_they_come_back(ho: Harness) 
         ev = await h.events()
         stood_down = max(e.t for e in ev if e.action == "cancelled") - oom_at
         assert stood_down < R + 0.15
-        await trio.sleep(2 * TTL)  # still out of memory: rejoining keeps failing
+        # A deliberate window: still out of memory, rejoining keeps failing.
+        await trio.sleep(2 * TTL)
         assert a.alive and b.alive
         assert any("OOM" in w for w in await h.warnings())
         await h.conn.execute("CONFIG", "SET", "maxmemory", "0")

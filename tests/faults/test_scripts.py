@@ -36,13 +36,13 @@ async def test_script_flush_under_load_is_invisible(ho: Harness) -> None:
                 while True:
                     await h.conn.execute("SCRIPT", "FLUSH")
                     flushes += 1
-                    await trio.sleep(0.01)
+                    await trio.sleep(0.01)  # not a synchronisation: the flusher's pace
 
             nursery.start_soon(flusher)
             for i in range(0, len(jobs), 20):
                 await h.client.enqueue_many("jobs", jobs[i : i + 20])  # never raises
                 assert await h.client.ensure("devices", devices[i % len(devices)]) is False
-                await trio.sleep(0.01)
+                await trio.sleep(0.01)  # not a synchronisation: the producer's pace
 
             async def all_done() -> bool:
                 v = await h.judge()
