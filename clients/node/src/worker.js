@@ -153,7 +153,8 @@ class Worker extends EventEmitter {
   }
 
   /**
-   * Join the mesh and start serving the queues given so far.
+   * Join the mesh and start serving the queues given so far. On an error the
+   * worker's connections are closed and it cannot be started again.
    * @throws {import('./errors').VersionError} the namespace holds another protocol version
    * @throws {import('./errors').DuplicateWorkerError} the id is live or not yet recycled
    */
@@ -163,8 +164,18 @@ class Worker extends EventEmitter {
     this.sub.on('smessageBuffer', (ch, msg) => this._onMessage(ch.toString(), msg.toString()));
     const db = this.redis.options.db ?? 0;
     this._expired = `__keyevent@${db}__:expired`;
-    await this.sub.subscribe(this._expired);
-    await this._join(this.gen);
+    try {
+      await this.sub.subscribe(this._expired);
+      await this._join(this.gen);
+    } catch (err) {
+      // nothing was joined (register refused, or Redis unreachable): close up
+      if (this.gen.fenceTimer) clearTimeout(this.gen.fenceTimer);
+      for (const r of this.gen.runners.values()) r.fence();
+      this.closed = true;
+      this.sub.disconnect();
+      this.redis.disconnect();
+      throw err;
+    }
     this.started = true;
     this._hbLoop = this._heartbeatLoop();
     this._reaper.loop = this._reapLoop();
