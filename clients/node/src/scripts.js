@@ -20,7 +20,7 @@ const { mapError } = require('./errors');
 /** The scripts this package calls. */
 const SCRIPT_NAMES = [
   'register', 'serve', 'heartbeat', 'claim', 'finish', 'finish_results', 'give_back',
-  'drain', 'unserve', 'recycle', 'reap_check', 'rebalance', 'enqueue', 'delay', 'ensure',
+  'drain', 'recycle', 'reap_check', 'rebalance', 'enqueue', 'delay', 'ensure',
   'cancel', 'configure',
 ];
 

@@ -153,7 +153,8 @@ class Worker extends EventEmitter {
   }
 
   /**
-   * Join the mesh and start serving the queues given so far.
+   * Join the mesh and start serving the queues given so far. On an error the
+   * worker's connections are closed and it cannot be started again.
    * @throws {import('./errors').VersionError} the namespace holds another protocol version
    * @throws {import('./errors').DuplicateWorkerError} the id is live or not yet recycled
    */
@@ -163,8 +164,18 @@ class Worker extends EventEmitter {
     this.sub.on('smessageBuffer', (ch, msg) => this._onMessage(ch.toString(), msg.toString()));
     const db = this.redis.options.db ?? 0;
     this._expired = `__keyevent@${db}__:expired`;
-    await this.sub.subscribe(this._expired);
-    await this._join(this.gen);
+    try {
+      await this.sub.subscribe(this._expired);
+      await this._join(this.gen);
+    } catch (err) {
+      // nothing was joined (register refused, or Redis unreachable): close up
+      if (this.gen.fenceTimer) clearTimeout(this.gen.fenceTimer);
+      for (const r of this.gen.runners.values()) r.fence();
+      this.closed = true;
+      this.sub.disconnect();
+      this.redis.disconnect();
+      throw err;
+    }
     this.started = true;
     this._hbLoop = this._heartbeatLoop();
     this._reaper.loop = this._reapLoop();
@@ -428,20 +439,37 @@ class Worker extends EventEmitter {
 
   async _reapLoop() {
     const rp = this._reaper;
+    const intervalMs = 3 * this.timing.ttl * 1000;
+    let backoff = 50;
+    let periodic = true; // the first pass draws too
     while (!this.closed) {
       rp.woken = false;
+      rp.nextMs = -1;
       try {
         await this.reapOnce();
+        backoff = 50;
       } catch (err) {
-        this._log('debug', `reap check failed: ${err instanceof Error ? err.message : err}`);
+        this._log('debug', `reap check failed: ${err instanceof Error ? err.message : err}; retrying`);
+        await sleep(backoff);
+        backoff = Math.min(backoff * 2, intervalMs);
+        continue;
       }
-      rp.onWatch = rp.meshSize <= 3 || Math.random() * rp.meshSize < 3;
-      if (rp.woken) continue;
-      let wait = 3 * this.timing.ttl * 1000 * (1 + 0.2 * Math.random());
-      if (rp.onWatch && rp.nextMs >= 0) wait = Math.min(wait, rp.nextMs + Math.random() * 20);
+      // drawn only at the periodic passes, which every reaper makes at the
+      // same rate (one on watch also passes at every deadline)
+      if (periodic) rp.onWatch = Math.random() * rp.meshSize < 3;
+      let wait = intervalMs * (1 + 0.2 * Math.random());
+      periodic = true;
+      if (rp.onWatch && rp.nextMs >= 0 && rp.nextMs < wait) {
+        wait = rp.nextMs + Math.random() * 20;
+        periodic = false;
+      }
+      if (rp.woken) {
+        periodic = false;
+        continue;
+      }
       await new Promise((resolve) => {
-        const timer = setTimeout(resolve, wait);
-        rp.wake = () => { clearTimeout(timer); resolve(undefined); };
+        const timer = setTimeout(resolve, Math.max(wait, 1));
+        rp.wake = () => { clearTimeout(timer); periodic = false; resolve(undefined); };
       });
       rp.wake = null;
     }

@@ -200,8 +200,6 @@ test('a worker refuses a namespace of another protocol version', async () => {
   await assert.rejects(w.start(), (err) => err instanceof VersionError && err.code === 'VERSION');
   assert.equal(await redis.get(`{${ns}}:version`), '6');
   assert.equal(PROTOCOL_VERSION, '7');
-  w.sub.disconnect();
-  w.redis.disconnect();
 });
 
 test("a queue without a policy gets the worker's options as its policy; a handler timeout fails the attempt", async () => {

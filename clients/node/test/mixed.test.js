@@ -96,8 +96,6 @@ test('Node and Python peers share a namespace: both ways, fair share, takeover',
     // a Node worker of another protocol version is refused in the Python peer's namespace
     const newer = new Worker({ redis: server.url, namespace: ns, ttl: 3, protocolVersion: '8', log: () => {} });
     await assert.rejects(newer.start(), (err) => err instanceof VersionError && /version/i.test(err.message));
-    newer.sub.disconnect();
-    newer.redis.disconnect();
 
     // Python enqueues, Node runs; Node enqueues, Python runs
     await meshCli(['enqueue', 'to.node', 'a', 'b', ...cli]);
