@@ -19,6 +19,7 @@ from ._errors import DeadLetterError as DeadLetterError
 from ._errors import FencedError as FencedError
 from ._errors import MeshConnectionError as MeshConnectionError
 from ._errors import MeshError as MeshError
+from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._errors import ProtocolError as ProtocolError
 from ._fleet import Fleet as Fleet
 from ._fleet import open_fleet as open_fleet

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -22,10 +23,18 @@ from ._connection import Connection, open_connection
 from ._epoch import adopt_value
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
 from ._keys import Keys, check_queue
+from ._memory import MemoryWatch
 from ._policy import QueuePolicy, parse_policy, policy_fields
 from ._pubsub import open_pubsub
 from ._schedule import Schedule, cron_next, parse_spec, spec_of, split_id
-from ._scripts import Binding, parse_dead, parse_record, parse_result, payload_bytes
+from ._scripts import (
+    Binding,
+    parse_dead,
+    parse_record,
+    parse_result,
+    payload_bytes,
+    run_reads,
+)
 from ._topology import Topology
 from ._transport import check_min_replicas, coerce_config
 from ._types import (
@@ -39,6 +48,8 @@ from ._types import (
 )
 from ._url import RedisConfig
 from ._validate import seconds, whole
+
+log = logging.getLogger("mesh.client")
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
 
@@ -62,6 +73,13 @@ class Client:
         self._binding = Binding(keys)
         self._max_payload = max_payload
         self._closed = False
+        self.memory = MemoryWatch("client")
+        """Redis's memory and eviction policy as this client's reads for
+        ``mesh status``, the dashboard and the exporter last saw them (see
+        :mod:`mesh._memory`): a policy that can evict is logged once."""
+        self.vanished: dict[str, int] = {}
+        """Per queue, persistent tasks missing without a cancel, as last
+        reported (see :func:`mesh._view.counts`)."""
 
     @property
     def namespace(self) -> str:
@@ -525,7 +543,10 @@ class Client:
         :meth:`ensure`; a task there already takes the weight given).
 
         Each step is atomic; the whole is not: a concurrent ``ensure`` by
-        someone else may survive or be cancelled. Safe to repeat.
+        someone else may survive or be cancelled. Safe to repeat. It also
+        restores persistent tasks that vanished without a cancel (evicted,
+        or deleted behind the mesh's back: ``mesh status`` shows them), and
+        then recounts the queue's weight sums, which still counted them.
 
         Returns:
             The payloads this call added and the payloads this call cancelled
@@ -556,6 +577,17 @@ class Client:
         for p in extra:
             if sum(await self._binding.cancel(conn, queue, p)):
                 cancelled.append(p)
+        # Tasks that vanished without a cancel (evicted, deleted) and were
+        # added back above left the queue's weight sums counting them twice.
+        was, now = await self._binding.recount(conn, queue)
+        if was != now:
+            log.warning(
+                "queue %s: reconcile found the persistent tasks' weight counted as %d where "
+                "%d is there (tasks had vanished without a cancel): recounted",
+                queue,
+                was,
+                now,
+            )
         return ReconcileResult(tuple(added), tuple(cancelled))
 
     async def cancel(self, queue: str, task: bytes | str) -> int:
@@ -936,17 +968,15 @@ def _load_info(raw: bytes | None) -> dict[str, Any]:
 
 
 async def _transaction(conn: Connection, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """The replies of ``commands`` run in ``MULTI``/``EXEC``: one consistent
+    """The replies of the read ``commands`` run as one step: one consistent
     view of several keys (scripts move tasks between them), one round trip.
+    A read-only script (:func:`run_reads`), not ``MULTI``/``EXEC``: Redis
+    answers it at the memory limit too.
 
     Raises:
-        CommandError: a command got an error reply (the others ran).
+        CommandError: a command got an error reply (nothing is answered).
     """
-    *_, replies = await conn.pipeline([("MULTI",), *commands, ("EXEC",)])
-    for reply in replies:
-        if isinstance(reply, CommandError):
-            raise reply
-    return list(replies)
+    return await run_reads(conn, commands)
 
 
 @asynccontextmanager

@@ -19,6 +19,7 @@ __all__ = [
     "FencedError",
     "MeshConnectionError",
     "MeshError",
+    "OutOfMemoryError",
     "ProtocolError",
 ]
 
@@ -48,6 +49,35 @@ class CommandError(MeshError):
     def __init__(self, message: str, code: str = "ERR") -> None:
         super().__init__(message)
         self.code = code
+
+
+class OutOfMemoryError(CommandError):
+    """Redis refused a write because its memory is full (``used_memory`` above
+    ``maxmemory``, with a policy that cannot evict, ``noeviction``). Our
+    scripts that add tasks or state (enqueue, delayed and priority enqueue,
+    ensure, schedule, configure, register, serve) are refused before they
+    write anything, so nothing of the call was stored or acknowledged: free
+    memory (finish, drain, delete) or raise ``maxmemory``, then retry.
+    ``code`` is ``"OOM"``. Reads, and the paths that free memory or keep
+    workers alive, keep working at the limit (see docs/operating.md)."""
+
+    def __init__(self, message: str, code: str = "OOM") -> None:
+        super().__init__(message, code)
+
+
+def out_of_memory(exc: CommandError) -> OutOfMemoryError | None:
+    """The :class:`OutOfMemoryError` for an error reply that is an OOM
+    refusal, else None: the reply of a command (``OOM ...``) or, on Redis
+    6.2, of a script whose write Redis refused (``ERR Error running script
+    ... -OOM ...``). Its message names maxmemory."""
+    message = str(exc)
+    if exc.code == "OOM" or (exc.code == "ERR" and "-OOM " in message):
+        return OutOfMemoryError(
+            "Redis is out of memory (used_memory > maxmemory, policy noeviction): "
+            "the write was refused before anything was stored; free memory or raise "
+            f"maxmemory, then retry (Redis said: {message.strip()})"
+        )
+    return None
 
 
 class FencedError(MeshError):

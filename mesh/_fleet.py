@@ -66,6 +66,7 @@ from ._errors import (
 )
 from ._keys import Keys
 from ._lease import Generation, Lease, LeaseTiming
+from ._memory import MemoryWatch, watch_memory
 from ._policy import PolicyWatch, QueuePolicy
 from ._pubsub import PubSub, open_pubsub
 from ._schedule import run_scheduler
@@ -244,7 +245,7 @@ class Renewals:
             if isinstance(result, outcome.Error):
                 assert isinstance(result.error, FencedError)
                 del self._due[(lease, gen)]
-                gen.fence(str(result.error))
+                lease.fenced(gen, str(result.error))
             else:
                 self._due[(lease, gen)] = lease.renewed(gen, sent, qs, result.unwrap(), reconnects)
         self._added.set()
@@ -314,6 +315,8 @@ class Fleet:
         )
         self.client = Client(conn, keys, max_payload=max_payload)
         """A :class:`Client` on the fleet's connection."""
+        self.memory = MemoryWatch(f"fleet {name}")
+        """Redis's eviction policy, read once per poll for the whole fleet."""
         self._closed = False
 
     def statistics(self) -> ReaperStatistics:
@@ -361,6 +364,7 @@ class Fleet:
             reaper=self._reaper,
             driver=self.renewals,
             housekeeping=False,
+            memory=self.memory,
         )
         worker.min_replicas = worker.client.min_replicas = self._min_replicas
         worker._lease.min_replicas = self._min_replicas
@@ -419,6 +423,7 @@ class Fleet:
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._listen)
+            nursery.start_soon(watch_memory, self._conn, self.memory)
             await nursery.start(self.renewals.run)
             await nursery.start(self._reaper.run)
             # one scheduler, which also re-reads the policies of every queue

@@ -396,7 +396,7 @@ class Lease:
                     await self._conn.wait_replicas(self.min_replicas, t.fence_after)
                     reply = renewal
             except FencedError as exc:
-                gen.fence(str(exc))
+                self.fenced(gen, str(exc))
                 return
             except (MeshConnectionError, CommandError) as exc:
                 await trio.sleep_until(self.renewal_failed(gen, sent, exc))
@@ -405,10 +405,30 @@ class Lease:
                 continue
             await trio.sleep_until(self.renewed(gen, sent, queues, reply))
 
+    def fenced(self, gen: Generation, message: str) -> None:
+        """A heartbeat found ``gen``'s lease gone or superseded: fence it.
+        A lease gone before its TTL could have run out since the last
+        confirmed renewal did not expire: it was deleted, evicted (a
+        maxmemory-policy other than noeviction) or lost by Redis; said in
+        one warning line (see :mod:`mesh._memory`). Sync: no I/O."""
+        t = self.timing
+        renewed = gen.scope.deadline - t.fence_after  # sent time of the last confirmed one
+        early = renewed + t.ttl - trio.current_time()
+        if "no lease" in message and early > t.ttl / 10:
+            log.warning(
+                "worker %s: its lease vanished %.1f s before it could have expired: "
+                "evicted (is Redis's maxmemory-policy noeviction?), deleted, or lost by "
+                "Redis (a restart or failover); it stops its processes and rejoins",
+                gen.id,
+                early,
+            )
+        gen.fence(message)
+
     def renewal_failed(self, gen: Generation, sent: float, exc: Exception) -> float:
         """A heartbeat sent at ``sent`` failed with ``exc`` (Redis unreachable,
-        or refusing). Retried until it works or the fence deadline passes (an
-        OOM Redis refuses the lease renewal: we fence, we do not crash). Said
+        or refusing). Retried until it works or the fence deadline passes (a
+        full Redis does not refuse renewals: heartbeat.lua's first write is
+        one Redis lets through at the memory limit). Said
         once per outage, not once per try. Returns when to try again."""
         t = self.timing
         what = "Redis unreachable" if isinstance(exc, MeshConnectionError) else "refused"

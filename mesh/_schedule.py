@@ -177,17 +177,18 @@ async def _fire_due(
 ) -> float:
     """Fire the due ticks among the first ones; seconds until the next one
     (0: call again at once; inf: no schedule). With ``policies``, read and
-    apply the stored policies in the same transaction."""
+    apply the stored policies in the same round trip (a pipeline, not a
+    transaction: Redis refuses MULTI at the memory limit, and each tick fires
+    by compare-and-set anyway)."""
     queues = policies.queues() if policies is not None else []
     cmds: list[tuple[Any, ...]] = [
-        ("MULTI",),
         ("TIME",),
         ("ZRANGE", keys.schedules, 0, _BATCH - 1, "WITHSCORES"),
     ]
     if queues:
         assert policies is not None
         cmds.append(("HMGET", policies.key, *queues))
-    *_, replies = await conn.pipeline([*cmds, ("EXEC",)])
+    replies = await conn.pipeline(cmds)
     (sec, usec), flat = replies[0], replies[1]
     if queues:
         assert policies is not None

@@ -25,7 +25,14 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 import attrs
 import outcome
 
-from ._errors import CommandError, ConfigError, ConflictError, FencedError, ProtocolError
+from ._errors import (
+    CommandError,
+    ConfigError,
+    ConflictError,
+    FencedError,
+    ProtocolError,
+    out_of_memory,
+)
 from ._keys import PROTOCOL_VERSION, Keys
 from ._transport import Packed
 from ._types import DeadLetter, Process
@@ -40,6 +47,7 @@ __all__ = [
     "load_scripts",
     "payload_bytes",
     "run_pipelined",
+    "run_reads",
 ]
 
 T = TypeVar("T")
@@ -66,6 +74,8 @@ SCRIPT_NAMES = (
     "schedule",
     "fire",
     "rebalance",
+    "read",
+    "recount",
 )
 
 _INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
@@ -209,7 +219,7 @@ def payload_bytes(task: object, limit: int | None = None) -> bytes:
 def _map_error(exc: CommandError) -> Exception:
     cls = _ERRORS.get(exc.code)
     if cls is None:
-        return exc
+        return out_of_memory(exc) or exc
     msg = str(exc)
     if msg.startswith(exc.code + " "):
         msg = msg[len(exc.code) + 1 :]
@@ -224,6 +234,8 @@ async def run_script(
     Raises:
         FencedError, ProtocolError, ConfigError, ConflictError: the script's
             error codes (see protocol/README.md).
+        OutOfMemoryError: Redis is at maxmemory and refused the script's
+            first write (nothing was written).
         CommandError: any other error reply.
         MeshConnectionError: from the connection.
     """
@@ -239,6 +251,29 @@ async def run_script(
         if mapped is exc:
             raise
         raise mapped from exc
+
+
+async def run_reads(conn: Executor, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """The replies of several read commands run as one step (``read.lua``):
+    one consistent view of several keys, as ``MULTI``/``EXEC`` gives, that
+    Redis also answers at the memory limit, where it refuses every command
+    queued in a ``MULTI``. Each command's first argument is its key (but for
+    ``TIME``); only the reads that ``read.lua`` lists are allowed.
+
+    Raises:
+        CommandError: a command's error (e.g. ``WRONGTYPE``) or ``BAD_ARG``
+            (a command that is not a read): nothing of the call is answered.
+        MeshConnectionError: from the connection.
+    """
+    keys: list[Any] = []
+    seen: set[Any] = set()
+    args: list[Any] = []
+    for name, *rest in commands:
+        args += [len(rest), name, *rest]
+        if rest and str(name).upper() != "TIME" and rest[0] not in seen:
+            seen.add(rest[0])
+            keys.append(rest[0])
+    return list(await run_script(conn, load_scripts()["read"], keys, args))
 
 
 @attrs.frozen
@@ -1185,6 +1220,14 @@ class Binding:
         keys.append(k.prio(queue))
         r = await self._run(conn, "ensure", keys, [queue, k.wake_prefix, weight, *payloads])
         return [x == 1 for x in r]
+
+    async def recount(self, conn: Executor, queue: str) -> tuple[int, int]:
+        """Set ``queue``'s persistent weight sums to what its registry holds
+        (``recount.lua``): (the weight counted before, the weight present)."""
+        k = self.keys
+        keys = [k.persistent(queue), k.standby(queue), k.share(queue)]
+        was, now = await self._run(conn, "recount", keys, [queue])
+        return int(was), int(now)
 
     async def cancel(self, conn: Executor, queue: str, payload: bytes) -> tuple[int, int]:
         """(queued copies removed, running processes cancelled)."""

@@ -23,14 +23,19 @@ Both use the Redis clock (:meth:`Client.time`), never this machine's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ._client import Client, QueueBalance, _load_info, _pairs
-from ._scripts import parse_record
+from ._errors import CommandError
+from ._memory import INFO_MEMORY, MemoryInfo, parse_memory_info, read_memory
+from ._scripts import parse_record, run_reads
 from ._types import DelayedTask, Process, QueueInfo, QueueShare, WorkerInfo
+
+log = logging.getLogger("mesh.memory")
 
 __all__ = [
     "share_text",
@@ -97,12 +102,14 @@ class Snapshot:
     queues: list[QueueInfo]
     processes: list[Process] | None
     delayed: dict[str, list[DelayedTask]] | None = None
+    memory: MemoryInfo | None = None
+    vanished: Mapping[str, int] = attrs.field(factory=dict)
 
 
 async def snapshot(
     client: Client, *, processes: bool = False, delayed: int | None = None
 ) -> Snapshot:
-    """Read workers, queue counts (all queues in one transaction) and,
+    """Read workers, queue counts (all queues in one step, a read-only script) and,
     optionally, the running processes and the first ``delayed`` delayed
     tasks of each queue that has some.
 
@@ -112,8 +119,11 @@ async def snapshot(
     Nothing is written; a cancelled call leaves nothing behind.
     """
     now = await client.time()
+    memory = await read_memory(client._check())
+    client.memory.update(memory)
     workers = await client.workers()
     queues = await client.queue_infos()
+    vanished = {q.info.name: q.vanished for q in (await counts(client)).queues if q.vanished}
     procs = await client.processes() if processes else None
     due = None
     if delayed is not None:
@@ -121,7 +131,7 @@ async def snapshot(
         for q in queues:
             if q.delayed:
                 due[q.name] = await client.delayed(q.name, limit=delayed)
-    return Snapshot(now, workers, queues, procs, due)
+    return Snapshot(now, workers, queues, procs, due, memory, vanished)
 
 
 @attrs.frozen
@@ -137,12 +147,19 @@ class QueueCounts:
         unowned_since: per payload in ``unowned``, since when (seconds of the
             Redis clock) no process has run it: since it was ensured, handed
             back or recycled (``{ns}:unowned:<Q>``, kept by the scripts).
+        vanished: persistent tasks that left the registry without a cancel,
+            finish or delete (evicted, or deleted behind the mesh's back):
+            the total weight the scripts keep beside the registry
+            (``share:<Q>``'s ``:weight``, moved only by ensure, finish,
+            cancel and delete_queue) less the weight of the tasks there.
+            :meth:`Client.reconcile` puts them back.
     """
 
     info: QueueInfo
     persistent_owned: int
     unowned: tuple[bytes, ...]
     unowned_since: Mapping[bytes, float] = attrs.field(factory=dict)
+    vanished: int = 0
 
     def longest_unowned(self, now: float) -> float:
         """Seconds that the longest-unowned persistent task has had no owner
@@ -167,11 +184,15 @@ class MeshCounts:
     workers: int
     workers_alive: int
     queues: list[QueueCounts]
+    memory: MemoryInfo | None = None
 
 
 async def counts(client: Client) -> MeshCounts:
-    """Read the mesh-wide counts: two round trips (the clock and the list of
-    queues, then one transaction for everything else).
+    """Read the mesh-wide counts: two round trips (the clock, the list of
+    queues and ``INFO memory``, then one read-only script for everything
+    else: a consistent view, which Redis answers at the memory limit too,
+    where it refuses ``MULTI``). A policy that can evict and persistent
+    tasks that vanished are logged once (see :class:`~mesh._memory.MemoryWatch`).
 
     Its cost in Redis is O(log workers) plus, per queue, O(persistent tasks)
     (to tell owned from unowned ones, and since when those are unowned).
@@ -181,7 +202,9 @@ async def counts(client: Client) -> MeshCounts:
     """
     conn = client._check()
     k = client._keys
-    (sec, usec), names = await conn.pipeline([("TIME",), ("SMEMBERS", k.queues)])
+    (sec, usec), names, memory = _checked(
+        await conn.pipeline([("TIME",), ("SMEMBERS", k.queues), INFO_MEMORY], raise_on_error=False)
+    )
     now_ms = int(sec) * 1000 + int(usec) // 1000
     queues = sorted(q.decode() for q in names)
     cmds: list[tuple[Any, ...]] = [("ZCARD", k.workers), ("ZCOUNT", k.workers, now_ms, "+inf")]
@@ -195,18 +218,65 @@ async def counts(client: Client) -> MeshCounts:
             ("LLEN", k.dead(q)),
             ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
             ("ZCARD", k.prio(q)),
+            ("HGETALL", k.share(q)),
         ]
-    *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
-    for r in replies:
-        if isinstance(r, Exception):
-            raise r
+    replies = await run_reads(conn, cmds)  # at the memory limit too, unlike MULTI
     out = []
     for i, q in enumerate(queues):
-        group = replies[2 + 8 * i : 2 + 8 * (i + 1)]
-        queued, delayed, running, persistent, standby, dead, since, prio = group
+        group = replies[2 + 9 * i : 2 + 9 * (i + 1)]
+        queued, delayed, running, persistent, standby, dead, since, prio, share = group
         queued += prio  # tasks with a priority are queued too
-        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
-    return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out)
+        out.append(
+            _queue_counts(
+                q, queued, delayed, running, persistent, standby, dead, since, _pairs(share)
+            )
+        )
+    info = _memory_of(client, memory)
+    _tell_vanished(client, out)
+    return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out, info)
+
+
+def _checked(replies: list[Any]) -> list[Any]:
+    """A pipeline's replies whose last is ``INFO memory``: the first error
+    of the others is raised; that of ``INFO`` (an ACL without ``+info``) is
+    left in place."""
+    for r in replies[:-1]:
+        if isinstance(r, CommandError):
+            raise r
+    return replies
+
+
+def _memory_of(client: Client, reply: object) -> MemoryInfo | None:
+    """The reading of ``INFO memory`` in a pipeline's replies (None: refused,
+    by an ACL without ``+info``), given to the client's watch (which logs a
+    policy that can evict once)."""
+    info = None
+    if isinstance(reply, bytes | str) and not isinstance(reply, CommandError):
+        try:
+            info = parse_memory_info(reply)
+        except ValueError:
+            info = None
+    client.memory.update(info)
+    return info
+
+
+def _tell_vanished(client: Client, queues: Sequence[QueueCounts]) -> None:
+    """Log persistent tasks missing without a cancel: one error line per
+    queue each time its number changes (not one per read)."""
+    for q in queues:
+        was = client.vanished.get(q.info.name, 0)
+        if q.vanished != was:
+            if q.vanished:
+                log.error(
+                    "queue %s: %d persistent task(s) vanished without a cancel (evicted, or "
+                    "deleted behind the mesh's back; is maxmemory-policy noeviction?): "
+                    "Client.reconcile(queue, desired) puts them back",
+                    q.info.name,
+                    q.vanished,
+                )
+                client.vanished[q.info.name] = q.vanished
+            else:
+                client.vanished.pop(q.info.name, None)
 
 
 def _queue_counts(
@@ -218,10 +288,13 @@ def _queue_counts(
     standby: Sequence[bytes],
     dead: int,
     since: Sequence[bytes],
+    share: Mapping[bytes, bytes],
 ) -> QueueCounts:
     owned = 0
     unowned = list(standby)
+    tasks = list(standby)
     for i in range(0, len(persistent), 2):
+        tasks.append(persistent[i])
         if persistent[i + 1]:
             owned += 1
         else:
@@ -229,10 +302,15 @@ def _queue_counts(
     total = owned + len(unowned)
     info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead))
     unowned_since = {since[j]: int(since[j + 1]) / 1000 for j in range(0, len(since), 2)}
-    return QueueCounts(info, owned, tuple(sorted(unowned)), unowned_since)
+    # The weight the scripts counted in, against that of the tasks present.
+    present = total
+    if b":heavy" in share:
+        present = sum(int(share.get(b"w" + t, b"1")) for t in tasks)
+    vanished = max(0, int(share.get(b":weight", b"0")) - present)
+    return QueueCounts(info, owned, tuple(sorted(unowned)), unowned_since, vanished)
 
 
-#: Commands per queue in :func:`overview`'s transaction.
+#: Commands per queue in :func:`overview`'s read script.
 _PER_QUEUE = 12
 
 
@@ -252,6 +330,7 @@ class Overview:
     workers: list[WorkerInfo]
     queues: list[QueueCounts]
     processes: list[Process]
+    memory: MemoryInfo | None = None
 
 
 async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None = None) -> Overview:
@@ -269,8 +348,16 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
     conn = client._check()
     k = client._keys
     cache: dict[str, dict[str, Any]] = {} if info_cache is None else info_cache
-    (sec, usec), names, flat = await conn.pipeline(
-        [("TIME",), ("SMEMBERS", k.queues), ("ZRANGE", k.workers, 0, -1, "WITHSCORES")]
+    (sec, usec), names, flat, memory = _checked(
+        await conn.pipeline(
+            [
+                ("TIME",),
+                ("SMEMBERS", k.queues),
+                ("ZRANGE", k.workers, 0, -1, "WITHSCORES"),
+                INFO_MEMORY,
+            ],
+            raise_on_error=False,
+        )
     )
     now_ms = int(sec) * 1000 + int(usec) // 1000
     queues = sorted(q.decode() for q in names)
@@ -296,10 +383,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
         ]
     if new:
         cmds.append(("HMGET", k.info, *new))
-    *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
-    for r in replies:
-        if isinstance(r, Exception):
-            raise r
+    replies = await run_reads(conn, cmds)  # at the memory limit too, unlike MULTI
     fresh: dict[str, dict[str, Any]] = {}
     if new:
         for w, raw in zip(new, replies[-1], strict=True):
@@ -342,7 +426,9 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
                 )
             )
         running = len(procs) // 2
-        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
+        out.append(
+            _queue_counts(q, queued, delayed, running, persistent, standby, dead, since, share_hash)
+        )
     processes.sort(key=lambda p: p.token)
     workers = []
     for w, deadline in sorted(deadlines.items()):
@@ -360,4 +446,5 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
                 shares=tuple(shares.get(w, ())),
             )
         )
-    return Overview(now_ms / 1000, workers, out, processes)
+    _tell_vanished(client, out)
+    return Overview(now_ms / 1000, workers, out, processes, _memory_of(client, memory))

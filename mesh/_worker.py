@@ -22,6 +22,7 @@ while the old handler may still run (invariant 10).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -45,6 +46,7 @@ from ._errors import (
 )
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
+from ._memory import MemoryInfo, MemoryWatch, read_memory, watch_memory
 from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
 from ._pubsub import Message, PubSub, open_pubsub
 from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner
@@ -124,6 +126,9 @@ class WorkerStatistics:
 
     processes_handed_back: int = 0
     processes_moved: int = 0  # handed back to a peer below its share (rebalancing)
+    redis_memory: MemoryInfo | None = None
+    """Redis's memory and eviction policy as the host last read them (None:
+    not read yet, or INFO not allowed)."""
 
 
 class Worker:
@@ -147,6 +152,7 @@ class Worker:
         reaper: Reaper | None = None,
         driver: HeartbeatDriver | None = None,
         housekeeping: bool = True,
+        memory: MemoryWatch | None = None,
     ) -> None:
         self._conn = conn
         self._pubsub = pubsub
@@ -193,6 +199,8 @@ class Worker:
         self._queue_lock = trio.Lock()
         self.client = Client(conn, keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
+        # Redis's eviction policy, read by the host (open_worker or a fleet)
+        self._memory = memory or MemoryWatch(f"worker {base_id}")
 
     @property
     def _gen(self) -> Generation:
@@ -266,6 +274,7 @@ class Worker:
             event_reconnects=self._pubsub.reconnects,
             processes_handed_back=sum(q.handed_back for q in st.queues.values()) + st.handed_back,
             processes_moved=sum(q.moved_out for q in st.queues.values()),
+            redis_memory=self._memory.info,
         )
 
     async def start_work(
@@ -874,6 +883,7 @@ async def open_worker(
                     tasks = ShieldedTasks(nursery)
                     try:
                         tasks.start_soon(worker._listen)
+                        tasks.start_soon(functools.partial(watch_memory, conn, worker._memory))
                         await tasks.start(worker._lease.run)
                         await tasks.start(reaper.run)
                         try:
@@ -922,16 +932,22 @@ async def subscribe_expiry(
 
 
 async def check_server(conn: Connection) -> None:
-    """Refuse an eviction policy that can evict heartbeat keys; the check is
-    skipped where CONFIG is not allowed (managed Redis, ACL)."""
-    try:
-        r = await conn.execute("CONFIG", "GET", "maxmemory-policy")
-    except CommandError:
-        return
-    if len(r) == 2:
+    """Refuse an eviction policy that can evict heartbeat keys, read from
+    ``INFO memory`` (allowed by the documented ACL), else ``CONFIG GET``;
+    where neither is allowed, :class:`MemoryWatch` warns once instead."""
+    info = await read_memory(conn)
+    if info is not None:
+        policy = info.policy
+    else:
+        try:
+            r = await conn.execute("CONFIG", "GET", "maxmemory-policy")
+        except CommandError:
+            return
+        if len(r) != 2:
+            return
         policy = r[1].decode()
-        if policy not in ("noeviction",):
-            raise ConfigError(
-                f"Redis maxmemory-policy is {policy!r}: it may evict leases and tasks; "
-                "trio-mesh needs 'noeviction'"
-            )
+    if policy not in ("noeviction",):
+        raise ConfigError(
+            f"Redis maxmemory-policy is {policy!r}: it may evict leases and tasks; "
+            "trio-mesh needs 'noeviction'"
+        )

@@ -22,7 +22,8 @@
 -- ARGV[6..] payloads
 -- Returns: {payloads newly delayed, the due time in ms (Redis clock), now_ms}.
 -- Errors: CONFLICT (a payload is a persistent task of Q: nothing changed),
---         BAD_ARG (mode, time, priority).
+--         BAD_ARG (mode, time, priority), OOM (Redis is at maxmemory:
+--         nothing changed).
 -- Publishes: when the new due time is the queue's earliest, Q on the wake
 --            channels of up to two idle servers of Q: they claim, and the
 --            claim's reply tells them when the first delayed task is due.
@@ -50,9 +51,11 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
+-- the first write, refused at the memory limit (as in enqueue.lua)
+redis.call('SADD', KEYS[2], ARGV[1])
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #first == 0 or tonumber(first[2]) > due then
-  -- before the first write (see wake_idle); one task, one spare
+  -- before any task is written (see wake_idle); one task, one spare
   wake_idle(KEYS[5], ARGV[2], ARGV[1], 1)
 end
 local added = 0
@@ -67,5 +70,4 @@ end
 if level > 0 then
   for i = 6, #ARGV do delay_level(KEYS[6], ARGV[i], level) end
 end
-redis.call('SADD', KEYS[2], ARGV[1])
 return {added, due, now}

@@ -16,7 +16,7 @@
 -- Returns: the length of the list afterwards, or with a priority the number
 --          of queued tasks with a priority.
 -- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added),
---         BAD_ARG (priority).
+--         BAD_ARG (priority), OOM (Redis is at maxmemory: nothing was added).
 -- Publishes: Q on the wake channels of up to n + 1 idle servers of Q.
 --!include lib.lua
 
@@ -32,19 +32,20 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
--- Wake first (see wake_idle): refused, it must fail before any task is
--- added, or a retry would add them twice.
+-- The first write is one that Redis refuses at the memory limit (SADD is
+-- "denyoom"; see "At the memory limit" in README.md): refused, nothing is
+-- written. Then wake (see wake_idle): refused, it must fail before any task
+-- is added, or a retry would add them twice.
+redis.call('SADD', KEYS[2], ARGV[1])
 wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
 if level > 0 then
   local payloads = {}
   for i = 4, #ARGV do payloads[#payloads + 1] = ARGV[i] end
   prio_add(KEYS[6], level, payloads, false)
-  redis.call('SADD', KEYS[2], ARGV[1])
   return redis.call('ZCARD', KEYS[6])
 end
 local len = 0
 for i = 4, #ARGV, 4000 do
   len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
 end
-redis.call('SADD', KEYS[2], ARGV[1])
 return len

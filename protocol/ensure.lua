@@ -23,7 +23,8 @@
 -- ARGV[4..] payloads
 -- Returns: per payload 1 if added, 0 if it existed already.
 -- Errors: CONFLICT (a payload is queued or delayed as a one-shot task of Q:
---         nothing was added), BAD_ARG (weight).
+--         nothing was added), BAD_ARG (weight), OOM (Redis is at maxmemory:
+--         nothing changed, even for payloads already there).
 -- Cost: the one-shot check reads the queue (LPOS, or one pass for many
 --       payloads): O(queue length) when the queue holds tasks, and the
 --       tasks with a priority, if any.
@@ -76,10 +77,10 @@ elseif len > 0 then
     end
   end
 end
-wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before the first write, as in enqueue.lua
+redis.call('SADD', KEYS[2], ARGV[1])  -- the first write, refused at the memory limit
+wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before any task is written, as in enqueue.lua
 to_standby(KEYS[3], KEYS[4], new, false, KEYS[7], now_ms())
 call_chunked('RPUSH', KEYS[1], new)
-redis.call('SADD', KEYS[2], ARGV[1])
 if weight ~= 1 and #new > 0 then
   local fields = {}
   for _, p in ipairs(new) do

@@ -49,9 +49,12 @@ for i = 1, #ARGV - 3 do
       if persistent then
         if weighted == nil then weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1 end
         local w = weighted and task_weight(KEYS[6], payload) or 1
+        -- HDEL before HINCRBY: the first write must be one Redis does not
+        -- refuse at the memory limit (see "At the memory limit" in README.md)
+        local mine = redis.call('HGET', KEYS[4], payload) == id
+        if mine then redis.call('HDEL', KEYS[4], payload) end
         add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
-        if redis.call('HGET', KEYS[4], payload) == id then
-          redis.call('HDEL', KEYS[4], payload)
+        if mine then
           forget_weight(KEYS[6], payload)  -- the task leaves: its weight leaves the sums
         end
       end

@@ -50,7 +50,7 @@ local ids = {}
 for i = 1, n do ids[i] = ARGV[2 + 3 * i] end
 local recs = hmget_all(KEYS[2], ids)
 local wz = ARGV[1] .. '\0'
-local gone, seen, attempts = {}, {}, {}
+local gone, seen, attempts, results = {}, {}, {}, {}
 for i, id in ipairs(ids) do
   local a = 2 + 3 * i
   local rec = recs[i]
@@ -64,17 +64,20 @@ for i, id in ipairs(ids) do
       if persistent then
         if weighted == nil then weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1 end
         local w = weighted and task_weight(KEYS[6], payload) or 1
+        -- HDEL before HINCRBY: the first write must be one Redis does not
+        -- refuse at the memory limit (see "At the memory limit" in README.md)
+        local mine = redis.call('HGET', KEYS[4], payload) == id
+        if mine then redis.call('HDEL', KEYS[4], payload) end
         add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
-        if redis.call('HGET', KEYS[4], payload) == id then
-          redis.call('HDEL', KEYS[4], payload)
+        if mine then
           forget_weight(KEYS[6], payload)  -- the task leaves: its weight leaves the sums
         end
       end
       if persistent or tries ~= '0' then attempts[#attempts + 1] = payload end
       local kind_v = ARGV[a + 1] == 'v' and 'v' or 'n'
       local value = ARGV[a + 2]
-      redis.call('SET', KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
-        .. string.format('%d', #value) .. '\0' .. value .. payload, 'PX', ttl)
+      results[#results + 1] = {KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
+        .. string.format('%d', #value) .. '\0' .. value .. payload}
       nudge(ARGV[3], payload)
       done = 1
     end
@@ -84,4 +87,8 @@ end
 call_chunked('HDEL', KEYS[2], gone)
 call_chunked('SREM', KEYS[3], gone)
 call_chunked('HDEL', KEYS[5], attempts)
+-- The results last, after the process records left: SET is refused at the
+-- memory limit only as a script's first write, so a full Redis still
+-- finishes (and stores the results: see "At the memory limit" in README.md)
+for _, r in ipairs(results) do redis.call('SET', r[1], r[2], 'PX', ttl) end
 return out

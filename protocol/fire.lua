@@ -17,7 +17,8 @@
 --          another peer already, removed, replaced, or not due by the Redis
 --          clock); 2 if the tick passed but the payload is a persistent task
 --          of Q now (nothing enqueued, the next tick set).
--- Errors: BAD_ARG (key or argument count, a next tick not after the tick).
+-- Errors: BAD_ARG (key or argument count, a next tick not after the tick),
+--         OOM (Redis is at maxmemory: nothing fired, the ticks stay due).
 -- Publishes: Q on the wake channels of up to two idle servers of Q per copy
 --            enqueued (see lib.lua wake_idle).
 --!include lib.lua
@@ -48,9 +49,9 @@ for i = 1, n do
         and is_persistent(KEYS[k + 2], KEYS[k + 3], payload) then
       fired = 2
     else
+      redis.call('SADD', KEYS[3], q)  -- first: refused at the memory limit (as in enqueue.lua)
       wake_idle(KEYS[k + 4], ARGV[1], q, 1)
       redis.call('RPUSH', KEYS[k + 1], payload)
-      redis.call('SADD', KEYS[3], q)
       fired = 1
     end
     redis.call('ZADD', KEYS[1], 'XX', ARGV[a + 2], id)

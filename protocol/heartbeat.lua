@@ -167,10 +167,11 @@ for w = 1, n do
     fenced = fenced or {}
     fenced[w] = 'FENCED worker ' .. wk.id .. ' lease superseded'
   else
-    -- SET, not PEXPIRE: Redis refuses it when out of memory (before anything
-    -- is written, as the first write of the script), so an OOM Redis fences
-    -- its workers instead of keeping them alive with nothing working
-    redis.call('SET', KEYS[wk.key], wk.inc, 'PX', ttl)
+    -- PEXPIRE, not SET: Redis does not refuse it at the memory limit (it is
+    -- not "denyoom"), and as the first write of the script it lets the
+    -- renewal through, so a full Redis does not fence live workers (see "At
+    -- the memory limit" in README.md); the value was checked just above
+    redis.call('PEXPIRE', KEYS[wk.key], ttl)
     nlive = nlive + 1
     if deadlines then
       deadlines[#deadlines + 1] = deadline

@@ -25,9 +25,19 @@ lease, err = count_arg(ARGV[2], 'reap lease')
 if err then return err end
 local now = now_ms()
 local out = {now, -1, redis.call('ZCARD', KEYS[1])}
-for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)) do
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+local moved = {}
+for _, w in ipairs(due) do
   out[#out + 1] = w
-  if lease > 0 then redis.call('ZADD', KEYS[1], 'XX', now + lease, w) end
+  moved[#moved + 1] = now + lease
+  moved[#moved + 1] = w
+end
+if lease > 0 and #due > 0 then
+  -- ZREM first: Redis does not refuse it at the memory limit, and the ZADD
+  -- after it then goes through too (see "At the memory limit" in
+  -- README.md): dead workers are found, and recycled, when Redis is full
+  redis.call('ZREM', KEYS[1], unpack(due))
+  redis.call('ZADD', KEYS[1], unpack(moved))
 end
 local nxt = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if #nxt > 0 then out[2] = tonumber(nxt[2]) - now end

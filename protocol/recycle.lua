@@ -98,7 +98,11 @@ local out, alive_ids, told = {0, 0, 0, 0}, {}, {}
 for _, j in ipairs(alive) do
   -- alive after all: put its true deadline back, which a reap lease may have moved
   local left = redis.call('PTTL', KEYS[3 + 3 * (j - 1)])
-  if left >= 0 then redis.call('ZADD', KEYS[1], 'XX', now_ms() + left, ARGV[4 + j]) end
+  -- (ZREM, then ZADD: ZADD XX as the first write would be refused at the
+  -- memory limit; see "At the memory limit" in README.md)
+  if left >= 0 and redis.call('ZREM', KEYS[1], ARGV[4 + j]) == 1 then
+    redis.call('ZADD', KEYS[1], now_ms() + left, ARGV[4 + j])
+  end
   alive_ids[#alive_ids + 1] = ARGV[4 + j]
 end
 

@@ -19,6 +19,23 @@ tasks over the first part of the run, and injects faults drawn at random:
   write of a paused owner that was already on its way, which the sink must
   refuse. At most one is pending at a time.
 
+With ``--phases``, phases of Redis trouble run during the faults (issue 23):
+
+* ``memory-limit``: from 30% to 55% of the run, Redis is full (``maxmemory``
+  just below what it uses, ``noeviction``): enqueues and ensures are refused
+  with ``OutOfMemoryError`` and retried until memory is freed; a refused
+  call is not acknowledged, every acknowledged one must be done in the end;
+  the workers must keep their leases (no rejoin caused by the limit; faults
+  pause) and a backlog of 300 tasks enqueued just before must drain;
+* ``eviction``: at 65% of the run, ``maxmemory-policy allkeys-lru`` and a
+  tight ``maxmemory``, then filler keys until Redis has evicted 100 keys
+  (the least recently used: the mesh's idle keys among them); measured:
+  how long until the client's reads notice the policy, what was evicted
+  (persistent tasks that vanished, reported by ``mesh status``'s counts;
+  one-shot tasks lost: eviction deletes data, so these are reported, not
+  counted as violations); then ``noeviction`` again and
+  ``Client.reconcile`` restores the persistent tasks.
+
 At most ``--max-impaired`` workers are stopped, cut or dead at once. When
 the time is up, every fault is healed, and the soak waits until every
 one-shot task is done and every persistent task runs, then checks:
@@ -74,6 +91,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mesh
 from mesh._connection import open_connection
+from mesh._view import counts
 from mesh.testing import run_redis_server
 from tests import topology
 from tests.faults import checks, sink
@@ -107,6 +125,13 @@ class Soak:
         self.latest: dict[bytes, sink.Event] = {}  # task -> newest accepted action
         self.rejected = 0
         self._seen = 0
+        # --phases (issue 23): figures of the memory-limit and eviction phases
+        self.full = False  # Redis is at its memory limit now
+        self.phase: dict[str, object] = {}
+        self.oom_refused = 0  # enqueue/ensure calls refused at the limit (not acknowledged)
+        self.evicting = False  # an eviction phase runs: acknowledged tasks may be evicted
+        self.in_eviction: set[bytes] = set()  # acknowledged before/while Redis evicted
+        self.evicting_findings = 0  # one-place findings while Redis evicted (expected)
 
     # --- workers --------------------------------------------------------------
 
@@ -134,12 +159,18 @@ class Soak:
 
     async def inject(self, nursery: trio.Nursery) -> None:
         kind = self.rng.choice(FAULTS)
+        if self.full:
+            return  # a memory-limit phase runs without faults (see --phases)
         if kind == "late":
             now = trio.current_time()
             if any(t not in self.late_seen and now - at < 20 for t, at in self.late.items()):
                 return  # one at a time (a stall that was killed counts for 20 s)
             task = b"!stallonce;late%03d" % len(self.late)
-            await self.h.client.ensure("devices", task)
+            try:
+                await self.h.client.ensure("devices", task)
+            except mesh.OutOfMemoryError:
+                self.oom_refused += 1
+                return  # refused at the limit: not a persistent task
             self.late[task] = now
             self.persistent.append(task)
             self.faults[kind] += 1
@@ -206,6 +237,12 @@ class Soak:
                 try:
                     await self.h.client.enqueue_many("jobs", payloads)
                     break
+                except mesh.OutOfMemoryError:
+                    # refused at the limit: nothing stored, not acknowledged;
+                    # retried (without counting a try) until memory is freed
+                    self.oom_refused += 1
+                    while self.full:  # noqa: ASYNC110 - the phase ends on its own clock
+                        await trio.sleep(0.05)
                 except mesh.MeshConnectionError:  # pragma: no cover - Redis is not faulted
                     self.enqueue_errors += 1
                     await trio.sleep(0.05)
@@ -220,7 +257,13 @@ class Soak:
             snap = await checks.snapshot(self.h.conn, self.h.keys, ["devices", "jobs"])
             self.snapshots += 1
             one = {"jobs": set(self.acknowledged)}
-            self.two_places += checks.one_place_violations(snap, pers, one)
+            found = checks.one_place_violations(snap, pers, one)
+            if self.evicting:
+                # Redis deletes keys until reconcile: the state is broken by
+                # design, and reported, not judged
+                self.evicting_findings += len(found)
+            else:
+                self.two_places += found
 
     async def update(self) -> None:
         """Read the sink's new events (cheap: only what is new)."""
@@ -246,6 +289,120 @@ class Soak:
                 f"impaired={sorted(self.impaired)} two_places={len(self.two_places)}",
                 flush=True,
             )
+
+    # --- phases (--phases) ------------------------------------------------------
+
+    async def fill(self, headroom: int, below: int) -> int:
+        """maxmemory ``headroom`` above what Redis uses, then filler keys
+        (outside the namespace) until a write is refused or evicts; then,
+        with ``below``, maxmemory that much under what it uses. Returns how
+        many filler keys were written."""
+        conn = self.h.conn
+        used = await redis_used(conn)
+        await conn.execute("CONFIG", "SET", "maxmemory", used + headroom)
+        n = 0
+        for n in range(1, 4000):
+            try:
+                await conn.execute("SET", f"soak-filler:{n}", b"x" * 32768)
+            except mesh.CommandError as exc:
+                assert exc.code == "OOM", exc
+                break
+            if self.evicting and int(await info_field(conn, "stats", "evicted_keys")) >= 100:
+                break
+        if below:
+            await conn.execute("CONFIG", "SET", "maxmemory", await redis_used(conn) - below)
+        return n
+
+    async def unfill(self, n: int) -> None:
+        conn = self.h.conn
+        for i in range(1, n + 1, 500):
+            await conn.execute("DEL", *[f"soak-filler:{j}" for j in range(i, min(n, i + 499) + 1)])
+        await conn.execute("CONFIG", "SET", "maxmemory", 0)
+
+    async def memory_limit_phase(self, start: float, end: float) -> None:
+        await trio.sleep_until(start)
+        # no faults meanwhile, and none still healing: a rejoin in the phase
+        # is the limit's doing
+        self.full = True
+        while self.impaired:  # noqa: ASYNC110 - faults heal on their own clock
+            await trio.sleep(0.1)
+        await trio.sleep(2 * self.ttl)  # a worker cut just before has rejoined
+        # a backlog that must drain at the limit (acknowledged before it)
+        backlog = [b"!hold=0.02;m%04d" % k for k in range(300)]
+        await self.h.client.enqueue_many("jobs", backlog)
+        self.acknowledged += backlog
+        rejoins = await self.events_count("id")
+        n = await self.fill(512 * 1024, 256 * 1024)
+        t0 = trio.current_time()
+        await self.update()
+        done_at_start = len(self.done)
+        refused_at_start = self.oom_refused
+        await trio.sleep_until(end)
+        await self.update()
+        limit = int(await info_field(self.h.conn, "memory", "maxmemory"))
+        used = await redis_used(self.h.conn)
+        self.phase["memory_limit"] = {
+            "seconds": round(trio.current_time() - t0, 1),
+            "filler_keys": n,
+            "calls_refused_oom": self.oom_refused - refused_at_start,
+            "tasks_done_at_the_limit": len(self.done) - done_at_start,
+            "backlog_done_at_the_limit": len(self.done & set(backlog)),
+            "used_over_limit_bytes_at_end": used - limit,
+            "rejoins_during": (await self.events_count("id")) - rejoins,
+        }
+        await self.unfill(n)
+        self.full = False
+
+    async def eviction_phase(self, at: float) -> None:
+        await trio.sleep_until(at)
+        client, conn = self.h.client, self.h.conn
+        self.evicting = True
+        self.in_eviction = set(self.acknowledged)
+        await conn.execute("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        switched = trio.current_time()
+        noticed = None
+        while noticed is None and trio.current_time() - switched < 15:
+            c = await counts(client)
+            if c.memory is not None and c.memory.evicting:
+                noticed = trio.current_time() - switched
+            else:
+                await trio.sleep(0.25)
+        n = await self.fill(256 * 1024, 0)
+        evicted = int(await info_field(conn, "stats", "evicted_keys"))
+        c = await counts(client)
+        vanished = {q.info.name: q.vanished for q in c.queues}
+        k = self.h.keys
+        left = await conn.pipeline(
+            [
+                ("EXISTS", k.share("devices")),
+                ("HLEN", k.persistent("devices")),
+                ("SCARD", k.standby("devices")),
+                ("ZCARD", k.workers),
+            ]
+        )
+        await conn.execute("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        await self.unfill(n)
+        self.in_eviction |= set(self.acknowledged)
+        r = await client.reconcile("devices", self.persistent)
+        self.phase["eviction"] = {
+            "policy_noticed_after_s": None if noticed is None else round(noticed, 2),
+            "filler_keys": n,
+            "keys_evicted": evicted,
+            "persistent_vanished_reported": vanished,
+            "persistent_restored_by_reconcile": len(r.added),
+            "after_eviction": dict(
+                zip(
+                    ["share_key_left", "persistent_hash_len", "standby_len", "workers"],
+                    left,
+                    strict=True,
+                )
+            ),
+            "one_place_findings_while_evicting": self.evicting_findings,
+        }
+        self.evicting = False
+
+    async def events_count(self, action: str) -> int:
+        return sum(1 for e in await self.h.events() if e.action == action)
 
     # --- the end --------------------------------------------------------------
 
@@ -297,6 +454,14 @@ async def run(args: argparse.Namespace) -> int:
                     run_nursery.start_soon(soak.watch)
                     run_nursery.start_soon(soak.progress, t0)
                     run_nursery.start_soon(soak.enqueue_loop, t0 + args.duration * 0.6)
+                    if "memory-limit" in args.phases:
+                        run_nursery.start_soon(
+                            soak.memory_limit_phase,
+                            t0 + args.duration * 0.3,
+                            t0 + args.duration * 0.55,
+                        )
+                    if "eviction" in args.phases:
+                        run_nursery.start_soon(soak.eviction_phase, t0 + args.duration * 0.65)
                     await soak.fault_loop(end)
                     print("faults stop; healing and waiting for quiescence", flush=True)
                     soak.heal_everything()
@@ -313,7 +478,7 @@ async def run(args: argparse.Namespace) -> int:
     report["wall_s"] = round(time.time() - wall, 1)
     print(json.dumps(report, indent=1))
     bad = (
-        report["lost"]
+        report["lost_not_evicted"]
         or report["two_places"]
         or report["overlaps"]
         or report["ownership_violations"]
@@ -349,6 +514,9 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
     ev = await h.events()
     v = sink.judge(ev)
     lost = [p for p in soak.acknowledged if not v.done_count.get(p) and not places[p]]
+    # eviction deletes data: one-shot tasks acknowledged before Redis evicted
+    # may be gone; reported, not a violation (persistent ones were reconciled)
+    evicted = [p for p in lost if p in soak.in_eviction]
     lost += [p for p in soak.persistent if snap.places("devices")[p] != 1]
     # takeover after a kill: from the kill to the next start of each task the
     # killed worker was running (a task waiting out a crash backoff counts too)
@@ -394,7 +562,11 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
         "faults_total": sum(soak.faults.values()),
         "rejoins_under_new_id": fenced,
         "lost": len(lost),
+        "lost_evicted": len(evicted),
+        "lost_not_evicted": len(lost) - len(evicted),
         "lost_examples": [x.decode() for x in lost[:5]],
+        "enqueue_calls_refused_oom": soak.oom_refused,
+        "phases": soak.phase,
         "two_places": len(soak.two_places) + len(final_two),
         "two_places_examples": (soak.two_places + final_two)[:5],
         "snapshots_checked": soak.snapshots + 1,
@@ -414,6 +586,15 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
         "settle_timed_out": timed_out,
         "events": len(ev),
     }
+
+
+async def info_field(conn: object, section: str, field: str) -> str:
+    raw = (await conn.execute("INFO", section)).decode()  # type: ignore[attr-defined]
+    return str(raw.split(field + ":")[1].split()[0])
+
+
+async def redis_used(conn: object) -> int:
+    return int(await info_field(conn, "memory", "used_memory"))
 
 
 def spread(xs: list[float]) -> dict[str, object]:
@@ -636,21 +817,25 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument(
         "--phases",
-        default="",
-        help=f"comma-separated failover phases on a Sentinel set-up ({', '.join(PHASES)}), "
+        type=lambda s: [p for p in s.split(",") if p],
+        default=[],
+        help="comma-separated phases of Redis trouble: memory-limit and eviction (on the "
+        f"random-fault run), or failover phases on a Sentinel set-up ({', '.join(PHASES)}), "
         "run in order instead of the random faults",
     )
-    ap.add_argument("--min-replicas", type=int, default=0, help="for --phases")
+    ap.add_argument("--min-replicas", type=int, default=0, help="for the failover phases")
     args = ap.parse_args()
-    if args.phases:
-        phases = args.phases.split(",")
-        unknown = [p for p in phases if p not in PHASES]
-        if unknown:
-            ap.error(f"unknown phase {unknown[0]!r}: choose from {', '.join(PHASES)}")
+    memory = {"memory-limit", "eviction"}
+    unknown = set(args.phases) - memory - set(PHASES)
+    if unknown:
+        ap.error(f"--phases: unknown phase(s) {', '.join(sorted(unknown))}")
+    if set(args.phases) & set(PHASES):
+        if set(args.phases) & memory:
+            ap.error("--phases: failover phases and memory phases run in separate soaks")
         if args.seed is None:
             args.seed = random.randrange(2**32)
         print(f"soak phases: seed={args.seed} {vars(args)}", flush=True)
-        return trio.run(run_phases, args, phases)
+        return trio.run(run_phases, args, args.phases)
     room = (args.workers - args.max_impaired) * args.concurrency
     if args.persistent + 20 > room:  # 20: room for the 'late' tasks
         ap.error(

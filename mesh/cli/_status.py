@@ -113,6 +113,16 @@ def render(snap: Snapshot, t: Target) -> list[str]:
         )
     else:
         lines.append("QUEUES: none")
+    for name, n in sorted(snap.vanished.items()):
+        lines.append(
+            f"ERROR: queue {name}: {n} persistent task(s) vanished without a cancel "
+            "(evicted or deleted); Client.reconcile restores them"
+        )
+    lines.append("")
+    if snap.memory is not None:
+        lines.append(f"REDIS MEMORY  {snap.memory.text()}")
+    else:
+        lines.append("REDIS MEMORY  unknown (INFO not allowed: grant +info)")
     if snap.delayed is not None:
         lines.append("")
         if snap.delayed:
@@ -182,6 +192,8 @@ def as_json(snap: Snapshot, t: Target) -> dict[str, Any]:
             for w in snap.workers
         ],
         "queues": [attrs.asdict(q) for q in snap.queues],
+        "memory": attrs.asdict(snap.memory) if snap.memory is not None else None,
+        "vanished": dict(snap.vanished),
     }
     if snap.delayed is not None:
         out["delayed"] = [

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from .._client import Client
@@ -161,7 +162,29 @@ class Tracker:
             "persistent": rows,
             "persistent_total": sum(q.info.persistent for q in ov.queues),
             "takeovers": list(self.takeovers),
+            "memory": attrs.asdict(ov.memory) if ov.memory is not None else None,
+            "alerts": _alerts(ov),
         }
+
+
+def _alerts(ov: Overview) -> list[str]:
+    """What the page shows in red above everything: a Redis that may evict
+    leases and tasks, a full Redis, persistent tasks that vanished."""
+    out = []
+    m = ov.memory
+    if m is not None and m.evicting:
+        out.append(
+            f"Redis maxmemory-policy is {m.policy}: it may evict leases and tasks "
+            "(trio-mesh needs noeviction)"
+        )
+    elif m is not None and m.full:
+        out.append("Redis is at maxmemory: enqueue, ensure, schedule and configure are refused")
+    for q in ov.queues:
+        if q.vanished:
+            out.append(
+                f"queue {q.info.name}: {q.vanished} persistent task(s) vanished without a cancel"
+            )
+    return out
 
 
 class Poller:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from .._client import Client
 from .._errors import MeshError
+from .._memory import MemoryInfo
 from .._stats import FENCE_REASONS, Histogram
 from .._view import MeshCounts, counts
 from .._worker import Worker, WorkerStatistics
@@ -127,6 +128,24 @@ def worker_metrics(s: WorkerStatistics) -> Iterator[Metric]:
     reconnects.add_metric(["commands"], s.reconnects)
     reconnects.add_metric(["events"], s.event_reconnects)
     yield reconnects
+    if s.redis_memory is not None:
+        yield from memory_metrics(s.redis_memory, "mesh_worker_redis")
+
+
+def memory_metrics(m: MemoryInfo, prefix: str) -> Iterator[Metric]:
+    """Redis's memory as last read (``INFO memory``): ``<prefix>_evicting``
+    (1 when the ``maxmemory-policy``, its label, can evict leases and tasks;
+    trio-mesh needs ``noeviction``), ``<prefix>_memory_used_bytes`` and
+    ``<prefix>_maxmemory_bytes`` (0: no limit)."""
+    evicting = GaugeMetricFamily(
+        f"{prefix}_evicting",
+        "1 if Redis's maxmemory-policy can evict leases and tasks (trio-mesh needs noeviction).",
+        labels=["policy"],
+    )
+    evicting.add_metric([m.policy], 1 if m.evicting else 0)
+    yield evicting
+    yield GaugeMetricFamily(f"{prefix}_memory_used_bytes", "Redis used_memory.", m.used)
+    yield GaugeMetricFamily(f"{prefix}_maxmemory_bytes", "Redis maxmemory (0: none).", m.maxmemory)
 
 
 class MeshCollector(Collector):
@@ -197,3 +216,14 @@ class MeshCollector(Collector):
         yield from families.values()
         yield persistent
         yield unowned
+        vanished = GaugeMetricFamily(
+            "mesh_persistent_vanished",
+            "Persistent tasks gone from the queue's registry without a cancel (evicted or "
+            "deleted); Client.reconcile restores them.",
+            labels=["queue"],
+        )
+        for q in c.queues:
+            vanished.add_metric([q.info.name], q.vanished)
+        yield vanished
+        if c.memory is not None:
+            yield from memory_metrics(c.memory, "mesh_redis")
