@@ -22,11 +22,7 @@ while the old handler may still run (invariant 10).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import secrets
-import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -35,7 +31,6 @@ import attrs
 import trio
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
-from ._connection import Connection, open_connection
 from ._errors import (
     ClosedError,
     CommandError,
@@ -44,18 +39,14 @@ from ._errors import (
     MeshConnectionError,
     raise_single,
 )
+from ._host import Host, Member, default_name, open_host
 from ._keys import Keys, check_queue, check_worker_id
-from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
-from ._memory import MemoryInfo, MemoryWatch, read_memory, watch_memory
-from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
-from ._pubsub import Message, PubSub, open_pubsub
+from ._lease import Generation, Lease, LeaseTiming
+from ._memory import MemoryInfo
+from ._policy import QueuePolicy, differences, parse_policy, policy_fields
 from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner
-from ._schedule import run_scheduler
-from ._scripts import Binding
 from ._shielded import ShieldedTasks
-from ._stats import Histogram, QueueStatistics, Recorder
-from ._supervisor import Reaper
-from ._topology import Topology
+from ._stats import Histogram, QueueStatistics
 from ._transport import check_min_replicas
 from ._types import Process
 from ._url import RedisConfig, parse_url
@@ -65,7 +56,7 @@ __all__ = [
     "LeaseTiming",
     "Worker",
     "WorkerStatistics",
-    "check_server",
+    "join",
     "open_worker",
     "worker_options",
 ]
@@ -140,25 +131,20 @@ class Worker:
 
     def __init__(
         self,
-        conn: Connection,
-        pubsub: PubSub,
-        keys: Keys,
-        timing: LeaseTiming,
+        host: Host,
         base_id: str,
         max_payload: int,
         stop_grace: float = 10.0,
         rejoin_grace: float = 0.0,
-        *,
-        reaper: Reaper | None = None,
-        driver: HeartbeatDriver | None = None,
-        housekeeping: bool = True,
-        memory: MemoryWatch | None = None,
     ) -> None:
-        self._conn = conn
-        self._pubsub = pubsub
-        self._keys = keys
-        self._binding = Binding(keys)
-        self.timing = timing
+        self._host = host
+        self._conn = host.conn
+        self._pubsub = host.pubsub
+        self._keys = host.keys
+        self._binding = host.binding
+        self._reaper = host.reaper
+        self.timing = host.timing
+        self.min_replicas = host.min_replicas
         self.stop_grace = stop_grace
         """How long a stop waits for handlers to exit (seconds)."""
         self.rejoin_grace = rejoin_grace
@@ -169,38 +155,26 @@ class Worker:
         self._queues: dict[str, QueueConfig] = {}
         self._closing = False
         self._closed = False
-        self._stats = Recorder()
-        # A fleet's worker shares the fleet's reaper (and its scheduler and
-        # policy reader: housekeeping=False) and its batched heartbeats.
-        self._housekeeping = housekeeping
-        self._reaper = reaper or Reaper(
-            conn,
-            self._binding,
-            ttl=timing.ttl,
-            queues=lambda: self._queues,
-            own=lambda: self._lease.ids,
-            me=lambda: f"worker {self._gen.id}",
-            recorder=self._stats,
-        )
+        self._stats = host.member_stats()
         self._lease = Lease(
-            conn,
-            pubsub,
-            self._binding,
-            timing,
+            host.conn,
+            host.pubsub,
+            host.binding,
+            host.timing,
             base_id,
-            self._reaper,
+            host.reaper,
             queues=lambda: self._queues,
             start_runners=self._start_runners,
             cancel_process=self._cancel_process,
             recorder=self._stats,
-            driver=driver,
+            driver=host.renewals,
             capacity=lambda q: self._queues[q].capacity if q in self._queues else 1,
         )
+        self._member = Member(self._lease, self._cancel_process, self._apply_policy)
         self._queue_lock = trio.Lock()
-        self.client = Client(conn, keys, max_payload=max_payload)
+        self.client = Client(host.conn, host.keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
-        # Redis's eviction policy, read by the host (open_worker or a fleet)
-        self._memory = memory or MemoryWatch(f"worker {base_id}")
+        self.client.min_replicas = host.min_replicas
 
     @property
     def _gen(self) -> Generation:
@@ -274,7 +248,7 @@ class Worker:
             event_reconnects=self._pubsub.reconnects,
             processes_handed_back=sum(q.handed_back for q in st.queues.values()) + st.handed_back,
             processes_moved=sum(q.moved_out for q in st.queues.values()),
-            redis_memory=self._memory.info,
+            redis_memory=self._host.memory.info,
         )
 
     async def start_work(
@@ -636,14 +610,6 @@ class Worker:
         return await self._lease.current()
 
     async def _start_runners(self, gen: Generation) -> None:
-        if gen.nursery is not None and self._housekeeping:
-            # the job-queue housekeeping of this generation, one round trip
-            # per heartbeat interval: fire periodic tasks, and re-read the
-            # policies of the served queues (a fleet's worker: the fleet's)
-            watch = PolicyWatch(self._keys.policy, gen.runners, self._apply_policy)
-            gen.nursery.start_soon(
-                run_scheduler, self._conn, self._binding, self.timing.interval, watch
-            )
         for cfg in list(self._queues.values()):
             await self._start_runner(gen, cfg)
 
@@ -713,32 +679,6 @@ class Worker:
             if runner.cancel_process(pid):
                 return
         gen.early_cancels[pid] = trio.current_time()
-
-    async def _listen(self) -> None:
-        expired, wake, cancel = await subscribe_expiry(self._pubsub, self._conn, self._keys)
-        async for msg in self._pubsub:
-            self._dispatch(msg, expired, wake, cancel)
-
-    def _dispatch(self, msg: Message, expired: bytes, wake: bytes, cancel: bytes) -> None:
-        if msg.kind == "reconnected":
-            # We may have missed anything: look at the durable state again.
-            for runner in self._gen.runners.values():
-                runner.nudge()
-            self._reaper.wake()
-            return
-        ch = msg.channel
-        if ch.startswith(wake):
-            # Redis took us out of the queue's idle set to wake us: claim.
-            if ch[len(wake) :].decode() == self._gen.id:
-                target = self._gen.runners.get(msg.data.decode())
-                if target is not None:
-                    target.nudge()
-        elif ch.startswith(cancel):
-            if ch[len(cancel) :].decode() == self._gen.id:
-                self._cancel_process(msg.data.decode())
-        elif ch == expired:
-            if self._keys.parse_heartbeat_key(msg.data) is not None:
-                self._reaper.heard_expiry()
 
     async def _leave(self) -> None:
         """The end of the worker's block: :meth:`_close`, shielded (it runs to
@@ -845,56 +785,46 @@ async def open_worker(
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)
     worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
-    # A half-open socket must not hold a fenced worker's hand-back forever.
-    reply_timeout = max(2 * timing.ttl, 5.0)
-    # One topology for both connections: they follow the master together (key-expiry
-    # events are node-local). "Not executed here" replies are retried within R.
-    topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
-    async with open_connection(
-        config,
-        name=f"mesh-worker:{worker_id}",
-        reply_timeout=reply_timeout,
-        topology=topology,
-        reroute_timeout=timing.fence_after,
-        # its writes are fenced by Redis (the lease's incarnation)
-        direct_writes=True,
-    ) as conn:
-        await check_server(conn)
-        # The event link only speeds things up: every H the heartbeat brings
-        # the durable state (work, cancels, overdue leases) anyway. Probing it
-        # every T, not every second, is enough, and 1,000 idle workers then
-        # cost Redis 1,000 / T pings a second, not 1,000. At most every 30 s:
-        # with long leases H is long too, and a dead link would cost that.
-        ping = min(max(1.0, timing.ttl), 30.0)
-        name = f"mesh-events:{worker_id}"
-        async with open_pubsub(config, name=name, ping_interval=ping, topology=topology) as pubsub:
-            worker = Worker(
-                conn, pubsub, keys, timing, worker_id, max_payload, stop_grace, rejoin_grace
-            )
-            worker.min_replicas = worker.client.min_replicas = replicas
-            worker._lease.min_replicas = replicas
-            reaper = worker._reaper
+    # a host of one: its own connections, reaper, scheduler and heartbeat loop
+    opened = open_host(config, keys, timing, worker_id, min_replicas=replicas, of_one=True)
+    async with opened as host, join(host, worker_id, max_payload, stop_grace, rejoin_grace) as w:
+        yield w
+
+
+@asynccontextmanager
+async def join(
+    host: Host, worker_id: str, max_payload: int, stop_grace: float, rejoin_grace: float
+) -> AsyncIterator[Worker]:
+    """Join the mesh as a worker, a member of ``host``, for the length of
+    this block: register (errors propagate), serve, and leave as
+    :func:`open_worker` says. Its lease runs shielded from the caller's
+    cancellations: a block cancelled from outside still keeps the lease
+    while its handlers exit and hands each process back after its handler
+    exited.
+
+    Raises:
+        ClosedError: the host is closed.
+        ConfigError, MeshConnectionError: the registration failed.
+    """
+    worker = Worker(host, worker_id, max_payload, stop_grace, rejoin_grace)
+    host.add(worker._member)
+    try:
+        async with trio.open_nursery() as nursery:
+            tasks = ShieldedTasks(nursery)
             try:
-                async with trio.open_nursery() as nursery:
-                    # Shielded from cancellations of the caller's scopes: a
-                    # block cancelled from outside still stops as described
-                    # above (lease renewed, handlers cancelled in groups, each
-                    # process handed back after its handler exited).
-                    tasks = ShieldedTasks(nursery)
-                    try:
-                        tasks.start_soon(worker._listen)
-                        tasks.start_soon(functools.partial(watch_memory, conn, worker._memory))
-                        await tasks.start(worker._lease.run)
-                        await tasks.start(reaper.run)
-                        try:
-                            yield worker
-                        finally:
-                            await worker._leave()
-                    finally:
-                        tasks.cancel()
-                        nursery.cancel_scope.cancel()
-            except BaseExceptionGroup as eg:
-                raise_single(eg)
+                await tasks.start(worker._lease.run)
+                host.registered()
+                try:
+                    yield worker
+                finally:
+                    await worker._leave()
+            finally:
+                tasks.cancel()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as eg:
+        raise_single(eg)
+    finally:
+        host.remove(worker._member)
 
 
 def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float) -> str:
@@ -909,45 +839,6 @@ def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float
     if rejoin_grace > 0 and worker_id is None:
         raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
     if worker_id is None:
-        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
-        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
+        worker_id = default_name()
     check_worker_id(worker_id)
     return worker_id
-
-
-async def subscribe_expiry(
-    pubsub: PubSub, conn: Connection, keys: Keys
-) -> tuple[bytes, bytes, bytes]:
-    """Subscribe ``pubsub`` to the key-expiry events of ``conn``'s db and
-    return the channel names a listener tells apart: that expiry channel,
-    then the namespace's wake and cancel channel prefixes. A connection lost
-    meanwhile is not an error: the pub/sub connection subscribes again when
-    it reconnects. Cancellation passes through."""
-    expired = f"__keyevent@{conn.config.db}__:expired".encode()
-    try:
-        await pubsub.subscribe(expired)
-    except MeshConnectionError:
-        pass  # subscribed on the reconnect
-    return expired, keys.wake_prefix.encode(), keys.cancel_prefix.encode()
-
-
-async def check_server(conn: Connection) -> None:
-    """Refuse an eviction policy that can evict heartbeat keys, read from
-    ``INFO memory`` (allowed by the documented ACL), else ``CONFIG GET``;
-    where neither is allowed, :class:`MemoryWatch` warns once instead."""
-    info = await read_memory(conn)
-    if info is not None:
-        policy = info.policy
-    else:
-        try:
-            r = await conn.execute("CONFIG", "GET", "maxmemory-policy")
-        except CommandError:
-            return
-        if len(r) != 2:
-            return
-        policy = r[1].decode()
-    if policy not in ("noeviction",):
-        raise ConfigError(
-            f"Redis maxmemory-policy is {policy!r}: it may evict leases and tasks; "
-            "trio-mesh needs 'noeviction'"
-        )
