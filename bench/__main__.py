@@ -20,17 +20,18 @@ import trio
 import mesh
 from mesh.testing import find_redis_server
 
-from . import _charts, cancel, delayed, failover, memory, observe, scale, throughput
+from . import _charts
 from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
+from .suites import cancel, delayed, failover, fleet, memory, observe, scale, throughput
 
 BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "throughput": throughput.run,
     "failover": failover.run,
     "cancel": cancel.run,
     "scale": scale.run,
-    "fleet": scale.run_fleet,
+    "fleet": fleet.run,
     "memory": memory.run,
     "observe": observe.run,
     "delayed": delayed.run,

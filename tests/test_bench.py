@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import _charts, cancel, delayed, failover, fleet, memory, scale, throughput, worqr
+from bench import _charts, _node
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
+from bench.suites import cancel, delayed, failover, fleet, memory, scale, throughput
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +85,7 @@ async def test_throughput_worqr() -> None:
     the same figures as every peer. Where node, npm, the tarball (outside the
     repository) or the npm registry is missing, the run goes on without it
     and says why (the next test forces that case)."""
-    w, why = worqr.prepare()
+    w, why = _node.prepare_worqr()
     s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False, spin=SPIN, spins=1))
     check(s, "throughput")
     assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
@@ -172,7 +173,7 @@ async def test_scale() -> None:
     assert figure(s, "claim 1: queue of 1,000 / queue of 10").target is not None
     assert figure(s, "2 workers SIGKILLed: recycle calls by all peers").median >= 1
     assert 1 <= figure(s, "recycle 2 dead workers: recycle.lua calls").median <= 2
-    s = await scale.run_fleet(ctx(), sizes)
+    s = await fleet.run(ctx(), sizes)
     check(s, "fleet")
     assert figure(s, "5 idle fleets, ttl 3 s, no tasks: Redis CPU").target is not None
     assert figure(s, "3 idle fleets, ttl 3 s: heartbeat.lua calls").median > 0
@@ -292,9 +293,9 @@ def test_update_markdown_keeps_the_order_of_hand_written_sections() -> None:
 
 
 async def test_parts() -> None:
-    """bench.parts times each piece of a runner's cycle (a real claim reply
+    """bench.tools.parts times each piece of a runner's cycle (a real claim reply
     is parsed: the protocol's reply shape, not a copy of it)."""
-    from bench import parts
+    from bench.tools import parts
 
     rows = dict(await parts.run(rounds=20, repeat=1))
     assert len(rows) == 8
@@ -304,10 +305,10 @@ async def test_parts() -> None:
 
 
 async def test_balance_fleet_rolling() -> None:
-    """bench.balance_fleet rolling: 2 peers replaced one after the other (OS
+    """bench.tools.balance_fleet rolling: 2 peers replaced one after the other (OS
     processes whose children freeze their GC once serving), every task handed
     over, never to a peer while its old handler ran, balanced at the end."""
-    from bench import balance_fleet
+    from bench.tools import balance_fleet
 
     res = await balance_fleet.rolling(2, 20, 1.0, gc_freeze=True)
     assert res["children_gc"] == "gc.freeze() once serving"
@@ -318,9 +319,11 @@ async def test_balance_fleet_rolling() -> None:
 
 
 async def test_fleet_stop() -> None:
-    """bench.fleet stop: a fleet cancelled from outside hands every task
+    """bench.tools.fleet_trials stop: a fleet cancelled from outside hands every task
     back, and the process exits; both times are reported, one per trial."""
-    out = await fleet.stop(workers=5, ttl=3.0, trials=2)
+    from bench.tools import fleet_trials
+
+    out = await fleet_trials.stop(workers=5, ttl=3.0, trials=2)
     back = [float(x) for x in str(out["every task back in the queue after (s)"]).split()]
     exited = [float(x) for x in str(out["the process exited after (s)"]).split()]
     assert len(back) == len(exited) == 2

@@ -1,5 +1,5 @@
 """trio-mesh worker processes for the benchmarks (run by the parent as
-``python -m bench._mesh_child ROLE ...``; see :mod:`bench._util` for the line
+``python -m bench.children.mesh_child ROLE ...``; see :mod:`bench._util` for the line
 protocol).
 
 Roles:

@@ -19,9 +19,9 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
-from ._context import PEER_CHILD, Context
-from ._report import Figure, Section, Target
-from ._util import (
+from .._context import PEER_CHILD, Context
+from .._report import Figure, Section, Target
+from .._util import (
     children,
     cpu_seconds,
     info,
@@ -234,12 +234,12 @@ class Scaling:
 
 async def machine_scaling(sizes: Sizes) -> Scaling:
     """How much more two CPU-bound processes that share nothing (no Redis, no
-    I/O: :mod:`bench._spin_child`) get done on this machine than one: the
+    I/O: :mod:`bench.children.spin_child`) get done on this machine than one: the
     ceiling of "2 worker processes / 1" for any software. One alone and two at
     once alternate ``sizes.spins`` times; the medians are compared. Each
     process is started and waits for ``go``, so interpreter start-up is not
     timed; two at once are timed to the later one's end."""
-    argv = [sys.executable, "-m", "bench._spin_child", str(sizes.spin)]
+    argv = [sys.executable, "-m", "bench.children.spin_child", str(sizes.spin)]
     one: list[tuple[float, float]] = []
     two: list[tuple[float, float]] = []
     for _ in range(sizes.spins):
@@ -495,7 +495,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     if worqr is not None:
         w, _ = ctx.worqr()
         assert w is not None
-        section.notes.append(f"Worqr ran under {w.node}: worqr {w.version} (bench/worqr.py).")
+        section.notes.append(f"Worqr ran under {w.node}: worqr {w.version} (bench/_node.py).")
     return section
 
 
@@ -522,10 +522,10 @@ same order, so trio-mesh and Worqr alternate). For each library and run:
    deleted). Processing time runs from `go` to the first poll that sees zero, so
    it includes each worker's own start (registration, first fetch).
 
-Worqr (1.2.3, Node, `bench/worqr_driver.js`) runs its readme's `doWork`
+Worqr (1.2.3, Node, `bench/children/worqr_driver.js`) runs its readme's `doWork`
 loop {c} times at once: `dequeue`, the no-op handler, `await finishProcess`,
 until `dequeue` finds the queue empty; a `work` event starts loops up to {c}.
-It is installed from its tarball into a scratch folder (`bench/worqr.py`) and
+It is installed from its tarball into a scratch folder (`bench/_node.py`) and
 skipped, with a note, where node, npm or the tarball is missing.
 
 trio-mesh is measured twice with one worker process: with a plain handler
@@ -540,7 +540,7 @@ does not wait for a round trip (opt-in: see "Prefetch" in the concepts).
 
 "2 worker processes / 1" is read against what the machine itself does with a
 second process: at the start of each run, {spins} times alternating, one
-CPU-bound Python process alone and two at once (`bench/_spin_child.py`: a loop
+CPU-bound Python process alone and two at once (`bench/children/spin_child.py`: a loop
 of small dicts and byte strings, no I/O, nothing shared, {spin:,} rounds each,
 timed inside each process after a `go`); "the machine: 2 CPU-bound processes /
 1" is twice the median time of one alone over the median time of two at once
