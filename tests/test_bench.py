@@ -51,7 +51,8 @@ def check(section: Section, name: str) -> None:
 
 async def test_throughput() -> None:
     s = await throughput.run(
-        ctx(), throughput.Sizes(tasks=300, peers=False, worqr=False, spin=SPIN, spins=1)
+        ctx(),
+        throughput.Sizes(tasks=2000, peers=False, worqr=False, bullmq=False, spin=SPIN, spins=1),
     )
     check(s, "throughput")
     rate = figure(s, "trio-mesh, 1 worker process: processing")
@@ -61,7 +62,7 @@ async def test_throughput() -> None:
     assert figure(s, "trio-mesh, 2 worker processes: processing").median > 0
     busy = figure(s, "trio-mesh, 1 worker process: the machine's cores busy")
     assert busy.unit == "%" and 0 < busy.median <= 100
-    enq = figure(s, "trio-mesh, 1 worker process: enqueue 300")
+    enq = figure(s, "trio-mesh, 1 worker process: enqueue 2,000")
     assert enq.unit == "s" and enq.target is not None
     ratio = figure(s, "trio-mesh: 2 worker processes / 1")
     assert ratio.target is not None and ratio.median > 0
@@ -75,20 +76,53 @@ async def test_throughput() -> None:
     )
     over = figure(s, "trio-mesh: 2 worker processes / 1, over the machine's 2 / 1")
     assert over.median == pytest.approx(ratio.median / machine.median)
-    # issue 14's targets on the way: worker and Redis CPU per task
-    assert figure(s, "trio-mesh, 1 worker process: worker CPU per task").target is not None
-    assert figure(s, "trio-mesh, 1 worker process: Redis CPU per task").target is not None
+    # the limit: the bare loop ran on the same queue shape, its figures
+    # beside trio-mesh's, and issue 25's same-run ratios against it
+    loop = "the limit: a bare Python loop with trio-mesh's batching"
+    assert figure(s, f"{loop}: processing").median > 0
+    assert figure(s, f"{loop}: script calls per task").median == pytest.approx(0.1, abs=0.02)
+    assert figure(s, f"{loop}: worker CPU per task").median > 0
+    assert figure(s, "trio-mesh, 1 worker process, concurrency 100: processing").median > 0
+    for label, value in (
+        ("trio-mesh (concurrency 10) / the bare loop, same run", 0.7),
+        ("Redis CPU per task: trio-mesh (concurrency 10) / the bare loop", 1.2),
+        ("worker CPU per task: trio-mesh (concurrency 10) / the bare loop", 1.3),
+    ):
+        ratio = figure(s, label)
+        assert ratio.target is not None and ratio.target.value == value and ratio.median > 0
+    assert s.figures[0].label == "trio-mesh (concurrency 10) / the bare loop, same run"
 
 
-async def test_throughput_worqr() -> None:
-    """Worqr runs in the same run as trio-mesh, through the Node driver, with
-    the same figures as every peer. Where node, npm, the tarball (outside the
-    repository) or the npm registry is missing, the run goes on without it
-    and says why (the next test forces that case)."""
+async def test_throughput_node_peers() -> None:
+    """Worqr and BullMQ run in the same run as trio-mesh, through their Node
+    drivers, with the same figures as every peer; BullMQ at concurrency 10
+    and 100, beside trio-mesh at both. Where node, npm, the Worqr tarball
+    (outside the repository) or the npm registry is missing, the run goes on
+    without that peer and says why (the next test forces that case)."""
     w, why = _node.prepare_worqr()
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False, spin=SPIN, spins=1))
+    b, why_b = _node.prepare_bullmq()
+    s = await throughput.run(
+        ctx(), throughput.Sizes(tasks=300, loop=False, peers=False, spin=SPIN, spins=1)
+    )
     check(s, "throughput")
     assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
+    if b is None:
+        assert why_b.startswith("BullMQ skipped: ") and why_b in s.notes
+        assert not [f for f in s.figures if "BullMQ" in f.label]
+    else:
+        v = b.version.split()[0]
+        for conc in (10, 100):
+            label = f"BullMQ {v} (Node), concurrency {conc}"
+            assert figure(s, f"{label}: processing").median > 0
+            # a job's move to active and to completed are one script call
+            # each, with several commands inside
+            assert figure(s, f"{label}: Redis commands per task").median >= 4
+            assert figure(s, f"{label}: Redis CPU per task").median > 0
+            assert figure(s, f"{label}: worker CPU per task").median > 0
+        for conc, most in ((10, 3.0), (100, 5.0)):
+            same = figure(s, f"trio-mesh / BullMQ, both at concurrency {conc}, same run")
+            assert same.target is not None and same.target.value == most and same.median > 0
+        assert any(n.startswith("BullMQ ran under ") for n in s.notes)
     if w is None:
         assert why.startswith("Worqr skipped: ") and why in s.notes
         assert not [f for f in s.figures if "Worqr" in f.label]
@@ -99,18 +133,30 @@ async def test_throughput_worqr() -> None:
     assert figure(s, f"{label}: Redis commands per task").median >= 8
     assert figure(s, f"{label}: Redis CPU per task").median > 0
     assert figure(s, f"{label}: worker CPU per task").median > 0
-    same = figure(s, "trio-mesh (1 process) / Worqr, same run")
-    assert same.target is not None and same.median > 0
+    same = figure(s, "trio-mesh / Worqr, both at concurrency 10, same run")
+    assert same.target is not None and same.target.value == 3.0 and same.median > 0
     assert any(n.startswith("Worqr ran under ") for n in s.notes)
 
 
 async def test_throughput_without_worqr(monkeypatch: pytest.MonkeyPatch) -> None:
     """No tarball: Worqr is skipped with a note, and the run goes on."""
     monkeypatch.setenv("BENCH_WORQR_TGZ", "/nonexistent/worqr-1.2.3.tgz")
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=200, peers=False, spin=SPIN, spins=1))
+    s = await throughput.run(
+        ctx(),
+        throughput.Sizes(
+            tasks=200, high=0, loop=False, bullmq=False, peers=False, spin=SPIN, spins=1
+        ),
+    )
     assert [n for n in s.notes if n.startswith("Worqr skipped: worqr-1.2.3.tgz not found")]
     assert not [f for f in s.figures if "Worqr" in f.label]
     assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
+
+
+def test_bullmq_without_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No node on PATH: BullMQ is skipped with a one-line note, nothing raises."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    b, why = _node.prepare_bullmq()
+    assert b is None and why == "BullMQ skipped: node and npm are needed (not found on PATH)"
 
 
 async def test_failover() -> None:
