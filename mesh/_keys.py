@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "7"
+PROTOCOL_VERSION = "8"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -195,6 +195,11 @@ class Keys:
 
     def done_channel(self, q: str) -> str:
         return f"{self.prefix}done:{q}"
+
+    def awaiting(self, q: str) -> str:
+        """STRING with a TTL that exists while someone awaits ``q``'s done
+        messages: finish.lua publishes them only then."""
+        return f"{self.prefix}awaiting:{q}"
 
     def delete_channel(self, q: str) -> str:
         return f"{self.prefix}delete:{q}"
