@@ -156,6 +156,9 @@ def cli(argv: list[str] | None = None) -> int:
     if output is not None:
         info = machine(redis_server_version(find_redis_server()))
         info["trio-mesh"] = revision()
+        at = info["trio-mesh"].split(", ", 1)[-1]  # "commit abc1234" (and a note if dirty)
+        for s in sections:
+            s.measured = f"{at}, {started.strftime('%Y-%m-%d %H:%M UTC')}"
         info["load average before the run"] = LOAD_BEFORE
         command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
         when = started.strftime("%Y-%m-%d %H:%M UTC")
@@ -171,7 +174,7 @@ def cli(argv: list[str] | None = None) -> int:
                 f"Updated: `{command.strip()}`, {when}, measured "
                 + ", ".join(s.title for s in sections)
                 + f" anew (trio-mesh {info['trio-mesh']}; load average before: "
-                f"{LOAD_BEFORE}); the other sections are from the run above."
+                f"{LOAD_BEFORE}); the other sections kept what they had."
             )
             findings = FINDINGS.read_text() if FINDINGS.exists() else None
             text = update_markdown(output.read_text(), sections, note, charts_dir, findings)

@@ -258,7 +258,8 @@ def test_charts(tmp_path: Path) -> None:
 
 def test_update_markdown_replaces_only_what_was_measured() -> None:
     """--update: the sections measured anew replace theirs (figures, target
-    rows, charts); the others stay as they were; the note says what changed."""
+    rows naming the commit, charts, the headline); the others stay as they
+    were; the note goes first in the update history at the end."""
     from bench._report import Chart, Target, update_markdown
 
     def section(name: str, title: str, v: float) -> Section:
@@ -275,14 +276,22 @@ def test_update_markdown_replaces_only_what_was_measured() -> None:
     old += "\n## Findings and profiles\n\nold findings\n"
     fresh = section("throughput", "Throughput", 333.0)
     fresh.charts.append(Chart("bench-throughput.png", "alt"))
+    fresh.measured = "commit abc1234, now"
+    fresh.headline = "| the headline table |"
     findings = "## Findings and profiles\n\ncurrent findings\n"
     new = update_markdown(old, [fresh], "Updated: now, Throughput anew.", findings=findings)
-    assert new.endswith(findings)
-    assert "| Throughput: rate | 333 | x | >= 1 | met |" in new
+    assert findings.strip() in new and new.index(findings.strip()) < new.index("## Update history")
+    assert "| Throughput: rate | 333 | x | >= 1 | met | commit abc1234 |" in new
     assert "| Memory: rate | 222 | x | >= 1 | met |" in new
     assert "111" not in new and "old findings" not in new
-    assert "![alt](img/bench-throughput.png)" in new
-    assert new.index("Run: `python -m bench`, then.") < new.index("Updated: now, Throughput anew.")
+    # the headline first, with the commit and the charts (not repeated below)
+    assert new.index("## Headline") < new.index("## Targets") < new.index("## Throughput")
+    assert "Measured at commit abc1234, now (Throughput, 1 runs)." in new
+    assert new.count("![alt](img/bench-throughput.png)") == 1
+    assert new.index("![alt](img/bench-throughput.png)") < new.index("## Targets")
+    assert "Measured at commit abc1234, now." in new
+    history = new[new.index("## Update history") :]
+    assert history.index("Updated: now, Throughput anew.") < history.index("Run: `python -m bench`")
     assert new.index("## Throughput") < new.index("## Memory")
     assert new.count("## Targets") == 1 and new.count("## Machine") == 1
     with pytest.raises(ValueError, match="no Targets table"):
@@ -314,14 +323,15 @@ def test_update_markdown_keeps_the_order_of_hand_written_sections() -> None:
     )
     headings = [line for line in new.splitlines() if line.startswith("## ")]
     assert headings == [
-        "## Machine",
         "## Targets",
+        "## Machine",
         "## Throughput",
         "## Memory",
         "## By hand",
         "## Delayed",
         "## Findings and profiles",
         "## Topologies (by hand, after the findings)",
+        "## Update history",
     ]
     rows = [line.split(" | ")[0] for line in new.splitlines() if ": rate |" in line]
     assert rows == [

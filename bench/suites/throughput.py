@@ -21,7 +21,7 @@ from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
 from .._context import PEER_CHILD, Context
-from .._report import Figure, Section, Target
+from .._report import Figure, Section, Target, num
 from .._util import (
     children,
     cpu_seconds,
@@ -389,7 +389,9 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
         rates[c.label] = rate
         if c.lib not in ("mesh", "loop"):
             best_peer = max(best_peer, rate.median)
-    section.figures += headline(conts, results, sizes)
+    ratios = headline(conts, results, sizes)
+    section.figures += ratios
+    section.headline = headline_table(conts, results, sizes, ratios)
     for c in conts:
         rs = results[c.label]
         enq = Figure(f"{c.label}: enqueue {n:,}", "s", [x.enqueue if x else nan for x in rs])
@@ -609,6 +611,64 @@ def headline(
                          mesh, rl, get, Target("<=", most, f"<= {most:g}x"))
             )  # fmt: skip
     return out
+
+
+def headline_table(
+    conts: list[Contender],
+    results: dict[str, list[RunResult | None]],
+    sizes: Sizes,
+    ratios: list[Figure],
+) -> str:
+    """The report's headline: trio-mesh, the limit, BullMQ and Worqr, one
+    worker process each, side by side (median, min-max over the runs), and
+    the same-run ratios with their targets."""
+    n, nan = sizes.tasks, math.nan
+    mesh = results[MESH1]
+
+    def cell(f: Figure) -> str:
+        if math.isnan(f.median):
+            return "n/a"
+        return f"{num(f.median)} ({num(f.min)}-{num(f.max)})"
+
+    head = [
+        f"{n:,} no-op tasks per run, one worker process each, every system in the same run "
+        "(see Throughput for the method).",
+        "",
+        "| system | concurrency | tasks/s | trio-mesh (10) / it | Redis CPU per task, µs "
+        "| worker CPU per task, µs | Redis commands per task |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    rows = []
+    for c in conts:
+        if (
+            c.processes != 1
+            or c.batch
+            or c.prefetch
+            or c.extra
+            or c.lib not in ("mesh", "loop", "bullmq", "worqr")
+        ):
+            continue
+        rs = results[c.label]
+        conc = c.concurrency or sizes.concurrency
+        rate = Figure("", "", [n / x.processing if x else nan for x in rs])
+        vs = Figure("", "", [y.processing / x.processing if x and y else nan
+                             for x, y in zip(mesh, rs, strict=True)])  # fmt: skip
+        rcpu = Figure("", "", [x.redis_cpu / n * 1e6 if x else nan for x in rs])
+        wcpu = Figure("", "", [x.worker_cpu / n * 1e6 if x else nan for x in rs])
+        cmds = Figure("", "", [x.commands / n if x else nan for x in rs])
+        name = c.label.split(",")[0] if c.lib != "loop" else c.label
+        rows.append(
+            f"| {name} | {conc} | {cell(rate)} | {'' if c.label == MESH1 else cell(vs)} "
+            f"| {cell(rcpu)} | {cell(wcpu)} | {cell(cmds)} |"
+        )
+    targets = ["", "| same run | median | min | max | target | verdict |",
+               "|---|--:|--:|--:|---|---|"]  # fmt: skip
+    for f in ratios:
+        t = f.target.text if f.target else ""
+        targets.append(
+            f"| {f.label} | {num(f.median)} | {num(f.min)} | {num(f.max)} | {t} | {f.verdict()} |"
+        )
+    return "\n".join(head + rows + (targets if ratios else []))
 
 
 METHOD = """

@@ -3,7 +3,8 @@
 
 Each round runs, on one redis-server and in this order: the bare loop (the
 limit, :mod:`bench.suites.throughput`), trio-mesh of tree A and of tree B at
-concurrency 10, then A and B at concurrency 100; N no-op tasks each. Per
+concurrency 10, then A and B at concurrency 100 (B before A in every second
+round); N no-op tasks each. Per
 round it prints tasks/s, Redis CPU and worker CPU per task, Redis commands
 per task, and B / A and B / the loop; at the end each ratio's min, median
 and max over the rounds. A tree is any checkout with ``mesh/`` and
@@ -57,10 +58,13 @@ async def main(a: Path, b: Path, rounds: int, tasks: int) -> None:
                 lr = await one_run(ctx, server.url, conn, loop, sizes)
                 print(row("bare loop", lr, tasks), flush=True)
                 for conc, (ca, cb) in pairs.items():
-                    ra = await one_run(ctx, server.url, conn, ca, sizes)
-                    print(row(f"A c{conc}", ra, tasks), flush=True)
-                    rb = await one_run(ctx, server.url, conn, cb, sizes)
-                    print(row(f"B c{conc}", rb, tasks), flush=True)
+                    got = {}
+                    # A then B in odd rounds, B then A in even ones (a trend in
+                    # the machine's load does not favour one)
+                    for name, c in [("A", ca), ("B", cb)][:: 1 if r % 2 == 0 else -1]:
+                        got[name] = await one_run(ctx, server.url, conn, c, sizes)
+                        print(row(f"{name} c{conc}", got[name], tasks), flush=True)
+                    ra, rb = got["A"], got["B"]
                     note(f"B/A rate c{conc}", ra.processing / rb.processing)
                     note(f"B/A Redis CPU per task c{conc}", rb.redis_cpu / ra.redis_cpu)
                     note(
