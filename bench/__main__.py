@@ -128,7 +128,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-peers",
         action="store_true",
-        help="throughput: trio-mesh and Worqr only (SAQ, arq and streaQ take most of its time)",
+        help="throughput: trio-mesh, the bare loop, BullMQ and Worqr only (SAQ, arq and streaQ "
+        "take most of its time)",
     )
     parser.add_argument(
         "--setup-peers",
