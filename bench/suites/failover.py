@@ -39,6 +39,12 @@ async def spawn_worker(kids: Children, url: str, ns: str, ttl: float, i: int) ->
     return child, line.split()[1]
 
 
+async def running(client: mesh.Client, task: str) -> list[mesh.Process]:
+    """The processes of ``task`` on ``devices`` (a cancelled one may still be
+    listed a moment, owned by a worker already replaced)."""
+    return [p for p in await client.processes("devices") if p.task == task.encode()]
+
+
 async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
     """One run: ``sizes.trials`` takeovers, each after ``sig`` hit the owner.
     Returns the seconds from the signal to the handler's start on the peer.
@@ -61,8 +67,9 @@ async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
             if trial:
                 await client.cancel("devices", f"device-{trial - 1}")
             await client.ensure("devices", task)
+            # this trial's task only (see running)
             with trio.fail_after(30):
-                while not (procs := await client.processes("devices")):  # noqa: ASYNC110
+                while not (procs := await running(client, task)):  # noqa: ASYNC110
                     await trio.sleep(0.005)
             owner_id = procs[0].worker_id
             owner = live.pop(owner_id)
