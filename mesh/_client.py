@@ -54,6 +54,10 @@ log = logging.getLogger("mesh.client")
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
 
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
+# result(): the queue's awaiting key (finish publishes done messages only
+# while it exists) lives this long and is refreshed this often while waiting
+AWAITING_TTL_MS = 10_000
+AWAITING_REFRESH = 1.0
 
 
 class Client:
@@ -280,7 +284,10 @@ class Client:
         for the queue's done message and checks again, and also checks
         again after 50 ms, 100 ms, ... up to every second (a lost message
         costs at most a second); no polling loop is needed in your code.
-        One pub/sub connection is opened for the wait.
+        One pub/sub connection is opened for the wait, and while it waits
+        the queue's ``awaiting`` key is kept (workers publish done messages
+        only while someone awaits them; it expires 10 s after the last
+        waiter left).
 
         Raises:
             DeadLetterError: the latest outcome is a dead letter (it failed
@@ -311,13 +318,22 @@ class Client:
         ) as ps:
             # on the namespace's master (a cluster's SPUBLISH stays in its shard)
             await ps.subscribe(self._keys.done_channel(queue), sharded=True)
+            # finish publishes done messages only while this key exists: set
+            # after subscribing, refreshed while waiting, left to expire
+            awaiting = self._keys.awaiting(queue)
+            await conn.execute("SET", awaiting, b"", "PX", AWAITING_TTL_MS)
+            marked = trio.current_time()
             wait = 0.05
             while True:
-                # checked after subscribing: a finish before it is seen here
+                # checked after subscribing and marking: a finish before it
+                # is seen here, one after it is published
                 got = await self._outcome(conn, queue, payload)
                 if got is not None:
                     return got.unwrap()
                 now = trio.current_time()
+                if now - marked >= AWAITING_REFRESH:
+                    await conn.execute("SET", awaiting, b"", "PX", AWAITING_TTL_MS)
+                    marked = now
                 if now >= deadline:
                     raise TimeoutError(
                         f"no outcome of the task on queue {queue} within {timeout:g} s"

@@ -272,7 +272,8 @@ class Worker:
         With a ``handler``, the worker claims up to ``concurrency`` tasks at a
         time and runs ``await handler(process)`` for each, in its own cancel
         scope: returning finishes the process (the task leaves the mesh and
-        its payload is published on the queue's done channel); raising gives
+        its payload is published on the queue's done channel while a client
+        awaits a result of the queue); raising gives
         it back as failed (a one-shot task is retried after ``backoff`` *
         2^(n-1) seconds, capped at ``backoff_max``, and goes to the queue's
         dead letters after ``max_attempts`` failed attempts, crashes of its
