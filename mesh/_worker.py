@@ -33,18 +33,17 @@ import trio
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._errors import (
     ClosedError,
-    CommandError,
     ConfigError,
     FencedError,
-    MeshConnectionError,
     raise_single,
 )
 from ._host import Host, Member, default_name, open_host
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, Lease, LeaseTiming
 from ._memory import MemoryInfo
-from ._policy import QueuePolicy, differences, parse_policy, policy_fields
-from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner
+from ._policy import QueuePolicy
+from ._runner import BatchHandler, Handler, QueueConfig
+from ._served import Served
 from ._shielded import ShieldedTasks
 from ._stats import Histogram, QueueStatistics
 from ._transport import check_min_replicas
@@ -152,7 +151,6 @@ class Worker:
         leaves (seconds; 0: not at all)."""
         self._stop_started: float | None = None
         self._base_id = base_id
-        self._queues: dict[str, QueueConfig] = {}
         self._closing = False
         self._closed = False
         self._stats = host.member_stats()
@@ -163,15 +161,16 @@ class Worker:
             host.timing,
             base_id,
             host.reaper,
-            queues=lambda: self._queues,
-            start_runners=self._start_runners,
-            cancel_process=self._cancel_process,
+            queues=lambda: self._served.configs,
+            start_runners=lambda gen: self._served.start_runners(gen),
+            cancel_process=lambda pid: self._served.cancel_process(pid),
             recorder=self._stats,
             driver=host.renewals,
-            capacity=lambda q: self._queues[q].capacity if q in self._queues else 1,
+            capacity=lambda q: self._served.capacity(q),
         )
-        self._member = Member(self._lease, self._cancel_process, self._apply_policy)
-        self._queue_lock = trio.Lock()
+        self._served = Served(host, self._lease, self._stats)
+        self._queues = self._served.configs  # the queues served now
+        self._member = Member(self._lease, self._served.cancel_process, self._served.apply_policy)
         self.client = Client(host.conn, host.keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
         self.client.min_replicas = host.min_replicas
@@ -400,34 +399,7 @@ class Worker:
             prefetch=prefetch,
         )
         self._check_open()
-        async with self._queue_lock:
-            if queue in self._queues:
-                raise ConfigError(f"queue {queue!r} is served already; stop_work() it first")
-            if queue in self._gen.draining:
-                raise ConfigError(
-                    f"queue {queue!r} is still stopping: handlers that outlived the stop "
-                    "grace still run"
-                )
-            self._queues[queue] = cfg
-            try:
-                gen = await self._current_generation()
-                try:
-                    await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
-                    policy = await self._adopt_policy(gen.id, queue, local, explicit)
-                    cfg = self._queues[queue] = cfg.with_policy(policy)
-                    await self._start_runner(gen, cfg)
-                except (FencedError, RuntimeError) as exc:
-                    # RuntimeError: the generation's nursery closed under us
-                    # (it ended: fenced, or stopping).
-                    fenced = gen.scope.cancel_called or gen is not self._gen
-                    if self._lease.closing or (isinstance(exc, FencedError) and not fenced):
-                        raise
-                    # This identity was fenced meanwhile: the next one serves
-                    # the queue (it is in self._queues) and starts its runner.
-                    await self._current_generation()
-            except BaseException:
-                del self._queues[queue]
-                raise
+        await self._served.start(cfg, local, explicit)
 
     async def stop_work(self, queue: str) -> int:
         """Stop serving ``queue``: cancel its handlers and hand each process
@@ -451,54 +423,13 @@ class Worker:
         """
         check_queue(queue)
         self._check_open()
-        async with self._queue_lock:
-            if queue not in self._queues:
-                raise ConfigError(f"queue {queue!r} is not served by this worker")
-            del self._queues[queue]
-            gen = self._gen
-            runner = gen.runners.pop(queue, None)
-            if runner is not None and not await runner.stop(self.stop_grace):
-                left = runner.stopping_slots()
-                log.warning(
-                    "queue %s: %d handlers still run %g s after stop_work(); their processes "
-                    "are handed back as they exit",
-                    queue,
-                    len(left),
-                    self.stop_grace,
-                )
-                gen.draining[queue] = runner
-                if gen.nursery is not None:
-                    gen.nursery.start_soon(self._finish_draining, gen, queue, runner)
-                return runner.handed_back
-            back = await self._binding.unserve(self._conn, gen.id, queue)
-            return back + (runner.handed_back if runner is not None else 0)
-
-    async def _finish_draining(self, gen: Generation, queue: str, runner: QueueRunner) -> None:
-        """Unserve ``queue`` once the handlers that outlived stop_work()'s
-        grace have exited (retried until Redis answers)."""
-        await runner.wait_exited()
-        backoff = 0.05
-        while True:
-            try:
-                await self._binding.unserve(self._conn, gen.id, queue)
-                break
-            except (MeshConnectionError, CommandError) as exc:
-                log.debug("queue %s: could not unserve yet: %s", queue, exc)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-        gen.draining.pop(queue, None)
+        return await self._served.stop(queue, self.stop_grace)
 
     def running(self) -> list[tuple[Process, float]]:
         """The processes whose handlers run now, each with how long it has
         been running (seconds). Sync: no I/O. During a stop, these are the
         handlers the stop is waiting for."""
-        now = trio.current_time()
-        gen = self._gen
-        return [
-            (p, now - started)
-            for r in [*gen.runners.values(), *gen.draining.values()]
-            for p, started in r.stopping_slots()
-        ]
+        return self._served.running()
 
     def stop_time_left(self) -> float | None:
         """Seconds left of :attr:`stop_grace` while the worker is stopping
@@ -610,77 +541,6 @@ class Worker:
     async def _current_generation(self) -> Generation:
         return await self._lease.current()
 
-    async def _start_runners(self, gen: Generation) -> None:
-        for cfg in list(self._queues.values()):
-            await self._start_runner(gen, cfg)
-
-    async def _start_runner(self, gen: Generation, cfg: QueueConfig) -> None:
-        if cfg.handler is None or gen.nursery is None:
-            return
-        runner = QueueRunner(
-            self._conn,
-            self._binding,
-            gen.id,
-            gen.incarnation,
-            cfg,
-            self._stats.queue(cfg.queue),
-            gen.fence,
-            balance_wait=self.timing.interval,
-            ttl=self.timing.ttl,
-            early_cancels=gen.early_cancels,
-            replicate=self._replicate if self.min_replicas else None,
-        )
-        gen.runners[cfg.queue] = runner
-        await gen.nursery.start(runner.run)
-
-    async def _adopt_policy(
-        self, wid: str, queue: str, local: QueuePolicy, explicit: dict[str, Any]
-    ) -> QueuePolicy:
-        """The queue's stored policy; ``local`` (the start_work options) is
-        stored first if the queue has none. Options given explicitly that the
-        stored policy overrides are reported (a warning), not mixed in."""
-        fields = policy_fields(
-            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
-        )
-        raw = await self._binding.configure(self._conn, queue, "default", f"worker {wid}", fields)
-        assert raw is not None
-        policy = parse_policy(raw, queue)
-        diff = differences(policy, explicit)
-        if diff:
-            log.warning(
-                "queue %s: start_work options %s are overridden by the queue's policy (set by %s)",
-                queue,
-                ", ".join(diff),
-                policy.source or "configure",
-            )
-        return policy
-
-    def _apply_policy(self, queue: str, policy: QueuePolicy) -> None:
-        """A policy read from Redis: the runner of ``queue`` uses it from now on."""
-        cfg = self._queues.get(queue)
-        if cfg is None:
-            return
-        new = cfg.with_policy(policy)
-        if new == cfg:
-            return
-        self._queues[queue] = new
-        runner = self._gen.runners.get(queue)
-        if runner is not None:
-            runner.config = new
-        log.info("queue %s: applying the queue's policy %s", queue, policy)
-
-    async def _replicate(self) -> None:
-        """With ``min_replicas``: wait (up to R) until that many replicas have
-        every write made so far; MeshConnectionError if they do not."""
-        await self._conn.wait_replicas(self.min_replicas, self.timing.fence_after)
-
-    def _cancel_process(self, pid: str) -> None:
-        gen = self._gen
-        for runner in gen.runners.values():
-            if runner.cancel_process(pid):
-                return
-        gen.early_cancels[pid] = trio.current_time()
-
     async def _leave(self) -> None:
         """The end of the worker's block: :meth:`_close`, shielded (it runs to
         its end while the block is being cancelled too), then the worker and
@@ -701,7 +561,7 @@ class Worker:
         self._lease.closing = True  # a fence during the stop retires, no rejoin
         self._stop_started = trio.current_time()
         gen = self._gen
-        runners = [*gen.runners.values(), *gen.draining.values()]
+        runners = self._served.runners()
         for r in runners:
             r.keep_ms = int(self.rejoin_grace * 1000)
             r.begin_stop()
