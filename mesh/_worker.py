@@ -1,17 +1,17 @@
-"""The worker: one peer of the mesh.
+"""The worker: one peer of the mesh, a member of a host (:mod:`mesh._host`).
 
-A worker runs, inside its own nursery:
-
-* its **lease** (:mod:`mesh._lease`): one identity at a time, with the
-  heartbeat that renews it and fans its reply out to the runners, self-fencing,
-  and rejoining under a new identity after a fence;
-* one **runner** per queue served with a handler (:mod:`mesh._runner`);
-* a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers;
-* a **listener** for pub/sub nudges: a wake (a queue it serves has tasks
-  and Redis took it out of the queue's idle set), cancel of a process, key
-  expiry (a peer died). Pub/sub is only a nudge: the heartbeat reply
-  carries the durable cancel inbox and which queues have work, and a
-  reconnect triggers a full re-check.
+A worker runs, inside its own nursery, its **lease** (:mod:`mesh._lease`):
+one identity at a time, with the heartbeat that renews it (through its
+host's driver, :mod:`mesh._renewals`) and fans its reply out to the runners,
+self-fencing, and rejoining under a new identity after a fence; and one
+**runner** per queue served with a handler (:mod:`mesh._served`,
+:mod:`mesh._runner`). Its host owns what the workers of one process share:
+the connections, the listener for pub/sub nudges (a wake, a cancel, a key
+expiry; only a nudge: the heartbeat reply carries the durable cancel inbox
+and which queues have work, and a reconnect triggers a full re-check), the
+reaper that recycles dead peers, the scheduler and the policy reader.
+:func:`open_worker` is a host of one; :func:`join` makes a worker a member
+of any host (a fleet's too, :mod:`mesh._fleet`).
 
 Leaving :func:`open_worker` cancels every handler and keeps renewing the
 lease while they exit (at most ``stop_grace``): each process is handed back
