@@ -221,3 +221,62 @@ class Served:
             if runner.cancel_process(pid):
                 return
         gen.early_cancels[pid] = trio.current_time()
+
+    # --- queues served by hand (no handler) ------------------------------------
+
+    async def claim_one(self, queue: str) -> Process | None:
+        """Claim the next task of ``queue``, served without a handler (see
+        :meth:`Worker.dequeue`).
+
+        Raises:
+            ConfigError: not served, or served by a handler.
+            FencedError, MeshConnectionError: as from Redis."""
+        cfg = self.configs.get(queue)
+        if cfg is None:
+            raise ConfigError(
+                f"queue {queue!r} is not served by this worker; start_work() it first"
+            )
+        if cfg.handler is not None:
+            raise ConfigError(
+                f"queue {queue!r} is served by a handler; dequeue() is for queues without one"
+            )
+        gen = await self._lease.current()
+        reply = await self._binding.claim(
+            self._conn,
+            gen.id,
+            gen.incarnation,
+            queue,
+            1,
+            cfg.max_attempts,
+            backoff_ms=int(cfg.backoff * 1000),
+            backoff_cap_ms=int(cfg.backoff_max * 1000),
+            ttl_ms=int(self._timing.ttl * 1000),
+            wake=False,
+            rate=cfg.rate,
+        )
+        return reply.processes[0] if reply.processes else None
+
+    async def finish(self, process: Process) -> bool:
+        """Report ``process`` finished (see :meth:`Worker.finish`)."""
+        gen = self._lease.gen
+        incarnation = gen.incarnation if process.worker_id == gen.id else ""
+        r = await self._binding.finish(
+            self._conn, process.worker_id, incarnation, process.queue, [process.id]
+        )
+        return r[0]
+
+    async def give_back(self, process: Process, failed: bool, error: str | None) -> bool:
+        """Hand ``process`` back (see :meth:`Worker.give_back`)."""
+        cfg = self.configs.get(process.queue)
+        backoff, cap = (cfg.backoff, cfg.backoff_max) if cfg else (1.0, 60.0)
+        r = await self._binding.give_back(
+            self._conn,
+            process.worker_id,
+            process.queue,
+            [process.id],
+            failed=failed,
+            backoff_ms=int(backoff * 1000),
+            backoff_cap_ms=int(cap * 1000),
+            errors=[error[:2000]] if failed and error else None,
+        )
+        return r[0][0] != 0

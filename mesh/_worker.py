@@ -454,30 +454,7 @@ class Worker:
         """
         check_queue(queue)
         self._check_open()
-        cfg = self._queues.get(queue)
-        if cfg is None:
-            raise ConfigError(
-                f"queue {queue!r} is not served by this worker; start_work() it first"
-            )
-        if cfg.handler is not None:
-            raise ConfigError(
-                f"queue {queue!r} is served by a handler; dequeue() is for queues without one"
-            )
-        gen = await self._current_generation()
-        reply = await self._binding.claim(
-            self._conn,
-            gen.id,
-            gen.incarnation,
-            queue,
-            1,
-            cfg.max_attempts,
-            backoff_ms=int(cfg.backoff * 1000),
-            backoff_cap_ms=int(cfg.backoff_max * 1000),
-            ttl_ms=int(self.timing.ttl * 1000),
-            wake=False,
-            rate=cfg.rate,
-        )
-        return reply.processes[0] if reply.processes else None
+        return await self._served.claim_one(queue)
 
     async def finish(self, process: Process) -> bool:
         """Report ``process`` as finished: its task leaves the mesh.
@@ -491,14 +468,7 @@ class Worker:
                 safe (it then returns False if the first call went through).
         """
         self._check_open()
-        r = await self._binding.finish(
-            self._conn,
-            process.worker_id,
-            self._incarnation_of(process),
-            process.queue,
-            [process.id],
-        )
-        return r[0]
+        return await self._served.finish(process)
 
     async def give_back(
         self, process: Process, *, failed: bool = False, error: str | None = None
@@ -515,28 +485,13 @@ class Worker:
                 again is safe.
         """
         self._check_open()
-        cfg = self._queues.get(process.queue)
-        backoff, cap = (cfg.backoff, cfg.backoff_max) if cfg else (1.0, 60.0)
-        r = await self._binding.give_back(
-            self._conn,
-            process.worker_id,
-            process.queue,
-            [process.id],
-            failed=failed,
-            backoff_ms=int(backoff * 1000),
-            backoff_cap_ms=int(cap * 1000),
-            errors=[error[:2000]] if failed and error else None,
-        )
-        return r[0][0] != 0
+        return await self._served.give_back(process, failed, error)
 
     # --- internals -------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed or self._closing:
             raise ClosedError("this worker is stopped")
-
-    def _incarnation_of(self, process: Process) -> str:
-        return self._gen.incarnation if process.worker_id == self._gen.id else ""
 
     async def _current_generation(self) -> Generation:
         return await self._lease.current()
