@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ import attrs
 import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
+from ._units import seconds_ms
 
 __all__ = [
     "PolicyWatch",
@@ -99,11 +99,10 @@ def parse_policy(raw: bytes | str, queue: str) -> QueuePolicy:
 
 
 def _seconds(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return round(value * 1000)
+    try:
+        return seconds_ms(name, value)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def policy_fields(**given: Any) -> list[Any]:

@@ -30,6 +30,7 @@ import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
 from ._policy import PolicyWatch, apply_stored
+from ._units import seconds_ms
 
 __all__ = ["Schedule", "cron_next", "next_tick", "parse_spec", "run_scheduler", "spec_of"]
 
@@ -102,11 +103,7 @@ def spec_of(every: float | None, cron: str | None) -> str:
     if (every is None) == (cron is None):
         raise ConfigError("give every (seconds) or cron (an expression), exactly one")
     if every is not None:
-        if isinstance(every, bool) or not isinstance(every, int | float):
-            raise TypeError(f"every must be a number of seconds, not {type(every).__name__}")
-        if not math.isfinite(every) or every < MIN_EVERY:
-            raise ConfigError(f"every must be at least {MIN_EVERY} s, got {every!r}")
-        return f"every {round(every * 1000)}"
+        return f"every {seconds_ms('every', every, minimum=MIN_EVERY)}"
     if not isinstance(cron, str):
         raise TypeError(f"cron must be a str, not {type(cron).__name__}")
     expr = " ".join(cron.split())

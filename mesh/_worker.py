@@ -421,16 +421,11 @@ class Worker:
             if v is not None
         }
         local = attrs.evolve(QueuePolicy(), **explicit)
-        if (
-            isinstance(local.max_attempts, bool)
-            or not isinstance(local.max_attempts, int)
-            or local.max_attempts < 0
-        ):
-            raise ConfigError(f"max_attempts must be a whole number >= 0, got {max_attempts!r}")
-        if not (0 <= local.backoff <= local.backoff_max):
-            raise ConfigError(
-                f"need 0 <= backoff <= backoff_max, got {local.backoff!r}, {local.backoff_max!r}"
-            )
+        # the same checks as Client.configure (ConfigError): whole numbers,
+        # seconds from 0 to ten years, backoff <= backoff_max
+        policy_fields(
+            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
+        )
         if handler is not None:
             check_handler(handler)
         if batch_handler is not None:

@@ -27,7 +27,7 @@ from mesh._view import share_text
 from mesh.dashboard import serve_dashboard
 from mesh.testing import wait_until
 
-from .test_cli import clean_env, mesh_cli, running_process, stderr_until
+from .cli_helpers import clean_env, mesh_cli, running_process, stderr_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

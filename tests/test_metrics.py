@@ -23,8 +23,8 @@ from mesh._view import counts
 from mesh.metrics import MeshCollector, WorkerCollector, serve_metrics
 from mesh.testing import run_redis_server
 
+from .cli_helpers import clean_env, mesh_cli, running_process, stderr_until
 from .protocol_helpers import expire_worker
-from .test_cli import clean_env, mesh_cli, running_process, stderr_until
 
 TTL = 0.9
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -39,6 +39,7 @@ from ._common import (
     UsageError,
     add_target_options,
     positive_float,
+    seconds_arg,
     show_task,
     target,
 )
@@ -116,13 +117,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--backoff",
-        type=float,
+        type=seconds_arg("backoff"),
         default=None,
         metavar="S",
         help="delay before the first retry of a failed task, doubling after (default 1)",
     )
     p.add_argument(
-        "--backoff-max", type=float, default=None, metavar="S", help="longest retry delay (60)"
+        "--backoff-max",
+        type=seconds_arg("backoff_max"),
+        default=None,
+        metavar="S",
+        help="longest retry delay (60)",
     )
     p.add_argument(
         "--ttl",
