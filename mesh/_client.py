@@ -460,9 +460,11 @@ class Client:
         Raises:
             TypeError, ValueError, ConfigError: a bad payload, queue name or
                 weight (nothing was sent).
-            ConflictError: the payload is queued or waiting for a retry as a
-                one-shot task of ``queue`` (as :meth:`enqueue` refuses a
-                persistent one). Costs a read of the queue: O(its length).
+            ConflictError: the payload is queued, delayed (or waiting for a
+                retry) or running as a one-shot task of ``queue`` (as
+                :meth:`enqueue` refuses a persistent one). Costs a read of
+                the queue and of its running processes' records: O(their
+                number).
             MeshConnectionError: as for :meth:`enqueue` (``min_replicas``
                 included); ensuring again is safe.
         """

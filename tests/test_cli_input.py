@@ -171,3 +171,30 @@ async def test_a_stdin_line_over_the_limit_is_bad_data_not_usage(
     assert "line 1 of stdin" in line and "nothing was sent" in line, line
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         assert await client.queues() == []
+
+
+async def test_ensure_of_a_running_one_shot_task_is_refused(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    """``mesh enqueue Q dup`` then ``mesh ensure Q dup`` while dup runs: one
+    line, exit 1, and dup does not run a second time as a persistent task."""
+    r = await mesh_cli("enqueue", "q", "dup", *ns_args)
+    assert r.returncode == 0, text(r)
+    runs: list[mesh.Process] = []
+    running = trio.Event()
+
+    async def hold(p: mesh.Process) -> None:
+        runs.append(p)
+        running.set()
+        await trio.sleep_forever()
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as worker:
+        await worker.start_work("q", hold)
+        with trio.fail_after(20):
+            await running.wait()
+        r = await mesh_cli("ensure", "q", "dup", *ns_args)
+        line = assert_one_line_error(r, 1)
+        assert "runs as a one-shot task of queue q" in line, line
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            assert await client.tasks("q") == []  # persistent tasks: none
+        assert [(p.task, p.persistent) for p in runs] == [(b"dup", False)]
