@@ -127,6 +127,18 @@ def test_cli_page_has_every_subcommand() -> None:
     assert missing == []
 
 
+def test_operating_md_names_the_dashboards_dead_letter_actions() -> None:
+    """The dashboard serves requeue and purge of dead letters (its app's
+    routes); operating.md once said it offered neither."""
+    app = (ROOT / "mesh" / "dashboard" / "_app.py").read_text()
+    assert "/api/dead/requeue" in app and "/api/dead/purge" in app
+    text = page("operating.md")
+    section = text[text.index("## Dashboard") :]
+    section = " ".join(section[: section.index("\n## ", 1)].split())
+    assert "requeue or purge the dead letters of a queue" in section
+    assert "not offered" not in section
+
+
 def test_every_python_block_in_the_docs_parses() -> None:
     blocks = 0
     for path in sorted(DOCS.glob("*.md")):
