@@ -271,3 +271,68 @@ async def test_a_metrics_port_in_use_is_a_config_error() -> None:
         with pytest.raises(mesh.ConfigError, match="cannot serve metrics"):
             async with serve_metrics(registry, port=port):
                 pass  # pragma: no cover
+
+
+@pytest.mark.slow
+async def test_a_process_moved_by_a_rebalance_is_counted_and_logged_as_moved(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 27: a process handed back for balance was counted in no metric
+    and logged as "cancelled"."""
+    (tmp_path / "hold_app.py").write_text(
+        "import trio\n\nasync def hold(p):\n    await trio.sleep_forever()\n\n"
+        "queues = {'devices': hold}\n"
+    )
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure_many("devices", ["d1", "d2", "d3", "d4"])
+    async with running_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "worker", "hold_app:queues", "--ttl", "1"),
+            *("--metrics-port", "0", "--redis", redis_url, "--namespace", namespace),
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    ) as proc:
+        url = await served_url(proc)
+        await until_scraped(
+            url,
+            lambda s: value(s, "mesh_worker_processes_running", queue="devices") == 4,
+            what="the CLI worker holding the four devices",
+        )
+
+        async def hold(p: mesh.Process) -> None:
+            await trio.sleep_forever()
+
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=1.0) as peer:
+            await peer.start_work("devices", hold)
+            s = await until_scraped(
+                url,
+                lambda s: value(s, "mesh_worker_processes_moved_total", queue="devices") == 2,
+                within=20,
+                what="two devices moved to the new peer",
+            )
+            assert value(s, "mesh_worker_processes_cancelled_total", queue="devices") == 0
+            log = await stderr_until(proc, rb"(moved devices .*\n.*){2}", within=20)
+            assert b"cancelled devices" not in log, log.decode()
+            assert peer.statistics().queues["devices"].running == 2
+        proc.terminate()
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+
+
+async def test_the_delayed_gauge_counts_delayed_jobs_and_says_so(
+    redis_url: str, namespace: str
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue("jobs", "later", delay=3600)
+        async with served(MeshCollector(client)) as url:
+            assert value(await scrape(url), "mesh_queue_delayed", queue="jobs") == 1
+
+            def get() -> str:
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    return str(r.read().decode())
+
+            body = await trio.to_thread.run_sync(get)
+    (help_line,) = [x for x in body.splitlines() if x.startswith("# HELP mesh_queue_delayed ")]
+    assert "enqueued with a delay" in help_line and "retry" in help_line, help_line

@@ -74,6 +74,10 @@ def worker_metrics(s: WorkerStatistics) -> Iterator[Metric]:
             ("finished", "Processes reported finished."),
             ("failed", "Handlers that raised (the task was handed back as failed)."),
             ("cancelled", "Handlers stopped by a cancel of their task or a fence."),
+            (
+                "moved",
+                "Processes handed back for balance, to move to a peer below its fair share.",
+            ),
         ]
     }
     claim = HistogramMetricFamily(
@@ -88,6 +92,7 @@ def worker_metrics(s: WorkerStatistics) -> Iterator[Metric]:
         per_queue["finished"].add_metric([q.queue], q.finished)
         per_queue["failed"].add_metric([q.queue], q.failed)
         per_queue["cancelled"].add_metric([q.queue], q.cancelled)
+        per_queue["moved"].add_metric([q.queue], q.moved)
         claim.add_metric([q.queue], _buckets(q.claim_seconds), q.claim_seconds.sum)
         handler.add_metric([q.queue], _buckets(q.handler_seconds), q.handler_seconds.sum)
     yield running
@@ -170,7 +175,11 @@ class MeshCollector(Collector):
             name: GaugeMetricFamily(f"mesh_queue_{name}", text, labels=["queue"])
             for name, text in [
                 ("length", "Tasks waiting to be claimed."),
-                ("delayed", "Failed tasks waiting for their retry time."),
+                (
+                    "delayed",
+                    "Tasks waiting for their due time: enqueued with a delay or at a time, "
+                    "or failed and waiting for a retry.",
+                ),
                 ("dead_letters", "Dead-lettered one-shot tasks."),
                 ("running", "Processes (claimed tasks) on any worker."),
             ]
