@@ -336,3 +336,50 @@ async def test_the_delayed_gauge_counts_delayed_jobs_and_says_so(
             body = await trio.to_thread.run_sync(get)
     (help_line,) = [x for x in body.splitlines() if x.startswith("# HELP mesh_queue_delayed ")]
     assert "enqueued with a delay" in help_line and "retry" in help_line, help_line
+
+
+@pytest.mark.slow
+async def test_mesh_exporter_outlives_redis_and_logs_each_outage_once() -> None:
+    """Issue 27: the exporter exited 1 when Redis was down at start (so the
+    documented ``mesh_redis_up == 0`` alert could never fire), and with Redis
+    gone later a scrape waited for the connect timeout and logged nothing."""
+    with run_redis_server() as server:
+        server.stop()  # down before the exporter starts
+        async with running_process(
+            [
+                *(sys.executable, "-m", "mesh.cli", "exporter", "--port", "0"),
+                *("--redis", server.url, "--namespace", "x"),
+            ],
+            stderr=subprocess.PIPE,
+            env=clean_env(),
+        ) as proc:
+            log = await stderr_until(proc, rb"/metrics")
+            m = re.search(rb"http://\S+/metrics", log)
+            assert m is not None, log
+            url = m.group().decode()
+            for _ in range(3):
+                s = await scrape(url)
+                assert value(s, "mesh_redis_up") == 0
+                assert not any(name.startswith("mesh_queue") for name, _ in s)
+            server.start()
+            await until_scraped(
+                url, lambda s: value(s, "mesh_redis_up") == 1, within=20, what="Redis back"
+            )
+            async with mesh.open_client(server.url, namespace="x") as client:
+                await client.enqueue("q", "a")
+            assert value(await scrape(url), "mesh_queue_length", queue="q") == 1
+            server.stop()  # gone while the exporter is connected
+            for _ in range(3):
+                assert value(await scrape(url), "mesh_redis_up") == 0
+            proc.terminate()
+            with trio.fail_after(10):
+                assert await proc.wait() == 0
+            assert proc.stderr is not None
+            while chunk := await proc.stderr.receive_some():
+                log += chunk
+    lines = log.decode().splitlines()
+    # two outages (at start, and later), each logged once; one recovery
+    down = [x for x in lines if "mesh_redis_up is 0 until it is back" in x]
+    back = [x for x in lines if "Redis is back" in x]
+    assert len(down) == 2 and len(back) == 1, log.decode()
+    assert all("WARNING" in x for x in down), down
