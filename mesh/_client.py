@@ -26,6 +26,7 @@ from ._pubsub import open_pubsub
 from ._schedule import Schedule, cron_next, parse_spec, spec_of, split_id
 from ._scripts import Binding, parse_dead, parse_record, parse_result, payload_bytes
 from ._transport import check_min_replicas, coerce_config
+from ._trio import require_trio
 from ._types import (
     DeadLetter,
     DelayedTask,
@@ -962,12 +963,14 @@ async def open_client(
             URL's ``min_replicas`` query parameter, else 0.
 
     Raises:
-        ConfigError: a bad URL, namespace or ``min_replicas`` (before connecting).
+        ConfigError: a bad URL, namespace or ``min_replicas`` (before
+            connecting); called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached (fails fast).
 
     The connection is closed when the block is left; a cancelled block leaves
     nothing behind.
     """
+    require_trio("mesh.open_client")
     keys = Keys(namespace)
     config = coerce_config(url)
     replicas = check_min_replicas(config, min_replicas)

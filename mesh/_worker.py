@@ -56,6 +56,7 @@ from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
 from ._topology import Topology
 from ._transport import check_min_replicas
+from ._trio import require_trio
 from ._types import Process
 from ._url import RedisConfig, parse_url
 
@@ -855,10 +856,11 @@ async def open_worker(
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
-            or the worker id is in use.
+            or the worker id is in use; called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
         ProtocolError: the namespace holds data of another protocol version.
     """
+    require_trio("mesh.open_worker")
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
