@@ -26,6 +26,8 @@ from mesh._connection import open_connection
 from mesh._errors import CommandError
 from mesh.testing import RedisServer
 
+from .cli_helpers import assert_one_line_error, mesh_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
@@ -322,3 +324,21 @@ async def test_open_client_worker_and_fleet_from_asyncio_name_trio(redis_url: st
         message = str(info.value)
         assert message.startswith(f"{name} needs trio and was called under asyncio"), message
         assert "Using the mesh from an asyncio program" in message
+
+
+@pytest.mark.slow
+async def test_the_demo_under_the_documented_acl_says_what_it_misses(
+    own_redis: RedisServer,
+) -> None:
+    """operating.md's ACL leaves SCAN out; ``mesh demo --redis`` needs it to
+    remove its namespace. It used to fail at the end with Redis's bare
+    NOPERM; it says which permission is missing and what to do, first."""
+    async with open_connection(own_redis.url) as admin:
+        assert await admin.execute(*acl_command("demo-*", "s3cret")) == b"OK"
+    url = own_redis.url.replace("redis://", "redis://mesh-app:s3cret@")
+    r = await mesh_cli("demo", "--redis", url)
+    line = assert_one_line_error(r, 1)
+    assert "may not run SCAN" in line and "ACL SETUSER mesh-app +scan" in line, line
+    assert "nothing was written" in line and "s3cret" not in line
+    async with open_connection(own_redis.url) as admin:
+        assert await admin.execute("DBSIZE") == 0
