@@ -290,7 +290,7 @@ async def connect(
         MeshConnectionError: connecting, the TLS handshake or authentication failed,
             or it took longer than ``connect_timeout``. The message names the redacted
             URL and the cause; it never contains the password.
-        ConfigError: the CA file cannot be loaded.
+        ConfigError: the CA file or the client certificate cannot be loaded.
 
     On cancellation the half-open stream is closed and nothing is left behind.
     """
