@@ -57,6 +57,7 @@ from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
 from ._topology import Topology
 from ._transport import check_min_replicas
+from ._trio import require_trio
 from ._types import Process
 from ._url import RedisConfig, parse_url
 from ._validate import seconds, whole
@@ -412,6 +413,11 @@ class Worker:
             if v is not None
         }
         local = attrs.evolve(QueuePolicy(), **explicit)
+        # the same checks as Client.configure (ConfigError): whole numbers,
+        # seconds from 0 to ten years, backoff <= backoff_max
+        policy_fields(
+            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
+        )
         cfg = QueueConfig(
             queue,
             handler if batch_handler is None else batch_handler,
@@ -837,10 +843,11 @@ async def open_worker(
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
-            or the worker id is in use.
+            or the worker id is in use; called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
         ProtocolError: the namespace holds data of another protocol version.
     """
+    require_trio("mesh.open_worker")
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)

@@ -141,6 +141,44 @@ async def test_ensure_of_a_one_shot_payload_changes_nothing(
     assert await b.ensure(conn, "other", [b"job-2"]) == [True]
 
 
+async def test_ensure_of_a_running_one_shot_payload_changes_nothing(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """Running is the third place a one-shot task can be (issue 27): ensuring
+    it then would run the payload twice, once of each kind."""
+    await b.enqueue(conn, Q, [b"job\x00-1"], 3)  # a priority, and a NUL in the payload
+    await b.enqueue(conn, Q, [b"job-2"])
+    inc = await join(b, conn, "w1", Q)
+    ps = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
+    assert {p.task for p in ps} == {b"job-2", b"job\x00-1"}
+    assert await conn.execute("LLEN", keys.queue(Q)) == 0
+    with pytest.raises(ConflictError, match="task 1 of this call runs as a one-shot task"):
+        await b.ensure(conn, Q, [b"dev", b"job-2"])
+    with pytest.raises(ConflictError, match="task 0 of this call runs as a one-shot task"):
+        await b.ensure(conn, Q, [b"job\x00-1"])
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == []
+    assert await conn.execute("HLEN", keys.persistent(Q)) == 0
+    assert await conn.execute("SCARD", keys.standby(Q)) == 0
+    # a suffix of a running payload, or the same payload in another queue, is no conflict
+    assert await b.ensure(conn, Q, [b"-2", b"b-2"]) == [True, True]
+    assert await b.ensure(conn, "other", [b"job-2"]) == [True]
+    # finished: the payload is free to become persistent
+    await b.finish(conn, "w1", inc, Q, [p.id for p in ps if p.task == b"job-2"])
+    assert await b.ensure(conn, Q, [b"job-2"]) == [True]
+
+
+async def test_ensure_again_while_a_cancelled_persistent_process_exits(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    await b.ensure(conn, Q, [b"dev"])
+    inc = await join(b, conn, "w1", Q)
+    (p,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await b.cancel(conn, Q, b"dev")
+    # its record may still be there while its handler exits: not a one-shot task
+    assert await b.ensure(conn, Q, [b"dev"]) == [True]
+    assert p.persistent
+
+
 async def test_ensure_is_unique_per_queue_and_payload(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
