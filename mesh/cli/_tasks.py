@@ -358,16 +358,6 @@ def _adopt_namespace(args: argparse.Namespace) -> int:
     return run_client(t, go)
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"need a number of seconds >= 0, got {text!r}")
-    return v
-
-
 _unix_time = seconds_arg("at", maximum=MAX_UNIX_TIME)
 
 
