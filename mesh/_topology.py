@@ -46,10 +46,12 @@ _SLOTS: Final = 16384
 # The most nodes one connect may hop through (seed -> slot master -> ...): a map that
 # keeps changing under us is a failover in progress; the reconnect loop tries again.
 _MAX_HOPS: Final = 3
-# The longest a connection keeps off a master being failed over, waiting for the
-# chosen replica's promotion (about 0.2 s on loopback); capped at half of
-# connect_timeout. Within the fence budget of the default lease (R = 2 s).
-FAILOVER_HOLD: Final = 1.5
+# The longest a connection keeps off a master being failed over (from +odown or
+# +try-failover) when no announcement ends the failover first (the switch, an
+# abort, -odown). Writing there instead would be worse: the old master takes
+# writes, lease renewals included, that its demotion drops. Holding is safe for
+# a worker: its handlers stop at R without a confirmed renewal, as in any outage.
+FAILOVER_HOLD: Final = 5.0
 
 
 def _crc16_table() -> list[int]:
@@ -205,8 +207,7 @@ class Topology:
         # being failed over for at most ``hold`` (see mesh._failover).
         self.failover: FailoverWatch | None = None
         if config.topology == "sentinel":
-            hold = min(config.connect_timeout / 2, FAILOVER_HOLD)
-            self.failover = FailoverWatch(config.service or "", hold)
+            self.failover = FailoverWatch(config.service or "", FAILOVER_HOLD)
 
     # ---------------------------------------------------------------- public
 
