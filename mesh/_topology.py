@@ -7,7 +7,11 @@ share one, so both sit on the same node):
 * **standalone** (``redis://``, ``rediss://``, ``unix://``): the node in the URL. A TCP
   URL that turns out to name a Redis Cluster node is treated as a cluster seed.
 * **Sentinel** (``redis+sentinel://``): each sentinel in turn is asked
-  ``SENTINEL GET-MASTER-ADDR-BY-NAME``; the first answer wins.
+  ``SENTINEL GET-MASTER-ADDR-BY-NAME``; the first answer wins. While the
+  sentinels announce a failover (:mod:`mesh._failover`, watched by the command
+  connection), the old master is not used: the replica chosen is taken as
+  soon as it says master, and after a switch a sentinel still naming the old
+  master is not believed.
 * **Cluster** (``redis+cluster://``, or detected): the master serving the hash slot of
   the route key (``{namespace}:``), read from ``CLUSTER SHARDS`` (``CLUSTER SLOTS`` on
   6.2) of the node we reached, seeds tried in turn (the last master first).
@@ -18,6 +22,10 @@ name as master is refused, so an old master restarted empty, a replica, or a nod
 that lost its slot never takes a write. A user whose ACL forbids ``ROLE`` is let
 through on standalone and cluster (where ``CLUSTER SHARDS`` tells the role too),
 refused on Sentinel.
+
+With an ``epoch_key`` (a client's or worker's namespace), the node must also
+hold the namespace's epoch this process first saw (:mod:`mesh._epoch`): on
+Sentinel and Cluster a master restarted empty is refused.
 
 Errors: every failure is a :class:`~mesh.MeshConnectionError` (the reconnect loop
 tries again); messages name redacted addresses only.
