@@ -9,8 +9,8 @@ share one, so both sit on the same node):
 * **Sentinel** (``redis+sentinel://``): each sentinel in turn is asked
   ``SENTINEL GET-MASTER-ADDR-BY-NAME``; the first answer wins. While the
   sentinels announce a failover (:mod:`mesh._failover`, watched by the command
-  connection), the old master is not used: the replica chosen is taken as
-  soon as it says master, and after a switch a sentinel still naming the old
+  connection), the old master is not used: the replica is taken as soon as
+  its promotion is announced, and after a switch a sentinel still naming the old
   master is not believed.
 * **Cluster** (``redis+cluster://``, or detected): the master serving the hash slot of
   the route key (``{namespace}:``), read from ``CLUSTER SHARDS`` (``CLUSTER SLOTS`` on
@@ -262,16 +262,16 @@ class Topology:
         self, extra: Sequence[Sequence[Arg]], name: str | None
     ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
         """Sentinel: while a failover is announced (:mod:`mesh._failover`), keep
-        off the old master and take the replica chosen as soon as it says it is
-        master (bounded by the watch's hold); otherwise the master the sentinels
+        off the old master and take the replica as soon as its promotion is
+        announced (bounded by the watch's hold); otherwise the master the sentinels
         name, unless a switch was announced away from it."""
         watch = self.failover
         if watch is not None and watch.running:
             while watch.in_progress(trio.current_time()):
-                candidate = watch.candidate
-                if candidate is not None and candidate != watch.old:
+                promoted = watch.promoted
+                if promoted is not None and promoted != watch.old:
                     try:
-                        return await self._open_master(candidate, extra, name, "was chosen")
+                        return await self._open_master(promoted, extra, name, "was promoted")
                     except MeshConnectionError:
                         pass  # not promoted yet: try again shortly
                 with trio.move_on_at(min(watch.hold_until(), trio.current_time() + 0.02)):
