@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "7"
+PROTOCOL_VERSION = "8"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -167,6 +167,16 @@ class Keys:
         ``payload`` on ``q`` (queues with a result TTL only). The payload is
         named by its SHA-1, so the key is short and the queue name last."""
         return f"{self.prefix}result:{hashlib.sha1(payload).hexdigest()}:{q}"
+
+    def paused(self, q: str) -> str:
+        """STRING: present while ``q`` is paused, since when (Redis ms)."""
+        return f"{self.prefix}paused:{q}"
+
+    def stats(self, q: str) -> str:
+        """HASH: per-minute counts of processes of ``q`` finished (``p`` +
+        minute) and failed (``f`` + minute), added by workers every few
+        seconds (``stats.lua``)."""
+        return f"{self.prefix}stats:{q}"
 
     def rate(self, q: str) -> str:
         """HASH: the token bucket of ``q``'s rate limit (tokens, at)."""
