@@ -195,6 +195,7 @@ async def counts(client: Client) -> MeshCounts:
             ("LLEN", k.dead(q)),
             ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
             ("ZCARD", k.prio(q)),
+            ("EXISTS", k.paused(q)),
         ]
     *_, replies = await conn.pipeline([("MULTI",), *cmds, ("EXEC",)])
     for r in replies:
@@ -202,10 +203,12 @@ async def counts(client: Client) -> MeshCounts:
             raise r
     out = []
     for i, q in enumerate(queues):
-        group = replies[2 + 8 * i : 2 + 8 * (i + 1)]
-        queued, delayed, running, persistent, standby, dead, since, prio = group
+        group = replies[2 + 9 * i : 2 + 9 * (i + 1)]
+        queued, delayed, running, persistent, standby, dead, since, prio, paused = group
         queued += prio  # tasks with a priority are queued too
-        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
+        out.append(
+            _queue_counts(q, queued, delayed, running, persistent, standby, dead, since, paused)
+        )
     return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out)
 
 
@@ -218,6 +221,7 @@ def _queue_counts(
     standby: Sequence[bytes],
     dead: int,
     since: Sequence[bytes],
+    paused: int = 0,
 ) -> QueueCounts:
     owned = 0
     unowned = list(standby)
@@ -227,13 +231,13 @@ def _queue_counts(
         else:
             unowned.append(persistent[i])
     total = owned + len(unowned)
-    info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead))
+    info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead), paused == 1)
     unowned_since = {since[j]: int(since[j + 1]) / 1000 for j in range(0, len(since), 2)}
     return QueueCounts(info, owned, tuple(sorted(unowned)), unowned_since)
 
 
 #: Commands per queue in :func:`overview`'s transaction.
-_PER_QUEUE = 12
+_PER_QUEUE = 13
 
 
 @attrs.frozen
@@ -293,6 +297,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             ("HGETALL", k.share(q)),
             ("HGETALL", k.moving(q)),
             ("HGETALL", k.reserved(q)),
+            ("EXISTS", k.paused(q)),
         ]
     if new:
         cmds.append(("HMGET", k.info, *new))
@@ -314,7 +319,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
     for i, q in enumerate(queues):
         group = replies[_PER_QUEUE * i : _PER_QUEUE * (i + 1)]
         queued, delayed, procs, persistent, standby, dead, servers, since, prio = group[:9]
-        share_hash, moving, reserved = (_pairs(r) for r in group[9:])
+        share_hash, moving, reserved = (_pairs(r) for r in group[9:12])
         queued += prio  # tasks with a priority are queued too
         on_q: dict[str, int] = {}
         holder: dict[bytes, str] = {}
@@ -342,7 +347,9 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
                 )
             )
         running = len(procs) // 2
-        out.append(_queue_counts(q, queued, delayed, running, persistent, standby, dead, since))
+        out.append(
+            _queue_counts(q, queued, delayed, running, persistent, standby, dead, since, group[12])
+        )
     processes.sort(key=lambda p: p.token)
     workers = []
     for w, deadline in sorted(deadlines.items()):

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import mesh
 
-from . import _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
+from . import _browse, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
 from ._common import EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _worker.register(sub)
     _tasks.register(sub)
     _jobs.register(sub)
+    _browse.register(sub)
     _status.register(sub)
     _metrics.register(sub)
     _dashboard.register(sub)
