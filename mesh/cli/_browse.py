@@ -158,7 +158,7 @@ def _rows(state: str, jobs: tuple[mesh.Job, ...]) -> tuple[list[str], list[list[
                 utc(j.dead_at),
                 j.worker or "-",
                 (j.error or "-")[:80],
-            ]  # fmt: skip
+            ]
             for j in jobs
         ]
     if state == "delayed":
