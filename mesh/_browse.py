@@ -29,7 +29,16 @@ from ._errors import ConfigError
 from ._keys import Keys, check_queue
 from ._scripts import parse_dead, parse_record
 
-__all__ = ["JOB_STATES", "Job", "JobPage", "MinuteCounts", "check_state", "job", "jobs"]
+__all__ = [
+    "JOB_STATES",
+    "Job",
+    "JobPage",
+    "MinuteCounts",
+    "check_state",
+    "job",
+    "jobs",
+    "minute_counts",
+]
 
 #: The states :meth:`Client.jobs` lists, in the order :meth:`Client.job`
 #: looks for a payload.
