@@ -57,6 +57,10 @@ SUBCOMMANDS = [
     "adopt-namespace",
     "dead-letters",
     "configure",
+    "jobs",
+    "job",
+    "pause",
+    "resume",
     "schedule",
     "status",
     "exporter",
@@ -324,6 +328,7 @@ async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: li
             "running": 2,
             "persistent": 2,
             "dead": 0,
+            "paused": False,
         }
         assert queues["jobs"]["queued"] == 3
         assert sorted(p["task"]["data"] for p in snap["processes"]) == ["d1", "d2"]
