@@ -14,7 +14,9 @@ A worker is a member of a host. The host owns, for all its members:
 * who **renews the leases** and gives **turns to join** (:mod:`mesh._renewals`);
 * the periodic-task **scheduler** and the **policy reader** (one ``HMGET``
   per H for the queues of all its members);
-* the **memory watch** (:mod:`mesh._memory`): Redis's eviction policy.
+* the **memory watch** (:mod:`mesh._memory`): Redis's eviction policy;
+* the **per-minute counts** of its members for the dashboard's charts
+  (:mod:`mesh._history`), one report every few seconds.
 
 :func:`~mesh.open_worker` is a host of one, :func:`~mesh.open_fleet` a host
 of many, both made by :func:`open_host`. The only differences: a host of one
@@ -41,6 +43,7 @@ import trio
 
 from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
+from ._history import REPORT_INTERVAL, CountsReporter
 from ._keys import Keys
 from ._lease import Lease, LeaseTiming
 from ._memory import MemoryWatch, read_memory, watch_memory
@@ -64,11 +67,13 @@ log = logging.getLogger("mesh.worker")
 class Member:
     """A worker as its host sees it: its lease (current identity, runners,
     identities it has had, queues it serves), where a cancel of one of its
-    processes goes, and where a queue's policy read by the host goes."""
+    processes goes, where a queue's policy read by the host goes, and its
+    counters."""
 
     lease: Lease
     cancel_process: Callable[[str], None]
     apply_policy: Callable[[str, QueuePolicy], None]
+    stats: Recorder  # its counters (the per-minute counts are reported from them)
 
 
 class _ServedQueues(Mapping[str, None]):
@@ -123,6 +128,9 @@ class Host:
         self.stats = Recorder()
         """The reaper's counters (a host of one's are its worker's)."""
         self.members: list[Member] = []
+        # the counters of members that left lately: their last counts go in the
+        # next per-minute counts report (or the one made when the host closes)
+        self._left: list[tuple[float, Recorder]] = []
         self._by_id: dict[str, Member] = {}
         self._policies: dict[str, QueuePolicy] = {}
         self.reaper = Reaper(
@@ -165,9 +173,17 @@ class Host:
         self._registered.set()
 
     def remove(self, member: Member) -> None:
-        """Stop routing to ``member`` (sync)."""
+        """Stop routing to ``member`` (sync); its counts are still reported."""
         if member in self.members:
             self.members.remove(member)
+            self._left.append((trio.current_time(), member.stats))
+
+    def _count_recorders(self) -> list[Recorder]:
+        now = trio.current_time()
+        self._left = [(t, r) for t, r in self._left if now - t < 3 * REPORT_INTERVAL]
+        recorders = [m.stats for m in self.members] + [r for _, r in self._left]
+        # a host of one's member counts in the host's own recorder: once
+        return list({id(r): r for r in recorders}.values())
 
     def _member(self, wid: str) -> Member | None:
         m = self._by_id.get(wid)
@@ -231,6 +247,10 @@ class Host:
             nursery.start_soon(self._reap)
             watch = PolicyWatch(self.keys.policy, _ServedQueues(self.members), self._apply_policy)
             nursery.start_soon(run_scheduler, self.conn, self.binding, self.timing.interval, watch)
+            # the per-minute counts of the dashboard's charts, for every member
+            # in one report every few seconds (and a last one when it closes)
+            counts = CountsReporter(self.conn, self.binding, self._count_recorders)
+            nursery.start_soon(counts.run)
             task_status.started()
 
 

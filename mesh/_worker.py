@@ -41,12 +41,13 @@ from ._host import Host, Member, default_name, open_host
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, Lease, LeaseTiming
 from ._memory import MemoryInfo
-from ._policy import QueuePolicy
+from ._policy import QueuePolicy, policy_fields
 from ._runner import BatchHandler, Handler, QueueConfig
 from ._served import Served
 from ._shielded import ShieldedTasks
 from ._stats import Histogram, QueueStatistics
 from ._transport import check_min_replicas
+from ._trio import require_trio
 from ._types import Process
 from ._url import RedisConfig, parse_url
 from ._validate import seconds, whole
@@ -170,7 +171,9 @@ class Worker:
         )
         self._served = Served(host, self._lease, self._stats)
         self._queues = self._served.configs  # the queues served now
-        self._member = Member(self._lease, self._served.cancel_process, self._served.apply_policy)
+        self._member = Member(
+            self._lease, self._served.cancel_process, self._served.apply_policy, self._stats
+        )
         self.client = Client(host.conn, host.keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
         self.client.min_replicas = host.min_replicas
@@ -385,6 +388,11 @@ class Worker:
             if v is not None
         }
         local = attrs.evolve(QueuePolicy(), **explicit)
+        # the same checks as Client.configure (ConfigError): whole numbers,
+        # seconds from 0 to ten years, backoff <= backoff_max
+        policy_fields(
+            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
+        )
         cfg = QueueConfig(
             queue,
             handler if batch_handler is None else batch_handler,
@@ -592,10 +600,11 @@ async def open_worker(
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
-            or the worker id is in use.
+            or the worker id is in use; called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
         ProtocolError: the namespace holds data of another protocol version.
     """
+    require_trio("mesh.open_worker")
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
