@@ -133,11 +133,17 @@ class Fleet:
             self._opened += 1
             worker_id = f"{self.name}-{self._opened}"
         worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
-        async with join(self._host, worker_id, self._max_payload, stop_grace, rejoin_grace) as w:
-            self.workers.append(w)
-            try:
+        opened: list[Worker] = []
+        try:
+            async with join(
+                self._host, worker_id, self._max_payload, stop_grace, rejoin_grace
+            ) as w:
+                self.workers.append(w)
+                opened.append(w)
                 yield w
-            finally:
+        finally:
+            # listed until it has left (its handlers exited, its lease retired)
+            for w in opened:
                 self.workers.remove(w)
 
 
