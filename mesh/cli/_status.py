@@ -78,7 +78,7 @@ def render(snap: Snapshot, t: Target) -> list[str]:
     alive = sum(w.alive for w in snap.workers)
     lines = [
         f"{t.shown}  namespace {t.namespace}  "
-        f"{time.strftime('%H:%M:%S', time.localtime(snap.now))}",
+        f"{time.strftime('%H:%M:%S', time.gmtime(snap.now))} UTC",
         "",
     ]
     if snap.workers:
