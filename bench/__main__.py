@@ -20,17 +20,18 @@ import trio
 import mesh
 from mesh.testing import find_redis_server
 
-from . import _charts, cancel, delayed, failover, memory, observe, scale, throughput
+from . import _charts
 from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
+from .suites import cancel, delayed, failover, fleet, memory, observe, scale, throughput
 
 BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "throughput": throughput.run,
     "failover": failover.run,
     "cancel": cancel.run,
     "scale": scale.run,
-    "fleet": scale.run_fleet,
+    "fleet": fleet.run,
     "memory": memory.run,
     "observe": observe.run,
     "delayed": delayed.run,
@@ -127,7 +128,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-peers",
         action="store_true",
-        help="throughput: trio-mesh and Worqr only (SAQ, arq and streaQ take most of its time)",
+        help="throughput: trio-mesh, the bare loop, BullMQ and Worqr only (SAQ, arq and streaQ "
+        "take most of its time)",
     )
     parser.add_argument(
         "--setup-peers",
@@ -155,6 +157,9 @@ def cli(argv: list[str] | None = None) -> int:
     if output is not None:
         info = machine(redis_server_version(find_redis_server()))
         info["trio-mesh"] = revision()
+        at = info["trio-mesh"].split(", ", 1)[-1]  # "commit abc1234" (and a note if dirty)
+        for s in sections:
+            s.measured = f"{at}, {started.strftime('%Y-%m-%d %H:%M UTC')}"
         info["load average before the run"] = LOAD_BEFORE
         command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
         when = started.strftime("%Y-%m-%d %H:%M UTC")
@@ -170,7 +175,7 @@ def cli(argv: list[str] | None = None) -> int:
                 f"Updated: `{command.strip()}`, {when}, measured "
                 + ", ".join(s.title for s in sections)
                 + f" anew (trio-mesh {info['trio-mesh']}; load average before: "
-                f"{LOAD_BEFORE}); the other sections are from the run above."
+                f"{LOAD_BEFORE}); the other sections kept what they had."
             )
             findings = FINDINGS.read_text() if FINDINGS.exists() else None
             text = update_markdown(output.read_text(), sections, note, charts_dir, findings)

@@ -74,7 +74,9 @@ def _throughput(s: Section, folder: Path, prefix: str) -> None:
     # at most 5 ticks: six-digit labels run into each other otherwise
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5))
     ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
-    ax.set_title("Throughput: no-op tasks, one redis-server, 10 in flight per process", fontsize=10)
+    ax.set_title(
+        "Throughput: no-op tasks, one redis-server, concurrency 10 unless named", fontsize=10
+    )
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     name = f"{prefix}throughput.png"

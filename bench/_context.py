@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._node import NodePeer, prepare_bullmq, prepare_worqr
 from ._util import REPO
-from .worqr import Worqr, prepare
 
 PEERS_VENV = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trio-mesh" / "bench-peers"
 )
-PEER_CHILD = REPO / "bench" / "_peer_child.py"
+PEER_CHILD = REPO / "bench" / "children" / "peer_child.py"
 
 
 def _stderr(line: str) -> None:
@@ -30,14 +30,21 @@ class Context:
     peers: bool = True  # throughput: run SAQ, arq and streaQ too
     log: Callable[[str], None] = field(default=_stderr)
     _peer_versions: dict[str, str | None] = field(default_factory=dict)
-    _worqr: tuple[Worqr | None, str] | None = None
+    _node: dict[str, tuple[NodePeer | None, str]] = field(default_factory=dict)
 
-    def worqr(self) -> tuple[Worqr | None, str]:
+    def worqr(self) -> tuple[NodePeer | None, str]:
         """Worqr installed and runnable (installed once per run, see
-        :mod:`bench.worqr`), or None and the note saying why not."""
-        if self._worqr is None:
-            self._worqr = prepare()
-        return self._worqr
+        :mod:`bench._node`), or None and the note saying why not."""
+        if "worqr" not in self._node:
+            self._node["worqr"] = prepare_worqr()
+        return self._node["worqr"]
+
+    def bullmq(self) -> tuple[NodePeer | None, str]:
+        """BullMQ installed and runnable (see :mod:`bench._node`), or None
+        and the note saying why not."""
+        if "bullmq" not in self._node:
+            self._node["bullmq"] = prepare_bullmq()
+        return self._node["bullmq"]
 
     def peer_python(self) -> str:
         """The interpreter for the peers: ``--peers-python``, else the peers'

@@ -26,7 +26,7 @@ class Target:
             return "met"
         gap = abs(v - self.value)
         rel = gap / self.value * 100 if self.value else math.inf
-        return f"missed by {_num(gap)} {unit} ({rel:.0f}%)"
+        return f"missed by {num(gap)} {unit} ({rel:.0f}%)"
 
 
 @dataclass
@@ -66,9 +66,9 @@ class Figure:
         t = self.target.text if self.target else ""
         return [
             self.label,
-            _num(self.median),
-            _num(self.min),
-            _num(self.max),
+            num(self.median),
+            num(self.min),
+            num(self.max),
             self.unit,
             t,
             self.verdict(),
@@ -96,12 +96,16 @@ class Section:
     samples: dict[str, tuple[str, list[float]]] = field(default_factory=dict)
     limits: dict[str, float] = field(default_factory=dict)  # label -> target, same unit
     charts: list[Chart] = field(default_factory=list)
+    # which code and when: "commit abc1234, 2026-11-28 02:30 UTC" (set by python -m bench)
+    measured: str = ""
+    # the report's headline (markdown under "## Headline"), for the section that has one
+    headline: str = ""
 
 
 HEADER = ["figure", "median", "min", "max", "unit", "target", "verdict"]
 
 
-def _num(v: float) -> str:
+def num(v: float) -> str:
     if isinstance(v, float) and math.isnan(v):
         return "n/a"
     a = abs(v)
@@ -141,17 +145,38 @@ def markdown_table(section: Section) -> str:
 
 def target_rows(s: Section) -> list[str]:
     """The rows of the Targets table for one section's figures."""
+    at = s.measured.split(",")[0] if s.measured else ""
     return [
-        f"| {s.title}: {f.label} | {_num(f.median)} | {f.unit} | {f.target.text} | {f.verdict()} |"
+        f"| {s.title}: {f.label} | {num(f.median)} | {f.unit} | {f.target.text} | {f.verdict()} "
+        f"| {at} |"
         for f in s.figures
         if f.target is not None
     ]
 
 
+def headline_markdown(sections: Sequence[Section], charts_dir: str = "img") -> str | None:
+    """The ``## Headline`` block: the headline of the (first) section that
+    has one, with the commit it was measured at and its charts; None if no
+    section has one."""
+    s = next((s for s in sections if s.headline), None)
+    if s is None:
+        return None
+    parts = ["## Headline", ""]
+    if s.measured:
+        parts += [f"Measured at {s.measured} ({s.title}, {s.runs} runs).", ""]
+    parts += [s.headline.strip(), ""]
+    for c in s.charts:
+        parts += [f"![{c.alt}]({charts_dir}/{c.file})", ""]
+    return "\n".join(parts).rstrip("\n")
+
+
 def section_markdown(s: Section, charts_dir: str = "img") -> str:
     """One section: its heading, method, charts, table and notes."""
-    parts = [f"## {s.title}", "", s.method.strip(), "", f"Runs: {s.runs}.", ""]
-    for c in s.charts:
+    parts = [f"## {s.title}", ""]
+    if s.measured:
+        parts += [f"Measured at {s.measured}.", ""]
+    parts += [s.method.strip(), "", f"Runs: {s.runs}.", ""]
+    for c in [] if s.headline else s.charts:  # a headline shows them
         parts += [f"![{c.alt}]({charts_dir}/{c.file})", ""]
     parts.append(markdown_table(s))
     if s.notes:
@@ -160,8 +185,19 @@ def section_markdown(s: Section, charts_dir: str = "img") -> str:
     return "\n".join(parts)
 
 
-TARGETS_HEAD = ["## Targets", "", "| figure | median | unit | target | verdict |",
-                "|---|--:|---|---|---|"]  # fmt: skip
+TARGETS_HEAD = ["## Targets", "", "| figure | median | unit | target | verdict | measured at |",
+                "|---|--:|---|---|---|---|"]  # fmt: skip
+HISTORY = "## Update history"
+
+
+INTRO = (
+    "Written by `python -m bench` (the figures below are what its runs measured; "
+    "nothing here is typed in by hand). Every benchmark starts its own "
+    "redis-server on 127.0.0.1 and its own worker processes; each figure is the "
+    "median of the runs, with the smallest and largest run, and names the commit "
+    "it was measured at. The verdict compares the median with the target. Which "
+    "run measured what: the update history at the end."
+)
 
 
 def markdown(
@@ -171,30 +207,21 @@ def markdown(
     when: str,
     charts_dir: str = "img",
 ) -> str:
-    """The report; each section's charts are embedded as images under
-    ``charts_dir`` (relative to the report)."""
-    parts = [
-        "# Performance",
-        "",
-        "Written by `python -m bench` (the figures below are what that run measured; "
-        "nothing here is typed in by hand). Every benchmark starts its own "
-        "redis-server on 127.0.0.1 and its own worker processes; each figure is the "
-        "median of the runs, with the smallest and largest run. Targets are those of "
-        "issues 4 and 14; the verdict compares the median with the target.",
-        "",
-        f"Run: `{command}`, {when}.",
-        "",
-        "## Machine",
-        "",
-        "| | |",
-        "|---|---|",
-    ]
-    parts += [f"| {k} | {v} |" for k, v in machine.items()]
+    """The report: the headline (if a section has one), the targets, the
+    machine, each section (its charts embedded as images under
+    ``charts_dir``, relative to the report), and the update history."""
+    parts = ["# Performance", "", INTRO]
+    head = headline_markdown(sections, charts_dir)
+    if head is not None:
+        parts += ["", head]
     parts += ["", *TARGETS_HEAD]
     for s in sections:
         parts += target_rows(s)
+    parts += ["", "## Machine", "", "| | |", "|---|---|"]
+    parts += [f"| {k} | {v} |" for k, v in machine.items()]
     for s in sections:
         parts += ["", section_markdown(s, charts_dir)]
+    parts += ["", HISTORY, "", f"Run: `{command}`, {when}."]
     return "\n".join(parts) + "\n"
 
 
@@ -210,11 +237,13 @@ def update_markdown(
     (a new one goes after the others, before the findings) and its rows of
     the Targets table, where they stood; every other section and row stays
     as it was, in the order it had (hand-written ones, and sections after
-    the findings, included).
+    the findings, included). A measured section with a headline replaces
+    the ``## Headline`` block (put first if there was none).
     ``findings`` (the current ``bench/findings.md``) replaces the
     ``## Findings...`` section where it stands (goes at the end if there was
     none); None keeps it as it was. ``note`` (which run, which sections) goes
-    under the report's ``Run:`` line.
+    first in the update history at the end (made there if missing, with the
+    ``Run:`` and ``Updated:`` lines of an older report's head moved into it).
 
     Raises:
         ValueError: ``old`` has no Targets table (not a report of ours).
@@ -227,8 +256,30 @@ def update_markdown(
         raise ValueError("not a report written by python -m bench: it has no Targets table")
     old_targets = parts[titles.index("Targets")].splitlines()
     new = {s.title: s for s in sections}
+    headline = headline_markdown(sections, charts_dir)
+    history_title = HISTORY[3:]
+    history: list[str] = []
+    if history_title in titles:
+        history = parts[titles.index(history_title)].split("\n")[1:]
+    # an older report: its run and update lines go into the history
+    head_lines = head.rstrip("\n").split("\n")
+    moved = [x for x in head_lines if x.startswith(("Run: ", "Updated: "))]
+    head_lines = [x for x in head_lines if not x.startswith(("Run: ", "Updated: "))]
+    history = [x for x in history if x.strip()] + moved
+    # newest first, the full run's line last
+    history = (
+        [note]
+        + [x for x in history if x.startswith("Updated: ")]
+        + [x for x in history if not x.startswith("Updated: ")]
+    )
     body: list[tuple[str, str]] = []
     for title, block in zip(titles, parts, strict=True):
+        if title == history_title:
+            continue
+        if title == "Headline":
+            body.append((title, block if headline is None else headline))
+            headline = None
+            continue
         if title.startswith("Findings"):
             # measured sections not in the old report go before the findings
             body += [(s.title, section_markdown(s, charts_dir)) for s in new.values()]
@@ -240,11 +291,13 @@ def update_markdown(
     body += [(s.title, section_markdown(s, charts_dir)) for s in new.values()]
     if findings is not None and not any(t.startswith("Findings") for t, _ in body):
         body.append(("Findings", findings.strip("\n")))
+    if headline is not None:
+        body.insert(0, ("Headline", headline))
     # the Targets table: the rows of the measured sections replace theirs
     # where they stood (or go at the end); every other row, hand-written or
     # from a section measured earlier, and any text after the table stay
     measured = {s.title: s for s in sections}
-    table_end = len(TARGETS_HEAD)
+    table_end = 2
     while table_end < len(old_targets) and old_targets[table_end].startswith("|"):
         table_end += 1
     rows: list[str] = []
@@ -260,9 +313,7 @@ def update_markdown(
         if title in measured and title not in placed:
             rows += target_rows(measured[title])
     targets = "\n".join([*TARGETS_HEAD, *rows, *old_targets[table_end:]])
-    lines = head.rstrip("\n").split("\n")
-    at = next((i for i, x in enumerate(lines) if x.startswith("Run: ")), len(lines) - 1)
-    lines[at + 1 : at + 1] = ["", note]
-    out = ["\n".join(lines)]
+    out = ["\n".join(head_lines).rstrip("\n")]
     out += [targets if t == "Targets" else b for t, b in body]
+    out.append("\n\n".join([HISTORY, *history]))
     return "\n\n".join(out) + "\n"

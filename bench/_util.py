@@ -178,8 +178,8 @@ async def children() -> AsyncIterator[Children]:
 
 
 def mesh_child(*args: str) -> list[str]:
-    """argv of a trio-mesh child process (``bench/_mesh_child.py``)."""
-    return [sys.executable, "-m", "bench._mesh_child", *args]
+    """argv of a trio-mesh child process (``bench/children/mesh_child.py``)."""
+    return [sys.executable, "-m", "bench.children.mesh_child", *args]
 
 
 async def terminate(child: Child, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:

@@ -37,6 +37,7 @@ from ._scripts import (
 )
 from ._topology import Topology
 from ._transport import check_min_replicas, coerce_config
+from ._trio import require_trio
 from ._types import (
     DeadLetter,
     DelayedTask,
@@ -46,6 +47,7 @@ from ._types import (
     ReconcileResult,
     WorkerInfo,
 )
+from ._units import MAX_UNIX_TIME, seconds_ms
 from ._url import RedisConfig
 from ._validate import seconds, whole
 
@@ -54,6 +56,10 @@ log = logging.getLogger("mesh.client")
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Client", "open_client"]
 
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
+# result(): the queue's awaiting key (finish publishes done messages only
+# while it exists) lives this long and is refreshed this often while waiting
+AWAITING_TTL_MS = 10_000
+AWAITING_REFRESH = 1.0
 
 
 class Client:
@@ -116,9 +122,11 @@ class Client:
         to become ready at that time of the Redis clock.
 
         Args:
-            delay: seconds from now (Redis clock), >= 0.
+            delay: seconds from now (Redis clock), from 0 to ten years
+                (``mesh._units.MAX_SECONDS``, 315,360,000).
             at: a timezone-aware :class:`datetime.datetime`, or a Unix time
-                in seconds; a time in the past is due at once. Not both.
+                in seconds, up to 9999-12-31T23:59:59Z; a time in the past is
+                due at once. Not both.
             priority: 0 (the default) to 9. Workers claim the highest
                 priority first, FIFO within one. A task keeps its priority
                 when it is handed back, recycled or retried (it goes back to
@@ -134,8 +142,9 @@ class Client:
         Raises:
             TypeError, ValueError, ConfigError: a bad payload, queue name,
                 ``delay`` or ``at`` (a naive datetime, both given, a negative
-                delay), or a ``priority`` that is not a whole number from 0 to
-                9; nothing was sent.
+                delay or one over ten years, a time after the year 9999), or
+                a ``priority`` that is not a whole number from 0 to 9;
+                nothing was sent.
             ConflictError: the payload is a persistent task of ``queue``.
             MeshConnectionError: Redis could not be reached; or, with
                 ``min_replicas``, fewer replicas acknowledged the write within
@@ -220,7 +229,8 @@ class Client:
         Returns:
             The policy stored now.
         Raises:
-            ConfigError: a value out of range (nothing was written).
+            ConfigError: a value out of range (nothing was written): every
+                duration is a number of seconds from 0 to ten years.
         """
         conn = self._check()
         check_queue(queue)
@@ -280,7 +290,10 @@ class Client:
         for the queue's done message and checks again, and also checks
         again after 50 ms, 100 ms, ... up to every second (a lost message
         costs at most a second); no polling loop is needed in your code.
-        One pub/sub connection is opened for the wait.
+        One pub/sub connection is opened for the wait, and while it waits
+        the queue's ``awaiting`` key is kept (workers publish done messages
+        only while someone awaits them; it expires 10 s after the last
+        waiter left).
 
         Raises:
             DeadLetterError: the latest outcome is a dead letter (it failed
@@ -311,13 +324,22 @@ class Client:
         ) as ps:
             # on the namespace's master (a cluster's SPUBLISH stays in its shard)
             await ps.subscribe(self._keys.done_channel(queue), sharded=True)
+            # finish publishes done messages only while this key exists: set
+            # after subscribing, refreshed while waiting, left to expire
+            awaiting = self._keys.awaiting(queue)
+            await conn.execute("SET", awaiting, b"", "PX", AWAITING_TTL_MS)
+            marked = trio.current_time()
             wait = 0.05
             while True:
-                # checked after subscribing: a finish before it is seen here
+                # checked after subscribing and marking: a finish before it
+                # is seen here, one after it is published
                 got = await self._outcome(conn, queue, payload)
                 if got is not None:
                     return got.unwrap()
                 now = trio.current_time()
+                if now - marked >= AWAITING_REFRESH:
+                    await conn.execute("SET", awaiting, b"", "PX", AWAITING_TTL_MS)
+                    marked = now
                 if now >= deadline:
                     raise TimeoutError(
                         f"no outcome of the task on queue {queue} within {timeout:g} s"
@@ -370,7 +392,7 @@ class Client:
         it again replaces its period and restarts its ticks.
 
         Args:
-            every: a tick every this many seconds (at least 0.05), the first
+            every: a tick every this many seconds (0.05 to ten years), the first
                 one period from now (Redis clock).
             cron: a cron expression, evaluated in UTC (needs the ``cronsim``
                 package: ``pip install 'trio-mesh[cron]'``).
@@ -476,9 +498,11 @@ class Client:
         Raises:
             TypeError, ValueError, ConfigError: a bad payload, queue name or
                 weight (nothing was sent).
-            ConflictError: the payload is queued or waiting for a retry as a
-                one-shot task of ``queue`` (as :meth:`enqueue` refuses a
-                persistent one). Costs a read of the queue: O(its length).
+            ConflictError: the payload is queued, delayed (or waiting for a
+                retry) or running as a one-shot task of ``queue`` (as
+                :meth:`enqueue` refuses a persistent one). Costs a read of
+                the queue and of its running processes' records: O(their
+                number).
             MeshConnectionError: as for :meth:`enqueue` (``min_replicas``
                 included); ensuring again is safe.
         """
@@ -931,8 +955,8 @@ def _due(
     None for neither.
 
     Raises:
-        ConfigError: both given, a naive datetime, a negative or non-finite
-            number.
+        ConfigError: both given, a naive datetime, a number out of range
+            (see :func:`mesh._units.seconds_ms`).
         TypeError: not a number or datetime.
     """
     if delay is None and at is None:
@@ -940,21 +964,19 @@ def _due(
     if delay is not None and at is not None:
         raise ConfigError("give delay or at, not both")
     if delay is not None:
-        return round(seconds("delay", delay, wrong_type=TypeError) * 1000), None
+        return seconds_ms("delay", delay), None
     if isinstance(at, datetime.datetime):
         if at.tzinfo is None or at.tzinfo.utcoffset(at) is None:
             raise ConfigError(
                 f"at={at.isoformat()} is a naive datetime: give it a timezone "
                 "(e.g. datetime.now(timezone.utc)), or pass a Unix time"
             )
-        t = at.timestamp()
+        t: object = at.timestamp()
     elif isinstance(at, int | float) and not isinstance(at, bool):
-        t = float(at)
+        t = at
     else:
         raise TypeError(f"at must be a datetime or a Unix time, not {type(at).__name__}")
-    if not math.isfinite(t) or t < 0:
-        raise ConfigError(f"at must be a finite Unix time >= 0, got {at!r}")
-    return 0, round(t * 1000)
+    return 0, seconds_ms("at", t, maximum=MAX_UNIX_TIME)
 
 
 def _load_info(raw: bytes | None) -> dict[str, Any]:
@@ -1002,12 +1024,14 @@ async def open_client(
             URL's ``min_replicas`` query parameter, else 0.
 
     Raises:
-        ConfigError: a bad URL, namespace or ``min_replicas`` (before connecting).
+        ConfigError: a bad URL, namespace or ``min_replicas`` (before
+            connecting); called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached (fails fast).
 
     The connection is closed when the block is left; a cancelled block leaves
     nothing behind.
     """
+    require_trio("mesh.open_client")
     keys = Keys(namespace)
     config = coerce_config(url)
     replicas = check_min_replicas(config, min_replicas)

@@ -76,6 +76,7 @@ from ._stats import Recorder
 from ._supervisor import Reaper, ReaperStatistics
 from ._topology import Topology
 from ._transport import check_min_replicas
+from ._trio import require_trio
 from ._url import RedisConfig, parse_url
 from ._validate import seconds
 from ._worker import Worker, check_server, subscribe_expiry, worker_options
@@ -466,9 +467,11 @@ async def open_fleet(
     Leaving the block stops the shared machinery (the workers must have left).
 
     Raises:
-        ConfigError: bad URL, namespace, timing or join window (nothing started).
+        ConfigError: bad URL, namespace, timing or join window (nothing started);
+            called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
     """
+    require_trio("mesh.open_fleet")
     config = parse_url(url) if isinstance(url, str) else url
     if join_window is not None and seconds("join_window", join_window) > 3600:
         raise ConfigError(f"join_window must be 0 to 3600 seconds, not {join_window!r}")

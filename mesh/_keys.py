@@ -198,6 +198,11 @@ class Keys:
     def done_channel(self, q: str) -> str:
         return f"{self.prefix}done:{q}"
 
+    def awaiting(self, q: str) -> str:
+        """STRING with a TTL that exists while someone awaits ``q``'s done
+        messages: finish.lua publishes them only then."""
+        return f"{self.prefix}awaiting:{q}"
+
     def delete_channel(self, q: str) -> str:
         return f"{self.prefix}delete:{q}"
 

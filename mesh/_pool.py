@@ -34,7 +34,7 @@ from ._runner_core import RunnerCore, describe_error, one_line
 from ._stats import QueueCounters
 from ._types import Process
 
-__all__ = ["START_CHUNK", "HandlerPool", "Item"]
+__all__ = ["MOVED", "START_CHUNK", "HandlerPool", "Item"]
 
 log = logging.getLogger("mesh.worker")
 
@@ -63,13 +63,14 @@ class _Slot:
         # Its scope was cancelled (its pool trio task needs a new one).
         self.hit = False
 
-    def cancel(self, stopping: bool) -> None:
+    def cancel(self, stopping: bool, reason: str | None = None) -> None:
         """Cancel this process's handler: its scope now, or, before a pool
         trio task took it, at once when one does (the handler is not
         called). Of a batch call, a stop cancels the whole call (each of its
         processes is handed back), a cancel in the mesh only once every
         process of the call is cancelled (the others' work goes on; this
-        one's outcome is dropped)."""
+        one's outcome is dropped). ``reason`` (:data:`MOVED`) is the
+        ``trio.Cancelled.reason`` the handler sees (trio 0.31 and later)."""
         b = self.batch
         if b is not None and stopping:
             for s in b.slots:
@@ -80,10 +81,25 @@ class _Slot:
         if self.scope is not None and (
             b is None or stopping or all(s.cancel_requested for s in b.slots)
         ):
-            self.scope.cancel()
+            _cancel(self.scope, reason)
             self.hit = True
             if b is not None:
                 b.hit = True
+
+
+#: The reason of the cancel (``trio.Cancelled.reason``) of a handler whose
+#: process is handed back for balance, to move to a peer below its fair share.
+MOVED = "moved"
+
+
+def _cancel(scope: trio.CancelScope, reason: str | None) -> None:
+    if reason is None:
+        scope.cancel()
+        return
+    try:
+        scope.cancel(reason=reason)
+    except TypeError:  # trio before 0.31: no reasons
+        scope.cancel()
 
 
 class _Batch:

@@ -26,6 +26,7 @@ import trio
 
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
+from ._pool import MOVED as MOVED
 from ._pool import START_CHUNK as START_CHUNK
 from ._pool import HandlerPool, _Slot
 from ._queue_config import Batched as Batched
@@ -177,7 +178,7 @@ class QueueRunner:
         for pid in pids:
             slot = self.running.get(pid)
             if slot is not None and not slot.cancel_requested:
-                slot.cancel(stopping=True)
+                slot.cancel(stopping=True, reason=MOVED)
                 self._counters.moved_out += 1
                 self._pool.unqueue(slot)
 

@@ -845,6 +845,7 @@ class Binding:
                 k.persistent(queue),
                 k.attempts(queue),
                 k.share(queue),
+                k.awaiting(queue),  # done messages only while someone awaits them
             )
             head = keys, (worker, incarnation, k.done_channel(queue))
             if len(self._finishes) >= _CLAIM_MEMO:
@@ -862,12 +863,13 @@ class Binding:
     ) -> ScriptCall[list[bool]]:
         k = self.keys
         first, head = self._finish_head(worker, incarnation, queue)
-        keys = list(first)
+        keys = list(first[:6])
         args: list[Any] = [*head, results.ttl_ms]
         for pid in ids:
             payload, value = results.values[pid]
             keys.append(k.result(queue, payload))
             args += [pid, "n" if value is None else "v", b"" if value is None else value]
+        keys.append(first[6])  # the awaiting key, after the result keys
         return ScriptCall(self.scripts["finish_results"], keys, args, _parse_finish)
 
     async def finish(

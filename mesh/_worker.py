@@ -57,6 +57,7 @@ from ._stats import Histogram, QueueStatistics, Recorder
 from ._supervisor import Reaper
 from ._topology import Topology
 from ._transport import check_min_replicas
+from ._trio import require_trio
 from ._types import Process
 from ._url import RedisConfig, parse_url
 from ._validate import seconds, whole
@@ -298,7 +299,8 @@ class Worker:
         With a ``handler``, the worker claims up to ``concurrency`` tasks at a
         time and runs ``await handler(process)`` for each, in its own cancel
         scope: returning finishes the process (the task leaves the mesh and
-        its payload is published on the queue's done channel); raising gives
+        its payload is published on the queue's done channel while a client
+        awaits a result of the queue); raising gives
         it back as failed (a one-shot task is retried after ``backoff`` *
         2^(n-1) seconds, capped at ``backoff_max``, and goes to the queue's
         dead letters after ``max_attempts`` failed attempts, crashes of its
@@ -411,6 +413,11 @@ class Worker:
             if v is not None
         }
         local = attrs.evolve(QueuePolicy(), **explicit)
+        # the same checks as Client.configure (ConfigError): whole numbers,
+        # seconds from 0 to ten years, backoff <= backoff_max
+        policy_fields(
+            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
+        )
         cfg = QueueConfig(
             queue,
             handler if batch_handler is None else batch_handler,
@@ -836,10 +843,11 @@ async def open_worker(
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
-            or the worker id is in use.
+            or the worker id is in use; called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
         ProtocolError: the namespace holds data of another protocol version.
     """
+    require_trio("mesh.open_worker")
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)

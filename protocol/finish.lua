@@ -7,6 +7,10 @@
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[6] {ns}:share:<Q>         HASH weights and capacities (lib.lua): a
 --                                finished persistent task's weight leaves it
+-- KEYS[7] (optional) {ns}:awaiting:<Q>  STRING that exists while someone
+--                                awaits Q's done messages (client.result
+--                                keeps it alive); given, a done message is
+--                                published only while it exists
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] the done channel of Q ({ns}:done:<Q>)
@@ -15,7 +19,8 @@
 --          0 if not (already recycled, cancelled, finished, or W holds no lease:
 --          then nothing changes at all).
 -- Errors: none.
--- Publishes: the payload of each finished process on ARGV[3].
+-- Publishes: the payload of each finished process on ARGV[3] (with KEYS[7]:
+--            only if KEYS[7] exists).
 --!include lib.lua
 
 local out = {}
@@ -24,6 +29,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   return out
 end
 local weighted  -- whether any task of Q weighs other than 1: read at the first persistent one
+local notify  -- whether to publish done messages: read at the first finished process
 -- One HMGET for every record, one HDEL and one SREM for every finished
 -- process (not one of each per process): a runner reports a whole batch.
 -- Of a record, only the fields a finish needs (lib.lua record_head).
@@ -59,7 +65,8 @@ for i = 1, #ARGV - 3 do
         end
       end
       if persistent or tries ~= '0' then attempts[#attempts + 1] = payload end
-      nudge(ARGV[3], payload)
+      if notify == nil then notify = not KEYS[7] or redis.call('EXISTS', KEYS[7]) == 1 end
+      if notify then nudge(ARGV[3], payload) end
       done = 1
     end
   end

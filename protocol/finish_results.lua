@@ -11,6 +11,8 @@
 --                                finished persistent task's weight leaves it
 -- KEYS[6 + i] {ns}:result:<H>:<Q> for each process i = 1..n: STRING, the
 --         result record of its payload (H: the SHA-1 of the payload, hex)
+-- KEYS[7 + n] (optional) {ns}:awaiting:<Q>  STRING that exists while
+--         someone awaits Q's done messages (as in finish.lua KEYS[7])
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] the done channel of Q ({ns}:done:<Q>)
@@ -22,7 +24,7 @@
 --          W holds no lease nothing changes at all).
 -- Errors: BAD_ARG (ttl, argument or key count).
 -- Publishes: the payload of each finished process on ARGV[3] (after its
---            result is kept).
+--            result is kept; with KEYS[7 + n]: only if KEYS[7 + n] exists).
 -- The result record (a STRING with PX ttl): kind \0 when_ms \0 worker \0
 -- length of value \0 value payload; kind "v" or "n"; value and payload may
 -- hold NUL bytes; the payload is kept so that a reader can check that the
@@ -33,7 +35,7 @@ local ttl, err = count_arg(ARGV[4], 'result ttl')
 if err then return err end
 if ttl < 1 then return redis.error_reply('BAD_ARG result ttl must be >= 1') end
 local n = (#ARGV - 4) / 3
-if n ~= math.floor(n) or #KEYS ~= 6 + n then
+if n ~= math.floor(n) or (#KEYS ~= 6 + n and #KEYS ~= 7 + n) then
   return redis.error_reply('BAD_ARG expected 3 arguments and 1 key per process')
 end
 local out = {}
@@ -43,6 +45,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
 end
 local now = int(now_ms())
 local weighted  -- whether any task of Q weighs other than 1: read at the first persistent one
+local notify  -- whether to publish done messages: read at the first finished process
 -- As finish.lua: one HMGET for every record, one HDEL and one SREM for every
 -- finished process, and of a record only what a finish needs (lib.lua
 -- record_head); then one SET per kept result.
@@ -78,7 +81,8 @@ for i, id in ipairs(ids) do
       local value = ARGV[a + 2]
       results[#results + 1] = {KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
         .. string.format('%d', #value) .. '\0' .. value .. payload}
-      nudge(ARGV[3], payload)
+      if notify == nil then notify = #KEYS == 6 + n or redis.call('EXISTS', KEYS[7 + n]) == 1 end
+      if notify then nudge(ARGV[3], payload) end
       done = 1
     end
   end

@@ -19,7 +19,7 @@
 local reads = {TIME = 0, LLEN = 1, LRANGE = 1, ZCARD = 1, ZCOUNT = 1, ZRANGE = 1,
                ZRANGEBYSCORE = 1, ZSCORE = 1, HLEN = 1, HGET = 1, HMGET = 1, HGETALL = 1,
                HEXISTS = 1, SCARD = 1, SMEMBERS = 1, SISMEMBER = 1, GET = 1,
-               PTTL = 1}
+               PTTL = 1, EXISTS = 1}
 local declared = {}
 for _, k in ipairs(KEYS) do declared[k] = true end
 local out, i = {}, 1

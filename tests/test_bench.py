@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import _charts, cancel, delayed, failover, fleet, memory, scale, throughput, worqr
+from bench import _charts, _node
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
+from bench.suites import cancel, delayed, failover, fleet, memory, scale, throughput
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,8 @@ def check(section: Section, name: str) -> None:
 
 async def test_throughput() -> None:
     s = await throughput.run(
-        ctx(), throughput.Sizes(tasks=300, peers=False, worqr=False, spin=SPIN, spins=1)
+        ctx(),
+        throughput.Sizes(tasks=2000, peers=False, worqr=False, bullmq=False, spin=SPIN, spins=1),
     )
     check(s, "throughput")
     rate = figure(s, "trio-mesh, 1 worker process: processing")
@@ -60,7 +62,7 @@ async def test_throughput() -> None:
     assert figure(s, "trio-mesh, 2 worker processes: processing").median > 0
     busy = figure(s, "trio-mesh, 1 worker process: the machine's cores busy")
     assert busy.unit == "%" and 0 < busy.median <= 100
-    enq = figure(s, "trio-mesh, 1 worker process: enqueue 300")
+    enq = figure(s, "trio-mesh, 1 worker process: enqueue 2,000")
     assert enq.unit == "s" and enq.target is not None
     ratio = figure(s, "trio-mesh: 2 worker processes / 1")
     assert ratio.target is not None and ratio.median > 0
@@ -74,20 +76,53 @@ async def test_throughput() -> None:
     )
     over = figure(s, "trio-mesh: 2 worker processes / 1, over the machine's 2 / 1")
     assert over.median == pytest.approx(ratio.median / machine.median)
-    # issue 14's targets on the way: worker and Redis CPU per task
-    assert figure(s, "trio-mesh, 1 worker process: worker CPU per task").target is not None
-    assert figure(s, "trio-mesh, 1 worker process: Redis CPU per task").target is not None
+    # the limit: the bare loop ran on the same queue shape, its figures
+    # beside trio-mesh's, and issue 25's same-run ratios against it
+    loop = "the limit: a bare Python loop with trio-mesh's batching"
+    assert figure(s, f"{loop}: processing").median > 0
+    assert figure(s, f"{loop}: script calls per task").median == pytest.approx(0.1, abs=0.02)
+    assert figure(s, f"{loop}: worker CPU per task").median > 0
+    assert figure(s, "trio-mesh, 1 worker process, concurrency 100: processing").median > 0
+    for label, value in (
+        ("trio-mesh (concurrency 10) / the bare loop, same run", 0.7),
+        ("Redis CPU per task: trio-mesh (concurrency 10) / the bare loop", 1.2),
+        ("worker CPU per task: trio-mesh (concurrency 10) / the bare loop", 1.3),
+    ):
+        ratio = figure(s, label)
+        assert ratio.target is not None and ratio.target.value == value and ratio.median > 0
+    assert s.figures[0].label == "trio-mesh (concurrency 10) / the bare loop, same run"
 
 
-async def test_throughput_worqr() -> None:
-    """Worqr runs in the same run as trio-mesh, through the Node driver, with
-    the same figures as every peer. Where node, npm, the tarball (outside the
-    repository) or the npm registry is missing, the run goes on without it
-    and says why (the next test forces that case)."""
-    w, why = worqr.prepare()
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=300, peers=False, spin=SPIN, spins=1))
+async def test_throughput_node_peers() -> None:
+    """Worqr and BullMQ run in the same run as trio-mesh, through their Node
+    drivers, with the same figures as every peer; BullMQ at concurrency 10
+    and 100, beside trio-mesh at both. Where node, npm, the Worqr tarball
+    (outside the repository) or the npm registry is missing, the run goes on
+    without that peer and says why (the next test forces that case)."""
+    w, why = _node.prepare_worqr()
+    b, why_b = _node.prepare_bullmq()
+    s = await throughput.run(
+        ctx(), throughput.Sizes(tasks=300, loop=False, peers=False, spin=SPIN, spins=1)
+    )
     check(s, "throughput")
     assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
+    if b is None:
+        assert why_b.startswith("BullMQ skipped: ") and why_b in s.notes
+        assert not [f for f in s.figures if "BullMQ" in f.label]
+    else:
+        v = b.version.split()[0]
+        for conc in (10, 100):
+            label = f"BullMQ {v} (Node), concurrency {conc}"
+            assert figure(s, f"{label}: processing").median > 0
+            # a job's move to active and to completed are one script call
+            # each, with several commands inside
+            assert figure(s, f"{label}: Redis commands per task").median >= 4
+            assert figure(s, f"{label}: Redis CPU per task").median > 0
+            assert figure(s, f"{label}: worker CPU per task").median > 0
+        for conc, most in ((10, 3.0), (100, 5.0)):
+            same = figure(s, f"trio-mesh / BullMQ, both at concurrency {conc}, same run")
+            assert same.target is not None and same.target.value == most and same.median > 0
+        assert any(n.startswith("BullMQ ran under ") for n in s.notes)
     if w is None:
         assert why.startswith("Worqr skipped: ") and why in s.notes
         assert not [f for f in s.figures if "Worqr" in f.label]
@@ -98,18 +133,30 @@ async def test_throughput_worqr() -> None:
     assert figure(s, f"{label}: Redis commands per task").median >= 8
     assert figure(s, f"{label}: Redis CPU per task").median > 0
     assert figure(s, f"{label}: worker CPU per task").median > 0
-    same = figure(s, "trio-mesh (1 process) / Worqr, same run")
-    assert same.target is not None and same.median > 0
+    same = figure(s, "trio-mesh / Worqr, both at concurrency 10, same run")
+    assert same.target is not None and same.target.value == 3.0 and same.median > 0
     assert any(n.startswith("Worqr ran under ") for n in s.notes)
 
 
 async def test_throughput_without_worqr(monkeypatch: pytest.MonkeyPatch) -> None:
     """No tarball: Worqr is skipped with a note, and the run goes on."""
     monkeypatch.setenv("BENCH_WORQR_TGZ", "/nonexistent/worqr-1.2.3.tgz")
-    s = await throughput.run(ctx(), throughput.Sizes(tasks=200, peers=False, spin=SPIN, spins=1))
+    s = await throughput.run(
+        ctx(),
+        throughput.Sizes(
+            tasks=200, high=0, loop=False, bullmq=False, peers=False, spin=SPIN, spins=1
+        ),
+    )
     assert [n for n in s.notes if n.startswith("Worqr skipped: worqr-1.2.3.tgz not found")]
     assert not [f for f in s.figures if "Worqr" in f.label]
     assert figure(s, "trio-mesh, 1 worker process: processing").median > 0
+
+
+def test_bullmq_without_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No node on PATH: BullMQ is skipped with a one-line note, nothing raises."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    b, why = _node.prepare_bullmq()
+    assert b is None and why == "BullMQ skipped: node and npm are needed (not found on PATH)"
 
 
 async def test_failover() -> None:
@@ -172,7 +219,7 @@ async def test_scale() -> None:
     assert figure(s, "claim 1: queue of 1,000 / queue of 10").target is not None
     assert figure(s, "2 workers SIGKILLed: recycle calls by all peers").median >= 1
     assert 1 <= figure(s, "recycle 2 dead workers: recycle.lua calls").median <= 2
-    s = await scale.run_fleet(ctx(), sizes)
+    s = await fleet.run(ctx(), sizes)
     check(s, "fleet")
     assert figure(s, "5 idle fleets, ttl 3 s, no tasks: Redis CPU").target is not None
     assert figure(s, "3 idle fleets, ttl 3 s: heartbeat.lua calls").median > 0
@@ -211,7 +258,8 @@ def test_charts(tmp_path: Path) -> None:
 
 def test_update_markdown_replaces_only_what_was_measured() -> None:
     """--update: the sections measured anew replace theirs (figures, target
-    rows, charts); the others stay as they were; the note says what changed."""
+    rows naming the commit, charts, the headline); the others stay as they
+    were; the note goes first in the update history at the end."""
     from bench._report import Chart, Target, update_markdown
 
     def section(name: str, title: str, v: float) -> Section:
@@ -228,14 +276,22 @@ def test_update_markdown_replaces_only_what_was_measured() -> None:
     old += "\n## Findings and profiles\n\nold findings\n"
     fresh = section("throughput", "Throughput", 333.0)
     fresh.charts.append(Chart("bench-throughput.png", "alt"))
+    fresh.measured = "commit abc1234, now"
+    fresh.headline = "| the headline table |"
     findings = "## Findings and profiles\n\ncurrent findings\n"
     new = update_markdown(old, [fresh], "Updated: now, Throughput anew.", findings=findings)
-    assert new.endswith(findings)
-    assert "| Throughput: rate | 333 | x | >= 1 | met |" in new
+    assert findings.strip() in new and new.index(findings.strip()) < new.index("## Update history")
+    assert "| Throughput: rate | 333 | x | >= 1 | met | commit abc1234 |" in new
     assert "| Memory: rate | 222 | x | >= 1 | met |" in new
     assert "111" not in new and "old findings" not in new
-    assert "![alt](img/bench-throughput.png)" in new
-    assert new.index("Run: `python -m bench`, then.") < new.index("Updated: now, Throughput anew.")
+    # the headline first, with the commit and the charts (not repeated below)
+    assert new.index("## Headline") < new.index("## Targets") < new.index("## Throughput")
+    assert "Measured at commit abc1234, now (Throughput, 1 runs)." in new
+    assert new.count("![alt](img/bench-throughput.png)") == 1
+    assert new.index("![alt](img/bench-throughput.png)") < new.index("## Targets")
+    assert "Measured at commit abc1234, now." in new
+    history = new[new.index("## Update history") :]
+    assert history.index("Updated: now, Throughput anew.") < history.index("Run: `python -m bench`")
     assert new.index("## Throughput") < new.index("## Memory")
     assert new.count("## Targets") == 1 and new.count("## Machine") == 1
     with pytest.raises(ValueError, match="no Targets table"):
@@ -267,14 +323,15 @@ def test_update_markdown_keeps_the_order_of_hand_written_sections() -> None:
     )
     headings = [line for line in new.splitlines() if line.startswith("## ")]
     assert headings == [
-        "## Machine",
         "## Targets",
+        "## Machine",
         "## Throughput",
         "## Memory",
         "## By hand",
         "## Delayed",
         "## Findings and profiles",
         "## Topologies (by hand, after the findings)",
+        "## Update history",
     ]
     rows = [line.split(" | ")[0] for line in new.splitlines() if ": rate |" in line]
     assert rows == [
@@ -292,9 +349,9 @@ def test_update_markdown_keeps_the_order_of_hand_written_sections() -> None:
 
 
 async def test_parts() -> None:
-    """bench.parts times each piece of a runner's cycle (a real claim reply
+    """bench.tools.parts times each piece of a runner's cycle (a real claim reply
     is parsed: the protocol's reply shape, not a copy of it)."""
-    from bench import parts
+    from bench.tools import parts
 
     rows = dict(await parts.run(rounds=20, repeat=1))
     assert len(rows) == 8
@@ -304,10 +361,10 @@ async def test_parts() -> None:
 
 
 async def test_balance_fleet_rolling() -> None:
-    """bench.balance_fleet rolling: 2 peers replaced one after the other (OS
+    """bench.tools.balance_fleet rolling: 2 peers replaced one after the other (OS
     processes whose children freeze their GC once serving), every task handed
     over, never to a peer while its old handler ran, balanced at the end."""
-    from bench import balance_fleet
+    from bench.tools import balance_fleet
 
     res = await balance_fleet.rolling(2, 20, 1.0, gc_freeze=True)
     assert res["children_gc"] == "gc.freeze() once serving"
@@ -318,9 +375,11 @@ async def test_balance_fleet_rolling() -> None:
 
 
 async def test_fleet_stop() -> None:
-    """bench.fleet stop: a fleet cancelled from outside hands every task
+    """bench.tools.fleet_trials stop: a fleet cancelled from outside hands every task
     back, and the process exits; both times are reported, one per trial."""
-    out = await fleet.stop(workers=5, ttl=3.0, trials=2)
+    from bench.tools import fleet_trials
+
+    out = await fleet_trials.stop(workers=5, ttl=3.0, trials=2)
     back = [float(x) for x in str(out["every task back in the queue after (s)"]).split()]
     exited = [float(x) for x in str(out["the process exited after (s)"]).split()]
     assert len(back) == len(exited) == 2

@@ -14,6 +14,7 @@ from mesh import ConfigError, ConflictError, Process
 from mesh._connection import Connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
+from mesh._pubsub import PubSub, open_pubsub
 from mesh._scripts import Binding
 from mesh.testing import wait_until
 
@@ -568,6 +569,69 @@ async def test_result_waits_for_the_handlers_value_and_raises_for_dead_letters(
         assert isinstance(ei.value, mesh.MeshError)
         with pytest.raises(TimeoutError):
             await client.result(Q, "never enqueued", timeout=0.2)
+
+
+async def test_done_messages_are_published_only_while_a_result_is_awaited(
+    redis_url: str, namespace: str, keys: Keys
+) -> None:
+    """Finished tasks publish no done message while nobody awaits a result
+    of their queue; a waiting client.result() marks the queue (its awaiting
+    key), is sent the done message of its task and returns its value; the
+    mark then expires on its own."""
+    release = trio.Event()
+
+    async def handler(p: Process) -> bytes:
+        if p.task == b"slow":
+            await release.wait()
+        return b"r:" + p.task
+
+    done = keys.done_channel(Q)
+
+    async def heard(conn: Connection, pubsub: PubSub) -> list[bytes]:
+        # everything on the done channel so far: a marker, then up to it
+        await conn.execute("PUBLISH", done, "end")
+        got: list[bytes] = []
+        with trio.fail_after(5):
+            async for msg in pubsub:
+                got.append(msg.data)
+                if msg.data == b"end":
+                    return got
+        raise AssertionError("unreachable")
+
+    async with (
+        client_and_workers(redis_url, namespace, 1) as (client, (w,)),
+        open_pubsub(redis_url) as pubsub,
+    ):
+        conn = client._conn
+        await pubsub.subscribe(done, sharded=True)
+        await client.configure(Q, result_ttl=30)
+        await w.start_work(Q, handler)
+        await client.enqueue_many(Q, ["a", "b", "c"])
+
+        async def finished(n: int) -> bool:
+            return w.statistics().processes_finished == n
+
+        await wait_until(lambda: finished(3))
+        assert await heard(conn, pubsub) == [b"end"]  # nobody awaited: nothing published
+        assert await conn.execute("EXISTS", keys.awaiting(Q)) == 0
+        assert await client.result(Q, "a", timeout=5) == b"r:a"  # kept all the same
+        await client.enqueue(Q, "slow")
+        got: list[bytes | None] = []
+
+        async def wait_slow() -> None:
+            got.append(await client.result(Q, "slow", timeout=30))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_slow)
+
+            async def marked() -> bool:
+                return bool(await conn.execute("EXISTS", keys.awaiting(Q)))
+
+            await wait_until(marked)
+            release.set()
+        assert got == [b"r:slow"]
+        assert await heard(conn, pubsub) == [b"slow", b"end"]
+        assert 0 < await conn.execute("PTTL", keys.awaiting(Q)) <= 10_000
 
 
 async def test_results_expire_and_plain_queues_keep_none(

@@ -141,6 +141,44 @@ async def test_ensure_of_a_one_shot_payload_changes_nothing(
     assert await b.ensure(conn, "other", [b"job-2"]) == [True]
 
 
+async def test_ensure_of_a_running_one_shot_payload_changes_nothing(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """Running is the third place a one-shot task can be (issue 27): ensuring
+    it then would run the payload twice, once of each kind."""
+    await b.enqueue(conn, Q, [b"job\x00-1"], 3)  # a priority, and a NUL in the payload
+    await b.enqueue(conn, Q, [b"job-2"])
+    inc = await join(b, conn, "w1", Q)
+    ps = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
+    assert {p.task for p in ps} == {b"job-2", b"job\x00-1"}
+    assert await conn.execute("LLEN", keys.queue(Q)) == 0
+    with pytest.raises(ConflictError, match="task 1 of this call runs as a one-shot task"):
+        await b.ensure(conn, Q, [b"dev", b"job-2"])
+    with pytest.raises(ConflictError, match="task 0 of this call runs as a one-shot task"):
+        await b.ensure(conn, Q, [b"job\x00-1"])
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == []
+    assert await conn.execute("HLEN", keys.persistent(Q)) == 0
+    assert await conn.execute("SCARD", keys.standby(Q)) == 0
+    # a suffix of a running payload, or the same payload in another queue, is no conflict
+    assert await b.ensure(conn, Q, [b"-2", b"b-2"]) == [True, True]
+    assert await b.ensure(conn, "other", [b"job-2"]) == [True]
+    # finished: the payload is free to become persistent
+    await b.finish(conn, "w1", inc, Q, [p.id for p in ps if p.task == b"job-2"])
+    assert await b.ensure(conn, Q, [b"job-2"]) == [True]
+
+
+async def test_ensure_again_while_a_cancelled_persistent_process_exits(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    await b.ensure(conn, Q, [b"dev"])
+    inc = await join(b, conn, "w1", Q)
+    (p,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await b.cancel(conn, Q, b"dev")
+    # its record may still be there while its handler exits: not a one-shot task
+    assert await b.ensure(conn, Q, [b"dev"]) == [True]
+    assert p.persistent
+
+
 async def test_ensure_is_unique_per_queue_and_payload(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
@@ -1035,6 +1073,7 @@ async def test_finish_counts_an_id_given_twice_once(
     a, c = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
     async with open_pubsub(redis_url) as pubsub:
         await pubsub.subscribe(keys.done_channel(Q), sharded=True)
+        await conn.execute("SET", keys.awaiting(Q), b"", "PX", 60_000)  # someone awaits
         assert await b.finish(conn, "w1", inc, Q, [a.id, a.id, "nope", c.id]) == [
             True,
             False,
@@ -1045,6 +1084,40 @@ async def test_finish_counts_an_id_given_twice_once(
     assert got == [b"a", b"b", b"end"]  # one done message per task
     s = await snapshot(conn, keys, Q, ["w1"])
     assert s["procs"] == {} and s["held"]["w1"] == set()
+
+
+async def test_finish_publishes_done_messages_only_while_someone_awaits(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str
+) -> None:
+    """The done message of a finished task is published only while the
+    queue's awaiting key exists (client.result keeps it); finish.lua and
+    finish_results.lua alike. A caller that does not pass the optional
+    awaiting key (an older peer) publishes every time, as before."""
+    from mesh._scripts import ResultsToKeep
+
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"b", b"c", b"d", b"e"])
+    a, bb, c, d, e = (await b.claim(conn, "w1", inc, Q, 5, 0)).processes
+    done = keys.done_channel(Q)
+    async with open_pubsub(redis_url) as pubsub:
+        await pubsub.subscribe(done, sharded=True)
+        # nobody awaits: nothing published, by either script
+        assert await b.finish(conn, "w1", inc, Q, [a.id]) == [True]
+        keep = ResultsToKeep(60_000, {bb.id: (b"b", b"1")})
+        assert await b.finish(conn, "w1", inc, Q, [bb.id], keep) == [True]
+        assert await messages_until_end(conn, pubsub, done) == [b"end"]
+        # a waiter marks the queue: both publish
+        await conn.execute("SET", keys.awaiting(Q), b"", "PX", 60_000)
+        assert await b.finish(conn, "w1", inc, Q, [c.id]) == [True]
+        keep = ResultsToKeep(60_000, {d.id: (b"d", b"1")})
+        assert await b.finish(conn, "w1", inc, Q, [d.id], keep) == [True]
+        assert await messages_until_end(conn, pubsub, done) == [b"c", b"d", b"end"]
+        # an older caller without the optional key: published, waiter or not
+        await conn.execute("DEL", keys.awaiting(Q))
+        call = b.finish_call("w1", inc, Q, [e.id])
+        old = attrs.evolve(call, keys=call.keys[:6], evalsha=None)
+        assert await b.run(conn, old) == [True]
+        assert await messages_until_end(conn, pubsub, done) == [b"e", b"end"]
 
 
 async def test_a_crash_counts_once_for_each_process_of_a_payload(
@@ -1226,6 +1299,7 @@ def test_finish_call_names_its_keys_and_ids(keys: Keys) -> None:
             keys.persistent(Q),
             keys.attempts(Q),
             keys.share(Q),
+            keys.awaiting(Q),
         ]
         assert list(call.args) == ["w1", "i1", keys.done_channel(Q), *ids]
     assert b.finish_call("w2", "i9", Q, ["4"]).args[:2] == ("w2", "i9")

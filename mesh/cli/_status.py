@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import signal
 import sys
 import time
@@ -20,6 +19,7 @@ from ._common import (
     add_target_options,
     dump_json,
     format_seconds,
+    format_utc,
     json_task,
     positive_float,
     show_task,
@@ -131,12 +131,11 @@ def render(snap: Snapshot, t: Target) -> list[str]:
             for q in snap.queues:
                 shown = snap.delayed.get(q.name, [])
                 for d in shown:
-                    due = datetime.datetime.fromtimestamp(d.due, datetime.UTC)
                     rows.append(
                         [
                             q.name,
                             show_task(d.task, 40),
-                            due.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                            format_utc(d.due, ms=True),
                             format_seconds(d.due - snap.now) if d.due > snap.now else "now",
                             d.priority,
                         ]

@@ -15,9 +15,9 @@ import trio
 import mesh
 from mesh.testing import run_redis_server
 
-from ._context import Context
-from ._report import Figure, Section, Target
-from ._util import Child, Children, children, mesh_child, percentile, terminate
+from .._context import Context
+from .._report import Figure, Section, Target
+from .._util import Child, Children, children, mesh_child, percentile, terminate
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,12 @@ async def spawn_worker(kids: Children, url: str, ns: str, ttl: float, i: int) ->
     )
     line = await child.expect("ready", 60)
     return child, line.split()[1]
+
+
+async def running(client: mesh.Client, task: str) -> list[mesh.Process]:
+    """The processes of ``task`` on ``devices`` (a cancelled one may still be
+    listed a moment, owned by a worker already replaced)."""
+    return [p for p in await client.processes("devices") if p.task == task.encode()]
 
 
 async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
@@ -61,8 +67,9 @@ async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
             if trial:
                 await client.cancel("devices", f"device-{trial - 1}")
             await client.ensure("devices", task)
+            # this trial's task only (see running)
             with trio.fail_after(30):
-                while not (procs := await client.processes("devices")):  # noqa: ASYNC110
+                while not (procs := await running(client, task)):  # noqa: ASYNC110
                     await trio.sleep(0.005)
             owner_id = procs[0].worker_id
             owner = live.pop(owner_id)

@@ -1,5 +1,5 @@
-"""A CPU-bound process with nothing to share, for :func:`bench.throughput.machine_scaling`
-(run by the parent as ``python -m bench._spin_child N``; see :mod:`bench._util` for
+"""A CPU-bound process with nothing to share, for :func:`bench.suites.throughput.machine_scaling`
+(run by the parent as ``python -m bench.children.spin_child N``; see :mod:`bench._util` for
 the line protocol).
 
 Prints ``ready``, waits for ``go`` on stdin, runs ``N`` rounds of plain

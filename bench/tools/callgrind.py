@@ -1,7 +1,7 @@
 """Instructions per task of a trio-mesh worker, counted by callgrind: a
 figure that does not depend on the load of the machine.
 
-    python -m bench.callgrind [--small 2000] [--large 10000] [--concurrency 10]
+    python -m bench.tools.callgrind [--small 2000] [--large 10000] [--concurrency 10]
                               [--prefetch 0] [--batch 0]
 
 A parent (not under valgrind) runs a redis-server, enqueues the tasks, and
@@ -77,7 +77,7 @@ def measure(url: str, n: int, args: argparse.Namespace, d: Path) -> int:
     subprocess.run(
         [
             "valgrind", "-q", "--tool=callgrind", f"--callgrind-out-file={out}",
-            sys.executable, "-m", "bench.callgrind", "--child", url, ns, str(n),
+            sys.executable, "-m", "bench.tools.callgrind", "--child", url, ns, str(n),
             "--concurrency", str(args.concurrency), "--prefetch", str(args.prefetch),
             "--batch", str(args.batch),
         ],

@@ -1,6 +1,6 @@
 """Rebalancing: how fast a mesh that grows from 3 to 6 peers evens out.
 
-``python -m bench.balance [--tasks 3000] [--ttl 1.5]`` starts its own
+``python -m bench.tools.balance [--tasks 3000] [--ttl 1.5]`` starts its own
 redis-server (127.0.0.1, a free port), runs 3 workers in this process that
 own ``--tasks`` persistent tasks, starts 3 more, and reports:
 

@@ -1,14 +1,14 @@
 """Rebalancing at fleet scale: a rolling restart and a mass failure.
 
-``python -m bench.balance_fleet converge [--tasks 30000] [--ttl 1.5]``: 3
-workers (one per OS process, ``bench._balance_child``) own ``--tasks``
+``python -m bench.tools.balance_fleet converge [--tasks 30000] [--ttl 1.5]``: 3
+workers (one per OS process, ``bench.children.balance_child``) own ``--tasks``
 persistent tasks, 3 more join; the time from the first new worker serving
 until every worker holds floor or ceil of the fair share (polled in Redis
 every 50 ms), the moves (tasks whose process changed) against the minimum,
 and each hand-over's gap (old handler exited -> new handler started, both
 noted with CLOCK_MONOTONIC in the children).
 
-``python -m bench.balance_fleet rolling [--peers 10] [--tasks 10000] [--ttl 1.5]``:
+``python -m bench.tools.balance_fleet rolling [--peers 10] [--tasks 10000] [--ttl 1.5]``:
 ``--peers`` workers (one per OS process) own ``--tasks`` persistent tasks;
 each in turn is replaced as a deployment with a surge of one replaces it (a
 new worker starts, then the old one gets SIGTERM and hands everything back
@@ -19,9 +19,9 @@ new handler started): mean, p99 and max over the tasks, and p50/p99 of
 single hand-overs, and how many starts came before the old handler's exit
 (must be 0).
 
-``python -m bench.balance_fleet massfail [--procs 10] [--per 10]
+``python -m bench.tools.balance_fleet massfail [--procs 10] [--per 10]
 [--tasks 100000] [--ttl 1.5]`` runs ``--procs`` OS processes of ``--per``
-workers each (``bench._mesh_child hold``) that own ``--tasks`` persistent
+workers each (``bench.children.mesh_child hold``) that own ``--tasks`` persistent
 tasks, SIGKILLs half of the processes, and reports, by this process's
 monotonic clock from the kill: when every task was held again by a live
 worker (the sum of the survivors' held sets, polled every 20 ms; target
@@ -55,7 +55,7 @@ from mesh._keys import Keys
 from mesh._scripts import load_scripts
 from mesh.testing import run_redis_server
 
-from ._util import Child, Children, children, mesh_child
+from .._util import Child, Children, children, mesh_child
 
 QUEUE = "devices"
 
@@ -69,7 +69,7 @@ def child_argv(
     url: str, workers: int, ttl: float, concurrency: int, gc_freeze: bool = False
 ) -> list[str]:
     return [
-        sys.executable, "-m", "bench._balance_child", "--url", url, "--ns", "bench",
+        sys.executable, "-m", "bench.children.balance_child", "--url", url, "--ns", "bench",
         "--queue", QUEUE, "--workers", str(workers), "--ttl", str(ttl),
         "--concurrency", str(concurrency), *(["--gc-freeze"] if gc_freeze else []),
     ]  # fmt: skip
@@ -314,7 +314,7 @@ async def massfail(
 ) -> dict[str, float | str]:
     k = Keys("bench")
     if trace:
-        # the children note their script calls (bench._mesh_child)
+        # the children note their script calls (bench.children.mesh_child)
         os.environ["MESH_BENCH_TRACE"] = trace
     with run_redis_server() as server:
         url = server.url
@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         "--trace",
         metavar="DIR",
         help="a timeline into DIR: the children's script calls, every Redis command's time "
-        "after the kill (SLOWLOG), the dead leases' deadlines; see bench.massfail_timeline",
+        "after the kill (SLOWLOG), the dead leases' deadlines; see bench.tools.massfail_timeline",
     )
     m.add_argument(
         "--gc-threshold",

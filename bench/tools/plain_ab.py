@@ -1,4 +1,4 @@
-"""The plain queue, two versions of trio-mesh in one run: ``python -m bench.plain_ab``.
+"""The plain queue, two versions of trio-mesh in one run: ``python -m bench.tools.plain_ab``.
 
 For a change to the claim path (a feature the plain queue must not pay
 for), this runs the same measurements on two source trees, alternating A
@@ -7,16 +7,17 @@ and B, and prints each figure per run with its min and max:
 - **claim cost**: Redis time per ``claim.lua`` call of 10 tasks on a queue
   that only ever had plain tasks (``INFO commandstats``, 2,000 claims in a
   row, no finish in between), and the client's wall time per call;
-- **throughput**: ``python -m bench.delayed --plain-only`` of that tree
+- **throughput**: ``python -m bench.suites.delayed --plain-only`` of that tree
   (N no-op tasks, one worker process at concurrency 10): tasks/s and Redis
   CPU per task.
 
-    python -m bench.plain_ab --a /path/to/old/checkout --b . --runs 3
+    python -m bench.tools.plain_ab --a /path/to/old/checkout --b . --runs 3
 
 Each tree is imported with ``PYTHONPATH=<tree>``, so a tree is any checkout
 (``git worktree add /tmp/old <commit>``) that has ``mesh/`` and
-``bench/delayed.py``. The claim measurement is this file run as a script in
-that environment, so it uses only the tree's ``mesh``.
+``bench/suites/delayed.py`` (or ``bench/delayed.py`` before bench/ was
+grouped). The claim measurement is this file run as a script in that
+environment, so it uses only the tree's ``mesh``.
 """
 
 from __future__ import annotations
@@ -300,17 +301,19 @@ def run_tree(tree: Path, tasks: int) -> dict[str, float]:
         return r.stdout
 
     r: dict[str, float] = json.loads(out(__file__, "--child", str(CLAIMS)).strip().splitlines()[-1])
-    text = out("-m", "bench.delayed", "--plain-only", "--tasks", str(tasks), "--workers", "1")
+    # bench/suites/delayed.py since bench/ was grouped; bench/delayed.py before
+    module = "bench.suites.delayed" if (tree / "bench" / "suites").is_dir() else "bench.delayed"
+    text = out("-m", module, "--plain-only", "--tasks", str(tasks), "--workers", "1")
     m = re.search(r"\(([\d,]+) tasks/s\), Redis CPU ([\d.]+) µs per task", text)
     if m is None:
-        raise RuntimeError(f"unexpected output of bench.delayed in {tree}: {text!r}")
+        raise RuntimeError(f"unexpected output of {module} in {tree}: {text!r}")
     r["tasks_per_s"] = float(m.group(1).replace(",", ""))
     r["redis_us_per_task"] = float(m.group(2))
     return r
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.plain_ab", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.tools.plain_ab", description=__doc__)
     p.add_argument("--a", type=Path, help="the tree before (e.g. a worktree); required")
     p.add_argument("--b", type=Path, default=Path("."), help="the tree after (default .)")
     p.add_argument("--runs", type=int, default=3)

@@ -1,6 +1,6 @@
 """The Redis time of a heartbeat and of a claim, before rebalancing and with it.
 
-``python -m bench.balance_cost [--calls 3000] [--rounds 3]`` starts its own
+``python -m bench.tools.balance_cost [--calls 3000] [--rounds 3]`` starts its own
 redis-server (127.0.0.1, a free port) and loads versions of the
 scripts side by side: ``before`` (main at deac1f2, protocol 4 before
 rebalancing), ``main-f8ba231`` (rebalancing, counts only),
@@ -84,7 +84,7 @@ class Scripts:
 
 def checkout(rev: str | None, tmp: Path) -> Path:
     """The protocol/ directory of ``rev`` (None: the working tree)."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     if rev is None:
         return here / "protocol"
     d = tmp / rev

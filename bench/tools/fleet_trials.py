@@ -1,9 +1,9 @@
 """Fleets at scale: failover and cancel latency inside a large fleet, and a
 fleet's rejoin (issue 14).
 
-``python -m bench.fleet latency [--procs 10] [--per 1000] [--ttl 3]
+``python -m bench.tools.fleet_trials latency [--procs 10] [--per 1000] [--ttl 3]
 [--kills 8] [--cancels 40]``: ``--procs`` OS processes, each one
-:func:`mesh.open_fleet` of ``--per`` idle workers (``bench._mesh_child hold
+:func:`mesh.open_fleet` of ``--per`` idle workers (``bench.children.mesh_child hold
 --fleet``), serve the queue ``devices``. *Failover*: a persistent task of its
 own per trial; once it runs, its owner's whole OS process (``--per``
 workers) gets SIGKILL; the time until the task's handler starts in another
@@ -12,7 +12,7 @@ process (CLOCK_MONOTONIC, noted by the children), then a fresh process of
 ``client.cancel()``; the time until its handler saw the cancellation,
 counted from before the call and from when it returned.
 
-``python -m bench.fleet rejoin [--workers 5000] [--ttl 3] [--trials 3]``: one
+``python -m bench.tools.fleet_trials rejoin [--workers 5000] [--ttl 3] [--trials 3]``: one
 fleet of ``--workers`` idle workers; Redis stops answering for R + 0.5 s
 (``CLIENT PAUSE``), so every worker fences itself and rejoins under a new
 id. Redis CPU is sampled every 100 ms from the end of the pause (``INFO
@@ -20,7 +20,7 @@ cpu``): the peak and the total, and the time until every worker is
 registered again; with the fleet's join pacing off (``join_window=0``: all at
 once) and on (the default, TTL / 2), alternating, in one run.
 
-``python -m bench.fleet stop [--workers 1000] [--ttl 3] [--trials 3]``: one
+``python -m bench.tools.fleet_trials stop [--workers 1000] [--ttl 3] [--trials 3]``: one
 fleet of ``--workers`` workers, each running one persistent task of its own;
 the fleet's block is cancelled from outside (the child's stdin closes, and it
 cancels the nursery around the fleet: the trio way to stop a service). The
@@ -48,7 +48,7 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
-from ._util import Child, Children, children, mesh_child, percentile, poll_until, redis_cpu
+from .._util import Child, Children, children, mesh_child, percentile, poll_until, redis_cpu
 
 QUEUE = "devices"
 

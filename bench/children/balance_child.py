@@ -1,5 +1,5 @@
-"""Worker processes for :mod:`bench.balance_fleet` (run by the parent as
-``python -m bench._balance_child --url URL --ns NS ...``).
+"""Worker processes for :mod:`bench.tools.balance_fleet` (run by the parent as
+``python -m bench.children.balance_child --url URL --ns NS ...``).
 
 Runs ``--workers`` workers in this process, each serving ``--queue`` with a
 handler that runs until cancelled and notes when it started and when it

@@ -30,7 +30,8 @@ processes on free ports, never 6379) and measures:
   and from ``cancel`` to the handler's cancellation (``ttl=3``, a heartbeat
   every second).
 
-    python bench/topology.py [--trials 10] [--ttl 1.0] [--only failover|replicas|namespaces|mixed]
+    python -m bench.tools.topology [--trials 10] [--ttl 1.0]
+        [--only failover|replicas|namespaces|mixed]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mesh
 from mesh._topology import keyslot

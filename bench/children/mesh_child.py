@@ -1,5 +1,5 @@
 """trio-mesh worker processes for the benchmarks (run by the parent as
-``python -m bench._mesh_child ROLE ...``; see :mod:`bench._util` for the line
+``python -m bench.children.mesh_child ROLE ...``; see :mod:`bench._util` for the line
 protocol).
 
 Roles:
@@ -10,6 +10,12 @@ Roles:
   the queue with a no-op handler (with ``--batch N``, a no-op batch handler
   of up to N processes per call; with ``--prefetch N``, claiming up to N
   processes beyond the concurrency).
+* ``loop``: the limit of a worker on this connection, no framework: a bare
+  loop that claims ``--concurrency`` tasks and finishes the previous ones in
+  one round trip (one small Lua script, :data:`LOOP_LUA`), with no handler
+  and nothing else (no lease, no heartbeat); prints ``ready``, waits for
+  ``go``, and stops when a call finds the queue empty and has nothing left
+  to finish.
 * ``failover``: one worker serving ``devices`` (persistent tasks, concurrency
   1); prints ``ready <worker id>``; each handler start prints
   ``start <token> <monotonic ns>``. SIGTERM makes
@@ -196,6 +202,49 @@ async def throughput(args: argparse.Namespace) -> None:
         await trio.sleep_forever()
 
 
+# KEYS[1] {ns}:queue:<Q> (trio-mesh's queue list), KEYS[2] {ns}:procs:<Q>
+# ARGV[1] worker id, ARGV[2] how many to claim, ARGV[3..] payloads finished
+# Returns: the payloads claimed (each noted as running: procs[payload] = W)
+LOOP_LUA = """
+if #ARGV > 2 then redis.call('HDEL', KEYS[2], unpack(ARGV, 3)) end
+local got = redis.call('LPOP', KEYS[1], tonumber(ARGV[2]))
+if not got then return {} end
+local fields = {}
+for i = 1, #got do fields[2 * i - 1] = got[i]; fields[2 * i] = ARGV[1] end
+redis.call('HSET', KEYS[2], unpack(fields))
+return got
+"""
+
+
+async def loop(args: argparse.Namespace) -> None:
+    from mesh._connection import open_connection
+    from mesh._keys import Keys
+
+    k = Keys(args.ns)
+    stdin = Stdin()
+    async with open_connection(args.url) as conn:
+        sha = (await conn.execute("SCRIPT", "LOAD", LOOP_LUA)).decode()
+        head = (
+            "EVALSHA",
+            sha,
+            2,
+            k.queue(args.queue),
+            k.procs(args.queue),
+            "loop",
+            args.concurrency,
+        )
+        out("ready")
+        if await stdin.readline() != "go":
+            return
+        done: list[bytes] = []
+        while True:
+            done = await conn.execute(*head, *done)
+            if not done:
+                break
+        out("drained")
+        await trio.sleep_forever()
+
+
 async def failover(args: argparse.Namespace) -> None:
     async def device(process: mesh.Process) -> None:
         out(f"start {process.token} {time.monotonic_ns()}")
@@ -291,7 +340,7 @@ async def hold(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["produce", "throughput", "failover", "hold"])
+    parser.add_argument("role", choices=["produce", "throughput", "loop", "failover", "hold"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--fleet", action="store_true", help="hold: the workers as one fleet")
     parser.add_argument("--ns", required=True)
@@ -316,7 +365,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
     parser.add_argument("--prefetch", type=int, default=0, help="throughput: prefetch")
     args = parser.parse_args()
-    roles = {"produce": produce, "throughput": throughput, "failover": failover, "hold": hold}
+    roles = {
+        "produce": produce,
+        "throughput": throughput,
+        "loop": loop,
+        "failover": failover,
+        "hold": hold,
+    }
     role = roles[args.role]
     if args.gc_threshold:
         gc.set_threshold(700, 10, args.gc_threshold)

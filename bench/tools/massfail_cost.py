@@ -1,10 +1,10 @@
 """Redis instructions of a mass failure's scripts, by version.
 
-``python -m bench.massfail_cost [--base REV] [--tasks 20000] [--empty 200]``
+``python -m bench.tools.massfail_cost [--base REV] [--tasks 20000] [--empty 200]``
 starts its own redis-server under ``valgrind --tool=callgrind
 --toggle-collect=evalShaCommand`` (127.0.0.1, a free port) and replays,
 for the scripts of ``REV`` (default ``main``) and of the working tree, the
-Redis side of ``bench.balance_fleet massfail`` at a smaller scale: 10
+Redis side of ``bench.tools.balance_fleet massfail`` at a smaller scale: 10
 workers own ``--tasks`` persistent tasks (claims of 250, fair share on,
 as runners make them); 5 of them die (their lease keys go); reapers
 recycle them (``recycle.lua``, two dead workers per call, as
@@ -32,8 +32,8 @@ from typing import Any
 import redis
 import trio
 
-from bench.balance_cost import checkout, redis_under_callgrind
-from bench.script_cost import dump_total
+from bench.tools.balance_cost import checkout, redis_under_callgrind
+from bench.tools.script_cost import dump_total
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._scripts import Binding, _expand, load_scripts

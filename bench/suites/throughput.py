@@ -12,6 +12,7 @@ import secrets
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
@@ -19,9 +20,9 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
-from ._context import PEER_CHILD, Context
-from ._report import Figure, Section, Target
-from ._util import (
+from .._context import PEER_CHILD, Context
+from .._report import Figure, Section, Target, num
+from .._util import (
     children,
     cpu_seconds,
     info,
@@ -40,8 +41,11 @@ POLL = 0.002
 class Sizes:
     tasks: int = 20_000
     concurrency: int = 10
+    high: int = 100  # the second concurrency of trio-mesh and BullMQ (0: none)
     peers: bool = True  # SAQ, arq and streaQ
     worqr: bool = True
+    bullmq: bool = True
+    loop: bool = True  # the limit: a bare loop with trio-mesh's batching
     spin: int = 1_000_000  # rounds of each CPU-bound process of machine_scaling
     spins: int = 3  # machine_scaling: how many times 1 alone and 2 at once, alternating
 
@@ -53,16 +57,55 @@ QUICK = Sizes(tasks=2_000, spin=200_000, spins=1)
 @dataclass(frozen=True)
 class Contender:
     label: str
-    lib: str  # "mesh" or a peer
+    lib: str  # "mesh", "loop" (the bare loop) or a peer
     processes: int = 1
+    concurrency: int = 0  # 0: the run's (Sizes.concurrency)
     extra: tuple[str, ...] = ()
     batch: int = 0  # trio-mesh: a batch handler of up to this many processes per call
     prefetch: int = 0  # trio-mesh: processes claimed beyond the concurrency
+    tree: str = ""  # trio-mesh: run the children of this source tree (bench/tools/ab_throughput.py)
+
+
+MESH1 = "trio-mesh, 1 worker process"
+LOOP = "the limit: a bare Python loop with trio-mesh's batching"
+
+
+def mesh_high(sizes: Sizes) -> str:
+    return f"trio-mesh, 1 worker process, concurrency {sizes.high}"
 
 
 def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
-    out = [
-        Contender("trio-mesh, 1 worker process", "mesh"),
+    """The headline ones first (trio-mesh, the limit, BullMQ and Worqr at the
+    run's concurrency; trio-mesh and BullMQ at the high one), then trio-mesh's
+    variants, then the Python peers."""
+    out = [Contender(MESH1, "mesh")]
+    notes = []
+    if sizes.loop:
+        out.append(Contender(LOOP, "loop"))
+    bullmq = None
+    if sizes.bullmq:
+        bullmq, why = ctx.bullmq()
+        if bullmq is None:
+            notes.append(why)
+        else:
+            v = bullmq.version.split()[0]
+            out.append(Contender(f"BullMQ {v} (Node), concurrency {sizes.concurrency}", "bullmq"))
+    if sizes.worqr:
+        w, why = ctx.worqr()
+        if w is None:
+            notes.append(why)
+        else:
+            out.append(Contender(f"Worqr {w.version.split()[0]} (Node)", "worqr"))
+    if sizes.high:
+        out.append(Contender(mesh_high(sizes), "mesh", concurrency=sizes.high))
+        if bullmq is not None:
+            v = bullmq.version.split()[0]
+            out.append(
+                Contender(
+                    f"BullMQ {v} (Node), concurrency {sizes.high}", "bullmq", concurrency=sizes.high
+                )
+            )
+    out += [
         Contender("trio-mesh, 2 worker processes", "mesh", processes=2),
         Contender(
             f"trio-mesh, 1 worker process, batch handler (batch {sizes.concurrency})",
@@ -81,13 +124,6 @@ def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
             prefetch=sizes.concurrency,
         ),
     ]
-    notes = []
-    if sizes.worqr:
-        w, why = ctx.worqr()
-        if w is None:
-            notes.append(why)
-        else:
-            out.append(Contender(f"Worqr {w.version.split()[0]} (Node)", "worqr"))
     if not sizes.peers:
         return out, notes
     for lib, label, extra in (
@@ -97,31 +133,34 @@ def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
         ("arq", "arq {v} (defaults, poll_delay 0.5 s)", ()),
         ("arq", "arq {v} (poll_delay 10 ms)", ("--poll-delay", "0.01")),
     ):
-        v = ctx.peer_version(lib)
-        if v is None:
+        pv = ctx.peer_version(lib)
+        if pv is None:
             notes.append(
                 f"{lib} skipped: it cannot be imported by {ctx.peer_python()} "
                 "(run `python -m bench --setup-peers`)"
             )
             continue
-        out.append(Contender(label.format(v=v.split()[0]), lib, extra=extra))
+        out.append(Contender(label.format(v=pv.split()[0]), lib, extra=extra))
     return out, notes
 
 
 def pending_probe(lib: str, ns: str) -> tuple[Callable[[Connection], Awaitable[int]], int]:
     """How many tasks are not done yet, read from each library's own state,
     and how many Redis commands one probe costs: trio-mesh: queued + running
-    processes; Worqr: its queue list + its working processes set; SAQ: its
+    processes (the bare loop keeps the same two); Worqr: its queue list + its
+    working processes set; BullMQ: its wait and active lists; SAQ: its
     ``incomplete`` sorted set (what SAQ's benchmark polls); arq: its queue
     sorted set (a job leaves it when finished); streaQ: the stream length (a
     finished task is XACKed and XDELed)."""
     two: tuple[tuple[str, str], tuple[str, str]] | None = None
-    if lib == "mesh":
+    if lib in ("mesh", "loop"):
         k = Keys(ns)
         two = (("LLEN", k.queue(QUEUE)), ("HLEN", k.procs(QUEUE)))
     elif lib == "worqr":
         two = (("LLEN", f"worqr-bench:queues:{QUEUE}"),
                ("SCARD", f"worqr-bench:workingProcesses:{QUEUE}"))  # fmt: skip
+    elif lib == "bullmq":
+        two = (("LLEN", f"bull:{QUEUE}:wait"), ("LLEN", f"bull:{QUEUE}:active"))
     if two is not None:
         commands = two
 
@@ -161,30 +200,36 @@ async def one_run(
     ns = "tp" + secrets.token_hex(3)
     pending, probe_cost = pending_probe(c.lib, ns)
     within = max(120.0, n / 50)
+    conc = str(c.concurrency or sizes.concurrency)
     async with children() as kids:
         workers = []
         for i in range(c.processes):
             if c.lib == "mesh":
-                argv = mesh_child(
-                    "throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
-                    "--concurrency", str(sizes.concurrency), "--batch", str(c.batch),
+                argv = tree_child(
+                    c.tree, "throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
+                    "--concurrency", conc, "--batch", str(c.batch),
                     "--prefetch", str(c.prefetch),
                 )  # fmt: skip
-            elif c.lib == "worqr":
-                conc = str(sizes.concurrency)
-                argv = worqr_argv(ctx, "work", "--url", url, "--concurrency", conc)
+            elif c.lib == "loop":
+                argv = mesh_child(
+                    "loop", "--url", url, "--ns", ns, "--queue", QUEUE, "--concurrency", conc
+                )
+            elif c.lib in ("worqr", "bullmq"):
+                argv = node_argv(ctx, c.lib, "work", "--url", url, "--concurrency", conc)
             else:
                 argv = [
                     ctx.peer_python(), str(PEER_CHILD), c.lib, "work", "--url", url,
-                    "--concurrency", str(sizes.concurrency), *c.extra,
+                    "--concurrency", conc, *c.extra,
                 ]  # fmt: skip
             workers.append(await kids.spawn(f"{c.lib} worker {i}", argv))
         for w in workers:
             await w.expect("ready", 60)
-        if c.lib == "mesh":
-            argv = mesh_child("produce", "--url", url, "--ns", ns, "--queue", QUEUE, "--n", str(n))
-        elif c.lib == "worqr":
-            argv = worqr_argv(ctx, "produce", "--url", url, "--n", str(n))
+        if c.lib in ("mesh", "loop"):
+            argv = tree_child(
+                c.tree, "produce", "--url", url, "--ns", ns, "--queue", QUEUE, "--n", str(n)
+            )
+        elif c.lib in ("worqr", "bullmq"):
+            argv = node_argv(ctx, c.lib, "produce", "--url", url, "--n", str(n))
         else:
             argv = [
                 ctx.peer_python(), str(PEER_CHILD), c.lib, "produce", "--url", url, "--n", str(n),
@@ -234,12 +279,12 @@ class Scaling:
 
 async def machine_scaling(sizes: Sizes) -> Scaling:
     """How much more two CPU-bound processes that share nothing (no Redis, no
-    I/O: :mod:`bench._spin_child`) get done on this machine than one: the
+    I/O: :mod:`bench.children.spin_child`) get done on this machine than one: the
     ceiling of "2 worker processes / 1" for any software. One alone and two at
     once alternate ``sizes.spins`` times; the medians are compared. Each
     process is started and waits for ``go``, so interpreter start-up is not
     timed; two at once are timed to the later one's end."""
-    argv = [sys.executable, "-m", "bench._spin_child", str(sizes.spin)]
+    argv = [sys.executable, "-m", "bench.children.spin_child", str(sizes.spin)]
     one: list[tuple[float, float]] = []
     two: list[tuple[float, float]] = []
     for _ in range(sizes.spins):
@@ -257,8 +302,20 @@ async def machine_scaling(sizes: Sizes) -> Scaling:
     return Scaling(speed=sizes.spin / wall1, rate=2 * wall1 / wall2, cpu=cpu2 / cpu1)
 
 
-def worqr_argv(ctx: Context, role: str, *args: str) -> list[str]:
-    w, why = ctx.worqr()
+def tree_child(tree: str, *args: str) -> list[str]:
+    """argv of a trio-mesh child: this checkout's, or with ``tree`` the one of
+    that source tree (its ``mesh`` and ``bench`` first on ``PYTHONPATH``; a
+    tree from before bench/ was grouped has ``bench/_mesh_child.py``)."""
+    if not tree:
+        return mesh_child(*args)
+    grouped = (Path(tree) / "bench" / "children" / "mesh_child.py").is_file()
+    module = "bench.children.mesh_child" if grouped else "bench._mesh_child"
+    # -P: not the working directory first (its bench/ may be another tree's)
+    return ["env", f"PYTHONPATH={tree}", sys.executable, "-P", "-m", module, *args]
+
+
+def node_argv(ctx: Context, lib: str, role: str, *args: str) -> list[str]:
+    w, why = ctx.worqr() if lib == "worqr" else ctx.bullmq()
     if w is None:
         raise RuntimeError(why)
     return w.argv(role, *args)
@@ -284,7 +341,12 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
         "throughput",
         "Throughput",
         METHOD.format(
-            n=n, c=sizes.concurrency, poll=POLL * 1000, spins=sizes.spins, spin=sizes.spin
+            n=n,
+            c=sizes.concurrency,
+            hi=sizes.high,
+            poll=POLL * 1000,
+            spins=sizes.spins,
+            spin=sizes.spin,
         ),
         runs=ctx.runs,
         notes=notes,
@@ -325,26 +387,28 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
             [n / x.processing if x else nan for x in rs],
         )
         rates[c.label] = rate
-        if c.lib != "mesh":
+        if c.lib not in ("mesh", "loop"):
             best_peer = max(best_peer, rate.median)
+    ratios = headline(conts, results, sizes)
+    section.figures += ratios
+    section.headline = headline_table(conts, results, sizes, ratios)
     for c in conts:
         rs = results[c.label]
         enq = Figure(f"{c.label}: enqueue {n:,}", "s", [x.enqueue if x else nan for x in rs])
-        plain1 = c.lib == "mesh" and c.processes == 1 and not c.batch
+        plain1 = c.label == MESH1
         if plain1:
             enq.target = Target("<", 0.1 * n / 20_000, f"< {0.1 * n / 20_000:g} s")
-        section.figures.append(enq)
+        if c.lib != "loop":  # its tasks are trio-mesh's, enqueued the same way
+            section.figures.append(enq)
         rate = rates[c.label]
         if plain1:
             rate.target = Target(">=", 10_000, ">= 10,000 tasks/s")
         section.figures.append(rate)
-        one = plain1
         section.figures.append(
             Figure(
                 f"{c.label}: Redis CPU per task",
                 "µs",
                 [x.redis_cpu / n * 1e6 if x else nan for x in rs],
-                target=Target("<=", 12, "<= 12 µs") if one else None,
             )
         )
         section.figures.append(
@@ -354,7 +418,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 [x.commands / n if x else nan for x in rs],
             )
         )
-        if c.lib == "mesh":
+        if c.lib in ("mesh", "loop"):
             section.figures.append(
                 Figure(
                     f"{c.label}: script calls per task",
@@ -375,11 +439,10 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 f"{c.label}: worker CPU per task",
                 "µs",
                 [x.worker_cpu / n * 1e6 if x else nan for x in rs],
-                target=Target("<=", 20, "<= 20 µs") if one else None,
             )
         )
     if best_peer > 0:
-        mesh1 = rates["trio-mesh, 1 worker process"]
+        mesh1 = rates[MESH1]
         section.figures.append(
             Figure(
                 "trio-mesh (1 process) / best peer",
@@ -389,7 +452,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
                 note="per run, divided by the best peer's median",
             )
         )
-    mesh1_runs = results["trio-mesh, 1 worker process"]
+    mesh1_runs = results[MESH1]
     mesh2_runs = results["trio-mesh, 2 worker processes"]
     section.figures.append(
         Figure(
@@ -434,69 +497,178 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     batched = next((c for c in conts if c.batch), None)
     if batched is not None:
         section.figures.append(
-            Figure(
-                f"trio-mesh: batch handler (batch {batched.batch}) / plain handler",
-                "x",
-                [b.processing / a.processing if a and b else nan
-                 for a, b in zip(results[batched.label], mesh1_runs, strict=True)],
-                note="per run, 1 worker process each",
-            )
+            same_run(f"trio-mesh: batch handler (batch {batched.batch}) / plain handler",
+                     results[batched.label], mesh1_runs, note="per run, 1 worker process each")
         )  # fmt: skip
     prefetched = next((c for c in conts if c.prefetch and c.processes == 1), None)
     if prefetched is not None:
         section.figures.append(
-            Figure(
-                f"trio-mesh: prefetch {prefetched.prefetch} / none",
-                "x",
-                [b.processing / a.processing if a and b else nan
-                 for a, b in zip(results[prefetched.label], mesh1_runs, strict=True)],
-                note="per run, 1 worker process each",
-            )
+            same_run(f"trio-mesh: prefetch {prefetched.prefetch} / none",
+                     results[prefetched.label], mesh1_runs, note="per run, 1 worker process each")
         )  # fmt: skip
     prefetched2 = next((c for c in conts if c.prefetch and c.processes == 2), None)
     if prefetched2 is not None and prefetched is not None:
         section.figures.append(
-            Figure(
-                f"trio-mesh, prefetch {prefetched.prefetch}: 2 worker processes / 1",
-                "x",
-                [b.processing / a.processing if a and b else nan
-                 for a, b in zip(results[prefetched2.label], results[prefetched.label],
-                                 strict=True)],
-                note="per run",
-            )
+            same_run(f"trio-mesh, prefetch {prefetched.prefetch}: 2 worker processes / 1",
+                     results[prefetched2.label], results[prefetched.label], note="per run")
         )  # fmt: skip
     worqr = next((c for c in conts if c.lib == "worqr"), None)
-    if worqr is not None:
+    if worqr is not None and prefetched is not None:
         section.figures.append(
-            Figure(
-                "trio-mesh (1 process) / Worqr, same run",
-                "x",
-                [w.processing / m.processing if m and w else nan
-                 for m, w in zip(mesh1_runs, results[worqr.label], strict=True)],
-                target=Target(">=", 2.0, ">= 2x"),
-                note="per run: each run measures both, one after the other",
-            )
+            same_run(f"trio-mesh, prefetch {prefetched.prefetch} (1 process) / Worqr, same run",
+                     results[prefetched.label], results[worqr.label], note="per run")
         )  # fmt: skip
-        if prefetched is not None:
-            section.figures.append(
-                Figure(
-                    f"trio-mesh, prefetch {prefetched.prefetch} (1 process) / Worqr, same run",
-                    "x",
-                    [w.processing / m.processing if m and w else nan
-                     for m, w in zip(results[prefetched.label], results[worqr.label],
-                                     strict=True)],
-                    note="per run",
-                )
-            )  # fmt: skip
-    peers = sorted({c.lib for c in conts if c.lib not in ("mesh", "worqr")})
+    peers = sorted({c.lib for c in conts if c.lib not in ("mesh", "loop", "worqr", "bullmq")})
     if peers:
         versions = ", ".join(f"{lib} {ctx.peer_version(lib)}" for lib in peers)
         section.notes.append(f"Peers ran under {ctx.peer_python()}: {versions}.")
     if worqr is not None:
         w, _ = ctx.worqr()
         assert w is not None
-        section.notes.append(f"Worqr ran under {w.node}: worqr {w.version} (bench/worqr.py).")
+        section.notes.append(f"Worqr ran under {w.node}: worqr {w.version} (bench/_node.py).")
+    if any(c.lib == "bullmq" for c in conts):
+        b, _ = ctx.bullmq()
+        assert b is not None
+        section.notes.append(f"BullMQ ran under {b.node}: bullmq {b.version} (bench/_node.py).")
     return section
+
+
+def same_run(
+    label: str,
+    a: list[RunResult | None],
+    b: list[RunResult | None],
+    *,
+    target: Target | None = None,
+    note: str = "per run: each run measures both, one after the other",
+) -> Figure:
+    """A's rate over B's, run by run (B's processing time over A's)."""
+    return Figure(
+        label,
+        "x",
+        [y.processing / x.processing if x and y else math.nan for x, y in zip(a, b, strict=True)],
+        target=target,
+        note=note,
+    )
+
+
+def per_task(
+    label: str,
+    a: list[RunResult | None],
+    b: list[RunResult | None],
+    what: Callable[[RunResult], float],
+    target: Target,
+) -> Figure:
+    """A's per-task cost over B's, run by run (same task count: a ratio of totals)."""
+    return Figure(
+        label,
+        "x",
+        [what(x) / what(y) if x and y and what(y) else math.nan for x, y in zip(a, b, strict=True)],
+        target=target,
+        note="per run: both measured in the same run",
+    )
+
+
+def headline(
+    conts: list[Contender], results: dict[str, list[RunResult | None]], sizes: Sizes
+) -> list[Figure]:
+    """Issue 25's targets, each a same-run ratio: trio-mesh at the run's
+    concurrency against the bare loop, BullMQ and Worqr; at the high
+    concurrency against BullMQ; its Redis and worker CPU per task against the
+    loop's."""
+    by_lib: dict[tuple[str, int], Contender] = {}
+    for c in conts:
+        if c.processes == 1 and not c.batch and not c.prefetch and not c.extra:
+            by_lib.setdefault((c.lib, c.concurrency or sizes.concurrency), c)
+    lo, hi = sizes.concurrency, sizes.high
+    mesh = results[MESH1]
+    out = []
+    loop = by_lib.get(("loop", lo))
+    if loop is not None:
+        rl = results[loop.label]
+        out.append(same_run(f"trio-mesh (concurrency {lo}) / the bare loop, same run", mesh, rl,
+                            target=Target(">=", 0.7, ">= 0.7")))  # fmt: skip
+    for lib, name, want in (("bullmq", "BullMQ", 3.0), ("worqr", "Worqr", 3.0)):
+        peer = by_lib.get((lib, lo))
+        if peer is not None:
+            out.append(
+                same_run(f"trio-mesh / {name}, both at concurrency {lo}, same run", mesh,
+                         results[peer.label], target=Target(">=", want, f">= {want:g}x"))
+            )  # fmt: skip
+    m_hi, b_hi = by_lib.get(("mesh", hi)), by_lib.get(("bullmq", hi))
+    if hi and m_hi is not None and b_hi is not None:
+        out.append(
+            same_run(f"trio-mesh / BullMQ, both at concurrency {hi}, same run",
+                     results[m_hi.label], results[b_hi.label], target=Target(">=", 5.0, ">= 5x"))
+        )  # fmt: skip
+    if loop is not None:
+        rl = results[loop.label]
+        for what, get, most in (
+            ("Redis CPU", lambda r: r.redis_cpu, 1.2),
+            ("worker CPU", lambda r: r.worker_cpu, 1.3),
+        ):
+            out.append(
+                per_task(f"{what} per task: trio-mesh (concurrency {lo}) / the bare loop",
+                         mesh, rl, get, Target("<=", most, f"<= {most:g}x"))
+            )  # fmt: skip
+    return out
+
+
+def headline_table(
+    conts: list[Contender],
+    results: dict[str, list[RunResult | None]],
+    sizes: Sizes,
+    ratios: list[Figure],
+) -> str:
+    """The report's headline: trio-mesh, the limit, BullMQ and Worqr, one
+    worker process each, side by side (median, min-max over the runs), and
+    the same-run ratios with their targets."""
+    n, nan = sizes.tasks, math.nan
+    mesh = results[MESH1]
+
+    def cell(f: Figure) -> str:
+        if math.isnan(f.median):
+            return "n/a"
+        return f"{num(f.median)} ({num(f.min)}-{num(f.max)})"
+
+    head = [
+        f"{n:,} no-op tasks per run, one worker process each, every system in the same run "
+        "(see Throughput for the method).",
+        "",
+        "| system | concurrency | tasks/s | trio-mesh (10) / it | Redis CPU per task, µs "
+        "| worker CPU per task, µs | Redis commands per task |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    rows = []
+    for c in conts:
+        if (
+            c.processes != 1
+            or c.batch
+            or c.prefetch
+            or c.extra
+            or c.lib not in ("mesh", "loop", "bullmq", "worqr")
+        ):
+            continue
+        rs = results[c.label]
+        conc = c.concurrency or sizes.concurrency
+        rate = Figure("", "", [n / x.processing if x else nan for x in rs])
+        vs = Figure("", "", [y.processing / x.processing if x and y else nan
+                             for x, y in zip(mesh, rs, strict=True)])  # fmt: skip
+        rcpu = Figure("", "", [x.redis_cpu / n * 1e6 if x else nan for x in rs])
+        wcpu = Figure("", "", [x.worker_cpu / n * 1e6 if x else nan for x in rs])
+        cmds = Figure("", "", [x.commands / n if x else nan for x in rs])
+        name = c.label.split(",")[0] if c.lib != "loop" else c.label
+        rows.append(
+            f"| {name} | {conc} | {cell(rate)} | {'' if c.label == MESH1 else cell(vs)} "
+            f"| {cell(rcpu)} | {cell(wcpu)} | {cell(cmds)} |"
+        )
+    targets = ["", "| same run | median | min | max | target | verdict |",
+               "|---|--:|--:|--:|---|---|"]  # fmt: skip
+    for f in ratios:
+        t = f.target.text if f.target else ""
+        targets.append(
+            f"| {f.label} | {num(f.median)} | {num(f.min)} | {num(f.max)} | {t} | {f.verdict()} |"
+        )
+    return "\n".join(head + rows + (targets if ratios else []))
 
 
 METHOD = """
@@ -522,10 +694,29 @@ same order, so trio-mesh and Worqr alternate). For each library and run:
    deleted). Processing time runs from `go` to the first poll that sees zero, so
    it includes each worker's own start (registration, first fetch).
 
-Worqr (1.2.3, Node, `bench/worqr_driver.js`) runs its readme's `doWork`
+BullMQ (6.7.0 with ioredis 6.0.0, Node, `bench/children/bullmq_driver.js`)
+enqueues with one `Queue.addBulk` of every job (each with `removeOnComplete`
+and `removeOnFail`: no record kept, as trio-mesh keeps none) and runs one
+`Worker` with the no-op processor at concurrency {c} and {hi}, beside
+trio-mesh at {c} and {hi}; the parent polls its `wait` and `active` lists.
+It is installed from the npm registry into a scratch folder
+(`bench/_node.py`) and skipped, with a note, where node, npm or the registry
+is missing.
+
+**The limit** is a bare Python loop on trio-mesh's own connection
+(`bench/children/mesh_child.py loop`) with trio-mesh's batching and nothing
+else: one small Lua script per round trip that finishes the previous {c}
+tasks (`HDEL` from the queue's running hash) and claims the next {c} (`LPOP`
+of {c}, `HSET` of each as running); no lease, no heartbeat, no handler, no
+framework. Its tasks are trio-mesh's, enqueued the same way, and polled the
+same way. "trio-mesh / the bare loop" is the fraction of that limit trio-mesh
+reaches, and its Redis and worker CPU per task are read against the loop's,
+all per run.
+
+Worqr (1.2.3, Node, `bench/children/worqr_driver.js`) runs its readme's `doWork`
 loop {c} times at once: `dequeue`, the no-op handler, `await finishProcess`,
 until `dequeue` finds the queue empty; a `work` event starts loops up to {c}.
-It is installed from its tarball into a scratch folder (`bench/worqr.py`) and
+It is installed from its tarball into a scratch folder (`bench/_node.py`) and
 skipped, with a note, where node, npm or the tarball is missing.
 
 trio-mesh is measured twice with one worker process: with a plain handler
@@ -540,7 +731,7 @@ does not wait for a round trip (opt-in: see "Prefetch" in the concepts).
 
 "2 worker processes / 1" is read against what the machine itself does with a
 second process: at the start of each run, {spins} times alternating, one
-CPU-bound Python process alone and two at once (`bench/_spin_child.py`: a loop
+CPU-bound Python process alone and two at once (`bench/children/spin_child.py`: a loop
 of small dicts and byte strings, no I/O, nothing shared, {spin:,} rounds each,
 timed inside each process after a `go`); "the machine: 2 CPU-bound processes /
 1" is twice the median time of one alone over the median time of two at once

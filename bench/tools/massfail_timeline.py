@@ -1,6 +1,6 @@
 """The timeline of one ``massfail --trace DIR`` run, after the kill.
 
-``python -m bench.massfail_timeline DIR``. Reads what ``bench.balance_fleet
+``python -m bench.tools.massfail_timeline DIR``. Reads what ``bench.tools.balance_fleet
 massfail --trace DIR`` (and ``MESH_BENCH_STALLS=DIR``) left there:
 ``deadlines.txt`` (the killed workers' lease deadlines), ``calls-<pid>.txt``
 (each child's script calls), ``slowlog.txt`` (every Redis command of 1 ms

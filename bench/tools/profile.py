@@ -1,9 +1,9 @@
 """Profile a worker process with py-spy while a benchmark scenario runs, and
 summarise where its time goes.
 
-    python -m bench.profile throughput [--tasks 100000] [--out DIR]
+    python -m bench.tools.profile throughput [--tasks 100000] [--out DIR]
         one trio-mesh worker process (concurrency 10) works off the tasks
-    python -m bench.profile herd [--workers 250] [--dead 100] [--out DIR]
+    python -m bench.tools.profile herd [--workers 250] [--dead 100] [--out DIR]
         one process of 250 idle workers while 100 peers die at once
 
 py-spy attaches to the worker process (``--nonblocking``: the process is not
@@ -31,7 +31,7 @@ from mesh._connection import open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
-from ._util import Child, children, mesh_child, poll_until
+from .._util import Child, children, mesh_child, poll_until
 
 
 def py_spy() -> str:
@@ -137,7 +137,7 @@ async def herd(args: argparse.Namespace, raw: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile")
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.profile")
     parser.add_argument("scenario", choices=["throughput", "herd"])
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=250)

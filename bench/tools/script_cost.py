@@ -1,6 +1,6 @@
 """Redis instructions per task of a busy runner's scripts, by version.
 
-``python -m bench.script_cost [--base REV] [--tasks 5000] [--annotate]``
+``python -m bench.tools.script_cost [--base REV] [--tasks 5000] [--annotate]``
 starts its own redis-server under ``valgrind --tool=callgrind
 --toggle-collect=evalShaCommand`` (127.0.0.1, a free port) and measures, for
 the scripts of ``REV`` (default ``main``) and of the working tree, what the
@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from bench.balance_cost import checkout, redis_under_callgrind
+from bench.tools.balance_cost import checkout, redis_under_callgrind
 from mesh._keys import PROTOCOL_VERSION, Keys
 from mesh._scripts import Binding, ResultsToKeep, ScriptCall, _expand
 

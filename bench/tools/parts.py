@@ -2,9 +2,9 @@
 one worker process at concurrency 10 (one finish(10) + claim(10) round trip,
 then ten handlers) timed alone in a tight loop, in CPU time of this process.
 
-    python -m bench.parts [--rounds 20000] [--repeat 3]
+    python -m bench.tools.parts [--rounds 20000] [--repeat 3]
 
-A sampling profiler (``python -m bench.profile throughput``) shows the shape;
+A sampling profiler (``python -m bench.tools.profile throughput``) shows the shape;
 on a loaded two-core machine it also counts, inside ``send``, the time the
 worker waits while redis-server (woken by that send) runs on its core. These
 figures are the worker's own CPU per piece, comparable with the throughput
@@ -204,7 +204,7 @@ async def run(rounds: int, repeat: int) -> list[tuple[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.parts")
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.parts")
     parser.add_argument("--rounds", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3, help="keep the least of so many")
     args = parser.parse_args()

@@ -4,7 +4,7 @@ Starts its own redis-server (never touches 127.0.0.1:6379) and measures
 ``execute("PING")`` and ``EVALSHA`` of a trivial script, sequentially from one trio
 task and from 100 concurrent trio tasks (auto-pipelined).
 
-    python bench/transport.py [--seconds 2] [--tasks 100]
+    python -m bench.tools.transport [--seconds 2] [--tasks 100]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Delayed tasks coming due at once: ``python -m bench --only delayed``, or
-alone ``python -m bench.delayed``.
+alone ``python -m bench.suites.delayed``.
 
 N one-shot tasks are enqueued with ``at=`` one instant a few seconds ahead
 (Redis clock), so they all come due together, while W worker processes
@@ -9,7 +9,7 @@ N tasks are enqueued without a delay on the same workers, for comparison
 (the plain queue's throughput in the same run).
 
 Part of ``python -m bench`` (section "Delayed tasks due at once", a fresh
-redis-server per run); alone, e.g. ``python -m bench.delayed --tasks 100000
+redis-server per run); alone, e.g. ``python -m bench.suites.delayed --tasks 100000
 --workers 2`` (``--plain-only`` runs on versions without delayed tasks).
 """
 
@@ -26,9 +26,9 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
-from ._context import Context
-from ._report import Figure, Section
-from ._util import children, mesh_child, poll_until, redis_cpu
+from .._context import Context
+from .._report import Figure, Section
+from .._util import children, mesh_child, poll_until, redis_cpu
 
 QUEUE = "bench"
 
@@ -166,7 +166,7 @@ async def measure(n: int, workers: int, lead: float, plain_only: bool) -> dict[s
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.delayed", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.suites.delayed", description=__doc__)
     p.add_argument("--tasks", type=int, default=100_000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--lead", type=float, default=0.0, help="seconds ahead (default: by size)")

@@ -15,9 +15,9 @@ import trio
 import mesh
 from mesh.testing import run_redis_server
 
-from ._context import Context
-from ._report import Figure, Section, Target
-from ._util import Child, children, mesh_child, percentile
+from .._context import Context
+from .._report import Figure, Section, Target
+from .._util import Child, children, mesh_child, percentile
 
 QUEUE = "long"
 

@@ -22,9 +22,9 @@ from mesh._keys import Keys
 from mesh._scripts import Binding
 from mesh.testing import run_redis_server
 
-from ._context import Context
-from ._report import Figure, Section, Target
-from ._util import redis_cpu
+from .._context import Context
+from .._report import Figure, Section, Target
+from .._util import redis_cpu
 
 QUEUE = "devices"
 

@@ -1,0 +1,1 @@
+"""The suites that ``python -m bench`` runs, one module each."""
