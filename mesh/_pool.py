@@ -245,7 +245,7 @@ class HandlerPool:
     def items(self, processes: Sequence[Process]) -> list[_Slot | _Batch]:
         """Take a claim's processes to start: each runs here from now on (in
         :attr:`running`: a cancel, a release or a stop reaches it); returns
-        what to hand to the pool (:meth:`start`): a slot per process, or
+        what to hand to the pool (:meth:`queue`, or :meth:`start_paced`): a slot per process, or
         with a batch handler a batch per up to ``batch`` of them."""
         size = self.config.batch
         batch: _Batch | None = None
@@ -265,13 +265,11 @@ class HandlerPool:
             batch.slots.append(slot)
         return items
 
-    async def start(self, items: list[_Slot | _Batch]) -> None:
-        """Hand ``items`` to the pool: at once, or paced for a large claim
-        (:func:`_paced`; shielded from cancellation there)."""
-        if len(items) <= START_CHUNK:
-            self.queue(items)
-        else:
-            await _paced(self.queue, items, self.could_take)
+    async def start_paced(self, items: list[_Slot | _Batch]) -> None:
+        """Hand the ``items`` of a claim of more than :data:`START_CHUNK` to
+        the pool, paced (:func:`_paced`; shielded from cancellation); a
+        smaller claim's go to :meth:`queue` at once."""
+        await _paced(self.queue, items, self.could_take)
 
     def cancel_slot(self, slot: _Slot) -> None:
         """Cancel a process here that Redis no longer holds for us (cancelled

@@ -49,6 +49,10 @@ __all__ = ["BatchHandler", "Batched", "Handler", "QueueConfig", "QueueRunner", "
 
 log = logging.getLogger("mesh.worker")
 
+# The actions, as plain names (read once per turn).
+_CLAIM, _FINISH, _FAILED = Action.CLAIM, Action.FINISH, Action.FAILED
+_RETURNED, _PULL, _WAIT, _EXIT = Action.RETURNED, Action.PULL, Action.WAIT, Action.EXIT
+
 #: Seconds a claim or report in flight when a stop begins may take to come
 #: back before the stop drops it (a hung connection must not hold a stop).
 STOP_IO_GRACE = 0.5
@@ -71,7 +75,7 @@ class QueueRunner:
         early_cancels: dict[str, float] | None = None,
         replicate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.config = config
+        self._config = config
         self._counters = counters
         self._on_fenced = on_fenced
         self._core = core = RunnerCore(config, counters, balance_wait, ttl)
@@ -100,6 +104,17 @@ class QueueRunner:
         self._scope = trio.CancelScope()
         self._exited = trio.Event()
         self._balance_wait = balance_wait
+
+    @property
+    def config(self) -> QueueConfig:
+        """How this runner serves its queue. Set a new one (a policy read
+        from Redis) and the next claim, report and handler use it."""
+        return self._config
+
+    @config.setter
+    def config(self, config: QueueConfig) -> None:
+        self._config = self._core.config = self._pool.config = self._io.config = config
+        self._core.out.result_ttl = config.result_ttl
 
     # --- signals from the worker (sync, no I/O) ----------------------------
 
@@ -343,24 +358,48 @@ class QueueRunner:
 
     async def _turn(self) -> bool:
         """One turn of the loop, serving or stopping alike: do what the core
-        says comes next, or wait until something changes. Returns False once
-        stopped (no handler left, everything reported).
+        says comes next, through the runner's round trips (:mod:`mesh._runner_io`),
+        or wait until something changes (while serving, at most until the next
+        due time). Returns False once stopped (no handler left, everything
+        reported).
 
         The one error path: a FencedError reports the lost lease and ends the
         loop; a connection or command error is logged and the turn is tried
         again after the core's backoff (while stopping, every handler left is
         cancelled at once: nothing can be handed back meanwhile)."""
         core, pool = self._core, self._pool
-        if self.config.prefetch and not core.stopping:
+        if self._config.prefetch and not core.stopping:
             pool.hand_back_stuck()
-        action, n = core.next_action(pool.now(), pool.free(), len(self.running))
-        if action is Action.EXIT:
-            return False
-        if action is Action.WAIT:
-            await self._wait()
+        action, n = core.next_action(pool.now(), pool.free(), len(pool.running))
+        if action is _WAIT:
+            due = math.inf if core.stopping else core.next_due
+            if due == math.inf:
+                await pool.wakeup.wait()
+            else:
+                with trio.move_on_at(due):
+                    await pool.wakeup.wait()
+            pool.wakeup = trio.Event()
             return True
+        if action is _EXIT:
+            return False
+        io = self._io
         try:
-            await self._act(action, n)
+            if action is _CLAIM:
+                await io.claim(n)
+                core.claim_done()
+            elif action is _FINISH:
+                await io.finish()
+            elif action is _FAILED:
+                await io.give_back_failed()
+            elif action is _RETURNED:
+                if core.stop_order:
+                    # The next group exits while the one before is handed back.
+                    self._cancel_next()
+                self.handed_back += await io.give_back_returned(self.keep_ms)
+            elif action is _PULL:
+                await io.rebalance(n)
+            else:
+                await io.resync()
         except FencedError as exc:
             self._on_fenced(str(exc))
             self.abort()
@@ -370,7 +409,7 @@ class QueueRunner:
             log.log(
                 logging.DEBUG if isinstance(exc, MeshConnectionError) else logging.WARNING,
                 "queue %s: %s; retrying in %.2fs",
-                self.config.queue,
+                self._config.queue,
                 exc,
                 delay,
             )
@@ -378,34 +417,3 @@ class QueueRunner:
                 self._cancel_rest()
             await trio.sleep(delay)
         return True
-
-    async def _act(self, action: Action, n: int) -> None:
-        """Do ``action`` (of ``n``) through the runner's round trips."""
-        io = self._io
-        if action is Action.CLAIM:
-            await io.claim(n)
-            self._core.claim_done()
-        elif action is Action.FINISH:
-            await io.finish()
-        elif action is Action.FAILED:
-            await io.give_back_failed()
-        elif action is Action.RETURNED:
-            if self._core.stop_order:
-                # The next group exits while the one before is handed back.
-                self._cancel_next()
-            self.handed_back += await io.give_back_returned(self.keep_ms)
-        elif action is Action.PULL:
-            await io.rebalance(n)
-        else:
-            await io.resync()
-
-    async def _wait(self) -> None:
-        """Wait until woken (or, while serving, until the next due time)."""
-        pool = self._pool
-        due = self._core.next_due if not self._core.stopping else math.inf
-        if due == math.inf:
-            await pool.wakeup.wait()
-        else:
-            with trio.move_on_at(due):
-                await pool.wakeup.wait()
-        pool.wakeup = trio.Event()

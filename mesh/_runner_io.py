@@ -22,7 +22,7 @@ import trio
 
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
-from ._pool import HandlerPool
+from ._pool import START_CHUNK, HandlerPool
 from ._queue_config import QueueConfig
 from ._runner_core import RunnerCore
 from ._scripts import Binding
@@ -133,7 +133,12 @@ class RunnerIO:
                     await self._replicate()
                 core.claimed(reply, n, now, held_back)
                 start = core.to_start(reply.processes, self._early_cancels)
-                await self._pool.start(self._pool.items(start))
+                pool = self._pool
+                items = pool.items(start)
+                if len(items) <= START_CHUNK:
+                    pool.queue(items)
+                else:
+                    await pool.start_paced(items)
             if errors:
                 raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
         finally:
