@@ -64,6 +64,7 @@ from ._errors import (
     MeshConnectionError,
     raise_single,
 )
+from ._history import CountsReporter
 from ._keys import Keys
 from ._lease import Generation, Lease, LeaseTiming
 from ._memory import MemoryWatch, watch_memory
@@ -433,6 +434,11 @@ class Fleet:
             nursery.start_soon(
                 run_scheduler, self._conn, self._binding, self.timing.interval, watch
             )
+            # the per-minute counts of every worker of the fleet, in one report
+            counts = CountsReporter(
+                self._conn, self._binding, lambda: [w._stats for w in self.workers]
+            )
+            nursery.start_soon(counts.run)
             task_status.started()
 
 

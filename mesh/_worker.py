@@ -44,6 +44,7 @@ from ._errors import (
     MeshConnectionError,
     raise_single,
 )
+from ._history import CountsReporter
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
 from ._memory import MemoryInfo, MemoryWatch, read_memory, watch_memory
@@ -171,6 +172,7 @@ class Worker:
         self._closing = False
         self._closed = False
         self._stats = Recorder()
+        self._counts = CountsReporter(conn, self._binding, lambda: (self._stats,))
         # A fleet's worker shares the fleet's reaper (and its scheduler and
         # policy reader: housekeeping=False) and its batched heartbeats.
         self._housekeeping = housekeeping
@@ -651,6 +653,8 @@ class Worker:
             gen.nursery.start_soon(
                 run_scheduler, self._conn, self._binding, self.timing.interval, watch
             )
+            # the per-minute counts of the dashboard's charts, every few seconds
+            gen.nursery.start_soon(self._counts.run)
         for cfg in list(self._queues.values()):
             await self._start_runner(gen, cfg)
 
