@@ -26,7 +26,7 @@ import trio
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError, MeshError
 from mesh._keys import Keys
-from mesh._scripts import Binding, ResultsToKeep, load_scripts
+from mesh._scripts import Binding, ResultsToKeep, load_scripts, run_reads
 from mesh.conformance import _vectors as v
 from mesh.testing import run_redis_server
 
@@ -557,12 +557,43 @@ async def story_share(r: Recorder, b: Binding, raw: Connection) -> None:
     )
 
 
+async def story_operator(r: Recorder, b: Binding, raw: Connection) -> None:
+    """What operators and readers call: pause and resume, per-minute counts,
+    a consistent read, the recount of persistent weights."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "o")
+    await b.enqueue(r, "o", [b"job-1"])
+    await b.pause(r.at("pause", "pause a queue"), "o", "pause")
+    await b.pause(r.at("pause-again", "pausing a paused queue changes nothing"), "o", "pause")
+    await b.claim(
+        r.at("claim-paused", "a paused queue starts no one-shot task"), "w1", "i1", "o", 1, 0
+    )
+    await b.pause(r.at("resume", "resume wakes the idle servers"), "o", "resume")
+    await expect_error(b.pause(r.at("pause-bad", "an unknown mode"), "o", "halt"))
+    await b.stats(r.at("stats", "add a minute's counts"), {"o": (3, 1)}, 120)
+    r.advance(60000)
+    await b.stats(r.at("stats-next-minute", "the next minute's counts"), {"o": (2, 0)}, 120)
+    await expect_error(b.stats(r.at("stats-bad", "a negative count"), {"o": (-1, 0)}, 120))
+    await run_reads(
+        r.at("read", "several reads in one step"),
+        [("LLEN", "{vgen}:queue:o"), ("EXISTS", "{vgen}:paused:o"), ("TIME",)],
+    )
+    await expect_error(
+        run_reads(r.at("read-write", "a write is refused"), [("DEL", "{vgen}:queue:o")])
+    )
+    await b.ensure(r, "p", [b"dev-1", b"dev-2"])
+    await raw.execute("HDEL", "{vgen}:persistent:p", "dev-2")  # gone without a cancel
+    await b.recount(r.at("recount", "the weight sums follow what the registry holds"), "p")
+
+
 STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_worker,
     story_persistent,
     story_reap,
     story_jobs,
     story_share,
+    story_operator,
 ]
 
 
