@@ -57,6 +57,7 @@ import outcome
 import trio
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
+from ._redirect import NOT_HERE, Ask, Resend, Retry, reroute_pause, sentinel_poll_interval
 from ._shielded import ShieldedTasks
 from ._topology import Node, Topology
 from ._transport import ENCODER as _ENCODER
@@ -83,31 +84,6 @@ __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]
 
 # Re-exported for the contract tests of the sans-IO parts (tests/test_redis_contract.py).
 _CONTRACT = (_ENCODER, _make_reader, _pack)
-
-# Error replies that mean "this node did not run the command": re-route and retry.
-NOT_HERE = frozenset(
-    {"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "LOADING", "MASTERDOWN"}
-)
-# Of those, the ones that leave the connection on its node (see the module docstring).
-_STAY = frozenset({"ASK", "TRYAGAIN"})
-
-
-def ask_target(error: CommandError, here: Node | None) -> Node | None:
-    """The node of an ``ASK <slot> <host>:<port>`` reply (an empty or ``?`` host:
-    the host of ``here``); None if the reply cannot be read."""
-    words = str(error).split()
-    if len(words) < 3 or words[0] != "ASK":
-        return None
-    host, _, port = words[2].rpartition(":")
-    host = host.strip("[]")
-    if host in ("", "?"):
-        if here is None:
-            return None
-        host = here[0]
-    try:
-        return host, int(port)
-    except ValueError:
-        return None
 
 
 class _Side:
@@ -483,11 +459,11 @@ class Connection:
         return [replies] if len(commands) == 1 else list(replies)
 
     async def _again(self, commands: Sequence[Sequence[Arg]], replies: list[Any]) -> list[Any]:
-        """Some of ``replies`` say "not executed here": send those commands again (all
-        of them if the pipeline holds a ``MULTI``), in order, until every reply is a
-        real one or ``reroute_timeout`` has passed since the first. ``ASK``: once to
-        the named node, after ``ASKING``; ``TRYAGAIN``: after a short backoff, here;
-        the others: after re-routing (the topology is asked where the master is).
+        """Some of ``replies`` say "not executed here": send those commands again as
+        :class:`~mesh._redirect.Retry` decides (``ASK``: once to the named node,
+        after ``ASKING``; ``TRYAGAIN``: after a short backoff, here; the others:
+        after re-routing), until every reply is a real one or ``reroute_timeout``
+        has passed since the first.
 
         Returns:
             ``replies`` with the retried ones replaced; after the budget, the last
@@ -498,60 +474,31 @@ class Connection:
                 retried command was in flight (it may or may not have run).
             ClosedError: the connection was closed.
         """
-        replies = list(replies)
-        deadline = trio.current_time() + self._reroute_timeout
-        transaction = any(c and c[0] in ("MULTI", b"MULTI", "multi", b"multi") for c in commands)
-        backoff = 0.005
-        while True:
-            todo = [
-                i for i, r in enumerate(replies) if type(r) is CommandError and r.code in NOT_HERE
-            ]
-            if not todo:
-                return replies
-            if transaction:
-                todo = list(range(len(commands)))
-            first = replies[todo[0]] if type(replies[todo[0]]) is CommandError else None
-            if trio.current_time() >= deadline:
-                for i in todo:
-                    r = replies[i]
-                    if type(r) is CommandError:
-                        r.add_note(
-                            f"(not executed here; still so after re-routing for "
-                            f"reroute_timeout={self._reroute_timeout:g}s)"
-                        )
-                return replies
-            codes = {r.code for r in replies if type(r) is CommandError and r.code in NOT_HERE}
-            with trio.move_on_after(max(0.0, deadline - trio.current_time())) as budget:
-                asks = [] if transaction else [i for i in todo if replies[i].code == "ASK"]
-                if asks:
-                    # The keys' slot is migrating: each command once to its node.
-                    by_node: dict[Node, list[int]] = {}
-                    for i in asks:
-                        node = ask_target(replies[i], self._node)
-                        if node is None:
-                            raise replies[i]
-                        by_node.setdefault(node, []).append(i)
-                    for node, indices in by_node.items():
-                        again = await self._asking(node, [commands[i] for i in indices])
-                        for i, r in zip(indices, again, strict=True):
-                            replies[i] = r
+        now = trio.current_time()
+        retry = Retry(commands, replies, now=now, budget=self._reroute_timeout, here=self._node)
+        while (step := retry.step(trio.current_time())) is not None:
+            with trio.move_on_after(max(0.0, retry.deadline - trio.current_time())) as budget:
+                if type(step) is Ask:
                     # A TRYAGAIN from there means: start over here, a little later.
-                    continue
-                if codes <= _STAY:
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, 0.2)
-                    self._retries += len(todo)
+                    for node, indices in step.by_node.items():
+                        again = await self._asking(node, [commands[i] for i in indices])
+                        retry.record(indices, again)
                 else:
-                    self._request_reroute(str(first) if first is not None else "retry")
-                again = await self._send([commands[i] for i in todo])
+                    assert type(step) is Resend
+                    if step.delay is not None:
+                        await trio.sleep(step.delay)
+                        self._retries += len(step.indices)
+                    else:
+                        self._request_reroute(step.reason)
+                    again = await self._send([commands[i] for i in step.indices])
+                    retry.record(step.indices, again)
             if budget.cancelled_caught:
                 raise MeshConnectionError(
-                    f"{self._where}: a command answered {first} was re-sent after "
+                    f"{self._where}: a command answered {step.first} was re-sent after "
                     f"re-routing, and no reply came within reroute_timeout="
                     f"{self._reroute_timeout:g}s (it may or may not have run)"
                 )
-            for i, r in zip(todo, again, strict=True):
-                replies[i] = r
+        return retry.replies
 
     async def _asking(
         self, node: Node, commands: Sequence[Sequence[Arg]], *, asking: bool = True
@@ -711,11 +658,11 @@ class Connection:
                     _fail_waiters(self._in_flight, self._lost_error)
                     self._in_flight_commands = 0
                     now = trio.current_time()
-                    self._reroute_streak = (
-                        0 if now - self._last_reroute > 2.0 else (self._reroute_streak + 1)
+                    self._reroute_streak, pause = reroute_pause(
+                        self._reroute_streak, self._last_reroute, now
                     )
                     self._last_reroute = now
-                    await trio.sleep(min(0.01 * 2**self._reroute_streak, 0.5))
+                    await trio.sleep(pause)
                 else:
                     self._broken(None, f"re-routing needed ({self._reroute_reason})")
             if self._closed or not self._reconnect:
@@ -789,7 +736,7 @@ class Connection:
             await trio.sleep_forever()
         assert node is not None
         if self.config.topology == "sentinel":
-            interval = min(1.0, max(0.05, self._reroute_timeout / 4))
+            interval = sentinel_poll_interval(self._reroute_timeout)
             async with trio.open_nursery() as nursery:
 
                 async def watch() -> None:
