@@ -58,7 +58,9 @@ import trio
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
 from ._redirect import NOT_HERE, Ask, Resend, Retry, reroute_pause, sentinel_poll_interval
+from ._replicas import wait_replicas
 from ._shielded import ShieldedTasks
+from ._side import SideConnections
 from ._topology import Node, Topology
 from ._transport import ENCODER as _ENCODER
 from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -69,7 +71,6 @@ from ._transport import (
     coerce_config,
     connect,
     describe,
-    read_replies,
     reconnect,
     scrub,
 )
@@ -84,20 +85,6 @@ __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]
 
 # Re-exported for the contract tests of the sans-IO parts (tests/test_redis_contract.py).
 _CONTRACT = (_ENCODER, _make_reader, _pack)
-
-
-class _Side:
-    """A connection to a node importing a slot, for ``ASK`` redirections: one
-    request at a time (they are rare: only during a slot migration). ``written``:
-    commands ran there since the last ``WAIT`` on it."""
-
-    __slots__ = ("lock", "reader", "stream", "written")
-
-    def __init__(self) -> None:
-        self.lock = trio.Lock()
-        self.stream: trio.abc.Stream | None = None
-        self.reader: Any = None
-        self.written = False
 
 
 @attrs.frozen
@@ -226,8 +213,7 @@ class Connection:
         self._writes = 0
         self._reconnects = 0
         self._in_flight_commands = 0
-        self._sides: dict[Node, _Side] = {}
-        self._asks = 0
+        self._sides = SideConnections(self.topology, config, name, self._where)
         self._retries = 0
 
     # ---------------------------------------------------------------- public API
@@ -245,7 +231,7 @@ class Connection:
             reconnects=self._reconnects,
             in_flight=self._in_flight_commands,
             reroutes=self._reroutes,
-            asks=self._asks,
+            asks=self._sides.asks,
             retries=self._retries,
         )
 
@@ -347,7 +333,8 @@ class Connection:
 
     async def wait_replicas(self, count: int, seconds: float) -> None:
         """Wait until ``count`` replicas acknowledged every write sent on this
-        connection so far (``WAIT``); a no-op for ``count`` 0.
+        connection so far (``WAIT``, see :mod:`mesh._replicas`; also on the nodes
+        that ``ASK`` redirections sent writes to); a no-op for ``count`` 0.
 
         ``WAIT`` blocks this connection in Redis: commands pipelined behind it
         are answered after it (in the healthy case, a replica's ack takes well
@@ -360,30 +347,7 @@ class Connection:
 
         On cancellation the ``WAIT`` still runs in Redis; nothing else happens.
         """
-        if count <= 0:
-            await trio.lowlevel.checkpoint()
-            return
-        ms = max(1, int(seconds * 1000))
-        acked = await self.execute("WAIT", count, ms)
-        if acked < count:
-            raise MeshConnectionError(
-                f"only {acked} of {count} replicas of {self._where} acknowledged the "
-                f"writes within {seconds:g}s: they are on the master, and a failover "
-                "may lose them"
-            )
-        # Writes sent to a slot's importing node after ASK: WAIT there too.
-        for node, side in list(self._sides.items()):
-            if side.written:
-                (acked,) = await self._asking(node, [("WAIT", count, ms)], asking=False)
-                if isinstance(acked, CommandError):
-                    raise acked
-                if acked < count:
-                    raise MeshConnectionError(
-                        f"only {acked} of {count} replicas of {node[0]}:{node[1]} (where "
-                        f"an ASK redirection sent writes) acknowledged them within "
-                        f"{seconds:g}s: a failover may lose them"
-                    )
-                side.written = False
+        await wait_replicas(self.execute, self._sides, self._where, count, seconds)
 
     async def aclose(self) -> None:
         """Close the connection. Calls still waiting fail with :class:`ClosedError`,
@@ -481,7 +445,7 @@ class Connection:
                 if type(step) is Ask:
                     # A TRYAGAIN from there means: start over here, a little later.
                     for node, indices in step.by_node.items():
-                        again = await self._asking(node, [commands[i] for i in indices])
+                        again = await self._sides.send(node, [commands[i] for i in indices])
                         retry.record(indices, again)
                 else:
                     assert type(step) is Resend
@@ -500,74 +464,6 @@ class Connection:
                 )
         return retry.replies
 
-    async def _asking(
-        self, node: Node, commands: Sequence[Sequence[Arg]], *, asking: bool = True
-    ) -> list[Any]:
-        """Send ``commands`` to ``node`` on its side connection (opened on first use),
-        each after ``ASKING`` unless ``asking`` is false, and return their replies
-        (error replies in place), all within ``connect_timeout``.
-
-        Raises:
-            MeshConnectionError: the node could not be reached or did not answer
-                in time (then it is unknown whether the commands ran); the side
-                connection is closed and opened again on the next use.
-            ClosedError: the connection was closed.
-
-        On cancellation the side connection is closed (its replies would be
-        out of step); Redis may still run what was written.
-        """
-        if self._closed:
-            raise ClosedError(f"the connection to {self._where} is closed")
-        side = self._sides.get(node)
-        if side is None:
-            side = self._sides[node] = _Side()
-        data: list[bytes | memoryview] = []
-        for command in commands:
-            if asking:
-                data.extend(_pack(("ASKING",)))
-            data.extend(_pack(command))
-        per = 2 if asking else 1
-        where = f"{node[0]}:{node[1]}"
-        async with side.lock:
-            try:
-                with trio.fail_after(self.config.connect_timeout):
-                    if side.stream is None:
-                        config = self.topology.node_config(node)
-                        side.stream, side.reader, _ = await connect(config, name=self._name)
-                    if self._closed:
-                        raise ClosedError(f"the connection to {self._where} is closed")
-                    if asking:
-                        side.written = True
-                        self._asks += len(commands)
-                    await side.stream.send_all(b"".join(data))
-                    replies = await read_replies(side.stream, side.reader, per * len(commands))
-            except BaseException as exc:
-                stream, side.stream = side.stream, None
-                if stream is not None:
-                    await trio.aclose_forcefully(stream)
-                if isinstance(exc, trio.TooSlowError):
-                    raise MeshConnectionError(
-                        f"{where} (the target of an ASK redirection) did not answer within "
-                        f"connect_timeout={self.config.connect_timeout:g}s (the command may "
-                        "or may not have run)"
-                    ) from None
-                if isinstance(exc, (*_TRANSPORT_ERRORS, trio.ClosedResourceError)):
-                    raise MeshConnectionError(
-                        scrub(
-                            f"lost {where} (the target of an ASK redirection; the command "
-                            f"may or may not have run): {describe(exc)}",
-                            self.config,
-                        )
-                    ) from exc
-                raise
-        return replies[per - 1 :: per]
-
-    async def _close_sides(self) -> None:
-        sides, self._sides = self._sides, {}
-        for side in sides.values():
-            if side.stream is not None:
-                await trio.aclose_forcefully(side.stream)
-
     def _request_reroute(self, reason: str) -> None:
         """Stop writing to this node; once every owed reply has arrived, close the
         socket and let :meth:`_run` ask the topology where the master is now."""
@@ -583,6 +479,7 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        self._sides.closed = True
         self._connected = False
         self._connected_event.set()  # wake callers waiting for a reconnect
         closed = lambda: ClosedError(f"the connection to {self._where} was closed")  # noqa: E731
@@ -675,7 +572,7 @@ class Connection:
                 _fail_waiters(self._pending, self._not_back_error)
                 stream, reader, node = await self._reconnect_with_backoff()
             self._stream, self._reader, self._node = stream, reader, node
-            await self._close_sides()  # a migration's side connections are done with
+            await self._sides.aclose()  # a migration's side connections are done with
             self._in_flight = collections.deque()
             self._pending = [w for w in self._pending if not w.cancelled]
             self._rerouting = False
@@ -1015,4 +912,4 @@ async def open_connection(
     finally:
         conn._close()
         await trio.aclose_forcefully(conn._stream)
-        await conn._close_sides()
+        await conn._sides.aclose()
