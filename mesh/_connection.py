@@ -57,8 +57,9 @@ import outcome
 import trio
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
-from ._redirect import NOT_HERE, Ask, Resend, Retry, reroute_pause, sentinel_poll_interval
+from ._redirect import NOT_HERE, reroute_pause
 from ._replicas import wait_replicas
+from ._reroute import Redirects, follow_master
 from ._shielded import ShieldedTasks
 from ._side import SideConnections
 from ._topology import Node, Topology
@@ -214,7 +215,9 @@ class Connection:
         self._reconnects = 0
         self._in_flight_commands = 0
         self._sides = SideConnections(self.topology, config, name, self._where)
-        self._retries = 0
+        self._redirects = Redirects(
+            self._send, self._request_reroute, self._sides, self._where, self._reroute_timeout
+        )
 
     # ---------------------------------------------------------------- public API
 
@@ -232,7 +235,7 @@ class Connection:
             in_flight=self._in_flight_commands,
             reroutes=self._reroutes,
             asks=self._sides.asks,
-            retries=self._retries,
+            retries=self._redirects.retries,
         )
 
     @property
@@ -273,7 +276,7 @@ class Connection:
         reply = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
         if type(reply) is CommandError:
             if reply.code in NOT_HERE:
-                reply = (await self._again([args], [reply]))[0]
+                reply = (await self._redirects.resend([args], [reply], self._node))[0]
                 if type(reply) is not CommandError:
                     return reply
             raise reply
@@ -322,7 +325,7 @@ class Connection:
             replies = [replies]
         for reply in replies:
             if type(reply) is CommandError and reply.code in NOT_HERE:
-                replies = await self._again(commands, replies)
+                replies = await self._redirects.resend(commands, replies, self._node)
                 break
         if raise_on_error:
             for i, reply in enumerate(replies):
@@ -421,48 +424,6 @@ class Connection:
         self._submit(waiter)
         replies = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
         return [replies] if len(commands) == 1 else list(replies)
-
-    async def _again(self, commands: Sequence[Sequence[Arg]], replies: list[Any]) -> list[Any]:
-        """Some of ``replies`` say "not executed here": send those commands again as
-        :class:`~mesh._redirect.Retry` decides (``ASK``: once to the named node,
-        after ``ASKING``; ``TRYAGAIN``: after a short backoff, here; the others:
-        after re-routing), until every reply is a real one or ``reroute_timeout``
-        has passed since the first.
-
-        Returns:
-            ``replies`` with the retried ones replaced; after the budget, the last
-            "not executed here" errors stay in place (as plain CommandErrors).
-
-        Raises:
-            MeshConnectionError: the connection broke, or the budget ran out while a
-                retried command was in flight (it may or may not have run).
-            ClosedError: the connection was closed.
-        """
-        now = trio.current_time()
-        retry = Retry(commands, replies, now=now, budget=self._reroute_timeout, here=self._node)
-        while (step := retry.step(trio.current_time())) is not None:
-            with trio.move_on_after(max(0.0, retry.deadline - trio.current_time())) as budget:
-                if type(step) is Ask:
-                    # A TRYAGAIN from there means: start over here, a little later.
-                    for node, indices in step.by_node.items():
-                        again = await self._sides.send(node, [commands[i] for i in indices])
-                        retry.record(indices, again)
-                else:
-                    assert type(step) is Resend
-                    if step.delay is not None:
-                        await trio.sleep(step.delay)
-                        self._retries += len(step.indices)
-                    else:
-                        self._request_reroute(step.reason)
-                    again = await self._send([commands[i] for i in step.indices])
-                    retry.record(step.indices, again)
-            if budget.cancelled_caught:
-                raise MeshConnectionError(
-                    f"{self._where}: a command answered {step.first} was re-sent after "
-                    f"re-routing, and no reply came within reroute_timeout="
-                    f"{self._reroute_timeout:g}s (it may or may not have run)"
-                )
-        return retry.replies
 
     def _request_reroute(self, reason: str) -> None:
         """Stop writing to this node; once every owed reply has arrived, close the
@@ -614,56 +575,19 @@ class Connection:
                     nursery.cancel_scope.cancel()
                 nursery.start_soon(self._read_loop, stream, reader, nursery.cancel_scope)
                 nursery.start_soon(self._write_loop, stream, nursery.cancel_scope)
-                nursery.start_soon(self._follow_master)
+                nursery.start_soon(
+                    follow_master,
+                    self.topology,
+                    self.config,
+                    self._node,
+                    self._reroute_timeout,
+                    self._request_reroute,
+                )
         finally:
             self._serve_scope = None
             self._fd = -1
             self._unsent = b""
             await trio.aclose_forcefully(stream)
-
-    async def _follow_master(self) -> None:
-        """Re-route when the pub/sub connection sharing our topology found a new
-        master or, on Sentinel, when the sentinels name another master (the old
-        one may stay reachable, and take writes, for seconds), polled, or as
-        soon as the sentinels announce a failover of our node on pub/sub
-        (:mod:`mesh._failover`): the re-route holds the writes, and the
-        reconnect waits for the chosen replica's promotion."""
-        node = self._node
-        if node is None or self.config.path is not None:
-            await trio.sleep_forever()
-        assert node is not None
-        if self.config.topology == "sentinel":
-            interval = sentinel_poll_interval(self._reroute_timeout)
-            async with trio.open_nursery() as nursery:
-
-                async def watch() -> None:
-                    named = await self.topology.watch_sentinels(node, interval)
-                    self._request_reroute(f"Sentinel names {named[0]}:{named[1]} as master now")
-                    nursery.cancel_scope.cancel()
-
-                async def moved() -> None:
-                    await self.topology.wait_moved(node)
-                    self._request_reroute(f"the master moved to {self.topology.master}")
-                    nursery.cancel_scope.cancel()
-
-                async def announced() -> None:
-                    failover = self.topology.failover
-                    if failover is None:
-                        await trio.sleep_forever()
-                    assert failover is not None
-                    while not failover.leaving(node, trio.current_time()):
-                        await failover.wait_changed()
-                    # Hold the writes now: the old master takes them until it
-                    # is demoted, seconds after the replica was promoted.
-                    self._request_reroute(f"Sentinel is failing over {node[0]}:{node[1]}")
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(watch)
-                nursery.start_soon(moved)
-                nursery.start_soon(announced)
-            await trio.sleep_forever()  # the re-route cancels us
-        await self.topology.wait_moved(node)
-        self._request_reroute(f"the master moved to {self.topology.master}")
 
     async def _write_loop(self, stream: trio.abc.Stream, scope: trio.CancelScope) -> None:
         in_flight = self._in_flight
