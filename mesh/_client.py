@@ -18,7 +18,9 @@ import attrs
 import outcome
 import trio
 
+from . import _browse
 from ._balance import check_weight, fair_share
+from ._browse import Job, JobPage, MinuteCounts
 from ._connection import Connection, open_connection
 from ._epoch import adopt_value
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
@@ -695,12 +697,113 @@ class Client:
                 ("SCARD", k.standby(q)),
                 ("LLEN", k.dead(q)),
                 ("ZCARD", k.prio(q)),
+                ("EXISTS", k.paused(q)),
             ]
         r = [int(x) for x in await _transaction(self._check(), cmds)]
         out = []
         for i, q in enumerate(names):
-            queued, delayed, running, p_running, p_standby, dead, prio = r[7 * i : 7 * i + 7]
-            out.append(QueueInfo(q, queued + prio, delayed, running, p_running + p_standby, dead))
+            queued, delayed, running, p_run, p_standby, dead, prio, paused = r[8 * i : 8 * i + 8]
+            out.append(
+                QueueInfo(q, queued + prio, delayed, running, p_run + p_standby, dead, paused == 1)
+            )
+        return out
+
+    # --- browsing jobs, pausing ------------------------------------------
+
+    async def jobs(
+        self,
+        queue: str,
+        state: str = "queued",
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        prefix: bytes | str | None = None,
+    ) -> JobPage:
+        """One page of the jobs of ``queue`` in ``state``: ``"queued"`` (in
+        claim order), ``"delayed"`` (first due first), ``"running"`` (by
+        token) or ``"dead"`` (oldest first). Pass a page's ``next`` as
+        ``after`` for the following page (None after the last). With
+        ``prefix``, only payloads that start with it (a page then looks at
+        up to 20,000 entries, and may come back short with a ``next``).
+
+        Read with pipelined reads (no transaction): a job that moves while it
+        is read may show in either state; positions shift as tasks are
+        claimed (see :mod:`mesh._browse`).
+
+        Raises:
+            ConfigError: a bad queue name, state, limit (1..1000) or cursor.
+            MeshConnectionError: Redis could not be reached.
+            ProtocolError: a record in Redis is malformed.
+        """
+        p = None if prefix is None else self._payloads([prefix])[0]
+        return await _browse.jobs(
+            self._check(), self._keys, queue, state, limit=limit, after=after, prefix=p
+        )
+
+    async def job(self, queue: str, task: bytes | str) -> Job | None:
+        """The record of ``task`` on ``queue``: running, else queued, else
+        delayed, else its latest dead letter; None if it is in none of them
+        (finished, cancelled, never enqueued).
+
+        Raises:
+            ConfigError, TypeError, ValueError: a bad queue name or payload.
+            MeshConnectionError: Redis could not be reached.
+        """
+        (payload,) = self._payloads([task])
+        return await _browse.job(self._check(), self._keys, queue, payload)
+
+    async def pause(self, queue: str) -> bool:
+        """Pause ``queue`` for every worker of the namespace: from now on no
+        worker starts a one-shot task of it. Running processes finish;
+        enqueues are taken and wait; delayed tasks that come due move to the
+        queue and wait there. Persistent tasks are not affected: they keep
+        their owners and are handed over and claimed as usual (a pause must
+        not take them down). A worker of a protocol before 8 ignores it.
+
+        Returns:
+            True if the queue was not paused before.
+        Raises:
+            ConfigError: a bad queue name.
+            MeshConnectionError: Redis could not be reached.
+        """
+        check_queue(queue)
+        return await self._binding.pause(self._check(), queue, "pause")
+
+    async def resume(self, queue: str) -> bool:
+        """End a pause of ``queue``: its idle workers are woken for the tasks
+        queued at once (as an enqueue wakes them).
+
+        Returns:
+            True if the queue was paused.
+        Raises:
+            ConfigError: a bad queue name.
+            MeshConnectionError: Redis could not be reached.
+        """
+        check_queue(queue)
+        return await self._binding.pause(self._check(), queue, "resume")
+
+    async def paused(self) -> dict[str, float]:
+        """The paused queues among the known ones, each with since when (Redis
+        clock, seconds)."""
+        names = await self.queues()
+        if not names:
+            return {}
+        got = await self._check().pipeline([("GET", self._keys.paused(q)) for q in names])
+        return {q: int(v) / 1000 for q, v in zip(names, got, strict=True) if v is not None}
+
+    async def minute_counts(
+        self, queues: Iterable[str] | None = None, *, minutes: int = 60
+    ) -> list[MinuteCounts]:
+        """Processes finished and failed per minute over the last ``minutes``
+        (1..1440; 120 are kept), per queue (default: every known queue), as
+        workers report them every few seconds (the dashboard's charts).
+
+        Raises:
+            ConfigError: a bad queue name or ``minutes``.
+            MeshConnectionError: Redis could not be reached.
+        """
+        names = list(queues) if queues is not None else await self.queues()
+        _, out = await _browse.minute_counts(self._check(), self._keys, names, minutes)
         return out
 
     async def time(self) -> float:

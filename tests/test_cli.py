@@ -57,6 +57,10 @@ SUBCOMMANDS = [
     "adopt-namespace",
     "dead-letters",
     "configure",
+    "jobs",
+    "job",
+    "pause",
+    "resume",
     "schedule",
     "status",
     "exporter",
@@ -324,6 +328,7 @@ async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: li
             "running": 2,
             "persistent": 2,
             "dead": 0,
+            "paused": False,
         }
         assert queues["jobs"]["queued"] == 3
         assert sorted(p["task"]["data"] for p in snap["processes"]) == ["d1", "d2"]
@@ -333,6 +338,8 @@ async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: li
         r = await mesh_cli("status", *ns_args)
         assert r.returncode == 0, text(r)
         lines = r.stdout.decode().splitlines()
+        # the time in the first line is UTC, as every time the CLI prints
+        assert re.search(r"  \d\d:\d\d:\d\d UTC$", lines[0]), lines[0]
         header = next(ln for ln in lines if ln.startswith("QUEUE "))
         row = next(ln for ln in lines if ln.startswith("jobs "))
         for col, value in [("QUEUED", "3"), ("RUNNING", "0"), ("DEAD", "0")]:
@@ -765,10 +772,9 @@ async def test_demo_on_a_given_redis_leaves_no_key(redis_url: str) -> None:
     m = re.search(r"namespace (demo-[0-9a-f]+)", out)
     assert m, out
     assert "2 processes; peer-" in out
-    async with mesh.open_client(redis_url, namespace=m[1]) as client:
-        assert await client.queues() == []
-        assert await client.workers() == []
-        keys = await client._conn.execute("KEYS", f"{{{m[1]}}}*")  # a test may use KEYS
+    # A raw connection: a client would write the namespace's epoch on connect.
+    async with open_connection(redis_url, name="test-keys") as conn:
+        keys = await conn.execute("KEYS", f"{{{m[1]}}}*")  # a test may use KEYS
         assert keys == []
     assert not [p for p in demo_pids(out) if pid_alive(p)]
 

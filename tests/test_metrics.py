@@ -146,6 +146,10 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
             assert value(s, "mesh_queue_length", queue="devices") == 2
             assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 2
             assert value(s, "mesh_persistent_tasks", queue="devices", state="owned") == 0
+            assert value(s, "mesh_queue_paused", queue="jobs") == 0
+            await client.pause("jobs")
+            assert value(await scrape(url), "mesh_queue_paused", queue="jobs") == 1
+            await client.resume("jobs")
             assert value(s, "mesh_queue_dead_letters", queue="jobs") == 0
             # how long they have had no owner is kept in Redis: a new
             # exporter (no memory of earlier scrapes) reads the same time

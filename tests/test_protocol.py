@@ -1278,14 +1278,19 @@ def test_claim_call_is_built_and_packed_once_per_argument_set(keys: Keys) -> Non
     assert b.claim_call("w1", "i1", Q, 10, 3, fair=False, ttl_ms=5000).args[5] == 0
     assert b.claim_call("w1", "i2", Q, 10, 3, fair=True, ttl_ms=5000).args[1] == "i2"
     rated = b.claim_call("w1", "i1", Q, 10, 3, fair=True, ttl_ms=5000, rate=(5, 1000))
-    assert rated.keys[-1] == keys.rate(Q) and list(rated.args[-2:]) == [5, 1000]
+    assert rated.keys[-2:] == (keys.rate(Q), keys.paused(Q))
+    assert list(rated.args[-2:]) == [5, 1000]
     cmd = call.command()
     plain = ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
     assert type(cmd) is Packed and cmd == plain
     assert pack(cmd) == [b"".join(pack(plain))]
     assert call.command(source=True)[:2] == ("EVAL", call.script.source)
-    assert len(call.keys) == 17 and call.keys[0] == keys.heartbeat("w1")
-    assert list(call.args) == ["w1", "i1", Q, 10, 3, 1, 1000, 60_000, 5000, 1, keys.wake_prefix]
+    assert len(call.keys) == 19 and call.keys[0] == keys.heartbeat("w1")
+    # no rate limit: the bucket's arguments are empty; the pause flag is last
+    assert call.keys[-2:] == (keys.rate(Q), keys.paused(Q))
+    assert list(call.args) == [
+        "w1", "i1", Q, 10, 3, 1, 1000, 60_000, 5000, 1, keys.wake_prefix, "", "",
+    ]  # fmt: skip
 
 
 def test_finish_call_names_its_keys_and_ids(keys: Keys) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import mesh
 
-from . import _conformance, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
+from . import _browse, _conformance, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
 from ._common import EXIT_FAILURE, EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     _worker.register(sub)
     _tasks.register(sub)
     _jobs.register(sub)
+    _browse.register(sub)
     _status.register(sub)
     _metrics.register(sub)
     _dashboard.register(sub)

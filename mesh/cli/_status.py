@@ -78,7 +78,7 @@ def render(snap: Snapshot, t: Target) -> list[str]:
     alive = sum(w.alive for w in snap.workers)
     lines = [
         f"{t.shown}  namespace {t.namespace}  "
-        f"{time.strftime('%H:%M:%S', time.localtime(snap.now))}",
+        f"{time.strftime('%H:%M:%S', time.gmtime(snap.now))} UTC",
         "",
     ]
     if snap.workers:
@@ -107,8 +107,19 @@ def render(snap: Snapshot, t: Target) -> list[str]:
     if snap.queues:
         lines.append("QUEUES")
         lines += table(
-            ["QUEUE", "QUEUED", "DELAYED", "RUNNING", "PERSISTENT", "DEAD"],
-            [[q.name, q.queued, q.delayed, q.running, q.persistent, q.dead] for q in snap.queues],
+            ["QUEUE", "QUEUED", "DELAYED", "RUNNING", "PERSISTENT", "DEAD", "PAUSED"],
+            [
+                [
+                    q.name,
+                    q.queued,
+                    q.delayed,
+                    q.running,
+                    q.persistent,
+                    q.dead,
+                    "yes" if q.paused else "no",
+                ]
+                for q in snap.queues
+            ],
             right="QUEUED DELAYED RUNNING PERSISTENT DEAD",
         )
     else:

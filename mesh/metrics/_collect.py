@@ -251,8 +251,14 @@ class MeshCollector(Collector):
             "How long the longest-unowned persistent task of the queue has had no owner.",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "mesh_queue_paused",
+            "1 while the queue is paused (no new one-shot task of it starts), else 0.",
+            labels=["queue"],
+        )
         for q in c.queues:
             i = q.info
+            paused.add_metric([i.name], 1 if i.paused else 0)
             families["length"].add_metric([i.name], i.queued)
             families["delayed"].add_metric([i.name], i.delayed)
             families["dead_letters"].add_metric([i.name], i.dead)
@@ -274,3 +280,4 @@ class MeshCollector(Collector):
         yield vanished
         if c.memory is not None:
             yield from memory_metrics(c.memory, "mesh_redis")
+        yield paused
