@@ -1,43 +1,35 @@
 """The trio-native Redis connection: trio streams, hiredis, auto-pipelining, reconnect.
 
-How it moves bytes:
+:class:`Connection` is what the rest of mesh calls: :meth:`~Connection.execute`,
+:meth:`~Connection.pipeline`, :meth:`~Connection.wait_replicas`. Its parts, each in
+its own module beneath it:
 
-* :meth:`Connection.execute` packs its command (:func:`_pack`: RESP2, with
-  redis-py's ``Encoder`` for unusual argument types), appends a small waiter to
-  the *pending* list, wakes the writer if it sleeps, and parks its trio task
-  until the reply arrives.
-* One writer trio task takes everything pending and writes it with one
-  ``send_all``: commands from many concurrent trio tasks share a socket write
-  (auto-pipelining). Waiters move to the *in-flight* deque before the write.
-* One reader trio task feeds the bytes it receives to a ``hiredis.Reader`` and hands
-  each reply to the oldest in-flight waiter (Redis answers in order, so FIFO matching
-  is exact).
-* A waiter whose trio task was cancelled stays in its place and only swallows its
-  reply, so FIFO matching is never disturbed. If it was cancelled before its
-  command was written, the command is dropped instead.
+* :mod:`mesh._wire`: the reply loop. :meth:`Connection.execute` packs its command
+  (RESP2, with redis-py's ``Encoder`` for unusual argument types) and parks its
+  trio task; one writer trio task writes everything pending in one ``send_all``
+  (auto-pipelining), one reader trio task hands each reply to the oldest caller in
+  flight (Redis answers in order). A cancelled caller's command is dropped if not
+  yet written, else its reply is swallowed.
+* :mod:`mesh._redirect` (rules, no I/O) and :mod:`mesh._reroute` (their I/O):
+  error replies that mean "not executed here" (``MOVED``, ``ASK``, ``TRYAGAIN``,
+  ``CLUSTERDOWN``, ``READONLY``, ``LOADING``, ``MASTERDOWN``) are not the
+  caller's: the connection lets the replies owed on the old socket arrive,
+  re-routes (asks the topology again and reconnects) and sends those commands
+  again, in their order within a pipeline, for up to ``reroute_timeout`` seconds;
+  only then the last such error is raised. ``ASK`` (the command alone, once, after
+  ``ASKING``, to the node importing the slot) and ``TRYAGAIN`` (again after a short
+  backoff) leave the connection where it is, as the Redis Cluster specification
+  says; inside ``MULTI``/``EXEC``, ``ASK`` is retried like ``TRYAGAIN``.
+* :mod:`mesh._side`: the side connections to ``ASK`` targets.
+* :mod:`mesh._replicas`: ``WAIT`` for ``min_replicas``, here and on those nodes.
 
 When the socket breaks, every in-flight and pending command fails with
 :class:`~mesh.MeshConnectionError` (for commands that were written, it is unknown
 whether Redis ran them), and a background trio task reconnects with exponential
 backoff and jitter. Calls made meanwhile wait up to ``connect_timeout`` for the
-reconnect.
-
-Where to connect is decided by a :class:`~mesh._topology.Topology` on every connect
-and reconnect (the URL's node, the master Sentinel names, or the cluster master of
-the route key's slot), and the node must say ``ROLE`` master. Error replies that
-mean "not executed here" (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``,
-``READONLY``, ``LOADING``, ``MASTERDOWN``) are not the caller's: the connection lets
-the replies owed on the old socket arrive, re-routes (asks the topology again and
-reconnects) and sends those commands again, in their order within a pipeline, for up
-to ``reroute_timeout`` seconds; only then the last such error is raised. Two of them
-leave the connection where it is, as the Redis Cluster specification says:
-
-* ``ASK slot host:port`` (the key's slot is being migrated and the key is not on this
-  node any more): the command alone is sent once to that node, after ``ASKING``, on a
-  side connection kept for such redirections; the connection's own node does not
-  change. (Inside ``MULTI``/``EXEC`` it is retried like ``TRYAGAIN``.)
-* ``TRYAGAIN`` (a multi-key command during a migration, with its keys split between
-  the two nodes): sent again after a short backoff, on the same connection.
+reconnect. Where to connect is decided by a :class:`~mesh._topology.Topology` on
+every connect and reconnect (the URL's node, the master Sentinel names, or the
+cluster master of the route key's slot), and the node must say ``ROLE`` master.
 
 Replies are RESP2 and never decoded: bulk strings are ``bytes``, integers ``int``,
 nil ``None``, arrays ``list``. Error replies become :class:`~mesh.CommandError`.
@@ -47,81 +39,37 @@ from __future__ import annotations
 
 import collections
 import math
-import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import outcome
 import trio
 
-from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
+from ._errors import CommandError, ConfigError, MeshConnectionError, raise_single
+from ._redirect import NOT_HERE, reroute_pause
+from ._replicas import wait_replicas
+from ._reroute import Redirects, follow_master
 from ._shielded import ShieldedTasks
+from ._side import SideConnections
 from ._topology import Node, Topology
 from ._transport import ENCODER as _ENCODER
-from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
-from ._transport import RECEIVE_SIZE as _RECEIVE_SIZE
-from ._transport import TRANSPORT_ERRORS as _TRANSPORT_ERRORS
 from ._transport import (
     Arg,
     coerce_config,
     connect,
-    describe,
-    read_replies,
     reconnect,
     scrub,
 )
 from ._transport import make_reader as _make_reader
 from ._transport import pack as _pack
 from ._url import RedisConfig
-
-# Reads in a row that found data before the reader yields to trio anyway.
-_FAIR_READS = 16
+from ._wire import Waiter, Wire, fail_waiters
 
 __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]
 
 # Re-exported for the contract tests of the sans-IO parts (tests/test_redis_contract.py).
 _CONTRACT = (_ENCODER, _make_reader, _pack)
-
-# Error replies that mean "this node did not run the command": re-route and retry.
-NOT_HERE = frozenset(
-    {"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "LOADING", "MASTERDOWN"}
-)
-# Of those, the ones that leave the connection on its node (see the module docstring).
-_STAY = frozenset({"ASK", "TRYAGAIN"})
-
-
-def ask_target(error: CommandError, here: Node | None) -> Node | None:
-    """The node of an ``ASK <slot> <host>:<port>`` reply (an empty or ``?`` host:
-    the host of ``here``); None if the reply cannot be read."""
-    words = str(error).split()
-    if len(words) < 3 or words[0] != "ASK":
-        return None
-    host, _, port = words[2].rpartition(":")
-    host = host.strip("[]")
-    if host in ("", "?"):
-        if here is None:
-            return None
-        host = here[0]
-    try:
-        return host, int(port)
-    except ValueError:
-        return None
-
-
-class _Side:
-    """A connection to a node importing a slot, for ``ASK`` redirections: one
-    request at a time (they are rare: only during a slot migration). ``written``:
-    commands ran there since the last ``WAIT`` on it."""
-
-    __slots__ = ("lock", "reader", "stream", "written")
-
-    def __init__(self) -> None:
-        self.lock = trio.Lock()
-        self.stream: trio.abc.Stream | None = None
-        self.reader: Any = None
-        self.written = False
 
 
 @attrs.frozen
@@ -150,49 +98,13 @@ class ConnectionStatistics:
     retries: int = 0
 
 
-class _Waiter:
-    """One caller parked in :meth:`Connection.execute` or :meth:`Connection.pipeline`.
-
-    ``expected`` replies are collected (1 for ``execute``) and then handed to
-    ``task`` with ``trio.lowlevel.reschedule``. ``cancelled`` means nobody waits for
-    the replies any more: they are read and thrown away.
-    """
-
-    __slots__ = ("cancelled", "data", "expected", "replies", "task")
-
-    def __init__(self, data: list[bytes | memoryview], expected: int) -> None:
-        self.task = trio.lowlevel.current_task()
-        self.data = data
-        self.expected = expected
-        self.replies: list[Any] | None = [] if expected > 1 else None
-        self.cancelled = False
-
-    def abort(self, raise_cancel: object) -> trio.lowlevel.Abort:
-        # Cancellation (or KeyboardInterrupt) of the waiting trio task: the waiter
-        # keeps its place in the FIFO, only its replies will be discarded.
-        self.cancelled = True
-        return trio.lowlevel.Abort.SUCCEEDED
-
-
-def _fail_waiters(
-    waiters: collections.deque[_Waiter] | list[_Waiter], make: Callable[[], BaseException]
-) -> None:
-    for waiter in waiters:
-        if not waiter.cancelled:
-            waiter.cancelled = True
-            trio.lowlevel.reschedule(waiter.task, outcome.Error(make()))
-    waiters.clear()
-
-
-class Connection:
+class Connection(Wire):
     """One Redis connection shared by any number of trio tasks. Get one from
     :func:`open_connection`.
 
     Concurrent calls are pipelined automatically: what is queued while a write is in
-    progress goes out in the next single write.
+    progress goes out in the next single write (:mod:`mesh._wire` moves the bytes).
     """
-
-    config: RedisConfig
 
     def __init__(
         self,
@@ -208,51 +120,30 @@ class Connection:
         reroute_timeout: float | None = None,
         direct_writes: bool = False,
     ) -> None:
-        self.config = config
-        self._direct_writes = direct_writes
+        super().__init__(
+            config,
+            stream,
+            reader,
+            reconnect=reconnect,
+            reply_timeout=reply_timeout,
+            direct_writes=direct_writes,
+        )
         self.topology = topology if topology is not None else Topology(config)
         self._node: Node | None = node
+        self._name = name
         self._reroute_timeout = (
             config.connect_timeout if reroute_timeout is None else reroute_timeout
         )
-        self._rerouting = False
         self._reroute_reason = ""
         self._reroutes = 0
         self._last_reroute = -math.inf
         self._reroute_streak = 0
         self._generation = 0
-        self._serve_scope: trio.CancelScope | None = None
-        self._name = name
-        self._reconnect = reconnect
-        self._reply_timeout = reply_timeout
-        self._stream = stream
-        self._reader = reader
-        self._where = config.redacted()
-        self._pending: list[_Waiter] = []
-        self._in_flight: collections.deque[_Waiter] = collections.deque()
-        self._writer_task: trio.lowlevel.Task | None = None
-        # The socket's file descriptor while _serve runs on a plain socket
-        # stream (TCP or unix; -1: none, TLS, or not direct_writes): _submit
-        # writes to it directly when the writer is idle.
-        self._fd = -1
-        # What a direct write left unsent, for the writer to send first.
-        self._unsent: bytes | memoryview = b""
-        # A direct write was made since the reader last received data: the
-        # next calls go through the writer, which sends them all in one
-        # write (many callers in one trio tick still share writes).
-        self._wrote = False
-        self._connected = True
-        self._connected_event = trio.Event()
-        self._connected_event.set()
-        self._closed = False
-        self._last_error = ""
-        self._commands_sent = 0
-        self._writes = 0
         self._reconnects = 0
-        self._in_flight_commands = 0
-        self._sides: dict[Node, _Side] = {}
-        self._asks = 0
-        self._retries = 0
+        self._sides = SideConnections(self.topology, config, name, self._where)
+        self._redirects = Redirects(
+            self._send, self._request_reroute, self._sides, self._where, self._reroute_timeout
+        )
 
     # ---------------------------------------------------------------- public API
 
@@ -269,8 +160,8 @@ class Connection:
             reconnects=self._reconnects,
             in_flight=self._in_flight_commands,
             reroutes=self._reroutes,
-            asks=self._asks,
-            retries=self._retries,
+            asks=self._sides.asks,
+            retries=self._redirects.retries,
         )
 
     @property
@@ -306,12 +197,12 @@ class Connection:
             await self._wait_connected()
         # a cancelled caller raises here, before anything is queued or written
         await trio.lowlevel.checkpoint_if_cancelled()
-        waiter = _Waiter(data, 1)
+        waiter = Waiter(data, 1)
         self._submit(waiter)
         reply = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
         if type(reply) is CommandError:
             if reply.code in NOT_HERE:
-                reply = (await self._again([args], [reply]))[0]
+                reply = (await self._redirects.resend([args], [reply], self._node))[0]
                 if type(reply) is not CommandError:
                     return reply
             raise reply
@@ -353,14 +244,14 @@ class Connection:
         if not self._connected or self._closed:
             await self._wait_connected()
         await trio.lowlevel.checkpoint_if_cancelled()  # as in execute
-        waiter = _Waiter(data, len(commands))
+        waiter = Waiter(data, len(commands))
         self._submit(waiter)
         replies: list[Any] = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
         if len(commands) == 1:
             replies = [replies]
         for reply in replies:
             if type(reply) is CommandError and reply.code in NOT_HERE:
-                replies = await self._again(commands, replies)
+                replies = await self._redirects.resend(commands, replies, self._node)
                 break
         if raise_on_error:
             for i, reply in enumerate(replies):
@@ -371,7 +262,8 @@ class Connection:
 
     async def wait_replicas(self, count: int, seconds: float) -> None:
         """Wait until ``count`` replicas acknowledged every write sent on this
-        connection so far (``WAIT``); a no-op for ``count`` 0.
+        connection so far (``WAIT``, see :mod:`mesh._replicas`; also on the nodes
+        that ``ASK`` redirections sent writes to); a no-op for ``count`` 0.
 
         ``WAIT`` blocks this connection in Redis: commands pipelined behind it
         are answered after it (in the healthy case, a replica's ack takes well
@@ -384,30 +276,7 @@ class Connection:
 
         On cancellation the ``WAIT`` still runs in Redis; nothing else happens.
         """
-        if count <= 0:
-            await trio.lowlevel.checkpoint()
-            return
-        ms = max(1, int(seconds * 1000))
-        acked = await self.execute("WAIT", count, ms)
-        if acked < count:
-            raise MeshConnectionError(
-                f"only {acked} of {count} replicas of {self._where} acknowledged the "
-                f"writes within {seconds:g}s: they are on the master, and a failover "
-                "may lose them"
-            )
-        # Writes sent to a slot's importing node after ASK: WAIT there too.
-        for node, side in list(self._sides.items()):
-            if side.written:
-                (acked,) = await self._asking(node, [("WAIT", count, ms)], asking=False)
-                if isinstance(acked, CommandError):
-                    raise acked
-                if acked < count:
-                    raise MeshConnectionError(
-                        f"only {acked} of {count} replicas of {node[0]}:{node[1]} (where "
-                        f"an ASK redirection sent writes) acknowledged them within "
-                        f"{seconds:g}s: a failover may lose them"
-                    )
-                side.written = False
+        await wait_replicas(self.execute, self._sides, self._where, count, seconds)
 
     async def aclose(self) -> None:
         """Close the connection. Calls still waiting fail with :class:`ClosedError`,
@@ -421,206 +290,6 @@ class Connection:
 
     # ---------------------------------------------------------------- internals
 
-    def _submit(self, waiter: _Waiter) -> None:
-        """Queue ``waiter``'s commands for the writer (sync). When the writer
-        is idle on a plain socket and no direct write was made since the
-        reader last received data, write them now instead, without waking
-        the writer (a trio task switch and a send_all per round trip saved):
-        the socket is non-blocking, the write cannot be interrupted half way,
-        and what it could not take (a full send buffer) or an error is left
-        to the writer, which sends the rest first (or breaks the
-        connection). The waiter is in flight from then on, as after the
-        writer's send. Calls made right after a direct write wake the writer,
-        which sends them together: concurrent calls still share writes.
-
-        The caller is not cancelled (:meth:`execute` and :meth:`pipeline`
-        pass ``checkpoint_if_cancelled`` just before, with no checkpoint
-        since): a cancelled call must never be sent, and a direct write
-        cannot be taken back."""
-        writer = self._writer_task
-        if writer is None:
-            self._pending.append(waiter)  # the writer is busy: it takes it next
-            return
-        if (
-            self._wrote
-            or self._fd < 0
-            or self._rerouting
-            or self._pending
-            or self._unsent
-            or not self._connected
-        ):
-            self._pending.append(waiter)
-            self._writer_task = None
-            trio.lowlevel.reschedule(writer)
-            return
-        data = waiter.data
-        buf = data[0] if len(data) == 1 else b"".join(data)
-        self._in_flight.append(waiter)
-        self._commands_sent += waiter.expected
-        self._in_flight_commands += waiter.expected
-        self._writes += 1
-        self._wrote = True
-        try:
-            sent = os.write(self._fd, buf)
-        except OSError:
-            sent = 0  # a full buffer, or an error the writer meets again
-        if sent < len(buf):
-            self._unsent = memoryview(buf)[sent:] if sent else buf
-            self._writer_task = None
-            trio.lowlevel.reschedule(writer)
-
-    async def _send(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """Send ``commands`` back to back once; their replies, errors in place."""
-        data: list[bytes | memoryview] = []
-        for command in commands:
-            data.extend(_pack(command))
-        if not self._connected or self._closed:
-            await self._wait_connected()
-        await trio.lowlevel.checkpoint_if_cancelled()  # as in execute
-        waiter = _Waiter(data, len(commands))
-        self._submit(waiter)
-        replies = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
-        return [replies] if len(commands) == 1 else list(replies)
-
-    async def _again(self, commands: Sequence[Sequence[Arg]], replies: list[Any]) -> list[Any]:
-        """Some of ``replies`` say "not executed here": send those commands again (all
-        of them if the pipeline holds a ``MULTI``), in order, until every reply is a
-        real one or ``reroute_timeout`` has passed since the first. ``ASK``: once to
-        the named node, after ``ASKING``; ``TRYAGAIN``: after a short backoff, here;
-        the others: after re-routing (the topology is asked where the master is).
-
-        Returns:
-            ``replies`` with the retried ones replaced; after the budget, the last
-            "not executed here" errors stay in place (as plain CommandErrors).
-
-        Raises:
-            MeshConnectionError: the connection broke, or the budget ran out while a
-                retried command was in flight (it may or may not have run).
-            ClosedError: the connection was closed.
-        """
-        replies = list(replies)
-        deadline = trio.current_time() + self._reroute_timeout
-        transaction = any(c and c[0] in ("MULTI", b"MULTI", "multi", b"multi") for c in commands)
-        backoff = 0.005
-        while True:
-            todo = [
-                i for i, r in enumerate(replies) if type(r) is CommandError and r.code in NOT_HERE
-            ]
-            if not todo:
-                return replies
-            if transaction:
-                todo = list(range(len(commands)))
-            first = replies[todo[0]] if type(replies[todo[0]]) is CommandError else None
-            if trio.current_time() >= deadline:
-                for i in todo:
-                    r = replies[i]
-                    if type(r) is CommandError:
-                        r.add_note(
-                            f"(not executed here; still so after re-routing for "
-                            f"reroute_timeout={self._reroute_timeout:g}s)"
-                        )
-                return replies
-            codes = {r.code for r in replies if type(r) is CommandError and r.code in NOT_HERE}
-            with trio.move_on_after(max(0.0, deadline - trio.current_time())) as budget:
-                asks = [] if transaction else [i for i in todo if replies[i].code == "ASK"]
-                if asks:
-                    # The keys' slot is migrating: each command once to its node.
-                    by_node: dict[Node, list[int]] = {}
-                    for i in asks:
-                        node = ask_target(replies[i], self._node)
-                        if node is None:
-                            raise replies[i]
-                        by_node.setdefault(node, []).append(i)
-                    for node, indices in by_node.items():
-                        again = await self._asking(node, [commands[i] for i in indices])
-                        for i, r in zip(indices, again, strict=True):
-                            replies[i] = r
-                    # A TRYAGAIN from there means: start over here, a little later.
-                    continue
-                if codes <= _STAY:
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, 0.2)
-                    self._retries += len(todo)
-                else:
-                    self._request_reroute(str(first) if first is not None else "retry")
-                again = await self._send([commands[i] for i in todo])
-            if budget.cancelled_caught:
-                raise MeshConnectionError(
-                    f"{self._where}: a command answered {first} was re-sent after "
-                    f"re-routing, and no reply came within reroute_timeout="
-                    f"{self._reroute_timeout:g}s (it may or may not have run)"
-                )
-            for i, r in zip(todo, again, strict=True):
-                replies[i] = r
-
-    async def _asking(
-        self, node: Node, commands: Sequence[Sequence[Arg]], *, asking: bool = True
-    ) -> list[Any]:
-        """Send ``commands`` to ``node`` on its side connection (opened on first use),
-        each after ``ASKING`` unless ``asking`` is false, and return their replies
-        (error replies in place), all within ``connect_timeout``.
-
-        Raises:
-            MeshConnectionError: the node could not be reached or did not answer
-                in time (then it is unknown whether the commands ran); the side
-                connection is closed and opened again on the next use.
-            ClosedError: the connection was closed.
-
-        On cancellation the side connection is closed (its replies would be
-        out of step); Redis may still run what was written.
-        """
-        if self._closed:
-            raise ClosedError(f"the connection to {self._where} is closed")
-        side = self._sides.get(node)
-        if side is None:
-            side = self._sides[node] = _Side()
-        data: list[bytes | memoryview] = []
-        for command in commands:
-            if asking:
-                data.extend(_pack(("ASKING",)))
-            data.extend(_pack(command))
-        per = 2 if asking else 1
-        where = f"{node[0]}:{node[1]}"
-        async with side.lock:
-            try:
-                with trio.fail_after(self.config.connect_timeout):
-                    if side.stream is None:
-                        config = self.topology.node_config(node)
-                        side.stream, side.reader, _ = await connect(config, name=self._name)
-                    if self._closed:
-                        raise ClosedError(f"the connection to {self._where} is closed")
-                    if asking:
-                        side.written = True
-                        self._asks += len(commands)
-                    await side.stream.send_all(b"".join(data))
-                    replies = await read_replies(side.stream, side.reader, per * len(commands))
-            except BaseException as exc:
-                stream, side.stream = side.stream, None
-                if stream is not None:
-                    await trio.aclose_forcefully(stream)
-                if isinstance(exc, trio.TooSlowError):
-                    raise MeshConnectionError(
-                        f"{where} (the target of an ASK redirection) did not answer within "
-                        f"connect_timeout={self.config.connect_timeout:g}s (the command may "
-                        "or may not have run)"
-                    ) from None
-                if isinstance(exc, (*_TRANSPORT_ERRORS, trio.ClosedResourceError)):
-                    raise MeshConnectionError(
-                        scrub(
-                            f"lost {where} (the target of an ASK redirection; the command "
-                            f"may or may not have run): {describe(exc)}",
-                            self.config,
-                        )
-                    ) from exc
-                raise
-        return replies[per - 1 :: per]
-
-    async def _close_sides(self) -> None:
-        sides, self._sides = self._sides, {}
-        for side in sides.values():
-            if side.stream is not None:
-                await trio.aclose_forcefully(side.stream)
-
     def _request_reroute(self, reason: str) -> None:
         """Stop writing to this node; once every owed reply has arrived, close the
         socket and let :meth:`_run` ask the topology where the master is now."""
@@ -632,90 +301,25 @@ class Connection:
         if not self._in_flight and self._serve_scope is not None:
             self._serve_scope.cancel()
 
-    def _close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._connected = False
-        self._connected_event.set()  # wake callers waiting for a reconnect
-        closed = lambda: ClosedError(f"the connection to {self._where} was closed")  # noqa: E731
-        _fail_waiters(self._in_flight, closed)
-        _fail_waiters(self._pending, closed)
-        self._in_flight_commands = 0
-        writer = self._writer_task
-        if writer is not None:
-            # The writer wakes, sees nothing to do and parks again until cancelled.
-            self._writer_task = None
-            trio.lowlevel.reschedule(writer)
-
-    async def _wait_connected(self) -> None:
-        """Wait (up to connect_timeout) for a reconnect in progress."""
-        if self._closed:
-            raise ClosedError(f"the connection to {self._where} is closed")
-        if self._reconnect:
-            with trio.move_on_after(self.config.connect_timeout):
-                await self._connected_event.wait()
-        if self._closed:
-            raise ClosedError(f"the connection to {self._where} is closed")
-        if not self._connected:
-            if self._reconnect:
-                raise MeshConnectionError(
-                    f"not connected to {self._where}: no reconnect within "
-                    f"connect_timeout={self.config.connect_timeout:g}s "
-                    f"(last error: {self._last_error})"
-                )
-            raise MeshConnectionError(
-                f"the connection to {self._where} is broken (reconnect=False; "
-                f"error: {self._last_error})"
-            )
-
-    def _broken(self, exc: BaseException | None, reason: str) -> None:
-        """The socket of this generation is unusable: fail everything outstanding."""
-        if not self._connected:
-            return
-        self._connected = False
-        self._connected_event = trio.Event()
-        detail = scrub(reason if exc is None else f"{reason}: {describe(exc)}", self.config)
-        self._last_error = detail
-        in_flight_msg = (
-            f"connection to {self._where} lost while the command was in flight "
-            f"(it may or may not have run): {detail}"
-        )
-        pending_msg = f"connection to {self._where} lost before the command was sent: {detail}"
-
-        def in_flight_error() -> MeshConnectionError:
-            err = MeshConnectionError(in_flight_msg)
-            err.__cause__ = exc
-            return err
-
-        def pending_error() -> MeshConnectionError:
-            err = MeshConnectionError(pending_msg)
-            err.__cause__ = exc
-            return err
-
-        _fail_waiters(self._in_flight, in_flight_error)
-        _fail_waiters(self._pending, pending_error)
-        self._in_flight_commands = 0
-
     async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The connection's supervisor trio task: serve, and reconnect when broken."""
         task_status.started()
         while True:
-            await self._serve(self._stream, self._reader)
+            await self._serve(self._stream, self._reader, self._follow_master)
             if self._rerouting and self._connected and not self._closed:
                 if self._reconnect:
                     # Commands not yet written wait for the new socket (bounded below).
                     self._connected = False
                     self._connected_event = trio.Event()
                     self._last_error = f"re-routing: {self._reroute_reason}"
-                    _fail_waiters(self._in_flight, self._lost_error)
+                    fail_waiters(self._in_flight, self._lost_error)
                     self._in_flight_commands = 0
                     now = trio.current_time()
-                    self._reroute_streak = (
-                        0 if now - self._last_reroute > 2.0 else (self._reroute_streak + 1)
+                    self._reroute_streak, pause = reroute_pause(
+                        self._reroute_streak, self._last_reroute, now
                     )
                     self._last_reroute = now
-                    await trio.sleep(min(0.01 * 2**self._reroute_streak, 0.5))
+                    await trio.sleep(pause)
                 else:
                     self._broken(None, f"re-routing needed ({self._reroute_reason})")
             if self._closed or not self._reconnect:
@@ -725,10 +329,10 @@ class Connection:
                 stream, reader, node = await self._reconnect_with_backoff()
             if waited.cancelled_caught:
                 # Unsent commands kept through a re-route must not wait forever.
-                _fail_waiters(self._pending, self._not_back_error)
+                fail_waiters(self._pending, self._not_back_error)
                 stream, reader, node = await self._reconnect_with_backoff()
             self._stream, self._reader, self._node = stream, reader, node
-            await self._close_sides()  # a migration's side connections are done with
+            await self._sides.aclose()  # a migration's side connections are done with
             self._in_flight = collections.deque()
             self._pending = [w for w in self._pending if not w.cancelled]
             self._rerouting = False
@@ -736,6 +340,16 @@ class Connection:
             self._connected = True
             self._reconnects += 1
             self._connected_event.set()
+
+    def _close(self) -> None:
+        self._sides.closed = True
+        super()._close()
+
+    async def _follow_master(self) -> None:
+        """Re-route when the master changed (:func:`~mesh._reroute.follow_master`)."""
+        await follow_master(
+            self.topology, self.config, self._node, self._reroute_timeout, self._request_reroute
+        )
 
     def _lost_error(self) -> MeshConnectionError:
         return MeshConnectionError(
@@ -758,215 +372,6 @@ class Connection:
             self._last_error = message
 
         return await reconnect(attempt, failed, self.topology.reached)
-
-    async def _serve(self, stream: trio.abc.Stream, reader: Any) -> None:
-        """Run the reader and the writer on one stream until it breaks."""
-        try:
-            async with trio.open_nursery() as nursery:
-                self._serve_scope = nursery.cancel_scope
-                self._fd = _plain_fd(stream) if self._direct_writes else -1
-                self._unsent = b""
-                if self._rerouting and not self._in_flight:
-                    nursery.cancel_scope.cancel()
-                nursery.start_soon(self._read_loop, stream, reader, nursery.cancel_scope)
-                nursery.start_soon(self._write_loop, stream, nursery.cancel_scope)
-                nursery.start_soon(self._follow_master)
-        finally:
-            self._serve_scope = None
-            self._fd = -1
-            self._unsent = b""
-            await trio.aclose_forcefully(stream)
-
-    async def _follow_master(self) -> None:
-        """Re-route when the pub/sub connection sharing our topology found a new
-        master or, on Sentinel, when the sentinels name another master (the old
-        one may stay reachable, and take writes, for seconds), polled, or as
-        soon as the sentinels announce a failover of our node on pub/sub
-        (:mod:`mesh._failover`): the re-route holds the writes, and the
-        reconnect waits for the chosen replica's promotion."""
-        node = self._node
-        if node is None or self.config.path is not None:
-            await trio.sleep_forever()
-        assert node is not None
-        if self.config.topology == "sentinel":
-            interval = min(1.0, max(0.05, self._reroute_timeout / 4))
-            async with trio.open_nursery() as nursery:
-
-                async def watch() -> None:
-                    named = await self.topology.watch_sentinels(node, interval)
-                    self._request_reroute(f"Sentinel names {named[0]}:{named[1]} as master now")
-                    nursery.cancel_scope.cancel()
-
-                async def moved() -> None:
-                    await self.topology.wait_moved(node)
-                    self._request_reroute(f"the master moved to {self.topology.master}")
-                    nursery.cancel_scope.cancel()
-
-                async def announced() -> None:
-                    failover = self.topology.failover
-                    if failover is None:
-                        await trio.sleep_forever()
-                    assert failover is not None
-                    while not failover.leaving(node, trio.current_time()):
-                        await failover.wait_changed()
-                    # Hold the writes now: the old master takes them until it
-                    # is demoted, seconds after the replica was promoted.
-                    self._request_reroute(f"Sentinel is failing over {node[0]}:{node[1]}")
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(watch)
-                nursery.start_soon(moved)
-                nursery.start_soon(announced)
-            await trio.sleep_forever()  # the re-route cancels us
-        await self.topology.wait_moved(node)
-        self._request_reroute(f"the master moved to {self.topology.master}")
-
-    async def _write_loop(self, stream: trio.abc.Stream, scope: trio.CancelScope) -> None:
-        in_flight = self._in_flight
-        try:
-            while True:
-                self._wrote = False
-                if self._unsent:
-                    # the rest of a direct write (see _submit): before anything else
-                    await stream.send_all(self._unsent)
-                    self._unsent = b""
-                    continue
-                batch = self._pending
-                if not batch or self._rerouting:
-                    self._writer_task = trio.lowlevel.current_task()
-                    await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
-                    continue
-                self._pending = []
-                chunks: list[bytes | memoryview] = []
-                count = 0
-                for waiter in batch:
-                    if waiter.cancelled:
-                        continue  # cancelled before it was written: drop it
-                    in_flight.append(waiter)
-                    chunks.extend(waiter.data)
-                    count += waiter.expected
-                if not count:
-                    continue
-                self._commands_sent += count
-                self._in_flight_commands += count
-                self._writes += 1
-                await stream.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-        except _TRANSPORT_ERRORS as exc:
-            self._broken(exc, "write failed")
-            scope.cancel()
-
-    def _abort_writer_wait(self, raise_cancel: object) -> trio.lowlevel.Abort:
-        self._writer_task = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def _read_loop(
-        self, stream: trio.abc.Stream, reader: Any, scope: trio.CancelScope
-    ) -> None:
-        in_flight = self._in_flight
-        reschedule = trio.lowlevel.reschedule
-        not_enough = _NOT_ENOUGH_DATA
-        timeout = self._reply_timeout or math.inf
-        current_time = trio.current_time
-        # One cancel scope per reply_timeout period, not per receive: its
-        # deadline is when the last data arrived (or the wait began) plus
-        # reply_timeout; when it passes, the loop looks at what really came.
-        last = current_time()
-        timed = timeout < math.inf  # else ``last`` is never looked at again
-        # On a plain socket, read it directly: a read that finds data does
-        # not yield to trio (trio's receive_some does, after each), one that
-        # finds none waits until it is readable. Every _FAIR_READS reads in a
-        # row without waiting, it yields anyway, so a flood of replies does
-        # not starve the other trio tasks.
-        # When the data read so far answered every call in flight, the next
-        # read would find nothing (the callers have not even run yet): wait
-        # until the socket is readable first, rather than fail a read.
-        fd = _plain_fd(stream)
-        read = os.read
-        streak = 0
-        wait_first = False
-        try:
-            while True:
-                with trio.CancelScope(deadline=last + timeout) as waited:
-                    while True:
-                        if fd < 0:
-                            data = await stream.receive_some(_RECEIVE_SIZE)
-                        else:
-                            if wait_first:
-                                wait_first = False
-                                streak = 0
-                                await trio.lowlevel.wait_readable(fd)
-                            try:
-                                data = read(fd, _RECEIVE_SIZE)
-                            except BlockingIOError:
-                                wait_first = True  # nothing came yet
-                                continue
-                            self._wrote = False
-                            streak += 1
-                            if streak >= _FAIR_READS:
-                                streak = 0
-                                await trio.lowlevel.checkpoint()
-                        if timed:
-                            last = current_time()
-                        if not data:
-                            self._broken(None, "Redis closed the connection")
-                            scope.cancel()
-                            return
-                        reader.feed(data)
-                        while True:
-                            reply = reader.gets()
-                            if reply is not_enough:
-                                break
-                            if not in_flight:
-                                self._broken(
-                                    None, f"protocol error: unexpected reply {reply!r:.100}"
-                                )
-                                scope.cancel()
-                                return
-                            waiter = in_flight[0]
-                            replies = waiter.replies
-                            if replies is None:
-                                in_flight.popleft()
-                                self._in_flight_commands -= 1
-                                if not waiter.cancelled:
-                                    waiter.cancelled = True  # nobody may resolve it twice
-                                    reschedule(waiter.task, outcome.Value(reply))
-                            else:
-                                replies.append(reply)
-                                self._in_flight_commands -= 1
-                                if len(replies) == waiter.expected:
-                                    in_flight.popleft()
-                                    if not waiter.cancelled:
-                                        waiter.cancelled = True
-                                        reschedule(waiter.task, outcome.Value(replies))
-                        if not in_flight:
-                            if self._rerouting:
-                                scope.cancel()  # every owed reply arrived: re-route now
-                                return
-                            wait_first = True
-                if waited.cancelled_caught:
-                    now = current_time()
-                    if not in_flight:
-                        last = now  # idle: nothing is owed
-                        continue
-                    if now - last < timeout:
-                        continue  # data came meanwhile: wait from then
-                    # Replies are owed and nothing came: a half-open socket
-                    # (the peer host vanished, a NAT forgot the flow). Break it
-                    # so the connection reconnects instead of waiting for TCP.
-                    self._broken(None, f"no reply within reply_timeout={self._reply_timeout:g}s")
-                    scope.cancel()
-                    return
-        except _TRANSPORT_ERRORS as exc:
-            self._broken(exc, "read failed")
-            scope.cancel()
-
-
-def _plain_fd(stream: trio.abc.Stream) -> int:
-    """The file descriptor of a plain socket stream (TCP or unix), which the
-    connection reads and writes directly; -1 for any other stream (TLS)."""
-    if type(stream) is trio.SocketStream:
-        return stream.socket.fileno()
-    return -1
 
 
 @asynccontextmanager
@@ -1068,4 +473,4 @@ async def open_connection(
     finally:
         conn._close()
         await trio.aclose_forcefully(conn._stream)
-        await conn._close_sides()
+        await conn._sides.aclose()
