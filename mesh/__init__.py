@@ -9,6 +9,9 @@ The public API is what this module exports; everything in ``mesh._*`` is
 private.
 """
 
+from ._browse import Job as Job
+from ._browse import JobPage as JobPage
+from ._browse import MinuteCounts as MinuteCounts
 from ._client import Client as Client
 from ._client import open_client as open_client
 from ._errors import ClosedError as ClosedError

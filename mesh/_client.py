@@ -18,7 +18,9 @@ import attrs
 import outcome
 import trio
 
+from . import _browse
 from ._balance import check_weight, fair_share
+from ._browse import Job, JobPage, MinuteCounts
 from ._connection import Connection, open_connection
 from ._epoch import adopt_value
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
@@ -37,6 +39,7 @@ from ._scripts import (
 )
 from ._topology import Topology
 from ._transport import check_min_replicas, coerce_config
+from ._trio import require_trio
 from ._types import (
     DeadLetter,
     DelayedTask,
@@ -46,6 +49,7 @@ from ._types import (
     ReconcileResult,
     WorkerInfo,
 )
+from ._units import MAX_UNIX_TIME, seconds_ms
 from ._url import RedisConfig
 from ._validate import seconds, whole
 
@@ -120,9 +124,11 @@ class Client:
         to become ready at that time of the Redis clock.
 
         Args:
-            delay: seconds from now (Redis clock), >= 0.
+            delay: seconds from now (Redis clock), from 0 to ten years
+                (``mesh._units.MAX_SECONDS``, 315,360,000).
             at: a timezone-aware :class:`datetime.datetime`, or a Unix time
-                in seconds; a time in the past is due at once. Not both.
+                in seconds, up to 9999-12-31T23:59:59Z; a time in the past is
+                due at once. Not both.
             priority: 0 (the default) to 9. Workers claim the highest
                 priority first, FIFO within one. A task keeps its priority
                 when it is handed back, recycled or retried (it goes back to
@@ -138,8 +144,9 @@ class Client:
         Raises:
             TypeError, ValueError, ConfigError: a bad payload, queue name,
                 ``delay`` or ``at`` (a naive datetime, both given, a negative
-                delay), or a ``priority`` that is not a whole number from 0 to
-                9; nothing was sent.
+                delay or one over ten years, a time after the year 9999), or
+                a ``priority`` that is not a whole number from 0 to 9;
+                nothing was sent.
             ConflictError: the payload is a persistent task of ``queue``.
             MeshConnectionError: Redis could not be reached; or, with
                 ``min_replicas``, fewer replicas acknowledged the write within
@@ -224,7 +231,8 @@ class Client:
         Returns:
             The policy stored now.
         Raises:
-            ConfigError: a value out of range (nothing was written).
+            ConfigError: a value out of range (nothing was written): every
+                duration is a number of seconds from 0 to ten years.
         """
         conn = self._check()
         check_queue(queue)
@@ -386,7 +394,7 @@ class Client:
         it again replaces its period and restarts its ticks.
 
         Args:
-            every: a tick every this many seconds (at least 0.05), the first
+            every: a tick every this many seconds (0.05 to ten years), the first
                 one period from now (Redis clock).
             cron: a cron expression, evaluated in UTC (needs the ``cronsim``
                 package: ``pip install 'trio-mesh[cron]'``).
@@ -492,9 +500,11 @@ class Client:
         Raises:
             TypeError, ValueError, ConfigError: a bad payload, queue name or
                 weight (nothing was sent).
-            ConflictError: the payload is queued or waiting for a retry as a
-                one-shot task of ``queue`` (as :meth:`enqueue` refuses a
-                persistent one). Costs a read of the queue: O(its length).
+            ConflictError: the payload is queued, delayed (or waiting for a
+                retry) or running as a one-shot task of ``queue`` (as
+                :meth:`enqueue` refuses a persistent one). Costs a read of
+                the queue and of its running processes' records: O(their
+                number).
             MeshConnectionError: as for :meth:`enqueue` (``min_replicas``
                 included); ensuring again is safe.
         """
@@ -687,12 +697,113 @@ class Client:
                 ("SCARD", k.standby(q)),
                 ("LLEN", k.dead(q)),
                 ("ZCARD", k.prio(q)),
+                ("EXISTS", k.paused(q)),
             ]
         r = [int(x) for x in await _transaction(self._check(), cmds)]
         out = []
         for i, q in enumerate(names):
-            queued, delayed, running, p_running, p_standby, dead, prio = r[7 * i : 7 * i + 7]
-            out.append(QueueInfo(q, queued + prio, delayed, running, p_running + p_standby, dead))
+            queued, delayed, running, p_run, p_standby, dead, prio, paused = r[8 * i : 8 * i + 8]
+            out.append(
+                QueueInfo(q, queued + prio, delayed, running, p_run + p_standby, dead, paused == 1)
+            )
+        return out
+
+    # --- browsing jobs, pausing ------------------------------------------
+
+    async def jobs(
+        self,
+        queue: str,
+        state: str = "queued",
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        prefix: bytes | str | None = None,
+    ) -> JobPage:
+        """One page of the jobs of ``queue`` in ``state``: ``"queued"`` (in
+        claim order), ``"delayed"`` (first due first), ``"running"`` (by
+        token) or ``"dead"`` (oldest first). Pass a page's ``next`` as
+        ``after`` for the following page (None after the last). With
+        ``prefix``, only payloads that start with it (a page then looks at
+        up to 20,000 entries, and may come back short with a ``next``).
+
+        Read with pipelined reads (no transaction): a job that moves while it
+        is read may show in either state; positions shift as tasks are
+        claimed (see :mod:`mesh._browse`).
+
+        Raises:
+            ConfigError: a bad queue name, state, limit (1..1000) or cursor.
+            MeshConnectionError: Redis could not be reached.
+            ProtocolError: a record in Redis is malformed.
+        """
+        p = None if prefix is None else self._payloads([prefix])[0]
+        return await _browse.jobs(
+            self._check(), self._keys, queue, state, limit=limit, after=after, prefix=p
+        )
+
+    async def job(self, queue: str, task: bytes | str) -> Job | None:
+        """The record of ``task`` on ``queue``: running, else queued, else
+        delayed, else its latest dead letter; None if it is in none of them
+        (finished, cancelled, never enqueued).
+
+        Raises:
+            ConfigError, TypeError, ValueError: a bad queue name or payload.
+            MeshConnectionError: Redis could not be reached.
+        """
+        (payload,) = self._payloads([task])
+        return await _browse.job(self._check(), self._keys, queue, payload)
+
+    async def pause(self, queue: str) -> bool:
+        """Pause ``queue`` for every worker of the namespace: from now on no
+        worker starts a one-shot task of it. Running processes finish;
+        enqueues are taken and wait; delayed tasks that come due move to the
+        queue and wait there. Persistent tasks are not affected: they keep
+        their owners and are handed over and claimed as usual (a pause must
+        not take them down). A worker of a protocol before 8 ignores it.
+
+        Returns:
+            True if the queue was not paused before.
+        Raises:
+            ConfigError: a bad queue name.
+            MeshConnectionError: Redis could not be reached.
+        """
+        check_queue(queue)
+        return await self._binding.pause(self._check(), queue, "pause")
+
+    async def resume(self, queue: str) -> bool:
+        """End a pause of ``queue``: its idle workers are woken for the tasks
+        queued at once (as an enqueue wakes them).
+
+        Returns:
+            True if the queue was paused.
+        Raises:
+            ConfigError: a bad queue name.
+            MeshConnectionError: Redis could not be reached.
+        """
+        check_queue(queue)
+        return await self._binding.pause(self._check(), queue, "resume")
+
+    async def paused(self) -> dict[str, float]:
+        """The paused queues among the known ones, each with since when (Redis
+        clock, seconds)."""
+        names = await self.queues()
+        if not names:
+            return {}
+        got = await self._check().pipeline([("GET", self._keys.paused(q)) for q in names])
+        return {q: int(v) / 1000 for q, v in zip(names, got, strict=True) if v is not None}
+
+    async def minute_counts(
+        self, queues: Iterable[str] | None = None, *, minutes: int = 60
+    ) -> list[MinuteCounts]:
+        """Processes finished and failed per minute over the last ``minutes``
+        (1..1440; 120 are kept), per queue (default: every known queue), as
+        workers report them every few seconds (the dashboard's charts).
+
+        Raises:
+            ConfigError: a bad queue name or ``minutes``.
+            MeshConnectionError: Redis could not be reached.
+        """
+        names = list(queues) if queues is not None else await self.queues()
+        _, out = await _browse.minute_counts(self._check(), self._keys, names, minutes)
         return out
 
     async def time(self) -> float:
@@ -947,8 +1058,8 @@ def _due(
     None for neither.
 
     Raises:
-        ConfigError: both given, a naive datetime, a negative or non-finite
-            number.
+        ConfigError: both given, a naive datetime, a number out of range
+            (see :func:`mesh._units.seconds_ms`).
         TypeError: not a number or datetime.
     """
     if delay is None and at is None:
@@ -956,21 +1067,19 @@ def _due(
     if delay is not None and at is not None:
         raise ConfigError("give delay or at, not both")
     if delay is not None:
-        return round(seconds("delay", delay, wrong_type=TypeError) * 1000), None
+        return seconds_ms("delay", delay), None
     if isinstance(at, datetime.datetime):
         if at.tzinfo is None or at.tzinfo.utcoffset(at) is None:
             raise ConfigError(
                 f"at={at.isoformat()} is a naive datetime: give it a timezone "
                 "(e.g. datetime.now(timezone.utc)), or pass a Unix time"
             )
-        t = at.timestamp()
+        t: object = at.timestamp()
     elif isinstance(at, int | float) and not isinstance(at, bool):
-        t = float(at)
+        t = at
     else:
         raise TypeError(f"at must be a datetime or a Unix time, not {type(at).__name__}")
-    if not math.isfinite(t) or t < 0:
-        raise ConfigError(f"at must be a finite Unix time >= 0, got {at!r}")
-    return 0, round(t * 1000)
+    return 0, seconds_ms("at", t, maximum=MAX_UNIX_TIME)
 
 
 def _load_info(raw: bytes | None) -> dict[str, Any]:
@@ -1018,12 +1127,14 @@ async def open_client(
             URL's ``min_replicas`` query parameter, else 0.
 
     Raises:
-        ConfigError: a bad URL, namespace or ``min_replicas`` (before connecting).
+        ConfigError: a bad URL, namespace or ``min_replicas`` (before
+            connecting); called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached (fails fast).
 
     The connection is closed when the block is left; a cancelled block leaves
     nothing behind.
     """
+    require_trio("mesh.open_client")
     keys = Keys(namespace)
     config = coerce_config(url)
     replicas = check_min_replicas(config, min_replicas)

@@ -13,7 +13,9 @@ The sentinels announce each step on their pub/sub channels, on every sentinel (t
 one that runs the failover announces its steps; the others learn the outcome):
 
 * ``+odown`` and ``+try-failover``: the master is failing over (writes are held);
-* ``+selected-slave`` and ``+promoted-slave``: the replica that becomes master;
+* ``+selected-slave``: the replica chosen; ``+promoted-slave``: it was promoted
+  and the failover will end with a switch to it (before that, an abort can turn
+  it back into a replica, and every write it took would be lost);
 * ``+switch-master``: done, with the old and the new address;
 * ``-failover-abort-*``, ``-odown`` (before a replica was chosen): nothing moves.
 
@@ -21,8 +23,8 @@ one that runs the failover announces its steps; the others learn the outcome):
 :meth:`FailoverWatch.feed` (no I/O: a unit test drives it with messages and a
 clock), and :meth:`FailoverWatch.run` subscribes on every sentinel to feed it. The
 topology reads it: while a failover is in progress (for at most ``hold`` seconds
-from its start), no connection is made to the old master; the replica chosen is
-tried as soon as it says ``ROLE`` master; after the switch, a sentinel still naming
+from its start), no connection is made to the old master; the replica is
+used as soon as the sentinels announce its promotion; after the switch, a sentinel still naming
 the old master is not believed. The command connection re-routes (holds its
 writes, lets the owed replies arrive, reconnects) as soon as a failover of its
 node is announced.
@@ -79,6 +81,10 @@ class _State:
     started: float | None = None  # when the current failover began; None: none
     old: Node | None = None  # the master being failed over
     candidate: Node | None = None  # the replica chosen to become master
+    # The replica Sentinel saw promoted: from here the failover does not go
+    # back (an abort before it can leave a replica promoted and then turned
+    # back into a replica, with every write it took lost).
+    promoted: Node | None = None
 
 
 class FailoverWatch:
@@ -131,6 +137,8 @@ class FailoverWatch:
                 s.started = now
             s.old = _node(words[6], words[7])
             s.candidate = node
+            if channel == "+promoted-slave":
+                s.promoted = node
         else:
             # master <name> <ip> <port> ...
             if len(words) < 4 or words[0] != "master" or words[1] != self.service:
@@ -169,6 +177,13 @@ class FailoverWatch:
     def candidate(self) -> Node | None:
         """The replica chosen to become master, once announced."""
         return self._state.candidate
+
+    @property
+    def promoted(self) -> Node | None:
+        """The replica Sentinel saw promoted (``+promoted-slave``), once
+        announced: the point after which the failover ends with a switch to
+        it, even if the rest times out."""
+        return self._state.promoted
 
     def leaving(self, node: Node, now: float) -> bool:
         """Whether ``node`` is being failed over or was switched away from

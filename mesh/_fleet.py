@@ -1,4 +1,5 @@
-"""Fleets: many workers in one OS process that share what can be shared.
+"""Fleets: many workers in one OS process that share what can be shared
+(a host of many, :mod:`mesh._host`).
 
 A worker from :func:`~mesh.open_worker` has its own connection, its own
 pub/sub connection, its own reaper, its own heartbeat script call every H and
@@ -16,7 +17,8 @@ objects with the same lease, runners, fencing and hand-back, but share:
 * **one heartbeat call for many leases**: each worker's heartbeat loop runs
   as usual, but its renewal is queued and sent with those of the fleet's
   other workers that come due within a short window (``batch_window``,
-  H/20 capped at 50 ms), up to 100 per ``heartbeat.lua`` call. The script
+  H/20 capped at 50 ms), up to 100 per ``heartbeat.lua`` call
+  (:class:`mesh._renewals.Renewals`). The script
   fences each worker on its own: a worker whose lease is gone gets its own
   :class:`FencedError`, and the others of the call are renewed. A worker's
   self-fence deadline still counts from when *its* loop asked for the
@@ -33,8 +35,11 @@ objects with the same lease, runners, fencing and hand-back, but share:
   H for the queues of all its workers);
 * **paced joins**: workers that join together (a fleet process starting,
   or its workers rejoining after fencing themselves when the connection
-  came back) register in turns spread over ``join_window`` (:class:`Joins`),
+  came back) register in turns spread over ``join_window`` (:class:`~mesh._renewals.Joins`),
   not all in the same instant.
+
+:func:`~mesh.open_worker` is the same host with one member; the workers of
+both are built by the same code (:func:`mesh._worker.join`).
 
 Every worker of a fleet has the fleet's lease timing (one TTL per call). The
 recycle counters (``peers_recycled`` and so on) are the fleet's
@@ -44,284 +49,60 @@ recycle counters (``peers_recycled`` and so on) are the fleet's
 from __future__ import annotations
 
 import logging
-import math
-import os
-import secrets
-import socket
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import outcome
-import trio
-
 from ._client import DEFAULT_MAX_PAYLOAD, Client
-from ._connection import Connection, open_connection
-from ._errors import (
-    ClosedError,
-    CommandError,
-    ConfigError,
-    FencedError,
-    MeshConnectionError,
-    raise_single,
-)
+from ._errors import ClosedError, ConfigError
+from ._host import Host, default_name, open_host
 from ._keys import Keys
-from ._lease import Generation, Lease, LeaseTiming
-from ._memory import MemoryWatch, watch_memory
-from ._policy import PolicyWatch, QueuePolicy
-from ._pubsub import PubSub, open_pubsub
-from ._schedule import run_scheduler
-from ._scripts import Binding, HeartbeatRequest
-from ._shielded import ShieldedTasks
-from ._stats import Recorder
-from ._supervisor import Reaper, ReaperStatistics
-from ._topology import Topology
+from ._lease import LeaseTiming
+from ._memory import MemoryWatch
+from ._renewals import JOIN_BURST, JOIN_RATE, MAX_BATCH, Joins, Renewals
+from ._supervisor import ReaperStatistics
 from ._transport import check_min_replicas
+from ._trio import require_trio
 from ._url import RedisConfig, parse_url
 from ._validate import seconds
-from ._worker import Worker, check_server, subscribe_expiry, worker_options
+from ._worker import Worker, join, worker_options
 
-__all__ = ["Fleet", "open_fleet"]
+__all__ = ["JOIN_BURST", "JOIN_RATE", "MAX_BATCH", "Fleet", "Joins", "Renewals", "open_fleet"]
 
 log = logging.getLogger("mesh.worker")
-
-MAX_BATCH = 100
-"""At most this many leases per ``heartbeat.lua`` call (about 1 ms of Redis
-time: a longer script would hold up every other client)."""
-
-
-JOIN_RATE = 2000.0
-"""A fleet's workers (re)join at most this many a second after the first
-:data:`JOIN_BURST` (unless that would take longer than the fleet's
-``join_window``: then faster, to end within it)."""
-
-JOIN_BURST = 100
-"""This many of a fleet's workers join at once without waiting."""
-
-
-class Joins:
-    """Spreads the (re)registrations of a fleet's workers that join together.
-
-    When a fleet process starts (or restarts) it opens thousands of workers
-    at once, and when its connection to Redis comes back after more than R
-    every worker fenced itself and rejoins: each registration is a few
-    script calls and a SUBSCRIBE, so thousands at once are a burst Redis
-    (and the event loop) take all at once. Each join takes a turn: the first
-    :data:`JOIN_BURST` go at once, the others one every 1 / :data:`JOIN_RATE`
-    s, or closer so that all who are waiting are through within ``window``
-    (a fraction of the TTL). A turn is first come, first served (a
-    generic cell rate algorithm: no lock, no task).
-
-    ``window`` 0: no pacing.
-    """
-
-    def __init__(self, window: float, rate: float = JOIN_RATE, burst: int = JOIN_BURST) -> None:
-        self.window = window
-        self._rate = rate
-        self._burst = burst
-        self._at = -math.inf  # when the last turn given is due (trio clock)
-        self.waiting = 0
-        self.joined = 0  # turns given
-        self.longest = 0.0  # the longest wait for a turn, seconds
-
-    async def turn(self) -> None:
-        """Wait for a turn (cancellable: a cancelled wait keeps its place
-        taken, which only makes the next turns come a little later)."""
-        if self.window <= 0:
-            return
-        self.waiting += 1
-        try:
-            # the workers opened in the same batch count themselves first
-            await trio.lowlevel.checkpoint()
-            step = min(1 / self._rate, self.window / self.waiting)
-            now = trio.current_time()
-            self._at = max(self._at, now - self._burst * step) + step
-            wait = self._at - now
-            self.longest = max(self.longest, wait)
-            if wait > 0:
-                await trio.sleep(wait)
-            self.joined += 1
-        finally:
-            self.waiting -= 1
-
-
-class Renewals:
-    """The fleet's heartbeat driver: it renews its workers' leases together.
-
-    Each registered generation (:meth:`add`) has a time its next heartbeat
-    is due. Every ``window`` seconds at most, the driver sends the due ones
-    in ``heartbeat.lua`` calls of up to :data:`MAX_BATCH` leases, and hands
-    each outcome to its lease (:meth:`Lease.renewed`,
-    :meth:`Lease.renewal_failed`, or a fence), which says when the next is
-    due. ``sent`` is when the call was sent, so each worker's fence deadline
-    counts from then, as with a heartbeat loop of its own. A call not
-    answered within R is dropped, and its workers' heartbeats are sent
-    again (by then their handlers are cancelled, as they would be alone).
-    """
-
-    def __init__(
-        self,
-        conn: Connection,
-        binding: Binding,
-        timing: LeaseTiming,
-        min_replicas: int,
-        joins: Joins | None = None,
-    ) -> None:
-        self.joins = Joins(0.0) if joins is None else joins
-        self._conn = conn
-        self._binding = binding
-        self._timing = timing
-        self._ttl_ms = int(timing.ttl * 1000)
-        self._min_replicas = min_replicas
-        self.window = min(timing.interval / 20, 0.05)
-        self._due: dict[tuple[Lease, Generation], float] = {}
-        self._added = trio.Event()
-        self.calls = 0  # heartbeat.lua calls sent
-        self.renewals = 0  # leases in them
-        self.largest = 0  # the most leases in one call
-
-    def add(self, lease: Lease, gen: Generation) -> None:
-        """Renew ``gen``'s lease from now on, starting at once (sync)."""
-        self._due[(lease, gen)] = trio.current_time()
-        self._added.set()
-
-    def remove(self, lease: Lease, gen: Generation) -> None:
-        """Stop renewing ``gen``'s lease (sync); a reply on its way is dropped."""
-        self._due.pop((lease, gen), None)
-
-    async def join_turn(self) -> None:
-        """A worker's turn to (re)join (see :class:`Joins`)."""
-        await self.joins.turn()
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Send due heartbeats until cancelled."""
-        async with trio.open_nursery() as nursery:
-            task_status.started()
-            last = -math.inf
-            while True:
-                now = trio.current_time()
-                due = [key for key, at in self._due.items() if at <= now]
-                if due:
-                    last = now
-                    in_flight = now + self._timing.fence_after  # sent again if unanswered
-                    for key in due:
-                        self._due[key] = in_flight
-                    for i in range(0, len(due), MAX_BATCH):
-                        nursery.start_soon(self._send, now, due[i : i + MAX_BATCH])
-                nxt = min(self._due.values(), default=math.inf)
-                with trio.move_on_at(nxt):
-                    await self._added.wait()
-                self._added = trio.Event()
-                await trio.sleep_until(last + self.window)
-
-    async def _send(self, sent: float, keys: list[tuple[Lease, Generation]]) -> None:
-        t = self._timing
-        queues = [list(gen.runners) for _, gen in keys]
-        requests = [
-            HeartbeatRequest(gen.id, gen.incarnation, tuple(gen.acks), tuple(qs))
-            for (_, gen), qs in zip(keys, queues, strict=True)
-        ]
-        self.calls += 1
-        self.renewals += len(keys)
-        self.largest = max(self.largest, len(keys))
-        results = None
-        try:
-            with trio.move_on_after(t.fence_after):
-                answer = await self._binding.heartbeat_many(self._conn, self._ttl_ms, requests)
-                # With min_replicas, renewals count once replicas have them.
-                await self._conn.wait_replicas(self._min_replicas, t.fence_after)
-                results = answer
-        except (MeshConnectionError, CommandError) as exc:
-            for lease, gen in keys:
-                if (lease, gen) in self._due:
-                    self._due[(lease, gen)] = lease.renewal_failed(gen, sent, exc)
-            self._added.set()
-            return
-        if results is None:
-            return  # unanswered within R: due again (see run)
-        reconnects = self._conn.statistics().reconnects
-        for (lease, gen), qs, result in zip(keys, queues, results, strict=True):
-            if (lease, gen) not in self._due:
-                continue  # gone meanwhile
-            if isinstance(result, outcome.Error):
-                assert isinstance(result.error, FencedError)
-                del self._due[(lease, gen)]
-                lease.fenced(gen, str(result.error))
-            else:
-                self._due[(lease, gen)] = lease.renewed(gen, sent, qs, result.unwrap(), reconnects)
-        self._added.set()
-
-
-class _ServedQueues(Mapping[str, None]):
-    """The queues any worker of the fleet runs, for the policy reader."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self._fleet = fleet
-
-    def _all(self) -> dict[str, None]:
-        return {q: None for w in self._fleet.workers for q in w._gen.runners}
-
-    def __getitem__(self, q: str) -> None:
-        return self._all()[q]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
 
 
 class Fleet:
     """Workers of one OS process that share a connection, a pub/sub
     connection, their heartbeat calls, a reaper, a scheduler and a policy
-    reader. Get one from :func:`open_fleet`; open its workers with
-    :meth:`open_worker`."""
+    reader: a host of many. Get one from :func:`open_fleet`; open its
+    workers with :meth:`open_worker`."""
 
-    def __init__(
-        self,
-        conn: Connection,
-        pubsub: PubSub,
-        keys: Keys,
-        timing: LeaseTiming,
-        name: str,
-        max_payload: int,
-        min_replicas: int,
-        join_window: float = 0.0,
-    ) -> None:
-        self._conn = conn
-        self._pubsub = pubsub
-        self._keys = keys
-        self._binding = Binding(keys)
-        self.timing = timing
-        """The lease timing of every worker of the fleet."""
-        self.name = name
+    def __init__(self, host: Host, max_payload: int) -> None:
+        self._host = host
         self._max_payload = max_payload
-        self._min_replicas = min_replicas
+        self.timing = host.timing
+        """The lease timing of every worker of the fleet."""
+        self.name = host.name
         self.workers: list[Worker] = []
         """The fleet's workers now open."""
-        self._by_id: dict[str, Worker] = {}
-        self._policies: dict[str, QueuePolicy] = {}
         self._opened = 0  # workers opened so far (their default ids count them)
-        self._stats = Recorder()
-        self.renewals = Renewals(conn, self._binding, timing, min_replicas, Joins(join_window))
-        self._reaper = Reaper(
-            conn,
-            self._binding,
-            ttl=timing.ttl,
-            queues=lambda: {q: None for w in self.workers for q in w._queues},
-            own=lambda: {i for w in self.workers for i in w._lease.ids},
-            me=lambda: f"fleet {self.name}",
-            recorder=self._stats,
-            weight=lambda: max(1, len(self.workers)),
-        )
-        self.client = Client(conn, keys, max_payload=max_payload)
+        self.client = Client(host.conn, host.keys, max_payload=max_payload)
         """A :class:`Client` on the fleet's connection."""
-        self.memory = MemoryWatch(f"fleet {name}")
+
+    @property
+    def renewals(self) -> Renewals:
+        """The fleet's batched renewals and paced joins."""
+        assert isinstance(self._host.renewals, Renewals)
+        return self._host.renewals
+
+    @property
+    def memory(self) -> MemoryWatch:
         """Redis's eviction policy, read once per poll for the whole fleet."""
-        self._closed = False
+        return self._host.memory
 
     def statistics(self) -> ReaperStatistics:
         """What the fleet's reaper did (checks, recycles) since it started."""
-        return self._reaper.statistics()
+        return self._host.reaper.statistics()
 
     @asynccontextmanager
     async def open_worker(
@@ -344,7 +125,7 @@ class Fleet:
             ClosedError: the fleet is closed.
             MeshConnectionError: Redis could not be reached to register.
         """
-        if self._closed:
+        if self._host.closed:
             raise ClosedError("this fleet is closed")
         if worker_id is None:
             # Unique in the fleet by construction: 1,000 ids of 24 random bits
@@ -352,87 +133,18 @@ class Fleet:
             self._opened += 1
             worker_id = f"{self.name}-{self._opened}"
         worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
-        worker = Worker(
-            self._conn,
-            self._pubsub,
-            self._keys,
-            self.timing,
-            worker_id,
-            self._max_payload,
-            stop_grace,
-            rejoin_grace,
-            reaper=self._reaper,
-            driver=self.renewals,
-            housekeeping=False,
-            memory=self.memory,
-        )
-        worker.min_replicas = worker.client.min_replicas = self._min_replicas
-        worker._lease.min_replicas = self._min_replicas
+        opened: list[Worker] = []
         try:
-            async with trio.open_nursery() as nursery:
-                # shielded from the caller's cancellations, as in open_worker
-                tasks = ShieldedTasks(nursery)
-                try:
-                    await tasks.start(worker._lease.run)
-                    self.workers.append(worker)
-                    try:
-                        yield worker
-                    finally:
-                        await worker._leave()
-                        self.workers.remove(worker)
-                finally:
-                    tasks.cancel()
-                    nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as eg:
-            raise_single(eg)
-
-    def _worker(self, wid: str) -> Worker | None:
-        w = self._by_id.get(wid)
-        if w is None or w.id != wid or w not in self.workers:
-            self._by_id = {w.id: w for w in self.workers}
-            w = self._by_id.get(wid)
-        return w
-
-    def _apply_policy(self, queue: str, policy: QueuePolicy) -> None:
-        # Read every H; applied to every worker only when it changed (a worker
-        # that starts serving the queue reads the stored policy itself).
-        if self._policies.get(queue) == policy:
-            return
-        self._policies[queue] = policy
-        for w in self.workers:
-            w._apply_policy(queue, policy)
-
-    async def _listen(self) -> None:
-        expired, wake, cancel = await subscribe_expiry(self._pubsub, self._conn, self._keys)
-        async for msg in self._pubsub:
-            if msg.kind == "reconnected":
-                for w in list(self.workers):
-                    w._dispatch(msg, expired, wake, cancel)
-                continue
-            ch = msg.channel
-            for prefix in (wake, cancel):
-                if ch.startswith(prefix):
-                    to = self._worker(ch[len(prefix) :].decode())
-                    if to is not None:
-                        to._dispatch(msg, expired, wake, cancel)
-                    break
-            else:
-                if ch == expired and self._keys.parse_heartbeat_key(msg.data) is not None:
-                    self._reaper.heard_expiry()
-
-    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._listen)
-            nursery.start_soon(watch_memory, self._conn, self.memory)
-            await nursery.start(self.renewals.run)
-            await nursery.start(self._reaper.run)
-            # one scheduler, which also re-reads the policies of every queue
-            # any worker of the fleet serves (one round trip per H)
-            watch = PolicyWatch(self._keys.policy, _ServedQueues(self), self._apply_policy)
-            nursery.start_soon(
-                run_scheduler, self._conn, self._binding, self.timing.interval, watch
-            )
-            task_status.started()
+            async with join(
+                self._host, worker_id, self._max_payload, stop_grace, rejoin_grace
+            ) as w:
+                self.workers.append(w)
+                opened.append(w)
+                yield w
+        finally:
+            # listed until it has left (its handlers exited, its lease retired)
+            for w in opened:
+                self.workers.remove(w)
 
 
 @asynccontextmanager
@@ -466,46 +178,22 @@ async def open_fleet(
     Leaving the block stops the shared machinery (the workers must have left).
 
     Raises:
-        ConfigError: bad URL, namespace, timing or join window (nothing started).
+        ConfigError: bad URL, namespace, timing or join window (nothing started);
+            called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
     """
+    require_trio("mesh.open_fleet")
     config = parse_url(url) if isinstance(url, str) else url
     if join_window is not None and seconds("join_window", join_window) > 3600:
         raise ConfigError(f"join_window must be 0 to 3600 seconds, not {join_window!r}")
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)
-    if name is None:
-        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
-        name = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
-    topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
-    async with open_connection(
-        config,
-        name=f"mesh-fleet:{name}",
-        reply_timeout=max(2 * timing.ttl, 5.0),
-        topology=topology,
-        reroute_timeout=timing.fence_after,
-        # its writes are fenced by Redis (each lease's incarnation)
-        direct_writes=True,
-    ) as conn:
-        await check_server(conn)
-        ping = min(max(1.0, timing.ttl), 30.0)
-        async with open_pubsub(
-            config, name=f"mesh-fleet-events:{name}", ping_interval=ping, topology=topology
-        ) as pubsub:
-            window = timing.ttl / 2 if join_window is None else join_window
-            fleet = Fleet(conn, pubsub, keys, timing, name, max_payload, replicas, window)
-            try:
-                async with trio.open_nursery() as nursery:
-                    # The renewals go on while the fleet's workers stop after
-                    # a cancellation from outside (open_worker's shield).
-                    tasks = ShieldedTasks(nursery)
-                    try:
-                        await tasks.start(fleet._run)
-                        yield fleet
-                    finally:
-                        fleet._closed = True
-                        tasks.cancel()
-                        nursery.cancel_scope.cancel()
-            except BaseExceptionGroup as eg:
-                raise_single(eg)
+    name = default_name() if name is None else name
+    window = timing.ttl / 2 if join_window is None else join_window
+    async with open_host(
+        config, keys, timing, name, min_replicas=replicas, of_one=False, join_window=window
+    ) as host:
+        # The renewals go on while the fleet's workers stop after a
+        # cancellation from outside (the host's tasks are shielded).
+        yield Fleet(host, max_payload)

@@ -170,6 +170,16 @@ class Keys:
         named by its SHA-1, so the key is short and the queue name last."""
         return f"{self.prefix}result:{hashlib.sha1(payload).hexdigest()}:{q}"
 
+    def paused(self, q: str) -> str:
+        """STRING: present while ``q`` is paused, since when (Redis ms)."""
+        return f"{self.prefix}paused:{q}"
+
+    def stats(self, q: str) -> str:
+        """HASH: per-minute counts of processes of ``q`` finished (``p`` +
+        minute) and failed (``f`` + minute), added by workers every few
+        seconds (``stats.lua``)."""
+        return f"{self.prefix}stats:{q}"
+
     def rate(self, q: str) -> str:
         """HASH: the token bucket of ``q``'s rate limit (tokens, at)."""
         return f"{self.prefix}rate:{q}"

@@ -51,18 +51,22 @@ log = logging.getLogger("mesh.worker")
 
 
 class HeartbeatDriver(Protocol):
-    """Renews the leases of several workers together (a fleet's): from
-    :meth:`add` until :meth:`remove`, it sends ``gen``'s heartbeats and calls
-    :meth:`Lease.renewed`, :meth:`Lease.renewal_failed` or
-    :meth:`Generation.fence` with each outcome (sync, no I/O)."""
+    """Renews leases and gives turns to join: a host's (:mod:`mesh._host`).
+    :meth:`renew` sends ``gen``'s heartbeats until cancelled and hands each
+    outcome to its lease (:meth:`Lease.renewed`, :meth:`Lease.renewal_failed`
+    or :meth:`Lease.fenced`, sync, no I/O): a host of one with a heartbeat
+    loop of its own (:class:`mesh._renewals.OwnHeartbeat`), a host of many
+    with its members' renewals batched (:class:`mesh._renewals.Renewals`)."""
 
-    def add(self, lease: Lease, gen: Generation) -> None: ...
-
-    def remove(self, lease: Lease, gen: Generation) -> None: ...
+    async def renew(self, lease: Lease, gen: Generation) -> None:
+        """Renew ``gen``'s lease until cancelled."""
 
     async def join_turn(self) -> None:
-        """Wait for this worker's turn to join, or to rejoin after a fence
-        (a fleet spreads the registrations of its workers that join at once).
+        """Wait for a worker's turn to join (a host of many spreads the
+        registrations of its workers that join at once). Cancellable."""
+
+    async def rejoin_turn(self, lease: Lease) -> None:
+        """Wait for ``lease``'s turn to hand back and rejoin after a fence.
         Cancellable."""
 
 
@@ -137,9 +141,8 @@ class Lease:
         cancel_process: a process id the heartbeat's inbox says is cancelled.
         recorder: the worker's counters (heartbeats, fences, hand-backs on
             retiring).
-        driver: a fleet's heartbeat driver, which renews this lease together
-            with its other workers' (:mod:`mesh._fleet`); default: a
-            heartbeat loop of its own, one script call per heartbeat.
+        driver: who renews the lease and gives turns to join: the host's
+            (:mod:`mesh._renewals`).
     """
 
     def __init__(
@@ -155,15 +158,13 @@ class Lease:
         start_runners: Callable[[Generation], Awaitable[None]],
         cancel_process: Callable[[str], None],
         recorder: Recorder,
-        driver: HeartbeatDriver | None = None,
+        driver: HeartbeatDriver,
         capacity: Callable[[str], int] = lambda queue: 1,
     ) -> None:
         self._conn = conn
         self._capacity = capacity  # the worker's capacity on a queue it serves
         self._pubsub = pubsub
         self._binding = binding
-        # replicas that must have a renewal before it counts (WAIT); 0: none
-        self.min_replicas = 0
         self._keys: Keys = binding.keys
         self.timing = timing
         self._base_id = base_id
@@ -172,15 +173,17 @@ class Lease:
         self._start_runners = start_runners
         self._cancel_process = cancel_process
         self._stats = recorder
-        # who renews the lease: our own heartbeat loop (None), or a fleet's
-        # driver that renews its workers together (mesh._fleet)
-        self._driver = driver
+        self._driver = driver  # who renews the lease (the host's)
         self.gen = Generation(base_id, 1)
         self.ids = {base_id}  # every identity this worker has had
         self._reconnects_seen = -1  # the connection's count at the last heartbeat
         self.ready = trio.Event()
         self.closing = False
         self.stopped = trio.Event()
+
+    def served(self) -> list[str]:
+        """The queues the worker serves now (sync)."""
+        return list(self._queues())
 
     async def current(self) -> Generation:
         """The current generation, once it is registered and running."""
@@ -201,7 +204,7 @@ class Lease:
         previous = ""
         try:
             while True:
-                if first and self._driver is not None:
+                if first:
                     await self._driver.join_turn()
                 sent = await self._register(gen, first=first)
                 if first:
@@ -217,7 +220,7 @@ class Lease:
                     with gen.scope:
                         async with trio.open_nursery() as nursery:
                             gen.nursery = nursery
-                            nursery.start_soon(self._heartbeat_loop, gen)
+                            nursery.start_soon(self._driver.renew, self, gen)
                             await self._start_runners(gen)
                             self.ready.set()
                             await trio.sleep_forever()
@@ -243,8 +246,7 @@ class Lease:
                     gen.id,
                     gen.fence_reason,
                 )
-                if self._driver is not None:
-                    await self._rejoin_turn()
+                await self._driver.rejoin_turn(self)
                 await self._retire(gen)
                 if self.closing:
                     return
@@ -255,23 +257,6 @@ class Lease:
                 self.ids.add(gen.id)
         finally:
             self.stopped.set()
-
-    async def _rejoin_turn(self) -> None:
-        """A fleet's workers that fenced themselves together (its connection
-        was down for more than R) hand back and rejoin in turns (the
-        driver's), from when Redis answers again, not all in the instant it
-        does. Waits for a PING answered (retried with backoff) first, unless
-        closing. Cancellable."""
-        assert self._driver is not None
-        backoff = 0.05
-        while not self.closing:
-            try:
-                await self._conn.execute("PING")
-                break
-            except (MeshConnectionError, CommandError):
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.timing.interval)
-        await self._driver.join_turn()
 
     async def _register(self, gen: Generation, *, first: bool) -> float:
         """Join the mesh as ``gen``. The first time, errors propagate (a bad
@@ -367,43 +352,6 @@ class Lease:
             )
         except MeshConnectionError:
             pass
-
-    async def _heartbeat_loop(self, gen: Generation) -> None:
-        if self._driver is not None:
-            # A fleet's driver renews this generation with its peers' and
-            # calls renewed()/renewal_failed() (see mesh._fleet).
-            self._driver.add(self, gen)
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._driver.remove(self, gen)
-        else:
-            await self._heartbeat_alone(gen)
-
-    async def _heartbeat_alone(self, gen: Generation) -> None:
-        t = self.timing
-        ttl_ms = int(t.ttl * 1000)
-        while True:
-            sent = trio.current_time()
-            queues = list(gen.runners)
-            reply = None
-            try:
-                with trio.move_on_after(t.fence_after):
-                    renewal = await self._binding.heartbeat(
-                        self._conn, gen.id, gen.incarnation, ttl_ms, gen.acks, queues
-                    )
-                    # With min_replicas, a renewal counts once replicas have it.
-                    await self._conn.wait_replicas(self.min_replicas, t.fence_after)
-                    reply = renewal
-            except FencedError as exc:
-                self.fenced(gen, str(exc))
-                return
-            except (MeshConnectionError, CommandError) as exc:
-                await trio.sleep_until(self.renewal_failed(gen, sent, exc))
-                continue
-            if reply is None:
-                continue
-            await trio.sleep_until(self.renewed(gen, sent, queues, reply))
 
     def fenced(self, gen: Generation, message: str) -> None:
         """A heartbeat found ``gen``'s lease gone or superseded: fence it.

@@ -20,7 +20,8 @@ import attrs
 import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
-from ._validate import is_whole, seconds, seconds_field, whole, whole_field
+from ._units import seconds_ms
+from ._validate import is_whole, seconds_field, whole, whole_field
 
 __all__ = [
     "PolicyWatch",
@@ -110,7 +111,10 @@ def parse_policy(raw: bytes | str, queue: str) -> QueuePolicy:
 
 
 def _ms(name: str, value: object) -> int:
-    return round(seconds(name, value) * 1000)
+    try:
+        return seconds_ms(name, value)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def policy_fields(**given: Any) -> list[Any]:

@@ -30,7 +30,7 @@ import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
 from ._policy import PolicyWatch, apply_stored
-from ._validate import seconds
+from ._units import seconds_ms
 
 __all__ = ["Schedule", "cron_next", "next_tick", "parse_spec", "run_scheduler", "spec_of"]
 
@@ -103,7 +103,7 @@ def spec_of(every: float | None, cron: str | None) -> str:
     if (every is None) == (cron is None):
         raise ConfigError("give every (seconds) or cron (an expression), exactly one")
     if every is not None:
-        return f"every {round(seconds('every', every, MIN_EVERY, wrong_type=TypeError) * 1000)}"
+        return f"every {seconds_ms('every', every, minimum=MIN_EVERY)}"
     if not isinstance(cron, str):
         raise TypeError(f"cron must be a str, not {type(cron).__name__}")
     expr = " ".join(cron.split())

@@ -77,6 +77,8 @@ SCRIPT_NAMES = (
     "rebalance",
     "read",
     "recount",
+    "pause",
+    "stats",
 )
 
 # An include line, with its line end: the file it names (a path relative to
@@ -752,9 +754,9 @@ class Binding:
             1 if wake else 0,
             k.wake_prefix,
         ]
-        if rate is not None:
-            keys.append(k.rate(queue))
-            args += [rate[0], rate[1]]
+        # the rate bucket (its ARGV empty: no limit), then the pause flag
+        keys += [k.rate(queue), k.paused(queue)]
+        args += [rate[0], rate[1]] if rate is not None else ["", ""]
 
         # A runner claims with the same few argument sets over and over:
         # each is built and packed once (a handful per runner; the memo is
@@ -1151,6 +1153,25 @@ class Binding:
         ]
         r = await self._run(conn, "dead", keys, [queue, k.wake_prefix, mode, *(payloads or ())])
         return int(r[0]), int(r[1])
+
+    async def pause(self, conn: Executor, queue: str, mode: str) -> bool:
+        """``pause.lua``: pause (mode ``pause``) or resume (``resume``) a
+        queue; whether that changed anything."""
+        k = self.keys
+        keys = [k.paused(queue), k.queues, k.idle(queue), k.queue(queue), k.prio(queue)]
+        return bool(await self._run(conn, "pause", keys, [mode, queue, k.wake_prefix]))
+
+    async def stats(
+        self, conn: Executor, counts: Mapping[str, tuple[int, int]], keep_minutes: int
+    ) -> int:
+        """``stats.lua``: add (finished, failed) per queue to the current
+        minute of the Redis clock; the minute (since the epoch)."""
+        k = self.keys
+        keys = [k.stats(q) for q in counts]
+        args: list[Any] = [keep_minutes]
+        for done, failed in counts.values():
+            args += [done, failed]
+        return int(await self._run(conn, "stats", keys, args))
 
     async def configure(
         self, conn: Executor, queue: str, mode: str, source: str, fields: Sequence[Any]

@@ -110,6 +110,9 @@ class QueueStatistics:
         claims: claim round trips made.
         claim_seconds: round-trip time of those claims.
         handler_seconds: how long handlers ran, whatever their outcome.
+        moved: processes handed back for balance, to move to a peer below
+            its fair share (their handlers were stopped for that, not
+            cancelled: not counted in ``cancelled``).
     """
 
     queue: str
@@ -121,6 +124,7 @@ class QueueStatistics:
     claims: int
     claim_seconds: Histogram
     handler_seconds: Histogram
+    moved: int = 0
 
 
 class QueueCounters:
@@ -161,6 +165,7 @@ class QueueCounters:
             sum(self.claim.counts),
             self.claim.snapshot(),
             self.handler.snapshot(),
+            self.moved_out,
         )
 
 

@@ -55,7 +55,7 @@ WORKER_COST = 2
 #: came back after 1.34 TTL. :meth:`Reaper._parts` keeps each call's cost
 #: bounded whatever the batch.
 REAP_BATCH = 1000
-# Dead letters are logged where the handlers' are (see _runner._log_failure).
+# Dead letters are logged where the handlers' are (see _runner_core.failure_line).
 worker_log = logging.getLogger("mesh.worker")
 
 

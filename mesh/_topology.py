@@ -7,7 +7,11 @@ share one, so both sit on the same node):
 * **standalone** (``redis://``, ``rediss://``, ``unix://``): the node in the URL. A TCP
   URL that turns out to name a Redis Cluster node is treated as a cluster seed.
 * **Sentinel** (``redis+sentinel://``): each sentinel in turn is asked
-  ``SENTINEL GET-MASTER-ADDR-BY-NAME``; the first answer wins.
+  ``SENTINEL GET-MASTER-ADDR-BY-NAME``; the first answer wins. While the
+  sentinels announce a failover (:mod:`mesh._failover`, watched by the command
+  connection), the old master is not used: the replica is taken as soon as
+  its promotion is announced, and after a switch a sentinel still naming the old
+  master is not believed.
 * **Cluster** (``redis+cluster://``, or detected): the master serving the hash slot of
   the route key (``{namespace}:``), read from ``CLUSTER SHARDS`` (``CLUSTER SLOTS`` on
   6.2) of the node we reached, seeds tried in turn (the last master first).
@@ -18,6 +22,10 @@ name as master is refused, so an old master restarted empty, a replica, or a nod
 that lost its slot never takes a write. A user whose ACL forbids ``ROLE`` is let
 through on standalone and cluster (where ``CLUSTER SHARDS`` tells the role too),
 refused on Sentinel.
+
+With an ``epoch_key`` (a client's or worker's namespace), the node must also
+hold the namespace's epoch this process first saw (:mod:`mesh._epoch`): on
+Sentinel and Cluster a master restarted empty is refused.
 
 Errors: every failure is a :class:`~mesh.MeshConnectionError` (the reconnect loop
 tries again); messages name redacted addresses only.
@@ -46,10 +54,12 @@ _SLOTS: Final = 16384
 # The most nodes one connect may hop through (seed -> slot master -> ...): a map that
 # keeps changing under us is a failover in progress; the reconnect loop tries again.
 _MAX_HOPS: Final = 3
-# The longest a connection keeps off a master being failed over, waiting for the
-# chosen replica's promotion (about 0.2 s on loopback); capped at half of
-# connect_timeout. Within the fence budget of the default lease (R = 2 s).
-FAILOVER_HOLD: Final = 1.5
+# The longest a connection keeps off a master being failed over (from +odown or
+# +try-failover) when no announcement ends the failover first (the switch, an
+# abort, -odown). Writing there instead would be worse: the old master takes
+# writes, lease renewals included, that its demotion drops. Holding is safe for
+# a worker: its handlers stop at R without a confirmed renewal, as in any outage.
+FAILOVER_HOLD: Final = 5.0
 
 
 def _crc16_table() -> list[int]:
@@ -205,8 +215,7 @@ class Topology:
         # being failed over for at most ``hold`` (see mesh._failover).
         self.failover: FailoverWatch | None = None
         if config.topology == "sentinel":
-            hold = min(config.connect_timeout / 2, FAILOVER_HOLD)
-            self.failover = FailoverWatch(config.service or "", hold)
+            self.failover = FailoverWatch(config.service or "", FAILOVER_HOLD)
 
     # ---------------------------------------------------------------- public
 
@@ -253,16 +262,16 @@ class Topology:
         self, extra: Sequence[Sequence[Arg]], name: str | None
     ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
         """Sentinel: while a failover is announced (:mod:`mesh._failover`), keep
-        off the old master and take the replica chosen as soon as it says it is
-        master (bounded by the watch's hold); otherwise the master the sentinels
+        off the old master and take the replica as soon as its promotion is
+        announced (bounded by the watch's hold); otherwise the master the sentinels
         name, unless a switch was announced away from it."""
         watch = self.failover
         if watch is not None and watch.running:
             while watch.in_progress(trio.current_time()):
-                candidate = watch.candidate
-                if candidate is not None and candidate != watch.old:
+                promoted = watch.promoted
+                if promoted is not None and promoted != watch.old:
                     try:
-                        return await self._open_master(candidate, extra, name, "was chosen")
+                        return await self._open_master(promoted, extra, name, "was promoted")
                     except MeshConnectionError:
                         pass  # not promoted yet: try again shortly
                 with trio.move_on_at(min(watch.hold_until(), trio.current_time() + 0.02)):

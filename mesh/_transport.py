@@ -228,6 +228,17 @@ def _ssl_context(config: RedisConfig) -> ssl.SSLContext:
     if not config.tls_verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    if config.tls_cert_file is not None:
+        try:
+            # password="": an encrypted key fails here, instead of OpenSSL
+            # asking for its passphrase on the terminal
+            context.load_cert_chain(config.tls_cert_file, config.tls_key_file, password="")
+        except (OSError, ssl.SSLError) as exc:
+            key = f" and key {config.tls_key_file!r}" if config.tls_key_file else ""
+            raise ConfigError(
+                f"cannot load the client certificate {config.tls_cert_file!r}{key} for "
+                f"{config.redacted()} (PEM files; the key not encrypted): {exc}"
+            ) from exc
     return context
 
 
@@ -279,7 +290,7 @@ async def connect(
         MeshConnectionError: connecting, the TLS handshake or authentication failed,
             or it took longer than ``connect_timeout``. The message names the redacted
             URL and the cause; it never contains the password.
-        ConfigError: the CA file cannot be loaded.
+        ConfigError: the CA file or the client certificate cannot be loaded.
 
     On cancellation the half-open stream is closed and nothing is left behind.
     """

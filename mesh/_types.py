@@ -120,6 +120,8 @@ class QueueInfo:
         running: processes (claimed tasks) on any worker.
         persistent: persistent tasks of the queue, wherever they are.
         dead: dead-lettered one-shot tasks.
+        paused: whether the queue is paused (:meth:`Client.pause`): no new
+            one-shot task of it starts.
     """
 
     name: str
@@ -128,6 +130,7 @@ class QueueInfo:
     running: int
     persistent: int
     dead: int
+    paused: bool = False
 
 
 @attrs.frozen

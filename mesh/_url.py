@@ -4,6 +4,7 @@ Accepted forms::
 
     redis://[[user]:password@]host[:port][/db][?connect_timeout=SECONDS]
     rediss://[[user]:password@]host[:port][/db][?ssl_cert_reqs=none|required][&ssl_ca_certs=PATH]
+            [&ssl_certfile=PATH[&ssl_keyfile=PATH]]   (a client certificate and its key)
     unix://[[user]:password@]/path/to/redis.sock[?db=N][&connect_timeout=SECONDS]
     redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/SERVICE[/db]
     rediss+sentinel://...                       (TLS to the sentinels and the master)
@@ -55,6 +56,8 @@ _QUERY_KEYS = frozenset(
         "connect_timeout",
         "ssl_cert_reqs",
         "ssl_ca_certs",
+        "ssl_certfile",
+        "ssl_keyfile",
         "sentinel_username",
         "sentinel_password",
         "min_replicas",
@@ -95,6 +98,11 @@ class RedisConfig:
     sentinel_username: str | None = None
     sentinel_password: str | None = attrs.field(default=None, repr=False)
     min_replicas: int = 0
+    #: A client certificate (PEM) for a server that asks for one
+    #: (``tls-auth-clients``), and its private key (PEM, not encrypted; None:
+    #: in the certificate file). ``tls`` only. Paths, never shown with secrets.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def __str__(self) -> str:
         return self.redacted()
@@ -262,8 +270,19 @@ def parse_url(url: str) -> RedisConfig:
     tls = base == "rediss"
     tls_verify = True
     tls_ca_file: str | None = None
-    if not tls and ("ssl_cert_reqs" in query or "ssl_ca_certs" in query):
-        raise fail("ssl_cert_reqs and ssl_ca_certs are only valid with rediss:// (or rediss+...)")
+    tls_keys = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+    if not tls and any(k in query for k in tls_keys):
+        raise fail(
+            "ssl_cert_reqs, ssl_ca_certs, ssl_certfile and ssl_keyfile are only valid with "
+            "rediss:// (or rediss+...)"
+        )
+    tls_cert_file = query.get("ssl_certfile")
+    tls_key_file = query.get("ssl_keyfile")
+    for name, given in (("ssl_certfile", tls_cert_file), ("ssl_keyfile", tls_key_file)):
+        if given == "":
+            raise fail(f"{name} is empty")
+    if tls_key_file is not None and tls_cert_file is None:
+        raise fail("ssl_keyfile needs ssl_certfile (the client certificate it belongs to)")
     if "ssl_cert_reqs" in query:
         reqs = query["ssl_cert_reqs"].lower()
         if reqs == "none":
@@ -374,6 +393,8 @@ def parse_url(url: str) -> RedisConfig:
             sentinel_username=sentinel_username,
             sentinel_password=sentinel_password,
             min_replicas=min_replicas,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
         )
 
     if "," in hostport:
@@ -405,6 +426,8 @@ def parse_url(url: str) -> RedisConfig:
         tls_ca_file=tls_ca_file,
         connect_timeout=connect_timeout,
         min_replicas=min_replicas,
+        tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
     )
 
 

@@ -219,16 +219,26 @@ async def counts(client: Client) -> MeshCounts:
             ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
             ("ZCARD", k.prio(q)),
             ("HGETALL", k.share(q)),
+            ("EXISTS", k.paused(q)),
         ]
     replies = await run_reads(conn, cmds)  # at the memory limit too, unlike MULTI
     out = []
     for i, q in enumerate(queues):
-        group = replies[2 + 9 * i : 2 + 9 * (i + 1)]
-        queued, delayed, running, persistent, standby, dead, since, prio, share = group
+        group = replies[2 + 10 * i : 2 + 10 * (i + 1)]
+        queued, delayed, running, persistent, standby, dead, since, prio, share, paused = group
         queued += prio  # tasks with a priority are queued too
         out.append(
             _queue_counts(
-                q, queued, delayed, running, persistent, standby, dead, since, _pairs(share)
+                q,
+                queued,
+                delayed,
+                running,
+                persistent,
+                standby,
+                dead,
+                since,
+                _pairs(share),
+                paused,
             )
         )
     info = _memory_of(client, memory)
@@ -289,6 +299,7 @@ def _queue_counts(
     dead: int,
     since: Sequence[bytes],
     share: Mapping[bytes, bytes],
+    paused: int = 0,
 ) -> QueueCounts:
     owned = 0
     unowned = list(standby)
@@ -300,7 +311,7 @@ def _queue_counts(
         else:
             unowned.append(persistent[i])
     total = owned + len(unowned)
-    info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead))
+    info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead), paused == 1)
     unowned_since = {since[j]: int(since[j + 1]) / 1000 for j in range(0, len(since), 2)}
     # The weight the scripts counted in, against that of the tasks present.
     present = total
@@ -311,7 +322,7 @@ def _queue_counts(
 
 
 #: Commands per queue in :func:`overview`'s read script.
-_PER_QUEUE = 12
+_PER_QUEUE = 13
 
 
 @attrs.frozen
@@ -380,6 +391,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             ("HGETALL", k.share(q)),
             ("HGETALL", k.moving(q)),
             ("HGETALL", k.reserved(q)),
+            ("EXISTS", k.paused(q)),
         ]
     if new:
         cmds.append(("HMGET", k.info, *new))
@@ -398,7 +410,7 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
     for i, q in enumerate(queues):
         group = replies[_PER_QUEUE * i : _PER_QUEUE * (i + 1)]
         queued, delayed, procs, persistent, standby, dead, servers, since, prio = group[:9]
-        share_hash, moving, reserved = (_pairs(r) for r in group[9:])
+        share_hash, moving, reserved = (_pairs(r) for r in group[9:12])
         queued += prio  # tasks with a priority are queued too
         on_q: dict[str, int] = {}
         holder: dict[bytes, str] = {}
@@ -427,7 +439,18 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             )
         running = len(procs) // 2
         out.append(
-            _queue_counts(q, queued, delayed, running, persistent, standby, dead, since, share_hash)
+            _queue_counts(
+                q,
+                queued,
+                delayed,
+                running,
+                persistent,
+                standby,
+                dead,
+                since,
+                share_hash,
+                group[12],
+            )
         )
     processes.sort(key=lambda p: p.token)
     workers = []

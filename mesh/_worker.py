@@ -1,17 +1,17 @@
-"""The worker: one peer of the mesh.
+"""The worker: one peer of the mesh, a member of a host (:mod:`mesh._host`).
 
-A worker runs, inside its own nursery:
-
-* its **lease** (:mod:`mesh._lease`): one identity at a time, with the
-  heartbeat that renews it and fans its reply out to the runners, self-fencing,
-  and rejoining under a new identity after a fence;
-* one **runner** per queue served with a handler (:mod:`mesh._runner`);
-* a **reaper** (:mod:`mesh._supervisor`) that recycles dead peers;
-* a **listener** for pub/sub nudges: a wake (a queue it serves has tasks
-  and Redis took it out of the queue's idle set), cancel of a process, key
-  expiry (a peer died). Pub/sub is only a nudge: the heartbeat reply
-  carries the durable cancel inbox and which queues have work, and a
-  reconnect triggers a full re-check.
+A worker runs, inside its own nursery, its **lease** (:mod:`mesh._lease`):
+one identity at a time, with the heartbeat that renews it (through its
+host's driver, :mod:`mesh._renewals`) and fans its reply out to the runners,
+self-fencing, and rejoining under a new identity after a fence; and one
+**runner** per queue served with a handler (:mod:`mesh._served`,
+:mod:`mesh._runner`). Its host owns what the workers of one process share:
+the connections, the listener for pub/sub nudges (a wake, a cancel, a key
+expiry; only a nudge: the heartbeat reply carries the durable cancel inbox
+and which queues have work, and a reconnect triggers a full re-check), the
+reaper that recycles dead peers, the scheduler and the policy reader.
+:func:`open_worker` is a host of one; :func:`join` makes a worker a member
+of any host (a fleet's too, :mod:`mesh._fleet`).
 
 Leaving :func:`open_worker` cancels every handler and keeps renewing the
 lease while they exit (at most ``stop_grace``): each process is handed back
@@ -22,11 +22,7 @@ while the old handler may still run (invariant 10).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import secrets
-import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -35,28 +31,23 @@ import attrs
 import trio
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
-from ._connection import Connection, open_connection
 from ._errors import (
     ClosedError,
-    CommandError,
     ConfigError,
     FencedError,
-    MeshConnectionError,
     raise_single,
 )
+from ._host import Host, Member, default_name, open_host
 from ._keys import Keys, check_queue, check_worker_id
-from ._lease import Generation, HeartbeatDriver, Lease, LeaseTiming
-from ._memory import MemoryInfo, MemoryWatch, read_memory, watch_memory
-from ._policy import PolicyWatch, QueuePolicy, differences, parse_policy, policy_fields
-from ._pubsub import Message, PubSub, open_pubsub
-from ._runner import BatchHandler, Handler, QueueConfig, QueueRunner
-from ._schedule import run_scheduler
-from ._scripts import Binding
+from ._lease import Generation, Lease, LeaseTiming
+from ._memory import MemoryInfo
+from ._policy import QueuePolicy, policy_fields
+from ._runner import BatchHandler, Handler, QueueConfig
+from ._served import Served
 from ._shielded import ShieldedTasks
-from ._stats import Histogram, QueueStatistics, Recorder
-from ._supervisor import Reaper
-from ._topology import Topology
+from ._stats import Histogram, QueueStatistics
 from ._transport import check_min_replicas
+from ._trio import require_trio
 from ._types import Process
 from ._url import RedisConfig, parse_url
 from ._validate import seconds, whole
@@ -65,7 +56,7 @@ __all__ = [
     "LeaseTiming",
     "Worker",
     "WorkerStatistics",
-    "check_server",
+    "join",
     "open_worker",
     "worker_options",
 ]
@@ -140,25 +131,20 @@ class Worker:
 
     def __init__(
         self,
-        conn: Connection,
-        pubsub: PubSub,
-        keys: Keys,
-        timing: LeaseTiming,
+        host: Host,
         base_id: str,
         max_payload: int,
         stop_grace: float = 10.0,
         rejoin_grace: float = 0.0,
-        *,
-        reaper: Reaper | None = None,
-        driver: HeartbeatDriver | None = None,
-        housekeeping: bool = True,
-        memory: MemoryWatch | None = None,
     ) -> None:
-        self._conn = conn
-        self._pubsub = pubsub
-        self._keys = keys
-        self._binding = Binding(keys)
-        self.timing = timing
+        self._host = host
+        self._conn = host.conn
+        self._pubsub = host.pubsub
+        self._keys = host.keys
+        self._binding = host.binding
+        self._reaper = host.reaper
+        self.timing = host.timing
+        self.min_replicas = host.min_replicas
         self.stop_grace = stop_grace
         """How long a stop waits for handlers to exit (seconds)."""
         self.rejoin_grace = rejoin_grace
@@ -166,41 +152,31 @@ class Worker:
         leaves (seconds; 0: not at all)."""
         self._stop_started: float | None = None
         self._base_id = base_id
-        self._queues: dict[str, QueueConfig] = {}
         self._closing = False
         self._closed = False
-        self._stats = Recorder()
-        # A fleet's worker shares the fleet's reaper (and its scheduler and
-        # policy reader: housekeeping=False) and its batched heartbeats.
-        self._housekeeping = housekeeping
-        self._reaper = reaper or Reaper(
-            conn,
-            self._binding,
-            ttl=timing.ttl,
-            queues=lambda: self._queues,
-            own=lambda: self._lease.ids,
-            me=lambda: f"worker {self._gen.id}",
-            recorder=self._stats,
-        )
+        self._stats = host.member_stats()
         self._lease = Lease(
-            conn,
-            pubsub,
-            self._binding,
-            timing,
+            host.conn,
+            host.pubsub,
+            host.binding,
+            host.timing,
             base_id,
-            self._reaper,
-            queues=lambda: self._queues,
-            start_runners=self._start_runners,
-            cancel_process=self._cancel_process,
+            host.reaper,
+            queues=lambda: self._served.configs,
+            start_runners=lambda gen: self._served.start_runners(gen),
+            cancel_process=lambda pid: self._served.cancel_process(pid),
             recorder=self._stats,
-            driver=driver,
-            capacity=lambda q: self._queues[q].capacity if q in self._queues else 1,
+            driver=host.renewals,
+            capacity=lambda q: self._served.capacity(q),
         )
-        self._queue_lock = trio.Lock()
-        self.client = Client(conn, keys, max_payload=max_payload)
+        self._served = Served(host, self._lease, self._stats)
+        self._queues = self._served.configs  # the queues served now
+        self._member = Member(
+            self._lease, self._served.cancel_process, self._served.apply_policy, self._stats
+        )
+        self.client = Client(host.conn, host.keys, max_payload=max_payload)
         """A :class:`Client` on this worker's connection."""
-        # Redis's eviction policy, read by the host (open_worker or a fleet)
-        self._memory = memory or MemoryWatch(f"worker {base_id}")
+        self.client.min_replicas = host.min_replicas
 
     @property
     def _gen(self) -> Generation:
@@ -274,7 +250,7 @@ class Worker:
             event_reconnects=self._pubsub.reconnects,
             processes_handed_back=sum(q.handed_back for q in st.queues.values()) + st.handed_back,
             processes_moved=sum(q.moved_out for q in st.queues.values()),
-            redis_memory=self._memory.info,
+            redis_memory=self._host.memory.info,
         )
 
     async def start_work(
@@ -412,6 +388,11 @@ class Worker:
             if v is not None
         }
         local = attrs.evolve(QueuePolicy(), **explicit)
+        # the same checks as Client.configure (ConfigError): whole numbers,
+        # seconds from 0 to ten years, backoff <= backoff_max
+        policy_fields(
+            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
+        )
         cfg = QueueConfig(
             queue,
             handler if batch_handler is None else batch_handler,
@@ -426,34 +407,7 @@ class Worker:
             prefetch=prefetch,
         )
         self._check_open()
-        async with self._queue_lock:
-            if queue in self._queues:
-                raise ConfigError(f"queue {queue!r} is served already; stop_work() it first")
-            if queue in self._gen.draining:
-                raise ConfigError(
-                    f"queue {queue!r} is still stopping: handlers that outlived the stop "
-                    "grace still run"
-                )
-            self._queues[queue] = cfg
-            try:
-                gen = await self._current_generation()
-                try:
-                    await self._binding.serve(self._conn, gen.id, gen.incarnation, queue, capacity)
-                    policy = await self._adopt_policy(gen.id, queue, local, explicit)
-                    cfg = self._queues[queue] = cfg.with_policy(policy)
-                    await self._start_runner(gen, cfg)
-                except (FencedError, RuntimeError) as exc:
-                    # RuntimeError: the generation's nursery closed under us
-                    # (it ended: fenced, or stopping).
-                    fenced = gen.scope.cancel_called or gen is not self._gen
-                    if self._lease.closing or (isinstance(exc, FencedError) and not fenced):
-                        raise
-                    # This identity was fenced meanwhile: the next one serves
-                    # the queue (it is in self._queues) and starts its runner.
-                    await self._current_generation()
-            except BaseException:
-                del self._queues[queue]
-                raise
+        await self._served.start(cfg, local, explicit)
 
     async def stop_work(self, queue: str) -> int:
         """Stop serving ``queue``: cancel its handlers and hand each process
@@ -477,54 +431,13 @@ class Worker:
         """
         check_queue(queue)
         self._check_open()
-        async with self._queue_lock:
-            if queue not in self._queues:
-                raise ConfigError(f"queue {queue!r} is not served by this worker")
-            del self._queues[queue]
-            gen = self._gen
-            runner = gen.runners.pop(queue, None)
-            if runner is not None and not await runner.stop(self.stop_grace):
-                left = runner.stopping_slots()
-                log.warning(
-                    "queue %s: %d handlers still run %g s after stop_work(); their processes "
-                    "are handed back as they exit",
-                    queue,
-                    len(left),
-                    self.stop_grace,
-                )
-                gen.draining[queue] = runner
-                if gen.nursery is not None:
-                    gen.nursery.start_soon(self._finish_draining, gen, queue, runner)
-                return runner.handed_back
-            back = await self._binding.unserve(self._conn, gen.id, queue)
-            return back + (runner.handed_back if runner is not None else 0)
-
-    async def _finish_draining(self, gen: Generation, queue: str, runner: QueueRunner) -> None:
-        """Unserve ``queue`` once the handlers that outlived stop_work()'s
-        grace have exited (retried until Redis answers)."""
-        await runner.wait_exited()
-        backoff = 0.05
-        while True:
-            try:
-                await self._binding.unserve(self._conn, gen.id, queue)
-                break
-            except (MeshConnectionError, CommandError) as exc:
-                log.debug("queue %s: could not unserve yet: %s", queue, exc)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-        gen.draining.pop(queue, None)
+        return await self._served.stop(queue, self.stop_grace)
 
     def running(self) -> list[tuple[Process, float]]:
         """The processes whose handlers run now, each with how long it has
         been running (seconds). Sync: no I/O. During a stop, these are the
         handlers the stop is waiting for."""
-        now = trio.current_time()
-        gen = self._gen
-        return [
-            (p, now - started)
-            for r in [*gen.runners.values(), *gen.draining.values()]
-            for p, started in r.stopping_slots()
-        ]
+        return self._served.running()
 
     def stop_time_left(self) -> float | None:
         """Seconds left of :attr:`stop_grace` while the worker is stopping
@@ -549,30 +462,7 @@ class Worker:
         """
         check_queue(queue)
         self._check_open()
-        cfg = self._queues.get(queue)
-        if cfg is None:
-            raise ConfigError(
-                f"queue {queue!r} is not served by this worker; start_work() it first"
-            )
-        if cfg.handler is not None:
-            raise ConfigError(
-                f"queue {queue!r} is served by a handler; dequeue() is for queues without one"
-            )
-        gen = await self._current_generation()
-        reply = await self._binding.claim(
-            self._conn,
-            gen.id,
-            gen.incarnation,
-            queue,
-            1,
-            cfg.max_attempts,
-            backoff_ms=int(cfg.backoff * 1000),
-            backoff_cap_ms=int(cfg.backoff_max * 1000),
-            ttl_ms=int(self.timing.ttl * 1000),
-            wake=False,
-            rate=cfg.rate,
-        )
-        return reply.processes[0] if reply.processes else None
+        return await self._served.claim_one(queue)
 
     async def finish(self, process: Process) -> bool:
         """Report ``process`` as finished: its task leaves the mesh.
@@ -586,14 +476,7 @@ class Worker:
                 safe (it then returns False if the first call went through).
         """
         self._check_open()
-        r = await self._binding.finish(
-            self._conn,
-            process.worker_id,
-            self._incarnation_of(process),
-            process.queue,
-            [process.id],
-        )
-        return r[0]
+        return await self._served.finish(process)
 
     async def give_back(
         self, process: Process, *, failed: bool = False, error: str | None = None
@@ -610,19 +493,7 @@ class Worker:
                 again is safe.
         """
         self._check_open()
-        cfg = self._queues.get(process.queue)
-        backoff, cap = (cfg.backoff, cfg.backoff_max) if cfg else (1.0, 60.0)
-        r = await self._binding.give_back(
-            self._conn,
-            process.worker_id,
-            process.queue,
-            [process.id],
-            failed=failed,
-            backoff_ms=int(backoff * 1000),
-            backoff_cap_ms=int(cap * 1000),
-            errors=[error[:2000]] if failed and error else None,
-        )
-        return r[0][0] != 0
+        return await self._served.give_back(process, failed, error)
 
     # --- internals -------------------------------------------------------------
 
@@ -630,116 +501,8 @@ class Worker:
         if self._closed or self._closing:
             raise ClosedError("this worker is stopped")
 
-    def _incarnation_of(self, process: Process) -> str:
-        return self._gen.incarnation if process.worker_id == self._gen.id else ""
-
     async def _current_generation(self) -> Generation:
         return await self._lease.current()
-
-    async def _start_runners(self, gen: Generation) -> None:
-        if gen.nursery is not None and self._housekeeping:
-            # the job-queue housekeeping of this generation, one round trip
-            # per heartbeat interval: fire periodic tasks, and re-read the
-            # policies of the served queues (a fleet's worker: the fleet's)
-            watch = PolicyWatch(self._keys.policy, gen.runners, self._apply_policy)
-            gen.nursery.start_soon(
-                run_scheduler, self._conn, self._binding, self.timing.interval, watch
-            )
-        for cfg in list(self._queues.values()):
-            await self._start_runner(gen, cfg)
-
-    async def _start_runner(self, gen: Generation, cfg: QueueConfig) -> None:
-        if cfg.handler is None or gen.nursery is None:
-            return
-        runner = QueueRunner(
-            self._conn,
-            self._binding,
-            gen.id,
-            gen.incarnation,
-            cfg,
-            self._stats.queue(cfg.queue),
-            gen.fence,
-            balance_wait=self.timing.interval,
-            ttl=self.timing.ttl,
-            early_cancels=gen.early_cancels,
-            replicate=self._replicate if self.min_replicas else None,
-        )
-        gen.runners[cfg.queue] = runner
-        await gen.nursery.start(runner.run)
-
-    async def _adopt_policy(
-        self, wid: str, queue: str, local: QueuePolicy, explicit: dict[str, Any]
-    ) -> QueuePolicy:
-        """The queue's stored policy; ``local`` (the start_work options) is
-        stored first if the queue has none. Options given explicitly that the
-        stored policy overrides are reported (a warning), not mixed in."""
-        fields = policy_fields(
-            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
-        )
-        raw = await self._binding.configure(self._conn, queue, "default", f"worker {wid}", fields)
-        assert raw is not None
-        policy = parse_policy(raw, queue)
-        diff = differences(policy, explicit)
-        if diff:
-            log.warning(
-                "queue %s: start_work options %s are overridden by the queue's policy (set by %s)",
-                queue,
-                ", ".join(diff),
-                policy.source or "configure",
-            )
-        return policy
-
-    def _apply_policy(self, queue: str, policy: QueuePolicy) -> None:
-        """A policy read from Redis: the runner of ``queue`` uses it from now on."""
-        cfg = self._queues.get(queue)
-        if cfg is None:
-            return
-        new = cfg.with_policy(policy)
-        if new == cfg:
-            return
-        self._queues[queue] = new
-        runner = self._gen.runners.get(queue)
-        if runner is not None:
-            runner.config = new
-        log.info("queue %s: applying the queue's policy %s", queue, policy)
-
-    async def _replicate(self) -> None:
-        """With ``min_replicas``: wait (up to R) until that many replicas have
-        every write made so far; MeshConnectionError if they do not."""
-        await self._conn.wait_replicas(self.min_replicas, self.timing.fence_after)
-
-    def _cancel_process(self, pid: str) -> None:
-        gen = self._gen
-        for runner in gen.runners.values():
-            if runner.cancel_process(pid):
-                return
-        gen.early_cancels[pid] = trio.current_time()
-
-    async def _listen(self) -> None:
-        expired, wake, cancel = await subscribe_expiry(self._pubsub, self._conn, self._keys)
-        async for msg in self._pubsub:
-            self._dispatch(msg, expired, wake, cancel)
-
-    def _dispatch(self, msg: Message, expired: bytes, wake: bytes, cancel: bytes) -> None:
-        if msg.kind == "reconnected":
-            # We may have missed anything: look at the durable state again.
-            for runner in self._gen.runners.values():
-                runner.nudge()
-            self._reaper.wake()
-            return
-        ch = msg.channel
-        if ch.startswith(wake):
-            # Redis took us out of the queue's idle set to wake us: claim.
-            if ch[len(wake) :].decode() == self._gen.id:
-                target = self._gen.runners.get(msg.data.decode())
-                if target is not None:
-                    target.nudge()
-        elif ch.startswith(cancel):
-            if ch[len(cancel) :].decode() == self._gen.id:
-                self._cancel_process(msg.data.decode())
-        elif ch == expired:
-            if self._keys.parse_heartbeat_key(msg.data) is not None:
-                self._reaper.heard_expiry()
 
     async def _leave(self) -> None:
         """The end of the worker's block: :meth:`_close`, shielded (it runs to
@@ -761,7 +524,7 @@ class Worker:
         self._lease.closing = True  # a fence during the stop retires, no rejoin
         self._stop_started = trio.current_time()
         gen = self._gen
-        runners = [*gen.runners.values(), *gen.draining.values()]
+        runners = self._served.runners()
         for r in runners:
             r.keep_ms = int(self.rejoin_grace * 1000)
             r.begin_stop()
@@ -837,65 +600,56 @@ async def open_worker(
 
     Raises:
         ConfigError: bad URL, namespace, worker id or timing (nothing started),
-            or the worker id is in use.
+            or the worker id is in use; called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
         ProtocolError: the namespace holds data of another protocol version.
     """
+    require_trio("mesh.open_worker")
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)
     worker_id = worker_options(worker_id, stop_grace, rejoin_grace)
-    # A half-open socket must not hold a fenced worker's hand-back forever.
-    reply_timeout = max(2 * timing.ttl, 5.0)
-    # One topology for both connections: they follow the master together (key-expiry
-    # events are node-local). "Not executed here" replies are retried within R.
-    topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
-    async with open_connection(
-        config,
-        name=f"mesh-worker:{worker_id}",
-        reply_timeout=reply_timeout,
-        topology=topology,
-        reroute_timeout=timing.fence_after,
-        # its writes are fenced by Redis (the lease's incarnation)
-        direct_writes=True,
-    ) as conn:
-        await check_server(conn)
-        # The event link only speeds things up: every H the heartbeat brings
-        # the durable state (work, cancels, overdue leases) anyway. Probing it
-        # every T, not every second, is enough, and 1,000 idle workers then
-        # cost Redis 1,000 / T pings a second, not 1,000. At most every 30 s:
-        # with long leases H is long too, and a dead link would cost that.
-        ping = min(max(1.0, timing.ttl), 30.0)
-        name = f"mesh-events:{worker_id}"
-        async with open_pubsub(config, name=name, ping_interval=ping, topology=topology) as pubsub:
-            worker = Worker(
-                conn, pubsub, keys, timing, worker_id, max_payload, stop_grace, rejoin_grace
-            )
-            worker.min_replicas = worker.client.min_replicas = replicas
-            worker._lease.min_replicas = replicas
-            reaper = worker._reaper
+    # a host of one: its own connections, reaper, scheduler and heartbeat loop
+    opened = open_host(config, keys, timing, worker_id, min_replicas=replicas, of_one=True)
+    async with opened as host, join(host, worker_id, max_payload, stop_grace, rejoin_grace) as w:
+        yield w
+
+
+@asynccontextmanager
+async def join(
+    host: Host, worker_id: str, max_payload: int, stop_grace: float, rejoin_grace: float
+) -> AsyncIterator[Worker]:
+    """Join the mesh as a worker, a member of ``host``, for the length of
+    this block: register (errors propagate), serve, and leave as
+    :func:`open_worker` says. Its lease runs shielded from the caller's
+    cancellations: a block cancelled from outside still keeps the lease
+    while its handlers exit and hands each process back after its handler
+    exited.
+
+    Raises:
+        ClosedError: the host is closed.
+        ConfigError, MeshConnectionError: the registration failed.
+    """
+    worker = Worker(host, worker_id, max_payload, stop_grace, rejoin_grace)
+    host.add(worker._member)
+    try:
+        async with trio.open_nursery() as nursery:
+            tasks = ShieldedTasks(nursery)
             try:
-                async with trio.open_nursery() as nursery:
-                    # Shielded from cancellations of the caller's scopes: a
-                    # block cancelled from outside still stops as described
-                    # above (lease renewed, handlers cancelled in groups, each
-                    # process handed back after its handler exited).
-                    tasks = ShieldedTasks(nursery)
-                    try:
-                        tasks.start_soon(worker._listen)
-                        tasks.start_soon(functools.partial(watch_memory, conn, worker._memory))
-                        await tasks.start(worker._lease.run)
-                        await tasks.start(reaper.run)
-                        try:
-                            yield worker
-                        finally:
-                            await worker._leave()
-                    finally:
-                        tasks.cancel()
-                        nursery.cancel_scope.cancel()
-            except BaseExceptionGroup as eg:
-                raise_single(eg)
+                await tasks.start(worker._lease.run)
+                host.registered()
+                try:
+                    yield worker
+                finally:
+                    await worker._leave()
+            finally:
+                tasks.cancel()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as eg:
+        raise_single(eg)
+    finally:
+        host.remove(worker._member)
 
 
 def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float) -> str:
@@ -910,45 +664,6 @@ def worker_options(worker_id: str | None, stop_grace: float, rejoin_grace: float
     if rejoin_grace > 0 and worker_id is None:
         raise ConfigError("rejoin_grace needs a stable worker_id: the one the worker rejoins as")
     if worker_id is None:
-        host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60]
-        worker_id = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(3)}"
+        worker_id = default_name()
     check_worker_id(worker_id)
     return worker_id
-
-
-async def subscribe_expiry(
-    pubsub: PubSub, conn: Connection, keys: Keys
-) -> tuple[bytes, bytes, bytes]:
-    """Subscribe ``pubsub`` to the key-expiry events of ``conn``'s db and
-    return the channel names a listener tells apart: that expiry channel,
-    then the namespace's wake and cancel channel prefixes. A connection lost
-    meanwhile is not an error: the pub/sub connection subscribes again when
-    it reconnects. Cancellation passes through."""
-    expired = f"__keyevent@{conn.config.db}__:expired".encode()
-    try:
-        await pubsub.subscribe(expired)
-    except MeshConnectionError:
-        pass  # subscribed on the reconnect
-    return expired, keys.wake_prefix.encode(), keys.cancel_prefix.encode()
-
-
-async def check_server(conn: Connection) -> None:
-    """Refuse an eviction policy that can evict heartbeat keys, read from
-    ``INFO memory`` (allowed by the documented ACL), else ``CONFIG GET``;
-    where neither is allowed, :class:`MemoryWatch` warns once instead."""
-    info = await read_memory(conn)
-    if info is not None:
-        policy = info.policy
-    else:
-        try:
-            r = await conn.execute("CONFIG", "GET", "maxmemory-policy")
-        except CommandError:
-            return
-        if len(r) != 2:
-            return
-        policy = r[1].decode()
-    if policy not in ("noeviction",):
-        raise ConfigError(
-            f"Redis maxmemory-policy is {policy!r}: it may evict leases and tasks; "
-            "trio-mesh needs 'noeviction'"
-        )

@@ -55,6 +55,14 @@
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
 --         field when the next one is due (the caller claims again then).
+--         With ARGV[12] empty (or absent) the queue has no rate limit and
+--         KEYS[18] is not touched (a caller that passes KEYS[19] passes it).
+-- KEYS[19] (optional) {ns}:paused:<Q> STRING, present while Q is paused
+--         (pause.lua): no one-shot task starts, nothing is taken from
+--         KEYS[16], and the reply says no tasks are left; persistent tasks
+--         are still taken (they are looked for among the first 1000 queued,
+--         the one-shot ones in between stay where they were), and due
+--         delayed tasks still move to the queue (without waking anyone).
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
@@ -127,6 +135,7 @@ if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
 end
 local wake = ARGV[10] == '1'
 local bucket, rate, per = KEYS[18], nil, nil
+if (ARGV[12] or '') == '' then bucket = nil end
 if bucket then
   rate, err = count_arg(ARGV[12], 'rate limit')
   if err then return err end
@@ -147,12 +156,18 @@ local now, now_micro = now_ms_us()
 -- A queue that never had a priority or a delayed task pays one EXISTS here.
 local next_due = -1
 -- one call in the usual case: nothing delayed, reserved or with a priority
-local has_delayed, has_prio, waiting = false, false, false
-local extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16])
+local has_delayed, has_prio, waiting, paused = false, false, false, false
+local extra
+if KEYS[19] then  -- the pause costs no call of its own
+  extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[19])
+else
+  extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16])
+end
 if extra > 0 then
   has_delayed = redis.call('EXISTS', KEYS[8]) == 1
   has_prio = redis.call('EXISTS', KEYS[16]) == 1
-  waiting = extra > (has_delayed and 1 or 0) + (has_prio and 1 or 0)  -- reserved
+  paused = KEYS[19] ~= nil and redis.call('EXISTS', KEYS[19]) == 1
+  waiting = extra > (has_delayed and 1 or 0) + (has_prio and 1 or 0) + (paused and 1 or 0)  -- reserved
 end
 if has_delayed then
   local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
@@ -171,7 +186,7 @@ if has_delayed then
   local first = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
   if #first > 0 then
     next_due = math.max(0, tonumber(first[2]) - now)
-    if next_due == 0 then
+    if next_due == 0 and not paused then
       wake_idle(KEYS[12], ARGV[11], ARGV[3], redis.call('ZCOUNT', KEYS[8], '-inf', now))
     end
   end
@@ -203,12 +218,16 @@ end
 
 -- Tasks with a priority first (after those reserved for W), then the list.
 local take = {}
-if has_prio and n > #forced_list then
+if has_prio and not paused and n > #forced_list then
   local z = redis.call('ZPOPMIN', KEYS[16], n - #forced_list)
   for i = 1, #z, 2 do take[#take + 1] = {string.sub(z[i], 17), false, -tonumber(z[i + 1])} end
 end
 local items = {}
-if n > #take then items = redis.call('LPOP', KEYS[3], n - #take) or {} end
+local want = n - #take
+if paused then  -- only persistent tasks start: look at the first 1000 queued
+  want = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0 and 1000 or 0
+end
+if want > 0 then items = redis.call('LPOP', KEYS[3], want) or {} end
 if #items == 0 and #take == 0 then
   redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
   return {now, 0, next_due}
@@ -229,7 +248,9 @@ if has_persistent and ARGV[6] ~= '0' then
   local total, capacity, mine, extra = fair_share(KEYS[15], ARGV[1])
   room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
 end
-local left, gained = {}, 0
+-- left: what goes back to the head, in order; held: those of them the
+-- fair share held back (the others are one-shot tasks of a paused queue)
+local left, held, gained = {}, 0, 0
 -- what to take, in order: payload, persistent, priority level (nil: none)
 local tp, tpers, tlevel = {}, {}, {}
 for i, t in ipairs(take) do tp[i], tpers[i], tlevel[i] = t[1], t[2], t[3] end
@@ -264,6 +285,8 @@ local waited = false
 for i, payload in ipairs(items) do
   local persistent = queued_p[i] or false
   local over = persistent and room <= 0 and not forced[payload]
+  local stay = paused and (not persistent or #tp >= n)
+  over = over and not stay
   if over and patience > 0 then
     if not waited then
       waited = {}
@@ -272,8 +295,11 @@ for i, payload in ipairs(items) do
     end
     over = not waited[i]
   end
-  if over then
+  if stay then
     left[#left + 1] = payload
+  elseif over then
+    left[#left + 1] = payload
+    held = held + 1
   else
     if persistent then
       local w = weighted and task_weight(KEYS[15], payload) or 1
@@ -286,16 +312,16 @@ for i, payload in ipairs(items) do
 end
 for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
 
-local out = {now, #left > 0 and -1 or redis.call('LLEN', KEYS[3]), next_due}
-if has_prio and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[16]) end
-if wake and #left == 0 and #tp < n then
+local out = {now, held > 0 and -1 or (paused and 0 or redis.call('LLEN', KEYS[3])), next_due}
+if has_prio and not paused and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[16]) end
+if wake and held == 0 and #tp < n then
   redis.call('SADD', KEYS[12], ARGV[1])
 else
   redis.call('SREM', KEYS[12], ARGV[1])
 end
 -- Held back: peers under their share may be idle and were not woken (the
 -- wake went to us). Each held-back server leaves the set, so the chain ends.
-if #left > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], #left) end
+if held > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], held) end
 if #tp == 0 then return out end
 if bucket then
   tokens = tokens - #tp

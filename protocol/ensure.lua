@@ -1,9 +1,9 @@
 -- ensure.lua: make payloads persistent tasks of a queue, each unique per
 -- (queue, payload): a payload that is already a persistent task of Q (queued,
--- delayed or running) is left alone; one that is queued or delayed as a
--- one-shot task of Q is refused, as enqueue.lua refuses the reverse. Every
--- payload gets the weight ARGV[3] (its part of the fair share: see include/fair_share.lua
--- ), a persistent task already there too (if it runs, its
+-- delayed or running) is left alone; one that is queued, delayed or running
+-- as a one-shot task of Q is refused, as enqueue.lua refuses the reverse. Every
+-- payload gets the weight ARGV[3] (its part of the fair share: see
+-- include/fair_share.lua), a persistent task already there too (if it runs, its
 -- worker's held weight follows).
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
@@ -15,19 +15,21 @@
 -- KEYS[7] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 -- KEYS[8] {ns}:share:<Q>         HASH weights and capacities (README.md)
 -- KEYS[9] {ns}:procs:<Q>         HASH process id -> process record (read: the
---                                worker of a running task whose weight changes)
+--                                worker of a running task whose weight changes,
+--                                and one-shot processes of a new payload)
 -- KEYS[10] {ns}:prio:<Q>         ZSET of queued one-shot tasks with a priority (include/prio_add.lua)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3] the weight of the payloads, a whole number from 1 to 1000000
 -- ARGV[4..] payloads
 -- Returns: per payload 1 if added, 0 if it existed already.
--- Errors: CONFLICT (a payload is queued or delayed as a one-shot task of Q:
---         nothing was added), BAD_ARG (weight), OOM (Redis is at maxmemory:
---         nothing changed, even for payloads already there).
+-- Errors: CONFLICT (a payload is queued, delayed or running as a one-shot
+--         task of Q: nothing was added), BAD_ARG (weight), OOM (Redis is at
+--         maxmemory: nothing changed, even for payloads already there).
 -- Cost: the one-shot check reads the queue (LPOS, or one pass for many
---       payloads): O(queue length) when the queue holds tasks, and the
---       tasks with a priority, if any.
+--       payloads): O(queue length) when the queue holds tasks, the tasks
+--       with a priority, if any, and the records of Q's running processes
+--       (O(running)) when a payload is new.
 -- Publishes: Q on the wake channels of up to (number added) + 1 idle servers.
 --!include include/now_ms.lua
 --!include include/record.lua
@@ -66,6 +68,20 @@ local function conflict(p)
 end
 for _, p in ipairs(new) do
   if redis.call('ZSCORE', KEYS[6], p) then return conflict(p) end
+end
+-- Running as a one-shot task: a process of Q whose record (see
+-- include/record.lua) has the kind "o".."o9" and ends with the payload. (A persistent
+-- process of a new payload was cancelled: its handler may still be exiting.)
+if #new > 0 and redis.call('HLEN', KEYS[9]) > 0 then
+  local wanted = {}
+  for _, p in ipairs(new) do wanted[p] = true end
+  for _, rec in ipairs(redis.call('HVALS', KEYS[9])) do
+    local p = string.match(rec, '^[^%z]*%zo%d?%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
+    if p and wanted[p] then
+      return redis.error_reply('CONFLICT task ' .. seen[p] .. ' of this call runs as a one-shot task of queue '
+        .. ARGV[1] .. '; a payload is one-shot or persistent in a queue, not both')
+    end
+  end
 end
 if #new > 0 and redis.call('EXISTS', KEYS[10]) == 1 then
   for _, m in ipairs(redis.call('ZRANGE', KEYS[10], 0, -1)) do

@@ -21,6 +21,7 @@ __all__ = [
     "running_process",
     "stderr_until",
     "text",
+    "utf8",
 ]
 
 
@@ -78,6 +79,11 @@ async def mesh_cli(
             env=env if env is not None else clean_env(),
             cwd=cwd,
         )
+
+
+def utf8(text: str) -> dict[str, str]:
+    """A payload as ``--json`` prints valid UTF-8."""
+    return {"encoding": "utf-8", "data": text}
 
 
 def text(r: subprocess.CompletedProcess[bytes]) -> str:

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,15 +32,11 @@ from .cli_helpers import (
     running_process,
     stderr_until,
     text,
+    utf8,
 )
 
 UNREACHABLE = "redis://127.0.0.1:1"
 PASSWORD = "pw-0f9a1c77e2"
-
-
-def utf8(text: str) -> dict[str, str]:
-    """A payload as ``--json`` prints valid UTF-8."""
-    return {"encoding": "utf-8", "data": text}
 
 
 @pytest.fixture
@@ -60,6 +57,10 @@ SUBCOMMANDS = [
     "adopt-namespace",
     "dead-letters",
     "configure",
+    "jobs",
+    "job",
+    "pause",
+    "resume",
     "schedule",
     "status",
     "exporter",
@@ -249,7 +250,7 @@ async def test_a_stdin_line_over_the_payload_limit_is_one_line(
     big = b"x" * (DEFAULT_MAX_PAYLOAD + 1)
     args = ["q"] if command == "reconcile" else ["q", "-"]
     r = await mesh_cli(command, *args, *ns_args, stdin=b"ok\n\n" + big + b"\n")
-    line = assert_one_line_error(r, 2)
+    line = assert_one_line_error(r, 1)  # bad data, not a usage error (2)
     assert f"line 3 of stdin is {len(big)} bytes" in line, line
     assert "nothing was sent" in line
     async with mesh.open_client(redis_url, namespace=namespace) as client:
@@ -327,6 +328,7 @@ async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: li
             "running": 2,
             "persistent": 2,
             "dead": 0,
+            "paused": False,
         }
         assert queues["jobs"]["queued"] == 3
         assert sorted(p["task"]["data"] for p in snap["processes"]) == ["d1", "d2"]
@@ -336,6 +338,8 @@ async def test_status_table_and_json(redis_url: str, namespace: str, ns_args: li
         r = await mesh_cli("status", *ns_args)
         assert r.returncode == 0, text(r)
         lines = r.stdout.decode().splitlines()
+        # the time in the first line is UTC, as every time the CLI prints
+        assert re.search(r"  \d\d:\d\d:\d\d UTC$", lines[0]), lines[0]
         header = next(ln for ln in lines if ln.startswith("QUEUE "))
         row = next(ln for ln in lines if ln.startswith("jobs "))
         for col, value in [("QUEUED", "3"), ("RUNNING", "0"), ("DEAD", "0")]:
@@ -857,16 +861,27 @@ def test_the_demo_takes_as_long_in_the_help_as_in_the_readme() -> None:
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:
+    """.ci/run runs the README's install-and-test command as the README writes
+    it (it reads it from README.md), and that command installs the test extra
+    only: so the test extra must hold everything the tests run (mypy for
+    tests/test_packaging.py included)."""
     readme = README.read_text()
-    ci = (README.parent / ".ci" / "run").read_text()
     blocks = re.findall(r"```sh\n(.*?)\n```", readme, re.S)
     demo, tests = blocks[0], blocks[1]
     assert demo == (
         "python3 -m venv .venv && .venv/bin/pip install -e '.[demo]' && .venv/bin/mesh demo"
     )
-    install, run = tests.split(" && ", 1)[1].split(" && ")
-    assert install == ".venv/bin/pip install -e '.[test]'"
-    assert run in ci.splitlines(), "the README runs the tests as .ci/run does"
+    assert tests == (
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
+    )
+    ci = README.parent / ".ci" / "run"
+    r = subprocess.run(["bash", str(ci), "--readme-command"], capture_output=True, check=True)
+    assert r.stdout.decode() == tests + "\n"
+    assert "-m pytest" not in ci.read_text(), ".ci/run runs no test command of its own"
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(d.startswith("mypy") for d in extras["test"]), "tests/test_packaging.py runs mypy"
 
 
 async def test_readme_embedding_example_runs(redis_url: str, namespace: str) -> None:

@@ -128,7 +128,7 @@ async def test_schedule_add_list_remove(redis_url: str, namespace: str, ns_args:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         assert [x.task for x in await client.schedules()] == [b"nightly"]
     r = await mesh_cli("schedule", "add", "q", "x", "--cron", "99 * * * *", *ns_args)
-    assert "cron" in assert_one_line_error(r, 1)
+    assert "cron" in assert_one_line_error(r, 2)  # a usage error, as --every 0
     r = await mesh_cli("schedule", "add", "q", "x", *ns_args)  # neither --every nor --cron
     assert_one_line_error(r, 2)
 

@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+import mesh
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
 from mesh._topology import Topology
@@ -518,6 +519,60 @@ async def test_tls(short_tmp: Path) -> None:
                 await c.execute("PING")
     finally:
         server_cm.__exit__(None, None, None)
+
+
+def _self_signed(d: Path, name: str, cn: str) -> tuple[Path, Path]:
+    """A self-signed certificate and its key (PEM): a client's own CA."""
+    cert, key = d / f"{name}.pem", d / f"{name}-key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+            "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={cn}",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+CERT_PASSWORD = "pw-tls-77c1e0"
+
+
+async def test_tls_with_a_client_certificate(short_tmp: Path) -> None:
+    """A server with ``--tls-auth-clients yes`` answered "Connection reset by
+    peer" (issue 27): the URL options ssl_certfile and ssl_keyfile give it a
+    client certificate."""
+    args = _tls_server_args(short_tmp)
+    if args is None:
+        pytest.skip("openssl CLI not found: cannot make a test certificate")
+    client_cert, client_key = _self_signed(short_tmp, "client", "mesh-client")
+    both = short_tmp / "both.pem"  # the server trusts its own CA and the client's
+    both.write_bytes((short_tmp / "cert.pem").read_bytes() + client_cert.read_bytes())
+    args[args.index("--tls-ca-cert-file") + 1] = str(both)
+    args[args.index("--tls-auth-clients") + 1] = "yes"
+    combined = short_tmp / "client-combined.pem"  # certificate and key in one file
+    combined.write_bytes(client_cert.read_bytes() + client_key.read_bytes())
+    tls_port = free_port()
+    with run_redis_server(["--tls-port", str(tls_port), "--requirepass", CERT_PASSWORD, *args]):
+        ca = short_tmp / "cert.pem"
+        base = f"rediss://:{CERT_PASSWORD}@127.0.0.1:{tls_port}/0?ssl_ca_certs={ca}"
+        with pytest.raises(MeshConnectionError) as refused:
+            async with open_connection(base + "&connect_timeout=2") as conn:
+                await conn.execute("PING")
+        assert CERT_PASSWORD not in str(refused.value)
+        url = f"{base}&ssl_certfile={client_cert}&ssl_keyfile={client_key}"
+        async with open_connection(url) as conn:
+            assert await conn.execute("PING") == b"PONG"
+        async with mesh.open_client(f"{base}&ssl_certfile={combined}", namespace="tls") as c:
+            await c.enqueue("q", "over mutual TLS")
+            assert await c.queue_length("q") == 1
+        for bad in (
+            f"{base}&ssl_certfile={short_tmp / 'missing.pem'}",
+            f"{base}&ssl_certfile={client_cert}&ssl_keyfile={short_tmp / 'cert.pem'}",
+        ):
+            with pytest.raises(ConfigError, match="cannot load the client certificate") as e:
+                async with open_connection(bad):
+                    pass  # pragma: no cover
+            assert CERT_PASSWORD not in str(e.value) and "***" in str(e.value)
 
 
 # ------------------------------------------------------------------ failures

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import importlib.util
 import os
 import re
@@ -13,8 +14,9 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -23,6 +25,8 @@ import mesh
 from mesh._connection import open_connection
 from mesh._errors import CommandError
 from mesh.testing import RedisServer, wait_until
+
+from .cli_helpers import assert_one_line_error, mesh_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -125,6 +129,18 @@ def test_cli_page_has_every_subcommand() -> None:
     headings = [line for line in page("cli.md").splitlines() if line.startswith("## ")]
     missing = [c for c in sub.choices if not any(f"`mesh {c}`" in h for h in headings)]
     assert missing == []
+
+
+def test_operating_md_names_the_dashboards_dead_letter_actions() -> None:
+    """The dashboard serves requeue and purge of dead letters (its app's
+    routes); operating.md once said it offered neither."""
+    app = (ROOT / "mesh" / "dashboard" / "_app.py").read_text()
+    assert "/api/dead/requeue" in app and "/api/dead/purge" in app
+    text = page("operating.md")
+    section = text[text.index("## Dashboard") :]
+    section = " ".join(section[: section.index("\n## ", 1)].split())
+    assert "requeue or purge the dead letters of a queue" in section
+    assert "not offered" not in section
 
 
 def test_every_python_block_in_the_docs_parses() -> None:
@@ -268,3 +284,57 @@ def test_the_quickstart_does_what_it_says(quickstart: Path, own_redis: RedisServ
     assert "wrote report daily" in lines and "wrote report weekly" in lines
     assert "disconnected from pump-2" in lines
     assert any(line.startswith("connected to valve-7 (token ") for line in lines)
+
+
+async def test_the_asyncio_section_of_concepts_md_runs(redis_url: str, namespace: str) -> None:
+    """The code of "Using the mesh from an asyncio program" does what it says
+    under asyncio.run (in a thread of this test, which itself runs in trio)."""
+    text = page("concepts.md")
+    section = text[text.index("## Using the mesh from an asyncio program") :]
+    (source,) = code_blocks(section, "python")[:1]
+    assert 'URL = "redis://127.0.0.1:6379"' in source and 'namespace="app"' in source
+    source = source.replace('"redis://127.0.0.1:6379"', repr(redis_url))
+    source = source.replace('namespace="app"', f"namespace={namespace!r}")
+    source = source.replace("asyncio.run(main())", "")
+    scope: dict[str, Any] = {}
+    exec(compile(source, "concepts.md", "exec"), scope)
+    enqueue_reports: Callable[[list[str]], Coroutine[Any, Any, int]] = scope["enqueue_reports"]
+    assert await trio.to_thread.run_sync(asyncio.run, enqueue_reports(["a", "b"])) == 2
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.queue_length("reports") == 2
+
+
+async def test_open_client_worker_and_fleet_from_asyncio_name_trio(redis_url: str) -> None:
+    async def enter(cm: Any) -> None:
+        async with cm:
+            raise AssertionError("entered under asyncio")
+
+    openers: list[tuple[str, Callable[[str], Any]]] = [
+        ("mesh.open_client", mesh.open_client),
+        ("mesh.open_worker", mesh.open_worker),
+        ("mesh.open_fleet", mesh.open_fleet),
+    ]
+    for name, opener in openers:
+        with pytest.raises(mesh.ConfigError) as info:
+            await trio.to_thread.run_sync(asyncio.run, enter(opener(redis_url)))
+        message = str(info.value)
+        assert message.startswith(f"{name} needs trio and was called under asyncio"), message
+        assert "Using the mesh from an asyncio program" in message
+
+
+@pytest.mark.slow
+async def test_the_demo_under_the_documented_acl_says_what_it_misses(
+    own_redis: RedisServer,
+) -> None:
+    """operating.md's ACL leaves SCAN out; ``mesh demo --redis`` needs it to
+    remove its namespace. It used to fail at the end with Redis's bare
+    NOPERM; it says which permission is missing and what to do, first."""
+    async with open_connection(own_redis.url) as admin:
+        assert await admin.execute(*acl_command("demo-*", "s3cret")) == b"OK"
+    url = own_redis.url.replace("redis://", "redis://mesh-app:s3cret@")
+    r = await mesh_cli("demo", "--redis", url)
+    line = assert_one_line_error(r, 1)
+    assert "may not run SCAN" in line and "ACL SETUSER mesh-app +scan" in line, line
+    assert "nothing was written" in line and "s3cret" not in line
+    async with open_connection(own_redis.url) as admin:
+        assert await admin.execute("DBSIZE") == 0

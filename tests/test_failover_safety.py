@@ -37,7 +37,13 @@ def test_the_failover_watch_follows_the_announcements() -> None:
         "slave 127.0.0.1:7002 127.0.0.1 7002 @ mymaster 127.0.0.1 7001",
         1.1,
     )
-    assert w.candidate == new and w.old == old
+    assert w.candidate == new and w.old == old and w.promoted is None  # not yet usable
+    w.feed(
+        "+promoted-slave",
+        "slave 127.0.0.1:7002 127.0.0.1 7002 @ mymaster 127.0.0.1 7001",
+        1.5,
+    )
+    assert w.promoted == new and w.in_progress(1.6)
     w.feed("+switch-master", "mymaster 127.0.0.1 7001 127.0.0.1 7002", 1.7)
     assert not w.in_progress(1.8) and w.leaving(old, 9.0) and not w.leaving(new, 9.0)
     assert w.replaced(old) == new and w.replaced(new) is None

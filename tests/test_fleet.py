@@ -179,3 +179,35 @@ async def _true(v: bool) -> bool:
 
 def _unused(p: Process) -> None:  # pragma: no cover
     pass
+
+
+async def test_a_worker_that_left_a_fleet_still_has_its_counts_reported(
+    redis_url: str, namespace: str
+) -> None:
+    """The host reports the per-minute counts of all its members in one
+    report; a worker that leaves before the next report is still in it."""
+
+    async def handler(p: Process) -> None:
+        if p.task.startswith(b"bad"):
+            raise ValueError("no")
+
+    async with (
+        mesh.open_fleet(redis_url, namespace=namespace, ttl=3.0) as fleet,
+        mesh.open_client(redis_url, namespace=namespace) as client,
+    ):
+        async with fleet.open_worker() as w:
+            await w.start_work("jobs", handler, max_attempts=1)
+            for t in ("ok1", "ok2", "bad1"):
+                await client.enqueue("jobs", t)
+            await wait_until(
+                lambda: _true(
+                    (s := w.statistics()).processes_finished == 2 and s.processes_failed == 1
+                )
+            )
+        assert fleet.workers == []
+
+        async def reported() -> bool:
+            (counts,) = await client.minute_counts(["jobs"], minutes=2)
+            return (sum(counts.finished), sum(counts.failed)) == (2, 1)
+
+        await wait_until(reported, within=20, what="the counts of the worker that left")

@@ -18,6 +18,7 @@ from mesh._errors import ConfigError
 from mesh._keys import Keys
 from mesh._lease import Generation, Lease, LeaseTiming
 from mesh._pubsub import open_pubsub
+from mesh._renewals import OwnHeartbeat
 from mesh._scripts import Binding, HeartbeatReply
 from mesh._stats import Recorder
 from mesh._supervisor import Reaper
@@ -96,6 +97,7 @@ async def a_lease(
             start_runners=start_runners,
             cancel_process=cancelled.append,
             recorder=recorder,
+            driver=OwnHeartbeat(conn, binding),
         )
         host = Host(conn, binding, lease, recorder, generations, cancelled)
         async with trio.open_nursery() as nursery:
@@ -165,6 +167,7 @@ async def test_the_first_registration_error_propagates(
             start_runners=_no_runners,
             cancel_process=lambda pid: None,
             recorder=Recorder(),
+            driver=OwnHeartbeat(conn, b),
         )
         async with trio.open_nursery() as nursery:
             with pytest.raises(ConfigError, match="worker id w1 is in use"):

@@ -23,7 +23,7 @@ import trio
 import mesh
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._memory import MemoryWatch, parse_memory_info, read_memory
+from mesh._memory import POLL_INTERVAL, MemoryWatch, parse_memory_info, read_memory
 from mesh._scripts import Binding
 from mesh._url import parse_url
 from mesh._view import counts, overview, snapshot
@@ -393,3 +393,24 @@ async def test_a_lease_that_vanishes_while_renewed_is_blamed_on_eviction(
         await wait_until(lambda: worker.id != first, within=5, what="the worker rejoined")
         said = [r.getMessage() for r in caplog.records if "vanished" in r.getMessage()]
         assert len(said) == 1 and first in said[0] and "evicted" in said[0]
+
+
+async def test_a_fleet_reads_the_policy_once_for_all_its_workers(own_redis: RedisServer) -> None:
+    ns = "m" + secrets.token_hex(3)
+    url = own_redis.url
+    async with (
+        open_connection(url) as conn,
+        mesh.open_fleet(url, namespace=ns, ttl=TTL) as fleet,
+        fleet.open_worker() as w1,
+        fleet.open_worker() as w2,
+        fleet.open_worker() as w3,
+    ):
+        await wait_until(lambda: fleet.memory.info is not None)
+        await conn.execute("CONFIG", "RESETSTAT")
+        # a deliberate window of one poll interval and a bit: one poller
+        await trio.sleep(POLL_INTERVAL + 0.5)
+        stats = (await conn.execute("INFO", "commandstats")).decode()
+        calls = int(stats.split("cmdstat_info:calls=")[1].split(",")[0])
+        assert 1 <= calls <= 2, calls  # one fleet, three workers: one INFO per interval
+        for w in (w1, w2, w3):
+            assert w.statistics().redis_memory == fleet.memory.info

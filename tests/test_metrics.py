@@ -146,6 +146,10 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
             assert value(s, "mesh_queue_length", queue="devices") == 2
             assert value(s, "mesh_persistent_tasks", queue="devices", state="unowned") == 2
             assert value(s, "mesh_persistent_tasks", queue="devices", state="owned") == 0
+            assert value(s, "mesh_queue_paused", queue="jobs") == 0
+            await client.pause("jobs")
+            assert value(await scrape(url), "mesh_queue_paused", queue="jobs") == 1
+            await client.resume("jobs")
             assert value(s, "mesh_queue_dead_letters", queue="jobs") == 0
             # how long they have had no owner is kept in Redis: a new
             # exporter (no memory of earlier scrapes) reads the same time
@@ -269,3 +273,115 @@ async def test_a_metrics_port_in_use_is_a_config_error() -> None:
         with pytest.raises(mesh.ConfigError, match="cannot serve metrics"):
             async with serve_metrics(registry, port=port):
                 pass  # pragma: no cover
+
+
+@pytest.mark.slow
+async def test_a_process_moved_by_a_rebalance_is_counted_and_logged_as_moved(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 27: a process handed back for balance was counted in no metric
+    and logged as "cancelled"."""
+    (tmp_path / "hold_app.py").write_text(
+        "import trio\n\nasync def hold(p):\n    await trio.sleep_forever()\n\n"
+        "queues = {'devices': hold}\n"
+    )
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.ensure_many("devices", ["d1", "d2", "d3", "d4"])
+    async with running_process(
+        [
+            *(sys.executable, "-m", "mesh.cli", "worker", "hold_app:queues", "--ttl", "1"),
+            *("--metrics-port", "0", "--redis", redis_url, "--namespace", namespace),
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    ) as proc:
+        url = await served_url(proc)
+        await until_scraped(
+            url,
+            lambda s: value(s, "mesh_worker_processes_running", queue="devices") == 4,
+            what="the CLI worker holding the four devices",
+        )
+
+        async def hold(p: mesh.Process) -> None:
+            await trio.sleep_forever()
+
+        async with mesh.open_worker(redis_url, namespace=namespace, ttl=1.0) as peer:
+            await peer.start_work("devices", hold)
+            s = await until_scraped(
+                url,
+                lambda s: value(s, "mesh_worker_processes_moved_total", queue="devices") == 2,
+                within=20,
+                what="two devices moved to the new peer",
+            )
+            assert value(s, "mesh_worker_processes_cancelled_total", queue="devices") == 0
+            log = await stderr_until(proc, rb"(moved devices .*\n.*){2}", within=20)
+            assert b"cancelled devices" not in log, log.decode()
+            assert peer.statistics().queues["devices"].running == 2
+        proc.terminate()
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+
+
+async def test_the_delayed_gauge_counts_delayed_jobs_and_says_so(
+    redis_url: str, namespace: str
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue("jobs", "later", delay=3600)
+        async with served(MeshCollector(client)) as url:
+            assert value(await scrape(url), "mesh_queue_delayed", queue="jobs") == 1
+
+            def get() -> str:
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    return str(r.read().decode())
+
+            body = await trio.to_thread.run_sync(get)
+    (help_line,) = [x for x in body.splitlines() if x.startswith("# HELP mesh_queue_delayed ")]
+    assert "enqueued with a delay" in help_line and "retry" in help_line, help_line
+
+
+@pytest.mark.slow
+async def test_mesh_exporter_outlives_redis_and_logs_each_outage_once() -> None:
+    """Issue 27: the exporter exited 1 when Redis was down at start (so the
+    documented ``mesh_redis_up == 0`` alert could never fire), and with Redis
+    gone later a scrape waited for the connect timeout and logged nothing."""
+    with run_redis_server() as server:
+        server.stop()  # down before the exporter starts
+        async with running_process(
+            [
+                *(sys.executable, "-m", "mesh.cli", "exporter", "--port", "0"),
+                *("--redis", server.url, "--namespace", "x"),
+            ],
+            stderr=subprocess.PIPE,
+            env=clean_env(),
+        ) as proc:
+            log = await stderr_until(proc, rb"/metrics")
+            m = re.search(rb"http://\S+/metrics", log)
+            assert m is not None, log
+            url = m.group().decode()
+            for _ in range(3):
+                s = await scrape(url)
+                assert value(s, "mesh_redis_up") == 0
+                assert not any(name.startswith("mesh_queue") for name, _ in s)
+            server.start()
+            await until_scraped(
+                url, lambda s: value(s, "mesh_redis_up") == 1, within=20, what="Redis back"
+            )
+            async with mesh.open_client(server.url, namespace="x") as client:
+                await client.enqueue("q", "a")
+            assert value(await scrape(url), "mesh_queue_length", queue="q") == 1
+            server.stop()  # gone while the exporter is connected
+            for _ in range(3):
+                assert value(await scrape(url), "mesh_redis_up") == 0
+            proc.terminate()
+            with trio.fail_after(10):
+                assert await proc.wait() == 0
+            assert proc.stderr is not None
+            while chunk := await proc.stderr.receive_some():
+                log += chunk
+    lines = log.decode().splitlines()
+    # two outages (at start, and later), each logged once; one recovery
+    down = [x for x in lines if "mesh_redis_up is 0 until it is back" in x]
+    back = [x for x in lines if "Redis is back" in x]
+    assert len(down) == 2 and len(back) == 1, log.decode()
+    assert all("WARNING" in x for x in down), down

@@ -142,6 +142,44 @@ async def test_ensure_of_a_one_shot_payload_changes_nothing(
     assert await b.ensure(conn, "other", [b"job-2"]) == [True]
 
 
+async def test_ensure_of_a_running_one_shot_payload_changes_nothing(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """Running is the third place a one-shot task can be (issue 27): ensuring
+    it then would run the payload twice, once of each kind."""
+    await b.enqueue(conn, Q, [b"job\x00-1"], 3)  # a priority, and a NUL in the payload
+    await b.enqueue(conn, Q, [b"job-2"])
+    inc = await join(b, conn, "w1", Q)
+    ps = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
+    assert {p.task for p in ps} == {b"job-2", b"job\x00-1"}
+    assert await conn.execute("LLEN", keys.queue(Q)) == 0
+    with pytest.raises(ConflictError, match="task 1 of this call runs as a one-shot task"):
+        await b.ensure(conn, Q, [b"dev", b"job-2"])
+    with pytest.raises(ConflictError, match="task 0 of this call runs as a one-shot task"):
+        await b.ensure(conn, Q, [b"job\x00-1"])
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == []
+    assert await conn.execute("HLEN", keys.persistent(Q)) == 0
+    assert await conn.execute("SCARD", keys.standby(Q)) == 0
+    # a suffix of a running payload, or the same payload in another queue, is no conflict
+    assert await b.ensure(conn, Q, [b"-2", b"b-2"]) == [True, True]
+    assert await b.ensure(conn, "other", [b"job-2"]) == [True]
+    # finished: the payload is free to become persistent
+    await b.finish(conn, "w1", inc, Q, [p.id for p in ps if p.task == b"job-2"])
+    assert await b.ensure(conn, Q, [b"job-2"]) == [True]
+
+
+async def test_ensure_again_while_a_cancelled_persistent_process_exits(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    await b.ensure(conn, Q, [b"dev"])
+    inc = await join(b, conn, "w1", Q)
+    (p,) = (await b.claim(conn, "w1", inc, Q, 1, 0)).processes
+    await b.cancel(conn, Q, b"dev")
+    # its record may still be there while its handler exits: not a one-shot task
+    assert await b.ensure(conn, Q, [b"dev"]) == [True]
+    assert p.persistent
+
+
 async def test_ensure_is_unique_per_queue_and_payload(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
@@ -1268,14 +1306,19 @@ def test_claim_call_is_built_and_packed_once_per_argument_set(keys: Keys) -> Non
     assert b.claim_call("w1", "i1", Q, 10, 3, fair=False, ttl_ms=5000).args[5] == 0
     assert b.claim_call("w1", "i2", Q, 10, 3, fair=True, ttl_ms=5000).args[1] == "i2"
     rated = b.claim_call("w1", "i1", Q, 10, 3, fair=True, ttl_ms=5000, rate=(5, 1000))
-    assert rated.keys[-1] == keys.rate(Q) and list(rated.args[-2:]) == [5, 1000]
+    assert rated.keys[-2:] == (keys.rate(Q), keys.paused(Q))
+    assert list(rated.args[-2:]) == [5, 1000]
     cmd = call.command()
     plain = ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
     assert type(cmd) is Packed and cmd == plain
     assert pack(cmd) == [b"".join(pack(plain))]
     assert call.command(source=True)[:2] == ("EVAL", call.script.source)
-    assert len(call.keys) == 17 and call.keys[0] == keys.heartbeat("w1")
-    assert list(call.args) == ["w1", "i1", Q, 10, 3, 1, 1000, 60_000, 5000, 1, keys.wake_prefix]
+    assert len(call.keys) == 19 and call.keys[0] == keys.heartbeat("w1")
+    # no rate limit: the bucket's arguments are empty; the pause flag is last
+    assert call.keys[-2:] == (keys.rate(Q), keys.paused(Q))
+    assert list(call.args) == [
+        "w1", "i1", Q, 10, 3, 1, 1000, 60_000, 5000, 1, keys.wake_prefix, "", "",
+    ]  # fmt: skip
 
 
 def test_finish_call_names_its_keys_and_ids(keys: Keys) -> None:

@@ -333,13 +333,13 @@ async def test_about_herd_idle_servers_act_on_a_retry_due_time(
     monkeypatch.setattr(random, "random", lambda: next(draws))
     r.retry_due(1_000, 5.0, 300)  # 0.5 x 300 >= HERD: leaves it to others
     r.retry_due(1_000, 4.0, 300)  # the same due time: no new draw
-    assert r._next_due == float("inf")
+    assert r._core.next_due == float("inf")
     t = trio.current_time()
     r.retry_due(2_000, 5.0, 300)  # 0.001 x 300 < HERD: acts
-    assert t + 5.0 <= r._next_due <= trio.current_time() + 5.0
+    assert t + 5.0 <= r._core.next_due <= trio.current_time() + 5.0
     r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, QueueCounters(), print)  # type: ignore[arg-type]
     r.retry_due(3_000, 1.0, HERD)  # few idle servers: every one acts, nothing drawn
-    assert r._next_due < float("inf")
+    assert r._core.next_due < float("inf")
 
 
 # --- outcomes in hand when the runner stops (a handler that returned just

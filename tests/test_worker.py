@@ -228,7 +228,7 @@ async def test_a_cancel_whose_message_is_lost_lands_within_a_heartbeat(
         await client.enqueue("jobs", b"x")
         await wait_until(lambda: _true(len(rec.started) == 1))
         # drop every pub/sub message from now on: only the durable inbox remains
-        w._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
+        w._host._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
         t0 = trio.current_time()
         assert await client.cancel("jobs", b"x") == 1
         await wait_until(lambda: _true(len(rec.cancelled) == 1), within=3)
@@ -239,7 +239,7 @@ async def test_queued_work_is_taken_without_pub_sub(redis_url: str, namespace: s
     rec = Recorder()
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work("jobs", rec.quick)
-        w._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
+        w._host._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
         key = client._keys.idle("jobs")
 
         async def idle() -> bool:  # the runner found nothing and waits

@@ -735,6 +735,9 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                 h.reap_all()
                 ev = await h.events()
                 v = sink.judge(ev)
+            except BaseException as exc:
+                print(f"soak phases aborted: {exc!r}", flush=True)
+                raise
             finally:
                 h.reap_all()
                 nursery.cancel_scope.cancel()

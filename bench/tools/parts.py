@@ -22,7 +22,8 @@ import trio
 import mesh
 from mesh._connection import open_connection
 from mesh._keys import Keys
-from mesh._runner import QueueConfig, QueueRunner, _Slot
+from mesh._pool import _Slot
+from mesh._runner import QueueConfig, QueueRunner
 from mesh._scripts import Binding, ClaimReply, ScriptCall, run_script
 from mesh._stats import QueueCounters
 from mesh._transport import pack as _pack
@@ -121,26 +122,27 @@ async def pool(procs: list[Process], rounds: int) -> float:
         QueueCounters(),
         lambda _: None,
     )
+    pool = r._pool
     async with trio.open_nursery() as nursery:
-        r._handlers = nursery
+        pool.nursery = nursery
         for _ in range(2):  # the pool's trio tasks exist before the timing
             for p in procs:
-                r.running[p.id] = slot = _Slot(p, 0.0)
-                r._queued.append(slot)
-            r._kick()
+                pool.running[p.id] = slot = _Slot(p, 0.0)
+                pool.queued.append(slot)
+            pool.kick()
             await trio.lowlevel.checkpoint()
             await trio.lowlevel.checkpoint()
         t = cpu()
         for _ in range(rounds):
             for p in procs:
-                r.running[p.id] = slot = _Slot(p, 0.0)
-                r._queued.append(slot)
-            r._kick()
+                pool.running[p.id] = slot = _Slot(p, 0.0)
+                pool.queued.append(slot)
+            pool.kick()
             await trio.lowlevel.checkpoint()
             await trio.lowlevel.checkpoint()
-            r._done.clear()
+            pool.out.done.clear()
         spent = cpu() - t
-        r._end_pool()
+        pool.end()
     t = cpu()
     for _ in range(rounds):  # the two checkpoints alone, taken off
         await trio.lowlevel.checkpoint()

@@ -1,8 +1,9 @@
 """The ``mesh`` command: run workers, put and cancel tasks, look at a mesh,
 and ``mesh demo``.
 
-Exit status: 0 ok, 1 failure (Redis unreachable, a refused operation), 2 usage
-error (bad option, URL, name or APP), 130 interrupted. Expected failures print
+Exit status: 0 ok, 1 failure (Redis unreachable, a refused operation, the
+reader of the output gone: a closed pipe), 2 usage error (bad option, URL,
+name or APP), 130 interrupted. Expected failures print
 one line on stderr, never a traceback, and never a password.
 """
 
@@ -15,8 +16,8 @@ from collections.abc import Iterator, Sequence
 
 import mesh
 
-from . import _conformance, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
-from ._common import EXIT_INTERRUPTED, CliError
+from . import _browse, _conformance, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
+from ._common import EXIT_FAILURE, EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     _worker.register(sub)
     _tasks.register(sub)
     _jobs.register(sub)
+    _browse.register(sub)
     _status.register(sub)
     _metrics.register(sub)
     _dashboard.register(sub)
@@ -59,9 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"mesh {args.command}"
     try:
         status: int = args.func(args)
+        # Inside the try: a reader gone (``mesh status | head -1``) may
+        # show only at this flush.
+        sys.stdout.flush()
         return status
     except BaseException as exc:
         leaves = list(_leaves(exc))
+        if any(isinstance(e, BrokenPipeError) for e in leaves):
+            return _reader_gone()
         if all(isinstance(e, KeyboardInterrupt) for e in leaves):
             print(f"{prog}: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
@@ -73,6 +80,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         err = expected[0]
         print(f"{prog}: error: {_one_line(str(err), args)}", file=sys.stderr)
         return err.exit_code if isinstance(err, CliError) else 1
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (a closed pipe): exit quietly, as
+    a command cut short, with no traceback. The recipe of the Python docs
+    (library/signal, "Note on SIGPIPE"): point stdout at devnull, so that
+    the interpreter's own flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_FAILURE
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import trio
 import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._keys import Keys, check_queue
+from mesh._units import MAX_SECONDS, seconds_ms
 from mesh._view import show_payload
 
 __all__ = [
@@ -33,11 +35,13 @@ __all__ = [
     "dump_json",
     "format_ms",
     "format_seconds",
+    "format_utc",
     "json_task",
     "positive_float",
     "queue_arg",
     "read_tasks",
     "run_client",
+    "seconds_arg",
     "show_task",
     "table",
     "target",
@@ -133,10 +137,11 @@ def check_size(task: bytes, what: str, limit: int = DEFAULT_MAX_PAYLOAD) -> byte
     in the error).
 
     Raises:
-        UsageError: over the limit.
+        CliError: over the limit (exit status 1: the data is bad, not the
+            command line).
     """
     if len(task) > limit:
-        raise UsageError(
+        raise CliError(
             f"{what} is {len(task)} bytes, over the limit of a task payload "
             f"({limit} bytes): nothing was sent"
         )
@@ -153,7 +158,7 @@ def read_tasks(stream: IO[bytes], source: str = "stdin") -> list[bytes]:
     are not part of a task; empty lines are skipped.
 
     Raises:
-        UsageError: a line over the payload limit (``source`` names the stream).
+        CliError: a line over the payload limit (``source`` names the stream).
     """
     out = []
     for n, line in enumerate(stream.read().split(b"\n"), 1):
@@ -168,8 +173,8 @@ def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> lis
     """The TASK words of a command, where ``-`` stands for the lines of stdin.
 
     Raises:
-        UsageError: ``-`` given more than once, or a task over the payload
-            limit (nothing is sent then).
+        UsageError: ``-`` given more than once.
+        CliError: a task over the payload limit (nothing is sent then).
     """
     if words.count("-") > 1:
         raise UsageError("'-' (read tasks from stdin) may be given once")
@@ -240,6 +245,20 @@ def format_seconds(seconds: float) -> str:
     return "-" + text if neg else text
 
 
+def format_utc(t: float, ms: bool = False) -> str:
+    """A time (Unix seconds) as ``YYYY-MM-DD HH:MM:SS`` in UTC (``.mmm``
+    with ``ms``). What is stored in Redis is shown, never a crash: a time a
+    date cannot hold (before the year 1, after 9999, not finite; written by
+    an older version or by hand) is shown as ``@`` and its Unix time."""
+    try:
+        d = datetime.datetime.fromtimestamp(t, datetime.UTC)
+    except (OverflowError, ValueError, OSError):
+        return f"@{t:.0f}" if math.isfinite(t) else f"@{t}"
+    if ms:
+        return d.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return d.strftime("%Y-%m-%d %H:%M:%S")
+
+
 def format_ms(seconds: float) -> str:
     """A duration in whole milliseconds, e.g. ``1712 ms``."""
     return f"{seconds * 1000:.0f} ms"
@@ -276,3 +295,25 @@ def positive_float(text: str) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}")
     return v
+
+
+def seconds_arg(
+    name: str, minimum: float = 0.0, maximum: float = MAX_SECONDS
+) -> Callable[[str], float]:
+    """An argparse type: a number of seconds that the library takes as
+    ``name`` (the one rule of :func:`mesh._units.seconds_ms`: finite, from
+    ``minimum`` to ``maximum``), so a bad value is a usage error (exit 2)
+    and never reaches a client call."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        try:
+            seconds_ms(name, v, minimum=minimum, maximum=maximum)
+        except mesh.ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return v
+
+    return parse

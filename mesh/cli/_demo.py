@@ -217,6 +217,8 @@ class Demo:
                 )
             try:
                 async with mesh.open_client(url, namespace=namespace) as client:
+                    if self.args.redis:
+                        await _check_scan(url, namespace)  # before the first write
                     try:
                         await self.tour(client, url, namespace, shown)
                     finally:
@@ -604,6 +606,30 @@ async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[bytes],
         pass
     if buf:
         on_line(buf)
+
+
+async def _check_scan(url: str, namespace: str) -> None:
+    """Make sure the demo may remove its namespace at the end (``SCAN``)
+    before it writes anything.
+
+    Raises:
+        DemoError: the Redis user may not run SCAN (nothing was written).
+    """
+    route = f"{{{namespace}}}:"
+    async with open_connection(url, name="mesh-demo-check", route_key=route) as conn:
+        try:
+            await conn.execute("SCAN", 0, "MATCH", f"{{{namespace}}}:*", "COUNT", 1)
+        except mesh.CommandError as exc:
+            if exc.code != "NOPERM":
+                raise
+            user = mesh.parse_url(url).username or "default"
+            raise DemoError(
+                f"the Redis user {user!r} may not run SCAN (NOPERM), which the demo needs "
+                f"to remove its temporary namespace {namespace} at the end; nothing was "
+                f"written. Grant it (ACL SETUSER {user} +scan) or run the demo with an "
+                "account that may (a mesh itself never scans: its documented ACL leaves "
+                "SCAN out on purpose)"
+            ) from None
 
 
 async def _wipe_namespace(url: str, namespace: str) -> None:

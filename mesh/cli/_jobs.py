@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from typing import Any
 
 import attrs
 
 import mesh
+from mesh._policy import policy_fields
+from mesh._schedule import MIN_EVERY, spec_of
 
 from ._common import (
     UsageError,
     add_target_options,
     dump_json,
+    format_utc,
     json_task,
     queue_arg,
     run_client,
+    seconds_arg,
     show_task,
     table,
     target,
@@ -62,11 +65,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument("--max-attempts", type=int, metavar="N", help="0: no limit")
-    p.add_argument("--backoff", type=_seconds, metavar="S", help="first retry delay")
-    p.add_argument("--backoff-max", type=_seconds, metavar="S", help="longest retry delay")
-    p.add_argument("--timeout", type=_seconds, metavar="S", help="handler time limit (0: none)")
+    p.add_argument("--backoff", type=seconds_arg("backoff"), metavar="S", help="first retry delay")
     p.add_argument(
-        "--result-ttl", type=_seconds, metavar="S", help="keep results S seconds (0: not kept)"
+        "--backoff-max", type=seconds_arg("backoff_max"), metavar="S", help="longest retry delay"
+    )
+    p.add_argument(
+        "--timeout", type=seconds_arg("timeout"), metavar="S", help="handler time limit (0: none)"
+    )
+    p.add_argument(
+        "--result-ttl",
+        type=seconds_arg("result_ttl"),
+        metavar="S",
+        help="keep results S seconds (0: not kept)",
     )
     p.add_argument(
         "--rate-limit",
@@ -90,8 +100,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a.add_argument("queue", metavar="QUEUE", type=queue_arg)
     a.add_argument("task", metavar="TASK", help="the payload")
     when = a.add_mutually_exclusive_group(required=True)
-    when.add_argument("--every", type=_seconds, metavar="S", help="a tick every S seconds")
-    when.add_argument("--cron", metavar="EXPR", help="a cron expression, in UTC (needs cronsim)")
+    when.add_argument(
+        "--every",
+        type=seconds_arg("every", MIN_EVERY),
+        metavar="S",
+        help=f"a tick every S seconds ({MIN_EVERY:g} or more)",
+    )
+    when.add_argument(
+        "--cron", type=_cron, metavar="EXPR", help="a cron expression, in UTC (needs cronsim)"
+    )
     add_target_options(a)
     a.add_argument("--json", action="store_true", help="print the result as JSON")
     a.set_defaults(func=_schedule_add)
@@ -151,7 +168,7 @@ def _schedule_list(args: argparse.Namespace) -> int:
                 s.queue,
                 show_task(s.task, 40),
                 f"every {s.every:g}s" if s.every is not None else f"cron {s.cron}",
-                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.next_run)),
+                format_utc(s.next_run),
             )
             for s in got
         ]
@@ -179,14 +196,12 @@ def _schedule_remove(args: argparse.Namespace) -> int:
     return run_client(t, go)
 
 
-def _seconds(text: str) -> float:
+def _cron(text: str) -> str:
     try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"need a number of seconds >= 0, got {text!r}")
-    return v
+        spec_of(None, text)
+    except mesh.ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _rate(text: str) -> tuple[int, float]:
@@ -198,6 +213,10 @@ def _rate(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError(f"not N or N/S: {text!r}") from None
     if count < 0 or not math.isfinite(seconds) or seconds <= 0:
         raise argparse.ArgumentTypeError(f"need N >= 0 and S > 0, got {text!r}")
+    try:
+        policy_fields(rate_limit=(count, seconds))
+    except mesh.ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return count, seconds
 
 
@@ -280,7 +299,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
             return 0
         rows = [
             (
-                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(d.when)) if d.when else "-",
+                format_utc(d.when) if d.when else "-",
                 d.attempts,
                 d.worker or "-",
                 show_task(d.task, 40),

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
+from typing import Any
 
 import trio
 
@@ -36,8 +37,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Serve the mesh-wide metrics (queue lengths, delayed, dead letters, "
         "running, persistent tasks owned and unowned, live workers) at "
         "http://HOST:PORT/metrics, read from Redis at each scrape: no worker needs to run. "
-        "Needs the metrics extra (pip install 'trio-mesh[metrics]'). SIGINT or SIGTERM "
-        "stops it (exit 0).",
+        "Needs the metrics extra (pip install 'trio-mesh[metrics]'). While Redis cannot "
+        "be reached (at start too) it keeps serving, mesh_redis_up 0 within a second, and "
+        "logs the outage once and the recovery once. SIGINT or SIGTERM stops it (exit 0).",
     )
     add_target_options(p)
     p.add_argument("--port", type=port_arg, default=9808, help="port (default 9808; 0: any free)")
@@ -126,17 +128,44 @@ async def _run_exporter(args: argparse.Namespace, t: Target, m: ModuleType) -> i
     from prometheus_client import CollectorRegistry
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with mesh.open_client(t.config, namespace=t.namespace) as client:
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(m.MeshCollector(client))
-            async with m.serve_metrics(registry, port=args.port, host=args.host) as addr:
-                log.info(
-                    "mesh-wide metrics of %s namespace %s at http://%s:%d/metrics",
-                    t.shown,
-                    t.namespace,
-                    *addr,
-                )
-                async for signum in signals:
-                    log.info("%s received: stopping", signal.Signals(signum).name)
-                    break
+        collector = m.MeshCollector(None)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        async with (
+            m.serve_metrics(registry, port=args.port, host=args.host) as addr,
+            trio.open_nursery() as nursery,
+        ):
+            log.info(
+                "mesh-wide metrics of %s namespace %s at http://%s:%d/metrics",
+                t.shown,
+                t.namespace,
+                *addr,
+            )
+            nursery.start_soon(_stay_connected, collector, t)
+            async for signum in signals:
+                log.info("%s received: stopping", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
     return 0
+
+
+async def _stay_connected(collector: Any, t: Target) -> None:
+    """Keep ``collector.client`` a client of ``t``: while Redis cannot be
+    reached (at start too) the exporter serves ``mesh_redis_up 0`` and
+    tries again every :data:`_RECONNECT` seconds; the collector logs the
+    outage once. Runs until cancelled."""
+    while True:
+        try:
+            async with mesh.open_client(t.config, namespace=t.namespace) as client:
+                collector.client = client
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    collector.client = None
+        except mesh.MeshConnectionError as exc:
+            collector.note_down(str(exc))
+        await trio.sleep(_RECONNECT)
+
+
+#: Seconds between attempts to connect while Redis cannot be reached.
+_RECONNECT = 1.0

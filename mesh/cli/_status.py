@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import signal
 import sys
 import time
@@ -20,6 +19,7 @@ from ._common import (
     add_target_options,
     dump_json,
     format_seconds,
+    format_utc,
     json_task,
     positive_float,
     show_task,
@@ -78,7 +78,7 @@ def render(snap: Snapshot, t: Target) -> list[str]:
     alive = sum(w.alive for w in snap.workers)
     lines = [
         f"{t.shown}  namespace {t.namespace}  "
-        f"{time.strftime('%H:%M:%S', time.localtime(snap.now))}",
+        f"{time.strftime('%H:%M:%S', time.gmtime(snap.now))} UTC",
         "",
     ]
     if snap.workers:
@@ -107,8 +107,19 @@ def render(snap: Snapshot, t: Target) -> list[str]:
     if snap.queues:
         lines.append("QUEUES")
         lines += table(
-            ["QUEUE", "QUEUED", "DELAYED", "RUNNING", "PERSISTENT", "DEAD"],
-            [[q.name, q.queued, q.delayed, q.running, q.persistent, q.dead] for q in snap.queues],
+            ["QUEUE", "QUEUED", "DELAYED", "RUNNING", "PERSISTENT", "DEAD", "PAUSED"],
+            [
+                [
+                    q.name,
+                    q.queued,
+                    q.delayed,
+                    q.running,
+                    q.persistent,
+                    q.dead,
+                    "yes" if q.paused else "no",
+                ]
+                for q in snap.queues
+            ],
             right="QUEUED DELAYED RUNNING PERSISTENT DEAD",
         )
     else:
@@ -131,12 +142,11 @@ def render(snap: Snapshot, t: Target) -> list[str]:
             for q in snap.queues:
                 shown = snap.delayed.get(q.name, [])
                 for d in shown:
-                    due = datetime.datetime.fromtimestamp(d.due, datetime.UTC)
                     rows.append(
                         [
                             q.name,
                             show_task(d.task, 40),
-                            due.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                            format_utc(d.due, ms=True),
                             format_seconds(d.due - snap.now) if d.due > snap.now else "now",
                             d.priority,
                         ]

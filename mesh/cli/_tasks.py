@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ import trio
 import mesh
 from mesh._balance import MAX_WEIGHT
 from mesh._client import MAX_PRIORITY, check_priority
+from mesh._units import MAX_UNIX_TIME
 
 from ._common import (
     UsageError,
@@ -23,6 +23,7 @@ from ._common import (
     queue_arg,
     read_tasks,
     run_client,
+    seconds_arg,
     show_task,
     target,
     task_bytes,
@@ -52,16 +53,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument(
         "--delay",
-        type=_seconds,
+        type=seconds_arg("delay"),
         metavar="S",
-        help="ready S seconds from now (Redis clock), not at once",
+        help="ready S seconds from now (Redis clock), not at once (at most 10 years)",
     )
     when.add_argument(
         "--at",
         type=_when,
         metavar="TIME",
         help="ready at TIME: ISO 8601 with a timezone (2030-01-01T09:00:00+00:00) "
-        "or a Unix time in seconds",
+        "or a Unix time in seconds (up to the year 9999)",
     )
     p.add_argument(
         "--priority",
@@ -357,27 +358,23 @@ def _adopt_namespace(args: argparse.Namespace) -> int:
     return run_client(t, go)
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"need a number of seconds >= 0, got {text!r}")
-    return v
+_unix_time = seconds_arg("at", maximum=MAX_UNIX_TIME)
 
 
 def _when(text: str) -> datetime.datetime | float:
     try:
-        return _seconds(text)
-    except argparse.ArgumentTypeError:
+        float(text)
+    except ValueError:
         pass
+    else:
+        return _unix_time(text)
     try:
         t = datetime.datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 time or a Unix time: {text!r}") from None
     if t.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no timezone: add one (e.g. +00:00 or Z)")
+    _unix_time(repr(t.timestamp()))  # the range of a Unix time
     return t
 
 

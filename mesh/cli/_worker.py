@@ -30,7 +30,7 @@ import trio
 import mesh
 from mesh import LeaseTiming
 from mesh._keys import check_queue, check_worker_id
-from mesh._runner import check_handler
+from mesh._runner import MOVED, check_handler
 
 from . import _metrics
 from ._common import (
@@ -39,6 +39,7 @@ from ._common import (
     UsageError,
     add_target_options,
     positive_float,
+    seconds_arg,
     show_task,
     target,
 )
@@ -116,13 +117,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--backoff",
-        type=float,
+        type=seconds_arg("backoff"),
         default=None,
         metavar="S",
         help="delay before the first retry of a failed task, doubling after (default 1)",
     )
     p.add_argument(
-        "--backoff-max", type=float, default=None, metavar="S", help="longest retry delay (60)"
+        "--backoff-max",
+        type=seconds_arg("backoff_max"),
+        default=None,
+        metavar="S",
+        help="longest retry delay (60)",
     )
     p.add_argument(
         "--ttl",
@@ -416,8 +421,14 @@ def _logged_batch(handler: mesh.BatchHandler, stopping: _Stopping) -> mesh.Batch
         t0 = time.monotonic()
         try:
             result = await handler(ps)
-        except trio.Cancelled:
-            how = "stopped" if stopping.now else "cancelled"
+        except trio.Cancelled as exc:
+            how = (
+                "stopped"
+                if stopping.now
+                else "moved"
+                if getattr(exc, "reason", None) == MOVED
+                else "cancelled"
+            )
             log.info("%s %s after %.0f ms", how, what, (time.monotonic() - t0) * 1000)
             raise
         log.info("finish %s in %.0f ms", what, (time.monotonic() - t0) * 1000)
@@ -438,12 +449,18 @@ def _logged(handler: mesh.Handler, stopping: _Stopping) -> mesh.Handler:
         t0 = time.monotonic()
         try:
             result = await handler(p)
-        except trio.Cancelled:
+        except trio.Cancelled as exc:
             if stopping.now:
                 # The hand-back itself follows, by the worker, now that the
                 # handler has exited.
                 log.info(
                     "stopped %s after %.0f ms; handing it back",
+                    what,
+                    (time.monotonic() - t0) * 1000,
+                )
+            elif getattr(exc, "reason", None) == MOVED:
+                log.info(
+                    "moved %s after %.0f ms; handing it back for a peer below its fair share",
                     what,
                     (time.monotonic() - t0) * 1000,
                 )

@@ -12,6 +12,20 @@ Routes:
 * ``POST /api/dead/requeue``, ``POST /api/dead/purge``: ``{"queue": Q}``: put
   every dead letter of Q back in the queue, or drop them all
   (:meth:`mesh.Client.requeue_dead`, :meth:`mesh.Client.purge_dead`).
+* ``POST /api/pause``, ``POST /api/resume``: ``{"queue": Q}``
+  (:meth:`mesh.Client.pause`, :meth:`mesh.Client.resume`).
+* ``POST /api/job/requeue``, ``POST /api/job/delete``: ``{"queue": Q,
+  "task_b64": ...}``: requeue one payload's dead letters; delete a payload:
+  its dead letters if it is dead, else every copy of it (a cancel).
+* ``GET /api/jobs?queue=Q&state=S&limit=N&after=C&prefix=P``: a page of jobs
+  (:meth:`mesh.Client.jobs`; ``prefix`` is text).
+* ``GET /api/job?queue=Q&task_b64=...``: one job's record, or ``null``.
+* ``GET /api/history?minutes=M[&queue=Q]``: processes finished and failed per
+  minute (kept in Redis by the workers, so a restarted dashboard has them).
+* ``GET /api/schedules``: the periodic tasks and the next delayed jobs.
+
+Payloads go out as text (``task``, shown cut; never as HTML: the page puts
+every value in with ``textContent``) and as base64 (``task_b64``).
 
 Actions need the header ``X-Mesh-Action: 1``, which a cross-site form cannot
 send, so another web site cannot make a browser that has the page open
@@ -29,6 +43,7 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
+import attrs
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -41,8 +56,11 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._browse import Job, MinuteCounts, minute_counts
+from .._client import Client
 from .._errors import ConfigError, MeshError
 from .._keys import check_queue
+from .._view import show_payload
 from ._state import Poller
 
 __all__ = ["create_app"]
@@ -86,6 +104,53 @@ class _TokenGate:
                 media_type="text/plain",
             )
         await response(scope, receive, send)
+
+
+async def _queue_body(request: Request) -> tuple[str, Response | None]:
+    """The queue of an action's body ``{"queue": Q}``, or the error response."""
+    if request.headers.get("x-mesh-action") != "1":
+        return "", JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
+    try:
+        body: Any = await request.json()
+        return check_queue(body["queue"]), None
+    except (ValueError, KeyError, TypeError, ConfigError) as exc:
+        return "", JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+
+
+def job_json(j: Job, *, full: bool = False) -> dict[str, Any]:
+    """A job for the page: the payload shown cut (or whole, ``full``: the
+    details view) and as base64."""
+    d = attrs.asdict(j)
+    d["task"] = show_payload(j.task, 4096 if full else 80)
+    d["task_b64"] = base64.b64encode(j.task).decode()
+    d["size"] = len(j.task)
+    if d["token"] is not None:
+        d["token"] = str(d["token"])  # beyond a JavaScript number's exact range
+    return d
+
+
+def sum_counts(now: float, counts: list[MinuteCounts], minutes: int) -> dict[str, Any]:
+    """Per minute up to the one of ``now``, the finished and failed
+    processes summed over ``counts``."""
+    last = int(now) // 60
+    at = [float(m * 60) for m in range(last - minutes + 1, last + 1)]
+    if not counts:
+        return {"at": at, "finished": [0] * minutes, "failed": [0] * minutes}
+    return {
+        "at": at,
+        "finished": [sum(c.finished[i] for c in counts) for i in range(len(counts[0].minutes))],
+        "failed": [sum(c.failed[i] for c in counts) for i in range(len(counts[0].minutes))],
+    }
+
+
+async def next_delayed(client: Client, n: int) -> list[Job]:
+    """The ``n`` first-due delayed jobs over every queue."""
+    out: list[Job] = []
+    for info in await client.queue_infos():
+        if info.delayed:
+            out += (await client.jobs(info.name, "delayed", limit=n)).jobs
+    out.sort(key=lambda j: j.due or 0.0)
+    return out[:n]
 
 
 def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
@@ -158,6 +223,120 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
         await poller.poll_once()
         return JSONResponse({mode + "d": n})
 
+    async def pause(request: Request) -> Response:
+        queue, err = await _queue_body(request)
+        if err is not None:
+            return err
+        mode = request.url.path.rsplit("/", 1)[1]
+        try:
+            if mode == "pause":
+                changed = await poller.client.pause(queue)
+            else:
+                changed = await poller.client.resume(queue)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        await poller.poll_once()
+        return JSONResponse({"queue": queue, "paused": mode == "pause", "changed": changed})
+
+    async def job_action(request: Request) -> Response:
+        if request.headers.get("x-mesh-action") != "1":
+            return JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
+        mode = request.path_params["mode"]
+        if mode not in ("requeue", "delete"):
+            return JSONResponse({"error": f"no such action: {mode}"}, status_code=404)
+        try:
+            body: Any = await request.json()
+            queue = check_queue(body["queue"])
+            task = base64.b64decode(body["task_b64"], validate=True)
+        except (ValueError, KeyError, TypeError, ConfigError, binascii.Error) as exc:
+            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        c = poller.client
+        try:
+            if mode == "requeue":
+                out = {"requeued": await c.requeue_dead(queue, [task])}
+            else:
+                job = await c.job(queue, task)
+                if job is not None and job.state == "dead":
+                    out = {"deleted": await c.purge_dead(queue, [task])}
+                else:
+                    out = {"deleted": await c.cancel(queue, task)}
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        await poller.poll_once()
+        return JSONResponse(out)
+
+    async def jobs(request: Request) -> Response:
+        qp = request.query_params
+        try:
+            queue = check_queue(qp.get("queue", ""))
+            state = qp.get("state", "queued")
+            limit = int(qp.get("limit", "50"))
+            prefix = qp.get("prefix") or None
+            page = await poller.client.jobs(
+                queue, state, limit=limit, after=qp.get("after") or None, prefix=prefix
+            )
+        except (ValueError, ConfigError) as exc:
+            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        return JSONResponse(
+            {
+                "queue": queue,
+                "state": state,
+                "total": page.total,
+                "next": page.next,
+                "jobs": [job_json(j) for j in page.jobs],
+            }
+        )
+
+    async def job(request: Request) -> Response:
+        qp = request.query_params
+        try:
+            queue = check_queue(qp.get("queue", ""))
+            task = base64.b64decode(qp.get("task_b64", ""), validate=True)
+            found = await poller.client.job(queue, task)
+        except (ValueError, ConfigError, binascii.Error) as exc:
+            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        return JSONResponse(None if found is None else job_json(found, full=True))
+
+    async def history(request: Request) -> Response:
+        qp = request.query_params
+        try:
+            minutes = int(qp.get("minutes", "60"))
+            queue = qp.get("queue")
+            c = poller.client
+            names = [check_queue(queue)] if queue else await c.queues()
+            now, counts = await minute_counts(c._check(), c._keys, names, minutes)
+        except (ValueError, ConfigError) as exc:
+            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})
+
+    async def schedules(request: Request) -> Response:
+        try:
+            got = await poller.client.schedules()
+            delayed = await next_delayed(poller.client, 20)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        return JSONResponse(
+            {
+                "schedules": [
+                    {
+                        "queue": sc.queue,
+                        "task": show_payload(sc.task),
+                        "every": sc.every,
+                        "cron": sc.cron,
+                        "next_run": sc.next_run,
+                    }
+                    for sc in got
+                ],
+                "delayed": [job_json(j) for j in delayed],
+            }
+        )
+
     app: ASGIApp = Starlette(
         routes=[
             Route("/", index),
@@ -165,6 +344,13 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
             Route("/events", events),
             Route("/api/cancel", cancel, methods=["POST"]),
             Route("/api/dead/{mode:str}", dead, methods=["POST"]),
+            Route("/api/pause", pause, methods=["POST"]),
+            Route("/api/resume", pause, methods=["POST"]),
+            Route("/api/job/{mode:str}", job_action, methods=["POST"]),
+            Route("/api/jobs", jobs),
+            Route("/api/job", job),
+            Route("/api/history", history),
+            Route("/api/schedules", schedules),
         ]
     )
     if token:

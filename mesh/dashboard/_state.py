@@ -156,6 +156,7 @@ class Tracker:
                     "owned": q.persistent_owned,
                     "unowned": len(q.unowned),
                     "dead": q.info.dead,
+                    "paused": q.info.paused,
                 }
                 for q in ov.queues
             ],

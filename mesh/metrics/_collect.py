@@ -9,6 +9,7 @@ client's trio-native connection.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import trio
@@ -29,6 +30,8 @@ from .._view import MeshCounts, counts
 from .._worker import Worker, WorkerStatistics
 
 __all__ = ["MeshCollector", "WorkerCollector"]
+
+log = logging.getLogger("mesh.metrics")
 
 
 def _buckets(h: Histogram) -> list[tuple[str, float]]:
@@ -75,6 +78,10 @@ def worker_metrics(s: WorkerStatistics) -> Iterator[Metric]:
             ("finished", "Processes reported finished."),
             ("failed", "Handlers that raised (the task was handed back as failed)."),
             ("cancelled", "Handlers stopped by a cancel of their task or a fence."),
+            (
+                "moved",
+                "Processes handed back for balance, to move to a peer below its fair share.",
+            ),
         ]
     }
     claim = HistogramMetricFamily(
@@ -89,6 +96,7 @@ def worker_metrics(s: WorkerStatistics) -> Iterator[Metric]:
         per_queue["finished"].add_metric([q.queue], q.finished)
         per_queue["failed"].add_metric([q.queue], q.failed)
         per_queue["cancelled"].add_metric([q.queue], q.cancelled)
+        per_queue["moved"].add_metric([q.queue], q.moved)
         claim.add_metric([q.queue], _buckets(q.claim_seconds), q.claim_seconds.sum)
         handler.add_metric([q.queue], _buckets(q.handler_seconds), q.handler_seconds.sum)
     yield running
@@ -153,8 +161,11 @@ class MeshCollector(Collector):
     through ``client`` (see :func:`mesh._view.counts`: two round trips).
 
     Create it inside the client's trio run; register it with a
-    ``prometheus_client.CollectorRegistry``. When Redis cannot be reached,
-    a scrape yields only ``mesh_redis_up 0``.
+    ``prometheus_client.CollectorRegistry``. When Redis cannot be reached
+    within ``timeout`` seconds (a read still waiting then is cancelled), or
+    ``client`` is None (not connected yet: set :attr:`client` once it is), a
+    scrape yields only ``mesh_redis_up 0``, at once; the outage is logged
+    once (WARNING, logger ``mesh.metrics``), and so is the recovery (INFO).
 
     ``mesh_persistent_unowned_seconds``: how long the longest-unowned
     persistent task of each queue has had no owner, by the Redis clock,
@@ -162,21 +173,53 @@ class MeshCollector(Collector):
     recycled (``{ns}:unowned:<Q>``).
     """
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, client: Client | None, *, timeout: float = 0.5) -> None:
+        #: The client to read through; None: not connected (``mesh_redis_up 0``).
+        self.client = client
+        self._timeout = timeout
         self._token = trio.lowlevel.current_trio_token()
+        self._down: bool | None = None  # None: no read yet
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("mesh_redis_up", "1 if the last read of Redis succeeded.")
         try:
-            c = trio.from_thread.run(counts, self._client, trio_token=self._token)
-        except (MeshError, trio.RunFinishedError):
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
+            c = trio.from_thread.run(self._read, trio_token=self._token)
+        except trio.RunFinishedError:
+            c = None
+        up.add_metric([], 0 if c is None else 1)
         yield up
-        yield from self._metrics(c)
+        if c is not None:
+            yield from self._metrics(c)
+
+    async def _read(self) -> MeshCounts | None:
+        """The counts, or None (Redis down, slow or not connected: logged at
+        the first such read after one that succeeded)."""
+        client = self.client
+        if client is None:
+            self.note_down("not connected")
+            return None
+        try:
+            with trio.move_on_after(self._timeout):
+                c = await counts(client)
+                self.note_up()
+                return c
+            why = f"no answer within {self._timeout:g} s"
+        except MeshError as exc:
+            why = str(exc)
+        self.note_down(why)
+        return None
+
+    def note_down(self, why: str) -> None:
+        """Redis could not be read (``why``): logged if it could before."""
+        if self._down is not True:
+            log.warning("reading Redis failed: %s; mesh_redis_up is 0 until it is back", why)
+        self._down = True
+
+    def note_up(self) -> None:
+        """Redis was read: logged if it could not be before."""
+        if self._down:
+            log.info("Redis is back: mesh_redis_up is 1")
+        self._down = False
 
     def _metrics(self, c: MeshCounts) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -189,7 +232,11 @@ class MeshCollector(Collector):
             name: GaugeMetricFamily(f"mesh_queue_{name}", text, labels=["queue"])
             for name, text in [
                 ("length", "Tasks waiting to be claimed."),
-                ("delayed", "Failed tasks waiting for their retry time."),
+                (
+                    "delayed",
+                    "Tasks waiting for their due time: enqueued with a delay or at a time, "
+                    "or failed and waiting for a retry.",
+                ),
                 ("dead_letters", "Dead-lettered one-shot tasks."),
                 ("running", "Processes (claimed tasks) on any worker."),
             ]
@@ -204,8 +251,14 @@ class MeshCollector(Collector):
             "How long the longest-unowned persistent task of the queue has had no owner.",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "mesh_queue_paused",
+            "1 while the queue is paused (no new one-shot task of it starts), else 0.",
+            labels=["queue"],
+        )
         for q in c.queues:
             i = q.info
+            paused.add_metric([i.name], 1 if i.paused else 0)
             families["length"].add_metric([i.name], i.queued)
             families["delayed"].add_metric([i.name], i.delayed)
             families["dead_letters"].add_metric([i.name], i.dead)
@@ -227,3 +280,4 @@ class MeshCollector(Collector):
         yield vanished
         if c.memory is not None:
             yield from memory_metrics(c.memory, "mesh_redis")
+        yield paused

@@ -8,9 +8,11 @@
 -- nothing. Busy servers are not woken: they claim again when a slot frees.
 -- One spare: a woken server may be held back by the fair share, or its
 -- message lost (its heartbeat then brings the news, within H).
--- Call it before a script's first write where the count is known by then:
+-- Call it before a script writes any task, where the count is known by then:
 -- writes are not rolled back, so a refused SPOP or PUBLISH (an ACL without
--- them) then changes nothing (a refused SPUBLISH falls back to PUBLISH). Nobody can claim before the script ends.
+-- them) then adds no task (a refused SPUBLISH falls back to PUBLISH). Nobody can claim before the script ends.
+-- SPOP is not refused at the memory limit: a script that adds tasks writes
+-- a "denyoom" command before it (see "At the memory limit" in README.md).
 -- Returns how many were woken.
 local function wake_idle(idle, wake_prefix, queue, ready)
   if ready <= 0 then return 0 end

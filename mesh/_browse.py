@@ -1,0 +1,474 @@
+"""Browsing a queue's jobs one by one: what :meth:`Client.jobs`,
+:meth:`Client.job`, ``mesh jobs``/``mesh job`` and the dashboard's queue page
+read, and the per-minute counts of the dashboard's charts.
+
+Every read here is a plain pipeline of read commands, never ``MULTI`` (reads
+must keep working when Redis is at its memory limit): a page is a snapshot
+of positions, and a job that moves between states while it is read (claimed,
+finished, retried) may show in either state, or, rarely, in none.
+
+A page is addressed by an opaque cursor: the position after its last entry in
+the state's order. Tasks claimed or added in front of that position between
+two pages shift it, so a task may show twice or be skipped across pages; the
+counts say how many there were when the page was read.
+
+The protocol keeps no enqueue time for a queued one-shot task (it would cost a
+write per enqueue); :attr:`Job.enqueued` is known for persistent tasks that
+wait for an owner (since when they have had none) and is None otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from ._connection import Connection
+from ._errors import ConfigError
+from ._keys import Keys, check_queue
+from ._scripts import parse_dead, parse_record
+
+__all__ = [
+    "JOB_STATES",
+    "Job",
+    "JobPage",
+    "MinuteCounts",
+    "check_state",
+    "job",
+    "jobs",
+    "minute_counts",
+]
+
+#: The states :meth:`Client.jobs` lists, in the order :meth:`Client.job`
+#: looks for a payload.
+JOB_STATES: tuple[str, ...] = ("running", "queued", "delayed", "dead")
+
+#: Largest page.
+MAX_LIMIT = 1000
+# With a prefix, how many entries one call looks at (in chunks) at most.
+_SCAN_CHUNK = 500
+_SCAN_MAX = 20_000
+
+
+@attrs.frozen
+class Job:
+    """One task of a queue, as :meth:`Client.jobs` and :meth:`Client.job`
+    found it. Times are seconds since the epoch on the Redis clock.
+
+    Attributes:
+        queue: the queue.
+        task: the payload.
+        state: ``"queued"``, ``"delayed"``, ``"running"`` or ``"dead"``.
+        persistent: a persistent task (one-shot otherwise).
+        attempts: failed attempts so far (for a dead one, the last included).
+        priority: 0..9 (one-shot tasks only).
+        enqueued: since when a persistent task waits for an owner; None when
+            not known (the protocol keeps no enqueue time of one-shot tasks).
+        due: when a delayed task is due (None unless delayed).
+        started: when a running process was claimed (None unless running).
+        worker: the worker that runs it (running), or ran its last attempt
+            (dead); None otherwise.
+        token: the running process's fencing token (= its process id).
+        error: the last error of a dead job (``"worker crashed: ..."`` when
+            its worker died); None otherwise.
+        dead_at: when it was dead-lettered (None unless dead).
+    """
+
+    queue: str
+    task: bytes
+    state: str
+    persistent: bool = False
+    attempts: int = 0
+    priority: int = 0
+    enqueued: float | None = None
+    due: float | None = None
+    started: float | None = None
+    worker: str | None = None
+    token: int | None = None
+    error: str | None = None
+    dead_at: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready values: the payload as text when it is
+        UTF-8 (``task``), else None with ``task_hex`` set."""
+        d = attrs.asdict(self)
+        try:
+            d["task"], d["task_hex"] = self.task.decode(), None
+        except UnicodeDecodeError:
+            d["task"], d["task_hex"] = None, self.task.hex()
+        return d
+
+
+@attrs.frozen
+class JobPage:
+    """One page of :meth:`Client.jobs`.
+
+    Attributes:
+        jobs: the records, in the state's order (queued: claim order; delayed:
+            first due first; running: by token; dead: oldest first).
+        next: the cursor of the next page (pass it as ``after``), None after
+            the last.
+        total: how many jobs the state had when the page was read.
+    """
+
+    jobs: tuple[Job, ...]
+    next: str | None
+    total: int
+
+
+@attrs.frozen
+class MinuteCounts:
+    """Processes finished and failed per minute of one queue (the dashboard's
+    charts), oldest first; ``minutes[i]`` is the start of the minute, seconds
+    since the epoch on the Redis clock. Workers add their counts every few
+    seconds, so the current minute is incomplete."""
+
+    queue: str
+    minutes: tuple[float, ...]
+    finished: tuple[int, ...]
+    failed: tuple[int, ...]
+
+
+def check_state(state: object) -> str:
+    """``state`` if it is one of :data:`JOB_STATES`.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if state not in JOB_STATES:
+        raise ConfigError(f"invalid job state {state!r}: use one of queued, delayed, running, dead")
+    assert isinstance(state, str)
+    return state
+
+
+def check_limit(limit: object) -> int:
+    """``limit`` if it is a whole number 1..1000.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ConfigError(f"limit must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}")
+    return limit
+
+
+def _position(after: object) -> int:
+    if after is None:
+        return 0
+    if isinstance(after, str) and after[:1] == "c" and after[1:].isdigit() and len(after) < 20:
+        return int(after[1:])
+    raise ConfigError(f"invalid cursor {after!r}: pass the `next` of a page, or nothing")
+
+
+async def jobs(
+    conn: Connection,
+    keys: Keys,
+    queue: str,
+    state: str,
+    *,
+    limit: int = 50,
+    after: str | None = None,
+    prefix: bytes | None = None,
+) -> JobPage:
+    """A page of the jobs of ``queue`` in ``state`` (see :meth:`Client.jobs`).
+
+    Raises:
+        ConfigError: a bad queue, state, limit or cursor.
+        MeshConnectionError: Redis could not be reached.
+        ProtocolError: a record in Redis is malformed.
+    """
+    check_queue(queue)
+    check_state(state)
+    check_limit(limit)
+    start = _position(after)
+    if prefix is None:
+        found, total = await _slice(conn, keys, queue, state, start, limit)
+        end = start + len(found)
+        return JobPage(tuple(found), f"c{end}" if end < total else None, total)
+    out: list[Job] = []
+    pos, total = start, 0
+    while len(out) < limit and pos - start < _SCAN_MAX:
+        chunk, total = await _slice(conn, keys, queue, state, pos, _SCAN_CHUNK)
+        if not chunk:
+            break
+        for j in chunk:
+            pos += 1
+            if j.task.startswith(prefix):
+                out.append(j)
+                if len(out) == limit:
+                    break
+    return JobPage(tuple(out), f"c{pos}" if pos < total else None, total)
+
+
+async def _slice(
+    conn: Connection, keys: Keys, queue: str, state: str, start: int, count: int
+) -> tuple[list[Job], int]:
+    """Entries start..start+count-1 of the state's order, and its total."""
+    k = keys
+    end = start + count - 1
+    if state == "dead":
+        total, recs = await conn.pipeline(
+            [("LLEN", k.dead(queue)), ("LRANGE", k.dead(queue), start, end)]
+        )
+        out = []
+        for rec in recs:
+            d = parse_dead(rec, queue)
+            out.append(
+                Job(
+                    queue,
+                    d.task,
+                    "dead",
+                    attempts=d.attempts,
+                    worker=d.worker or None,
+                    error=d.error,
+                    dead_at=d.when or None,
+                )
+            )
+        return out, int(total)
+    if state == "running":
+        (flat,) = await conn.pipeline([("HGETALL", k.procs(queue))])
+        procs = []
+        for i in range(0, len(flat), 2):
+            p = parse_record(flat[i], flat[i + 1], queue)
+            procs.append((p, _kind_priority(flat[i + 1])))
+        procs.sort(key=lambda pp: pp[0].token)
+        return [
+            Job(
+                queue,
+                p.task,
+                "running",
+                persistent=p.persistent,
+                attempts=p.attempts,
+                priority=level,
+                started=p.started,
+                worker=p.worker_id,
+                token=p.token,
+            )
+            for p, level in procs[start : end + 1]
+        ], len(procs)
+    if state == "delayed":
+        total, flat = await conn.pipeline(
+            [("ZCARD", k.delayed(queue)), ("ZRANGE", k.delayed(queue), start, end, "WITHSCORES")]
+        )
+        payloads = list(flat[0::2])
+        if not payloads:
+            return [], int(total)
+        extra = await _extras(conn, keys, queue, payloads, levels=True)
+        return [
+            Job(
+                queue,
+                t,
+                "delayed",
+                persistent=pers,
+                attempts=att,
+                priority=lv,
+                enqueued=since,
+                due=int(float(due)) / 1000,
+            )
+            for t, due, (pers, att, lv, since) in zip(payloads, flat[1::2], extra, strict=True)
+        ], int(total)
+    # queued: those with a priority (highest first), then the list
+    n_prio, n_list = await conn.pipeline([("ZCARD", k.prio(queue)), ("LLEN", k.queue(queue))])
+    n_prio, n_list = int(n_prio), int(n_list)
+    cmds: list[tuple[Any, ...]] = []
+    if start < n_prio:
+        cmds.append(("ZRANGE", k.prio(queue), start, min(end, n_prio - 1)))
+    if end >= n_prio:
+        cmds.append(("LRANGE", k.queue(queue), max(0, start - n_prio), end - n_prio))
+    got = await conn.pipeline(cmds) if cmds else []
+    entries: list[tuple[bytes, int]] = []
+    if start < n_prio:
+        entries += [(m[16:], int(m[:1])) for m in got[0]]
+        got = got[1:]
+    if got:
+        entries += [(t, 0) for t in got[0]]
+    if not entries:
+        return [], n_prio + n_list
+    extra = await _extras(conn, keys, queue, [t for t, _ in entries], levels=False)
+    return [
+        Job(queue, t, "queued", persistent=pers, attempts=att, priority=level, enqueued=since)
+        for (t, level), (pers, att, _, since) in zip(entries, extra, strict=True)
+    ], n_prio + n_list
+
+
+def _kind_priority(rec: bytes) -> int:
+    kind = rec.split(b"\0", 2)[1]
+    return int(kind[1:]) if len(kind) == 2 and kind[:1] == b"o" else 0
+
+
+async def _extras(
+    conn: Connection, keys: Keys, queue: str, payloads: Sequence[bytes], *, levels: bool
+) -> list[tuple[bool, int, int, float | None]]:
+    """Per payload: persistent, failed attempts, priority (of a delayed
+    one, with ``levels``), since when unowned (persistent tasks)."""
+    k = keys
+    cmds: list[tuple[Any, ...]] = [
+        ("HMGET", k.persistent(queue), *payloads),
+        ("SMISMEMBER", k.standby(queue), *payloads),
+        ("HMGET", k.attempts(queue), *payloads),
+        ("ZMSCORE", k.unowned(queue), *payloads),
+    ]
+    if levels:
+        cmds.append(("HMGET", k.delayed_prio(queue), *payloads))
+    got = await conn.pipeline(cmds)
+    pers, standby, attempts, since = got[:4]
+    lv = got[4] if levels else [None] * len(payloads)
+    return [
+        (
+            pers[i] is not None or standby[i] == 1,
+            int(attempts[i] or 0),
+            int(lv[i] or 0),
+            int(float(since[i])) / 1000 if since[i] is not None else None,
+        )
+        for i in range(len(payloads))
+    ]
+
+
+def _glob_escape(data: bytes) -> bytes:
+    out = bytearray()
+    for b in data:
+        if b in b"\\*?[]":
+            out += b"\\"
+        out.append(b)
+    return bytes(out)
+
+
+async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job | None:
+    """Where ``payload`` is on ``queue`` (see :meth:`Client.job`): the first
+    of running, queued, delayed and dead that has it (a dead one: its latest
+    dead letter), or None.
+
+    Raises:
+        ConfigError: a bad queue name.
+        MeshConnectionError: Redis could not be reached.
+        ProtocolError: a record in Redis is malformed.
+    """
+    check_queue(queue)
+    k = keys
+    (
+        procs,
+        at,
+        due,
+        n_prio,
+        n_dead,
+    ) = await conn.pipeline(
+        [
+            ("HGETALL", k.procs(queue)),
+            ("LPOS", k.queue(queue), payload),
+            ("ZSCORE", k.delayed(queue), payload),
+            ("ZCARD", k.prio(queue)),
+            ("LLEN", k.dead(queue)),
+        ]
+    )
+    found: list[Job] = []
+    for i in range(0, len(procs), 2):
+        rec = procs[i + 1]
+        if rec.endswith(payload):
+            p = parse_record(procs[i], rec, queue)
+            if p.task == payload:
+                found.append(
+                    Job(
+                        queue,
+                        p.task,
+                        "running",
+                        persistent=p.persistent,
+                        attempts=p.attempts,
+                        priority=_kind_priority(rec),
+                        started=p.started,
+                        worker=p.worker_id,
+                        token=p.token,
+                    )
+                )
+    if found:
+        return min(found, key=lambda j: j.token or 0)
+    level = 0
+    queued = at is not None
+    if not queued and int(n_prio):
+        pattern = b"[1-9]" + b"[0-9]" * 15 + _glob_escape(payload)
+        cursor = b"0"
+        while True:
+            cursor, flat = await conn.execute(
+                "ZSCAN", k.prio(queue), cursor, "MATCH", pattern, "COUNT", 1000
+            )
+            for m in flat[0::2]:
+                if m[16:] == payload:
+                    queued, level = True, int(m[:1])
+                    break
+            if queued or cursor in (b"0", 0, "0"):
+                break
+    if queued or due is not None:
+        ((pers, att, lv, since),) = await _extras(
+            conn, keys, queue, [payload], levels=due is not None and not queued
+        )
+        if queued:
+            return Job(
+                queue,
+                payload,
+                "queued",
+                persistent=pers,
+                attempts=att,
+                priority=level,
+                enqueued=since,
+            )
+        return Job(
+            queue,
+            payload,
+            "delayed",
+            persistent=pers,
+            attempts=att,
+            priority=lv,
+            enqueued=since,
+            due=int(float(due)) / 1000,
+        )
+    # the latest dead letter of the payload: read from the end, in chunks
+    end = int(n_dead) - 1
+    while end >= 0:
+        begin = max(0, end - _SCAN_CHUNK + 1)
+        recs = await conn.execute("LRANGE", k.dead(queue), begin, end)
+        for rec in reversed(recs):
+            if rec.endswith(payload):
+                d = parse_dead(rec, queue)
+                if d.task == payload:
+                    return Job(
+                        queue,
+                        d.task,
+                        "dead",
+                        attempts=d.attempts,
+                        worker=d.worker or None,
+                        error=d.error,
+                        dead_at=d.when or None,
+                    )
+        end = begin - 1
+    return None
+
+
+async def minute_counts(
+    conn: Connection, keys: Keys, queues: Iterable[str], minutes: int = 60
+) -> tuple[float, list[MinuteCounts]]:
+    """The Redis time (s) and, per queue, the processes finished and failed
+    in each of the last ``minutes`` minutes (the current one last).
+
+    Raises:
+        ConfigError: a bad queue name, or ``minutes`` not 1..1440.
+        MeshConnectionError: Redis could not be reached.
+    """
+    names = [check_queue(q) for q in queues]
+    if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 1440:
+        raise ConfigError(f"minutes must be a whole number from 1 to 1440, got {minutes!r}")
+    got = await conn.pipeline([("TIME",), *(("HGETALL", k) for k in map(keys.stats, names))])
+    sec = int(got[0][0])
+    now_minute = sec // 60
+    span = range(now_minute - minutes + 1, now_minute + 1)
+    out = []
+    for q, flat in zip(names, got[1:], strict=True):
+        h = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+        out.append(
+            MinuteCounts(
+                q,
+                tuple(float(m * 60) for m in span),
+                tuple(int(h.get(b"p%d" % m, 0)) for m in span),
+                tuple(int(h.get(b"f%d" % m, 0)) for m in span),
+            )
+        )
+    return float(sec), out

@@ -1,0 +1,242 @@
+"""``mesh jobs`` (a page of a queue's jobs in one state), ``mesh job`` (one
+payload's record), ``mesh pause`` and ``mesh resume``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import mesh
+from mesh._browse import JOB_STATES, MAX_LIMIT
+
+from ._common import (
+    UsageError,
+    add_target_options,
+    dump_json,
+    json_task,
+    queue_arg,
+    run_client,
+    show_task,
+    table,
+    target,
+    task_bytes,
+)
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``jobs``, ``job``, ``pause`` and ``resume`` to the ``mesh`` parser."""
+    p = sub.add_parser(
+        "jobs",
+        help="list a queue's jobs in one state, a page at a time",
+        description="List the jobs of QUEUE in STATE, a page at a time: queued (in claim "
+        "order), delayed (first due first), running (by token) or dead (oldest first). "
+        "Times are UTC, on the Redis clock. The last line names the cursor of the next page "
+        "(pass it to --after).",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument("--state", required=True, choices=JOB_STATES, metavar="STATE",
+                   help="queued, delayed, running or dead")  # fmt: skip
+    p.add_argument("--limit", type=_limit, default=50, metavar="N",
+                   help=f"jobs per page, 1..{MAX_LIMIT} (default 50)")  # fmt: skip
+    p.add_argument("--after", metavar="CURSOR", help="the cursor a previous page printed")
+    p.add_argument("--prefix", metavar="TEXT", help="only payloads that start with TEXT")
+    add_target_options(p)
+    p.add_argument("--json", action="store_true", help="print the page as JSON")
+    p.set_defaults(func=_jobs)
+
+    p = sub.add_parser(
+        "job",
+        help="show where one payload is on a queue",
+        description="Show the record of PAYLOAD on QUEUE: running (worker, token), queued, "
+        "delayed (due time) or dead (its last error); exit status 1 if it is in none of them.",
+    )
+    p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+    p.add_argument("task", metavar="PAYLOAD", help="the payload")
+    add_target_options(p)
+    p.add_argument("--json", action="store_true", help="print the record as JSON (null: none)")
+    p.set_defaults(func=_job)
+
+    for name, doc in (
+        (
+            "pause",
+            "Pause QUEUE for every worker: no new one-shot job of it starts; running ones "
+            "finish, enqueues are kept, persistent tasks keep their owners and are handed over "
+            "as usual.",
+        ),
+        ("resume", "Resume a paused QUEUE: its idle workers are woken at once."),
+    ):
+        p = sub.add_parser(name, help=doc.split(":")[0].split(".")[0].lower(), description=doc)
+        p.add_argument("queue", metavar="QUEUE", type=queue_arg)
+        add_target_options(p)
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        p.set_defaults(func=_pause if name == "pause" else _resume)
+
+
+def _limit(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}: {text!r}")
+    return n
+
+
+def utc(t: float | None) -> str:
+    """A Redis-clock time as ``YYYY-MM-DD HH:MM:SS`` UTC, ``-`` if None."""
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def job_json(j: mesh.Job) -> dict[str, Any]:
+    """A job record for JSON output (the payload as :func:`json_task`)."""
+    return {
+        "queue": j.queue,
+        "task": json_task(j.task),
+        "state": j.state,
+        "persistent": j.persistent,
+        "attempts": j.attempts,
+        "priority": j.priority,
+        "enqueued": j.enqueued,
+        "due": j.due,
+        "started": j.started,
+        "worker": j.worker,
+        "token": j.token,
+        "error": j.error,
+        "dead_at": j.dead_at,
+    }
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    t = target(args)
+    prefix = task_bytes(args.prefix) if args.prefix is not None else None
+
+    async def go(client: mesh.Client) -> int:
+        try:
+            page = await client.jobs(
+                args.queue, args.state, limit=args.limit, after=args.after, prefix=prefix
+            )
+        except mesh.ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            dump_json(
+                {
+                    "queue": args.queue,
+                    "state": args.state,
+                    "total": page.total,
+                    "next": page.next,
+                    "jobs": [job_json(j) for j in page.jobs],
+                }
+            )
+            return 0
+        print(f"{page.total} {args.state} on {args.queue}")
+        if page.jobs:
+            headers, rows = _rows(args.state, page.jobs)
+            for line in table(headers, rows, right="ATTEMPTS PRIO TOKEN"):
+                print(line)
+        if page.next is not None:
+            print(f"more: --after {page.next}")
+        return 0
+
+    return run_client(t, go)
+
+
+def _rows(state: str, jobs: tuple[mesh.Job, ...]) -> tuple[list[str], list[list[object]]]:
+    kind = ["persistent" if j.persistent else "one-shot" for j in jobs]
+    if state == "running":
+        return ["TASK", "KIND", "WORKER", "TOKEN", "STARTED (UTC)", "ATTEMPTS"], [
+            [show_task(j.task, 40), k, j.worker, j.token, utc(j.started), j.attempts]
+            for j, k in zip(jobs, kind, strict=True)
+        ]
+    if state == "dead":
+        return ["TASK", "ATTEMPTS", "DEAD SINCE (UTC)", "WORKER", "ERROR"], [
+            [
+                show_task(j.task, 40),
+                j.attempts,
+                utc(j.dead_at),
+                j.worker or "-",
+                (j.error or "-")[:80],
+            ]
+            for j in jobs
+        ]
+    if state == "delayed":
+        return ["TASK", "KIND", "DUE (UTC)", "PRIO", "ATTEMPTS"], [
+            [show_task(j.task, 40), k, utc(j.due), j.priority, j.attempts]
+            for j, k in zip(jobs, kind, strict=True)
+        ]
+    return ["TASK", "KIND", "PRIO", "ATTEMPTS", "WAITING SINCE (UTC)"], [
+        [show_task(j.task, 40), k, j.priority, j.attempts, utc(j.enqueued)]
+        for j, k in zip(jobs, kind, strict=True)
+    ]
+
+
+def _job(args: argparse.Namespace) -> int:
+    t = target(args)
+    task = task_bytes(args.task)
+
+    async def go(client: mesh.Client) -> int:
+        j = await client.job(args.queue, task)
+        if args.json:
+            dump_json(None if j is None else job_json(j))
+            return 0 if j is not None else 1
+        if j is None:
+            print(f"{show_task(task)}: not on {args.queue} (finished, cancelled or never queued)")
+            return 1
+        fields: list[tuple[str, object]] = [
+            ("queue", j.queue),
+            ("task", show_task(j.task, 200)),
+            ("state", j.state),
+            ("kind", "persistent" if j.persistent else "one-shot"),
+            ("attempts", j.attempts),
+            ("priority", j.priority),
+        ]
+        if j.enqueued is not None:
+            fields.append(("waiting since", utc(j.enqueued) + " UTC"))
+        if j.due is not None:
+            fields.append(("due", utc(j.due) + " UTC"))
+        if j.started is not None:
+            fields.append(("started", utc(j.started) + " UTC"))
+        if j.worker is not None:
+            fields.append(("worker", j.worker))
+        if j.token is not None:
+            fields.append(("token", j.token))
+        if j.dead_at is not None:
+            fields.append(("dead since", utc(j.dead_at) + " UTC"))
+        if j.error is not None:
+            fields.append(("error", " ".join(j.error.split()) or "-"))
+        width = max(len(k) for k, _ in fields)
+        for k, v in fields:
+            print(f"{k + ':':<{width + 1}} {v}")
+        return 0
+
+    return run_client(t, go)
+
+
+def _pause(args: argparse.Namespace) -> int:
+    t = target(args)
+
+    async def go(client: mesh.Client) -> int:
+        changed = await client.pause(args.queue)
+        if args.json:
+            dump_json({"queue": args.queue, "paused": True, "changed": changed})
+        else:
+            print(f"paused {args.queue}" if changed else f"{args.queue} was paused already")
+        return 0
+
+    return run_client(t, go)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    t = target(args)
+
+    async def go(client: mesh.Client) -> int:
+        changed = await client.resume(args.queue)
+        if args.json:
+            dump_json({"queue": args.queue, "paused": False, "changed": changed})
+        else:
+            print(f"resumed {args.queue}" if changed else f"{args.queue} was not paused")
+        return 0
+
+    return run_client(t, go)

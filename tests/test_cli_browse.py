@@ -1,0 +1,131 @@
+"""``mesh jobs``, ``mesh job``, ``mesh pause`` and ``mesh resume`` (run in
+this process through :func:`mesh.cli.main`, against a real redis-server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+import mesh
+from mesh._scripts import Binding
+from mesh.cli import main
+
+from .protocol_helpers import join
+
+Q = "cliq"
+
+
+@pytest.fixture
+def ns_args(redis_url: str, namespace: str) -> list[str]:
+    return ["--redis", redis_url, "--namespace", namespace]
+
+
+def setup_jobs(redis_url: str, namespace: str) -> None:
+    """On Q: one running (r1), three queued (a, b, c), one delayed (later),
+    one dead (d, its error 'ValueError: <no>')."""
+
+    async def go() -> None:
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            conn, b = client._conn, Binding(client._keys)
+            inc = await join(b, conn, "w1", Q)
+            await client.enqueue_many(Q, ["r1", "d"])
+            c = await b.claim(conn, "w1", inc, Q, 2, 1)
+            dead = [p.id for p in c.processes if p.task == b"d"]
+            await b.give_back(conn, "w1", Q, dead, failed=True, errors=["ValueError: <no>"])
+            await client.enqueue_many(Q, ["a", "b", "c"])
+            await client.enqueue(Q, "later", delay=3600)
+
+    trio.run(go)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_jobs_pages_each_state_in_text_and_json(
+    capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    setup_jobs(redis_url, namespace)
+    code, out, _ = run(capsys, "jobs", Q, "--state", "queued", "--limit", "2", *ns_args)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"3 queued on {Q}"
+    assert lines[1].split()[:2] == ["TASK", "KIND"]
+    assert [ln.split()[0] for ln in lines[2:4]] == ["a", "b"]
+    assert lines[-1] == "more: --after c2"
+    code, out, _ = run(capsys, "jobs", Q, "--state", "queued", "--after", "c2", "--json", *ns_args)
+    page = json.loads(out)
+    assert code == 0 and page["next"] is None and page["total"] == 3
+    assert [j["task"]["data"] for j in page["jobs"]] == ["c"]
+    code, out, _ = run(capsys, "jobs", Q, "--state", "running", *ns_args)
+    assert code == 0 and "r1" in out and "w1" in out
+    code, out, _ = run(capsys, "jobs", Q, "--state", "dead", "--json", *ns_args)
+    (d,) = json.loads(out)["jobs"]
+    assert d["error"] == "ValueError: <no>" and d["state"] == "dead" and d["attempts"] == 1
+    code, out, _ = run(capsys, "jobs", Q, "--state", "delayed", *ns_args)
+    assert code == 0 and "later" in out and "DUE (UTC)" in out
+
+
+def test_job_shows_one_record_or_exits_1(
+    capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    setup_jobs(redis_url, namespace)
+    code, out, _ = run(capsys, "job", Q, "d", *ns_args)
+    assert code == 0
+    assert "state:" in out and "dead" in out and "error:" in out and "ValueError: <no>" in out
+    code, out, _ = run(capsys, "job", Q, "r1", "--json", *ns_args)
+    rec = json.loads(out)
+    assert code == 0 and rec["state"] == "running" and rec["worker"] == "w1"
+    assert isinstance(rec["token"], int)
+    code, out, _ = run(capsys, "job", Q, "nope", *ns_args)
+    assert code == 1 and "not on" in out
+    code, out, _ = run(capsys, "job", Q, "nope", "--json", *ns_args)
+    assert code == 1 and json.loads(out) is None
+
+
+def test_pause_and_resume_show_in_status(
+    capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    setup_jobs(redis_url, namespace)
+    assert run(capsys, "pause", Q, *ns_args)[:2] == (0, f"paused {Q}\n")
+    assert run(capsys, "pause", Q, *ns_args)[:2] == (0, f"{Q} was paused already\n")
+    code, out, _ = run(capsys, "status", "--json", *ns_args)
+    (q,) = [q for q in json.loads(out)["queues"] if q["name"] == Q]
+    assert code == 0 and q["paused"] is True
+    code, out, _ = run(capsys, "status", *ns_args)
+    header = next(ln for ln in out.splitlines() if ln.startswith("QUEUE "))
+    row = next(ln for ln in out.splitlines() if ln.startswith(Q + " "))
+    assert header.split()[-1] == "PAUSED" and row.split()[-1] == "yes"
+    code, out, _ = run(capsys, "resume", Q, "--json", *ns_args)
+    assert code == 0 and json.loads(out) == {"queue": Q, "paused": False, "changed": True}
+    assert run(capsys, "resume", Q, *ns_args)[:2] == (0, f"{Q} was not paused\n")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["jobs", Q, "--state", "finished"],
+        ["jobs", Q],  # --state is required
+        ["jobs", Q, "--state", "queued", "--limit", "0"],
+        ["jobs", Q, "--state", "queued", "--limit", "x"],
+        ["jobs", Q, "--state", "queued", "--after", "bogus"],
+        ["jobs", "bad queue", "--state", "queued"],
+        ["job", "{q}", "x"],
+        ["pause", "a b"],
+        ["resume", ""],
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], ns_args: list[str], argv: list[str]
+) -> None:
+    code, out, err = run(capsys, *argv, *ns_args)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("mesh")

@@ -1,0 +1,303 @@
+"""The dashboard as an operator's console, in Debian's headless Chromium
+(selenium): the queue page with its jobs by state (paged, searched), a job's
+details with its error, actions over POST (requeue a dead job, delete, pause
+and resume), charts from counts kept in Redis, schedules and the next delayed
+jobs, times in UTC, and nothing cut off from 1280 to 1920 px wide.
+
+``MESH_CONSOLE_SCREENSHOTS=DIR`` keeps the screenshots (docs/img/ holds
+those of the docs)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import mesh
+from mesh._history import CountsReporter
+from mesh._scripts import Binding
+from mesh._stats import Recorder
+from mesh.dashboard import serve_dashboard
+
+from .browser import OVERFLOWS, chromium, http, in_page, page_until
+
+EVIL = "<img src=x onerror=window.__pwned=1>"
+
+
+async def populate(client: mesh.Client) -> None:
+    """A mesh with something in every table: a worker (registered by hand,
+    so nothing moves) running two jobs and three devices, 30 queued jobs,
+    dead letters (one with HTML in its payload and error), delayed jobs,
+    schedules, a paused queue, and an hour of per-minute counts."""
+    conn, b = client._conn, Binding(client._keys)
+    k = client._keys
+    inc = "inc-1"
+    info = json.dumps({"host": "app-eu-west-1a", "pid": 4242}).encode()
+    await b.register(conn, "worker-eu-west-1a-7f3c", inc, 600_000, info)
+    for q in ("emails", "devices"):
+        await b.serve(conn, "worker-eu-west-1a-7f3c", inc, q)
+    await client.enqueue_many("emails", [f"welcome:user-{i:04d}@example.com" for i in range(2)])
+    await b.claim(conn, "worker-eu-west-1a-7f3c", inc, "emails", 2, 3)
+    await client.ensure_many("devices", ["sensor-berlin-01", "sensor-paris-02", "sensor-oslo-03"])
+    await b.claim(conn, "worker-eu-west-1a-7f3c", inc, "devices", 3, 0)
+    doomed = ["bounce:ada@example.com", EVIL, "bounce:grace@example.com"]
+    await client.enqueue_many("emails", doomed)
+    c = await b.claim(conn, "worker-eu-west-1a-7f3c", inc, "emails", 3, 1)
+    errors = [
+        "SMTPRecipientsRefused: {'ada@example.com': (550, b'5.1.1 user unknown')}",
+        "ValueError: " + EVIL,
+        "TimeoutError: the handler ran for more than 30 s",
+    ]
+    await b.give_back(
+        conn, "worker-eu-west-1a-7f3c", "emails", [p.id for p in c.processes], failed=True,
+        errors=errors,
+    )  # fmt: skip
+    await client.enqueue_many("emails", [f"newsletter:user-{i:04d}@example.com" for i in range(30)])
+    for i in range(4):
+        await client.enqueue("emails", f"reminder:invoice-{i}", delay=600 * (i + 1))
+    await client.enqueue_many("reports", ["weekly-usage", "monthly-billing"])
+    await client.pause("reports")
+    await client.schedule("reports", "daily-summary", every=86400)
+    await client.schedule("emails", "digest:hourly", every=3600)
+    minute = int((await conn.execute("TIME"))[0]) // 60
+    fields: list[Any] = []
+    for m in range(minute - 59, minute + 1):
+        fields += [f"p{m}", 40 + (m * 37) % 60, f"f{m}", (m * 13) % 7 if m % 3 else 0]
+    await conn.execute("HSET", k.stats("emails"), ":min", minute - 59, *fields)
+
+
+@asynccontextmanager
+async def console(url: str, namespace: str, **kw: Any) -> AsyncIterator[tuple[mesh.Client, str]]:
+    async with mesh.open_client(url, namespace=namespace) as client:
+        header = {"redis": mesh.parse_url(url).redacted(), "namespace": namespace}
+        async with serve_dashboard(client, interval=0.2, header=header, **kw) as page:
+            yield client, page
+
+
+def shots_dir(tmp_path: Path) -> Path:
+    d = os.environ.get("MESH_CONSOLE_SCREENSHOTS")
+    return Path(d) if d else tmp_path
+
+
+async def no_overflow(driver: Any, where: str) -> None:
+    bad = await in_page(driver, lambda d: d.execute_script(OVERFLOWS))
+    assert bad == [], f"{where}: {bad}"
+
+
+async def screenshot(driver: Any, path: Path) -> None:
+    # the whole page, not only the window
+    height = await in_page(driver, lambda d: d.execute_script("return document.body.scrollHeight"))
+    width = await in_page(driver, lambda d: d.execute_script("return window.innerWidth"))
+    await in_page(driver, lambda d: d.set_window_size(width, min(int(height) + 120, 4000)))
+    await in_page(driver, lambda d: d.save_screenshot(str(path)))
+    assert (await trio.Path(path).stat()).st_size > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1280, 1600, 1920])
+async def test_nothing_is_cut_off_and_times_are_utc(
+    redis_url: str, namespace: str, tmp_path: Path, width: int
+) -> None:
+    async with console(redis_url, namespace) as (client, url):
+        await populate(client)
+        with chromium(width, 1000) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelectorAll('#queues tbody tr').length === 3")
+            await page_until(
+                driver, "document.querySelectorAll('#schedules tbody tr').length === 2"
+            )
+            await page_until(driver, "document.querySelectorAll('#delayed tbody tr').length === 4")
+            await page_until(
+                driver, "document.querySelectorAll('#chart-finished rect').length > 30"
+            )
+            # the paused queue says so, with a resume button
+            reports = await page_until(
+                driver,
+                "Array.from(document.querySelectorAll('#queues tbody tr'))"
+                ".find(r => r.dataset.queue === 'reports')?.innerText",
+            )
+            assert "paused" in reports and "resume" in reports
+            # UTC, as the CLI: 2026-01-02 03:04:05 UTC, no AM/PM
+            now = await in_page(driver, lambda d: d.find_element("id", "now").text)
+            assert now.endswith(" UTC") and len(now) == len("2026-01-02 03:04:05 UTC"), now
+            nxt = await page_until(
+                driver, "document.querySelector('#schedules tbody td:nth-child(4)')?.innerText"
+            )
+            assert len(nxt) == 19 and "M" not in nxt, nxt
+            await no_overflow(driver, f"overview at {width} px")
+            if width in (1280, 1920):
+                await screenshot(driver, shots_dir(tmp_path) / f"dashboard-{width}.png")
+                await in_page(driver, lambda d: d.set_window_size(width, 1000))
+            # the queue page, dead letters with the job's details
+            await in_page(driver, lambda d: d.get(url + "#/queue/emails"))
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 25")
+            await no_overflow(driver, f"queued jobs at {width} px")
+            await in_page(
+                driver,
+                lambda d: d.execute_script(
+                    "document.querySelector('#q-tabs button[data-state=dead]').click()"
+                ),
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 3")
+            b64 = base64.b64encode(b"bounce:ada@example.com").decode()
+            await in_page(driver, lambda d: d.get(f"{url}#/job/emails/{b64}"))
+            err = await page_until(driver, "document.getElementById('job-error')?.innerText")
+            assert "550" in err and "user unknown" in err
+            await no_overflow(driver, f"job details at {width} px")
+            if width in (1280, 1920):
+                await screenshot(driver, shots_dir(tmp_path) / f"dashboard-queue-{width}.png")
+
+
+@pytest.mark.slow
+async def test_queue_page_pages_searches_and_acts(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    async with console(redis_url, namespace) as (client, url):
+        await populate(client)
+        with chromium(1400, 1000) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            # from the overview to the queue page by its link
+            await page_until(driver, "document.querySelector('#queues a.queue-link')")
+            await in_page(
+                driver,
+                lambda d: d.execute_script(
+                    "Array.from(document.querySelectorAll('#queues a.queue-link'))"
+                    ".find(a => a.textContent === 'emails').click()"
+                ),
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 25")
+            first = await in_page(
+                driver,
+                lambda d: d.execute_script(
+                    "return document.querySelector('#jobs tbody tr').dataset.task"
+                ),
+            )
+            assert first == "newsletter:user-0000@example.com"
+            # page 2: the 5 others of the 30
+            await in_page(driver, lambda d: d.find_element("id", "page-next").click())
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 5")
+            note = await in_page(driver, lambda d: d.find_element("id", "page-note").text)
+            assert note == "page 2 (last)"
+            # search by payload prefix
+            await in_page(
+                driver, lambda d: d.find_element("id", "search").send_keys("newsletter:user-001")
+            )
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#search-form button[type=submit]').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 10")
+            # the dead letter with HTML in it is shown as text, never run
+            await in_page(driver, lambda d: d.execute_script(
+                "document.getElementById('search-clear').click();"
+                "document.querySelector('#q-tabs button[data-state=dead]').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 3")
+            texts = await in_page(driver, lambda d: d.find_element("id", "jobs").text)
+            assert EVIL in texts
+            assert (
+                await in_page(driver, lambda d: d.execute_script("return window.__pwned")) is None
+            )
+            assert await in_page(driver, lambda d: d.execute_script(
+                "return document.querySelectorAll('#jobs img').length"
+            )) == 0  # fmt: skip
+            # requeue a dead job from its row: confirm, and it is queued again
+            await in_page(driver, lambda d: d.execute_script(
+                "window.confirm = () => true;"
+                "Array.from(document.querySelectorAll('#jobs tbody tr'))"
+                ".find(r => r.dataset.task === 'bounce:grace@example.com')"
+                ".querySelector('button.job-requeue').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 2")
+            j = await client.job("emails", "bounce:grace@example.com")
+            assert j is not None and j.state == "queued" and j.attempts == 0
+            # delete a dead job from its details view
+            b64 = base64.b64encode(EVIL.encode()).decode()
+            await in_page(driver, lambda d: d.get(f"{url}#/job/emails/{b64}"))
+            await page_until(driver, "document.querySelector('#job-actions button.job-delete')")
+            await in_page(driver, lambda d: d.execute_script(
+                "window.confirm = () => true;"
+                "document.querySelector('#job-actions button.job-delete').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, "document.getElementById('job-body').innerText.includes('not on the queue')"
+            )
+            assert await client.job("emails", EVIL) is None
+            # pause and resume from the queue page
+            await in_page(driver, lambda d: d.execute_script("window.confirm = () => true;"))
+            await in_page(driver, lambda d: d.find_element("id", "q-pause").click())
+            await page_until(driver, "!document.getElementById('q-paused').hidden")
+            assert (await client.queue_info("emails")).paused
+            await page_until(driver, "document.getElementById('q-pause').textContent === 'Resume'")
+            await in_page(driver, lambda d: d.find_element("id", "q-pause").click())
+            await page_until(driver, "document.getElementById('q-paused').hidden")
+            assert not (await client.queue_info("emails")).paused
+
+
+async def test_actions_need_the_action_header_and_the_token(redis_url: str, namespace: str) -> None:
+    async with console(redis_url, namespace, token="t0ken") as (client, url):
+        await client.enqueue("q", "x")
+        body = json.dumps({"queue": "q"}).encode()
+        auth = {"Authorization": "Bearer t0ken", "Content-Type": "application/json"}
+        json_only = {"Content-Type": "application/json"}
+        for path in ("api/pause", "api/resume"):
+            status, _ = await trio.to_thread.run_sync(http, url + path, body, json_only)
+            assert status == 401
+            status, _ = await trio.to_thread.run_sync(http, url + path, body, auth)
+            assert status == 403
+        assert not (await client.queue_info("q")).paused
+        status, text = await trio.to_thread.run_sync(
+            lambda: http(url + "api/pause", data=body, headers={**auth, "X-Mesh-Action": "1"})
+        )
+        assert status == 200 and json.loads(text)["changed"] is True
+        assert (await client.queue_info("q")).paused
+        status, _ = await trio.to_thread.run_sync(lambda: http(url + "api/jobs?queue=q"))
+        assert status == 401
+        status, text = await trio.to_thread.run_sync(
+            lambda: http(url + "api/jobs?queue=q&state=queued", headers=auth)
+        )
+        assert status == 200 and [j["task"] for j in json.loads(text)["jobs"]] == ["x"]
+        status, text = await trio.to_thread.run_sync(
+            lambda: http(url + "api/jobs?queue=q&state=nope", headers=auth)
+        )
+        assert status == 400 and "state" in json.loads(text)["error"]
+        b64 = base64.b64encode(b"x").decode()
+        delete = json.dumps({"queue": "q", "task_b64": b64}).encode()
+        status, _ = await trio.to_thread.run_sync(
+            lambda: http(url + "api/job/delete", data=delete, headers=auth)
+        )
+        assert status == 403
+        status, text = await trio.to_thread.run_sync(
+            lambda: http(
+                url + "api/job/delete", data=delete, headers={**auth, "X-Mesh-Action": "1"}
+            )
+        )
+        assert status == 200 and json.loads(text) == {"deleted": 1}
+        assert await client.job("q", "x") is None
+
+
+async def test_charts_survive_a_restarted_dashboard(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue("q", "x")  # a known queue
+        rec = Recorder()
+        rec.queue("q").finished += 12
+        rec.queue("q").failed += 3
+        assert await CountsReporter(client._conn, Binding(client._keys), lambda: (rec,)).report()
+    for _ in range(2):  # a dashboard, stopped, then another
+        async with console(redis_url, namespace) as (_client, url):
+            status, text = await trio.to_thread.run_sync(
+                lambda: http(url + "api/history?minutes=60")
+            )
+            h = json.loads(text)
+            assert status == 200 and len(h["at"]) == 60
+            assert (sum(h["finished"]), sum(h["failed"])) == (12, 3)
+            status, text = await trio.to_thread.run_sync(
+                lambda: http(url + "api/history?minutes=60&queue=q")
+            )
+            assert sum(json.loads(text)["finished"]) == 12
