@@ -387,12 +387,11 @@ class Worker:
             )
             if v is not None
         }
+        # the same checks as Client.configure (ConfigError), on the values
+        # given, before the defaults join them: whole numbers, seconds from 0
+        # to ten years, backoff <= backoff_max
+        policy_fields(**explicit)
         local = attrs.evolve(QueuePolicy(), **explicit)
-        # the same checks as Client.configure (ConfigError): whole numbers,
-        # seconds from 0 to ten years, backoff <= backoff_max
-        policy_fields(
-            max_attempts=local.max_attempts, backoff=local.backoff, backoff_max=local.backoff_max
-        )
         cfg = QueueConfig(
             queue,
             handler if batch_handler is None else batch_handler,

@@ -139,7 +139,7 @@ def test_operating_md_names_the_dashboards_dead_letter_actions() -> None:
     text = page("operating.md")
     section = text[text.index("## Dashboard") :]
     section = " ".join(section[: section.index("\n## ", 1)].split())
-    assert "requeue or purge the dead letters of a queue" in section
+    assert "requeue or purge all the dead letters of a queue" in section
     assert "not offered" not in section
 
 

@@ -184,12 +184,12 @@ def test_policy_fields_turn_seconds_into_ms_and_check_each_option() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"max_attempts": -1}, "max_attempts must be a whole number >= 0, got -1"),
         ({"max_attempts": True}, "max_attempts must be a whole number >= 0, got True"),
-        ({"timeout": math.inf}, "timeout must be a finite number of seconds >= 0, got inf"),
-        ({"result_ttl": "1"}, "result_ttl must be a number of seconds, got '1'"),
+        ({"timeout": math.inf}, "timeout must be a number of seconds from 0 to 315,360,000"),
+        ({"result_ttl": "1"}, "result_ttl must be a number of seconds, not str"),
         ({"rate_limit": -1}, "rate_limit must be N or (N, seconds) with N >= 0, got -1"),
         ({"rate_limit": (True, 1)}, "rate_limit must be N or (N, seconds) with N >= 0"),
         ({"rate_limit": (1, 0.0001)}, "the rate_limit period must be at least 1 ms"),
-        ({"rate_limit": (1, -1)}, "rate_limit period must be a finite number of seconds >= 0"),
+        ({"rate_limit": (1, -1)}, "rate_limit period must be a number of seconds from 0 to"),
         ({"backoff": 5, "backoff_max": 1}, "need backoff <= backoff_max, got 5, 1"),
         ({"colour": 1}, "unknown policy option colour"),
     ]
@@ -310,11 +310,15 @@ def test_due_checks_delay_and_at() -> None:
     assert _due(None, 2) == (0, 2000)
     with pytest.raises(ConfigError, match=r"^give delay or at, not both$"):
         _due(1, 1)
-    with pytest.raises(ConfigError, match=r"^delay must be a finite number of seconds >= 0"):
+    with pytest.raises(
+        ConfigError, match=r"^delay must be a number of seconds from 0 to 315,360,000 \(10 years\)"
+    ):
         _due(-1, None)
     with pytest.raises(TypeError, match=r"^delay must be a number of seconds, not bool$"):
         _due(True, None)
-    with pytest.raises(ConfigError, match=r"^at must be a finite Unix time >= 0"):
+    with pytest.raises(
+        ConfigError, match=r"^at must be a Unix time in seconds from 0 to 253,402,300,799"
+    ):
         _due(None, math.inf)
     with pytest.raises(TypeError, match=r"^at must be a datetime or a Unix time, not str$"):
         _due(None, "now")  # type: ignore[arg-type]
@@ -322,7 +326,9 @@ def test_due_checks_delay_and_at() -> None:
 
 def test_schedule_every_is_checked() -> None:
     assert spec_of(0.05, None) == "every 50"
-    with pytest.raises(ConfigError, match=r"^every must be a finite number of seconds >= 0\.05"):
+    with pytest.raises(
+        ConfigError, match=r"^every must be a number of seconds from 0\.05 to 315,360,000"
+    ):
         spec_of(0.01, None)
     with pytest.raises(TypeError, match=r"^every must be a number of seconds, not bool$"):
         spec_of(True, None)

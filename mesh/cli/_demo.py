@@ -215,20 +215,23 @@ class Demo:
                     f"  started redis-server {version} at {server.url} (pid {server.pid}), "
                     f"in a temporary directory"
                 )
+            if self.args.redis:
+                # before the first write: a client writes the epoch on connect
+                await _check_scan(url, namespace)
             try:
                 async with mesh.open_client(url, namespace=namespace) as client:
-                    if self.args.redis:
-                        await _check_scan(url, namespace)  # before the first write
                     try:
                         await self.tour(client, url, namespace, shown)
                     finally:
                         with trio.CancelScope(shield=True):
                             await self.stop_peers(quiet=True)
-                            if self.args.redis:
-                                with trio.move_on_after(5):
-                                    await _wipe_namespace(url, namespace)
             finally:
-                if not self.args.redis:
+                # The namespace goes once the client has closed too: a client
+                # writes the namespace's epoch when it (re)connects.
+                if self.args.redis:
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        await _wipe_namespace(url, namespace)
+                else:
                     stack.close()
                     self.say("  redis-server stopped, its temporary directory removed")
         self.summary()
