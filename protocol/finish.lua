@@ -30,7 +30,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   for i = 4, #ARGV do out[#out + 1] = 0 end
   return out
 end
-local f = finish_begin(KEYS[7])
+finish_begin(KEYS[7])
 -- One HMGET for every record, one HDEL and one SREM for every finished
 -- process (not one of each per process): a runner reports a whole batch.
 -- Of a record, only the fields a finish needs (include/record_head.lua).
@@ -43,7 +43,7 @@ elseif #ARGV > 3 then
   recs = redis.call('HMGET', KEYS[2], unpack(ARGV, 4))  -- the ids as they came
 end
 for i = 1, #ARGV - 3 do
-  out[#out + 1] = finish_process(f, ARGV[i + 3], recs[i]) and 1 or 0
+  out[#out + 1] = finish_process(ARGV[i + 3], recs[i]) and 1 or 0
 end
-finish_writes(f)
+finish_writes()
 return out

@@ -50,7 +50,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
 end
 local now = int(now_ms())
 -- The awaiting key, if given (see the check of #KEYS above).
-local f = finish_begin(KEYS[7 + n])
+local wz = finish_begin(KEYS[7 + n])
 -- As finish.lua (include/finish_process.lua); then one SET per kept result.
 local ids = {}
 for i = 1, n do ids[i] = ARGV[2 + 3 * i] end
@@ -58,16 +58,16 @@ local recs = hmget_all(KEYS[2], ids)
 local results = {}
 for i, id in ipairs(ids) do
   local a = 2 + 3 * i
-  local payload = finish_process(f, id, recs[i])
+  local payload = finish_process(id, recs[i])
   if payload then
     local kind_v = ARGV[a + 1] == 'v' and 'v' or 'n'
     local value = ARGV[a + 2]
-    results[#results + 1] = {KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. f.wz
+    results[#results + 1] = {KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
       .. string.format('%d', #value) .. '\0' .. value .. payload}
   end
   out[i] = payload and 1 or 0
 end
-finish_writes(f)
+finish_writes()
 -- The results last, after the process records left: SET is refused at the
 -- memory limit only as a script's first write, so a full Redis still
 -- finishes (and stores the results: see "At the memory limit" in README.md)
