@@ -307,7 +307,7 @@ class Lease:
             await self._binding.serve(self._conn, gen.id, gen.incarnation, q, self._capacity(q))
         try:
             # Sharded where the server has it: the scripts SPUBLISH wakes and
-            # cancels there (lib.lua nudge), sparing a cluster the broadcast.
+            # cancels there (include/nudge.lua), sparing a cluster the broadcast.
             await self._pubsub.subscribe(
                 self._keys.cancel_channel(gen.id), self._keys.wake_channel(gen.id), sharded=True
             )

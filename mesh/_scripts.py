@@ -6,9 +6,10 @@ call takes the connection to run on. Scripts run with ``EVALSHA``; on
 as ``EVAL`` with the source, which also caches the script, so a flush is
 invisible to callers.
 
-A script's ``--!include NAME`` line is replaced by the file NAME of the same
-directory, less the functions the script does not use, before the script is
-hashed and sent (see ``protocol/README.md``).
+A script's ``--!include FILE`` lines are replaced by the files they name
+(``include/NAME.lua``, each spliced once per script) before the script is
+hashed and sent: plain text, see "Loading the scripts" in
+``protocol/README.md``.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ SCRIPT_NAMES = (
     "stats",
 )
 
-_INCLUDE = re.compile(rb"^--!include ([A-Za-z0-9_.]+)[ \t]*$", re.M)
+# An include line, with its line end: the file it names (a path relative to
+# protocol/) replaces it.
+_INCLUDE = re.compile(rb"^--!include ((?:[A-Za-z0-9_-]+/)*[A-Za-z0-9_-]+\.lua)[ \t]*(?:\n|$)", re.M)
 
 # Error codes our scripts reply with, and the exception each becomes.
 _ERRORS: dict[str, type[Exception]] = {
@@ -124,60 +127,43 @@ def _protocol_dir() -> Traversable:
     return Path(__file__).resolve().parent.parent / "protocol"
 
 
-# A top-level function of an included file: its leading comment lines, then
-# ``local function NAME(`` at column 0, up to and including ``end`` at column 0.
-_UNIT = re.compile(
-    rb"^(?:--[^\n]*\n)*local function ([A-Za-z_][A-Za-z0-9_]*)\(.*?^end[ \t]*\n?", re.M | re.S
-)
+def _expand(d: Traversable, name: str, stack: tuple[str, ...], done: set[str]) -> bytes:
+    """The text of ``name`` with every include line replaced by the expanded
+    text of the file it names, but for a file already spliced into this
+    script (``done``): its line is dropped. Plain text, no parsing of Lua.
 
-
-# A Lua comment to the end of its line: ``--`` at the start of a line or after
-# a space (no string in protocol/ holds such a ``--``).
-_COMMENT = re.compile(rb"(?:^|(?<=\s))--[^\n]*", re.M)
-
-
-def _prune(lib: bytes, user: bytes) -> bytes:
-    """Keep only the functions of the included file ``lib`` that ``user`` (the
-    rest of the script) calls, directly or through each other.
-
-    Lua creates a closure for every ``local function`` each time a script runs,
-    so splicing all of lib.lua into every script cost each call about 4 µs of
-    Redis time (a heartbeat: 23 µs with all of it, 18.5 µs with what it uses).
-    Anything outside a function (the file's header comment) is kept as is.
-    Definition order is kept, so a function is still defined before its users.
+    Raises:
+        ProtocolError: ``name`` includes itself, directly or not (a cycle).
+        FileNotFoundError: ``name`` or a file it includes does not exist.
     """
-    units = list(_UNIT.finditer(lib))
-    if not units:
-        return lib
-    bodies = {m.group(1): m.group(0) for m in units}
-    ident = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
-    wanted: set[bytes] = set()
-    todo = [user]
-    while todo:
-        # a function named only in a comment ("see lib.lua to_standby") is
-        # not called: its closure would be made at every call for nothing
-        for word in set(ident.findall(_COMMENT.sub(b"", todo.pop()))):
-            if word in bodies and word not in wanted:
-                wanted.add(word)
-                todo.append(bodies[word])
-    out, pos = [], 0
-    for m in units:
-        out.append(lib[pos : m.start()])
-        if m.group(1) in wanted:
-            out.append(m.group(0))
-        pos = m.end()
-    out.append(lib[pos:])
-    return b"".join(out)
+    if name in stack:
+        raise ProtocolError(f"protocol/{name}: include cycle {' -> '.join((*stack, name))}")
+    f = d
+    for part in name.split("/"):
+        f = f.joinpath(part)
+    text = f.read_bytes()
+
+    def splice(m: re.Match[bytes]) -> bytes:
+        file = m.group(1).decode()
+        if file in done:
+            return b""
+        out = _expand(d, file, (*stack, name), done)
+        done.add(file)
+        return out
+
+    return _INCLUDE.sub(splice, text)
 
 
-def _expand(d: Traversable, name: str, seen: tuple[str, ...] = ()) -> bytes:
-    if name in seen:
-        raise ProtocolError(f"protocol/{name}: include cycle {' -> '.join((*seen, name))}")
-    text = d.joinpath(name).read_bytes()
-    user = _INCLUDE.sub(b"", text)
-    return _INCLUDE.sub(
-        lambda m: _prune(_expand(d, m.group(1).decode(), (*seen, name)), user), text
-    )
+def expand_script(d: Traversable, name: str) -> bytes:
+    """The source of script ``name`` (a path relative to ``d``, the
+    protocol directory) as it is hashed and sent: see "Loading the scripts"
+    in ``protocol/README.md``.
+
+    Raises:
+        ProtocolError: an include cycle.
+        FileNotFoundError: the script or a file it includes does not exist.
+    """
+    return _expand(d, name, (), set())
 
 
 @functools.cache
@@ -191,7 +177,7 @@ def load_scripts() -> Mapping[str, Script]:
     out = {}
     for name in SCRIPT_NAMES:
         try:
-            src = _expand(d, name + ".lua")
+            src = expand_script(d, name + ".lua")
         except FileNotFoundError as exc:
             raise ProtocolError(f"protocol script {name}.lua not found in {d}") from exc
         out[name] = Script(name, src, hashlib.sha1(src).hexdigest())

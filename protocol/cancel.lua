@@ -5,7 +5,7 @@
 -- to its cancel channel.
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[2] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[2] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[3] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[4] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[5] {ns}:delayed:<Q>       ZSET payload -> due time
@@ -13,9 +13,9 @@
 -- KEYS[7] {ns}:reserved:<Q>      HASH payload -> "W:expiry": a task handed back for balance, reserved
 --                                for W (removed: a queued copy)
 -- KEYS[8] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
--- KEYS[9] {ns}:share:<Q>         HASH weights and capacities (lib.lua): a
+-- KEYS[9] {ns}:share:<Q>         HASH weights and capacities (README.md): a
 --                                persistent task's weight leaves it
--- KEYS[10] {ns}:prio:<Q>         ZSET of queued tasks with a priority (lib.lua prio_add)
+-- KEYS[10] {ns}:prio:<Q>         ZSET of queued tasks with a priority (include/prio_add.lua)
 -- KEYS[11] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
@@ -27,7 +27,11 @@
 --          were not passed (nothing changed: call again with them).
 -- Errors: BAD_ARG (key count).
 -- Publishes: each cancelled process id on the cancel channel of its worker.
---!include lib.lua
+--!include include/record.lua
+--!include include/prio_remove.lua
+--!include include/cancelling.lua
+--!include include/add_share.lua
+--!include include/forget_weight.lua
 
 local nw = #ARGV - 2
 if #KEYS ~= 11 + 2 * nw then

@@ -7,7 +7,7 @@
 -- Fair share: with ARGV[6] = 1, W takes a persistent task only while the
 -- weight it holds on Q is below its fair share, T * capacity of W / C (the
 -- total weight of Q's persistent tasks and the total capacity of its servers:
--- lib.lua fair_share; with weights and capacities 1, while it holds fewer
+-- include/fair_share.lua; with weights and capacities 1, while it holds fewer
 -- than P / S); so it ends at most one task's weight above its share. The
 -- persistent tasks it may not take stay at the head of the queue for peers.
 -- With ARGV[6] = P >= 2 (a patience, in ms), the same, except that W also
@@ -20,7 +20,7 @@
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
 -- KEYS[2] {ns}:serves:<W>        (passed, not read: whether W serves Q is KEYS[10])
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads, head = next
--- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[5] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[6] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[7] {ns}:attempts:<Q>      HASH payload -> failed attempts so far
@@ -36,22 +36,22 @@
 --                                free slot and found nothing: whoever makes a
 --                                task ready wakes it), and removed otherwise
 --                                (it claims again when a slot frees, or after
---                                being held back). See lib.lua wake_idle.
+--                                being held back). See include/wake_idle.lua.
 -- KEYS[13] {ns}:reserved:<Q>    HASH payload -> "W:expiry ms": persistent tasks handed back for
 --                                balance and reserved for W (see rebalance.lua). W takes its own
 --                                first, whatever the fair share says; one that ran out goes back
 --                                to the head of the queue, for anyone.
 -- KEYS[14] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
 --                                (a claimed one leaves it)
--- KEYS[15] {ns}:share:<Q>       HASH weights and capacities (lib.lua): the
+-- KEYS[15] {ns}:share:<Q>       HASH weights and capacities (README.md): the
 --                                weight of each persistent task taken is added
 --                                to W's held weight
--- KEYS[16] {ns}:prio:<Q>        ZSET of queued tasks with a priority (see lib.lua prio_add):
+-- KEYS[16] {ns}:prio:<Q>        ZSET of queued tasks with a priority (see include/prio_add.lua):
 --                                taken before the list, the highest priority first
 -- KEYS[17] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task: a due one with a
 --                                priority goes to the front of its level in KEYS[16]
 -- KEYS[18] (optional) {ns}:rate:<Q> HASH, the queue's token bucket (see
---         lib.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
+--         include/rate.lua rate_tokens), with ARGV[12] = the rate limit (claims) and
 --         ARGV[13] = its period (ms): the claim takes at most the whole
 --         tokens there are, and with none left says in the reply's third
 --         field when the next one is due (the caller claims again then).
@@ -84,10 +84,22 @@
 --           payload}
 -- Errors: FENCED, NOT_SERVING (W does not serve Q, or drains it), BAD_ARG.
 -- Publishes: when held back, Q on the wake channels of up to (tasks left) + 1
---            idle servers (see lib.lua wake_idle); when more delayed tasks
+--            idle servers (see include/wake_idle.lua); when more delayed tasks
 --            are due than this claim moved, Q on the wake channels of up to
 --            (those left) + 1 idle servers.
---!include lib.lua
+--!include include/now_ms_us.lua
+--!include include/id_strings.lua
+--!include include/lease_error.lua
+--!include include/count_arg.lua
+--!include include/call_chunked.lua
+--!include include/hmget_all.lua
+--!include include/prio_add.lua
+--!include include/rate.lua
+--!include include/wake_idle.lua
+--!include include/task_weight.lua
+--!include include/add_share.lua
+--!include include/fair_share.lua
+--!include include/expire_reserved.lua
 
 -- The counts: one match for all five in the usual case (plain decimal
 -- strings, kept as they are in the records); count_arg says which is wrong.
@@ -246,7 +258,7 @@ if #tp == 0 and not has_persistent then
   tp = items  -- the usual case: all of them, none persistent
   items = {}
 end
--- Which popped payloads are persistent tasks (lib.lua is_queued_persistent
+-- Which popped payloads are persistent tasks (include/is_queued_persistent.lua
 -- for all of them at once): one HMGET of the persistent hash, and one
 -- SMISMEMBER of the standby set for those the hash does not hold (a call
 -- per payload cost Redis several times the work it did).
@@ -326,7 +338,7 @@ local ids = id_strings(first, #tp)
 redis.call('SET', KEYS[9], ids[#ids])
 -- One HSET of every record and one SADD of every id, not one of each per
 -- process; the fields that every record of this claim shares are joined
--- once (the record layout is at the top of lib.lua).
+-- once (the record layout: include/record.lua).
 local shared = '\0' .. ARGV[5] .. '\0' .. ARGV[7] .. '\0' .. ARGV[8] .. '\0' .. ARGV[9] .. '\0'
   .. string.format('%.0f', now) .. '\0'
 local records = {}

@@ -22,7 +22,7 @@
 -- Errors: BAD_ARG (mode, an unknown field, a value that is not a whole
 --         number >= 0, backoff_ms > backoff_max_ms).
 -- Publishes: nothing.
---!include lib.lua
+--!include include/count_arg.lua
 
 local mode = ARGV[2]
 if mode ~= 'set' and mode ~= 'default' and mode ~= 'clear' then

@@ -2,12 +2,12 @@
 -- queue with their attempts reset (mode "requeue"), or drop them (mode
 -- "purge"); all of them, or those whose payload is one of ARGV[4..].
 --
--- KEYS[1] {ns}:dead:<Q>          LIST of dead-letter records (lib.lua dead_record)
+-- KEYS[1] {ns}:dead:<Q>          LIST of dead-letter records (include/dead_record.lua)
 -- KEYS[2] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[3] {ns}:attempts:<Q>      HASH payload -> failed attempts
--- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[5] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
--- KEYS[6] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[6] {ns}:idle:<Q>          SET of idle servers of Q (see include/wake_idle.lua)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
 -- ARGV[3] mode: "requeue" or "purge"
@@ -18,7 +18,9 @@
 -- Errors: BAD_ARG (mode).
 -- Publishes: after a requeue, Q on the wake channels of up to (tasks
 --            requeued) + 1 idle servers of Q.
---!include lib.lua
+--!include include/is_persistent.lua
+--!include include/call_chunked.lua
+--!include include/wake_idle.lua
 
 local mode = ARGV[3]
 if mode ~= 'requeue' and mode ~= 'purge' then

@@ -8,11 +8,11 @@
 --
 -- KEYS[1] {ns}:delayed:<Q>       ZSET payload -> due time (ms)
 -- KEYS[2] {ns}:queues            SET of known queue names
--- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
--- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see include/wake_idle.lua)
 -- KEYS[6] {ns}:delayed_prio:<Q>  HASH payload -> priority (1..9) of a delayed task: when due it
---                                goes to the front of its level (claim.lua, lib.lua prio_add)
+--                                goes to the front of its level (claim.lua, include/prio_add.lua)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
 -- ARGV[3] mode: "in" (ARGV[4] ms from now) or "at" (ARGV[4] = the due time,
@@ -27,7 +27,12 @@
 -- Publishes: when the new due time is the queue's earliest, Q on the wake
 --            channels of up to two idle servers of Q: they claim, and the
 --            claim's reply tells them when the first delayed task is due.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/int.lua
+--!include include/is_persistent.lua
+--!include include/count_arg.lua
+--!include include/delay_level.lua
+--!include include/wake_idle.lua
 
 local mode = ARGV[3]
 if mode ~= 'in' and mode ~= 'at' then

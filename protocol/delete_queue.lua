@@ -27,7 +27,9 @@
 -- Errors: BAD_ARG (key count).
 -- Publishes: each cancelled process id on its worker's cancel channel, then
 --            "" on the delete channel.
---!include lib.lua
+--!include include/call_chunked.lua
+--!include include/nudge.lua
+--!include include/cancelling.lua
 
 local nw = #ARGV - 3
 if #KEYS ~= 14 + 2 * nw then

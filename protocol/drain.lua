@@ -12,7 +12,7 @@
 -- KEYS[1] {ns}:worker:<W>    heartbeat key
 -- KEYS[2] {ns}:servers:<Q>   SET of the workers that serve Q: W leaves it
 -- KEYS[3] {ns}:idle:<Q>      SET of idle servers of Q: W leaves it
--- KEYS[4] {ns}:share:<Q>     HASH weights and capacities (lib.lua): W's
+-- KEYS[4] {ns}:share:<Q>     HASH weights and capacities (README.md): W's
 --                            capacity leaves the sum (its held weight stays
 --                            until its processes are handed back)
 -- ARGV[1] worker id W
@@ -21,7 +21,8 @@
 --          never served it: nothing changed).
 -- Errors: FENCED (W holds no lease; nothing changed).
 -- Publishes: nothing.
---!include lib.lua
+--!include include/lease_error.lua
+--!include include/drop_capacity.lua
 
 local err = lease_error(KEYS[1], ARGV[1], ARGV[2])
 if err then return err end

@@ -1,14 +1,14 @@
 -- enqueue.lua: put one-shot tasks at the back of a queue: priority 0 at the
 -- back of its list, priority 1..9 at the back of that level of its
 -- prioritized set (claimed before the list, the highest level first; see
--- lib.lua prio_add).
+-- include/prio_add.lua).
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[2] {ns}:queues            SET of known queue names
--- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
--- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
--- KEYS[6] {ns}:prio:<Q>          ZSET of queued tasks with a priority (lib.lua prio_add)
+-- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see include/wake_idle.lua)
+-- KEYS[6] {ns}:prio:<Q>          ZSET of queued tasks with a priority (include/prio_add.lua)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
 -- ARGV[3] priority, 0..9 (0: the plain list)
@@ -18,7 +18,10 @@
 -- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added),
 --         BAD_ARG (priority), OOM (Redis is at maxmemory: nothing was added).
 -- Publishes: Q on the wake channels of up to n + 1 idle servers of Q.
---!include lib.lua
+--!include include/is_persistent.lua
+--!include include/count_arg.lua
+--!include include/prio_add.lua
+--!include include/wake_idle.lua
 
 local level, err = count_arg(ARGV[3], 'priority', 9)
 if err then return err end

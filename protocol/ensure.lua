@@ -2,22 +2,22 @@
 -- (queue, payload): a payload that is already a persistent task of Q (queued,
 -- delayed or running) is left alone; one that is queued, delayed or running
 -- as a one-shot task of Q is refused, as enqueue.lua refuses the reverse. Every
--- payload gets the weight ARGV[3] (its part of the fair share: see lib.lua
--- fair_share), a persistent task already there too (if it runs, its
+-- payload gets the weight ARGV[3] (its part of the fair share: see
+-- include/fair_share.lua), a persistent task already there too (if it runs, its
 -- worker's held weight follows).
 --
 -- KEYS[1] {ns}:queue:<Q>         LIST of queued payloads
 -- KEYS[2] {ns}:queues            SET of known queue names
--- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[3] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[4] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
--- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[5] {ns}:idle:<Q>          SET of idle servers of Q (see include/wake_idle.lua)
 -- KEYS[6] {ns}:delayed:<Q>       ZSET of payloads waiting for a retry
 -- KEYS[7] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
--- KEYS[8] {ns}:share:<Q>         HASH weights and capacities (see lib.lua)
+-- KEYS[8] {ns}:share:<Q>         HASH weights and capacities (README.md)
 -- KEYS[9] {ns}:procs:<Q>         HASH process id -> process record (read: the
 --                                worker of a running task whose weight changes,
 --                                and one-shot processes of a new payload)
--- KEYS[10] {ns}:prio:<Q>         ZSET of queued one-shot tasks with a priority (lib.lua prio_add)
+-- KEYS[10] {ns}:prio:<Q>         ZSET of queued one-shot tasks with a priority (include/prio_add.lua)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:)
 -- ARGV[3] the weight of the payloads, a whole number from 1 to 1000000
@@ -31,7 +31,16 @@
 --       with a priority, if any, and the records of Q's running processes
 --       (O(running)) when a payload is new.
 -- Publishes: Q on the wake channels of up to (number added) + 1 idle servers.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/record.lua
+--!include include/is_persistent.lua
+--!include include/call_chunked.lua
+--!include include/to_standby.lua
+--!include include/wake_idle.lua
+--!include include/task_weight.lua
+--!include include/add_share.lua
+--!include include/add_tasks.lua
+--!include include/set_weight.lua
 
 local weight = tonumber(ARGV[3])
 if not weight or weight < 1 or weight > 1000000 or weight ~= math.floor(weight) then
@@ -60,8 +69,8 @@ end
 for _, p in ipairs(new) do
   if redis.call('ZSCORE', KEYS[6], p) then return conflict(p) end
 end
--- Running as a one-shot task: a process of Q whose record (see the top of
--- lib.lua) has the kind "o".."o9" and ends with the payload. (A persistent
+-- Running as a one-shot task: a process of Q whose record (see
+-- include/record.lua) has the kind "o".."o9" and ends with the payload. (A persistent
 -- process of a new payload was cancelled: its handler may still be exiting.)
 if #new > 0 and redis.call('HLEN', KEYS[9]) > 0 then
   local wanted = {}

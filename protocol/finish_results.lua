@@ -5,9 +5,9 @@
 -- KEYS[1] {ns}:worker:<W>        heartbeat key
 -- KEYS[2] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[3] {ns}:held:<W>:<Q>      SET of W's process ids on Q
--- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
--- KEYS[6] {ns}:share:<Q>         HASH weights and capacities (lib.lua): a
+-- KEYS[6] {ns}:share:<Q>         HASH weights and capacities (README.md): a
 --                                finished persistent task's weight leaves it
 -- KEYS[6 + i] {ns}:result:<H>:<Q> for each process i = 1..n: STRING, the
 --         result record of its payload (H: the SHA-1 of the payload, hex)
@@ -29,7 +29,12 @@
 -- length of value \0 value payload; kind "v" or "n"; value and payload may
 -- hold NUL bytes; the payload is kept so that a reader can check that the
 -- record is of its payload.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/int.lua
+--!include include/count_arg.lua
+--!include include/lease_error.lua
+--!include include/hmget_all.lua
+--!include include/finish_process.lua
 
 local ttl, err = count_arg(ARGV[4], 'result ttl')
 if err then return err end
@@ -44,53 +49,25 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   return out
 end
 local now = int(now_ms())
-local weighted  -- whether any task of Q weighs other than 1: read at the first persistent one
-local notify  -- whether to publish done messages: read at the first finished process
--- As finish.lua: one HMGET for every record, one HDEL and one SREM for every
--- finished process, and of a record only what a finish needs (lib.lua
--- record_head); then one SET per kept result.
+-- The awaiting key, if given (see the check of #KEYS above).
+local wz = finish_begin(KEYS[7 + n])
+-- As finish.lua (include/finish_process.lua); then one SET per kept result.
 local ids = {}
 for i = 1, n do ids[i] = ARGV[2 + 3 * i] end
 local recs = hmget_all(KEYS[2], ids)
-local wz = ARGV[1] .. '\0'
-local gone, seen, attempts, results = {}, {}, {}, {}
+local results = {}
 for i, id in ipairs(ids) do
   local a = 2 + 3 * i
-  local rec = recs[i]
-  local done = 0
-  if rec and not seen[id] then
-    seen[id] = true
-    local kind, tries, payload = record_head(rec, wz)
-    if kind then
-      gone[#gone + 1] = id
-      local persistent = kind == 'p'
-      if persistent then
-        if weighted == nil then weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1 end
-        local w = weighted and task_weight(KEYS[6], payload) or 1
-        -- HDEL before HINCRBY: the first write must be one Redis does not
-        -- refuse at the memory limit (see "At the memory limit" in README.md)
-        local mine = redis.call('HGET', KEYS[4], payload) == id
-        if mine then redis.call('HDEL', KEYS[4], payload) end
-        add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
-        if mine then
-          forget_weight(KEYS[6], payload)  -- the task leaves: its weight leaves the sums
-        end
-      end
-      if persistent or tries ~= '0' then attempts[#attempts + 1] = payload end
-      local kind_v = ARGV[a + 1] == 'v' and 'v' or 'n'
-      local value = ARGV[a + 2]
-      results[#results + 1] = {KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
-        .. string.format('%d', #value) .. '\0' .. value .. payload}
-      if notify == nil then notify = #KEYS == 6 + n or redis.call('EXISTS', KEYS[7 + n]) == 1 end
-      if notify then nudge(ARGV[3], payload) end
-      done = 1
-    end
+  local payload = finish_process(id, recs[i])
+  if payload then
+    local kind_v = ARGV[a + 1] == 'v' and 'v' or 'n'
+    local value = ARGV[a + 2]
+    results[#results + 1] = {KEYS[6 + i], kind_v .. '\0' .. now .. '\0' .. wz
+      .. string.format('%d', #value) .. '\0' .. value .. payload}
   end
-  out[i] = done
+  out[i] = payload and 1 or 0
 end
-call_chunked('HDEL', KEYS[2], gone)
-call_chunked('SREM', KEYS[3], gone)
-call_chunked('HDEL', KEYS[5], attempts)
+finish_writes()
 -- The results last, after the process records left: SET is refused at the
 -- memory limit only as a script's first write, so a full Redis still
 -- finishes (and stores the results: see "At the memory limit" in README.md)

@@ -20,8 +20,10 @@
 -- Errors: BAD_ARG (key or argument count, a next tick not after the tick),
 --         OOM (Redis is at maxmemory: nothing fired, the ticks stay due).
 -- Publishes: Q on the wake channels of up to two idle servers of Q per copy
---            enqueued (see lib.lua wake_idle).
---!include lib.lua
+--            enqueued (see include/wake_idle.lua).
+--!include include/now_ms.lua
+--!include include/is_persistent.lua
+--!include include/wake_idle.lua
 
 local n = (#ARGV - 1) / 3
 if n ~= math.floor(n) or #KEYS ~= 3 + 4 * n then

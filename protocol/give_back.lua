@@ -11,25 +11,25 @@
 -- KEYS[1] {ns}:procs:<Q>         HASH process id -> process record
 -- KEYS[2] {ns}:held:<W>:<Q>      SET of W's process ids on Q
 -- KEYS[3] {ns}:queue:<Q>         LIST of queued payloads
--- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see lib.lua to_standby)
+-- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[5] {ns}:attempts:<Q>      HASH payload -> failed attempts
 -- KEYS[6] {ns}:delayed:<Q>       ZSET payload -> due time (ms)
--- KEYS[7] {ns}:dead:<Q>          LIST of dead-letter records (lib.lua dead_record)
+-- KEYS[7] {ns}:dead:<Q>          LIST of dead-letter records (include/dead_record.lua)
 -- KEYS[8] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash); a
 --                                given-back one moves there from KEYS[4]
--- KEYS[9] {ns}:idle:<Q>          SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[9] {ns}:idle:<Q>          SET of idle servers of Q (see include/wake_idle.lua)
 -- KEYS[10] {ns}:moving:<Q>       HASH process id -> "R:expiry ms": processes a rebalance asked
 --                                their worker to hand back, for worker R (see rebalance.lua)
 -- KEYS[11] {ns}:reserved:<Q>     HASH payload -> "R:expiry ms": such a process handed back (mode
 --                                "return") goes there, reserved for R, instead of to the front
 --                                of the queue, and R is woken (on its own wake channel)
 -- KEYS[12] {ns}:unowned:<Q>        ZSET persistent payload -> since when (ms) no process runs it
--- KEYS[13] {ns}:share:<Q>        HASH weights and capacities (lib.lua): the
+-- KEYS[13] {ns}:share:<Q>        HASH weights and capacities (README.md): the
 --                                weight of each persistent task given back
 --                                leaves W's held weight; a reservation moves
 --                                its generation on
 -- KEYS[14] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
---                                back to the front (retried: the back) of its level (lib.lua prio_add)
+--                                back to the front (retried: the back) of its level (include/prio_add.lua)
 -- KEYS[15] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
@@ -48,7 +48,20 @@
 -- Publishes: Q on the wake channels of up to (tasks made ready now) + 1 idle
 --            servers of Q (none if no task is ready now); Q on the wake
 --            channel of each worker a task was reserved for.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/int.lua
+--!include include/record.lua
+--!include include/fail_attempt.lua
+--!include include/dead_record.lua
+--!include include/count_arg.lua
+--!include include/prio_add.lua
+--!include include/delay_level.lua
+--!include include/to_standby.lua
+--!include include/nudge.lua
+--!include include/wake_idle.lua
+--!include include/task_weight.lua
+--!include include/add_share.lua
+--!include include/parse_entry.lua
 
 local mode = ARGV[2]
 if mode ~= 'return' and mode ~= 'fail' and mode ~= 'keep' then

@@ -51,9 +51,9 @@
 --          persistent tasks), C (the total capacity of its servers), W's
 --          capacity, the weight of W's processes beyond one each, n, and the
 --          n ids of W's processes a rebalance asked W to hand back (see
---          rebalance.lua). W's fair share is T * capacity / C (lib.lua
---          fair_share). The generation moves on with every change of the
---          share hash (lib.lua add_share), every mark (rebalance) and every
+--          rebalance.lua). W's fair share is T * capacity / C (include/fair_share.lua
+--          ). The generation moves on with every change of the
+--          share hash (include/add_share.lua), every mark (rebalance) and every
 --          reservation (give_back).
 --          A queue with a task reserved for W, or a reservation that ran
 --          out, counts as having tasks ready (state 0).
@@ -66,7 +66,9 @@
 --          idle count lets about three of them act on it, not all.
 -- Errors: BAD_ARG (the whole call: nothing is written).
 -- Publishes: nothing.
---!include lib.lua
+--!include include/count_arg.lua
+--!include include/fair_share.lua
+--!include include/parse_entry.lua
 
 -- The three counts: whole numbers in range in the usual case (x % 1 is not
 -- 0 for a fraction, inf or nan); count_arg says which is wrong.
@@ -117,7 +119,7 @@ for w = 1, n do
 end
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)  -- lib.lua now_ms
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)  -- include/now_ms.lua
 
 -- The reply, flat (each table of a reply costs Redis more than a few
 -- elements do): now, ms until the earliest deadline (filled in last), the

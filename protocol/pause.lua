@@ -7,7 +7,7 @@
 --
 -- KEYS[1] {ns}:paused:<Q>   STRING, Redis time (ms) since when Q is paused
 -- KEYS[2] {ns}:queues       SET of queue names in use (a pause adds Q)
--- KEYS[3] {ns}:idle:<Q>     SET of idle servers of Q (see lib.lua wake_idle)
+-- KEYS[3] {ns}:idle:<Q>     SET of idle servers of Q (see include/wake_idle.lua)
 -- KEYS[4] {ns}:queue:<Q>    LIST of queued payloads (counted)
 -- KEYS[5] {ns}:prio:<Q>     ZSET of queued tasks with a priority (counted)
 -- ARGV[1] "pause" or "resume"
@@ -19,7 +19,9 @@
 -- Errors: BAD_ARG (mode).
 -- Publishes: on resume, Q on the wake channels of up to (tasks queued) + 1
 --            idle servers of Q.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/int.lua
+--!include include/wake_idle.lua
 
 local mode = ARGV[1]
 if mode ~= 'pause' and mode ~= 'resume' then

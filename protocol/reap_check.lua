@@ -16,7 +16,8 @@
 --          puts its true deadline back.
 -- Errors: BAD_ARG.
 -- Publishes: nothing.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/count_arg.lua
 
 local limit, err = count_arg(ARGV[1], 'limit', 1000)
 if err then return err end

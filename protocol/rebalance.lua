@@ -9,7 +9,7 @@
 -- the queue at the next claim or rebalance of anyone; a mark whose process
 -- is gone (finished, recycled) or ran out is dropped.
 --
--- The fair share is by weight against capacity (lib.lua fair_share): with
+-- The fair share is by weight against capacity (include/fair_share.lua): with
 -- T the total weight of Q's persistent tasks and C the total capacity of its
 -- servers, worker V's share is T * cap(V) / C, and what V holds is the
 -- weight of its processes; what is on its way counts (a task marked away
@@ -32,7 +32,7 @@
 -- KEYS[6] {ns}:moving:<Q>        HASH process id -> "R:expiry ms" (written here)
 -- KEYS[7] {ns}:reserved:<Q>      HASH payload -> "R:expiry ms"
 -- KEYS[8] {ns}:queue:<Q>         LIST of queued payloads (expired reservations go to its head)
--- KEYS[9] {ns}:share:<Q>        HASH weights and capacities (lib.lua)
+-- KEYS[9] {ns}:share:<Q>        HASH weights and capacities (README.md)
 -- KEYS[10..9+m] {ns}:held:<W_j>:<Q> for each worker W_j named in ARGV[7..]
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
@@ -50,7 +50,18 @@
 -- Errors: FENCED, NOT_SERVING (W does not serve Q), BAD_ARG.
 -- Publishes: Q on the wake channels of idle servers for reservations that
 --            ran out and went back to the queue.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/int.lua
+--!include include/record.lua
+--!include include/lease_error.lua
+--!include include/count_arg.lua
+--!include include/sorted_ids.lua
+--!include include/hmget_all.lua
+--!include include/nudge.lua
+--!include include/task_weight.lua
+--!include include/fair_share.lua
+--!include include/parse_entry.lua
+--!include include/expire_reserved.lua
 
 local limit, err = count_arg(ARGV[4], 'move limit', 1000)
 if err then return err end

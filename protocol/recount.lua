@@ -1,5 +1,5 @@
 -- recount.lua: set a queue's persistent weight sums (share:<Q>'s `:weight`
--- and `:heavy`, see lib.lua) to what its registry (persistent:<Q> and
+-- and `:heavy`, see README.md) to what its registry (persistent:<Q> and
 -- standby:<Q>) holds, and drop the weights of tasks no longer there. The
 -- scripts keep the sums in step with the registry; they drift only when the
 -- registry lost tasks behind the mesh's back (evicted by a maxmemory-policy
@@ -9,7 +9,7 @@
 --
 -- KEYS[1] {ns}:persistent:<Q>    HASH persistent payload -> owner process id or ""
 -- KEYS[2] {ns}:standby:<Q>       SET of the other queued persistent payloads
--- KEYS[3] {ns}:share:<Q>         HASH weights and capacities (lib.lua)
+-- KEYS[3] {ns}:share:<Q>         HASH weights and capacities (README.md)
 -- ARGV[1] queue name Q (for error messages)
 -- Returns: {the weight counted before, the weight present}: equal when
 --          nothing had drifted (then nothing was written). Safe to run twice.

@@ -21,7 +21,7 @@
 --   {ns}:dead:<Q>, {ns}:servers:<Q>, {ns}:delayed:<Q>, {ns}:standby:<Q>,
 --   {ns}:idle:<Q>, {ns}:unowned:<Q>, {ns}:share:<Q> (the worker's capacity and
 --   held weight leave it), {ns}:prio:<Q>, {ns}:delayed_prio:<Q> (a task with
---   a priority goes back to its level: lib.lua return_held)
+--   a priority goes back to its level: include/return_held.lua)
 -- then for each worker j and each queue i (worker by worker), one key:
 --   {ns}:held:<W_j>:<Q_i>
 -- ARGV[1] mode: "dead" or "leave"
@@ -45,8 +45,12 @@
 --         the lease is held by another incarnation).
 -- Publishes: per queue with tasks put back, the queue name on the wake
 --            channels of up to (tasks put back) + 1 of its idle servers, once
---            per call (see lib.lua wake_idle).
---!include lib.lua
+--            per call (see include/wake_idle.lua).
+--!include include/now_ms.lua
+--!include include/count_arg.lua
+--!include include/return_held.lua
+--!include include/wake_idle.lua
+--!include include/leave_share.lua
 
 local mode = ARGV[1]
 if mode ~= 'dead' and mode ~= 'leave' then

@@ -17,7 +17,8 @@
 --         DUPLICATE_WORKER (W is live, or dead and not yet recycled),
 --         BAD_ARG (ttl).
 -- Publishes: nothing.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/count_arg.lua
 
 local ttl, err = count_arg(ARGV[3], 'ttl')
 if err then return err end

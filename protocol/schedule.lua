@@ -18,7 +18,9 @@
 --          leaves the same state.
 -- Errors: BAD_ARG (mode, spec, tick).
 -- Publishes: nothing (peers re-read the first tick every heartbeat interval).
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/int.lua
+--!include include/count_arg.lua
 
 local mode = ARGV[1]
 local id = ARGV[2] .. '\0' .. ARGV[3]

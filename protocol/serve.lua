@@ -1,12 +1,12 @@
 -- serve.lua: a worker starts serving a queue (it may then claim from it),
--- with a capacity: its part of the fair share (lib.lua fair_share). Serving
+-- with a capacity: its part of the fair share (include/fair_share.lua). Serving
 -- again changes the capacity.
 --
 -- KEYS[1] {ns}:worker:<W>   heartbeat key
 -- KEYS[2] {ns}:serves:<W>   SET of the queues W serves
 -- KEYS[3] {ns}:queues       SET of known queue names
 -- KEYS[4] {ns}:servers:<Q>  SET of the workers that serve Q
--- KEYS[5] {ns}:share:<Q>    HASH weights and capacities (lib.lua)
+-- KEYS[5] {ns}:share:<Q>    HASH weights and capacities (README.md)
 -- ARGV[1] worker id W
 -- ARGV[2] incarnation
 -- ARGV[3] queue name Q
@@ -14,7 +14,8 @@
 -- Returns: 1.
 -- Errors: FENCED (W holds no lease), BAD_ARG (capacity).
 -- Publishes: nothing.
---!include lib.lua
+--!include include/lease_error.lua
+--!include include/set_capacity.lua
 
 local cap = tonumber(ARGV[4])
 if not cap or cap < 1 or cap > 1000000 or cap ~= math.floor(cap) then

@@ -14,7 +14,9 @@
 -- Returns: the minute the counts went to.
 -- Errors: BAD_ARG (a count, KEEP, or not two counts per key).
 -- Publishes: nothing.
---!include lib.lua
+--!include include/now_ms.lua
+--!include include/int.lua
+--!include include/call_chunked.lua
 
 local keep = tonumber(ARGV[1])
 if not keep or keep < 1 or keep > 1440 or keep % 1 ~= 0 then

@@ -48,7 +48,7 @@ async def snapshot(conn: Connection, keys: Keys, queue: str, workers: list[str])
 
     n = len(workers)
     # A queued persistent task is a member of the standby set or a field of
-    # the persistent hash with the value "" (lib.lua's to_standby picks by
+    # the persistent hash with the value "" (include/to_standby.lua picks by
     # memory): "standby" is both, "persistent" only the running ones.
     pers, in_set = pairs(r[1]), set(r[6])
     assert not in_set & set(pers), f"in the standby set and the hash: {in_set & set(pers)}"
@@ -58,7 +58,7 @@ async def snapshot(conn: Connection, keys: Keys, queue: str, workers: list[str])
         "procs": pairs(r[2]),
         "attempts": pairs(r[3]),
         "delayed": list(r[4]),
-        # dead-letter records (lib.lua dead_record): the payload is last
+        # dead-letter records (include/dead_record.lua): the payload is last
         "dead": [rec.split(b"\0", 4)[-1] for rec in r[5]],
         "standby": in_set | {p for p, v in pers.items() if not v},
         "held": {w: {x.decode() for x in r[7 + i]} for i, w in enumerate(workers)},

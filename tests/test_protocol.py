@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import attrs
@@ -21,7 +22,7 @@ from mesh._scripts import (
     _PROCESS_SLOTS,
     Binding,
     HeartbeatRequest,
-    _expand,
+    expand_script,
     load_scripts,
     parse_claim,
     parse_record,
@@ -879,26 +880,53 @@ async def test_finish_and_claim_survives_script_flush(
     assert list(s["procs"]) == [p.id.encode()]
 
 
-def test_an_include_keeps_only_the_functions_a_script_uses(tmp_path: Path) -> None:
-    (tmp_path / "lib.lua").write_text(
-        "-- lib header\n\n"
-        "-- b's comment\nlocal function b(x)\n  return x\nend\n\n"
-        "local function unused()\n  return b(1)\nend\n\n"
-        "-- a calls b\nlocal function a(x)\n  if x then\n    return b(x)\n  end\nend\n"
+def test_includes_are_spliced_as_plain_text_once_per_script(tmp_path: Path) -> None:
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "b.lua").write_text("-- b\nlocal function b() end\n")
+    (tmp_path / "include" / "a.lua").write_text(
+        "-- a\n--!include include/b.lua\nlocal function a() b() end\n"
     )
-    (tmp_path / "s.lua").write_text("-- s.lua\n--!include lib.lua\nreturn a(1)\n")
-    out = _expand(tmp_path, "s.lua").decode()
-    assert "-- lib header" in out and "return a(1)" in out
-    assert "local function unused" not in out
-    # b is kept (a calls it), with its comment, and still defined before a
-    assert out.index("-- b's comment\nlocal function b(x)") < out.index("local function a(x)")
-    assert out.count("end\n") == 3  # b's, a's if and a's own: whole functions
+    (tmp_path / "s.lua").write_text(
+        "-- s.lua\n--!include include/a.lua\n--!include include/b.lua\nreturn a()\n"
+    )
+    out = expand_script(tmp_path, "s.lua").decode()
+    # depth first, each file once (b comes with a, its second line is dropped)
+    assert (
+        out
+        == "-- s.lua\n-- a\n-- b\nlocal function b() end\nlocal function a() b() end\nreturn a()\n"
+    )
+
+
+def test_an_include_cycle_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "a.lua").write_text("--!include include/b.lua\n")
+    (tmp_path / "include" / "b.lua").write_text("--!include include/a.lua\n")
+    (tmp_path / "s.lua").write_text("--!include include/a.lua\nreturn 1\n")
+    with pytest.raises(
+        ProtocolError, match=re.escape("include cycle s.lua -> include/a.lua -> include/b.lua")
+    ):
+        expand_script(tmp_path, "s.lua")
+
+
+def test_every_include_names_what_it_provides_and_needs() -> None:
+    proto = Path(__file__).resolve().parent.parent / "protocol"
+    files = sorted((proto / "include").glob("*.lua"))
+    assert files
+    for f in files:
+        text = f.read_text()
+        head = text.split("\n\n")[0]
+        assert head.startswith(f"-- include/{f.name}: "), f.name
+        assert "needs" in head, f.name
+        for fn in re.findall(r"^local function (\w+)\(", text, re.M):
+            assert fn in head, (f.name, fn)  # every helper is named in the header
+    for name, script in load_scripts().items():
+        assert b"--!include" not in script.source, name
 
 
 def test_every_script_states_its_contract_in_a_header() -> None:
     proto = Path(__file__).resolve().parent.parent / "protocol"
     for name in load_scripts():
-        head = (proto / f"{name}.lua").read_text().split("--!include")[0]
+        head = (proto / f"{name}.lua").read_text().split("--!include")[0].split("\nlocal ")[0]
         assert head.startswith(f"-- {name}.lua: "), name
         for part in ("KEYS[1]", "ARGV[1]", "Returns:", "Errors:", "Publishes:"):
             assert part in head, (name, part)

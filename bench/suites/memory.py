@@ -160,5 +160,5 @@ The same {short:,} tasks of {size} bytes spread over queues of {lengths}
 tasks each (one script call per queue) measure small queues, where a queue's
 own keys count and Redis keeps small hashes compact (a persistent task's
 payload then waits in the persistent hash with an empty value, not in the
-standby set: see `to_standby` in `protocol/lib.lua`).
+standby set: see `protocol/include/to_standby.lua`).
 """

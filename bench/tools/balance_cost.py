@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import json
 import os
 import socket
 import statistics
@@ -49,7 +50,6 @@ from typing import Any
 
 import redis
 
-from mesh._scripts import _expand
 from mesh.testing import run_redis_server
 
 Q = "devices"
@@ -71,11 +71,9 @@ class Scripts:
         self.r = r
         self.sha: dict[str, str] = {}
         self.src: dict[str, bytes] = {}
-        for f in d.glob("*.lua"):
-            if f.name == "lib.lua":
-                continue
-            src = self.src[f.stem] = _expand(d, f.name)
-            self.sha[f.stem] = hashlib.sha1(src).hexdigest()
+        for name, src in expand_all(d).items():
+            self.src[name] = src
+            self.sha[name] = hashlib.sha1(src).hexdigest()
             r.script_load(src)
 
     def __call__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -83,27 +81,35 @@ class Scripts:
 
 
 def checkout(rev: str | None, tmp: Path) -> Path:
-    """The protocol/ directory of ``rev`` (None: the working tree)."""
+    """The protocol/ directory of ``rev`` (None: the working tree), beside the
+    ``mesh/`` of that revision (whose loader :func:`expand_all` runs)."""
     here = Path(__file__).resolve().parents[2]
     if rev is None:
         return here / "protocol"
     d = tmp / rev
     d.mkdir()
-    names = subprocess.run(
-        ["git", "-C", str(here), "ls-tree", "--name-only", f"{rev}:protocol"],
+    archive = subprocess.run(
+        ["git", "-C", str(here), "archive", rev, "mesh", "protocol"],
         check=True,
         capture_output=True,
-        text=True,
-    ).stdout.split()
-    for n in names:
-        if n.endswith(".lua"):
-            src = subprocess.run(
-                ["git", "-C", str(here), "show", f"{rev}:protocol/{n}"],
-                check=True,
-                capture_output=True,
-            ).stdout
-            (d / n).write_bytes(src)
-    return d
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(d)], input=archive, check=True)
+    return d / "protocol"
+
+
+def expand_all(proto: Path) -> dict[str, bytes]:
+    """Every script of ``proto`` (a protocol/ directory from :func:`checkout`)
+    as the loader of the same revision expands it: the loading rule itself
+    may differ between revisions (lib.lua pruned before include/ files)."""
+    code = (
+        "import sys; sys.path.insert(0, '.'); from mesh._scripts import load_scripts; "
+        "sys.stdout.write(__import__('json').dumps("
+        "{n: s.source.decode('latin-1') for n, s in load_scripts().items()}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=proto.parent, check=True, capture_output=True
+    ).stdout
+    return {n: src.encode("latin-1") for n, src in json.loads(out).items()}
 
 
 def setup(version: str, s: Scripts, ns: str) -> tuple[Callable[[], Any], Callable[[], Any]]:

@@ -32,11 +32,11 @@ from typing import Any
 import redis
 import trio
 
-from bench.tools.balance_cost import checkout, redis_under_callgrind
+from bench.tools.balance_cost import checkout, expand_all, redis_under_callgrind
 from bench.tools.script_cost import dump_total
 from mesh._errors import CommandError
 from mesh._keys import Keys
-from mesh._scripts import Binding, _expand, load_scripts
+from mesh._scripts import Binding, load_scripts
 
 Q = "devices"
 TTL_MS = 600_000
@@ -54,10 +54,9 @@ class Conn:
         self.sha: dict[str, str] = {}
         here = {s.sha: n for n, s in load_scripts().items()}
         self._name = here
-        for f in d.glob("*.lua"):
-            if f.name != "lib.lua":
-                self.src[f.stem] = _expand(d, f.name)
-                self.sha[f.stem] = r.script_load(self.src[f.stem])
+        for name, src in expand_all(d).items():
+            self.src[name] = src
+            self.sha[name] = r.script_load(src)
 
     async def execute(self, *args: Any) -> Any:
         if args and args[0] == "EVALSHA":

@@ -34,6 +34,18 @@ CLAIMS = 2_000
 BATCH = 10
 
 
+def tree_script(tree: Path, name: str) -> bytes:
+    """Script ``name`` of ``tree`` as that tree's own loader expands it (the
+    loading rule itself may differ between the two trees)."""
+    code = (
+        "import sys; sys.path.insert(0, '.'); from mesh._scripts import load_scripts; "
+        f"sys.stdout.buffer.write(load_scripts()[{name!r}].source)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, check=True, capture_output=True
+    ).stdout
+
+
 def claim_key_count(src: bytes) -> int:
     """How many keys a ``claim.lua`` takes: the highest ``KEYS[n]`` of its
     header that is not optional (protocol 3: 12, 4: 13, 5: 14, 6: 16)."""
@@ -102,12 +114,12 @@ def child_interleaved(tree_a: Path, tree_b: Path, rounds: int, block: int) -> di
 
     from mesh._connection import open_connection
     from mesh._keys import Keys
-    from mesh._scripts import Binding, Script, _expand, run_script
+    from mesh._scripts import Binding, Script, run_script
     from mesh.testing import run_redis_server
 
     scripts, nkeys = {}, {}
     for name, tree in (("A", tree_a), ("B", tree_b)):
-        src = _expand(tree / "protocol", "claim.lua")
+        src = tree_script(tree, "claim")
         scripts[name] = Script("claim", src, hashlib.sha1(src).hexdigest())
         nkeys[name] = claim_key_count(src)
 
@@ -195,12 +207,11 @@ def child_callgrind(tree_a: Path, tree_b: Path, claims: int) -> dict[str, float]
 
     import trio
 
-    from mesh._scripts import _expand
     from mesh.testing import run_redis_server
 
     out: dict[str, float] = {}
     for name, tree in (("A", tree_a), ("B", tree_b)):
-        src = _expand(tree / "protocol", "claim.lua")
+        src = tree_script(tree, "claim")
         nkeys = claim_key_count(src)
         with tempfile.TemporaryDirectory(prefix="claim-callgrind-") as d:
             wrapper = Path(d) / "redis-server"

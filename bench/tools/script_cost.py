@@ -37,9 +37,9 @@ from typing import Any
 
 import redis
 
-from bench.tools.balance_cost import checkout, redis_under_callgrind
+from bench.tools.balance_cost import checkout, expand_all, redis_under_callgrind
 from mesh._keys import PROTOCOL_VERSION, Keys
-from mesh._scripts import Binding, ResultsToKeep, ScriptCall, _expand
+from mesh._scripts import Binding, ResultsToKeep, ScriptCall
 
 Q = "jobs"
 BATCH = 10
@@ -52,10 +52,9 @@ class Version:
         self.r = r
         self.src: dict[str, bytes] = {}
         self.sha: dict[str, str] = {}
-        for f in d.glob("*.lua"):
-            if f.name != "lib.lua":
-                self.src[f.stem] = _expand(d, f.name)
-                self.sha[f.stem] = r.script_load(self.src[f.stem])
+        for name, src in expand_all(d).items():
+            self.src[name] = src
+            self.sha[name] = r.script_load(src)
 
     def call(self, c: ScriptCall[Any], *, sha: bool = True) -> Any:
         name = c.script.name

@@ -111,7 +111,7 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
                 pid.decode(), parts[0].decode(), parts[1] == b"p", int(parts[2]), parts[8]
             )
         # a queued persistent task: in the standby set, or a field of the
-        # persistent hash with the value "" (lib.lua's to_standby)
+        # persistent hash with the value "" (include/to_standby.lua)
         marks = _pairs(pers)
         out[q] = QueueState(
             list(queued),

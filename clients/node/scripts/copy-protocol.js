@@ -1,6 +1,7 @@
 'use strict';
 /**
- * prepack: copy the repository's protocol/*.lua into the package (protocol/),
+ * prepack: copy the repository's protocol/*.lua and protocol/include/*.lua
+ * into the package (protocol/),
  * which the loader prefers to ../../protocol, so a published package carries
  * the scripts it was built with.
  */
@@ -14,12 +15,16 @@ if (!fs.existsSync(path.join(src, 'claim.lua'))) {
   process.exit(1);
 }
 fs.rmSync(dst, { recursive: true, force: true });
-fs.mkdirSync(dst);
 let n = 0;
-for (const name of fs.readdirSync(src)) {
-  if (name.endsWith('.lua')) {
-    fs.copyFileSync(path.join(src, name), path.join(dst, name));
-    n += 1;
+// The scripts and their includes (include/NAME.lua), keeping the layout the
+// include lines name.
+for (const sub of ['', 'include']) {
+  fs.mkdirSync(path.join(dst, sub), { recursive: true });
+  for (const name of fs.readdirSync(path.join(src, sub))) {
+    if (name.endsWith('.lua')) {
+      fs.copyFileSync(path.join(src, sub, name), path.join(dst, sub, name));
+      n += 1;
+    }
   }
 }
-process.stdout.write(`copy-protocol: ${n} scripts copied to ${dst}\n`);
+process.stdout.write(`copy-protocol: ${n} files copied to ${dst}\n`);

@@ -8,6 +8,11 @@ const { Keys, checkQueue, payloadBytes } = require('./keys');
 const { Binding } = require('./binding');
 const { DeadLetterError } = require('./errors');
 
+// result(): the queue's awaiting key (finish publishes done messages only
+// while it exists) lives this long and is renewed this often while waiting
+const AWAITING_TTL_MS = 10000;
+const AWAITING_REFRESH_MS = 1000;
+
 /** @typedef {string | Buffer | Uint8Array} Task */
 
 /**
@@ -192,7 +197,10 @@ class Client {
    * Wait for the outcome of the latest finished instance of `task` on `queue`,
    * a queue whose policy keeps results (result_ttl_ms), and return what its
    * handler returned (a Buffer, or null). Listens on the queue's done channel
-   * and checks again after 50 ms, 100 ms, ... up to every second.
+   * and checks again after 50 ms, 100 ms, ... up to every second. While it
+   * waits it keeps the queue's awaiting key ({ns}:awaiting:<Q>, SET PX
+   * 10000, renewed every second): workers publish done messages only while
+   * it exists (protocol/README.md, "Done messages only while awaited").
    * @param {string} queue
    * @param {Task} task
    * @param {{timeoutMs?: number}} [options] no timeout: wait for ever
@@ -226,11 +234,22 @@ class Client {
       const channel = this.keys.doneChannel(queue);
       await sub.subscribe(channel);
       try { await sub.ssubscribe(channel); } catch { /* before Redis 7: PUBLISH only */ }
+      // finish publishes done messages only while this key exists: set after
+      // subscribing, renewed while waiting, left to expire
+      const awaiting = this.keys.awaiting(queue);
+      await this.redis.set(awaiting, '', 'PX', AWAITING_TTL_MS);
+      let marked = Date.now();
       let wait = 50;
       for (;;) {
+        // checked after subscribing and marking: a finish before it is seen
+        // here, one after it is published
         got = await this._outcome(queue, payload);
         if (got) return unwrap(got);
         const now = Date.now();
+        if (now - marked >= AWAITING_REFRESH_MS) {
+          await this.redis.set(awaiting, '', 'PX', AWAITING_TTL_MS);
+          marked = now;
+        }
         if (now >= deadline) {
           const err = new Error(`no outcome of the task on queue ${queue} within ${options.timeoutMs} ms`);
           Object.assign(err, { code: 'TIMEOUT' });

@@ -6,7 +6,7 @@
 const crypto = require('node:crypto');
 
 /** The protocol version this package speaks. */
-const PROTOCOL_VERSION = '7';
+const PROTOCOL_VERSION = '8';
 
 const NAMESPACE = /^[A-Za-z0-9_.-]{1,64}$/;
 const WORKER_ID = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -91,6 +91,12 @@ class Keys {
   /** @param {string} w */ wakeChannel(w) { return this.wakePrefix + w; }
   /** @param {string} w */ cancelChannel(w) { return this.cancelPrefix + w; }
   /** @param {string} q */ doneChannel(q) { return `${this.prefix}done:${q}`; }
+  /**
+   * STRING with a TTL that exists while someone awaits q's done messages:
+   * finish.lua publishes them only then (given the key).
+   * @param {string} q
+   */
+  awaiting(q) { return `${this.prefix}awaiting:${q}`; }
 }
 
 /**

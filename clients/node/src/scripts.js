@@ -2,10 +2,11 @@
 /**
  * Loading and running the protocol's Lua scripts (protocol/README.md,
  * "Loading the scripts"): every line `--!include FILE` is replaced by the
- * contents of FILE from the same directory (recursively), keeping only the
- * functions of the included file that the script calls, directly or through
- * each other; the expanded source is hashed (SHA-1) and run with EVALSHA,
- * falling back to EVAL on NOSCRIPT (which also caches it).
+ * contents of FILE (a path relative to protocol/, e.g. include/nudge.lua),
+ * expanded the same way, once per script (a later line naming a file already
+ * spliced is dropped; a cycle is an error): plain text, no parsing of Lua.
+ * The expanded source is hashed (SHA-1) and run with EVALSHA, falling back
+ * to EVAL on NOSCRIPT (which also caches it).
  *
  * The scripts are read from the package's own copy (`protocol/`, made by
  * `npm pack`'s prepack step) when there is one, else from the repository's
@@ -24,13 +25,9 @@ const SCRIPT_NAMES = [
   'cancel', 'configure',
 ];
 
-const INCLUDE = /^--!include ([A-Za-z0-9_.]+)[ \t]*$/gm;
-// A top-level function of an included file: its leading comment lines, then
-// `local function NAME(` at column 0, up to and including `end` at column 0.
-const UNIT = /^(?:--[^\n]*\n)*local function ([A-Za-z_][A-Za-z0-9_]*)\([\s\S]*?^end[ \t]*\n?/gm;
-// A Lua comment to the end of its line: `--` at the start of a line or after a space.
-const COMMENT = /(?:^|(?<=\s))--[^\n]*/gm;
-const IDENT = /[A-Za-z_][A-Za-z0-9_]*/g;
+// An include line, with its line end: the file it names (a path relative to
+// protocol/) replaces it.
+const INCLUDE = /^--!include ((?:[A-Za-z0-9_-]+\/)*[A-Za-z0-9_-]+\.lua)[ \t]*(?:\n|$)/gm;
 
 /**
  * The directory holding the .lua files: the packaged copy first.
@@ -45,55 +42,38 @@ function protocolDir() {
 }
 
 /**
- * Keep only the functions of `lib` that `user` calls, directly or through
- * each other (definition order kept; text outside functions kept as is).
- * @param {string} lib
- * @param {string} user
+ * The text of `name` with every include line replaced by the expanded text
+ * of the file it names, but for a file already spliced into this script
+ * (`done`): its line is dropped. Plain text, no parsing of Lua.
+ * @param {string} dir
+ * @param {string} name
+ * @param {string[]} stack
+ * @param {Set<string>} done
  * @returns {string}
+ * @throws {Error} an include cycle, or a missing file.
  */
-function prune(lib, user) {
-  const units = [...lib.matchAll(UNIT)];
-  if (units.length === 0) return lib;
-  /** @type {Map<string, string>} */
-  const bodies = new Map(units.map((m) => [m[1], m[0]]));
-  /** @type {Set<string>} */
-  const wanted = new Set();
-  const todo = [user];
-  while (todo.length > 0) {
-    const text = /** @type {string} */ (todo.pop()).replace(COMMENT, '');
-    for (const word of new Set(text.match(IDENT) || [])) {
-      const body = bodies.get(word);
-      if (body !== undefined && !wanted.has(word)) {
-        wanted.add(word);
-        todo.push(body);
-      }
-    }
+function expandFile(dir, name, stack, done) {
+  if (stack.includes(name)) {
+    throw new Error(`protocol/${name}: include cycle ${[...stack, name].join(' -> ')}`);
   }
-  let out = '';
-  let pos = 0;
-  for (const m of units) {
-    const start = /** @type {number} */ (m.index);
-    out += lib.slice(pos, start);
-    if (wanted.has(m[1])) out += m[0];
-    pos = start + m[0].length;
-  }
-  return out + lib.slice(pos);
+  const text = fs.readFileSync(path.join(dir, ...name.split('/')), 'utf8');
+  return text.replace(INCLUDE, (_line, /** @type {string} */ file) => {
+    if (done.has(file)) return '';
+    const out = expandFile(dir, file, [...stack, name], done);
+    done.add(file);
+    return out;
+  });
 }
 
 /**
- * The source of `name` with its includes spliced in.
+ * The source of script `name` (a path relative to `dir`) as it is hashed
+ * and sent (protocol/README.md, "Loading the scripts").
  * @param {string} dir
  * @param {string} name
- * @param {string[]} [seen]
  * @returns {string}
  */
-function expand(dir, name, seen = []) {
-  if (seen.includes(name)) {
-    throw new Error(`protocol/${name}: include cycle ${[...seen, name].join(' -> ')}`);
-  }
-  const text = fs.readFileSync(path.join(dir, name), 'utf8');
-  const user = text.replace(INCLUDE, '');
-  return text.replace(INCLUDE, (_line, file) => prune(expand(dir, file, [...seen, name]), user));
+function expand(dir, name) {
+  return expandFile(dir, name, [], new Set());
 }
 
 /** @typedef {{name: string, source: string, sha: string}} Script */
@@ -147,4 +127,4 @@ async function runScript(redis, name, keys, args) {
   }
 }
 
-module.exports = { SCRIPT_NAMES, loadScripts, runScript, protocolDir, expand, prune };
+module.exports = { SCRIPT_NAMES, loadScripts, runScript, protocolDir, expand };

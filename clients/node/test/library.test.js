@@ -3,10 +3,14 @@
 // against a real redis-server started here.
 const test = require('node:test');
 const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { execFile } = require('node:child_process');
 const Redis = require('ioredis').default;
 const { Client, Worker, PROTOCOL_VERSION, ConflictError, VersionError } = require('../src/index');
-const { loadScripts, runScript } = require('../src/scripts');
-const { startRedis, waitFor, namespace } = require('./helpers');
+const { loadScripts, runScript, expand } = require('../src/scripts');
+const { startRedis, waitFor, namespace, python, REPO } = require('./helpers');
 
 /** @type {{url: string, port: number, stop: () => Promise<void>}} */
 let server;
@@ -40,16 +44,36 @@ const hold = (_t, ctx) => new Promise((_resolve, reject) => {
   ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason), { once: true });
 });
 
-test('the loader splices lib.lua in, keeping only the functions a script calls', () => {
+test('the loader splices the includes in, as the Python loader does (same SHA-1s)', async () => {
   const scripts = loadScripts();
   for (const s of scripts.values()) {
     assert.doesNotMatch(s.source, /^--!include/m, `${s.name} still has an include line`);
     assert.match(s.sha, /^[0-9a-f]{40}$/);
   }
-  // enqueue.lua calls wake_idle but not rebalance-only helpers such as fair_share
+  // enqueue.lua names wake_idle, which brings nudge, and nothing it does not call
   const enqueue = /** @type {import('../src/scripts').Script} */ (scripts.get('enqueue'));
+  assert.match(enqueue.source, /^local function nudge\(/m);
   assert.match(enqueue.source, /^local function wake_idle\(/m);
   assert.doesNotMatch(enqueue.source, /^local function fair_share\(/m);
+  const code = 'import json; from mesh._scripts import load_scripts; '
+    + 'print(json.dumps({n: s.sha for n, s in load_scripts().items()}))';
+  const out = await new Promise((resolve, reject) => {
+    execFile(python(), ['-c', code], { cwd: REPO, encoding: 'utf8' }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`${err.message}\n${stderr}`)); else resolve(stdout);
+    });
+  });
+  const py = JSON.parse(/** @type {string} */ (out));
+  for (const s of scripts.values()) assert.equal(s.sha, py[s.name], `${s.name}: SHA-1 differs from Python's`);
+});
+
+test('an include cycle is an error', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'mesh-include-'));
+  fs.mkdirSync(path.join(dir, 'include'));
+  fs.writeFileSync(path.join(dir, 'include', 'a.lua'), '--!include include/b.lua\n');
+  fs.writeFileSync(path.join(dir, 'include', 'b.lua'), '--!include include/a.lua\n');
+  fs.writeFileSync(path.join(dir, 's.lua'), '--!include include/a.lua\nreturn 1\n');
+  assert.throws(() => expand(dir, 's.lua'), /include cycle s\.lua -> include\/a\.lua -> include\/b\.lua/);
+  fs.rmSync(dir, { recursive: true, force: true });
 });
 
 test('a script runs again after SCRIPT FLUSH (EVALSHA falls back to EVAL on NOSCRIPT)', async () => {
@@ -199,7 +223,7 @@ test('a worker refuses a namespace of another protocol version', async () => {
   const { w } = makeWorker(ns);
   await assert.rejects(w.start(), (err) => err instanceof VersionError && err.code === 'VERSION');
   assert.equal(await redis.get(`{${ns}}:version`), '6');
-  assert.equal(PROTOCOL_VERSION, '7');
+  assert.equal(PROTOCOL_VERSION, '8');
 });
 
 test("a queue without a policy gets the worker's options as its policy; a handler timeout fails the attempt", async () => {
@@ -221,6 +245,30 @@ test("a queue without a policy gets the worker's options as its policy; a handle
       (err) => err instanceof Error && /TimeoutError: the handler ran longer than 0\.2 s/.test(err.message));
   } finally {
     await w.stop();
+    await client.close();
+  }
+});
+
+test('result() keeps the awaiting key while it waits, so finish publishes the done message', async () => {
+  const ns = namespace();
+  const client = new Client({ redis: server.url, namespace: ns });
+  const { Keys } = require('../src/keys');
+  const k = new Keys(ns);
+  try {
+    const waiting = client.result('r', 'x', { timeoutMs: 15000 });
+    // set after subscribing, with a TTL of 10 s
+    const pttl = await waitFor(async () => {
+      const t = await redis.pttl(k.awaiting('r'));
+      return t > 0 ? t : null;
+    }, { what: 'the awaiting key' });
+    assert.ok(pttl <= 10000, `pttl ${pttl}`);
+    // a finish_results as a worker would do it: the record, then the message
+    const value = Buffer.from('v1');
+    await redis.set(k.result('r', Buffer.from('x')), Buffer.concat([
+      Buffer.from(`v\0${Date.now()}\0w\0${value.length}\0`), value, Buffer.from('x')]));
+    await redis.publish(k.doneChannel('r'), 'x');
+    assert.equal((await waiting)?.toString(), 'v1');
+  } finally {
     await client.close();
   }
 });

@@ -1,0 +1,54 @@
+-- include/cancelling.lua: find_processes, worker_keys, cancel_found; needs:
+--!include include/record.lua
+--!include include/nudge.lua
+
+-- Running processes of `procs` whose payload is `payload` (all of them when
+-- payload is false): a list of {id, worker}.
+local function find_processes(procs, payload)
+  local found = {}
+  local all = redis.call('HGETALL', procs)
+  for i = 1, #all, 2 do
+    local rec = all[i + 1]
+    if payload == false or #payload == 0 or string.sub(rec, -#payload) == payload then
+      local r = unpack_record(rec)
+      if payload == false or r.payload == payload then
+        found[#found + 1] = {all[i], r.worker}
+      end
+    end
+  end
+  return found
+end
+
+-- The worker keys a cancelling script was given: worker ids are ARGV[a + j]
+-- and their {held, inbox} keys KEYS[k + 2j - 1], KEYS[k + 2j], j = 1..n.
+-- Returns the keys by worker, and, when a process in `found` runs on a
+-- worker that is not among them, the reply the script must return at once
+-- ({1, missing worker ids...}: the caller calls again with their keys).
+local function worker_keys(found, a, k, n)
+  local wkeys, missing, seen = {}, {1}, {}
+  for j = 1, n do
+    wkeys[ARGV[a + j]] = {KEYS[k + 2 * j - 1], KEYS[k + 2 * j]}
+  end
+  for _, f in ipairs(found) do
+    if not wkeys[f[2]] and not seen[f[2]] then
+      seen[f[2]] = true
+      missing[#missing + 1] = f[2]
+    end
+  end
+  if #missing > 1 then return wkeys, missing end
+  return wkeys, nil
+end
+
+-- Cancel the running processes in `found`: drop their records, take them out
+-- of their worker's held set, put their ids in the worker's durable inbox and
+-- publish them on the worker's cancel channel. `wkeys[worker]` is
+-- {held key, inbox key}.
+local function cancel_found(found, procs, wkeys, cancel_prefix)
+  for _, f in ipairs(found) do
+    local id, worker = f[1], f[2]
+    redis.call('HDEL', procs, id)
+    redis.call('SREM', wkeys[worker][1], id)
+    redis.call('SADD', wkeys[worker][2], id)
+    nudge(cancel_prefix .. worker, id)
+  end
+end
