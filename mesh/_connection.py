@@ -238,17 +238,7 @@ class Connection(Wire):
         if not commands:
             await trio.lowlevel.checkpoint()
             return []
-        data: list[bytes | memoryview] = []
-        for command in commands:
-            data.extend(_pack(command))
-        if not self._connected or self._closed:
-            await self._wait_connected()
-        await trio.lowlevel.checkpoint_if_cancelled()  # as in execute
-        waiter = Waiter(data, len(commands))
-        self._submit(waiter)
-        replies: list[Any] = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
-        if len(commands) == 1:
-            replies = [replies]
+        replies = await self._send(commands)
         for reply in replies:
             if type(reply) is CommandError and reply.code in NOT_HERE:
                 replies = await self._redirects.resend(commands, replies, self._node)
