@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +24,8 @@ from mesh._view import share_text
 from mesh.dashboard import serve_dashboard
 from mesh.testing import wait_until
 
+from .browser import chromium, http, in_page, page_until
 from .cli_helpers import clean_env, mesh_cli, running_process, stderr_until
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 APP = """
 import trio
@@ -40,41 +35,6 @@ async def hold(process):
 
 queues = {"devices": hold}
 """
-
-
-@contextmanager
-def chromium() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1500,900",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-async def in_page(driver: Any, fn: Callable[[Any], Any]) -> Any:
-    return await trio.to_thread.run_sync(fn, driver)
-
-
-async def page_until(driver: Any, script: str, within: float = 15.0, what: str = "") -> Any:
-    """Poll a JavaScript expression in the page until it is truthy."""
-
-    async def shown() -> Any:
-        return await in_page(driver, lambda d: d.execute_script("return " + script))
-
-    return await wait_until(shown, within, f"the page to show {what or script}", every=0.05)
 
 
 def row_text(table: str, attr: str, key: str) -> str:
@@ -257,17 +217,6 @@ async def test_page_shows_each_share_by_weight_against_capacity(
             shot = os.environ.get("MESH_DASHBOARD_SHARES_SCREENSHOT") or str(tmp_path / "s.png")
             await in_page(driver, lambda d: d.save_screenshot(shot))
             assert (await trio.Path(shot).stat()).st_size > 10_000
-
-
-def http(
-    url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=data, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 async def test_token_and_action_header_are_required(redis_url: str, namespace: str) -> None:
