@@ -68,7 +68,12 @@ class Tracker:
         }
         self._owners = owners
         for w in ov.workers:
-            self._deadlines[w.id] = ov.now + w.lease_left
+            # A deadline that has passed stays: the lease ran out, and what
+            # moves it later is a peer's reap lease (reap_check.lua), not a
+            # renewal, which would make a recycled task look handed back.
+            was = self._deadlines.get(w.id)
+            if was is None or was > ov.now:
+                self._deadlines[w.id] = ov.now + w.lease_left
         keep = {w.id for w in ov.workers} | {p.worker_id for p in lost.values()}
         self._deadlines = {w: d for w, d in self._deadlines.items() if w in keep}
         return self._state(ov, persistent)
