@@ -118,6 +118,10 @@ class RunnerIO:
             if finished is not None:
                 try:
                     self._counters.finished += sum(finished.unwrap())
+                except FencedError as exc:
+                    # the lease is gone: nothing of ours can finish now (as
+                    # finish.lua answers then), the peers recycle them
+                    errors.append(exc)
                 except MeshError as exc:
                     out.restore_done(done)
                     errors.append(exc)

@@ -31,6 +31,7 @@ from ._errors import (
     ConfigError,
     ConflictError,
     FencedError,
+    MeshConnectionError,
     ProtocolError,
     out_of_memory,
 )
@@ -59,6 +60,7 @@ SCRIPT_NAMES = (
     "heartbeat",
     "claim",
     "finish",
+    "finish_claim",
     "give_back",
     "unserve",
     "drain",
@@ -601,6 +603,8 @@ class Binding:
         self._claims: dict[tuple[Any, ...], ScriptCall[ClaimReply]] = {}
         # (worker, incarnation, queue) -> finish.lua's keys and first arguments
         self._finishes: dict[tuple[str, str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        # id(claim call) -> (the call, finish_claim.lua's command without the ids)
+        self._finish_claims: dict[int, tuple[ScriptCall[ClaimReply], Packed]] = {}
 
     async def run(self, conn: Executor, call: ScriptCall[T]) -> T:
         """Send one built call (:meth:`claim_call`, :meth:`finish_call`) and
@@ -883,8 +887,12 @@ class Binding:
     ) -> tuple[outcome.Outcome[list[bool]], outcome.Outcome[ClaimReply]]:
         """:meth:`finish` ``ids``, then ``claim`` (from :meth:`claim_call`), in
         one round trip. Redis runs the finish first, so the claim sees those
-        processes gone (the fair share no longer counts them). The two are
-        not one atomic step, and either may fail alone.
+        processes gone (the fair share no longer counts them). Without
+        ``results`` the two are one script call (``finish_claim.lua``): an
+        error reply (fenced, not serving) means neither ran, and both
+        outcomes are that error. With ``results`` they are two calls
+        (``finish_results.lua`` and ``claim.lua``) in one write, not one
+        atomic step, and either may fail alone.
 
         Returns:
             The outcome of each (see :func:`run_pipelined`): what
@@ -893,9 +901,48 @@ class Binding:
         Raises:
             MeshConnectionError: unknown whether either ran.
         """
-        finish = self.finish_call(worker, incarnation, queue, ids, results)
-        finished, claimed = await run_pipelined(conn, [finish, claim])
-        return finished, claimed
+        if results is not None:
+            finish = self.finish_call(worker, incarnation, queue, ids, results)
+            finished, claimed = await run_pipelined(conn, [finish, claim])
+            return finished, claimed
+        # One script (finish_claim.lua): one lease check and one call for
+        # both. An error reply means neither ran; both take that error.
+        # by the claim call's identity (claim_call's calls are memoised);
+        # the entry keeps the call alive, so its id is not reused meanwhile
+        memo = self._finish_claims.get(id(claim))
+        if memo is None or memo[0] is not claim:
+            if len(self._finish_claims) >= _CLAIM_MEMO:
+                self._finish_claims.clear()
+            keys = (*claim.keys, self.keys.awaiting(queue))
+            args = (*claim.args, self.keys.done_channel(queue))
+            script = self.scripts["finish_claim"]
+            head = Packed(("EVALSHA", script.sha, len(keys), *keys, *args))
+            memo = self._finish_claims[id(claim)] = (claim, head)
+        head = memo[1]
+        k = len(ids)
+        try:
+            # the command packed once but for the ids (Packed.extended)
+            (reply,) = await conn.pipeline([head.extended(ids)], raise_on_error=False)
+            if type(reply) is CommandError and reply.code == "NOSCRIPT":
+                script = self.scripts["finish_claim"]
+                (reply,) = await conn.pipeline(
+                    [("EVAL", script.source, *head[2:], *ids)], raise_on_error=False
+                )
+            if isinstance(reply, CommandError):
+                mapped = _map_error(reply)
+                if mapped is not reply:
+                    mapped.__cause__ = reply
+                raise mapped
+            flags = reply[len(reply) - k :]
+            if len(flags) != k:
+                raise ValueError(f"finish_claim replied {len(reply)} items for {k} ids")
+            was_ours = [f == 1 for f in flags]
+            took = claim.parse(reply[: len(reply) - k])
+        except MeshConnectionError:
+            raise
+        except Exception as exc:  # an error reply (neither ran), or a malformed one
+            return outcome.Error(exc), outcome.Error(exc)
+        return outcome.Value(was_ours), outcome.Value(took)
 
     async def give_back(
         self,

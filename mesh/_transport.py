@@ -113,6 +113,28 @@ class Packed(tuple[Arg, ...]):
         self.resp = resp
         return self
 
+    def extended(self, tail: Sequence[Arg]) -> Packed:
+        """This command with ``tail``'s arguments after its own: only the tail
+        is packed anew (a command sent many times with a few arguments that
+        change, a runner's finish and claim).
+
+        Raises:
+            ConfigError: an argument of ``tail`` cannot be sent (as :func:`pack`).
+        """
+        out: list[bytes | memoryview] = [b"*%d\r\n" % (len(self) + len(tail))]
+        resp = self.resp
+        out.append(memoryview(resp)[resp.index(b"\r\n") + 2 :])
+        append = out.append
+        for a in tail:
+            if type(a) is str:  # not cached: a tail's arguments change (ids)
+                b = a.encode()
+                append(b"$%d\r\n%b\r\n" % (len(b), b))
+            else:
+                _pieces((a,), out)
+        new = tuple.__new__(Packed, (*self, *tail))
+        new.resp = b"".join(out)
+        return new
+
 
 def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
     """Pack one command into a list of bytes for the writer to join (a large
@@ -133,6 +155,12 @@ def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
     elif isinstance(first, bytes) and b" " in first:
         args = (*first.split(), *args[1:])
     out: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
+    _pieces(args, out)
+    return out
+
+
+def _pieces(args: Sequence[Arg], out: list[bytes | memoryview]) -> None:
+    """Append the RESP bulk string of each of ``args`` to ``out`` (as :func:`pack`)."""
     append = out.append
     cached = _PIECES.get
     a: Any
@@ -172,7 +200,6 @@ def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
             append(b"$%d\r\n" % len(b))
             append(b)
             append(b"\r\n")
-    return out
 
 
 def describe(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from mesh._scripts import (
     _PROCESS_SLOTS,
     Binding,
     HeartbeatRequest,
+    ResultsToKeep,
     expand_script,
     load_scripts,
     parse_claim,
@@ -825,7 +826,7 @@ async def test_finish_and_claim_runs_the_finish_first_in_one_write(
     await join(b, conn, "w2", Q)
     await b.ensure(conn, Q, [b"d1", b"d2"])  # a fair share of 1 each
     (d1,) = (await b.claim(conn, "w1", i1, Q, 10, 0, fair=True)).processes
-    await conn.execute("SCRIPT", "LOAD", b.scripts["finish"].source)  # no NOSCRIPT detour
+    await conn.execute("SCRIPT", "LOAD", b.scripts["finish_claim"].source)  # no NOSCRIPT detour
     writes = conn.statistics().writes
     f, c = await b.finish_and_claim(
         conn, "w1", i1, Q, [d1.id], b.claim_call("w1", i1, Q, 10, 0, fair=True)
@@ -849,22 +850,67 @@ async def claimed_a_of_ab(b: Binding, conn: Connection) -> tuple[str, Process]:
     return inc, a
 
 
-async def test_finish_and_claim_returns_each_outcome_on_its_own(
+async def test_finish_and_claim_is_one_step_an_error_leaves_everything(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
     inc, a = await claimed_a_of_ab(b, conn)
-    # the finish goes through, the claim is refused (a bad count)
+    # a claim refused (a bad count): the finish did not run either
     f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 0, 0))
+    for o in (f, c):
+        with pytest.raises(CommandError, match="BAD_ARG"):
+            o.unwrap()
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["held"]["w1"] == {a.id} and list(s["procs"]) == [a.id.encode()]
+    # a queue not served: refused before anything is written
+    f, c = await b.finish_and_claim(
+        conn, "w1", inc, "other", [a.id], b.claim_call("w1", inc, "other", 1, 0)
+    )
+    with pytest.raises(CommandError, match="NOT_SERVING"):
+        f.unwrap()
+    assert (await snapshot(conn, keys, Q, ["w1"]))["held"]["w1"] == {a.id}
+    # a lease gone: nothing changes, both are fenced
+    await expire_worker(conn, keys, "w1")
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 1, 0))
+    for o in (f, c):
+        with pytest.raises(FencedError, match="no lease"):
+            o.unwrap()
+    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"b"]
+    assert list((await snapshot(conn, keys, Q, ["w1"]))["procs"]) == [a.id.encode()]
+
+
+async def test_finish_and_claim_reports_each_id_and_claims_after(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc, a = await claimed_a_of_ab(b, conn)
+    # a's id twice, an id never claimed, and a claim of what is left
+    f, c = await b.finish_and_claim(
+        conn, "w1", inc, Q, [a.id, "123", a.id], b.claim_call("w1", inc, Q, 5, 0)
+    )
+    assert f.unwrap() == [True, False, False]
+    r = c.unwrap()
+    assert [p.task for p in r.processes] == [b"b"] and r.remaining == 0
+    s = await snapshot(conn, keys, Q, ["w1"])
+    assert s["held"]["w1"] == {r.processes[0].id}
+    # nothing to claim: the finish still goes through, the reply says so
+    f, c = await b.finish_and_claim(
+        conn, "w1", inc, Q, [r.processes[0].id], b.claim_call("w1", inc, Q, 5, 0)
+    )
+    assert f.unwrap() == [True] and c.unwrap().processes == ()
+    assert (await snapshot(conn, keys, Q, ["w1"]))["held"].get("w1", set()) == set()
+
+
+async def test_finish_and_claim_with_results_is_two_calls_each_on_its_own(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc, a = await claimed_a_of_ab(b, conn)
+    keep = ResultsToKeep(60_000, {a.id: (a.task, b"v")})
+    # the finish (keeping a's result) goes through, the claim is refused
+    f, c = await b.finish_and_claim(
+        conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 0, 0), keep
+    )
     assert f.unwrap() == [True]
     with pytest.raises(CommandError, match="BAD_ARG"):
         c.unwrap()
-    # a lease gone: the finish changes nothing, the claim is fenced
-    await expire_worker(conn, keys, "w1")
-    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 1, 0))
-    assert f.unwrap() == [False]
-    with pytest.raises(FencedError, match="no lease"):
-        c.unwrap()
-    assert await conn.execute("LRANGE", keys.queue(Q), 0, -1) == [b"b"]
 
 
 async def test_finish_and_claim_survives_script_flush(

@@ -34,8 +34,10 @@ Hook = Callable[[Sequence[Sequence[Any]], bool], Awaitable[list[Any]]]
 
 
 class Tap:
-    """A connection whose pipelines (the runner's finish-and-claim round
-    trips) a test can intercept; everything else passes through."""
+    """A connection whose commands and pipelines (the runner's
+    finish-and-claim round trips: one ``finish_claim.lua`` call, or with
+    results kept a pipeline of ``finish_results.lua`` and ``claim.lua``) a
+    test can intercept; everything else passes through."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -45,6 +47,8 @@ class Tap:
 
     async def execute(self, *args: Any) -> Any:
         self.sent.append(args)
+        if self.hook is not None:
+            return (await self.hook([args], True))[0]
         return await self.conn.execute(*args)
 
     async def pipeline(
@@ -72,8 +76,8 @@ class Setup:
         if tasks:
             await self.b.enqueue(self.conn, Q, list(tasks))
 
-    def finish_sha(self) -> str:
-        return self.b.scripts["finish"].sha
+    def finish_sha(self, name: str = "finish_claim") -> str:
+        return self.b.scripts[name].sha
 
     @asynccontextmanager
     async def running(
@@ -82,8 +86,9 @@ class Setup:
         handler: Callable[[Process], Awaitable[None]],
         *,
         concurrency: int = 1,
+        result_ttl: float = 0.0,
     ) -> AsyncIterator[QueueRunner]:
-        config = QueueConfig(Q, handler, concurrency, 0, 0.01, 0.01)
+        config = QueueConfig(Q, handler, concurrency, 0, 0.01, 0.01, result_ttl=result_ttl)
         runner = QueueRunner(
             conn,  # type: ignore[arg-type]
             self.b,
@@ -147,10 +152,11 @@ async def test_a_finish_and_the_next_claim_share_one_write(setup: Setup, redis_u
         stats = conn.statistics()
     assert ran.tasks == [b"t1", b"t2", b"t3"]
     # claim t1; finish t1 + claim t2; finish t2 + claim t3; finish t3 + a
-    # claim that finds nothing: each claim took all it asked for, so the
-    # runner was not in the idle set (nobody would have woken it) and looks
-    # again when a slot frees. The last one put it there.
-    assert (stats.commands_sent, stats.writes) == (7, 4)
+    # claim that finds nothing, each finish and claim one script call
+    # (finish_claim.lua): each claim took all it asked for, so the runner
+    # was not in the idle set (nobody would have woken it) and looks again
+    # when a slot frees. The last one put it there.
+    assert (stats.commands_sent, stats.writes) == (4, 4)
     assert await setup.drained()
 
 
@@ -178,6 +184,8 @@ async def test_a_slot_freed_by_the_finish_is_claimed_in_the_same_write(
 async def test_a_claim_that_went_through_starts_even_if_its_finish_was_refused(
     setup: Setup, redis_url: str
 ) -> None:
+    # results kept: the finish (finish_results.lua) and the claim are two
+    # calls in one write, each taken on its own
     await setup.join(b"t1", b"t2")
     ran = Ran(b"t2")
     async with open_connection(redis_url) as conn:
@@ -185,13 +193,13 @@ async def test_a_claim_that_went_through_starts_even_if_its_finish_was_refused(
         refused: list[Sequence[Any]] = []
 
         async def refuse_the_finish(commands: Sequence[Sequence[Any]], roe: bool) -> list[Any]:
-            if not refused and commands[0][1] == setup.finish_sha():
+            if not refused and commands[0][1] == setup.finish_sha("finish_results"):
                 refused.append(commands[0])
                 commands = [("EVAL", OOM, 0), *commands[1:]]
             return await conn.pipeline(commands, raise_on_error=roe)
 
         tap.hook = refuse_the_finish
-        async with setup.running(tap, ran) as runner:
+        async with setup.running(tap, ran, result_ttl=60.0) as runner:
             await wait_until(lambda: ran.tasks == [b"t1", b"t2"], what="t2 started")
             assert len(refused) == 1
             # t1 is reported again, alone (t2 holds the only slot), and finished
@@ -220,13 +228,38 @@ async def test_a_finish_that_went_through_is_not_sent_again_if_its_claim_was_ref
             return await conn.pipeline(commands, raise_on_error=roe)
 
         tap.hook = refuse_the_claim
-        async with setup.running(tap, ran) as runner:
+        async with setup.running(tap, ran, result_ttl=60.0) as runner:
             # the claim is retried (after a short backoff) and t2 runs
             await wait_until(lambda: runner._counters.finished == 2)
     assert len(refused) == 1
     assert ran.tasks == [b"t1", b"t2"]
-    finishes = [c for c in tap.sent if c[0] == "EVALSHA" and c[1] == setup.finish_sha()]
+    sha = setup.finish_sha("finish_results")
+    finishes = [c for c in tap.sent if c[0] == "EVALSHA" and c[1] == sha]
     assert len(finishes) == 2  # t1's once, t2's once
+    assert await setup.drained()
+
+
+async def test_a_refused_finish_and_claim_is_sent_again_whole(setup: Setup, redis_url: str) -> None:
+    # one finish_claim.lua call: refused, neither ran, and both go again
+    await setup.join(b"t1", b"t2")
+    ran = Ran()
+    async with open_connection(redis_url) as conn:
+        tap = Tap(conn)
+        refused: list[Sequence[Any]] = []
+
+        async def refuse_once(commands: Sequence[Sequence[Any]], roe: bool) -> list[Any]:
+            if not refused and commands[0][1] == setup.finish_sha():
+                refused.append(commands[0])
+                commands = [("EVAL", OOM, 0)]
+            return await conn.pipeline(commands, raise_on_error=roe)
+
+        tap.hook = refuse_once
+        async with setup.running(tap, ran) as runner:
+            await wait_until(lambda: runner._counters.finished == 2)
+    assert len(refused) == 1
+    assert ran.tasks == [b"t1", b"t2"]  # each once
+    sent = [c for c in tap.sent if c[0] == "EVALSHA" and c[1] == setup.finish_sha()]
+    assert [c[-1] for c in sent[:2]] == [c[-1] for c in refused] * 2  # t1's finish, again
     assert await setup.drained()
 
 
@@ -305,6 +338,9 @@ async def test_an_unsent_finish_is_sent_when_the_runner_stops(setup: Setup, redi
         stuck = trio.Event()
 
         async def never_sent(commands: Sequence[Sequence[Any]], roe: bool) -> list[Any]:
+            if stuck.is_set() or commands[0][1] != setup.finish_sha():
+                # the first claim, and the report on the way out, go through
+                return await conn.pipeline(commands, raise_on_error=roe)
             stuck.set()
             await trio.sleep_forever()
             raise AssertionError("unreachable")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,21 @@ class Named:
             self.r.name, self.r.description = self.name + suffix, self.description
             self.calls += 1
         return await self.r.execute(*args)
+
+    async def pipeline(
+        self, commands: Sequence[Sequence[Any]], *, raise_on_error: bool = True
+    ) -> list[Any]:
+        """Each command through :meth:`execute`, one after the other (a
+        binding's pipeline, e.g. ``finish_and_claim``)."""
+        replies: list[Any] = []
+        for command in commands:
+            try:
+                replies.append(await self.execute(*command))
+            except CommandError as exc:
+                if raise_on_error:
+                    raise
+                replies.append(exc)
+        return replies
 
 
 def _s(a: Any) -> str:
@@ -587,6 +602,46 @@ async def story_operator(r: Recorder, b: Binding, raw: Connection) -> None:
     await b.recount(r.at("recount", "the weight sums follow what the registry holds"), "p")
 
 
+async def story_finish_claim(r: Recorder, b: Binding, raw: Connection) -> None:
+    """A busy runner's round trip: finish what ran and claim the next, one
+    call (finish_claim.lua); its refusals write nothing."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "q")
+    await b.enqueue(r, "q", [b"a", b"b", b"c"])
+    first = await b.claim(r, "w1", "i1", "q", 1, 5, ttl_ms=3000)
+    ids = [p.id for p in first.processes]
+    f, c = await b.finish_and_claim(
+        r.at("finish-claim", "finish a process and claim the next two in one call"),
+        "w1", "i1", "q", ids, b.claim_call("w1", "i1", "q", 2, 5, ttl_ms=3000),
+    )  # fmt: skip
+    took = c.unwrap().processes
+    assert f.unwrap() == [True] and len(took) == 2
+    ids = [p.id for p in took]
+    f, c = await b.finish_and_claim(
+        r.at("finish-claim-repeat", "an id finished already, one not ours, and an empty queue"),
+        "w1", "i1", "q", [*ids, "123", ids[0]], b.claim_call("w1", "i1", "q", 2, 5, ttl_ms=3000),
+    )  # fmt: skip
+    assert f.unwrap() == [True, True, False, False] and c.unwrap().processes == ()
+    await b.enqueue(r, "q", [b"d"])
+    d = await b.claim(r, "w1", "i1", "q", 1, 5, ttl_ms=3000)
+    ids = [p.id for p in d.processes]
+    f, _ = await b.finish_and_claim(
+        r.at("finish-claim-fenced", "another incarnation: nothing is finished or claimed"),
+        "w1", "i9", "q", ids, b.claim_call("w1", "i9", "q", 1, 5, ttl_ms=3000),
+    )  # fmt: skip
+    await expect_error(_unwrap(f))
+    f, _ = await b.finish_and_claim(
+        r.at("finish-claim-not-serving", "a queue not served: nothing is finished or claimed"),
+        "w1", "i1", "other", ids, b.claim_call("w1", "i1", "other", 1, 5, ttl_ms=3000),
+    )  # fmt: skip
+    await expect_error(_unwrap(f))
+
+
+async def _unwrap(o: Any) -> Any:
+    return o.unwrap()
+
+
 STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_worker,
     story_persistent,
@@ -594,6 +649,7 @@ STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_jobs,
     story_share,
     story_operator,
+    story_finish_claim,
 ]
 
 

@@ -8,7 +8,9 @@ throughput benchmark's worker asks of Redis per task: one worker serving a
 one-shot queue claims 10 (``claim.lua``, fair share on, as a runner does),
 then reports those 10 finished (``finish.lua``), over and over until
 ``--tasks`` tasks are done; and the same with results kept
-(``finish_results.lua``, a 16-byte value per task).
+(``finish_results.lua``, a 16-byte value per task); and, for a version that
+has it, the two as one call (``finish_claim.lua``: finish the last 10 and
+claim 10), as a runner sends them.
 
 The claims and the finishes are measured in separate passes over the same
 steady state: in one pass the claims go as ``EVALSHA`` (counted) and the
@@ -101,6 +103,27 @@ def cycle(v: Version, b: Binding, w: str, inc: str, results: bool, count: str) -
     return run
 
 
+def merged(v: Version, b: Binding, w: str, inc: str) -> Callable[[], int]:
+    """The runner's round trip in one ``finish_claim.lua`` call: finish the
+    processes of the last call, claim 10 (counted: EVALSHA). Returns how
+    many it finished; 0 once the queue is empty and nothing is left."""
+    k = b.keys
+    claim = b.claim_call(w, inc, Q, BATCH, 0, fair=True, ttl_ms=600_000)
+    keys = [*claim.keys, k.awaiting(Q)]
+    args = [*claim.args, k.done_channel(Q)]
+    held: list[str] = []
+
+    def run() -> int:
+        reply = v.run("finish_claim", keys, [*args, *held])
+        n = len(held)
+        assert all(f == 1 for f in reply[len(reply) - n :]), "finish refused"
+        body = reply[: len(reply) - n]
+        held[:] = [x.decode() for x in body[3::4]]
+        return n or len(held)
+
+    return run
+
+
 def dump_total(pid: int, out: str) -> tuple[int, str]:
     before = set(glob.glob(out + "*"))
     subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
@@ -157,6 +180,23 @@ def main(argv: list[str] | None = None) -> int:
                             check=True, capture_output=True, text=True,
                         ).stdout  # fmt: skip
                         print("\n".join(a.splitlines()[:60]))
+            if "finish_claim" in v.sha:
+                # the runner's round trip as one call: finish the last 10, claim 10
+                n += 1
+                b, w, inc = prepare(v, f"cost{n}", args.tasks)
+                run = merged(v, b, w, inc)
+                for _ in range(5):
+                    run()
+                subprocess.run(["callgrind_control", "-z", str(pid)],
+                               check=True, capture_output=True)  # fmt: skip
+                done = 0
+                while True:
+                    got = run()
+                    if got == 0:
+                        break
+                    done += got
+                total, _ = dump_total(pid, out)
+                res[(name, "plain", "finish_claim")] = total / done
     base = args.base
     for shape in ("plain", "results"):
         for name in versions:
@@ -168,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = res[(base, shape, "claim")] + res[(base, shape, fk)]
                 line += f"  x{(c + fin) / t0:.3f} of {base}"
             print(line + "  instructions per task")
+            if shape == "plain" and (name, "plain", "finish_claim") in res:
+                m = res[(name, "plain", "finish_claim")]
+                t0 = res[(base, shape, "claim")] + res[(base, shape, "finish")]
+                print(f"{'plain':8s} {name:10s} finish_claim (one call) {m:8.0f}"
+                      f"  x{m / t0:.3f} of {base}'s two calls  instructions per task")  # fmt: skip
     return 0
 
 

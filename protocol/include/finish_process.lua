@@ -1,6 +1,8 @@
--- include/finish_process.lua: finish_begin, finish_process, finish_writes,
--- what finish.lua and finish_results.lua share; needs KEYS[2..6] and ARGV[1],
--- ARGV[3] as those scripts have them, and:
+-- include/finish_process.lua: finish_begin, finish_process, finish_writes
+-- (with finish_notify and finish_payload, which they use),
+-- what finish.lua, finish_results.lua and finish_claim.lua share; needs
+-- ARGV[1] (the worker id W; the keys and the done channel are given to
+-- finish_begin), and:
 --!include include/record_head.lua
 --!include include/call_chunked.lua
 --!include include/nudge.lua
@@ -13,51 +15,84 @@
 -- payloads to clear, whether any task weighs other than 1 and whether to
 -- publish (each read once, when first needed).
 local fin_wz, fin_awaiting, fin_gone, fin_seen, fin_attempts, fin_weighted, fin_notify
+local fin_plain, fin_payloads, fin_procs, fin_held, fin_pers, fin_att, fin_share, fin_channel
 
--- Start a finish call; `awaiting` is the optional {ns}:awaiting:<Q> key
--- (nil: done messages are always published). Returns W's record prefix.
-local function finish_begin(awaiting)
-  fin_wz, fin_awaiting = ARGV[1] .. '\0', awaiting
+-- Start a finish call of W on Q: `procs`, `held`, `persistent`,
+-- `attempts`, `share` are Q's keys {ns}:procs:<Q>, {ns}:held:<W>:<Q>,
+-- {ns}:persistent:<Q>, {ns}:attempts:<Q>, {ns}:share:<Q>; `awaiting` is the
+-- optional {ns}:awaiting:<Q> key (nil: done messages are always
+-- published), `channel` the done channel {ns}:done:<Q>; `payloads`:
+-- whether finish_process must return each payload (false: it may return
+-- true). Returns W's record prefix.
+local function finish_begin(procs, held, persistent, attempts, share, awaiting, channel, payloads)
+  fin_procs, fin_held, fin_pers, fin_att, fin_share = procs, held, persistent, attempts, share
+  fin_wz, fin_awaiting, fin_channel, fin_payloads = ARGV[1] .. '\0', awaiting, channel, payloads
+  -- The head of W's record of a plain one-shot task on its first attempt
+  -- (include/record.lua): the usual case, told by one plain find.
+  fin_plain = fin_wz .. 'o\0' .. '0\0'
   fin_gone, fin_seen, fin_attempts = {}, {}, {}
   return fin_wz
+end
+
+-- Whether done messages are published (read once per call).
+local function finish_notify()
+  if fin_notify == nil then
+    fin_notify = not fin_awaiting or redis.call('EXISTS', fin_awaiting) == 1
+  end
+  return fin_notify
+end
+
+-- The payload of a record (its last field).
+local function finish_payload(rec)
+  return string.match(rec, '^[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
 end
 
 -- Finish process `id` whose record (HMGET) is `rec`, if it is W's live
 -- process: its task leaves (a persistent one's weight leaves W's held
 -- weight and, if the task was W's, the sums), and its payload is published
 -- on the done channel (while `awaiting` exists, if given). Returns the
--- payload, or false (not W's, or a repeated id: nothing changes).
+-- payload (or true, for a plain one-shot task when finish_begin was not
+-- asked for payloads), or false (not W's, or a repeated id: nothing
+-- changes).
 local function finish_process(id, rec)
   if not rec or fin_seen[id] then return false end
   fin_seen[id] = true
+  if string.find(rec, fin_plain, 1, true) == 1 then
+    -- a plain one-shot task on its first attempt: no weight, no attempts
+    -- to clear, and its payload only read where it is published or asked for
+    fin_gone[#fin_gone + 1] = id
+    local payload = fin_payloads and finish_payload(rec)
+    if finish_notify() then
+      payload = payload or finish_payload(rec)
+      nudge(fin_channel, payload)
+    end
+    return payload or true
+  end
   local kind, tries, payload = record_head(rec, fin_wz)
   if not kind then return false end
   fin_gone[#fin_gone + 1] = id
   local persistent = kind == 'p'
   if persistent then
-    if fin_weighted == nil then fin_weighted = redis.call('HEXISTS', KEYS[6], ':heavy') == 1 end
-    local w = fin_weighted and task_weight(KEYS[6], payload) or 1
+    if fin_weighted == nil then fin_weighted = redis.call('HEXISTS', fin_share, ':heavy') == 1 end
+    local w = fin_weighted and task_weight(fin_share, payload) or 1
     -- HDEL before HINCRBY: the first write must be one Redis does not
     -- refuse at the memory limit (see "At the memory limit" in README.md)
-    local mine = redis.call('HGET', KEYS[4], payload) == id
-    if mine then redis.call('HDEL', KEYS[4], payload) end
-    add_share(KEYS[6], 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
+    local mine = redis.call('HGET', fin_pers, payload) == id
+    if mine then redis.call('HDEL', fin_pers, payload) end
+    add_share(fin_share, 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
     if mine then
-      forget_weight(KEYS[6], payload)  -- the task leaves: its weight leaves the sums
+      forget_weight(fin_share, payload)  -- the task leaves: its weight leaves the sums
     end
   end
   if persistent or tries ~= '0' then fin_attempts[#fin_attempts + 1] = payload end
-  if fin_notify == nil then
-    fin_notify = not fin_awaiting or redis.call('EXISTS', fin_awaiting) == 1
-  end
-  if fin_notify then nudge(ARGV[3], payload) end
+  if finish_notify() then nudge(fin_channel, payload) end
   return payload
 end
 
 -- The writes for every finished process at once (not one of each per
 -- process): their records, their ids in W's held set, their attempt counts.
 local function finish_writes()
-  call_chunked('HDEL', KEYS[2], fin_gone)
-  call_chunked('SREM', KEYS[3], fin_gone)
-  call_chunked('HDEL', KEYS[5], fin_attempts)
+  call_chunked('HDEL', fin_procs, fin_gone)
+  call_chunked('SREM', fin_held, fin_gone)
+  call_chunked('HDEL', fin_att, fin_attempts)
 end

@@ -1,0 +1,312 @@
+-- include/claim_run.lua: claim_run, the claim of claim.lua (see its header
+-- for the keys, arguments and reply), shared with finish_claim.lua, and
+-- claim_reply, which appends a caller's items to its reply; needs
+-- KEYS[1..19] and ARGV[1..13] as claim.lua has them, and:
+--!include include/now_ms_us.lua
+--!include include/id_strings.lua
+--!include include/lease_error.lua
+--!include include/count_arg.lua
+--!include include/call_chunked.lua
+--!include include/hmget_all.lua
+--!include include/prio_add.lua
+--!include include/rate.lua
+--!include include/wake_idle.lua
+--!include include/task_weight.lua
+--!include include/add_share.lua
+--!include include/fair_share.lua
+--!include include/expire_reserved.lua
+
+-- `tail`'s items appended to the reply `out` (nil: none).
+local function claim_reply(out, tail)
+  if tail then
+    local o = #out
+    for i = 1, #tail do out[o + i] = tail[i] end
+  end
+  return out
+end
+
+-- The claim: the checks (the arguments, W's lease, that W serves Q: an
+-- error reply, and nothing is written), then `before()` if given (its
+-- list is appended to the reply), then the claim itself. Returns the reply
+-- or an error reply.
+local function claim_run(before)
+  -- The counts: one match for all five in the usual case (plain decimal
+  -- strings, kept as they are in the records); count_arg says which is wrong.
+  local n, err, counts
+  if ARGV[9] then  -- and so ARGV[4..8]
+    counts = string.match(ARGV[4] .. ',' .. ARGV[5] .. ',' .. ARGV[7] .. ',' .. ARGV[8] .. ','
+      .. ARGV[9], '^(%d%d?%d?%d?),%d+,%d+,%d+,%d+$')
+  end
+  if counts then
+    n = tonumber(counts)
+    if n > 1000 then counts = nil end
+  end
+  if not counts then
+    n, err = count_arg(ARGV[4], 'claim count', 1000)
+    if err then return err end
+    for _, a in ipairs({{5, 'max attempts'}, {7, 'backoff'}, {8, 'backoff cap'}, {9, 'ttl'}}) do
+      local v
+      v, err = count_arg(ARGV[a[1]], a[2])
+      if err then return err end
+      ARGV[a[1]] = string.format('%.0f', v)  -- as int() would
+    end
+  end
+  if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
+  local patience = 0
+  if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
+    patience = tonumber(ARGV[6])
+    if not patience or patience < 2 or patience % 1 ~= 0 then
+      return redis.error_reply('BAD_ARG fair share flag must be 0, 1 or a patience in ms >= 2')
+    end
+  end
+  if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
+    return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
+  end
+  local wake = ARGV[10] == '1'
+  local bucket, rate, per = KEYS[18], nil, nil
+  if (ARGV[12] or '') == '' then bucket = nil end
+  if bucket then
+    rate, err = count_arg(ARGV[12], 'rate limit')
+    if err then return err end
+    per, err = count_arg(ARGV[13], 'rate period')
+    if err then return err end
+    if rate < 1 or per < 1 then return redis.error_reply('BAD_ARG rate limit and period must be >= 1') end
+  end
+  err = lease_error(KEYS[1], ARGV[1], ARGV[2])
+  if err then return err end
+  if redis.call('SISMEMBER', KEYS[10], ARGV[1]) == 0 then
+    return redis.error_reply('NOT_SERVING worker ' .. ARGV[1] .. ' does not serve queue ' .. ARGV[3])
+  end
+  -- What the caller does once every check has passed and before anything of
+  -- the queue is read (finish_claim.lua: its finish); its reply (a list) goes
+  -- at the end of every reply below.
+  local tail = before and before() or nil
+
+  local now, now_micro = now_ms_us()
+  -- Delayed tasks (retries, and tasks enqueued with a delay): the due ones
+  -- move to the head, at most N per claim (O(log n) each); the reply says when
+  -- the next one is due, and idle peers are woken for due ones left over.
+  -- A queue that never had a priority or a delayed task pays one EXISTS here.
+  local next_due = -1
+  -- one call in the usual case: nothing delayed, reserved or with a priority
+  local has_delayed, has_prio, waiting, paused = false, false, false, false
+  local extra
+  if KEYS[19] then  -- the pause costs no call of its own
+    extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[19])
+  else
+    extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16])
+  end
+  if extra > 0 then
+    has_delayed = redis.call('EXISTS', KEYS[8]) == 1
+    has_prio = redis.call('EXISTS', KEYS[16]) == 1
+    paused = KEYS[19] ~= nil and redis.call('EXISTS', KEYS[19]) == 1
+    waiting = extra > (has_delayed and 1 or 0) + (has_prio and 1 or 0) + (paused and 1 or 0)  -- reserved
+  end
+  if has_delayed then
+    local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
+    local leveled = redis.call('EXISTS', KEYS[17]) == 1
+    for i = #due, 1, -1 do
+      redis.call('ZREM', KEYS[8], due[i])
+      local level = leveled and tonumber(redis.call('HGET', KEYS[17], due[i]) or '0') or 0
+      if level > 0 then
+        redis.call('HDEL', KEYS[17], due[i])
+        prio_add(KEYS[16], level, {due[i]}, true)
+        has_prio = true
+      else
+        redis.call('LPUSH', KEYS[3], due[i])
+      end
+    end
+    local first = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      next_due = math.max(0, tonumber(first[2]) - now)
+      if next_due == 0 and not paused then
+        wake_idle(KEYS[12], ARGV[11], ARGV[3], redis.call('ZCOUNT', KEYS[8], '-inf', now))
+      end
+    end
+  end
+
+  local tokens
+  if bucket then
+    tokens = rate_tokens(bucket, rate, per, now)
+    if tokens < 1 then
+      redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
+      if has_prio or redis.call('LLEN', KEYS[3]) > 0 then next_due = rate_wait(tokens, rate, per) end
+      return claim_reply({now, 0, next_due}, tail)
+    end
+    n = math.min(n, math.floor(tokens))
+  end
+
+  -- Tasks reserved for W by a rebalance go to the head, taken first (the
+  -- fair share does not hold them back: they were moved to W to even it out).
+  local forced, forced_list = {}, {}
+  if waiting and redis.call('EXISTS', KEYS[13]) == 1 then
+    local _, mine = expire_reserved(KEYS[13], KEYS[3], KEYS[4], KEYS[11], now, ARGV[1])
+    for i = math.min(#mine, n), 1, -1 do
+      redis.call('HDEL', KEYS[13], mine[i])
+      redis.call('LPUSH', KEYS[3], mine[i])
+      forced[mine[i]] = true
+      forced_list[#forced_list + 1] = mine[i]
+    end
+  end
+
+  -- Tasks with a priority first (after those reserved for W), then the list.
+  local take = {}
+  if has_prio and not paused and n > #forced_list then
+    local z = redis.call('ZPOPMIN', KEYS[16], n - #forced_list)
+    for i = 1, #z, 2 do take[#take + 1] = {string.sub(z[i], 17), false, -tonumber(z[i + 1])} end
+  end
+  local items = {}
+  local want = n - #take
+  if paused then  -- only persistent tasks start: look at the first 1000 queued
+    want = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0 and 1000 or 0
+  end
+  if want > 0 then items = redis.call('LPOP', KEYS[3], want) or {} end
+  if #items == 0 and #take == 0 then
+    redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
+    return claim_reply({now, 0, next_due}, tail)
+  end
+
+  -- without persistent tasks, nothing popped is persistent and the fair share
+  -- does not matter; one call in the usual case: neither persistent tasks nor
+  -- failed attempts
+  local has_persistent, has_attempts = false, false
+  if redis.call('EXISTS', KEYS[11], KEYS[4], KEYS[7]) > 0 then
+    has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
+    has_attempts = redis.call('EXISTS', KEYS[7]) == 1
+  end
+  local room = #items
+  -- weights other than 1 only where the share hash counts tasks of such weights
+  local weighted = has_persistent and redis.call('HEXISTS', KEYS[15], ':heavy') == 1
+  if has_persistent and ARGV[6] ~= '0' then
+    local total, capacity, mine, extra = fair_share(KEYS[15], ARGV[1])
+    room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
+  end
+  -- left: what goes back to the head, in order; held: those of them the
+  -- fair share held back (the others are one-shot tasks of a paused queue)
+  local left, held, gained = {}, 0, 0
+  -- what to take, in order: payload, persistent, priority level (nil: none)
+  local tp, tpers, tlevel = {}, {}, {}
+  for i, t in ipairs(take) do tp[i], tpers[i], tlevel[i] = t[1], t[2], t[3] end
+  if #tp == 0 and not has_persistent then
+    tp = items  -- the usual case: all of them, none persistent
+    items = {}
+  end
+  -- Which popped payloads are persistent tasks (include/is_queued_persistent.lua
+  -- for all of them at once): one HMGET of the persistent hash, and one
+  -- SMISMEMBER of the standby set for those the hash does not hold (a call
+  -- per payload cost Redis several times the work it did).
+  local queued_p = {}
+  if has_persistent and #items > 0 then
+    local vals = hmget_all(KEYS[4], items)
+    local ask, at = {}, {}
+    for i = 1, #items do
+      if vals[i] then
+        queued_p[i] = vals[i] == ''
+      else
+        ask[#ask + 1] = items[i]
+        at[#ask] = i
+      end
+    end
+    for c = 1, #ask, 1000 do
+      local m = redis.call('SMISMEMBER', KEYS[11], unpack(ask, c, math.min(c + 999, #ask)))
+      for j = 1, #m do queued_p[at[c + j - 1]] = m[j] == 1 end
+    end
+  end
+  -- With a patience, which of the tasks from the first over the share on have
+  -- had no owner for that long: one ZMSCORE, only once the share is reached.
+  local waited = false
+  for i, payload in ipairs(items) do
+    local persistent = queued_p[i] or false
+    local over = persistent and room <= 0 and not forced[payload]
+    local stay = paused and (not persistent or #tp >= n)
+    over = over and not stay
+    if over and patience > 0 then
+      if not waited then
+        waited = {}
+        local since = redis.call('ZMSCORE', KEYS[14], unpack(items, i))
+        for j = 1, #since do waited[i + j - 1] = since[j] and tonumber(since[j]) <= now - patience end
+      end
+      over = not waited[i]
+    end
+    if stay then
+      left[#left + 1] = payload
+    elseif over then
+      left[#left + 1] = payload
+      held = held + 1
+    else
+      if persistent then
+        local w = weighted and task_weight(KEYS[15], payload) or 1
+        room = room - w
+        gained = gained + w - 1
+      end
+      tp[#tp + 1] = payload
+      tpers[#tp] = persistent
+    end
+  end
+  for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
+
+  local out = {now, held > 0 and -1 or (paused and 0 or redis.call('LLEN', KEYS[3])), next_due}
+  if has_prio and not paused and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[16]) end
+  if wake and held == 0 and #tp < n then
+    redis.call('SADD', KEYS[12], ARGV[1])
+  else
+    redis.call('SREM', KEYS[12], ARGV[1])
+  end
+  -- Held back: peers under their share may be idle and were not woken (the
+  -- wake went to us). Each held-back server leaves the set, so the chain ends.
+  if held > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], held) end
+  if #tp == 0 then return claim_reply(out, tail) end
+  if bucket then
+    tokens = tokens - #tp
+    redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
+    redis.call('PEXPIRE', bucket, per + 1000)  -- full again by then anyway
+    if tokens < 1 and out[2] ~= 0 then
+      local wait = rate_wait(tokens, rate, per)
+      if out[3] < 0 or wait < out[3] then out[3] = wait end
+    end
+  end
+  add_share(KEYS[15], 'h' .. ARGV[1], gained)
+  local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_micro)
+  local ids = id_strings(first, #tp)
+  redis.call('SET', KEYS[9], ids[#ids])
+  -- One HSET of every record and one SADD of every id, not one of each per
+  -- process; the fields that every record of this claim shares are joined
+  -- once (the record layout: include/record.lua).
+  local shared = '\0' .. ARGV[5] .. '\0' .. ARGV[7] .. '\0' .. ARGV[8] .. '\0' .. ARGV[9] .. '\0'
+    .. string.format('%.0f', now) .. '\0'
+  local records = {}
+  local head = ARGV[1] .. '\0'
+  -- The writes of the persistent tasks taken, and the reads of the failed
+  -- attempts, one variadic call each for the whole claim.
+  local running, pers = {}, {}
+  local failed = has_attempts and hmget_all(KEYS[7], tp) or nil
+  for i, payload in ipairs(tp) do
+    local persistent, level = tpers[i], tlevel[i]
+    local id = ids[i]
+    if persistent then
+      pers[#pers + 1] = payload
+      running[#running + 1] = payload
+      running[#running + 1] = id
+    end
+    local attempts, a = 0, '0'
+    if failed and failed[i] then
+      a = failed[i]
+      attempts = tonumber(a)
+    end
+    local kind = persistent and 'p' or 'o'
+    if level and level > 0 then kind = 'o' .. level end
+    records[2 * i - 1] = id
+    records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
+    local o = 4 * i
+    out[o] = id
+    out[o + 1] = persistent and 1 or 0
+    out[o + 2] = attempts
+    out[o + 3] = payload
+  end
+  call_chunked('SREM', KEYS[11], pers)
+  call_chunked('HSET', KEYS[4], running, 2)
+  call_chunked('ZREM', KEYS[14], pers)
+  call_chunked('HSET', KEYS[5], records, 2)
+  call_chunked('SADD', KEYS[6], ids)
+  return claim_reply(out, tail)
+end
