@@ -88,10 +88,19 @@ local function claim_run(before)
   -- the next one is due, and idle peers are woken for due ones left over.
   -- A queue that never had a priority or a delayed task pays one EXISTS here.
   local next_due = -1
-  -- one call in the usual case: nothing delayed, reserved or with a priority
+  -- one call in the usual case: nothing delayed, reserved or with a
+  -- priority, no persistent task and no failed attempt (the pause costs no
+  -- call of its own)
   local has_delayed, has_prio, waiting, paused = false, false, false, false
-  local extra
-  if KEYS[19] then  -- the pause costs no call of its own
+  local extra, plain
+  if KEYS[19] then
+    plain = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[19], KEYS[11], KEYS[4], KEYS[7]) == 0
+  else
+    plain = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[11], KEYS[4], KEYS[7]) == 0
+  end
+  if plain then
+    extra = 0
+  elseif KEYS[19] then
     extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[19])
   else
     extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16])
@@ -170,7 +179,7 @@ local function claim_run(before)
   -- does not matter; one call in the usual case: neither persistent tasks nor
   -- failed attempts
   local has_persistent, has_attempts = false, false
-  if redis.call('EXISTS', KEYS[11], KEYS[4], KEYS[7]) > 0 then
+  if not plain and redis.call('EXISTS', KEYS[11], KEYS[4], KEYS[7]) > 0 then
     has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
     has_attempts = redis.call('EXISTS', KEYS[7]) == 1
   end
