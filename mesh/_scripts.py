@@ -590,6 +590,51 @@ def parse_claim(r: Any, queue: str, worker: str) -> ClaimReply:
     return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2]))
 
 
+
+def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
+    """A :class:`ClaimReply` from the compact claim reply of
+    ``finish_claim.lua`` (its finish flags taken off): {now ms, tasks left
+    (-1: held back), ms until the next delayed task (-1: none), the first
+    process id ("": none), c, mixed, the c payloads, then, if mixed, per
+    process its persistent flag and failed attempts}; process i has id
+    first + i.
+
+    Raises:
+        ValueError, TypeError, IndexError: the reply is not of that shape.
+    """
+    now = int(r[0])
+    c = int(r[4])
+    mixed = r[5] == 1
+    if len(r) != 6 + c * (3 if mixed else 1):
+        raise ValueError(f"a compact claim reply of {len(r)} items for {c} processes")
+    procs: list[Process] = []
+    if c:
+        first = int(r[3])
+        started = now / 1000
+        append = procs.append
+        new = object.__new__
+        set_id, set_queue, set_task, set_token = _PROCESS_SET[:4]
+        set_worker, set_persistent, set_attempts, set_started = _PROCESS_SET[4:]
+        extra = r[6 + c :]
+        for i, task in enumerate(r[6 : 6 + c]):
+            token = first + i
+            p = new(Process)
+            set_id(p, str(token))
+            set_queue(p, queue)
+            set_task(p, task)
+            set_token(p, token)
+            set_worker(p, worker)
+            if mixed:
+                set_persistent(p, extra[2 * i] == 1)
+                set_attempts(p, int(extra[2 * i + 1]))
+            else:
+                set_persistent(p, False)
+                set_attempts(p, 0)
+            set_started(p, started)
+            append(p)
+    left = int(r[1])
+    return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2]))
+
 class Binding:
     """Typed calls to the scripts of one namespace."""
 
@@ -937,7 +982,7 @@ class Binding:
             if len(flags) != k:
                 raise ValueError(f"finish_claim replied {len(reply)} items for {k} ids")
             was_ours = [f == 1 for f in flags]
-            took = claim.parse(reply[: len(reply) - k])
+            took = parse_claim_compact(reply[: len(reply) - k], queue, worker)
         except MeshConnectionError:
             raise
         except Exception as exc:  # an error reply (neither ran), or a malformed one

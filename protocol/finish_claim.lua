@@ -11,9 +11,17 @@
 -- ARGV[1] .. ARGV[13] as claim.lua's (ARGV[12] and ARGV[13] "" for no rate limit)
 -- ARGV[14] the done channel of Q ({ns}:done:<Q>)
 -- ARGV[15..] the ids of the processes to finish (as finish.lua's ARGV[4..])
--- Returns: claim.lua's reply, then per process id to finish (in ARGV's
---          order) 1 if it was W's live process and is now finished, else 0
---          (as finish.lua's reply): the caller knows how many it sent.
+-- Returns: claim.lua's reply in a compact form (include/claim_run.lua):
+--          {now_ms, tasks left (-1: some were left for peers by the fair
+--          share), ms until the first delayed task is due (-1: none), the
+--          first process id ("" when none), c (how many processes), mixed
+--          (0/1), then the c payloads, then, only if mixed is 1, per process
+--          its persistent flag (1/0) and failed attempts so far}: process i
+--          (from 0) has id first + i; with mixed 0 every process is a
+--          one-shot task on its first attempt. Then per process id to finish
+--          (in ARGV's order) 1 if it was W's live process and is now
+--          finished, else 0 (as finish.lua's reply): the caller knows how
+--          many it sent.
 -- Errors: as claim.lua's (FENCED, NOT_SERVING, BAD_ARG; and at the memory
 --         limit, when nothing was finished and the claim's first write is
 --         refused); then nothing was finished either.
@@ -34,4 +42,4 @@ return claim_run(function()
     finish_writes()
   end
   return flags
-end)
+end, true)

@@ -899,6 +899,29 @@ async def test_finish_and_claim_reports_each_id_and_claims_after(
     assert (await snapshot(conn, keys, Q, ["w1"]))["held"].get("w1", set()) == set()
 
 
+async def test_finish_and_claim_tells_persistent_and_retried_processes(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"a", b"x"])
+    a, x = (await b.claim(conn, "w1", inc, Q, 2, 0)).processes
+    # x fails once and is due again at once; d1 is a persistent task
+    await b.give_back(conn, "w1", Q, [x.id], failed=True, backoff_ms=0, backoff_cap_ms=0)
+    await b.ensure(conn, Q, [b"d1"])
+    f, c = await b.finish_and_claim(conn, "w1", inc, Q, [a.id], b.claim_call("w1", inc, Q, 5, 0))
+    assert f.unwrap() == [True]
+    got = {p.task: p for p in c.unwrap().processes}
+    assert set(got) == {b"x", b"d1"}
+    assert got[b"x"].attempts == 1 and not got[b"x"].persistent
+    assert got[b"d1"].persistent and got[b"d1"].attempts == 0
+    s = await snapshot(conn, keys, Q, ["w1"])
+    # the ids told by the compact reply are the processes Redis holds
+    assert s["held"]["w1"] == {p.id for p in got.values()}
+    for p in got.values():
+        assert p.token == int(p.id) and p.worker_id == "w1" and p.queue == Q
+    assert s["persistent"] == {b"d1": got[b"d1"].id.encode()}
+
+
 async def test_finish_and_claim_with_results_is_two_calls_each_on_its_own(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:

@@ -112,13 +112,17 @@ def merged(v: Version, b: Binding, w: str, inc: str) -> Callable[[], int]:
     keys = [*claim.keys, k.awaiting(Q)]
     args = [*claim.args, k.done_channel(Q)]
     held: list[str] = []
+    compact = b"compact" in v.src["finish_claim"]  # its reply's form since 2026-11-28
 
     def run() -> int:
         reply = v.run("finish_claim", keys, [*args, *held])
         n = len(held)
         assert all(f == 1 for f in reply[len(reply) - n :]), "finish refused"
         body = reply[: len(reply) - n]
-        held[:] = [x.decode() for x in body[3::4]]
+        if compact:  # {now, left, due, first id, c, mixed, payloads...}
+            held[:] = [str(int(body[3]) + i) for i in range(int(body[4]))]
+        else:
+            held[:] = [x.decode() for x in body[3::4]]
         return n or len(held)
 
     return run

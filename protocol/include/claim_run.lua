@@ -1,6 +1,7 @@
 -- include/claim_run.lua: claim_run, the claim of claim.lua (see its header
 -- for the keys, arguments and reply), shared with finish_claim.lua, and
--- claim_reply, which appends a caller's items to its reply; needs
+-- claim_reply, which shapes its reply (compact, and with a caller's items
+-- appended); needs
 -- KEYS[1..19] and ARGV[1..13] as claim.lua has them, and:
 --!include include/now_ms_us.lua
 --!include include/id_strings.lua
@@ -16,8 +17,13 @@
 --!include include/fair_share.lua
 --!include include/expire_reserved.lua
 
--- `tail`'s items appended to the reply `out` (nil: none).
-local function claim_reply(out, tail)
+-- The reply `out`, with `tail`'s items appended (nil: none). With
+-- `compact`, a reply without processes gets the compact form's header:
+-- {now, left, next_due, "", 0, 0} (see claim_run).
+local function claim_reply(out, tail, compact)
+  if compact and #out == 3 then
+    out[4], out[5], out[6] = '', 0, 0
+  end
   if tail then
     local o = #out
     for i = 1, #tail do out[o + i] = tail[i] end
@@ -28,8 +34,13 @@ end
 -- The claim: the checks (the arguments, W's lease, that W serves Q: an
 -- error reply, and nothing is written), then `before()` if given (its
 -- list is appended to the reply), then the claim itself. Returns the reply
--- or an error reply.
-local function claim_run(before)
+-- or an error reply. With `compact`, the reply is {now, left, next_due,
+-- the first process id ("": none), c processes, mixed (0/1), then the c
+-- payloads, then, only if mixed, per process its persistent flag (1/0) and
+-- failed attempts so far}: the ids of one claim are consecutive numbers,
+-- and mixed is 0 when every process is a one-shot task on its first
+-- attempt (as claim.lua's reply, in fewer items).
+local function claim_run(before, compact)
   -- The counts: one match for all five in the usual case (plain decimal
   -- strings, kept as they are in the records); count_arg says which is wrong.
   local n, err, counts
@@ -140,7 +151,7 @@ local function claim_run(before)
     if tokens < 1 then
       redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
       if has_prio or redis.call('LLEN', KEYS[3]) > 0 then next_due = rate_wait(tokens, rate, per) end
-      return claim_reply({now, 0, next_due}, tail)
+      return claim_reply({now, 0, next_due}, tail, compact)
     end
     n = math.min(n, math.floor(tokens))
   end
@@ -172,7 +183,7 @@ local function claim_run(before)
   if want > 0 then items = redis.call('LPOP', KEYS[3], want) or {} end
   if #items == 0 and #take == 0 then
     redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
-    return claim_reply({now, 0, next_due}, tail)
+    return claim_reply({now, 0, next_due}, tail, compact)
   end
 
   -- without persistent tasks, nothing popped is persistent and the fair share
@@ -264,7 +275,7 @@ local function claim_run(before)
   -- Held back: peers under their share may be idle and were not woken (the
   -- wake went to us). Each held-back server leaves the set, so the chain ends.
   if held > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], held) end
-  if #tp == 0 then return claim_reply(out, tail) end
+  if #tp == 0 then return claim_reply(out, tail, compact) end
   if bucket then
     tokens = tokens - #tp
     redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', now)
@@ -289,6 +300,7 @@ local function claim_run(before)
   -- attempts, one variadic call each for the whole claim.
   local running, pers = {}, {}
   local failed = has_attempts and hmget_all(KEYS[7], tp) or nil
+  local mixed = false
   for i, payload in ipairs(tp) do
     local persistent, level = tpers[i], tlevel[i]
     local id = ids[i]
@@ -306,16 +318,31 @@ local function claim_run(before)
     if level and level > 0 then kind = 'o' .. level end
     records[2 * i - 1] = id
     records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
-    local o = 4 * i
-    out[o] = id
-    out[o + 1] = persistent and 1 or 0
-    out[o + 2] = attempts
-    out[o + 3] = payload
+    if compact then
+      out[6 + i] = payload
+      if persistent or attempts ~= 0 then mixed = true end
+    else
+      local o = 4 * i
+      out[o] = id
+      out[o + 1] = persistent and 1 or 0
+      out[o + 2] = attempts
+      out[o + 3] = payload
+    end
   end
   call_chunked('SREM', KEYS[11], pers)
   call_chunked('HSET', KEYS[4], running, 2)
   call_chunked('ZREM', KEYS[14], pers)
   call_chunked('HSET', KEYS[5], records, 2)
   call_chunked('SADD', KEYS[6], ids)
+  if compact then
+    out[4], out[5], out[6] = ids[1], #tp, mixed and 1 or 0
+    if mixed then
+      local o = 6 + #tp
+      for i = 1, #tp do
+        out[o + 2 * i - 1] = tpers[i] and 1 or 0
+        out[o + 2 * i] = failed and failed[i] and tonumber(failed[i]) or 0
+      end
+    end
+  end
   return claim_reply(out, tail)
 end
