@@ -590,7 +590,6 @@ def parse_claim(r: Any, queue: str, worker: str) -> ClaimReply:
     return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2]))
 
 
-
 def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
     """A :class:`ClaimReply` from the compact claim reply of
     ``finish_claim.lua`` (its finish flags taken off): {now ms, tasks left
@@ -634,6 +633,7 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
             append(p)
     left = int(r[1])
     return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2]))
+
 
 class Binding:
     """Typed calls to the scripts of one namespace."""
