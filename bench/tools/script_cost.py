@@ -144,6 +144,22 @@ def dump_total(pid: int, out: str) -> tuple[int, str]:
     raise RuntimeError(f"no totals in {f}")
 
 
+def measure(pid: int, out: str, run: Callable[[], int]) -> tuple[float, str]:
+    """Instructions inside EVALSHA per task of ``run`` (called until it
+    returns 0, after a warm-up), and the callgrind file of the count."""
+    for _ in range(5):  # warm up: the hashes reach their steady size
+        run()
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    done = 0
+    while True:
+        got = run()
+        if got == 0:
+            break
+        done += got
+    total, f = dump_total(pid, out)
+    return total / done, f
+
+
 def main(argv: list[str] | None = None) -> int:
     global BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -163,20 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 for count in ("claim", "finish"):
                     n += 1
                     b, w, inc = prepare(v, f"cost{n}", args.tasks)
-                    run = cycle(v, b, w, inc, results, count)
-                    for _ in range(5):  # warm up: the hashes reach their steady size
-                        run()
-                    subprocess.run(["callgrind_control", "-z", str(pid)],
-                                   check=True, capture_output=True)  # fmt: skip
-                    done = 0
-                    while True:
-                        got = run()
-                        if got == 0:
-                            break
-                        done += got
-                    total, f = dump_total(pid, out)
+                    per_task, f = measure(pid, out, cycle(v, b, w, inc, results, count))
                     what = "finish_results" if results and count == "finish" else count
-                    res[(name, "results" if results else "plain", what)] = total / done
+                    res[(name, "results" if results else "plain", what)] = per_task
                     if args.annotate and rev is None:
                         print(f"--- {what} ({'results' if results else 'plain'}) ---")
                         a = subprocess.run(
@@ -188,19 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 # the runner's round trip as one call: finish the last 10, claim 10
                 n += 1
                 b, w, inc = prepare(v, f"cost{n}", args.tasks)
-                run = merged(v, b, w, inc)
-                for _ in range(5):
-                    run()
-                subprocess.run(["callgrind_control", "-z", str(pid)],
-                               check=True, capture_output=True)  # fmt: skip
-                done = 0
-                while True:
-                    got = run()
-                    if got == 0:
-                        break
-                    done += got
-                total, _ = dump_total(pid, out)
-                res[(name, "plain", "finish_claim")] = total / done
+                res[(name, "plain", "finish_claim")] = measure(pid, out, merged(v, b, w, inc))[0]
     base = args.base
     for shape in ("plain", "results"):
         for name in versions:
