@@ -24,12 +24,23 @@ from . import _charts
 from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
-from .suites import cancel, delayed, failover, fleet, memory, observe, scale, throughput
+from .suites import (
+    cancel,
+    delayed,
+    failover,
+    fleet,
+    latency,
+    memory,
+    observe,
+    scale,
+    throughput,
+)
 
 BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "throughput": throughput.run,
     "failover": failover.run,
     "cancel": cancel.run,
+    "latency": latency.run,
     "scale": scale.run,
     "fleet": fleet.run,
     "memory": memory.run,

@@ -12,7 +12,7 @@ import pytest
 from bench import _charts, _node
 from bench._context import Context
 from bench._report import Figure, Section, markdown, text_table
-from bench.suites import cancel, delayed, failover, fleet, memory, scale, throughput
+from bench.suites import cancel, delayed, failover, fleet, latency, memory, scale, throughput
 
 pytestmark = pytest.mark.slow
 
@@ -180,6 +180,46 @@ async def test_cancel() -> None:
         p99 = figure(s, f"{kind}: after cancel() returned, p99")
         assert p99.unit == "ms" and p99.median >= 0 and p99.target is not None
         assert 0 <= figure(s, f"{kind}: cancelled before cancel() returned").median <= 100
+
+
+async def test_latency() -> None:
+    """trio-mesh and (where node and the registry are there) BullMQ, each run
+    measuring both; the warm-up tasks are left out of the figures."""
+    b, why = _node.prepare_bullmq()
+    s = await latency.run(ctx(), latency.Sizes(tasks=60, warmup=10))
+    check(s, "latency")
+    p99 = figure(s, "trio-mesh: p99")
+    assert p99.unit == "ms" and p99.median > 0 and p99.target is not None
+    assert figure(s, "trio-mesh: max").median >= p99.median
+    assert figure(s, "trio-mesh: achieved enqueue rate").median > 0
+    unit, values = s.samples["trio-mesh"]
+    assert unit == "ms" and len(values) == 50
+    assert any(n.startswith("Clock check: ") for n in s.notes)
+    if b is None:
+        assert why in s.notes
+        assert not [f for f in s.figures if "BullMQ" in f.label]
+        return
+    v = b.version.split()[0]
+    assert len(s.samples[f"BullMQ {v}"][1]) == 50
+    ratio = figure(s, f"BullMQ {v} p99 / trio-mesh p99, same run")
+    assert ratio.target is not None and ratio.target.value == 1.0
+    assert ratio.median == pytest.approx(figure(s, f"BullMQ {v}: p99").median / p99.median)
+
+
+def test_latency_summarize() -> None:
+    """The warm-up is left out, the rate spans first to last enqueue, and a
+    task that started twice or never is an error, not a figure."""
+    rows = [(i, (i + 1) * 1_000_000) for i in range(5)]  # task i took i + 1 ms
+    got = latency.summarize(reversed(rows), 5, 2, 0, 8_000_000, 500_000)
+    assert got.ms == [3.0, 4.0, 5.0]
+    assert got.rate == pytest.approx(4 / 0.008)
+    assert got.p50 == 4.0 and got.max == 5.0 and got.clock_window_ms == 0.5
+    with pytest.raises(RuntimeError, match="started twice"):
+        latency.summarize([*rows, (3, 1)], 5, 0, 0, 1)
+    with pytest.raises(RuntimeError, match=r"not started: \[4\]"):
+        latency.summarize(rows[:4], 5, 0, 0, 1)
+    with pytest.raises(RuntimeError, match=r"not ours: \[7\]"):
+        latency.summarize([*rows, (7, 1)], 5, 0, 0, 1)
 
 
 async def test_delayed() -> None:

@@ -29,6 +29,18 @@ Roles:
   With ``--fleet``, the workers are one :func:`mesh.open_fleet`'s (with
   ``--join-window``, its join window); with ``--notes``, each handler start
   prints ``start <payload> <ns>``.
+* ``latency-work``: one worker serving the queue at ``--concurrency`` with a
+  handler that notes ``time.monotonic_ns()`` as it starts; prints ``ready``
+  once serving. Answers ``clock`` with ``clock <monotonic ns>``, ``count``
+  with ``count <handlers started>`` and ``dump`` with one ``latency <i>
+  <ns>`` line per started task (start - the enqueue time in its payload
+  ``<i> <enqueue ns>``), then ``end``. The latency suite's line protocol,
+  which ``bench/children/bullmq_driver.js`` speaks too.
+* ``latency-produce``: prints ``ready``, waits for ``go``, then enqueues
+  ``--n`` tasks one ``Client.enqueue`` at a time at ``--rate`` tasks/s on an
+  absolute schedule (task i is due at start + i / rate), each payload
+  ``<i> <monotonic ns just before the call>``; prints ``enqueued <n> <first
+  ns> <last ns>`` (the first and last enqueue times).
 
 Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
 process of the machine (Linux), so the parent can compare them with its own.
@@ -338,9 +350,52 @@ async def hold(args: argparse.Namespace) -> None:
         await serve(None)
 
 
+async def latency_work(args: argparse.Namespace) -> None:
+    started: list[tuple[int, bytes]] = []
+
+    async def handler(process: mesh.Process) -> None:
+        started.append((time.monotonic_ns(), process.task))
+
+    stdin = Stdin()
+    async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
+        await worker.start_work(args.queue, handler, concurrency=args.concurrency)
+        out("ready")
+        while (line := await stdin.readline()) is not None:
+            if line == "clock":
+                out(f"clock {time.monotonic_ns()}")
+            elif line == "count":
+                out(f"count {len(started)}")
+            elif line == "dump":
+                for ns, task in started:
+                    i, enqueued = task.split()
+                    out(f"latency {int(i)} {ns - int(enqueued)}")
+                out("end")
+
+
+async def latency_produce(args: argparse.Namespace) -> None:
+    stdin = Stdin()
+    async with mesh.open_client(args.url, namespace=args.ns) as client:
+        out("ready")
+        if await stdin.readline() != "go":
+            return
+        start = trio.current_time()
+        first = last = 0
+        for i in range(args.n):
+            await trio.sleep_until(start + i / args.rate)
+            last = time.monotonic_ns()
+            first = first or last
+            await client.enqueue(args.queue, b"%d %d" % (i, last))
+        out(f"enqueued {args.n} {first} {last}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["produce", "throughput", "loop", "failover", "hold"])
+    parser.add_argument(
+        "role",
+        choices=[
+            "produce", "throughput", "loop", "failover", "hold", "latency-work", "latency-produce"
+        ],
+    )  # fmt: skip
     parser.add_argument("--url", required=True)
     parser.add_argument("--fleet", action="store_true", help="hold: the workers as one fleet")
     parser.add_argument("--ns", required=True)
@@ -349,6 +404,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--n", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=500.0, help="latency-produce: tasks/s")
     parser.add_argument(
         "--join-window", type=float, default=None, help="hold --fleet: open_fleet's join_window"
     )
@@ -371,6 +427,8 @@ def main() -> None:
         "loop": loop,
         "failover": failover,
         "hold": hold,
+        "latency-work": latency_work,
+        "latency-produce": latency_produce,
     }
     role = roles[args.role]
     if args.gc_threshold:
