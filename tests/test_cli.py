@@ -503,9 +503,12 @@ async def test_worker_hands_everything_back_on_a_signal(
 
 
 SLOW_APP = """
+from pathlib import Path
+
 import trio
 
 async def hold(process):
+    Path("started-" + process.task.decode()).touch()  # the test waits for these
     try:
         await trio.sleep_forever()
     finally:
@@ -541,6 +544,13 @@ async def test_worker_stop_waits_for_cleanups_says_what_it_waits_for_and_ends_at
                 return len(await client.processes("devices")) == 2
 
             await wait_until(busy, within=20, what="the worker to hold both devices")
+            # claimed is not yet running: a stop before a handler starts hands
+            # its task back at once, with no cleanup to wait for
+            await wait_until(
+                lambda: all((tmp_path / f"started-{t}").exists() for t in ("0.3", "60")),
+                within=10,
+                what="both handlers to start",
+            )
             proc.send_signal(signal.SIGTERM)
 
             async def quick_one_back() -> bool:
