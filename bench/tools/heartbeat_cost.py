@@ -31,8 +31,9 @@ collection is on inside ``readQueryFromClient`` and
 (``INFO commandstats``, the EVALSHA itself not counted). Repeatable on a
 loaded machine: instruction counts do not depend on the load.
 
-With ``--annotate`` it also prints the top of ``callgrind_annotate
---inclusive=yes`` for the working tree's batches of 50 (``idle``).
+With ``--annotate idle/50`` (a shape and a batch size) it also prints the
+top of ``callgrind_annotate --inclusive=yes`` for the working tree's calls
+of that shape and size.
 """
 
 from __future__ import annotations
@@ -255,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="main", help="git revision to compare with")
     ap.add_argument("--workers", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--annotate", action="store_true")
+    ap.add_argument(
+        "--annotate", metavar="SHAPE/BATCH", help="e.g. idle/50: where the working tree's go"
+    )
     ap.add_argument("--child", nargs=4, metavar=("PORT", "PID", "OUT", "NS"))
     args = ap.parse_args(argv)
     if args.child:
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, m in res[name].items():
                 f = m.pop("file")
                 m["total"], m["eval"] = totals(f)
-                if args.annotate and rev is None and key == "idle/50":
+                if rev is None and key == args.annotate:
                     print(f"--- {key}, the working tree ---")
                     a = subprocess.run(
                         ["callgrind_annotate", "--inclusive=yes", f],
