@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,22 @@ def totals(f: str) -> tuple[int, int]:
     raise RuntimeError(f"no evalShaCommand in {f}")
 
 
+FLOOR = b"""
+-- A floor: what heartbeat.lua cannot do without while a lease is a key of its
+-- own, checked by GET and renewed by PEXPIRE (one queue, no acks: workers'
+-- leases at KEYS[6 + 3w], incarnations at ARGV[5 + 6(w - 1)]).
+local n, lk = tonumber(ARGV[3]), {}
+for w = 1, n do lk[w] = KEYS[6 + 3 * w] end
+local leases = redis.call('MGET', unpack(lk))
+local a = 5
+for w = 1, n do
+  if leases[w] == ARGV[a] then redis.call('PEXPIRE', lk[w], ARGV[1]) end
+  a = a + 6
+end
+return 1
+"""
+
+
 # --- the child: one revision's mesh package --------------------------------
 
 
@@ -143,9 +159,12 @@ def child(port: int, pid: int, out: str, ns: str, workers: int, rounds: int) -> 
     from mesh._scripts import Binding, HeartbeatRequest
 
     r = redis.Redis(port=port)
+    recorded: list[tuple[Any, ...]] | None = None
 
     class Conn:
         async def execute(self, *args: Any) -> Any:
+            if recorded is not None:
+                recorded.append(args)
             try:
                 return r.execute_command(*args)  # type: ignore[no-untyped-call]
             except redis.ResponseError as exc:
@@ -183,7 +202,19 @@ def child(port: int, pid: int, out: str, ns: str, workers: int, rounds: int) -> 
                 o.unwrap()
         return len(ids)
 
+    async def measure(run: Callable[[], Awaitable[int]]) -> tuple[int, int, int, str]:
+        """(leases run renewed, EVALSHA calls, commands) of ``run``, and the
+        callgrind dump of it."""
+        r.config_resetstat()
+        dump(pid, out)  # zeroes the counters
+        n = await run()
+        f = dump(pid, out)
+        stats = r.info("commandstats")
+        cmds = sum(int(v["calls"]) for c, v in stats.items() if c != "cmdstat_evalsha")
+        return n, int(stats["cmdstat_evalsha"]["calls"]), cmds, f
+
     async def main() -> None:
+        nonlocal recorded
         for script in Binding(Keys(ns)).scripts.values():
             r.script_load(script.source)
         for shape in SHAPES:
@@ -194,19 +225,39 @@ def child(port: int, pid: int, out: str, ns: str, workers: int, rounds: int) -> 
                 ids = await setup(shape, k, b)
                 for _ in range(2):
                     await beat(b, ids, queues, batch)
-                r.config_resetstat()
-                dump(pid, out)  # zeroes the counters
-                n = 0
-                for _ in range(rounds):
-                    n += await beat(b, ids, queues, batch)
-                f = dump(pid, out)
-                stats = r.info("commandstats")
-                cmds = sum(int(v["calls"]) for c, v in stats.items() if c != "cmdstat_evalsha")
-                calls = int(stats["cmdstat_evalsha"]["calls"])
-                # INFO, CONFIG RESETSTAT are counted too: one each
-                cmds -= sum(int(stats[c]["calls"]) for c in ("cmdstat_info",) if c in stats)
+
+                async def rounds_of(
+                    b: Binding = b,
+                    ids: list[str] = ids,
+                    queues: tuple[str, ...] = queues,
+                    batch: int = batch,
+                ) -> int:
+                    n = 0
+                    for _ in range(rounds):
+                        n += await beat(b, ids, queues, batch)
+                    return n
+
+                n, calls, cmds, f = await measure(rounds_of)
                 res[f"{shape}/{batch}"] = {"leases": n, "calls": calls, "commands": cmds,
                                            "file": f}  # fmt: skip
+                if shape == "idle" and batch == 50:
+                    # the floor: only the MGET of the leases and a PEXPIRE per
+                    # lease, with the same keys and arguments
+                    recorded = []
+                    await beat(b, ids, queues, batch)
+                    sent, recorded = recorded, None
+                    sha = r.script_load(FLOOR)
+
+                    async def floor(
+                        sent: list[tuple[Any, ...]] = sent, sha: str = sha, leases: int = len(ids)
+                    ) -> int:
+                        for _ in range(rounds):
+                            for c in sent:
+                                assert r.evalsha(sha, *c[2:]) == 1
+                        return rounds * leases
+
+                    n, calls, cmds, f = await measure(floor)
+                    res["floor"] = {"leases": n, "calls": calls, "commands": cmds, "file": f}
                 for w in ids:  # the next shape's workers get the whole keyspace
                     r.delete(k.heartbeat(w))
 
@@ -301,6 +352,14 @@ def main(argv: list[str] | None = None) -> int:
                         f"  x{m['total'] / b0['total']:.3f} (whole) of {base}"
                     )
                 print(line)
+    for name in versions:
+        m = res[name]["floor"]
+        base0 = res[base]["idle/50"]["eval"]
+        print(
+            f"floor (only MGET and PEXPIRE, idle batch 50) {name:10s} EVALSHA "
+            f"{m['eval'] / m['leases']:8.0f}  whole request {m['total'] / m['leases']:8.0f}"
+            f"  x{m['eval'] / base0:.3f} of {base}'s heartbeat"
+        )
     return 0
 
 
