@@ -119,13 +119,13 @@ for q = 1, m do
 end
 
 -- Check every argument before the first write, and collect what is read
--- for all the call's workers with one command each: lk, their leases; ex,
--- their inboxes and held sets; ids[q], the workers that serve queue q, in
--- order, where q's idle set is not empty. (Each Lua operation per worker
+-- for all the call's workers with one command each: lk, their leases;
+-- ids[q], the workers that serve queue q, in order, where q's idle set is not
+-- empty (their inboxes and held sets are read where they are, in KEYS). (Each Lua operation per worker
 -- costs Redis about as much as a command's argument: the workers' arguments
 -- are walked twice, here and when written, and nothing is kept per worker.)
 local nargs, nkeys = #ARGV, #KEYS
-local lk, ex, ids, nex = {}, {}, {}, 0
+local lk, ids = {}, {}
 local a, key = 4, 2 + 7 * m
 for w = 1, n do
   local inc, k = ARGV[a + 1], ARGV[a + 2]
@@ -146,28 +146,26 @@ for w = 1, n do
   end
   if key + 1 + j > nkeys then return redis.error_reply('BAD_ARG too few keys') end
   lk[w] = KEYS[key]
-  ex[nex + 1] = KEYS[key + 1]
   for i = 1, j do
     local q = ARGV[a + 2 * i - 1]
     if q == '1' and m >= 1 then q = 1 else q = tonumber(q) end
     if not q or q < 1 or q > m or q % 1 ~= 0 then
       return redis.error_reply('BAD_ARG queue index must be from 1 to ' .. m)
     end
-    ex[nex + 1 + i] = KEYS[key + 1 + i]
     if res[q + 2] > 0 then
       local l = ids[q]
       if not l then l = {}; ids[q] = l end
       l[#l + 1] = id
     end
   end
-  nex = nex + 1 + j
   a = a + 1 + 2 * j
   key = key + 2 + j
 end
 
 -- The leases: one MGET (a GET for one worker). Inboxes and held sets: one
--- EXISTS for all (per 1,000 keys); in the usual case of an idle fleet none
--- exists, and nothing more is read of them. Idle sets: one SMISMEMBER per
+-- EXISTS for all (per 1,000 keys; the call's worker keys as they are in
+-- KEYS, leases included, whose count the MGET gives); in the usual case of
+-- an idle fleet none exists, and nothing more is read of them. Idle sets: one SMISMEMBER per
 -- queue (SISMEMBER for one worker), none where the set is empty; idle[q]
 -- holds the answers in order, at[q] counts those used. These reads take in
 -- the workers that turn out to be fenced (they are not written, and their
@@ -175,12 +173,17 @@ end
 local leases
 if n == 1 then
   leases = {redis.call('GET', lk[1])}
+elseif n == 0 then
+  leases = {}
 else
   leases = redis.call('MGET', unpack(lk))
 end
 local found = 0
-for i = 1, nex, 1000 do
-  found = found + redis.call('EXISTS', unpack(ex, i, math.min(i + 999, nex)))
+for w = 1, n do
+  if leases[w] then found = found - 1 end
+end
+for i = 2 + 7 * m, key - 1, 1000 do
+  found = found + redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, key - 1)))
 end
 local idle, at = {}, {}
 for q, l in pairs(ids) do
