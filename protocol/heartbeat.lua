@@ -9,13 +9,16 @@
 -- idle count, the share hash's generation, what is moving or reserved) is
 -- read once per call, however many of the call's workers serve the queue; so
 -- are, with one command for all the call's workers, their leases (MGET),
--- whether any has a cancel in its inbox (EXISTS), their idle-set memberships
--- (SMISMEMBER, per queue) and their new deadlines (ZADD). What is left per
--- worker: a SET (the lease), an SCARD (held) per served queue, and the
--- balance where the queue's generation moved since the worker last saw it.
--- A call for one worker (a worker without a fleet, or a fleet of one) makes
--- no tables it does not need: GET, EXISTS, ZADD and SISMEMBER with its keys
--- as they are (a Lua table costs about as much as a small command).
+-- their new deadlines (ZADD), whether any has a cancel in its inbox or holds
+-- anything (one EXISTS of every inbox and held set) and their idle-set
+-- memberships (SMISMEMBER per queue, none when the idle set is empty). What
+-- is left per worker: the PEXPIRE of its lease, and an SCARD per served
+-- queue only when some worker of the call holds something; the balance where
+-- the queue's generation moved since the worker last saw it. No table per
+-- worker; the counts of the usual case ("0" acks, "1" queue, index "1") are
+-- compared as strings, not converted; the TTL and the deadline go to Redis
+-- as strings made once per call (a Lua number given to redis.call is
+-- formatted with snprintf at each call: it cost more than the PEXPIRE).
 --
 -- KEYS[1]  {ns}:workers   ZSET lease deadlines
 -- KEYS[2 + 7i] .. KEYS[8 + 7i] for each queue i = 0..m-1 named by the call:
@@ -86,48 +89,20 @@ if not ttl or m > (#KEYS - 1) / 7 or n > 1000 then
   if err then return err end
 end
 
--- Check every argument before the first write. A worker's acks and the
--- generations it gives are read from ARGV where they are (at ARGV[ack + i]
--- and ARGV[gen + 2 * i]): fewer tables to build.
-local workers = {}
-local nargs, nkeys = #ARGV, #KEYS
-local a, key = 4, 2 + 7 * m
-for w = 1, n do
-  local id, inc = ARGV[a], ARGV[a + 1]
-  local k = tonumber(ARGV[a + 2])
-  if not inc or not k or k < 0 or k % 1 ~= 0 or a + 3 + k > nargs then
-    return redis.error_reply('BAD_ARG worker ' .. w .. ': bad id, incarnation or ack count')
-  end
-  local ack = a + 2
-  a = a + 3 + k
-  local j = tonumber(ARGV[a])
-  if not j or j < 0 or j % 1 ~= 0 or a + 2 * j > nargs then
-    return redis.error_reply('BAD_ARG worker ' .. w .. ': bad served queue count')
-  end
-  local qs = {}
-  for i = 1, j do
-    local q = tonumber(ARGV[a + 2 * i - 1])
-    if not q or q < 1 or q > m or q % 1 ~= 0 then
-      return redis.error_reply('BAD_ARG queue index must be from 1 to ' .. m)
-    end
-    qs[i] = q
-  end
-  if key + 1 + j > nkeys then return redis.error_reply('BAD_ARG too few keys') end
-  workers[w] = {id = id, inc = inc, k = k, ack = ack, qs = qs, gen = a, key = key}
-  a = a + 1 + 2 * j
-  key = key + 2 + j
-end
-
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)  -- include/now_ms.lua
+-- Strings, made once: a number given to redis.call is formatted at each call.
+local ttl_s, deadline = ARGV[1], string.format('%d', now + ttl)
+if not string.find(ttl_s, '^[1-9]%d*$') then ttl_s = string.format('%d', ttl) end
 
 -- The reply, flat (each table of a reply costs Redis more than a few
 -- elements do): now, ms until the earliest deadline (filled in last), the
 -- idle counts, then each worker's part.
 local res = {now, -1}
 
--- Per queue, once: idle count, the share's generation, whether tasks are
--- ready, the first delayed due time.
+-- Per queue, once (reads only: nothing is written before every argument is
+-- checked): idle count, the share's generation, whether tasks are ready,
+-- the first delayed due time.
 local qgen, qstate, slow = {}, {}, false
 for q = 1, m do
   local b = 2 + 7 * (q - 1)
@@ -137,116 +112,154 @@ for q = 1, m do
   if redis.call('EXISTS', KEYS[b], KEYS[b + 6]) > 0 then
     state = 0
   else
-    local first = redis.call('ZRANGE', KEYS[b + 1], 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', KEYS[b + 1], '0', '0', 'WITHSCORES')
     if #first > 0 then state = math.max(0, tonumber(first[2]) - now) end
   end
   qstate[q] = state
 end
 
--- The leases, in one MGET (a GET for one worker); then only the live ones
--- are written. With one worker, no tables: its deadline and inbox are used
--- as they are. fenced[w]: the reply of a fenced worker (false: none is).
+-- Check every argument before the first write, and collect what is read
+-- for all the call's workers with one command each: lk, their leases;
+-- ids[q], the workers that serve queue q, in order, where q's idle set is not
+-- empty (their inboxes and held sets are read where they are, in KEYS). (Each Lua operation per worker
+-- costs Redis about as much as a command's argument: the workers' arguments
+-- are walked twice, here and when written, and nothing is kept per worker.)
+local nargs, nkeys = #ARGV, #KEYS
+local lk, ids = {}, {}
+local a, key = 4, 2 + 7 * m
+for w = 1, n do
+  local inc, k = ARGV[a + 1], ARGV[a + 2]
+  if k == '0' and inc then
+    k = 0
+  else
+    k = k and tonumber(k)
+  end
+  if not inc or not k or k < 0 or k % 1 ~= 0 or a + 3 + k > nargs then
+    return redis.error_reply('BAD_ARG worker ' .. w .. ': bad id, incarnation or ack count')
+  end
+  local id = ARGV[a]
+  a = a + 3 + k
+  local j = ARGV[a]
+  if j == '1' then j = 1 else j = tonumber(j) end
+  if not j or j < 0 or j % 1 ~= 0 or a + 2 * j > nargs then
+    return redis.error_reply('BAD_ARG worker ' .. w .. ': bad served queue count')
+  end
+  if key + 1 + j > nkeys then return redis.error_reply('BAD_ARG too few keys') end
+  lk[w] = KEYS[key]
+  for i = 1, j do
+    local q = ARGV[a + 2 * i - 1]
+    if q == '1' and m >= 1 then q = 1 else q = tonumber(q) end
+    if not q or q < 1 or q > m or q % 1 ~= 0 then
+      return redis.error_reply('BAD_ARG queue index must be from 1 to ' .. m)
+    end
+    if res[q + 2] > 0 then
+      local l = ids[q]
+      if not l then l = {}; ids[q] = l end
+      l[#l + 1] = id
+    end
+  end
+  a = a + 1 + 2 * j
+  key = key + 2 + j
+end
+
+-- The leases: one MGET (a GET for one worker). Inboxes and held sets: one
+-- EXISTS for all (per 1,000 keys; the call's worker keys as they are in
+-- KEYS, leases included, whose count the MGET gives); in the usual case of
+-- an idle fleet none exists, and nothing more is read of them. Idle sets: one SMISMEMBER per
+-- queue (SISMEMBER for one worker), none where the set is empty; idle[q]
+-- holds the answers in order, at[q] counts those used. These reads take in
+-- the workers that turn out to be fenced (they are not written, and their
+-- answers are skipped).
 local leases
 if n == 1 then
-  leases = redis.call('GET', KEYS[workers[1].key])
-else
+  leases = {redis.call('GET', lk[1])}
+elseif n == 0 then
   leases = {}
-  for w = 1, n do leases[w] = KEYS[workers[w].key] end
-  leases = redis.call('MGET', unpack(leases))
+else
+  leases = redis.call('MGET', unpack(lk))
 end
-local fenced, deadlines, inboxes, nlive = false, false, false, 0
-if n > 1 then deadlines, inboxes = {}, {} end
--- A number, not a string: Redis writes it in full for ZADD.
-local deadline = now + ttl
+local found = 0
 for w = 1, n do
-  local wk = workers[w]
-  local lease
-  if n == 1 then lease = leases else lease = leases[w] end
-  if not lease then
-    fenced = fenced or {}
-    fenced[w] = 'FENCED worker ' .. wk.id .. ' has no lease (expired or recycled)'
-  elseif lease ~= wk.inc then
-    fenced = fenced or {}
-    fenced[w] = 'FENCED worker ' .. wk.id .. ' lease superseded'
+  if leases[w] then found = found - 1 end
+end
+for i = 2 + 7 * m, key - 1, 1000 do
+  found = found + redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, key - 1)))
+end
+local idle, at = {}, {}
+for q, l in pairs(ids) do
+  if #l == 1 then
+    idle[q] = {redis.call('SISMEMBER', KEYS[2 + 7 * (q - 1) + 2], l[1])}
   else
+    idle[q] = redis.call('SMISMEMBER', KEYS[2 + 7 * (q - 1) + 2], unpack(l))
+  end
+  at[q] = 0
+end
+-- Held counts: with something held or in an inbox, an SCARD per held set of
+-- the live workers (held[x], x counting every worker's queues in order);
+-- the inboxes are those of the existing keys the held sets do not account
+-- for (a fenced worker's count as inboxes: then every inbox is read).
+local held, any_inbox = false, false
+if found > 0 then
+  held = {}
+  local nheld, x = 0, 0
+  a, key = 4, 2 + 7 * m
+  for w = 1, n do
+    local k = ARGV[a + 2]
+    k = k == '0' and 0 or tonumber(k)
+    local j = ARGV[a + 3 + k]
+    j = j == '1' and 1 or tonumber(j)
+    if leases[w] == ARGV[a + 1] then
+      for i = 1, j do
+        local c = redis.call('SCARD', KEYS[key + 1 + i])
+        held[x + i] = c
+        if c > 0 then nheld = nheld + 1 end
+      end
+    end
+    x = x + j
+    a = a + 4 + k + 2 * j
+    key = key + 2 + j
+  end
+  any_inbox = found > nheld
+end
+
+-- Write and answer, worker by worker. z: the ZADD's score/member pairs.
+local z, nz, r, x = {}, 0, m + 2, 0
+a, key = 4, 2 + 7 * m
+for w = 1, n do
+  local id, k = ARGV[a], ARGV[a + 2]
+  k = k == '0' and 0 or tonumber(k)
+  local jw = a + 3 + k
+  local j = ARGV[jw]
+  j = j == '1' and 1 or tonumber(j)
+  local lease = leases[w]
+  if lease and lease == ARGV[a + 1] then
     -- PEXPIRE, not SET: Redis does not refuse it at the memory limit (it is
     -- not "denyoom"), and as the first write of the script it lets the
     -- renewal through, so a full Redis does not fence live workers (see "At
     -- the memory limit" in README.md); the value was checked just above
-    redis.call('PEXPIRE', KEYS[wk.key], ttl)
-    nlive = nlive + 1
-    if deadlines then
-      deadlines[#deadlines + 1] = deadline
-      deadlines[#deadlines + 1] = wk.id
-      inboxes[#inboxes + 1] = KEYS[wk.key + 1]
-    end
-    if wk.k > 0 then redis.call('SREM', KEYS[wk.key + 1], unpack(ARGV, wk.ack + 1, wk.ack + wk.k)) end
-  end
-end
-
--- The deadlines: one ZADD (per 200 workers). Inboxes: one EXISTS for all,
--- in the usual case (no cancel pending).
-local any_inbox = false
-if not deadlines then
-  if nlive == 1 then
-    redis.call('ZADD', KEYS[1], deadline, workers[1].id)
-    any_inbox = redis.call('EXISTS', KEYS[workers[1].key + 1]) > 0
-  end
-else
-  for i = 1, #deadlines, 200 do
-    redis.call('ZADD', KEYS[1], unpack(deadlines, i, math.min(i + 199, #deadlines)))
-  end
-  any_inbox = #inboxes > 0 and redis.call('EXISTS', unpack(inboxes)) > 0
-end
--- Idle sets: one SMISMEMBER per queue for all its live workers of the call
--- (with one live worker, a SISMEMBER per queue as its reply is written: no
--- tables to build).
-local idle_of = false
-if nlive > 1 then
-  idle_of = {}
-  for q = 1, m do
-    local ids = {}
-    for w = 1, n do
-      if not (fenced and fenced[w]) then
-        for _, wq in ipairs(workers[w].qs) do
-          if wq == q then ids[#ids + 1] = workers[w].id end
-        end
-      end
-    end
-    local is = {}
-    if #ids > 0 then
-      local r = redis.call('SMISMEMBER', KEYS[2 + 7 * (q - 1) + 2], unpack(ids))
-      for i, id in ipairs(ids) do is[id] = r[i] end
-    end
-    idle_of[q] = is
-  end
-end
-
-local r = m + 2
-for w = 1, n do
-  local wk = workers[w]
-  if fenced and fenced[w] then
-    r = r + 1
-    res[r] = fenced[w]
-  else
+    redis.call('PEXPIRE', KEYS[key], ttl_s)
+    z[nz + 1], z[nz + 2] = deadline, id
+    nz = nz + 2
+    if k > 0 then redis.call('SREM', KEYS[key + 1], unpack(ARGV, a + 3, a + 2 + k)) end
     local nin = 0
     if any_inbox then
-      local ids = redis.call('SMEMBERS', KEYS[wk.key + 1])
-      nin = #ids
-      for i = 1, nin do res[r + 1 + i] = ids[i] end
+      local inbox = redis.call('SMEMBERS', KEYS[key + 1])
+      nin = #inbox
+      for i = 1, nin do res[r + 1 + i] = inbox[i] end
     end
     res[r + 1] = nin
     r = r + 1 + nin
-    local qs, gen = wk.qs, wk.gen
-    for i = 1, #qs do
-      local q = qs[i]
-      local held = KEYS[wk.key + 1 + i]
-      if ARGV[gen + 2 * i] == qgen[q] then
-        res[r + 1] = qstate[q]
-        res[r + 2] = redis.call('SCARD', held)
-        res[r + 3] = idle_of and idle_of[q][wk.id]
-          or redis.call('SISMEMBER', KEYS[2 + 7 * (q - 1) + 2], wk.id)
-        res[r + 4] = 0
+    for i = 1, j do
+      local q = ARGV[jw + 2 * i - 1]
+      if q == '1' then q = 1 else q = tonumber(q) end
+      local in_idle, l = 0, idle[q]
+      if l then
+        local y = at[q] + 1
+        at[q], in_idle = y, l[y]
+      end
+      local h = held and held[x + i] or 0
+      if ARGV[jw + 2 * i] == qgen[q] then
+        res[r + 1], res[r + 2], res[r + 3], res[r + 4] = qstate[q], h, in_idle, 0
         r = r + 4
       else
         -- what is moving or reserved on Q, read once for the workers whose
@@ -259,39 +272,63 @@ for w = 1, n do
           if redis.call('EXISTS', KEYS[b + 3]) == 1 then
             s.busy = true
             local all = redis.call('HGETALL', KEYS[b + 3])
-            for x = 1, #all, 2 do s.moving[#s.moving + 1] = all[x] end
+            for y = 1, #all, 2 do s.moving[#s.moving + 1] = all[y] end
           end
           if redis.call('EXISTS', KEYS[b + 4]) == 1 then
             s.busy = true
             local all = redis.call('HGETALL', KEYS[b + 4])
-            for x = 2, #all, 2 do
-              local ew, at = parse_entry(all[x])
-              if at <= now then s.expired = true elseif ew then s.reserved[ew] = true end
+            for y = 2, #all, 2 do
+              local ew, wat = parse_entry(all[y])
+              if wat <= now then s.expired = true elseif ew then s.reserved[ew] = true end
             end
           end
           slow[q] = s
         end
-        local p, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], wk.id)
-        res[r + 1] = (s.expired or s.reserved[wk.id]) and 0 or qstate[q]
-        res[r + 2] = redis.call('SCARD', held)
-        res[r + 3] = idle_of and idle_of[q][wk.id]
-          or redis.call('SISMEMBER', KEYS[2 + 7 * (q - 1) + 2], wk.id)
+        local sh, sv, cap, extra = fair_share(KEYS[2 + 7 * (q - 1) + 5], id)
+        res[r + 1] = (s.expired or s.reserved[id]) and 0 or qstate[q]
+        res[r + 2] = h
+        res[r + 3] = in_idle
         local mine = {}
-        for _, pid in ipairs(s.moving) do
-          if redis.call('SISMEMBER', held, pid) == 1 then mine[#mine + 1] = pid end
+        if h > 0 then
+          local heldkey = KEYS[key + 1 + i]
+          for _, pid in ipairs(s.moving) do
+            if redis.call('SISMEMBER', heldkey, pid) == 1 then mine[#mine + 1] = pid end
+          end
         end
         res[r + 4] = 1
         res[r + 5] = s.busy and -1 or tonumber(qgen[q])
-        res[r + 6], res[r + 7], res[r + 8], res[r + 9] = p, sv, cap, extra
+        res[r + 6], res[r + 7], res[r + 8], res[r + 9] = sh, sv, cap, extra
         res[r + 10] = #mine
         r = r + 10
-        for x = 1, #mine do res[r + x] = mine[x] end
+        for y = 1, #mine do res[r + y] = mine[y] end
         r = r + #mine
       end
     end
+  else
+    r = r + 1
+    if not lease then
+      res[r] = 'FENCED worker ' .. id .. ' has no lease (expired or recycled)'
+    else
+      res[r] = 'FENCED worker ' .. id .. ' lease superseded'
+    end
+    -- its answers from the idle sets are skipped
+    for i = 1, j do
+      local q = ARGV[jw + 2 * i - 1]
+      if q == '1' then q = 1 else q = tonumber(q) end
+      if idle[q] then at[q] = at[q] + 1 end
+    end
   end
+  x = x + j
+  a = jw + 1 + 2 * j
+  key = key + 2 + j
 end
 
-local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+-- The deadlines: one ZADD (per 200 workers), after the first PEXPIRE (a
+-- ZADD is refused at the memory limit unless the script has written).
+for i = 1, nz, 400 do
+  redis.call('ZADD', KEYS[1], unpack(z, i, math.min(i + 399, nz)))
+end
+
+local earliest = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
 if #earliest > 0 then res[2] = tonumber(earliest[2]) - now end
 return res

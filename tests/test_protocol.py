@@ -438,6 +438,51 @@ async def test_one_heartbeat_call_renews_many_workers_each_fenced_on_its_own(
     assert hb.inbox == () and hb.held == (1,)
 
 
+async def test_batched_heartbeat_answers_each_worker_in_order_around_fenced_ones(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """The script reads the idle sets, inboxes and held sets of all the
+    call's workers at once, fenced ones included, and answers each live
+    worker from those reads in order: a fenced worker between live ones,
+    workers of two queues and of one, an inbox emptied by the call's own
+    acks, another inbox, and a held task must each land on their worker."""
+    ws = ("a", "x", "b", "c", "y", "d")
+    incs = {w: await join(b, conn, w, Q, "other") for w in ws}
+    await b.ensure(conn, Q, [b"p1"])
+    assert len((await b.claim(conn, "c", incs["c"], Q, 1, 0)).processes) == 1
+    for w in ("a", "b", "d", "x"):  # idle on Q (c holds, y never claimed)
+        assert (await b.claim(conn, w, incs[w], Q, 1, 0)).processes == ()
+    assert (await b.claim(conn, "b", incs["b"], "other", 1, 0)).processes == ()
+    await conn.execute("SADD", keys.inbox("a"), "7")  # acked by this call
+    await conn.execute("SADD", keys.inbox("d"), "8", "9")
+    await expire_worker(conn, keys, "x")  # fenced, before live workers
+    await conn.execute("SET", keys.heartbeat("y"), "someone-else", "PX", 60_000)
+    reqs = [
+        HeartbeatRequest("a", incs["a"], ("7",), (Q,)),
+        HeartbeatRequest("x", incs["x"], (), (Q, "other")),
+        HeartbeatRequest("b", incs["b"], (), ("other", Q)),
+        HeartbeatRequest("c", incs["c"], (), (Q,)),
+        HeartbeatRequest("y", incs["y"], (), (Q,)),
+        HeartbeatRequest("d", incs["d"], (), (Q,)),
+    ]
+    out = await b.heartbeat_many(conn, 5000, reqs)
+    with pytest.raises(FencedError, match="no lease"):
+        out[1].unwrap()
+    with pytest.raises(FencedError, match="superseded"):
+        out[4].unwrap()
+    a, bb, c, d = (out[i].unwrap() for i in (0, 2, 3, 5))
+    assert (a.inbox, a.held, a.idle) == ((), (0,), (True,))
+    assert (bb.inbox, bb.held, bb.idle) == ((), (0, 0), (True, True))
+    assert (c.inbox, c.held, c.idle) == ((), (1,), (False,))
+    assert (sorted(d.inbox), d.held, d.idle) == (["8", "9"], (0,), (True,))
+    assert a.idle_servers == (4,) and bb.idle_servers == (1, 4)  # x is still in Q's
+    assert await conn.execute("SMEMBERS", keys.inbox("a")) == []
+    for w in ("a", "b", "c", "d"):
+        assert 4000 < await conn.execute("PTTL", keys.heartbeat(w)) <= 5000
+        assert int(await conn.execute("ZSCORE", keys.workers, w)) == a.now_ms + 5000
+    assert await conn.execute("PTTL", keys.heartbeat("y")) > 5000  # not renewed
+
+
 async def test_recycle_touches_only_the_dead_workers_processes(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
