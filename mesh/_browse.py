@@ -28,6 +28,7 @@ from ._connection import Connection
 from ._errors import ConfigError
 from ._keys import Keys, check_queue
 from ._scripts import parse_dead, parse_record
+from ._types import DeadLetter, Process
 
 __all__ = [
     "JOB_STATES",
@@ -205,70 +206,90 @@ async def _slice(
     conn: Connection, keys: Keys, queue: str, state: str, start: int, count: int
 ) -> tuple[list[Job], int]:
     """Entries start..start+count-1 of the state's order, and its total."""
-    k = keys
-    end = start + count - 1
-    if state == "dead":
-        total, recs = await conn.pipeline(
-            [("LLEN", k.dead(queue)), ("LRANGE", k.dead(queue), start, end)]
+    read = {"dead": _dead, "running": _running, "delayed": _delayed}.get(state, _queued)
+    return await read(conn, keys, queue, start, start + count - 1)
+
+
+async def _dead(
+    conn: Connection, k: Keys, queue: str, start: int, end: int
+) -> tuple[list[Job], int]:
+    """Dead letters start..end (newest first), and how many there are."""
+    total, recs = await conn.pipeline(
+        [("LLEN", k.dead(queue)), ("LRANGE", k.dead(queue), start, end)]
+    )
+    return [_dead_job(queue, parse_dead(rec, queue)) for rec in recs], int(total)
+
+
+async def _running(
+    conn: Connection, k: Keys, queue: str, start: int, end: int
+) -> tuple[list[Job], int]:
+    """Processes start..end by token (oldest claim first), and how many run."""
+    (flat,) = await conn.pipeline([("HGETALL", k.procs(queue))])
+    procs = []
+    for i in range(0, len(flat), 2):
+        p = parse_record(flat[i], flat[i + 1], queue)
+        procs.append((p, _kind_priority(flat[i + 1])))
+    procs.sort(key=lambda pp: pp[0].token)
+    return [_running_job(queue, p, level) for p, level in procs[start : end + 1]], len(procs)
+
+
+def _running_job(queue: str, p: Process, level: int) -> Job:
+    return Job(
+        queue,
+        p.task,
+        "running",
+        persistent=p.persistent,
+        attempts=p.attempts,
+        priority=level,
+        started=p.started,
+        worker=p.worker_id,
+        token=p.token,
+    )
+
+
+def _dead_job(queue: str, d: DeadLetter) -> Job:
+    return Job(
+        queue,
+        d.task,
+        "dead",
+        attempts=d.attempts,
+        worker=d.worker or None,
+        error=d.error,
+        dead_at=d.when or None,
+    )
+
+
+async def _delayed(
+    conn: Connection, k: Keys, queue: str, start: int, end: int
+) -> tuple[list[Job], int]:
+    """Delayed tasks start..end by due time, and how many there are."""
+    total, flat = await conn.pipeline(
+        [("ZCARD", k.delayed(queue)), ("ZRANGE", k.delayed(queue), start, end, "WITHSCORES")]
+    )
+    payloads = list(flat[0::2])
+    if not payloads:
+        return [], int(total)
+    extra = await _extras(conn, k, queue, payloads, levels=True)
+    return [
+        Job(
+            queue,
+            t,
+            "delayed",
+            persistent=pers,
+            attempts=att,
+            priority=lv,
+            enqueued=since,
+            due=int(float(due)) / 1000,
         )
-        out = []
-        for rec in recs:
-            d = parse_dead(rec, queue)
-            out.append(
-                Job(
-                    queue,
-                    d.task,
-                    "dead",
-                    attempts=d.attempts,
-                    worker=d.worker or None,
-                    error=d.error,
-                    dead_at=d.when or None,
-                )
-            )
-        return out, int(total)
-    if state == "running":
-        (flat,) = await conn.pipeline([("HGETALL", k.procs(queue))])
-        procs = []
-        for i in range(0, len(flat), 2):
-            p = parse_record(flat[i], flat[i + 1], queue)
-            procs.append((p, _kind_priority(flat[i + 1])))
-        procs.sort(key=lambda pp: pp[0].token)
-        return [
-            Job(
-                queue,
-                p.task,
-                "running",
-                persistent=p.persistent,
-                attempts=p.attempts,
-                priority=level,
-                started=p.started,
-                worker=p.worker_id,
-                token=p.token,
-            )
-            for p, level in procs[start : end + 1]
-        ], len(procs)
-    if state == "delayed":
-        total, flat = await conn.pipeline(
-            [("ZCARD", k.delayed(queue)), ("ZRANGE", k.delayed(queue), start, end, "WITHSCORES")]
-        )
-        payloads = list(flat[0::2])
-        if not payloads:
-            return [], int(total)
-        extra = await _extras(conn, keys, queue, payloads, levels=True)
-        return [
-            Job(
-                queue,
-                t,
-                "delayed",
-                persistent=pers,
-                attempts=att,
-                priority=lv,
-                enqueued=since,
-                due=int(float(due)) / 1000,
-            )
-            for t, due, (pers, att, lv, since) in zip(payloads, flat[1::2], extra, strict=True)
-        ], int(total)
-    # queued: those with a priority (highest first), then the list
+        for t, due, (pers, att, lv, since) in zip(payloads, flat[1::2], extra, strict=True)
+    ], int(total)
+
+
+async def _queued(
+    conn: Connection, k: Keys, queue: str, start: int, end: int
+) -> tuple[list[Job], int]:
+    """Queued tasks start..end: those with a priority (highest first), then
+    the list; and how many are queued."""
     n_prio, n_list = await conn.pipeline([("ZCARD", k.prio(queue)), ("LLEN", k.queue(queue))])
     n_prio, n_list = int(n_prio), int(n_list)
     cmds: list[tuple[Any, ...]] = []
@@ -285,7 +306,7 @@ async def _slice(
         entries += [(t, 0) for t in got[0]]
     if not entries:
         return [], n_prio + n_list
-    extra = await _extras(conn, keys, queue, [t for t, _ in entries], levels=False)
+    extra = await _extras(conn, k, queue, [t for t, _ in entries], levels=False)
     return [
         Job(queue, t, "queued", persistent=pers, attempts=att, priority=level, enqueued=since)
         for (t, level), (pers, att, _, since) in zip(entries, extra, strict=True)
@@ -367,36 +388,14 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
         if rec.endswith(payload):
             p = parse_record(procs[i], rec, queue)
             if p.task == payload:
-                found.append(
-                    Job(
-                        queue,
-                        p.task,
-                        "running",
-                        persistent=p.persistent,
-                        attempts=p.attempts,
-                        priority=_kind_priority(rec),
-                        started=p.started,
-                        worker=p.worker_id,
-                        token=p.token,
-                    )
-                )
+                found.append(_running_job(queue, p, _kind_priority(rec)))
     if found:
         return min(found, key=lambda j: j.token or 0)
     level = 0
     queued = at is not None
     if not queued and int(n_prio):
-        pattern = b"[1-9]" + b"[0-9]" * 15 + _glob_escape(payload)
-        cursor = b"0"
-        while True:
-            cursor, flat = await conn.execute(
-                "ZSCAN", k.prio(queue), cursor, "MATCH", pattern, "COUNT", 1000
-            )
-            for m in flat[0::2]:
-                if m[16:] == payload:
-                    queued, level = True, int(m[:1])
-                    break
-            if queued or cursor in (b"0", 0, "0"):
-                break
+        found_level = await _prio_level(conn, k, queue, payload)
+        queued, level = found_level is not None, found_level or 0
     if queued or due is not None:
         ((pers, att, lv, since),) = await _extras(
             conn, keys, queue, [payload], levels=due is not None and not queued
@@ -430,17 +429,25 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
             if rec.endswith(payload):
                 d = parse_dead(rec, queue)
                 if d.task == payload:
-                    return Job(
-                        queue,
-                        d.task,
-                        "dead",
-                        attempts=d.attempts,
-                        worker=d.worker or None,
-                        error=d.error,
-                        dead_at=d.when or None,
-                    )
+                    return _dead_job(queue, d)
         end = begin - 1
     return None
+
+
+async def _prio_level(conn: Connection, k: Keys, queue: str, payload: bytes) -> int | None:
+    """The priority level ``payload`` is queued at (a ZSCAN of the queue's
+    priority set), or None if it is not there."""
+    pattern = b"[1-9]" + b"[0-9]" * 15 + _glob_escape(payload)
+    cursor = b"0"
+    while True:
+        cursor, flat = await conn.execute(
+            "ZSCAN", k.prio(queue), cursor, "MATCH", pattern, "COUNT", 1000
+        )
+        for m in flat[0::2]:
+            if m[16:] == payload:
+                return int(m[:1])
+        if cursor in (b"0", 0, "0"):
+            return None
 
 
 async def minute_counts(

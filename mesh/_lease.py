@@ -43,6 +43,7 @@ from ._runner import QueueRunner
 from ._scripts import Binding, HeartbeatReply
 from ._stats import Recorder
 from ._supervisor import Reaper
+from ._types import Process
 from ._validate import is_number
 
 __all__ = ["Generation", "HeartbeatDriver", "Lease", "LeaseTiming"]
@@ -128,6 +129,27 @@ class Generation:
         if self.fence_reason is None:
             self.fence_reason = reason
         self.scope.cancel()
+
+    def check(self, fence_after: float, process: Process | None = None) -> None:
+        """Raise unless this identity still holds its lease by its own
+        reckoning (see :meth:`mesh.Worker.check_lease`): not fenced, not
+        stopping, its self-fence deadline not passed, and ``process`` (if
+        given) one of its own. Sync: the clock, not Redis.
+
+        Raises:
+            FencedError: the lease is, or may be, gone.
+        """
+        if self.fence_reason is not None:
+            raise FencedError(f"worker {self.id} is fenced ({self.fence_reason})")
+        if trio.current_time() >= self.scope.deadline:
+            raise FencedError(f"worker {self.id}: no heartbeat confirmed within {fence_after} s")
+        if self.scope.cancel_called:
+            raise FencedError(f"worker {self.id} is stopping")
+        if process is not None and process.worker_id != self.id:
+            raise FencedError(
+                f"process {process.id} belongs to worker {process.worker_id}, "
+                f"which this worker gave up (it is {self.id} now)"
+            )
 
 
 class Lease:

@@ -14,11 +14,18 @@ import attrs
 from ._balance import check_capacity
 from ._errors import ConfigError
 from ._keys import check_queue
-from ._policy import QueuePolicy
+from ._policy import QueuePolicy, policy_fields
 from ._types import Process
 from ._validate import seconds_field, whole, whole_field
 
-__all__ = ["BatchHandler", "Batched", "Handler", "QueueConfig", "check_handler"]
+__all__ = [
+    "BatchHandler",
+    "Batched",
+    "Handler",
+    "QueueConfig",
+    "check_handler",
+    "served_options",
+]
 
 Handler = Callable[[Process], Awaitable[Any]]
 BatchHandler = Callable[[list[Process]], Awaitable[Sequence[Any] | None]]
@@ -142,3 +149,48 @@ class QueueConfig:
             result_ttl=p.result_ttl,
             rate=(p.rate_limit, round(p.rate_period * 1000)) if p.rate_limit > 0 else None,
         )
+
+
+def served_options(
+    queue: str,
+    handler: Handler | None,
+    batch_handler: BatchHandler | None,
+    concurrency: int | None,
+    batch: int,
+    retry: dict[str, Any],
+    **rest: Any,
+) -> tuple[QueueConfig, QueuePolicy, dict[str, Any]]:
+    """``start_work``'s arguments (see :meth:`mesh.Worker.start_work`) as a
+    :class:`QueueConfig`, the queue's local policy (the retry options given,
+    over the defaults) and the retry options given explicitly (to warn when
+    the stored policy differs). ``retry`` maps ``max_attempts``, ``backoff``
+    and ``backoff_max`` to the values given (None: not given); ``rest`` are
+    the other fields of :class:`QueueConfig` (``balance``, ``rebalance``,
+    ``capacity``, ``prefetch``). Nothing starts here.
+
+    Raises:
+        ConfigError: both a handler and a batch handler, ``batch`` < 1 with a
+            batch handler, or anything :class:`QueueConfig` refuses.
+        TypeError: as from :class:`QueueConfig`.
+    """
+    if batch_handler is not None:
+        if handler is not None:
+            raise ConfigError("give a handler or a batch_handler, not both")
+        whole("batch", batch, 1)
+    explicit = {k: v for k, v in retry.items() if v is not None}
+    # the same checks as Client.configure (ConfigError), on the values
+    # given, before the defaults join them: whole numbers, seconds from 0
+    # to ten years, backoff <= backoff_max
+    policy_fields(**explicit)
+    local = attrs.evolve(QueuePolicy(), **explicit)
+    cfg = QueueConfig(
+        queue,
+        handler if batch_handler is None else batch_handler,
+        (10 if batch_handler is None else batch) if concurrency is None else concurrency,
+        local.max_attempts,
+        local.backoff,
+        local.backoff_max,
+        batch=0 if batch_handler is None else batch,
+        **rest,
+    )
+    return cfg, local, explicit

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
 
 import attrs
 import trio
@@ -34,15 +33,14 @@ from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._errors import (
     ClosedError,
     ConfigError,
-    FencedError,
     raise_single,
 )
 from ._host import Host, Member, default_name, open_host
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, Lease, LeaseTiming
 from ._memory import MemoryInfo
-from ._policy import QueuePolicy, policy_fields
-from ._runner import BatchHandler, Handler, QueueConfig
+from ._queue_config import served_options
+from ._runner import BatchHandler, Handler
 from ._served import Served
 from ._shielded import ShieldedTasks
 from ._stats import Histogram, QueueStatistics
@@ -50,7 +48,7 @@ from ._transport import check_min_replicas
 from ._trio import require_trio
 from ._types import Process
 from ._url import RedisConfig, parse_url
-from ._validate import seconds, whole
+from ._validate import seconds
 
 __all__ = [
     "LeaseTiming",
@@ -206,20 +204,7 @@ class Worker:
         Raises:
             FencedError: the lease is, or may be, gone.
         """
-        gen = self._gen
-        if gen.fence_reason is not None:
-            raise FencedError(f"worker {gen.id} is fenced ({gen.fence_reason})")
-        if trio.current_time() >= gen.scope.deadline:
-            raise FencedError(
-                f"worker {gen.id}: no heartbeat confirmed within {self.timing.fence_after} s"
-            )
-        if gen.scope.cancel_called:
-            raise FencedError(f"worker {gen.id} is stopping")
-        if process is not None and process.worker_id != gen.id:
-            raise FencedError(
-                f"process {process.id} belongs to worker {process.worker_id}, "
-                f"which this worker gave up (it is {gen.id} now)"
-            )
+        self._gen.check(self.timing.fence_after, process)
 
     def statistics(self) -> WorkerStatistics:
         """A snapshot of the worker's counters (sync: no I/O, cannot fail)."""
@@ -374,34 +359,16 @@ class Worker:
         Redis may still list the worker as a server of it until the worker
         leaves, which only affects the fair share.
         """
-        if batch_handler is not None:
-            if handler is not None:
-                raise ConfigError("give a handler or a batch_handler, not both")
-            whole("batch", batch, 1)
-        explicit: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("max_attempts", max_attempts),
-                ("backoff", backoff),
-                ("backoff_max", backoff_max),
-            )
-            if v is not None
-        }
-        # the same checks as Client.configure (ConfigError), on the values
-        # given, before the defaults join them: whole numbers, seconds from 0
-        # to ten years, backoff <= backoff_max
-        policy_fields(**explicit)
-        local = attrs.evolve(QueuePolicy(), **explicit)
-        cfg = QueueConfig(
+        retry = {"max_attempts": max_attempts, "backoff": backoff, "backoff_max": backoff_max}
+        cfg, local, explicit = served_options(
             queue,
-            handler if batch_handler is None else batch_handler,
-            (10 if batch_handler is None else batch) if concurrency is None else concurrency,
-            local.max_attempts,
-            local.backoff,
-            local.backoff_max,
-            balance,
-            rebalance,
-            batch=0 if batch_handler is None else batch,
+            handler,
+            batch_handler,
+            concurrency,
+            batch,
+            retry,
+            balance=balance,
+            rebalance=rebalance,
             capacity=capacity,
             prefetch=prefetch,
         )

@@ -28,14 +28,24 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 import trio
 
 from ._errors import ConfigError
 
-__all__ = ["RedisServer", "find_redis_server", "free_port", "run_redis_server", "wait_until"]
+if TYPE_CHECKING:
+    from ._worker import Worker
+
+__all__ = [
+    "RedisServer",
+    "find_redis_server",
+    "free_port",
+    "run_redis_server",
+    "wait_heartbeats",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -259,3 +269,53 @@ async def wait_until(
                 return value
             await trio.sleep(every)
     raise trio.TooSlowError(f"timed out after {within:g} s waiting for {what or predicate}")
+
+
+async def wait_heartbeats(
+    *workers: Worker, count: int = 1, within: float | None = None, every: float = 0.005
+) -> None:
+    """Wait until each of ``workers`` has had ``count`` more heartbeats
+    confirmed by Redis (:attr:`WorkerStatistics.heartbeats
+    <mesh.WorkerStatistics.heartbeats>`), counted from this call.
+
+    For a test that shows that nothing happens over some heartbeats (no
+    rebalance pull, no fence, no takeover: all of them are decided on a
+    heartbeat or on a lease running out): the window is counted in the
+    workers' own rounds, so a slow machine makes it longer rather than
+    too short. The first of the ``count`` may come at once (one may be on
+    its way), and a renewal comes 0.95 to 1 heartbeat interval after the one
+    before (the first after a join, 0.5 to 1), so ``count`` heartbeats span
+    about ``count - 1`` intervals: to cover what a sleep of ``n`` intervals
+    covered, wait for ``n + 1``.
+
+    Args:
+        workers: in this process (a :class:`mesh.Worker`, a fleet's too).
+        count: heartbeats each must have had, >= 1.
+        within: give up after this many seconds; default: five heartbeat
+            intervals per heartbeat waited for, plus 5 s.
+        every: how often to look (seconds).
+
+    Raises:
+        trio.TooSlowError: some worker had fewer within ``within`` (a
+            worker that is stopped, fenced for good, or whose Redis is gone);
+            the message names them.
+        ValueError: ``count`` < 1.
+
+    On cancellation, stops waiting.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count!r}")
+    if within is None:
+        within = 5.0 + 5 * count * max((w.timing.interval for w in workers), default=0.0)
+    goals = [(w, w.statistics().heartbeats + count) for w in workers]
+
+    def behind() -> list[str]:
+        return [w.id for w, goal in goals if w.statistics().heartbeats < goal]
+
+    try:
+        await wait_until(lambda: not behind(), within, every=every)
+    except trio.TooSlowError:
+        raise trio.TooSlowError(
+            f"timed out after {within:g} s waiting for {count} heartbeats of each worker; "
+            f"behind: {', '.join(behind())}"
+        ) from None

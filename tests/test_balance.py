@@ -18,7 +18,7 @@ from mesh import Process
 from mesh._balance import BalancePolicy, fair_bounds, pull_count
 from mesh._scripts import Binding
 from mesh.cli._status import share_text
-from mesh.testing import wait_until
+from mesh.testing import wait_heartbeats, wait_until
 
 TTL = 0.6  # H = 0.2 s: a few heartbeats per second
 
@@ -121,8 +121,8 @@ async def test_peers_that_join_take_exactly_the_surplus(redis_url: str, namespac
         for _ in range(3):
             await m.add()
         await settle(m, 30)
-        # A deliberate window of a few more heartbeats: nothing else may move.
-        await trio.sleep(TTL * 3)
+        # Nine more rounds of every worker (three leases' worth): nothing else may move.
+        await wait_heartbeats(*m.workers, count=10)
         assert m.counts() == [5, 5, 5, 5, 5, 5]
         moved = m.owners.starts[first:]
         assert len(moved) == 15  # the surplus, not more
@@ -201,9 +201,11 @@ async def test_a_held_back_worker_s_retry_leaves_a_fresh_task_to_the_peers_below
             await wait_until(lambda: len(owners.starts) == 1, 5, "w takes its share")
             t0 = owners.starts[0][1]  # w was held back then (d2 left for the ghost)
             await client.cancel("devices", "d2")
-            await trio.sleep_until(t0 + 1.0)
+            await trio.sleep_until(t0 + 1.0)  # not a synchronisation: d3 comes 1 s in
             await client.ensure("devices", "d3")  # no owner since t0 + 1 s
-            await trio.sleep_until(t0 + 2.6)  # w's retry came at t0 + 2 s
+            # a deliberate window: w's retry came at t0 + 2 s (a timer, not
+            # observable from here) and must have left d3 alone
+            await trio.sleep_until(t0 + 2.6)
             assert [p.task for p, _ in owners.starts] == [b"d1"]
             # once d3 has waited 1.8 s, w's next claim takes it
             await wait_until(lambda: len(owners.starts) == 2, 5, "w takes d3 in the end")
@@ -219,7 +221,8 @@ async def test_with_rebalancing_off_nothing_moves(redis_url: str, namespace: str
         await settle(m, 30)
         for _ in range(3):
             await m.add(rebalance=False)
-        await trio.sleep(TTL * 4)  # a deliberate window of heartbeats: nothing may move
+        # Twelve more rounds of every worker (four leases' worth): nothing may move.
+        await wait_heartbeats(*m.workers, count=13)
         assert m.counts() == [10, 10, 10, 0, 0, 0]
         assert len(m.owners.starts) == 30
 
@@ -362,8 +365,8 @@ async def test_a_sticky_restart_gets_its_tasks_back_within_the_grace(
             await wait_until(lambda: _true(owners.counts([w]) == [2]), what="its share")
         before = {p.task: p.token for p, _ in owners.starts if p.worker_id == "sticky-1"}
         assert len(before) == 2
-        # A deliberate window: the peer heartbeats, and may not take them.
-        await trio.sleep(TTL * 2)
+        # Six rounds of the peer (two leases' worth): it may not take them.
+        await wait_heartbeats(peer, count=7)
         assert owners.counts([peer]) == [2] and len(owners.running) == 2
         shares = {i.id: i.shares for i in await client.workers()}
         assert shares[peer.id] == (mesh.QueueShare("devices", 2, 4, 4, 0, 0, weight=2, share=4.0),)

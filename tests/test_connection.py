@@ -726,7 +726,7 @@ async def test_reply_timeout_breaks_a_half_open_connection(own_redis: RedisServe
     socket stays open. With reply_timeout the call fails and the connection
     comes back by itself; an idle connection is never broken."""
     async with open_connection(own_redis.url, reply_timeout=0.3) as conn:
-        await trio.sleep(0.5)  # a deliberate window, idle past the timeout: nothing happens
+        await trio.sleep(0.5)  # a deliberate window: idle past the timeout, nothing happens
         assert await conn.execute("PING") == b"PONG"
         async with open_connection(own_redis.url) as admin:
             await admin.execute("CLIENT", "PAUSE", 1000)
@@ -790,7 +790,7 @@ async def test_reply_timeout_spares_a_busy_connection(own_redis: RedisServer) ->
             n += 1
             await trio.sleep(0.01)  # not a synchronisation: replies spaced out
         assert n > 10
-        await trio.sleep(0.3)  # a deliberate window, idle past the timeout: nothing breaks
+        await trio.sleep(0.3)  # a deliberate window: idle past the timeout, nothing breaks
         assert await conn.execute("PING") == b"PONG"
         assert conn.statistics().reconnects == 0
 

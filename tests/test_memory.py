@@ -407,7 +407,8 @@ async def test_a_fleet_reads_the_policy_once_for_all_its_workers(own_redis: Redi
     ):
         await wait_until(lambda: fleet.memory.info is not None)
         await conn.execute("CONFIG", "RESETSTAT")
-        # a deliberate window of one poll interval and a bit: one poller
+        # a deliberate window: one poll interval and a bit, in which the
+        # fleet's one poller reads INFO once (a poller per worker: three times)
         await trio.sleep(POLL_INTERVAL + 0.5)
         stats = (await conn.execute("INFO", "commandstats")).decode()
         calls = int(stats.split("cmdstat_info:calls=")[1].split(",")[0])

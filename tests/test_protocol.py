@@ -31,6 +31,7 @@ from mesh._scripts import (
 from mesh._transport import Packed, pack
 from mesh.testing import RedisServer, wait_until
 
+from .helpers import redis_ms
 from .protocol_helpers import expire_worker, join, snapshot
 
 Q = "jobs"
@@ -1156,9 +1157,14 @@ async def test_a_persistent_task_that_ran_a_lease_before_each_crash_fails_over_a
         inc = await join(b, conn, w, Q)
         (p,) = (await b.claim(conn, w, inc, Q, 1, 0, backoff_ms=500, ttl_ms=20)).processes
         assert p.task == b"dev"
-        # Not a synchronisation: the process must run for more than its
-        # worker's lease ttl (20 ms) before the recycle.
-        await trio.sleep(0.06)
+        # The process must run for more than its worker's lease ttl (20 ms)
+        # before the recycle: 60 ms on the clock the scripts read.
+        claimed = await redis_ms(conn)
+
+        async def ran_60_ms(claimed: int = claimed) -> bool:
+            return await redis_ms(conn) >= claimed + 60
+
+        await wait_until(ran_60_ms, what="60 ms on the Redis clock")
         await expire_worker(conn, keys, w)
         await b.recycle(conn, w, leave=False)
         s = await snapshot(conn, keys, Q, [])

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import mesh
 from mesh import Process
@@ -810,8 +811,10 @@ async def test_prefetch_claims_beyond_concurrency_but_runs_at_most_concurrency(
 
         await wait_until(held, what="2 running and 3 prefetched, all held in Redis")
         await wait_until(lambda: now == 2, what="both slots busy")
-        # A deliberate window: a prefetched handler must not start in it.
-        await trio.sleep(0.05)
+        # The worker has the claim replies (the 3 prefetched ones count as
+        # started), and has done all it does with them: no handler more.
+        await wait_until(lambda: worker.statistics().processes_started == 5, what="5 in hand")
+        await trio.testing.wait_all_tasks_blocked(cushion=0.01)
         assert (now, len(h.tasks)) == (2, 2)  # the prefetched ones wait for a slot
         h.release.set()
         await wait_until(lambda: worker.statistics().processes_finished == 12, within=10)

@@ -16,7 +16,7 @@ import trio
 import mesh
 from mesh import Process
 from mesh._connection import open_connection
-from mesh.testing import wait_until
+from mesh.testing import wait_heartbeats, wait_until
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s; the cleanups below outlast T
 
@@ -54,11 +54,13 @@ async def test_leaving_waits_for_a_slow_cleanup_then_hands_back_without_an_attem
             a_left = trio.Event()
             leave_a = trio.Event()
             a_id = ""
+            a_worker: list[mesh.Worker] = []
 
             async def run_a() -> None:
                 nonlocal a_id
                 async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a:
                     a_id = a.id
+                    a_worker.append(a)
                     await a.start_work("devices", old.handler)
                     await a.start_work("jobs", old.handler, max_attempts=1)
                     await leave_a.wait()
@@ -70,10 +72,10 @@ async def test_leaving_waits_for_a_slow_cleanup_then_hands_back_without_an_attem
                 await b.start_work("devices", new.handler)
                 await b.start_work("jobs", new.handler, max_attempts=1)
                 leave_a.set()
-                # Past T, A's cleanups still run: A still holds both tasks
-                # and renews its lease, so B has started nothing (a
-                # deliberate window: nothing may move in it).
-                await trio.sleep(TTL * 1.5)
+                # Past T (five renewals span four intervals, 1.1 s or more),
+                # A's cleanups still run: A still holds both tasks and renews
+                # its lease, so B has started nothing.
+                await wait_heartbeats(*a_worker, count=5)
                 assert not new.starts
                 assert {p.worker_id for p in await client.processes()} == {a_id}
                 assert a_id in {w.id for w in await client.workers()}
@@ -264,6 +266,7 @@ async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_clean
         async with trio.open_nursery() as nursery:
             scope = trio.CancelScope()
             a_left = trio.Event()
+            a_worker: list[mesh.Worker] = []
 
             async def run_a() -> None:
                 with scope:
@@ -272,10 +275,12 @@ async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_clean
                             mesh.open_fleet(redis_url, namespace=namespace, ttl=TTL) as fleet,
                             fleet.open_worker() as a,
                         ):
+                            a_worker.append(a)
                             await a.start_work("devices", old.handler)
                             await trio.sleep_forever()
                     else:
                         async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a:
+                            a_worker.append(a)
                             await a.start_work("devices", old.handler)
                             await trio.sleep_forever()
                 a_left.set()
@@ -285,8 +290,9 @@ async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_clean
             async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as b:
                 await b.start_work("devices", new.handler)
                 scope.cancel()
-                # A deliberate window past T: A's cleanup still runs, B starts nothing.
-                await trio.sleep(TTL * 1.5)
+                # Past T (five renewals span four intervals, 1.1 s or more):
+                # A's cleanup still runs and its lease is renewed, B starts nothing.
+                await wait_heartbeats(*a_worker, count=5)
                 assert not new.starts
                 await wait_until(lambda: _true(len(new.starts) == 1), what="B takes it")
                 await a_left.wait()

@@ -192,7 +192,8 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(split)
-            await trio.sleep(0.2)
+            # five TRYAGAIN rounds (5 ms doubling: about 0.15 s), and no reply yet
+            await wait_until(lambda: conn.statistics().retries >= 5, what="TRYAGAIN retries")
             assert not results  # still retrying
             await trio.to_thread.run_sync(move_keys, slot, source, target)
             await trio.to_thread.run_sync(end_migration, cluster, slot, target)
@@ -821,9 +822,7 @@ async def test_fenced_worker_gives_up_handing_back_and_rejoins(
     ns = "gu" + secrets.token_hex(3)
     async with mesh.open_worker(own_redis.url, namespace=ns, ttl=0.9) as w:
         own_redis.stop()
-        with trio.fail_after(10):
-            while "gave up handing back" not in caplog.text:  # noqa: ASYNC110 - poll
-                await trio.sleep(0.02)
+        await wait_until(lambda: "gave up handing back" in caplog.text, 10, "the give-up", 0.02)
         await trio.to_thread.run_sync(own_redis.start)
         beats = w.statistics().heartbeats
         with trio.fail_after(10):

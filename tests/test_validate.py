@@ -16,6 +16,7 @@ from mesh._client import _due, check_priority
 from mesh._errors import ConfigError, ProtocolError
 from mesh._lease import LeaseTiming
 from mesh._policy import QueuePolicy, parse_policy, policy_fields
+from mesh._queue_config import served_options
 from mesh._runner import QueueConfig
 from mesh._schedule import spec_of
 from mesh._types import Process
@@ -273,6 +274,30 @@ def test_with_policy_keeps_a_valid_config() -> None:
     )
     assert c.rate == (4, 500)
     assert config().with_policy(QueuePolicy()).rate is None
+
+
+def test_served_options_turn_start_work_arguments_into_a_config() -> None:
+    none = {"max_attempts": None, "backoff": None, "backoff_max": None}
+    cfg, local, explicit = served_options("q", handler, None, None, 10, none)
+    assert (cfg.handler, cfg.concurrency, cfg.batch, cfg.max_attempts) == (handler, 10, 0, 5)
+    assert (local, explicit) == (QueuePolicy(), {})
+    given = none | {"backoff": 0.5}
+    cfg, local, explicit = served_options(
+        "q", None, batch_handler, None, 4, given, capacity=2, rebalance=False
+    )
+    assert (cfg.handler, cfg.concurrency, cfg.batch, cfg.backoff) == (batch_handler, 4, 4, 0.5)
+    assert (cfg.capacity, cfg.rebalance, local.backoff, explicit) == (
+        2,
+        False,
+        0.5,
+        {"backoff": 0.5},
+    )
+    with pytest.raises(ConfigError, match="a handler or a batch_handler, not both"):
+        served_options("q", handler, batch_handler, None, 10, none)
+    with pytest.raises(ConfigError, match="batch must be a whole number >= 1, got 0"):
+        served_options("q", None, batch_handler, None, 0, none)
+    with pytest.raises(ConfigError, match="backoff"):  # checked as Client.configure does
+        served_options("q", handler, None, None, 10, none | {"backoff": -1})
 
 
 def test_batched_checks_its_handler_and_size() -> None:

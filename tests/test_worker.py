@@ -651,9 +651,9 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
                 calls += 1
                 if calls == 1:
                     await client.enqueue("jobs", b"late")
-                    # A deliberate window: the wake is dispatched meanwhile
-                    # (no event tells the test; the claim reply must wait).
-                    await trio.sleep(0.02)
+                    # the wake reaches the runner while the claim reply waits
+                    core = w._gen.runners["jobs"]._core
+                    await wait_until(lambda: core.maybe_work, 2, "the wake dispatched")
             return reply
 
         w._binding.run = run  # type: ignore[method-assign]
@@ -728,7 +728,7 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
             await wait_until(recycled, within=5, what="the victim recycled")
             assert await client.tasks(q) == [b"orphan"]
             took = trio.current_time() - t0 - 0.3  # after the lease ran out
-            await trio.sleep(0.3)  # a deliberate window: late wakers, counted below
+            await trio.sleep(0.3)  # a deliberate window: late reapers show in the count below
             checks = sum(r._reaper.statistics().checks for r in peers) - before
             print(f"trial {trial}: {took:.3f} s after the lease, {checks} checks by {n} peers")
             # one expiry event: about 3 of the 30 act on it; if none (e^-3,

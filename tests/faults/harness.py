@@ -184,6 +184,37 @@ class Harness:
 
     # --- the mesh --------------------------------------------------------------
 
+    async def wait_renewals(
+        self, drivers: Iterable[Driver], count: int, within: float | None = None
+    ) -> None:
+        """Wait until the lease of each driver's worker (its current id) has
+        been renewed ``count`` times from now, seen as its deadline in
+        ``{ns}:workers`` moving on. The workers run elsewhere: this is
+        :func:`mesh.testing.wait_heartbeats` read from Redis. A poll: two
+        renewals between two looks count as one, which only makes the wait
+        longer. ``count`` renewals span about ``count - 1`` heartbeat
+        intervals (H = T/3).
+
+        Raises:
+            trio.TooSlowError: some lease was renewed fewer times within
+                ``within`` (default: five intervals per renewal, plus 5 s).
+        """
+        ids = [await self.worker_id(d) for d in drivers]
+        last: list[Any] = list(await self.conn.execute("ZMSCORE", self.keys.workers, *ids))
+        seen = [0] * len(ids)
+
+        async def renewed() -> bool:
+            now = await self.conn.execute("ZMSCORE", self.keys.workers, *ids)
+            for i, deadline in enumerate(now):
+                if deadline is not None and deadline != last[i]:
+                    seen[i] += 1
+                    last[i] = deadline
+            return min(seen) >= count
+
+        default = 5.0 + 5 * count * self.ttl / 3
+        what = f"{count} renewals of the leases of {', '.join(ids)}"
+        await wait_until(renewed, default if within is None else within, what, every=0.01)
+
     async def snapshot(self, queues: Iterable[str] = ("devices", "jobs")) -> checks.Snapshot:
         return await checks.snapshot(self.conn, self.keys, queues)
 

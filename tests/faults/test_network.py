@@ -236,7 +236,7 @@ async def test_a_lost_give_back_reply_counts_the_failure_once(h: Harness) -> Non
 
 async def test_a_lost_heartbeat_reply_does_not_fence(h: Harness) -> None:
     proxy = await h.proxy()
-    await h.start(1, url=proxy.url)
+    (d,) = await h.start(1, url=proxy.url)
     await h.client.ensure_many("devices", payloads("dev", 3))
     await h.wait_event(lambda e: e.action == "act", 5, "devices run")
     for _ in range(3):
@@ -244,7 +244,8 @@ async def test_a_lost_heartbeat_reply_does_not_fence(h: Harness) -> None:
         with trio.fail_after(5):
             await lost.wait()
         await trio.sleep(TTL / 3)  # not a synchronisation: one loss per heartbeat interval
-    await trio.sleep(TTL)  # a deliberate window: nobody may fence or rejoin
+    # Three more renewals (a lease's worth of rounds): nobody may fence or rejoin.
+    await h.wait_renewals([d], count=4)
     ev = await h.events()
     assert not [e for e in ev if e.action in ("id", "cancelled")]
     assert len({e.token for e in ev if e.action == "start"}) == 3
@@ -257,7 +258,11 @@ async def test_a_lost_leave_reply_on_sigterm_is_retried_safely(h: Harness) -> No
     devices = payloads("dev", 4)
     await h.client.ensure_many("devices", devices)
     await wait_until(lambda: _any(h.started(a), devices), 5, "A runs a device")
-    await trio.sleep(0.2)
+
+    async def all_run() -> bool:
+        return {e.task for e in await h.events() if e.action == "start"} >= set(devices)
+
+    await wait_until(all_run, 5, "every device runs")
     lost = proxy.lose_reply_to(sha("recycle"))
     async with h.monitor({"devices": set(devices)}) as mon:
         a.term()

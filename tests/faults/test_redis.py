@@ -251,8 +251,8 @@ async def test_out_of_memory_keeps_the_workers_and_refuses_new_tasks(ho: Harness
         oom_at = await h.sink_now()
         with pytest.raises(OutOfMemoryError):
             await h.client.ensure("devices", b"dev-new")
-        # 2T at the limit: a deliberate window in which nothing may stop
-        await trio.sleep(2 * TTL)
+        # Six more renewals at the limit (2T of rounds): nothing may stop.
+        await h.wait_renewals([a, b], count=7)
         ev = await h.events()
         assert not [e for e in ev if e.action == "cancelled" and e.token in old]
         assert not [e for e in ev if e.action == "id" and e.t > oom_at]  # no rejoin

@@ -50,7 +50,9 @@ async def test_eight_peers_sweeping_at_once_recycle_each_task_once(h: Harness) -
             return {e.task for e in ev if e.action == "start" and e.tag in tags} >= everything
 
         await wait_until(swept, 4 * TTL, "the sweepers take everything")
-        await trio.sleep(TTL)  # a deliberate window: a second recycle would show up here
+        # Three more renewals of every sweeper (T of rounds): a second
+        # recycle, or a move, would show up here.
+        await h.wait_renewals(sweepers, count=4)
     ev = await h.events()
     restarts = [e for e in ev if e.action == "start" and e.tag in tags]
     assert sorted(e.task for e in restarts) == sorted(everything)  # each exactly once
