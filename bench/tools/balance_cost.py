@@ -265,9 +265,12 @@ def instructions(pid: int, out: str, r: redis.Redis, call: Callable[[], Any], n:
 
 
 @contextmanager
-def redis_under_callgrind(tmp: str) -> Iterator[tuple[redis.Redis, int, str]]:
+def redis_under_callgrind(
+    tmp: str, toggles: tuple[str, ...] = ("evalShaCommand",)
+) -> Iterator[tuple[redis.Redis, int, str]]:
     """A redis-server on a free loopback port under ``valgrind
-    --tool=callgrind --toggle-collect=evalShaCommand``, its files in ``tmp``:
+    --tool=callgrind --toggle-collect=evalShaCommand`` (or the functions of
+    ``toggles``: counted only inside them), its files in ``tmp``:
     yields a client, the server's pid (for ``callgrind_control``) and the
     callgrind output file. The server is killed on the way out, also on
     error; a server that does not answer PING within 60 s raises
@@ -278,7 +281,7 @@ def redis_under_callgrind(tmp: str) -> Iterator[tuple[redis.Redis, int, str]]:
     out = os.path.join(tmp, "cg.out")
     proc = subprocess.Popen(
         [
-            "valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
+            "valgrind", "--tool=callgrind", *(f"--toggle-collect={t}" for t in toggles),
             f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp,
         ],

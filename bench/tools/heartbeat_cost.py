@@ -42,7 +42,6 @@ import argparse
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.tools import balance_cost
+
 SHAPES = ("idle", "idle2", "held")
 BATCHES = (50, 1)
 TOGGLES = ("readQueryFromClient", "handleClientsWithPendingWrites")
@@ -60,38 +61,11 @@ TOGGLES = ("readQueryFromClient", "handleClientsWithPendingWrites")
 @contextmanager
 def redis_under_callgrind(tmp: str) -> Iterator[tuple[int, int, str]]:
     """A redis-server on a free loopback port under callgrind, collecting
-    inside :data:`TOGGLES` only; yields its port, its pid and the output
-    file's name. Killed on the way out."""
-    import redis
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    out = os.path.join(tmp, "cg.out")
-    proc = subprocess.Popen(
-        [
-            "valgrind", "--tool=callgrind", *(f"--toggle-collect={t}" for t in TOGGLES),
-            f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-            "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        r = redis.Redis(port=port)
-        for i in range(600):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                if i == 599:
-                    raise
-                time.sleep(0.1)
-        r.close()
-        yield port, proc.pid, out
-    finally:
-        proc.kill()
-        proc.wait()
+    inside :data:`TOGGLES` only (:func:`bench.tools.balance_cost.redis_under_callgrind`);
+    yields its port, its pid and the output file's name. Killed on the way out."""
+    with balance_cost.redis_under_callgrind(tmp, TOGGLES) as (r, pid, out):
+        port = int(r.connection_pool.connection_kwargs["port"])
+        yield port, pid, out
 
 
 def dump(pid: int, out: str) -> str:
