@@ -244,24 +244,35 @@ def per_call(r: redis.Redis, call: Callable[[], Any], n: int) -> float:
     return float(st["usec"]) / int(st["calls"])
 
 
-def instructions(pid: int, out: str, r: redis.Redis, call: Callable[[], Any], n: int) -> float:
-    """Instructions inside EVALSHA per call, by callgrind."""
-    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-    for _ in range(n):
-        call()
+def dump(pid: int, out: str) -> str:
+    """Dump callgrind's counters of the server ``pid`` (which zeroes them);
+    returns the file written (``out`` and a part number)."""
     before = set(glob.glob(out + "*"))
     subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-    for _ in range(100):
+    for _ in range(300):
         new = set(glob.glob(out + "*")) - before
         if new:
             break
         time.sleep(0.1)
     (f,) = new
-    time.sleep(0.2)
+    time.sleep(0.3)  # the file is written in full
+    return f
+
+
+def total(f: str) -> int:
+    """The instruction total of the callgrind file ``f``."""
     for line in Path(f).read_text().splitlines():
         if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1]) / n
+            return int(line.split()[1])
     raise RuntimeError(f"no totals in {f}")
+
+
+def instructions(pid: int, out: str, r: redis.Redis, call: Callable[[], Any], n: int) -> float:
+    """Instructions inside EVALSHA per call, by callgrind."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    for _ in range(n):
+        call()
+    return total(dump(pid, out)) / n
 
 
 @contextmanager

@@ -39,13 +39,11 @@ of that shape and size.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,20 +64,6 @@ def redis_under_callgrind(tmp: str) -> Iterator[tuple[int, int, str]]:
     with balance_cost.redis_under_callgrind(tmp, TOGGLES) as (r, pid, out):
         port = int(r.connection_pool.connection_kwargs["port"])
         yield port, pid, out
-
-
-def dump(pid: int, out: str) -> str:
-    """Dump callgrind's counters (which zeroes them); returns the file."""
-    before = set(glob.glob(out + "*"))
-    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-    for _ in range(300):
-        new = set(glob.glob(out + "*")) - before
-        if new:
-            break
-        time.sleep(0.1)
-    (f,) = new
-    time.sleep(0.3)  # the file is written in full
-    return f
 
 
 def totals(f: str) -> tuple[int, int]:
@@ -180,9 +164,9 @@ def child(port: int, pid: int, out: str, ns: str, workers: int, rounds: int) -> 
         """(leases run renewed, EVALSHA calls, commands) of ``run``, and the
         callgrind dump of it."""
         r.config_resetstat()
-        dump(pid, out)  # zeroes the counters
+        balance_cost.dump(pid, out)  # zeroes the counters
         n = await run()
-        f = dump(pid, out)
+        f = balance_cost.dump(pid, out)
         stats = r.info("commandstats")
         cmds = sum(int(v["calls"]) for c, v in stats.items() if c != "cmdstat_evalsha")
         return n, int(stats["cmdstat_evalsha"]["calls"]), cmds, f

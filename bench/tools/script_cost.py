@@ -28,18 +28,16 @@ instructions go (Lua VM, the commands the scripts call, allocation).
 from __future__ import annotations
 
 import argparse
-import glob
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from bench.tools.balance_cost import checkout, expand_all, redis_under_callgrind
+from bench.tools.balance_cost import checkout, dump, expand_all, redis_under_callgrind, total
 from mesh._keys import PROTOCOL_VERSION, Keys
 from mesh._scripts import Binding, ResultsToKeep, ScriptCall
 
@@ -129,19 +127,8 @@ def merged(v: Version, b: Binding, w: str, inc: str) -> Callable[[], int]:
 
 
 def dump_total(pid: int, out: str) -> tuple[int, str]:
-    before = set(glob.glob(out + "*"))
-    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-    for _ in range(200):
-        new = set(glob.glob(out + "*")) - before
-        if new:
-            break
-        time.sleep(0.1)
-    (f,) = new
-    time.sleep(0.3)
-    for line in Path(f).read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1]), f
-    raise RuntimeError(f"no totals in {f}")
+    f = dump(pid, out)
+    return total(f), f
 
 
 def measure(pid: int, out: str, run: Callable[[], int]) -> tuple[float, str]:
