@@ -271,18 +271,27 @@ async def _delayed(
         return [], int(total)
     extra = await _extras(conn, k, queue, payloads, levels=True)
     return [
-        Job(
-            queue,
-            t,
-            "delayed",
-            persistent=pers,
-            attempts=att,
-            priority=lv,
-            enqueued=since,
-            due=int(float(due)) / 1000,
-        )
-        for t, due, (pers, att, lv, since) in zip(payloads, flat[1::2], extra, strict=True)
+        _delayed_job(queue, t, due, e)
+        for t, due, e in zip(payloads, flat[1::2], extra, strict=True)
     ], int(total)
+
+
+def _delayed_job(
+    queue: str, payload: bytes, due: Any, extra: tuple[bool, int, int, float | None]
+) -> Job:
+    """A delayed task's Job: ``due`` its score (ms), ``extra`` what
+    :func:`_extras` read of it (persistent, attempts, level, since)."""
+    pers, att, lv, since = extra
+    return Job(
+        queue,
+        payload,
+        "delayed",
+        persistent=pers,
+        attempts=att,
+        priority=lv,
+        enqueued=since,
+        due=int(float(due)) / 1000,
+    )
 
 
 async def _queued(
@@ -397,10 +406,11 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
         found_level = await _prio_level(conn, k, queue, payload)
         queued, level = found_level is not None, found_level or 0
     if queued or due is not None:
-        ((pers, att, lv, since),) = await _extras(
+        (extra,) = await _extras(
             conn, keys, queue, [payload], levels=due is not None and not queued
         )
         if queued:
+            pers, att, _, since = extra
             return Job(
                 queue,
                 payload,
@@ -410,16 +420,7 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
                 priority=level,
                 enqueued=since,
             )
-        return Job(
-            queue,
-            payload,
-            "delayed",
-            persistent=pers,
-            attempts=att,
-            priority=lv,
-            enqueued=since,
-            due=int(float(due)) / 1000,
-        )
+        return _delayed_job(queue, payload, due, extra)
     # the latest dead letter of the payload: read from the end, in chunks
     end = int(n_dead) - 1
     while end >= 0:
