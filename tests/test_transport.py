@@ -74,6 +74,17 @@ def test_a_packed_command_is_packed_once_and_still_a_tuple() -> None:
         Packed(("GET", None))  # type: ignore[arg-type]
 
 
+def test_an_extended_packed_command_is_the_whole_command_packed() -> None:
+    head = Packed(("EVALSHA", "abc", 1, "{ns}:k", 7))
+    tail = ("1764987654321000", b"bytes \r\n", 42, "\u00e9" * 3, b"x" * 5000)
+    p = head.extended(tail)
+    assert p == (*head, *tail)
+    assert pack(p) == [joined((*head, *tail))]
+    assert head.extended(()) == head and pack(head.extended(())) == pack(head)
+    with pytest.raises(ConfigError):
+        head.extended((None,))  # type: ignore[arg-type]
+
+
 # --- replies -------------------------------------------------------------------
 
 
