@@ -86,7 +86,7 @@ def checkout(rev: str | None, tmp: Path) -> Path:
     here = Path(__file__).resolve().parents[2]
     if rev is None:
         return here / "protocol"
-    d = tmp / rev
+    d = tmp / rev.replace("/", "_")
     d.mkdir()
     archive = subprocess.run(
         ["git", "-C", str(here), "archive", rev, "mesh", "protocol"],

@@ -229,18 +229,7 @@ def child(port: int, pid: int, out: str, ns: str, workers: int, rounds: int) -> 
 def checkout(rev: str | None, tmp: Path) -> Path:
     """The root holding ``mesh/`` and ``protocol/`` of ``rev`` (None: the
     working tree)."""
-    here = Path(__file__).resolve().parents[2]
-    if rev is None:
-        return here
-    d = tmp / rev.replace("/", "_")
-    d.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(here), "archive", rev, "mesh", "protocol"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(d)], input=archive, check=True)
-    return d
+    return balance_cost.checkout(rev, tmp).parent
 
 
 def run_child(root: Path, port: int, pid: int, out: str, ns: str, args: argparse.Namespace) -> Any:
