@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import attrs
 import outcome
-import trio
 
 from . import _browse
 from ._balance import check_weight, fair_share
@@ -25,6 +25,7 @@ from ._connection import Connection, open_connection
 from ._epoch import adopt_value
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
 from ._keys import Keys, check_queue
+from ._loop import require_loop
 from ._memory import MemoryWatch
 from ._policy import QueuePolicy, parse_policy, policy_fields
 from ._pubsub import open_pubsub
@@ -39,7 +40,6 @@ from ._scripts import (
 )
 from ._topology import Topology
 from ._transport import check_min_replicas, coerce_config
-from ._trio import require_trio
 from ._types import (
     DeadLetter,
     DelayedTask,
@@ -317,7 +317,7 @@ class Client:
         payload = payload_bytes(task, self._max_payload)
         if timeout is not None:
             seconds("timeout", timeout)
-        deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+        deadline = anyio.current_time() + (math.inf if timeout is None else timeout)
         got = await self._outcome(conn, queue, payload)
         if got is not None:
             return got.unwrap()
@@ -330,7 +330,7 @@ class Client:
             # after subscribing, refreshed while waiting, left to expire
             awaiting = self._keys.awaiting(queue)
             await conn.execute("SET", awaiting, b"", "PX", AWAITING_TTL_MS)
-            marked = trio.current_time()
+            marked = anyio.current_time()
             wait = 0.05
             while True:
                 # checked after subscribing and marking: a finish before it
@@ -338,7 +338,7 @@ class Client:
                 got = await self._outcome(conn, queue, payload)
                 if got is not None:
                     return got.unwrap()
-                now = trio.current_time()
+                now = anyio.current_time()
                 if now - marked >= AWAITING_REFRESH:
                     await conn.execute("SET", awaiting, b"", "PX", AWAITING_TTL_MS)
                     marked = now
@@ -346,7 +346,7 @@ class Client:
                     raise TimeoutError(
                         f"no outcome of the task on queue {queue} within {timeout:g} s"
                     )
-                with trio.move_on_at(min(deadline, now + wait)):
+                with anyio.CancelScope(deadline=min(deadline, now + wait)):
                     async for msg in ps:
                         if msg.data == payload or msg.kind == "reconnected":
                             break
@@ -1134,7 +1134,7 @@ async def open_client(
     The connection is closed when the block is left; a cancelled block leaves
     nothing behind.
     """
-    require_trio("mesh.open_client")
+    require_loop("mesh.open_client")
     keys = Keys(namespace)
     config = coerce_config(url)
     replicas = check_min_replicas(config, min_replicas)

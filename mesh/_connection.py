@@ -43,10 +43,13 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import attrs
-import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, raise_single
+from ._loop import ByteStream, aclose_forcefully
 from ._redirect import NOT_HERE, reroute_pause
 from ._replicas import wait_replicas
 from ._reroute import Redirects, follow_master
@@ -109,7 +112,7 @@ class Connection(Wire):
     def __init__(
         self,
         config: RedisConfig,
-        stream: trio.abc.Stream,
+        stream: ByteStream,
         reader: Any,
         *,
         name: str | None,
@@ -196,10 +199,10 @@ class Connection(Wire):
         if not self._connected or self._closed:
             await self._wait_connected()
         # a cancelled caller raises here, before anything is queued or written
-        await trio.lowlevel.checkpoint_if_cancelled()
-        waiter = Waiter(data, 1)
+        await self._loop.checkpoint_if_cancelled()
+        waiter = Waiter(data, 1, self._handle())
         self._submit(waiter)
-        reply = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        reply = await self._park(waiter.task, waiter.abort)
         if type(reply) is CommandError:
             if reply.code in NOT_HERE:
                 reply = (await self._redirects.resend([args], [reply], self._node))[0]
@@ -236,7 +239,7 @@ class Connection(Wire):
         written yet, otherwise its replies are discarded.
         """
         if not commands:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             return []
         replies = await self._send(commands)
         for reply in replies:
@@ -276,7 +279,7 @@ class Connection(Wire):
         This is a checkpoint; closing is done even if it is cancelled.
         """
         self._close()
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
 
     # ---------------------------------------------------------------- internals
 
@@ -291,7 +294,9 @@ class Connection(Wire):
         if not self._in_flight and self._serve_scope is not None:
             self._serve_scope.cancel()
 
-    async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run(
+        self, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """The connection's supervisor trio task: serve, and reconnect when broken."""
         task_status.started()
         while True:
@@ -300,26 +305,26 @@ class Connection(Wire):
                 if self._reconnect:
                     # Commands not yet written wait for the new socket (bounded below).
                     self._connected = False
-                    self._connected_event = trio.Event()
+                    self._connected_event = anyio.Event()
                     self._last_error = f"re-routing: {self._reroute_reason}"
-                    fail_waiters(self._in_flight, self._lost_error)
+                    fail_waiters(self._in_flight, self._lost_error, self._wake)
                     self._in_flight_commands = 0
-                    now = trio.current_time()
+                    now = anyio.current_time()
                     self._reroute_streak, pause = reroute_pause(
                         self._reroute_streak, self._last_reroute, now
                     )
                     self._last_reroute = now
-                    await trio.sleep(pause)
+                    await anyio.sleep(pause)
                 else:
                     self._broken(None, f"re-routing needed ({self._reroute_reason})")
             if self._closed or not self._reconnect:
                 # Stay broken: calls raise MeshConnectionError / ClosedError.
-                await trio.sleep_forever()
-            with trio.move_on_after(self.config.connect_timeout) as waited:
+                await anyio.sleep_forever()
+            with anyio.move_on_after(self.config.connect_timeout) as waited:
                 stream, reader, node = await self._reconnect_with_backoff()
             if waited.cancelled_caught:
                 # Unsent commands kept through a re-route must not wait forever.
-                fail_waiters(self._pending, self._not_back_error)
+                fail_waiters(self._pending, self._not_back_error, self._wake)
                 stream, reader, node = await self._reconnect_with_backoff()
             self._stream, self._reader, self._node = stream, reader, node
             await self._sides.aclose()  # a migration's side connections are done with
@@ -353,8 +358,8 @@ class Connection(Wire):
             f"{self.config.connect_timeout:g}s (last error: {self._last_error})"
         )
 
-    async def _reconnect_with_backoff(self) -> tuple[trio.abc.Stream, Any, Node]:
-        async def attempt() -> tuple[trio.abc.Stream, Any, Node]:
+    async def _reconnect_with_backoff(self) -> tuple[ByteStream, Any, Node]:
+        async def attempt() -> tuple[ByteStream, Any, Node]:
             stream, reader, _, node = await self.topology.connect(name=self._name)
             return stream, reader, node
 
@@ -439,7 +444,7 @@ async def open_connection(
         direct_writes=direct_writes,
     )
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             # The connection's trio tasks are shielded from cancellations of
             # the caller's scopes, and stopped only when the block is left: a
             # block cancelled from outside can still use the connection in its
@@ -462,5 +467,5 @@ async def open_connection(
         raise_single(eg)
     finally:
         conn._close()
-        await trio.aclose_forcefully(conn._stream)
+        await aclose_forcefully(conn._stream)
         await conn._sides.aclose()

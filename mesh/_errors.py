@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+import anyio
 import trio
 
 __all__ = [
@@ -91,7 +92,7 @@ class ProtocolError(MeshError):
     have the shape the protocol promises."""
 
 
-class ClosedError(MeshError, trio.ClosedResourceError):
+class ClosedError(MeshError, trio.ClosedResourceError, anyio.ClosedResourceError):
     """The client or worker was used after it was closed (by your own code: its
     ``async with`` block was left)."""
 

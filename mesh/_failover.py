@@ -40,10 +40,11 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final
 
+import anyio
 import attrs
-import trio
 
 from ._errors import MeshConnectionError
+from ._loop import ByteStream, aclose_forcefully
 from ._transport import TRANSPORT_ERRORS, backoff_delays, connect, next_reply
 from ._url import RedisConfig
 
@@ -103,7 +104,7 @@ class FailoverWatch:
         self._state = _State()
         # The last switch announced: (old, new).
         self.switched: tuple[Node, Node] | None = None
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
         self.running = False
         self.messages = 0
 
@@ -155,7 +156,7 @@ class FailoverWatch:
             else:
                 return False
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
         return True
 
     def in_progress(self, now: float) -> bool:
@@ -214,7 +215,7 @@ class FailoverWatch:
         announce, reconnecting with backoff when one fails, until cancelled."""
         self.running = True
         try:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 for config in sentinels:
                     nursery.start_soon(self._listen, config)
         finally:
@@ -223,7 +224,7 @@ class FailoverWatch:
     async def _listen(self, config: RedisConfig) -> None:
         delays = backoff_delays()
         while True:
-            stream: trio.abc.Stream | None = None
+            stream: ByteStream | None = None
             try:
                 stream, reader, _ = await connect(
                     config, extra=[("SUBSCRIBE", *CHANNELS), ("PSUBSCRIBE", ABORTS)]
@@ -235,13 +236,13 @@ class FailoverWatch:
                         kind = reply[0]
                         if kind == b"message" and len(reply) == 3:
                             self.messages += 1
-                            self.feed(reply[1], reply[2], trio.current_time())
+                            self.feed(reply[1], reply[2], anyio.current_time())
                         elif kind == b"pmessage" and len(reply) == 4:
                             self.messages += 1
-                            self.feed(reply[2], reply[3], trio.current_time())
+                            self.feed(reply[2], reply[3], anyio.current_time())
             except (MeshConnectionError, *TRANSPORT_ERRORS) as exc:
                 log.debug("sentinel watch on %s: %s", config.redacted(), exc)
             finally:
                 if stream is not None:
-                    await trio.aclose_forcefully(stream)
-            await trio.sleep(next(delays))
+                    await aclose_forcefully(stream)
+            await anyio.sleep(next(delays))

@@ -57,11 +57,11 @@ from ._errors import ClosedError, ConfigError
 from ._host import Host, default_name, open_host
 from ._keys import Keys
 from ._lease import LeaseTiming
+from ._loop import require_loop
 from ._memory import MemoryWatch
 from ._renewals import JOIN_BURST, JOIN_RATE, MAX_BATCH, Joins, Renewals
 from ._supervisor import ReaperStatistics
 from ._transport import check_min_replicas
-from ._trio import require_trio
 from ._url import RedisConfig, parse_url
 from ._validate import seconds
 from ._worker import Worker, join, worker_options
@@ -182,7 +182,7 @@ async def open_fleet(
             called outside trio (from asyncio, say).
         MeshConnectionError: Redis cannot be reached at start.
     """
-    require_trio("mesh.open_fleet")
+    require_loop("mesh.open_fleet")
     config = parse_url(url) if isinstance(url, str) else url
     if join_window is not None and seconds("join_window", join_window) > 3600:
         raise ConfigError(f"join_window must be 0 to 3600 seconds, not {join_window!r}")

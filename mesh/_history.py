@@ -16,7 +16,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterable
 
-import trio
+import anyio
 
 from ._errors import ClosedError, CommandError, MeshConnectionError, ProtocolError
 from ._scripts import Binding, Executor
@@ -54,10 +54,10 @@ class CountsReporter:
         logged at debug level and the counts kept for the next report."""
         try:
             while True:
-                await trio.sleep(REPORT_INTERVAL)
+                await anyio.sleep(REPORT_INTERVAL)
                 await self.report()
         finally:
-            with trio.move_on_after(0.25) as scope:
+            with anyio.move_on_after(0.25) as scope:
                 scope.shield = True
                 await self.report()
 

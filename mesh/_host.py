@@ -38,8 +38,9 @@ import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
@@ -146,7 +147,7 @@ class Host:
         self.memory = MemoryWatch(f"{'worker' if of_one else 'fleet'} {name}")
         """Redis's eviction policy, read once per poll for the whole host."""
         self.closed = False
-        self._registered = trio.Event()  # a member registered: the reaper starts
+        self._registered = anyio.Event()  # a member registered: the reaper starts
 
     def _me(self) -> str:
         if self.of_one:
@@ -176,10 +177,10 @@ class Host:
         """Stop routing to ``member`` (sync); its counts are still reported."""
         if member in self.members:
             self.members.remove(member)
-            self._left.append((trio.current_time(), member.stats))
+            self._left.append((anyio.current_time(), member.stats))
 
     def _count_recorders(self) -> list[Recorder]:
-        now = trio.current_time()
+        now = anyio.current_time()
         self._left = [(t, r) for t, r in self._left if now - t < 3 * REPORT_INTERVAL]
         recorders = [m.stats for m in self.members] + [r for _, r in self._left]
         # a host of one's member counts in the host's own recorder: once
@@ -234,13 +235,15 @@ class Host:
             if self.keys.parse_heartbeat_key(msg.data) is not None:
                 self.reaper.heard_expiry()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """The host's trio tasks: the listener, the memory watch, the batched
         renewals (a host of many), the reaper (once a member registered),
         and one scheduler that also
         re-reads the policies of every queue a member serves (one round trip
         per H). Runs until cancelled."""
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(self._listen)
             nursery.start_soon(watch_memory, self.conn, self.memory)
             await nursery.start(self.renewals.run)
@@ -317,7 +320,7 @@ async def open_host(
                 join_window=join_window,
             )
             try:
-                async with trio.open_nursery() as nursery:
+                async with anyio.create_task_group() as nursery:
                     tasks = ShieldedTasks(nursery)
                     try:
                         await tasks.start(host.run)

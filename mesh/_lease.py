@@ -32,8 +32,9 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from ._connection import Connection
 from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError
@@ -107,12 +108,12 @@ class Generation:
         self.id = worker_id
         self.number = number
         self.incarnation = secrets.token_hex(8)
-        self.scope = trio.CancelScope()
+        self.scope = anyio.CancelScope()
         self.runners: dict[str, QueueRunner] = {}
         # Runners of queues stop_work() left whose handlers outlived the
         # stop grace: their processes are handed back as the handlers exit.
         self.draining: dict[str, QueueRunner] = {}
-        self.nursery: trio.Nursery | None = None
+        self.nursery: anyio.abc.TaskGroup | None = None
         self.fence_reason: str | None = None
         # Cancels of process ids no runner knew yet (a claim reply still on
         # its way): id -> when it came. A runner that then claims the id does
@@ -141,7 +142,7 @@ class Generation:
         """
         if self.fence_reason is not None:
             raise FencedError(f"worker {self.id} is fenced ({self.fence_reason})")
-        if trio.current_time() >= self.scope.deadline:
+        if anyio.current_time() >= self.scope.deadline:
             raise FencedError(f"worker {self.id}: no heartbeat confirmed within {fence_after} s")
         if self.scope.cancel_called:
             raise FencedError(f"worker {self.id} is stopping")
@@ -199,9 +200,9 @@ class Lease:
         self.gen = Generation(base_id, 1)
         self.ids = {base_id}  # every identity this worker has had
         self._reconnects_seen = -1  # the connection's count at the last heartbeat
-        self.ready = trio.Event()
+        self.ready = anyio.Event()
         self.closing = False
-        self.stopped = trio.Event()
+        self.stopped = anyio.Event()
 
     def served(self) -> list[str]:
         """The queues the worker serves now (sync)."""
@@ -218,7 +219,9 @@ class Lease:
         self.closing = True
         self.gen.scope.cancel()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Register, then run generation after generation until closed. The
         first registration's errors propagate (before ``started``)."""
         gen = self.gen
@@ -240,19 +243,19 @@ class Lease:
                     if self.closing:
                         gen.scope.cancel()
                     with gen.scope:
-                        async with trio.open_nursery() as nursery:
+                        async with anyio.create_task_group() as nursery:
                             gen.nursery = nursery
                             nursery.start_soon(self._driver.renew, self, gen)
                             await self._start_runners(gen)
                             self.ready.set()
-                            await trio.sleep_forever()
+                            await anyio.sleep_forever()
                     fenced = not self.closing
                 finally:
-                    self.ready = trio.Event()
+                    self.ready = anyio.Event()
                     if not fenced:
                         # Closing, or an error or cancellation is on its way
                         # out: hand everything back before going.
-                        with trio.move_on_after(self.timing.ttl) as cs:
+                        with anyio.move_on_after(self.timing.ttl) as cs:
                             cs.shield = True
                             await self._retire(gen)
                 if not fenced:
@@ -292,12 +295,12 @@ class Lease:
         backoff = 0.05
         tries = 0
         while True:
-            sent = trio.current_time()
+            sent = anyio.current_time()
             try:
                 # Measure from a live connection: an attempt that first waited
                 # for a reconnect would start its fence deadline too early.
                 await self._conn.execute("PING")
-                sent = trio.current_time()
+                sent = anyio.current_time()
                 await self._join(gen)
                 return sent
             except (MeshConnectionError, CommandError, FencedError, ConfigError) as exc:
@@ -315,7 +318,7 @@ class Lease:
                 if isinstance(exc, ConfigError | FencedError):
                     gen.id = f"{self._base_id}.{secrets.token_hex(3)}"
                     self.ids.add(gen.id)
-                await trio.sleep(backoff)
+                await anyio.sleep(backoff)
                 backoff = min(backoff * 2, self.timing.interval)
 
     async def _join(self, gen: Generation) -> None:
@@ -341,7 +344,7 @@ class Lease:
         answers, for at most the TTL (then peers recycle what is left after T),
         or until cancelled."""
         backoff = 0.05
-        with trio.move_on_after(self.timing.ttl) as bounded:
+        with anyio.move_on_after(self.timing.ttl) as bounded:
             while True:
                 try:
                     r = await self._binding.recycle(
@@ -359,7 +362,7 @@ class Lease:
                     break  # superseded by someone else: nothing of ours to hand back
                 except (MeshConnectionError, CommandError) as exc:
                     log.debug("worker %s could not hand back yet: %s", gen.id, exc)
-                    await trio.sleep(backoff)
+                    await anyio.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
         if bounded.cancelled_caught:
             log.warning(
@@ -383,7 +386,7 @@ class Lease:
         one warning line (see :mod:`mesh._memory`). Sync: no I/O."""
         t = self.timing
         renewed = gen.scope.deadline - t.fence_after  # sent time of the last confirmed one
-        early = renewed + t.ttl - trio.current_time()
+        early = renewed + t.ttl - anyio.current_time()
         if "no lease" in message and early > t.ttl / 10:
             log.warning(
                 "worker %s: its lease vanished %.1f s before it could have expired: "
@@ -414,7 +417,7 @@ class Lease:
             )
         else:
             log.debug("worker %s: heartbeat failed again: %s", gen.id, exc)
-        return trio.current_time() + min(t.interval / 4, 0.25)
+        return anyio.current_time() + min(t.interval / 4, 0.25)
 
     def renewed(
         self,
@@ -443,7 +446,7 @@ class Lease:
             if self._reconnects_seen >= 0:
                 log.info("worker %s: the connection to Redis was lost and is back", gen.id)
             self._reconnects_seen = reconnects
-        now = trio.current_time()
+        now = anyio.current_time()
         self._stats.heartbeats += 1
         self._stats.heartbeat.observe(now - sent)
         gen.scope.deadline = sent + t.fence_after

@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Final, Protocol
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from ._errors import CommandError, MeshConnectionError
 
@@ -183,7 +184,7 @@ async def watch_memory(
     watch: MemoryWatch,
     interval: float = POLL_INTERVAL,
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Read ``INFO memory`` every ``interval`` seconds into ``watch`` (one
     command per interval for the whole host). Runs until cancelled; a read
@@ -195,4 +196,4 @@ async def watch_memory(
             watch.update(await read_memory(conn))
         except MeshConnectionError:
             pass  # the heartbeat says so; read again next time
-        await trio.sleep(interval)
+        await anyio.sleep(interval)

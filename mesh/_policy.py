@@ -16,8 +16,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
 import attrs
-import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
 from ._units import seconds_ms
@@ -211,7 +211,7 @@ async def watch_policies(
     exists. A queue whose policy was cleared keeps what it had. Errors are
     logged and retried at the next interval; runs until cancelled."""
     while True:
-        await trio.sleep(interval)
+        await anyio.sleep(interval)
         queues = sorted(runners)
         if not queues:
             continue

@@ -25,10 +25,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, cast
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import outcome
 import trio
 
 from . import _telemetry
+from ._loop import current
 from ._queue_config import BatchHandler, Handler, QueueConfig
 from ._runner_core import RunnerCore, describe_error, one_line
 from ._stats import QueueCounters
@@ -50,7 +54,7 @@ class _Slot:
     def __init__(self, process: Process, started: float, batch: _Batch | None = None) -> None:
         self.process = process
         # The scope the handler runs in, once a pool trio task took it.
-        self.scope: trio.CancelScope | None = None
+        self.scope: anyio.CancelScope | None = None
         self.started = started  # when it was claimed (trio's clock)
         # True once the handler was cancelled to hand its process back (a
         # stop), not because the process was cancelled in the mesh.
@@ -92,7 +96,7 @@ class _Slot:
 MOVED = "moved"
 
 
-def _cancel(scope: trio.CancelScope, reason: str | None) -> None:
+def _cancel(scope: anyio.CancelScope, reason: str | None) -> None:
     if reason is None:
         scope.cancel()
         return
@@ -118,7 +122,7 @@ _NOTHING: Any = object()
 #: many at a time, one event loop batch after another (see :func:`_paced`).
 START_CHUNK = 100
 
-_STARTING: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("mesh_starting")
+_STARTING: anyio.lowlevel.RunVar[anyio.Lock] = anyio.lowlevel.RunVar("mesh_starting")
 
 
 async def _paced(
@@ -151,9 +155,9 @@ async def _paced(
     try:
         lock = _STARTING.get()
     except LookupError:
-        lock = trio.Lock()
+        lock = anyio.Lock()
         _STARTING.set(lock)
-    with trio.CancelScope(shield=True):
+    with anyio.CancelScope(shield=True):
         async with lock:
             for i in range(0, len(items), START_CHUNK):
                 queue(items[i : i + START_CHUNK])
@@ -161,10 +165,10 @@ async def _paced(
                 # hands the others out; a few batches at most), and one more
                 # batch, in which the handlers handed out make their first step
                 for _ in range(4):
-                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
                     if not waiting():
                         break
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                await anyio.lowlevel.cancel_shielded_checkpoint()
 
 
 class _Stop(Exception):
@@ -220,25 +224,26 @@ class HandlerPool:
     def __init__(self, config: QueueConfig, core: RunnerCore, counters: QueueCounters) -> None:
         self.config = config
         self.core = core
+        self.loop = current()
         self.out = core.out
         self.counters = counters
         self.running: dict[str, _Slot] = {}
         # Set whenever the runner's loop has something to look at (an
         # outcome, a free slot); the loop replaces it after each wait.
-        self.wakeup = trio.Event()
+        self.wakeup = anyio.Event()
         # Long-lived trio tasks (at most concurrency), each running one
         # process (or one batch call) after the other, so that starting a
         # process costs a reschedule, not a trio task and a cancel scope
         # (see _serve). Idle ones are parked in ``idle``; work that finds
         # none idle and the pool full waits in ``queued``.
-        self.idle: list[trio.lowlevel.Task] = []
+        self.idle: list[Any] = []  # the parked ones' handles (mesh/_loop.py)
         self.queued: deque[_Slot | _Batch] = deque()
         self.size = 0
-        self.nursery: trio.Nursery | None = None
+        self.nursery: anyio.abc.TaskGroup | None = None
         self.ctx = contextvars.copy_context()
-        # trio's clock, read without trio.current_time()'s two calls around
+        # trio's clock, read without anyio.current_time()'s two calls around
         # it (set when the runner's loop starts)
-        self.now: Callable[[], float] = trio.current_time
+        self.now: Callable[[], float] = anyio.current_time
         # Whether handler runs get spans (asked once per claimed batch).
         self.traced = False
 
@@ -347,7 +352,7 @@ class HandlerPool:
         a new one while the pool is below ``concurrency``; else it waits for
         the first pool trio task that comes free (sync, no I/O)."""
         if self.idle:
-            trio.lowlevel.reschedule(self.idle.pop(), outcome.Value(item))
+            self.loop.wake(self.idle.pop(), outcome.Value(item))
         elif self.size < self.config.concurrency and self.nursery is not None:
             self.size += 1
             self.nursery.start_soon(self._serve, item, name=f"mesh handlers {self.config.queue}")
@@ -376,7 +381,7 @@ class HandlerPool:
     def end(self) -> None:
         """Tell every parked pool trio task to exit (the runner is done)."""
         while self.idle:
-            trio.lowlevel.reschedule(self.idle.pop(), outcome.Error(_Stop()))
+            self.loop.wake(self.idle.pop(), outcome.Error(_Stop()))
 
     async def _park(self) -> _Slot | _Batch:
         """Wait, idle, until :meth:`_dispatch` hands this pool trio task work.
@@ -384,14 +389,14 @@ class HandlerPool:
         Raises:
             _Stop: the runner is done. On cancellation nothing was handed.
         """
-        task = trio.lowlevel.current_task()
+        task = self.loop.handle()
         self.idle.append(task)
 
         def abort(_: Any) -> trio.lowlevel.Abort:
             self.idle.remove(task)
             return trio.lowlevel.Abort.SUCCEEDED
 
-        item: _Slot | _Batch = await trio.lowlevel.wait_task_rescheduled(abort)
+        item: _Slot | _Batch = await self.loop.park(task, abort)
         return item
 
     async def _serve(self, item: _Slot | _Batch | None) -> None:
@@ -408,7 +413,7 @@ class HandlerPool:
         try:
             while True:
                 current: _Slot | _Batch | None = None
-                with trio.CancelScope() as scope:
+                with anyio.CancelScope() as scope:
                     while True:
                         if item is None:
                             item = self.queued.popleft() if self.queued else await self._park()
@@ -453,7 +458,7 @@ class HandlerPool:
     def _timed_out(self) -> str:
         return f"TimeoutError: the handler ran longer than {self.config.timeout:g} s"
 
-    async def _run_one(self, scope: trio.CancelScope, slot: _Slot) -> None:
+    async def _run_one(self, scope: anyio.CancelScope, slot: _Slot) -> None:
         """Run the handler of one process in ``scope`` and record how it
         ended (a Cancelled of ``scope`` propagates: :meth:`_serve` records
         that)."""
@@ -497,7 +502,7 @@ class HandlerPool:
         # not in the queue's idle set must look by itself, or no one wakes it).
         self.wakeup.set()
 
-    async def _run_batch(self, scope: trio.CancelScope, b: _Batch) -> None:
+    async def _run_batch(self, scope: anyio.CancelScope, b: _Batch) -> None:
         """Run the batch handler on the processes of ``b`` in ``scope`` and
         record each one's outcome (a Cancelled of ``scope`` propagates:
         :meth:`_serve` records that)."""
@@ -513,7 +518,7 @@ class HandlerPool:
         procs = [s.process for s in live]
         handler = cast(BatchHandler, self.config.handler)
         timeout = self.config.timeout
-        began = trio.current_time()
+        began = anyio.current_time()
         if timeout > 0:
             scope.deadline = began + timeout
         try:
@@ -529,7 +534,7 @@ class HandlerPool:
                     del self.running[slot.process.id]
             if timeout > 0:
                 scope.deadline = math.inf
-            self.counters.handler.observe(trio.current_time() - began)
+            self.counters.handler.observe(anyio.current_time() - began)
         for slot, out in zip(live, outcomes, strict=True):
             p = slot.process
             if slot.dropped:

@@ -41,13 +41,17 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import attrs
-import trio
 
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
+from ._loop import ByteStream, aclose_forcefully
 from ._shielded import ShieldedTasks
 from ._topology import Node, Topology
 from ._transport import (
+    CLOSED_ERRORS,
     TRANSPORT_ERRORS,
     coerce_config,
     describe,
@@ -61,7 +65,7 @@ from ._url import RedisConfig
 __all__ = ["Message", "PubSub", "open_pubsub"]
 
 _PING: Final = b"*1\r\n$4\r\nPING\r\n"
-_SEND_ERRORS: Final = (*TRANSPORT_ERRORS, trio.ClosedResourceError)
+_SEND_ERRORS: Final = (*TRANSPORT_ERRORS, *CLOSED_ERRORS)
 # Error codes that mean "this node does not serve the slot (now)".
 _ELSEWHERE: Final = frozenset({"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"})
 
@@ -108,7 +112,7 @@ class PubSub:
     def __init__(
         self,
         config: RedisConfig,
-        stream: trio.abc.Stream,
+        stream: ByteStream,
         reader: Any,
         *,
         name: str | None,
@@ -125,8 +129,10 @@ class PubSub:
         self._where = config.redacted()
         self._stream = stream
         self._reader = reader
-        self._send_messages, self._receive_messages = trio.open_memory_channel[Message](max_buffer)
-        self._send_lock = trio.Lock()
+        self._send_messages, self._receive_messages = anyio.create_memory_object_stream[Message](
+            max_buffer
+        )
+        self._send_lock = anyio.Lock()
         self._channels: set[bytes] = set()  # what the caller asked for
         self._patterns: set[bytes] = set()
         self._confirmed_channels: set[bytes] = set()  # what Redis confirmed on this socket
@@ -139,13 +145,13 @@ class PubSub:
         self._connected = True
         self._closed = False
         self._generation = 0
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
         self._error_seq = 0
         self._last_error_reply: CommandError | None = None
         self._last_error = ""
         self._ping_sent_at: float | None = None
         self._delivering = False
-        self._serve_scope: trio.CancelScope | None = None
+        self._serve_scope: anyio.CancelScope | None = None
         self._reconnects = 0
 
     # ---------------------------------------------------------------- public API
@@ -235,7 +241,7 @@ class PubSub:
         self._channels.difference_update(names)
         self._sharded.difference_update(names)
         if not names:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             return
 
         def commands() -> bytes:
@@ -260,7 +266,7 @@ class PubSub:
         self._check(names or [b""], "punsubscribe")
         self._patterns.difference_update(names)
         if not names:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             return
         await self._until(
             lambda: self._commands(b"PUNSUBSCRIBE", None, names),
@@ -282,7 +288,7 @@ class PubSub:
         """
         try:
             return await self._receive_messages.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
 
     # ---------------------------------------------------------------- internals
@@ -296,7 +302,7 @@ class PubSub:
 
     def _notify(self) -> None:
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     def _commands(self, command: bytes, sharded: bytes | None, names: list[bytes]) -> bytes:
         """``command names``, and ``sharded names`` if this socket takes it."""
@@ -315,10 +321,10 @@ class PubSub:
         forget: tuple[set[bytes], ...] = (),
     ) -> None:
         """Send ``commands()`` on every new socket until ``done()`` holds."""
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         sent_generation = -1
         error_seq = self._error_seq
-        with trio.move_on_after(self.config.connect_timeout):
+        with anyio.move_on_after(self.config.connect_timeout):
             while True:
                 if self._closed:
                     raise ClosedError(f"the pubsub connection to {self._where} is closed")
@@ -351,7 +357,7 @@ class PubSub:
             # Shielded: a send cancelled half-way would leave a partial command on the
             # wire. It cannot hang: when the socket is declared broken, _serve closes
             # it, which makes a blocked send_all raise ClosedResourceError.
-            with trio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
                 async with self._send_lock:
                     if generation == self._generation and self._connected:
                         await stream.send_all(data)
@@ -455,23 +461,25 @@ class PubSub:
         self._delivering = True
         try:
             await self._send_messages.send(message)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # closed, or nobody is reading any more: nothing to deliver to
         finally:
             self._delivering = False
             if self._ping_sent_at is not None:
                 # The socket was not read while we waited for the consumer: give the
                 # outstanding PING a fresh deadline instead of calling the link dead.
-                self._ping_sent_at = trio.current_time()
+                self._ping_sent_at = anyio.current_time()
 
-    async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run(
+        self, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Supervisor trio task: serve the socket; when it breaks, reconnect and resubscribe."""
         task_status.started()
         initial: list[Message] = []
         while True:
             await self._serve(self._stream, self._reader, initial)
             if self._closed:
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             stream, reader, early = await reconnect(
                 self._reconnect_once, self._failed, self.topology.reached
             )
@@ -486,7 +494,7 @@ class PubSub:
     def _failed(self, message: str) -> None:
         self._last_error = message
 
-    async def _reconnect_once(self) -> tuple[trio.abc.Stream, Any, list[Message]]:
+    async def _reconnect_once(self) -> tuple[ByteStream, Any, list[Message]]:
         stream, reader, _, node = await self.topology.connect(name=self._name)
         self._node = node
         channels, patterns = set(self._channels), set(self._patterns)
@@ -494,7 +502,7 @@ class PubSub:
         self._shard_ok = True  # a new node: maybe another server version
         early: list[Message] = []
         try:
-            with trio.fail_after(self.config.connect_timeout):
+            with anyio.fail_after(self.config.connect_timeout):
                 data = b""
                 if channels:
                     data += b"".join(pack((b"SUBSCRIBE", *sorted(channels))))
@@ -523,8 +531,8 @@ class PubSub:
             self._confirmed_channels.clear()
             self._confirmed_patterns.clear()
             self._confirmed_sharded.clear()
-            await trio.aclose_forcefully(stream)
-            if isinstance(exc, trio.TooSlowError):
+            await aclose_forcefully(stream)
+            if isinstance(exc, TimeoutError):
                 raise MeshConnectionError(
                     f"re-subscribing on {self._where} took longer than connect_timeout"
                 ) from None
@@ -535,9 +543,9 @@ class PubSub:
             raise
         return stream, reader, early
 
-    async def _serve(self, stream: trio.abc.Stream, reader: Any, initial: list[Message]) -> None:
+    async def _serve(self, stream: ByteStream, reader: Any, initial: list[Message]) -> None:
         try:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 self._serve_scope = nursery.cancel_scope
                 if not self._connected:  # broken while we were starting
                     nursery.cancel_scope.cancel()
@@ -548,18 +556,16 @@ class PubSub:
             self._serve_scope = None
             # A send in progress from a subscribe() caller fails with
             # ClosedResourceError, which _send ignores for an old socket.
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
 
-    async def _read_loop(
-        self, stream: trio.abc.Stream, reader: Any, initial: list[Message]
-    ) -> None:
+    async def _read_loop(self, stream: ByteStream, reader: Any, initial: list[Message]) -> None:
         for first in initial:
             await self._deliver(first)
         try:
             while True:
                 try:
                     reply = await next_reply(stream, reader)
-                except trio.BrokenResourceError as exc:
+                except anyio.BrokenResourceError as exc:
                     self._broken(str(exc))
                     return
                 message = self._handle(reply)
@@ -574,7 +580,7 @@ class PubSub:
         """Reconnect when the command connection sharing our topology found a new master."""
         node = self._node
         if node is None or self.config.path is not None:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
         assert node is not None
         await self.topology.wait_moved(node)
         self._broken(f"the master moved to {self.topology.master}")
@@ -582,14 +588,14 @@ class PubSub:
     async def _ping_loop(self) -> None:
         interval = self._ping_interval
         while True:
-            await trio.sleep(interval)
+            await anyio.sleep(interval)
             sent_at = self._ping_sent_at
             if sent_at is not None:
-                if not self._delivering and trio.current_time() - sent_at > 2 * interval:
+                if not self._delivering and anyio.current_time() - sent_at > 2 * interval:
                     self._broken(f"no reply to PING within {2 * interval:g}s")
                     return
                 continue
-            self._ping_sent_at = trio.current_time()
+            self._ping_sent_at = anyio.current_time()
             await self._send(_PING)
 
 
@@ -649,7 +655,7 @@ async def open_pubsub(
         node=node,
     )
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             # Shielded from the caller's cancellations until the block is
             # left: a block cancelled from outside can still (un)subscribe in
             # its shielded clean-up (a stopping worker unsubscribes).
@@ -665,4 +671,4 @@ async def open_pubsub(
         raise_single(eg)
     finally:
         pubsub._close()
-        await trio.aclose_forcefully(pubsub._stream)
+        await aclose_forcefully(pubsub._stream)

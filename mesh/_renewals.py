@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import outcome
-import trio
 
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
@@ -71,14 +73,14 @@ class Joins:
         self.waiting += 1
         try:
             # the workers opened in the same batch count themselves first
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             step = min(1 / self._rate, self.window / self.waiting)
-            now = trio.current_time()
+            now = anyio.current_time()
             self._at = max(self._at, now - self._burst * step) + step
             wait = self._at - now
             self.longest = max(self.longest, wait)
             if wait > 0:
-                await trio.sleep(wait)
+                await anyio.sleep(wait)
             self.joined += 1
         finally:
             self.waiting -= 1
@@ -115,7 +117,7 @@ class Renewals:
         self._min_replicas = min_replicas
         self.window = min(timing.interval / 20, 0.05)
         self._due: dict[tuple[Lease, Generation], float] = {}
-        self._added = trio.Event()
+        self._added = anyio.Event()
         self.calls = 0  # heartbeat.lua calls sent
         self.renewals = 0  # leases in them
         self.largest = 0  # the most leases in one call
@@ -124,13 +126,13 @@ class Renewals:
         """Renew ``gen``'s lease with the others' until cancelled."""
         self.add(lease, gen)
         try:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
         finally:
             self.remove(lease, gen)
 
     def add(self, lease: Lease, gen: Generation) -> None:
         """Renew ``gen``'s lease from now on, starting at once (sync)."""
-        self._due[(lease, gen)] = trio.current_time()
+        self._due[(lease, gen)] = anyio.current_time()
         self._added.set()
 
     def remove(self, lease: Lease, gen: Generation) -> None:
@@ -153,17 +155,19 @@ class Renewals:
                 await self._conn.execute("PING")
                 break
             except (MeshConnectionError, CommandError):
-                await trio.sleep(backoff)
+                await anyio.sleep(backoff)
                 backoff = min(backoff * 2, self._timing.interval)
         await self.joins.turn()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Send due heartbeats until cancelled."""
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             task_status.started()
             last = -math.inf
             while True:
-                now = trio.current_time()
+                now = anyio.current_time()
                 due = [key for key, at in self._due.items() if at <= now]
                 if due:
                     last = now
@@ -173,10 +177,10 @@ class Renewals:
                     for i in range(0, len(due), MAX_BATCH):
                         nursery.start_soon(self._send, now, due[i : i + MAX_BATCH])
                 nxt = min(self._due.values(), default=math.inf)
-                with trio.move_on_at(nxt):
+                with anyio.CancelScope(deadline=nxt):
                     await self._added.wait()
-                self._added = trio.Event()
-                await trio.sleep_until(last + self.window)
+                self._added = anyio.Event()
+                await anyio.sleep_until(last + self.window)
 
     async def _send(self, sent: float, keys: list[tuple[Lease, Generation]]) -> None:
         t = self._timing
@@ -190,7 +194,7 @@ class Renewals:
         self.largest = max(self.largest, len(keys))
         results = None
         try:
-            with trio.move_on_after(t.fence_after):
+            with anyio.move_on_after(t.fence_after):
                 answer = await self._binding.heartbeat_many(self._conn, self._ttl_ms, requests)
                 # With min_replicas, renewals count once replicas have them.
                 await self._conn.wait_replicas(self._min_replicas, t.fence_after)
@@ -227,7 +231,9 @@ class OwnHeartbeat:
         self._binding = binding
         self._min_replicas = min_replicas
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Nothing to run: each lease's :meth:`renew` is its own loop."""
         task_status.started()
 
@@ -244,11 +250,11 @@ class OwnHeartbeat:
         t = lease.timing
         ttl_ms = int(t.ttl * 1000)
         while True:
-            sent = trio.current_time()
+            sent = anyio.current_time()
             queues = list(gen.runners)
             reply = None
             try:
-                with trio.move_on_after(t.fence_after):
+                with anyio.move_on_after(t.fence_after):
                     renewal = await self._binding.heartbeat(
                         self._conn, gen.id, gen.incarnation, ttl_ms, gen.acks, queues
                     )
@@ -259,8 +265,8 @@ class OwnHeartbeat:
                 lease.fenced(gen, str(exc))
                 return
             except (MeshConnectionError, CommandError) as exc:
-                await trio.sleep_until(lease.renewal_failed(gen, sent, exc))
+                await anyio.sleep_until(lease.renewal_failed(gen, sent, exc))
                 continue
             if reply is None:
                 continue
-            await trio.sleep_until(lease.renewed(gen, sent, queues, reply))
+            await anyio.sleep_until(lease.renewed(gen, sent, queues, reply))

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
+import anyio
+import anyio.lowlevel
 
 from ._errors import CommandError, MeshConnectionError
 from ._side import SideConnections
@@ -40,7 +41,7 @@ async def wait_replicas(
     On cancellation the ``WAIT`` still runs in Redis; nothing else happens.
     """
     if count <= 0:
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return
     ms = max(1, int(seconds * 1000))
     acked = await execute("WAIT", count, ms)

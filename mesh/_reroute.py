@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import trio
+import anyio
 
 from ._errors import MeshConnectionError
 from ._redirect import Ask, Resend, Retry, sentinel_poll_interval
@@ -83,10 +83,10 @@ class Redirects:
                 retried command was in flight (it may or may not have run).
             ClosedError: the connection was closed.
         """
-        now = trio.current_time()
+        now = anyio.current_time()
         retry = Retry(commands, replies, now=now, budget=self._budget, here=here)
-        while (step := retry.step(trio.current_time())) is not None:
-            with trio.move_on_after(max(0.0, retry.deadline - trio.current_time())) as budget:
+        while (step := retry.step(anyio.current_time())) is not None:
+            with anyio.move_on_after(max(0.0, retry.deadline - anyio.current_time())) as budget:
                 if type(step) is Ask:
                     # A TRYAGAIN from there means: start over here, a little later.
                     for node, indices in step.by_node.items():
@@ -95,7 +95,7 @@ class Redirects:
                 else:
                     assert type(step) is Resend
                     if step.delay is not None:
-                        await trio.sleep(step.delay)
+                        await anyio.sleep(step.delay)
                         self.retries += len(step.indices)
                     else:
                         self._reroute(step.reason)
@@ -128,11 +128,11 @@ async def follow_master(
     The connection cancels it when it re-routes or its socket breaks.
     """
     if node is None or config.path is not None:
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
     assert node is not None
     if config.topology == "sentinel":
         interval = sentinel_poll_interval(reroute_timeout)
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
 
             async def watch() -> None:
                 named = await topology.watch_sentinels(node, interval)
@@ -147,9 +147,9 @@ async def follow_master(
             async def announced() -> None:
                 failover = topology.failover
                 if failover is None:
-                    await trio.sleep_forever()
+                    await anyio.sleep_forever()
                 assert failover is not None
-                while not failover.leaving(node, trio.current_time()):
+                while not failover.leaving(node, anyio.current_time()):
                     await failover.wait_changed()
                 # Hold the writes now: the old master takes them until it
                 # is demoted, seconds after the replica was promoted.
@@ -159,6 +159,6 @@ async def follow_master(
             nursery.start_soon(watch)
             nursery.start_soon(moved)
             nursery.start_soon(announced)
-        await trio.sleep_forever()  # the re-route cancels us
+        await anyio.sleep_forever()  # the re-route cancels us
     await topology.wait_moved(node)
     reroute(f"the master moved to {topology.master}")

@@ -22,7 +22,8 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 
-import trio
+import anyio
+import anyio.abc
 
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
@@ -95,14 +96,14 @@ class QueueRunner:
         )
         self.running: dict[str, _Slot] = pool.running
         self.policy = core.policy
-        self._io_scope: trio.CancelScope | None = None
+        self._io_scope: anyio.CancelScope | None = None
         self.handed_back = 0
         """How many processes this runner handed back after a stop."""
         self.keep_ms = 0
         """> 0: a stop keeps persistent tasks reserved for this worker id for
         that long (a sticky restart), instead of handing them to anyone."""
-        self._scope = trio.CancelScope()
-        self._exited = trio.Event()
+        self._scope = anyio.CancelScope()
+        self._exited = anyio.Event()
         self._balance_wait = balance_wait
 
     @property
@@ -125,7 +126,7 @@ class QueueRunner:
 
     def wake_in(self, seconds: float) -> None:
         """A task becomes due for a retry in ``seconds``."""
-        self._core.wake_in(trio.current_time(), seconds)
+        self._core.wake_in(anyio.current_time(), seconds)
         self._pool.wakeup.set()
 
     def retry_due(self, due_ms: int, seconds: float, idle_servers: int) -> None:
@@ -216,7 +217,7 @@ class QueueRunner:
             # says what it did (a finish report counted, a claim's processes
             # handed back unstarted) rather than leaving that unknown.
             io = self._io_scope
-            io.deadline = min(io.deadline, trio.current_time() + STOP_IO_GRACE)
+            io.deadline = min(io.deadline, anyio.current_time() + STOP_IO_GRACE)
         # Handlers are cancelled STOP_CHUNK at a time (see _cancel_next), so
         # that each group is handed back while the next one exits: a peer
         # starts the first tasks after one group's exits and round trips, not
@@ -251,8 +252,8 @@ class QueueRunner:
         back); ends when every handler of the stop is cancelled."""
         core = self._core
         while core.stop_order:
-            await trio.sleep_until(core.cancel_at)
-            if core.stop_due(trio.current_time()):
+            await anyio.sleep_until(core.cancel_at)
+            if core.stop_due(anyio.current_time()):
                 self._cancel_next()
 
     def _cancel_rest(self) -> None:
@@ -262,7 +263,7 @@ class QueueRunner:
     def _cancel_next(self, n: int = STOP_CHUNK) -> None:
         """Cancel the handlers of the stop's next group (sync, no I/O)."""
         running = self.running
-        for pid in self._core.stop_group(trio.current_time(), self._cancellable, n):
+        for pid in self._core.stop_group(anyio.current_time(), self._cancellable, n):
             slot = running[pid]
             slot.cancel(stopping=True)
             self._pool.unqueue(slot)
@@ -294,7 +295,7 @@ class QueueRunner:
             the loop instead, e.g. when the lease is given up).
         """
         self.begin_stop()
-        with trio.move_on_after(grace):
+        with anyio.move_on_after(grace):
             await self._exited.wait()
         return self._exited.is_set()
 
@@ -312,10 +313,12 @@ class QueueRunner:
 
     # --- the loop ------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Claim and run until cancelled. Raises nothing but Cancelled: a fenced
         lease is reported through ``on_fenced`` and ends the loop."""
-        self._pool.now = trio.lowlevel.current_clock().current_time
+        self._pool.now = self._pool.loop.clock()
         try:
             with self._scope:
                 await self._run(task_status)
@@ -326,7 +329,7 @@ class QueueRunner:
             # queue and it would run again. What is not reported in time is
             # handed back, as before.
             if self._out.in_hand():
-                with trio.move_on_after(self._balance_wait) as cs:
+                with anyio.move_on_after(self._balance_wait) as cs:
                     cs.shield = True
                     try:
                         self.handed_back += await self._io.report(self.keep_ms)
@@ -334,8 +337,8 @@ class QueueRunner:
                         pass
             self._exited.set()
 
-    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
-        async with trio.open_nursery() as handlers:
+    async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as handlers:
             self._pool.nursery = handlers
             task_status.started()
             # begin_stop() gives this scope a deadline: a claim or report in
@@ -345,7 +348,7 @@ class QueueRunner:
             # the worker's retirement). One scope for every turn while
             # serving, not one per turn: entering and leaving a trio cancel
             # scope costs about as much as a no-op handler run.
-            with trio.CancelScope() as self._io_scope:
+            with anyio.CancelScope() as self._io_scope:
                 while not self._core.stopping:
                     await self._turn()
             self._io_scope = None
@@ -376,9 +379,9 @@ class QueueRunner:
             if due == math.inf:
                 await pool.wakeup.wait()
             else:
-                with trio.move_on_at(due):
+                with anyio.CancelScope(deadline=due):
                     await pool.wakeup.wait()
-            pool.wakeup = trio.Event()
+            pool.wakeup = anyio.Event()
             return True
         if action is _EXIT:
             return False
@@ -415,5 +418,5 @@ class QueueRunner:
             )
             if core.stopping:
                 self._cancel_rest()
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         return True

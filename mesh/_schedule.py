@@ -25,8 +25,8 @@ import random
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import attrs
-import trio
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, ProtocolError
 from ._policy import PolicyWatch, apply_stored
@@ -155,12 +155,12 @@ async def run_scheduler(
     at most once per ``interval``. Errors are logged and retried; runs until
     cancelled."""
     keys = binding.keys
-    policies_at = trio.current_time() + interval
+    policies_at = anyio.current_time() + interval
     while True:
         watch = None
-        if policies is not None and trio.current_time() >= policies_at:
+        if policies is not None and anyio.current_time() >= policies_at:
             watch = policies
-            policies_at = trio.current_time() + interval
+            policies_at = anyio.current_time() + interval
         try:
             wait = await _fire_due(conn, binding, keys, watch)
         except (MeshConnectionError, CommandError, ProtocolError, ConfigError) as exc:
@@ -169,7 +169,7 @@ async def run_scheduler(
         if wait <= 0:
             continue
         # a little jitter: peers that woke for the same tick do not all call
-        await trio.sleep(min(wait, interval) + random.random() * min(0.02, interval / 10))
+        await anyio.sleep(min(wait, interval) + random.random() * min(0.02, interval / 10))
 
 
 async def _fire_due(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import trio
+import anyio
 
 from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError
 from ._host import Host
@@ -42,7 +42,7 @@ class Served:
         self._stats = recorder
         self.configs: dict[str, QueueConfig] = {}
         """The queues served now, by name (a policy read later replaces one)."""
-        self._lock = trio.Lock()
+        self._lock = anyio.Lock()
 
     def capacity(self, queue: str) -> int:
         """The worker's capacity on ``queue`` (1 if not served)."""
@@ -134,7 +134,7 @@ class Served:
                 break
             except (MeshConnectionError, CommandError) as exc:
                 log.debug("queue %s: could not unserve yet: %s", queue, exc)
-                await trio.sleep(backoff)
+                await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
         gen.draining.pop(queue, None)
 
@@ -145,7 +145,7 @@ class Served:
 
     def running(self) -> list[tuple[Process, float]]:
         """The processes whose handlers run now, with how long each has run."""
-        now = trio.current_time()
+        now = anyio.current_time()
         return [(p, now - started) for r in self.runners() for p, started in r.stopping_slots()]
 
     async def start_runners(self, gen: Generation) -> None:
@@ -220,7 +220,7 @@ class Served:
         for runner in gen.runners.values():
             if runner.cancel_process(pid):
                 return
-        gen.early_cancels[pid] = trio.current_time()
+        gen.early_cancels[pid] = anyio.current_time()
 
     # --- queues served by hand (no handler) ------------------------------------
 

@@ -17,20 +17,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
+import anyio
+import anyio.abc
 
 
 class ShieldedTasks:
     """Starts tasks in ``nursery``, each in its own cancel scope shielded from
     the caller's cancellations; :meth:`cancel` cancels them all."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: anyio.abc.TaskGroup) -> None:
         self._nursery = nursery
-        self._scopes: list[trio.CancelScope] = []
+        self._scopes: list[anyio.CancelScope] = []
         self._cancelled = False
 
-    def _scope(self) -> trio.CancelScope:
-        scope = trio.CancelScope(shield=True)
+    def _scope(self) -> anyio.CancelScope:
+        scope = anyio.CancelScope(shield=True)
         if self._cancelled:
             scope.cancel()
         self._scopes.append(scope)
@@ -51,7 +52,7 @@ class ShieldedTasks:
         ``task_status.started()``; raises what ``fn`` raised before that."""
         scope = self._scope()
 
-        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async def run(task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
             with scope:
                 await fn(task_status=task_status)
 

@@ -16,11 +16,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import trio
+import anyio
 
 from ._errors import ClosedError, MeshConnectionError
+from ._loop import ByteStream, aclose_forcefully
 from ._topology import Node, Topology
-from ._transport import TRANSPORT_ERRORS, Arg, connect, describe, pack, read_replies, scrub
+from ._transport import (
+    CLOSED_ERRORS,
+    TRANSPORT_ERRORS,
+    Arg,
+    connect,
+    describe,
+    pack,
+    read_replies,
+    scrub,
+)
 from ._url import RedisConfig
 
 __all__ = ["Side", "SideConnections"]
@@ -33,8 +43,8 @@ class Side:
     __slots__ = ("lock", "reader", "stream", "written")
 
     def __init__(self) -> None:
-        self.lock = trio.Lock()
-        self.stream: trio.abc.Stream | None = None
+        self.lock = anyio.Lock()
+        self.stream: ByteStream | None = None
         self.reader: Any = None
         self.written = False
 
@@ -101,7 +111,7 @@ class SideConnections:
         per = 2 if asking else 1
         async with side.lock:
             try:
-                with trio.fail_after(self._config.connect_timeout):
+                with anyio.fail_after(self._config.connect_timeout):
                     if side.stream is None:
                         config = self._topology.node_config(node)
                         side.stream, side.reader, _ = await connect(config, name=self._name)
@@ -115,24 +125,24 @@ class SideConnections:
             except BaseException as exc:
                 stream, side.stream = side.stream, None
                 if stream is not None:
-                    await trio.aclose_forcefully(stream)
+                    await aclose_forcefully(stream)
                 lost = self._lost(node, exc)
                 if lost is None:
                     raise
-                raise lost from (None if isinstance(exc, trio.TooSlowError) else exc)
+                raise lost from (None if isinstance(exc, TimeoutError) else exc)
         return replies[per - 1 :: per]
 
     def _lost(self, node: Node, exc: BaseException) -> MeshConnectionError | None:
         """What :meth:`send` raises for a timeout or a transport failure ``exc``;
         None for anything else (raised as it is)."""
         where = f"{node[0]}:{node[1]}"
-        if isinstance(exc, trio.TooSlowError):
+        if isinstance(exc, TimeoutError):
             return MeshConnectionError(
                 f"{where} (the target of an ASK redirection) did not answer within "
                 f"connect_timeout={self._config.connect_timeout:g}s (the command may "
                 "or may not have run)"
             )
-        if isinstance(exc, (*TRANSPORT_ERRORS, trio.ClosedResourceError)):
+        if isinstance(exc, (*TRANSPORT_ERRORS, *CLOSED_ERRORS)):
             return MeshConnectionError(
                 scrub(
                     f"lost {where} (the target of an ASK redirection; the command "
@@ -148,4 +158,4 @@ class SideConnections:
         sides, self._sides = self._sides, {}
         for side in sides.values():
             if side.stream is not None:
-                await trio.aclose_forcefully(side.stream)
+                await aclose_forcefully(side.stream)

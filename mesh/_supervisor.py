@@ -27,8 +27,9 @@ import logging
 import random
 from collections.abc import Callable, Container, Iterable
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from ._connection import Connection
 from ._errors import CommandError, MeshConnectionError
@@ -123,7 +124,7 @@ class Reaper:
         self.batch = batch
         self.herd = herd
         self._jitter = jitter
-        self._wakeup = trio.Event()
+        self._wakeup = anyio.Event()
         self._stats = Recorder() if recorder is None else recorder
         self._next_ms = -1
         self._mesh_size = 0
@@ -246,21 +247,23 @@ class Reaper:
         )
         return r.recycled
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Reap until cancelled. Connection errors are retried with backoff;
         nothing else is expected (an unexpected error propagates)."""
         task_status.started()
         backoff = 0.05
         periodic = True  # the first pass draws too
         while True:
-            self._wakeup = trio.Event()
+            self._wakeup = anyio.Event()
             self._next_ms = -1
             try:
                 await self.reap_once()
                 backoff = 0.05
             except (MeshConnectionError, CommandError) as exc:
                 log.debug("reaper: %s; retrying in %.2fs", exc, backoff)
-                await trio.sleep(backoff)
+                await anyio.sleep(backoff)
                 backoff = min(backoff * 2, self.interval)
                 continue
             # Draw only at the periodic passes, which every reaper makes at
@@ -273,6 +276,6 @@ class Reaper:
             if self._on_watch and 0 <= self._next_ms < timeout * 1000:
                 timeout = self._next_ms / 1000 + random.random() * self._jitter
                 periodic = False
-            with trio.move_on_after(max(timeout, 0.001)):
+            with anyio.move_on_after(max(timeout, 0.001)):
                 await self._wakeup.wait()
                 periodic = False

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
+import anyio
 
 from ._types import Process
 
@@ -74,7 +74,7 @@ async def traced(handler: Any, p: Process) -> Any:
     ) as span:
         try:
             value = await handler(p)
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             span.set_attribute("mesh.outcome", "cancelled")
             raise
         except BaseException as exc:

@@ -36,13 +36,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+import anyio
 import attrs
-import trio
 
 from ._epoch import Epoch
 from ._errors import CommandError, MeshConnectionError
 from ._failover import FailoverWatch
 from ._keys import Keys
+from ._loop import ByteStream, aclose_forcefully
 from ._transport import TRANSPORT_ERRORS, Arg, connect, next_reply, pack, scrub
 from ._url import RedisConfig
 
@@ -202,10 +203,10 @@ class Topology:
         self.master: Node | None = None
         self.cluster = config.topology == "cluster"
         self.changes = 0
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
         # Set (and replaced) each time a connection gets through: the other
         # connection, waiting out a reconnect backoff, tries at once.
-        self._reached = trio.Event()
+        self._reached = anyio.Event()
         # CLUSTER SHARDS is unknown before 7.0: once refused, use CLUSTER SLOTS.
         self._use_slots = False
         # The sentinel that last told a connection the master had moved.
@@ -221,7 +222,7 @@ class Topology:
 
     async def connect(
         self, *, name: str | None = None, extra: Sequence[Sequence[Arg]] = ()
-    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+    ) -> tuple[ByteStream, Any, list[Any], Node]:
         """Find the master, connect to it and run the handshake (see the module docstring).
 
         Returns:
@@ -236,10 +237,10 @@ class Topology:
         """
         found = await self._connect(name, extra)
         self._reached.set()
-        self._reached = trio.Event()
+        self._reached = anyio.Event()
         return found
 
-    def reached(self) -> trio.Event:
+    def reached(self) -> anyio.Event:
         """An event set the next time a connection of this topology gets through
         (:meth:`connect` returns): a connection that waits to reconnect waits on it
         too, so that after an outage both are back as soon as the server is."""
@@ -247,7 +248,7 @@ class Topology:
 
     async def _connect(
         self, name: str | None, extra: Sequence[Sequence[Arg]]
-    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+    ) -> tuple[ByteStream, Any, list[Any], Node]:
         config = self.config
         if config.topology == "sentinel":
             return await self._connect_sentinel(extra, name)
@@ -260,21 +261,23 @@ class Topology:
 
     async def _connect_sentinel(
         self, extra: Sequence[Sequence[Arg]], name: str | None
-    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+    ) -> tuple[ByteStream, Any, list[Any], Node]:
         """Sentinel: while a failover is announced (:mod:`mesh._failover`), keep
         off the old master and take the replica as soon as its promotion is
         announced (bounded by the watch's hold); otherwise the master the sentinels
         name, unless a switch was announced away from it."""
         watch = self.failover
         if watch is not None and watch.running:
-            while watch.in_progress(trio.current_time()):
+            while watch.in_progress(anyio.current_time()):
                 promoted = watch.promoted
                 if promoted is not None and promoted != watch.old:
                     try:
                         return await self._open_master(promoted, extra, name, "was promoted")
                     except MeshConnectionError:
                         pass  # not promoted yet: try again shortly
-                with trio.move_on_at(min(watch.hold_until(), trio.current_time() + 0.02)):
+                with anyio.CancelScope(
+                    deadline=min(watch.hold_until(), anyio.current_time() + 0.02)
+                ):
                     await watch.wait_changed()
         target = await self._ask_sentinels()
         if watch is not None:
@@ -289,18 +292,18 @@ class Topology:
 
     async def _open_master(
         self, target: Node, extra: Sequence[Sequence[Arg]], name: str | None, why: str
-    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+    ) -> tuple[ByteStream, Any, list[Any], Node]:
         """Sentinel: connect to ``target`` and keep it only if ``ROLE`` says master."""
         config = self.config
         stream, reader, replies, probe = await self._open(target, extra, name, cluster=False)
         if probe.role is None:
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             raise MeshConnectionError(
                 f"the user may not run ROLE on {self._show(target)}: trio-mesh needs it "
                 "on Sentinel to refuse a node that is not the master"
             )
         if probe.role != b"master":
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             raise MeshConnectionError(
                 f"{self._show(target)} {why} master of {config.service!r} by Sentinel, but "
                 f"it says it is a {_role_name(probe)}; waiting for Sentinel to catch up"
@@ -309,7 +312,7 @@ class Topology:
         self._arrived(target)
         return stream, reader, replies, target
 
-    async def _judge_epoch(self, probe: _Probe, node: Node | None, stream: trio.abc.Stream) -> None:
+    async def _judge_epoch(self, probe: _Probe, node: Node | None, stream: ByteStream) -> None:
         """Refuse (close ``stream`` and raise MeshConnectionError) a node that
         lacks the namespace's epoch this process knew (see mesh._epoch)."""
         if self.epoch is None:
@@ -317,7 +320,7 @@ class Topology:
         try:
             self.epoch.check(probe.epoch, self._show(node))
         except MeshConnectionError:
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             raise
 
     def sentinel_configs(self) -> list[RedisConfig]:
@@ -337,7 +340,7 @@ class Topology:
             self.master = node
             self.changes += 1
             self._changed.set()
-            self._changed = trio.Event()
+            self._changed = anyio.Event()
 
     def _show(self, node: Node | None) -> str:
         if node is None:
@@ -366,7 +369,7 @@ class Topology:
         name: str | None,
         *,
         cluster: bool | None,
-    ) -> tuple[trio.abc.Stream, Any, list[Any], _Probe]:
+    ) -> tuple[ByteStream, Any, list[Any], _Probe]:
         """Connect to ``node`` (None: the URL's own address) with the handshake, ROLE
         and, unless ``cluster`` is False, the cluster probes; then ``extra``."""
         config = self.config if node is None else self.node_config(node)
@@ -390,13 +393,13 @@ class Topology:
         try:
             probe = self._parse_probe(probe_replies[:probed])
         except MeshConnectionError:
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             raise
         probe = attrs.evolve(probe, epoch=probe_replies[probed:])
         if probe.cluster and probe.shards is None and not self._use_slots:
             # A 6.2 cluster: CLUSTER SHARDS is unknown there; ask CLUSTER SLOTS.
             self._use_slots = True
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             return await self._open(node, extra, name, cluster=cluster)
         return stream, reader, rest, probe
 
@@ -435,7 +438,7 @@ class Topology:
                     shards = parse_shards(map_reply, self.config.tls)
         return _Probe(role, upstream, cluster, myid, shards)
 
-    def _refuse_replica(self, probe: _Probe, node: Node | None, stream: trio.abc.Stream) -> None:
+    def _refuse_replica(self, probe: _Probe, node: Node | None, stream: ByteStream) -> None:
         if probe.role in (None, b"master"):
             if node is not None:
                 self._arrived(node)
@@ -447,7 +450,7 @@ class Topology:
 
     async def _connect_tcp(
         self, extra: Sequence[Sequence[Arg]], name: str | None
-    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+    ) -> tuple[ByteStream, Any, list[Any], Node]:
         config = self.config
         seeds: list[Node | None]
         if config.topology == "cluster":
@@ -471,7 +474,7 @@ class Topology:
 
     async def _via(
         self, seed: Node | None, extra: Sequence[Sequence[Arg]], name: str | None
-    ) -> tuple[trio.abc.Stream, Any, list[Any], Node]:
+    ) -> tuple[ByteStream, Any, list[Any], Node]:
         """Connect to ``seed``; on a cluster, hop to the slot's master."""
         node = seed
         for _ in range(_MAX_HOPS):
@@ -479,7 +482,7 @@ class Topology:
             here = node if node is not None else (self.config.host, self.config.port)
             if not probe.cluster:
                 if self.config.topology == "cluster":
-                    await trio.aclose_forcefully(stream)
+                    await aclose_forcefully(stream)
                     raise MeshConnectionError(
                         f"{self._show(node)} is not a Redis Cluster node (cluster support "
                         "is disabled there); use redis:// for a standalone server"
@@ -487,7 +490,7 @@ class Topology:
                 try:
                     self._refuse_replica(probe, here, stream)
                 except MeshConnectionError:
-                    await trio.aclose_forcefully(stream)
+                    await aclose_forcefully(stream)
                     raise
                 await self._judge_epoch(probe, here, stream)
                 return stream, reader, replies, here
@@ -502,7 +505,7 @@ class Topology:
                 None,
             )
             if owner is None:
-                await trio.aclose_forcefully(stream)
+                await aclose_forcefully(stream)
                 raise MeshConnectionError(
                     f"no master serves hash slot {self.slot} (cluster map read on "
                     f"{self._show(node)}); the cluster is failing over or incomplete"
@@ -511,7 +514,7 @@ class Topology:
             is_me = owner_id is not None and owner_id == probe.myid
             if is_me or (owner_id is None and addr == here):
                 if probe.role not in (None, b"master"):
-                    await trio.aclose_forcefully(stream)
+                    await aclose_forcefully(stream)
                     raise MeshConnectionError(
                         f"{self._show(here)} owns slot {self.slot} by its map but says it "
                         f"is a {_role_name(probe)}"
@@ -521,7 +524,7 @@ class Topology:
                 await self._judge_epoch(probe, addr, stream)
                 self._arrived(addr)
                 return stream, reader, replies, addr
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             node = addr
         raise MeshConnectionError(
             f"the cluster map kept changing while looking for the master of slot {self.slot}"
@@ -543,14 +546,14 @@ class Topology:
         config = self.config
         sentinels = list(config.nodes)
         command = ("SENTINEL", "GET-MASTER-ADDR-BY-NAME", config.service or "")
-        stream: trio.abc.Stream | None = None
+        stream: ByteStream | None = None
         reader: Any = None
         try:
             while True:
-                await trio.sleep(interval)
+                await anyio.sleep(interval)
                 for _ in range(len(sentinels)):
                     try:
-                        with trio.fail_after(config.connect_timeout):
+                        with anyio.fail_after(config.connect_timeout):
                             if stream is None:
                                 one = self._sentinel_config(sentinels[0])
                                 stream, reader, replies = await connect(one, extra=[command])
@@ -558,9 +561,9 @@ class Topology:
                             else:
                                 await stream.send_all(b"".join(pack(command)))
                                 reply = await next_reply(stream, reader)
-                    except (MeshConnectionError, trio.TooSlowError, *TRANSPORT_ERRORS):
+                    except (MeshConnectionError, TimeoutError, *TRANSPORT_ERRORS):
                         if stream is not None:
-                            await trio.aclose_forcefully(stream)
+                            await aclose_forcefully(stream)
                             stream = None
                         sentinels.append(sentinels.pop(0))  # the next one, next time
                         continue
@@ -577,7 +580,7 @@ class Topology:
                     break
         finally:
             if stream is not None:
-                await trio.aclose_forcefully(stream)
+                await aclose_forcefully(stream)
 
     def _sentinel_config(self, sentinel: Node) -> RedisConfig:
         config = self.config
@@ -611,7 +614,7 @@ class Topology:
                 if (host, port) == self._preferred_sentinel:
                     self._preferred_sentinel = None  # back to the URL's order
                 continue
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             reply = replies[0]
             if isinstance(reply, list) and len(reply) == 2:
                 return _decode(reply[0]), int(reply[1])

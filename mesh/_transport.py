@@ -1,7 +1,8 @@
 """What :class:`~mesh._connection.Connection` and :class:`~mesh._pubsub.PubSub` share:
 packing, reply reading, the handshake and the reconnect loop.
 
-Both connections move bytes over one trio stream fed to a ``hiredis.Reader``; they
+Both connections move bytes over one byte stream (trio's, or anyio's on asyncio)
+fed to a ``hiredis.Reader``; they
 differ only in what they do with the replies (FIFO matching for commands, a message
 stream for pub/sub). Everything else lives here, once:
 
@@ -24,12 +25,14 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeAlias, TypeVar
 
+import anyio
 import hiredis
 import trio
 from redis._parsers import Encoder
 from redis.exceptions import DataError
 
 from ._errors import CommandError, ConfigError, MeshConnectionError
+from ._loop import ByteStream, aclose_forcefully, current
 from ._url import RedisConfig, parse_url
 
 __all__ = [
@@ -50,9 +53,16 @@ T = TypeVar("T")
 TRANSPORT_ERRORS: Final = (
     OSError,
     trio.BrokenResourceError,
+    anyio.BrokenResourceError,
     ssl.SSLError,
     hiredis.ProtocolError,
 )
+class RedisClosedError(trio.BrokenResourceError, anyio.BrokenResourceError):
+    """Redis closed the connection: the stream ended (whichever loop runs)."""
+
+
+#: A stream closed by our own code (trio's streams, or anyio's on asyncio).
+CLOSED_ERRORS: Final = (trio.ClosedResourceError, anyio.ClosedResourceError)
 RECEIVE_SIZE: Final = 256 * 1024
 _BACKOFF_START: Final = 0.02
 _BACKOFF_CAP: Final = 1.0
@@ -269,11 +279,12 @@ def _ssl_context(config: RedisConfig) -> ssl.SSLContext:
     return context
 
 
-async def next_reply(stream: trio.abc.Stream, reader: Any) -> Any:
+async def next_reply(stream: ByteStream, reader: Any) -> Any:
     """Return the next reply, reading the stream as needed.
 
     Raises:
-        trio.BrokenResourceError: Redis closed the connection.
+        RedisClosedError: Redis closed the connection (a ``BrokenResourceError``
+            of trio and of anyio both).
         OSError, ssl.SSLError, hiredis.ProtocolError: from the stream or the parser.
     """
     while True:
@@ -282,11 +293,11 @@ async def next_reply(stream: trio.abc.Stream, reader: Any) -> Any:
             return reply
         data = await stream.receive_some(RECEIVE_SIZE)
         if not data:
-            raise trio.BrokenResourceError("Redis closed the connection")
+            raise RedisClosedError("Redis closed the connection")
         reader.feed(data)
 
 
-async def read_replies(stream: trio.abc.Stream, reader: Any, count: int) -> list[Any]:
+async def read_replies(stream: ByteStream, reader: Any, count: int) -> list[Any]:
     """Read exactly ``count`` replies (as :func:`next_reply`)."""
     return [await next_reply(stream, reader) for _ in range(count)]
 
@@ -296,7 +307,7 @@ async def connect(
     *,
     name: str | None = None,
     extra: Sequence[Sequence[Arg]] = (),
-) -> tuple[trio.abc.Stream, Any, list[Any]]:
+) -> tuple[ByteStream, Any, list[Any]]:
     """Open a stream to Redis and authenticate, select the db and set the client name.
 
     The whole of it (TCP or unix connect, TLS handshake, ``AUTH``/``SELECT``/
@@ -322,6 +333,7 @@ async def connect(
     On cancellation the half-open stream is closed and nothing is left behind.
     """
     where = config.redacted()
+    loop = current()
     handshake: list[Sequence[Arg]] = []
     if config.password is not None:
         if config.username is not None:
@@ -333,41 +345,35 @@ async def connect(
     if name is not None:
         handshake.append(("CLIENT", "SETNAME", name))
     context = _ssl_context(config) if config.tls else None
-    stream: trio.abc.Stream | None = None
+    stream: ByteStream | None = None
     try:
-        with trio.fail_after(config.connect_timeout):
-            if config.path is not None:
-                stream = await trio.open_unix_socket(config.path)
-            else:
-                stream = await trio.open_tcp_stream(config.host, config.port)
-            if context is not None:
-                stream = trio.SSLStream(stream, context, server_hostname=config.host)
-                await stream.do_handshake()
+        with anyio.fail_after(config.connect_timeout):
+            stream = await loop.open_stream(config.host, config.port, config.path, context)
             reader = make_reader()
             commands = [*handshake, *extra]
             replies: list[Any] = []
             if commands:
                 await stream.send_all(b"".join(b"".join(pack(c)) for c in commands))
                 replies = await read_replies(stream, reader, len(commands))
-    except trio.TooSlowError:
+    except TimeoutError:
         if stream is not None:
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
         raise MeshConnectionError(
             f"could not connect to {where} within connect_timeout={config.connect_timeout:g}s"
         ) from None
     except TRANSPORT_ERRORS as exc:
         if stream is not None:
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
         raise MeshConnectionError(
             scrub(f"could not connect to {where}: {describe(exc)}", config)
         ) from exc
     except BaseException:
         if stream is not None:
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
         raise
     for command, reply in zip(handshake, replies, strict=False):
         if isinstance(reply, CommandError):
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
             step = str(command[0]) if command[0] != "CLIENT" else "CLIENT SETNAME"
             raise MeshConnectionError(
                 scrub(f"{step} failed on {where}: {reply}", config)
@@ -387,7 +393,7 @@ def backoff_delays() -> collections.abc.Iterator[float]:
 async def reconnect(
     attempt: Callable[[], Awaitable[T]],
     on_error: Callable[[str], None],
-    hurry: Callable[[], trio.Event] | None = None,
+    hurry: Callable[[], anyio.Event] | None = None,
 ) -> T:
     """Call ``attempt`` after each backoff delay until it returns.
 
@@ -403,10 +409,10 @@ async def reconnect(
     """
     for delay in backoff_delays():
         if hurry is None:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         else:
             event = hurry()
-            with trio.move_on_after(delay):
+            with anyio.move_on_after(delay):
                 await event.wait()
         try:
             return await attempt()

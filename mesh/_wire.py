@@ -29,13 +29,15 @@ from __future__ import annotations
 import collections
 import math
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+import anyio
 import outcome
 import trio
 
 from ._errors import ClosedError, MeshConnectionError
+from ._loop import ByteStream, aclose_forcefully, current
 from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
 from ._transport import RECEIVE_SIZE as _RECEIVE_SIZE
 from ._transport import TRANSPORT_ERRORS as _TRANSPORT_ERRORS
@@ -53,14 +55,15 @@ class Waiter:
     """One caller parked in :meth:`Connection.execute` or :meth:`Connection.pipeline`.
 
     ``expected`` replies are collected (1 for ``execute``) and then handed to
-    ``task`` with ``trio.lowlevel.reschedule``. ``cancelled`` means nobody waits for
+    ``task`` (the caller's :attr:`Loop.handle <mesh._loop.Loop>`) with the
+    loop's ``wake``. ``cancelled`` means nobody waits for
     the replies any more: they are read and thrown away.
     """
 
     __slots__ = ("cancelled", "data", "expected", "replies", "task")
 
-    def __init__(self, data: list[bytes | memoryview], expected: int) -> None:
-        self.task = trio.lowlevel.current_task()
+    def __init__(self, data: list[bytes | memoryview], expected: int, task: Any) -> None:
+        self.task = task
         self.data = data
         self.expected = expected
         self.replies: list[Any] | None = [] if expected > 1 else None
@@ -74,12 +77,14 @@ class Waiter:
 
 
 def fail_waiters(
-    waiters: collections.deque[Waiter] | list[Waiter], make: Callable[[], BaseException]
+    waiters: collections.deque[Waiter] | list[Waiter],
+    make: Callable[[], BaseException],
+    wake: Callable[[Any, Any], None],
 ) -> None:
     for waiter in waiters:
         if not waiter.cancelled:
             waiter.cancelled = True
-            trio.lowlevel.reschedule(waiter.task, outcome.Error(make()))
+            wake(waiter.task, outcome.Error(make()))
     waiters.clear()
 
 
@@ -101,7 +106,7 @@ class Wire:
     def __init__(
         self,
         config: RedisConfig,
-        stream: trio.abc.Stream,
+        stream: ByteStream,
         reader: Any,
         *,
         reconnect: bool,
@@ -110,6 +115,11 @@ class Wire:
     ) -> None:
         self.config = config
         self._where = config.redacted()
+        # the running event loop's parking and waking (mesh/_loop.py)
+        loop = self._loop = current()
+        self._handle = loop.handle
+        self._park = loop.park
+        self._wake = loop.wake
         self._reconnect = reconnect
         self._reply_timeout = reply_timeout
         self._direct_writes = direct_writes
@@ -117,10 +127,10 @@ class Wire:
         self._reader = reader
         # Writes are held and _serve ends once nothing is owed (a re-route).
         self._rerouting = False
-        self._serve_scope: trio.CancelScope | None = None
+        self._serve_scope: anyio.CancelScope | None = None
         self._pending: list[Waiter] = []
         self._in_flight: collections.deque[Waiter] = collections.deque()
-        self._writer_task: trio.lowlevel.Task | None = None
+        self._writer_task: Any = None  # the writer's handle while it is parked
         # The socket's file descriptor while _serve runs on a plain socket
         # stream (TCP or unix; -1: none, TLS, or not direct_writes): _submit
         # writes to it directly when the writer is idle.
@@ -132,7 +142,7 @@ class Wire:
         # write (many callers in one trio tick still share writes).
         self._wrote = False
         self._connected = True
-        self._connected_event = trio.Event()
+        self._connected_event = anyio.Event()
         self._connected_event.set()
         self._closed = False
         self._last_error = ""
@@ -170,7 +180,7 @@ class Wire:
         ):
             self._pending.append(waiter)
             self._writer_task = None
-            trio.lowlevel.reschedule(writer)
+            self._wake(writer)
             return
         data = waiter.data
         buf = data[0] if len(data) == 1 else b"".join(data)
@@ -186,7 +196,7 @@ class Wire:
         if sent < len(buf):
             self._unsent = memoryview(buf)[sent:] if sent else buf
             self._writer_task = None
-            trio.lowlevel.reschedule(writer)
+            self._wake(writer)
 
     async def _send(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """Send ``commands`` back to back once; their replies, errors in place."""
@@ -195,10 +205,10 @@ class Wire:
             data.extend(_pack(command))
         if not self._connected or self._closed:
             await self._wait_connected()
-        await trio.lowlevel.checkpoint_if_cancelled()  # as in execute
-        waiter = Waiter(data, len(commands))
+        await self._loop.checkpoint_if_cancelled()  # as in execute
+        waiter = Waiter(data, len(commands), self._handle())
         self._submit(waiter)
-        replies = await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        replies = await self._park(waiter.task, waiter.abort)
         return [replies] if len(commands) == 1 else list(replies)
 
     def _close(self) -> None:
@@ -208,21 +218,21 @@ class Wire:
         self._connected = False
         self._connected_event.set()  # wake callers waiting for a reconnect
         closed = lambda: ClosedError(f"the connection to {self._where} was closed")  # noqa: E731
-        fail_waiters(self._in_flight, closed)
-        fail_waiters(self._pending, closed)
+        fail_waiters(self._in_flight, closed, self._wake)
+        fail_waiters(self._pending, closed, self._wake)
         self._in_flight_commands = 0
         writer = self._writer_task
         if writer is not None:
             # The writer wakes, sees nothing to do and parks again until cancelled.
             self._writer_task = None
-            trio.lowlevel.reschedule(writer)
+            self._wake(writer)
 
     async def _wait_connected(self) -> None:
         """Wait (up to connect_timeout) for a reconnect in progress."""
         if self._closed:
             raise ClosedError(f"the connection to {self._where} is closed")
         if self._reconnect:
-            with trio.move_on_after(self.config.connect_timeout):
+            with anyio.move_on_after(self.config.connect_timeout):
                 await self._connected_event.wait()
         if self._closed:
             raise ClosedError(f"the connection to {self._where} is closed")
@@ -243,7 +253,7 @@ class Wire:
         if not self._connected:
             return
         self._connected = False
-        self._connected_event = trio.Event()
+        self._connected_event = anyio.Event()
         detail = scrub(reason if exc is None else f"{reason}: {describe(exc)}", self.config)
         self._last_error = detail
         in_flight_msg = (
@@ -262,17 +272,17 @@ class Wire:
             err.__cause__ = exc
             return err
 
-        fail_waiters(self._in_flight, in_flight_error)
-        fail_waiters(self._pending, pending_error)
+        fail_waiters(self._in_flight, in_flight_error, self._wake)
+        fail_waiters(self._pending, pending_error, self._wake)
         self._in_flight_commands = 0
 
     async def _serve(
-        self, stream: trio.abc.Stream, reader: Any, also: Callable[[], Awaitable[None]]
+        self, stream: ByteStream, reader: Any, also: Callable[[], Coroutine[Any, Any, None]]
     ) -> None:
         """Run the reader and the writer on one stream, and ``also`` beside them,
         until the stream breaks or a re-route has every owed reply; then close it."""
         try:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 self._serve_scope = nursery.cancel_scope
                 self._fd = _plain_fd(stream) if self._direct_writes else -1
                 self._unsent = b""
@@ -285,9 +295,9 @@ class Wire:
             self._serve_scope = None
             self._fd = -1
             self._unsent = b""
-            await trio.aclose_forcefully(stream)
+            await aclose_forcefully(stream)
 
-    async def _write_loop(self, stream: trio.abc.Stream, scope: trio.CancelScope) -> None:
+    async def _write_loop(self, stream: ByteStream, scope: anyio.CancelScope) -> None:
         in_flight = self._in_flight
         try:
             while True:
@@ -299,8 +309,8 @@ class Wire:
                     continue
                 batch = self._pending
                 if not batch or self._rerouting:
-                    self._writer_task = trio.lowlevel.current_task()
-                    await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
+                    self._writer_task = writer = self._handle()
+                    await self._park(writer, self._abort_writer_wait)
                     continue
                 self._pending = []
                 chunks: list[bytes | memoryview] = []
@@ -324,9 +334,7 @@ class Wire:
         self._writer_task = None
         return trio.lowlevel.Abort.SUCCEEDED
 
-    async def _read_loop(
-        self, stream: trio.abc.Stream, reader: Any, scope: trio.CancelScope
-    ) -> None:
+    async def _read_loop(self, stream: ByteStream, reader: Any, scope: anyio.CancelScope) -> None:
         """Hand each reply to the oldest in-flight waiter (the hot path); break the
         connection (cancelling ``scope``) when the stream fails or ends, a reply
         comes that nobody is owed, or replies are owed and nothing came for
@@ -347,10 +355,10 @@ class Wire:
         than fail a read.
         """
         in_flight = self._in_flight
-        reschedule = trio.lowlevel.reschedule
+        reschedule = self._wake
         not_enough = _NOT_ENOUGH_DATA
         timeout = self._reply_timeout or math.inf
-        current_time = trio.current_time
+        current_time = self._loop.clock()
         last = current_time()
         timed = timeout < math.inf  # else ``last`` is never looked at again
         fd = _plain_fd(stream)
@@ -359,7 +367,7 @@ class Wire:
         wait_first = False
         try:
             while True:
-                with trio.CancelScope(deadline=last + timeout) as waited:
+                with anyio.CancelScope(deadline=last + timeout) as waited:
                     while True:
                         if fd < 0:
                             data = await stream.receive_some(_RECEIVE_SIZE)
@@ -377,7 +385,7 @@ class Wire:
                             streak += 1
                             if streak >= _FAIR_READS:
                                 streak = 0
-                                await trio.lowlevel.checkpoint()
+                                await trio.lowlevel.checkpoint()  # (fd: trio only)
                         if timed:
                             last = current_time()
                         if not data:
@@ -422,25 +430,26 @@ class Wire:
         except _TRANSPORT_ERRORS as exc:
             self._break(scope, exc, "read failed")
 
-    def _break(self, scope: trio.CancelScope, exc: BaseException | None, reason: str) -> None:
+    def _break(self, scope: anyio.CancelScope, exc: BaseException | None, reason: str) -> None:
         """:meth:`_broken`, and end :meth:`_serve` (cancel its ``scope``)."""
         self._broken(exc, reason)
         scope.cancel()
 
-    def _unexpected(self, scope: trio.CancelScope, reply: object) -> None:
+    def _unexpected(self, scope: anyio.CancelScope, reply: object) -> None:
         """A reply came that no call is owed: the stream is out of step."""
         self._break(scope, None, f"protocol error: unexpected reply {reply!r:.100}")
 
-    def _overdue(self, scope: trio.CancelScope) -> None:
+    def _overdue(self, scope: anyio.CancelScope) -> None:
         """Replies are owed and nothing came for ``reply_timeout``: a half-open
         socket (the peer host vanished, a NAT forgot the flow). Break it so the
         connection reconnects instead of waiting for TCP."""
         self._break(scope, None, f"no reply within reply_timeout={self._reply_timeout:g}s")
 
 
-def _plain_fd(stream: trio.abc.Stream) -> int:
-    """The file descriptor of a plain socket stream (TCP or unix), which the
-    connection reads and writes directly; -1 for any other stream (TLS)."""
+def _plain_fd(stream: ByteStream) -> int:
+    """The file descriptor of a plain trio socket stream (TCP or unix), which
+    the connection reads and writes directly; -1 for any other stream (TLS,
+    or any stream on asyncio)."""
     if type(stream) is trio.SocketStream:
         return stream.socket.fileno()
     return -1

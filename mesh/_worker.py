@@ -26,8 +26,8 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+import anyio
 import attrs
-import trio
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
 from ._errors import (
@@ -38,6 +38,7 @@ from ._errors import (
 from ._host import Host, Member, default_name, open_host
 from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, Lease, LeaseTiming
+from ._loop import require_loop
 from ._memory import MemoryInfo
 from ._queue_config import served_options
 from ._runner import BatchHandler, Handler
@@ -45,7 +46,6 @@ from ._served import Served
 from ._shielded import ShieldedTasks
 from ._stats import Histogram, QueueStatistics
 from ._transport import check_min_replicas
-from ._trio import require_trio
 from ._types import Process
 from ._url import RedisConfig, parse_url
 from ._validate import seconds
@@ -410,7 +410,7 @@ class Worker:
         (None before). Sync."""
         if self._stop_started is None:
             return None
-        return max(0.0, self._stop_started + self.stop_grace - trio.current_time())
+        return max(0.0, self._stop_started + self.stop_grace - anyio.current_time())
 
     async def dequeue(self, queue: str) -> Process | None:
         """Claim the next task of ``queue``, a queue served without a handler
@@ -474,7 +474,7 @@ class Worker:
         """The end of the worker's block: :meth:`_close`, shielded (it runs to
         its end while the block is being cancelled too), then the worker and
         its client refuse further calls."""
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             await self._close()
         self._closed = True
         self.client._closed = True
@@ -488,13 +488,13 @@ class Worker:
         them when it runs out (T later, counted as a crash)."""
         self._closing = True
         self._lease.closing = True  # a fence during the stop retires, no rejoin
-        self._stop_started = trio.current_time()
+        self._stop_started = anyio.current_time()
         gen = self._gen
         runners = self._served.runners()
         for r in runners:
             r.keep_ms = int(self.rejoin_grace * 1000)
             r.begin_stop()
-        with trio.move_on_after(self.stop_grace):
+        with anyio.move_on_after(self.stop_grace):
             for r in runners:
                 await r.wait_exited()
         left = self.running()
@@ -509,7 +509,7 @@ class Worker:
                 ", ".join(f"{p.queue} token {p.token}" for p, _ in left[:10]),
             )
         self._lease.close()
-        with trio.move_on_after(self.timing.ttl + 1):
+        with anyio.move_on_after(self.timing.ttl + 1):
             await self._lease.stopped.wait()
 
 
@@ -570,7 +570,7 @@ async def open_worker(
         MeshConnectionError: Redis cannot be reached at start.
         ProtocolError: the namespace holds data of another protocol version.
     """
-    require_trio("mesh.open_worker")
+    require_loop("mesh.open_worker")
     config = parse_url(url) if isinstance(url, str) else url
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
@@ -600,7 +600,7 @@ async def join(
     worker = Worker(host, worker_id, max_payload, stop_grace, rejoin_grace)
     host.add(worker._member)
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             tasks = ShieldedTasks(nursery)
             try:
                 await tasks.start(worker._lease.run)

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+import anyio
 import attrs
 import trio
 
@@ -260,14 +261,14 @@ async def wait_until(
 
     On cancellation, stops polling; the predicate is not called again.
     """
-    with trio.move_on_after(within):
+    with anyio.move_on_after(within):
         while True:
             value = predicate()
             if inspect.isawaitable(value):
                 value = await value
             if value:
                 return value
-            await trio.sleep(every)
+            await anyio.sleep(every)
     raise trio.TooSlowError(f"timed out after {within:g} s waiting for {what or predicate}")
 
 
@@ -314,7 +315,7 @@ async def wait_heartbeats(
 
     try:
         await wait_until(lambda: not behind(), within, every=every)
-    except trio.TooSlowError:
+    except TimeoutError:
         raise trio.TooSlowError(
             f"timed out after {within:g} s waiting for {count} heartbeats of each worker; "
             f"behind: {', '.join(behind())}"

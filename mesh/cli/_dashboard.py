@@ -10,6 +10,7 @@ import signal
 import sys
 from types import ModuleType
 
+import anyio
 import trio
 
 import mesh
@@ -96,7 +97,7 @@ async def _run(args: argparse.Namespace, t: Target, token: str | None, m: Module
     def redact(text: str) -> str:
         return text.replace(password, "***") if password else text
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with mesh.open_client(t.config, namespace=t.namespace) as client:
             async with m.serve_dashboard(
                 client,

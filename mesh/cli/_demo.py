@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+import anyio
+import anyio.abc
 import attrs
 import trio
 
@@ -95,7 +97,7 @@ class Event:
     task: str
     token: int
     worker: str
-    at: float  # trio.current_time() when the demo read it
+    at: float  # anyio.current_time() when the demo read it
 
 
 @attrs.define(eq=False)
@@ -129,8 +131,8 @@ def _demo(args: argparse.Namespace) -> int:
 async def _main(args: argparse.Namespace) -> int:
     demo = Demo(args, sys.stdout)
     signalled: list[int] = []
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as nursery:
 
             async def on_signal() -> None:
                 async for signum in signals:
@@ -167,9 +169,9 @@ class Demo:
         self.peers: list[Peer] = []
         self.victim: Peer | None = None
         self.waiting_for_signal = False
-        self.signal = trio.Event()
+        self.signal = anyio.Event()
         self.figures: dict[str, str] = {}
-        self.started = trio.current_time()
+        self.started = anyio.current_time()
 
     # --- output ------------------------------------------------------------
 
@@ -181,7 +183,7 @@ class Demo:
         self.say(f"== {title}")
 
     def elapsed(self, since: float) -> str:
-        return format_ms(trio.current_time() - since)
+        return format_ms(anyio.current_time() - since)
 
     # --- the tour -------------------------------------------------------------
 
@@ -223,13 +225,13 @@ class Demo:
                     try:
                         await self.tour(client, url, namespace, shown)
                     finally:
-                        with trio.CancelScope(shield=True):
+                        with anyio.CancelScope(shield=True):
                             await self.stop_peers(quiet=True)
             finally:
                 # The namespace goes once the client has closed too: a client
                 # writes the namespace's epoch when it (re)connects.
                 if self.args.redis:
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                         await _wipe_namespace(url, namespace)
                 else:
                     stack.close()
@@ -237,7 +239,7 @@ class Demo:
         self.summary()
 
     async def tour(self, client: mesh.Client, url: str, namespace: str, shown: str) -> None:
-        async with trio.open_nursery() as readers:
+        async with anyio.create_task_group() as readers:
             try:
                 await self.start_peers(client, readers, url, namespace)
                 await self.own_devices(client)
@@ -249,12 +251,12 @@ class Demo:
                     await self.keep_going(shown, namespace)
                 await self.stop(client)
             finally:
-                with trio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True):
                     await self.stop_peers(quiet=True)
                 readers.cancel_scope.cancel()
 
     async def start_peers(
-        self, client: mesh.Client, readers: trio.Nursery, url: str, namespace: str
+        self, client: mesh.Client, readers: anyio.abc.TaskGroup, url: str, namespace: str
     ) -> None:
         self.section(f"{self.n_peers} peers: each one is a `mesh worker` OS process")
         env = dict(os.environ, MESH_REDIS_URL=url, MESH_NAMESPACE=namespace, PYTHONUNBUFFERED="1")
@@ -280,7 +282,7 @@ class Demo:
                 env=env,
                 start_new_session=True,
             )
-            peer = Peer(name, proc, trio.current_time())
+            peer = Peer(name, proc, anyio.current_time())
             self.peers.append(peer)
             assert proc.stdout is not None and proc.stderr is not None
             readers.start_soon(self.read_events, peer, proc.stdout)
@@ -290,7 +292,7 @@ class Demo:
         async def all_ready() -> bool:
             for w in await client.workers():
                 if w.alive and w.id not in ready and set(w.queues) >= {"devices", "jobs"}:
-                    ready[w.id] = trio.current_time()
+                    ready[w.id] = anyio.current_time()
             return len(ready) == self.n_peers
 
         await self.until(all_ready, 30, "every peer to join the mesh")
@@ -300,7 +302,7 @@ class Demo:
             )
 
     async def own_devices(self, client: mesh.Client) -> None:
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         await client.ensure_many("devices", self.devices)
 
         async def all_owned() -> list[mesh.Process] | None:
@@ -349,13 +351,13 @@ class Demo:
             f"(at most {format_ms(TTL)} after its last heartbeat)"
         )
         os.kill(victim.pid, signal.SIGKILL)
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         moved: dict[bytes, tuple[mesh.Process, float]] = {}
         wanted = {d.task for d in before}
 
         async def taken_over() -> bool:
             now_running = await client.processes("devices")
-            t = trio.current_time()
+            t = anyio.current_time()
             for p in now_running:
                 if p.task in wanted and p.worker_id != victim.name and p.task not in moved:
                     moved[p.task] = (p, t - t0)
@@ -364,7 +366,7 @@ class Demo:
             )
 
         await self.until(taken_over, 4 * TTL + 5, "the takeover")
-        took = trio.current_time() - t0
+        took = anyio.current_time() - t0
         for old in before:
             new, after = moved[old.task]
             self.say(
@@ -373,7 +375,7 @@ class Demo:
             )
             if new.token <= old.token:
                 raise DemoError(f"fencing token did not grow for {old.task!r}")
-        with trio.move_on_after(5):
+        with anyio.move_on_after(5):
             await victim.proc.wait()
         self.say(
             f"  every device runs again {format_ms(took)} after the kill "
@@ -400,15 +402,15 @@ class Demo:
         name = target.task.decode()
         owner = next(p for p in self.peers if p.name == target.worker_id)
         self.section(f"Cancel {name} by payload (it runs on {owner.name})")
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         n = await client.cancel("devices", target.task)
-        returned = trio.current_time() - t0
+        returned = anyio.current_time() - t0
 
         async def gone() -> bool:
             return all(p.task != target.task for p in await client.processes("devices"))
 
         await self.until(gone, 5, f"{name} to stop")
-        left = trio.current_time() - t0
+        left = anyio.current_time() - t0
 
         async def disconnected() -> Event | None:
             for e in owner.events:
@@ -475,16 +477,16 @@ class Demo:
     async def stop(self, client: mesh.Client) -> None:
         live = [p for p in self.peers if p.running]
         self.section(f"Stop: SIGTERM to {', '.join(p.name for p in live)}")
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         for p in live:
             p.proc.send_signal(signal.SIGTERM)
         for p in live:
-            with trio.move_on_after(TTL + 5):
+            with anyio.move_on_after(TTL + 5):
                 await p.proc.wait()
             if p.proc.returncode is None:
                 raise DemoError(f"{p.name} did not stop within {TTL + 5:g} s of SIGTERM")
             self.say(f"  {p.name}  exit {p.proc.returncode} after {self.elapsed(t0)}")
-        took = trio.current_time() - t0
+        took = anyio.current_time() - t0
         bad = [p.name for p in live if p.proc.returncode != 0]
         if bad:
             raise DemoError(f"{', '.join(bad)} exited with an error: {self.last_log(bad[0])}")
@@ -511,7 +513,7 @@ class Demo:
             ("takeover", self.figures["takeover"]),
             ("cancel", self.figures["cancel"]),
             ("stop", self.figures["stop"]),
-            ("total", f"{trio.current_time() - self.started:.1f} s"),
+            ("total", f"{anyio.current_time() - self.started:.1f} s"),
         ]
         for k, v in rows:
             self.say(f"  {k:<9} {v}")
@@ -559,7 +561,7 @@ class Demo:
         for p in live:
             with contextlib.suppress(ProcessLookupError):
                 p.proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(TTL + 2):
+        with anyio.move_on_after(TTL + 2):
             for p in live:
                 await p.proc.wait()
         for p in self.peers:
@@ -579,7 +581,7 @@ class Demo:
             d = json.loads(line)
             ev = Event(
                 d["event"], d["queue"], d["task"], int(d["token"]), d["worker"],
-                trio.current_time(),
+                anyio.current_time(),
             )  # fmt: skip
         except (ValueError, KeyError, TypeError):
             peer.log.append(line.decode(errors="replace"))

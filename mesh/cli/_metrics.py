@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from types import ModuleType
 from typing import Any
 
+import anyio
 import trio
 
 import mesh
@@ -127,13 +128,13 @@ def _exporter(args: argparse.Namespace) -> int:
 async def _run_exporter(args: argparse.Namespace, t: Target, m: ModuleType) -> int:
     from prometheus_client import CollectorRegistry
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         collector = m.MeshCollector(None)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         async with (
             m.serve_metrics(registry, port=args.port, host=args.host) as addr,
-            trio.open_nursery() as nursery,
+            anyio.create_task_group() as nursery,
         ):
             log.info(
                 "mesh-wide metrics of %s namespace %s at http://%s:%d/metrics",
@@ -159,12 +160,12 @@ async def _stay_connected(collector: Any, t: Target) -> None:
             async with mesh.open_client(t.config, namespace=t.namespace) as client:
                 collector.client = client
                 try:
-                    await trio.sleep_forever()
+                    await anyio.sleep_forever()
                 finally:
                     collector.client = None
         except mesh.MeshConnectionError as exc:
             collector.note_down(str(exc))
-        await trio.sleep(_RECONNECT)
+        await anyio.sleep(_RECONNECT)
 
 
 #: Seconds between attempts to connect while Redis cannot be reached.

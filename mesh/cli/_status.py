@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+import anyio
 import attrs
 import trio
 
@@ -242,8 +243,8 @@ async def _run(args: argparse.Namespace, t: Target) -> int:
             else:
                 print("\n".join(render(snap, t)))
             return 0
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as nursery:
 
                 async def stop_on_signal() -> None:
                     async for _ in signals:
@@ -280,7 +281,7 @@ async def _watch(client: mesh.Client, args: argparse.Namespace, t: Target) -> No
                 else:
                     sys.stdout.write("\n".join(lines) + "\n\n")
                 sys.stdout.flush()
-            await trio.sleep(args.interval)
+            await anyio.sleep(args.interval)
     finally:
         if tty:
             sys.stdout.flush()

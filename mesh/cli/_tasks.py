@@ -8,7 +8,8 @@ import datetime
 import sys
 from typing import Any
 
-import trio
+import anyio
+import anyio.to_thread
 
 import mesh
 from mesh._balance import MAX_WEIGHT
@@ -309,7 +310,7 @@ def _delete_queue(args: argparse.Namespace) -> int:
                 f"delete queue {args.queue} ({i.queued} queued, {i.delayed} delayed, "
                 f"{i.running} running, {i.persistent} persistent, {i.dead} dead)? [y/N] "
             )
-            answer = await trio.to_thread.run_sync(_ask, question, abandon_on_cancel=True)
+            answer = await anyio.to_thread.run_sync(_ask, question, abandon_on_cancel=True)
             if answer.strip().lower() not in ("y", "yes"):
                 print("not deleted", file=sys.stderr)
                 return 1
@@ -344,7 +345,7 @@ def _adopt_namespace(args: argparse.Namespace) -> int:
                 f"make namespace {t.namespace} on {client._conn.node} the one every process "
                 "uses (what other copies held is given up)? [y/N] "
             )
-            answer = await trio.to_thread.run_sync(_ask, question, abandon_on_cancel=True)
+            answer = await anyio.to_thread.run_sync(_ask, question, abandon_on_cancel=True)
             if answer.strip().lower() not in ("y", "yes"):
                 print("not adopted", file=sys.stderr)
                 return 1

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import trio
 
 import mesh
@@ -496,13 +497,13 @@ async def _serve(
     prefetch: dict[str, int] | None = None,
 ) -> int:
     stopping = _Stopping()
-    stop = trio.Event()
+    stop = anyio.Event()
     started = False
     worker: mesh.Worker | None = None
     # Catch the signals first: one that arrives while we start still stops us
     # cleanly instead of killing the process with processes held.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as nursery:
 
             async def on_signal() -> None:
                 async for signum in signals:
@@ -527,7 +528,7 @@ async def _serve(
                 # that ignores its cancellation still holds up leaving the
                 # block. Exit then: the lease runs out within the TTL and peers
                 # take those tasks over, as after a crash.
-                await trio.sleep(args.stop_grace + 0.5)
+                await anyio.sleep(args.stop_grace + 0.5)
                 assert worker is not None
                 log.error(
                     "worker %s: handlers still running %g s after the stop began; exiting. "

@@ -15,7 +15,7 @@ import sys
 import time
 import zlib
 
-import trio
+import anyio
 
 import mesh
 
@@ -40,7 +40,7 @@ async def device(process: mesh.Process) -> None:
     present ``process.token`` to the device, which refuses lower tokens."""
     _emit("connect", process)
     try:
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
     finally:
         _emit("disconnect", process)
 
@@ -48,7 +48,7 @@ async def device(process: mesh.Process) -> None:
 async def job(process: mesh.Process) -> None:
     """Work for 300 to 700 ms (fixed per payload), then finish."""
     _emit("start", process)
-    await trio.sleep(0.3 + (zlib.crc32(process.task) % 5) / 10)
+    await anyio.sleep(0.3 + (zlib.crc32(process.task) % 5) / 10)
     _emit("done", process)
 
 

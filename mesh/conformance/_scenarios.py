@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.abc
 import attrs
 import trio
 
@@ -82,12 +84,12 @@ class PeerProc:
     command: str
     proc: trio.Process | None = None
     events: list[tuple[float, dict[str, Any]]] = attrs.Factory(list)
-    changed: trio.Event = attrs.Factory(trio.Event)
+    changed: anyio.Event = attrs.Factory(anyio.Event)
     stderr: Any = None
     pid: int = 0
     killed_at: float | None = None
     paused: list[list[float]] = attrs.Factory(list)
-    exited: trio.Event = attrs.Factory(trio.Event)
+    exited: anyio.Event = attrs.Factory(anyio.Event)
     exit_code: int | None = None
 
 
@@ -129,8 +131,8 @@ class Run:
         self.enqueued: dict[str, set[str]] = {}
         self.cancelled: list[tuple[float, str, str]] = []  # (time, queue, task)
         self.failures: list[Failure] = []
-        self.any_event = trio.Event()
-        self.t0 = trio.current_time()
+        self.any_event = anyio.Event()
+        self.t0 = anyio.current_time()
 
     # -- helpers -----------------------------------------------------------
 
@@ -144,7 +146,7 @@ class Run:
         return float(spec)
 
     def now(self) -> float:
-        return trio.current_time()
+        return anyio.current_time()
 
     def _record(self, peer: PeerProc, t: float, ev: dict[str, Any]) -> None:
         peer.events.append((t, ev))
@@ -186,7 +188,7 @@ class Run:
                 ended.end = t
                 ended.how = str(ev.get("reason", "done"))
         old = self.any_event
-        self.any_event = trio.Event()
+        self.any_event = anyio.Event()
         old.set()
 
     def _close_peer(self, peer: PeerProc, t: float, how: str) -> None:
@@ -213,12 +215,12 @@ class Run:
                 return value
             if self.now() >= deadline:
                 raise ScenarioFailed(what)
-            with trio.move_on_at(min(deadline, self.now() + 0.05)):
+            with anyio.CancelScope(deadline=min(deadline, self.now() + 0.05)):
                 await self.any_event.wait()
 
     # -- processes ---------------------------------------------------------
 
-    async def launch(self, nursery: trio.Nursery, peer: PeerProc) -> None:
+    async def launch(self, nursery: anyio.abc.TaskGroup, peer: PeerProc) -> None:
         env = dict(os.environ, MESH_REDIS_URL=self.url, MESH_NAMESPACE=self.namespace)
         peer.stderr = tempfile.TemporaryFile()
         peer.proc = await trio.lowlevel.open_process(
@@ -261,7 +263,7 @@ class Run:
         self._close_peer(peer, peer.killed_at if peer.killed_at is not None else t, "exited")
         peer.exited.set()
         old = self.any_event
-        self.any_event = trio.Event()
+        self.any_event = anyio.Event()
         old.set()
 
     async def send(self, peer: PeerProc, cmd: dict[str, Any]) -> None:
@@ -304,7 +306,7 @@ class Run:
 
     async def run(self) -> list[Failure]:
         try:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 try:
                     # Every process is launched at once (each waits for its
                     # start command): their start-up overlaps the steps.
@@ -332,15 +334,15 @@ class Run:
         if os.environ.get("MESH_CONFORMANCE_STEPS"):
             self.log(f"  step {i + 1} {step['do']} {step.get('peer', '')}: {took:.2f} s")
 
-    async def finish(self, nursery: trio.Nursery) -> None:
+    async def finish(self, nursery: anyio.abc.TaskGroup) -> None:
         """Stop every peer still running (stop, then SIGKILL), read their last lines."""
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             for peer in self.peers.values():
                 if peer.proc is None or peer.exited.is_set():
                     continue
                 if peer.paused:
                     peer.proc.send_signal(signal.SIGCONT)
-                with trio.move_on_after(REPLY_TIMEOUT):
+                with anyio.move_on_after(REPLY_TIMEOUT):
                     try:
                         assert peer.proc.stdin is not None
                         await peer.proc.stdin.aclose()
@@ -357,7 +359,7 @@ class Run:
                     await peer.exited.wait()
             nursery.cancel_scope.cancel()
 
-    async def step(self, nursery: trio.Nursery, step: dict[str, Any]) -> None:
+    async def step(self, nursery: anyio.abc.TaskGroup, step: dict[str, Any]) -> None:
         do = step["do"]
         peer = self.peers[step["peer"]] if "peer" in step else None
         if do == "start":
@@ -416,7 +418,7 @@ class Run:
         elif do == "quiet":
             # A deliberate window in which nothing must happen: the invariants
             # checked at the end cover it.
-            await trio.sleep(self.seconds(step["seconds"]))
+            await anyio.sleep(self.seconds(step["seconds"]))
         elif do == "kill":
             assert peer is not None and peer.proc is not None
             held = self.running_on(peer)
@@ -434,7 +436,7 @@ class Run:
             if "takeover" in step:
                 await self.expect_moved(peer, held, t, self.seconds(step["takeover"]), "takeover")
             # A deliberate pause of the peer (SIGSTOP) for the time the step says.
-            await trio.sleep_until(t + self.seconds(step["seconds"]))
+            await anyio.sleep_until(t + self.seconds(step["seconds"]))
             await self.resume(peer, held, fenced=step.get("expect_fenced", True))
         elif do == "stop":
             assert peer is not None
@@ -788,10 +790,10 @@ async def run_scenarios(
     for sc in scenarios:
         namespace = f"{prefix}-{sc['name']}"[:64]
         run = Run(sc, url, conn, peer_command, namespace, log)
-        run.t0 = trio.current_time()
+        run.t0 = anyio.current_time()
         log(f"scenario {sc['name']} ...")
         got = await run.run()
-        took = trio.current_time() - run.t0
+        took = anyio.current_time() - run.t0
         log(f"scenario {sc['name']}: {'ok' if not got else 'FAILED'} ({took:.1f} s)")
         failures += got
     return failures

@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
+import anyio
 import attrs
-import trio
 
 from mesh._connection import open_connection
 from mesh._url import RedisConfig
@@ -86,7 +86,7 @@ async def run_suite(
                 scenarios, url, conn, peer or _scenarios.PYTHON_PEER, prefix, log
             )
         finally:
-            with trio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
                 for ns in used:
                     await _vectors.clear(conn, ns)
     return report

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 
-import trio
+import anyio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
@@ -64,13 +64,13 @@ async def serve_dashboard(
     config.errorlog = log
     config.graceful_timeout = 0.5
     app = create_app(poller, token=token)
-    stopped = trio.Event()
+    stopped = anyio.Event()
 
     async def shutdown_trigger() -> None:
         await stopped.wait()
 
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(poller.run)
             try:
                 binds = await nursery.start(

@@ -12,8 +12,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from .._client import Client
 from .._errors import MeshError
@@ -218,7 +219,7 @@ class Poller:
         self._info: dict[str, dict[str, Any]] = {}
         self.state = json.dumps({**header, "now": None, "error": "connecting"})
         self.version = 0
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     async def poll_once(self) -> None:
         """Read the mesh once and publish the result (or the error)."""
@@ -231,14 +232,16 @@ class Poller:
         self.state = json.dumps({**self._header, **state}, separators=(",", ":"))
         self.version += 1
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Poll until cancelled (errors are shown on the page, and retried)."""
         await self.poll_once()
         task_status.started()
         while True:
-            await trio.sleep(self.interval)
+            await anyio.sleep(self.interval)
             await self.poll_once()
 
     async def wait_changed(self, version: int) -> None:

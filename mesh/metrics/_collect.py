@@ -2,8 +2,8 @@
 Prometheus metric families, built at scrape time.
 
 prometheus-client calls ``collect()`` in its HTTP server's thread; the
-collectors hop into the trio thread (``trio.from_thread``) to read, so the
-worker's state is only ever touched by trio, and a Redis read uses the
+collectors hop into the event loop's thread (``anyio.from_thread``) to read, so the
+worker's state is only ever touched by its loop, and a Redis read uses the
 client's trio-native connection.
 """
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-import trio
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -53,12 +55,12 @@ class WorkerCollector(Collector):
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
-        self._token = trio.lowlevel.current_trio_token()
+        self._token = anyio.lowlevel.current_token()
 
     def collect(self) -> Iterator[Metric]:
         try:
-            s = trio.from_thread.run_sync(self._worker.statistics, trio_token=self._token)
-        except trio.RunFinishedError:
+            s = anyio.from_thread.run_sync(self._worker.statistics, token=self._token)
+        except anyio.RunFinishedError:
             return
         yield from worker_metrics(s)
 
@@ -177,14 +179,14 @@ class MeshCollector(Collector):
         #: The client to read through; None: not connected (``mesh_redis_up 0``).
         self.client = client
         self._timeout = timeout
-        self._token = trio.lowlevel.current_trio_token()
+        self._token = anyio.lowlevel.current_token()
         self._down: bool | None = None  # None: no read yet
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("mesh_redis_up", "1 if the last read of Redis succeeded.")
         try:
-            c = trio.from_thread.run(self._read, trio_token=self._token)
-        except trio.RunFinishedError:
+            c = anyio.from_thread.run(self._read, token=self._token)
+        except anyio.RunFinishedError:
             c = None
         up.add_metric([], 0 if c is None else 1)
         yield up
@@ -199,7 +201,7 @@ class MeshCollector(Collector):
             self.note_down("not connected")
             return None
         try:
-            with trio.move_on_after(self._timeout):
+            with anyio.move_on_after(self._timeout):
                 c = await counts(client)
                 self.note_up()
                 return c

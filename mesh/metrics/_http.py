@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import trio
+import anyio
+import anyio.to_thread
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
@@ -39,7 +40,7 @@ async def serve_metrics(
     try:
         yield str(server.server_address[0]), int(server.server_address[1])
     finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(server.shutdown)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(server.shutdown)
         server.server_close()
         thread.join(timeout=1)

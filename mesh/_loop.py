@@ -1,0 +1,254 @@
+"""Which event loop runs the caller (trio or asyncio), and the few things the
+hot path takes from it natively.
+
+Everything structural in the runtime (cancel scopes, task groups, events,
+sleeps) is written once against anyio, which on trio is a thin layer over
+trio's own objects. What a measurement showed would cost on trio's hot path
+is taken from the running loop itself, through :class:`Loop`:
+
+* parking a trio task or an asyncio task until a reply (or work) comes, and
+  waking it: ``trio.lowlevel.wait_task_rescheduled``/``reschedule`` on trio
+  (exactly what the connection did before), a future on asyncio;
+* the clock, read without anyio's lookup of the backend;
+* the byte stream to Redis: a trio stream on trio (read and written through
+  its file descriptor by :mod:`mesh._wire`), an anyio stream on asyncio.
+
+The loop is found when a connection, a pool or a public context manager is
+made (:func:`current`), never per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import outcome
+import sniffio
+import trio
+
+from ._errors import ConfigError
+
+__all__ = ["LOOPS", "ByteStream", "Loop", "aclose_forcefully", "current", "require_loop"]
+
+#: The event loops trio-mesh runs on (the names sniffio gives them).
+LOOPS: Final = ("trio", "asyncio")
+
+
+class ByteStream(Protocol):
+    """What the connection needs of a byte stream (trio's ``Stream`` has it)."""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray: ...
+
+    async def aclose(self) -> None: ...
+
+
+#: ``abort(raise_cancel)`` of a parked caller: it was cancelled before it was woken.
+Abort = Callable[[Any], Any]
+
+
+class Loop:
+    """The hot-path primitives of one event loop (see the module docstring).
+
+    Attributes:
+        name: ``"trio"`` or ``"asyncio"``.
+        handle: makes the handle of the calling trio task (its ``Task``) or
+            asyncio task (a new future) that :attr:`park` waits on.
+        park: ``await park(handle, abort)`` waits until :attr:`wake` hands it an
+            outcome, and returns its value or raises its error. Cancelled
+            first, it calls ``abort`` and raises the loop's cancellation.
+        wake: ``wake(handle, outcome)`` resumes a parked caller (sync; a
+            handle whose caller was cancelled meanwhile is ignored on asyncio,
+            and never woken on trio, where ``abort`` made sure of that).
+        checkpoint, checkpoint_if_cancelled: the loop's own (trio's, or
+            anyio's on asyncio), without anyio's lookup of the backend per call.
+    """
+
+    __slots__ = ("checkpoint", "checkpoint_if_cancelled", "handle", "name", "park", "wake")
+
+    def __init__(
+        self,
+        name: str,
+        handle: Callable[[], Any],
+        park: Callable[[Any, Abort], Awaitable[Any]],
+        wake: Callable[..., None],
+        checkpoint: Callable[[], Awaitable[None]],
+        checkpoint_if_cancelled: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.name = name
+        self.checkpoint = checkpoint
+        self.checkpoint_if_cancelled = checkpoint_if_cancelled
+        self.handle = handle
+        self.park = park
+        self.wake = wake
+
+    def clock(self) -> Callable[[], float]:
+        """The running loop's clock (seconds), as a function that is cheap
+        to call: trio's clock object's method, or the asyncio loop's
+        ``time``. Call in the loop."""
+        if self.name == "trio":
+            return trio.lowlevel.current_clock().current_time
+        return asyncio.get_running_loop().time
+
+    async def open_stream(
+        self,
+        host: str | None,
+        port: int,
+        path: str | None,
+        context: ssl.SSLContext | None,
+    ) -> ByteStream:
+        """Connect to Redis (TCP, or a unix socket at ``path``), with TLS when
+        ``context`` is given. Raises OSError (and the loop's stream errors)
+        on failure, like ``trio.open_tcp_stream``."""
+        if self.name == "trio":
+            stream: trio.abc.Stream
+            if path is not None:
+                stream = await trio.open_unix_socket(path)
+            else:
+                assert host is not None
+                stream = await trio.open_tcp_stream(host, port)
+            if context is not None:
+                tls = trio.SSLStream(stream, context, server_hostname=host)
+                await tls.do_handshake()
+                stream = tls
+            return stream
+        any_stream: anyio.abc.ByteStream
+        if path is not None:
+            any_stream = await anyio.connect_unix(path)
+        else:
+            assert host is not None
+            any_stream = await anyio.connect_tcp(host, port)
+        if context is not None:
+            from anyio.streams.tls import TLSStream
+
+            any_stream = await TLSStream.wrap(
+                any_stream, hostname=host, ssl_context=context, standard_compatible=False
+            )
+        return AnyioStream(any_stream)
+
+
+class AnyioStream:
+    """An anyio byte stream with trio's stream methods (what the connection
+    calls): ``receive_some`` answers ``b""`` at the end of the stream."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self._stream = stream
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send(data)  # type: ignore[arg-type]  # any buffer
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        try:
+            return await self._stream.receive(max_bytes or 65536)
+        except anyio.EndOfStream:
+            return b""
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def _trio_park(task: Any, abort: Abort) -> Awaitable[Any]:
+    # A plain function returning trio's own awaitable: no coroutine frame of
+    # ours between the caller and trio on the hot path.
+    return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105
+
+
+def _trio_wake(task: Any, result: Any = None) -> None:
+    # an outcome is used once: a new one for each plain wake-up
+    trio.lowlevel.reschedule(task, outcome.Value(None) if result is None else result)
+
+
+def _asyncio_handle() -> asyncio.Future[Any]:
+    return asyncio.get_running_loop().create_future()
+
+
+async def _asyncio_park(future: asyncio.Future[Any], abort: Abort) -> Any:
+    try:
+        return await future
+    except asyncio.CancelledError:
+        abort(None)
+        raise
+
+
+def _asyncio_wake(future: asyncio.Future[Any], result: Any = None) -> None:
+    if future.done():
+        return  # its caller was cancelled: nobody waits any more
+    if result is None:
+        future.set_result(None)
+    elif type(result) is outcome.Value:
+        future.set_result(result.value)
+    else:
+        future.set_exception(result.error)
+
+
+_LOOPS: Final = {
+    "trio": Loop(
+        "trio",
+        trio.lowlevel.current_task,
+        _trio_park,
+        _trio_wake,
+        trio.lowlevel.checkpoint,
+        trio.lowlevel.checkpoint_if_cancelled,
+    ),
+    "asyncio": Loop(
+        "asyncio",
+        _asyncio_handle,
+        _asyncio_park,
+        _asyncio_wake,
+        anyio.lowlevel.checkpoint,
+        anyio.lowlevel.checkpoint_if_cancelled,
+    ),
+}
+
+
+def current() -> Loop:
+    """The :class:`Loop` of the event loop that runs the caller.
+
+    Raises:
+        ConfigError: no event loop, or one trio-mesh does not run on.
+    """
+    try:
+        return _LOOPS[sniffio.current_async_library()]
+    except (sniffio.AsyncLibraryNotFoundError, KeyError):
+        require_loop("trio-mesh")
+        raise  # unreachable: require_loop raised
+
+
+def require_loop(what: str) -> Loop:
+    """The :class:`Loop` of the caller, checked where the public context
+    managers are entered, so that a call from no event loop (or an unknown
+    one) fails with a sentence naming the loops, not deep inside.
+
+    Raises:
+        ConfigError: no event loop runs the caller, or one that is neither
+            trio nor asyncio; the message names ``what``.
+    """
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        library = None
+    loop = _LOOPS.get(library or "")
+    if loop is not None:
+        return loop
+    under = f"under {library}" if library else "outside any event loop"
+    raise ConfigError(
+        f"{what} needs trio or asyncio and was called {under}: run it with "
+        "trio.run(...) or asyncio.run(...)"
+    )
+
+
+async def aclose_forcefully(stream: ByteStream) -> None:
+    """Close ``stream`` at once, without the graceful part (a TLS close
+    notify): what ``trio.aclose_forcefully`` does, for a trio or an anyio
+    stream. It is a checkpoint that is never cancelled half way."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await stream.aclose()
