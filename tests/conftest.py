@@ -44,6 +44,9 @@ from mesh._keys import Keys
 from mesh._scripts import Binding
 from mesh.testing import RedisServer, run_redis_server
 
+# behaviour tests on trio and asyncio (pytestmark = pytest.mark.both_loops)
+pytest_plugins = ["tests.loops"]
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
+import anyio
 import attrs
-import trio
 
 import mesh
 from mesh import Process
@@ -47,9 +47,9 @@ async def running_workers(
     """``n`` workers, each opened with ``open_one`` in a task of its own and
     all joined before the body runs; they leave (each closing its context)
     when the body ends."""
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         workers: list[mesh.Worker] = []
-        ready, done = trio.Event(), trio.Event()
+        ready, done = anyio.Event(), anyio.Event()
 
         async def one() -> None:
             async with open_one() as w:
@@ -94,8 +94,8 @@ class Recorder:
     async def forever(self, p: Process) -> None:
         self.started.append(p)
         try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
             self.cancelled.append(p)
             raise
 

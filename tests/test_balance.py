@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import pytest
-import trio
 
 import mesh
 from mesh import Process
@@ -19,6 +19,8 @@ from mesh._balance import BalancePolicy, fair_bounds, pull_count
 from mesh._scripts import Binding
 from mesh.cli._status import share_text
 from mesh.testing import wait_heartbeats, wait_until
+
+pytestmark = pytest.mark.both_loops
 
 TTL = 0.6  # H = 0.2 s: a few heartbeats per second
 
@@ -34,12 +36,12 @@ class Owners:
     async def handler(self, p: Process) -> None:
         assert p.task not in self.running, f"{p.task!r} has two live owners"
         self.running[p.task] = p.worker_id
-        self.starts.append((p, trio.current_time()))
+        self.starts.append((p, anyio.current_time()))
         try:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
         finally:
             del self.running[p.task]
-            self.exits[p.token] = trio.current_time()
+            self.exits[p.token] = anyio.current_time()
 
     def counts(self, workers: list[mesh.Worker]) -> list[int]:
         c = Counter(self.running.values())
@@ -49,12 +51,12 @@ class Owners:
 class Mesh:
     """Workers that can be added and stopped one by one."""
 
-    def __init__(self, url: str, ns: str, nursery: trio.Nursery, owners: Owners) -> None:
+    def __init__(self, url: str, ns: str, nursery: anyio.abc.TaskGroup, owners: Owners) -> None:
         self.url, self.ns, self.nursery, self.owners = url, ns, nursery, owners
         self.workers: list[mesh.Worker] = []
         # by worker, not by id: a worker that fenced itself (a loaded
         # machine, TTL 0.6 s) rejoined under a new id
-        self._stops: dict[mesh.Worker, trio.Event] = {}
+        self._stops: dict[mesh.Worker, anyio.Event] = {}
 
     async def add(
         self,
@@ -63,7 +65,7 @@ class Mesh:
         concurrency: int = 10,
         ttl: float = TTL,
     ) -> mesh.Worker:
-        async def run(task_status: trio.TaskStatus[mesh.Worker]) -> None:
+        async def run(task_status: anyio.abc.TaskStatus[mesh.Worker]) -> None:
             async with mesh.open_worker(self.url, namespace=self.ns, ttl=ttl) as w:
                 await w.start_work(
                     "devices",
@@ -72,7 +74,7 @@ class Mesh:
                     capacity=capacity,
                     concurrency=concurrency,
                 )
-                stop = self._stops[w] = trio.Event()
+                stop = self._stops[w] = anyio.Event()
                 task_status.started(w)
                 await stop.wait()
 
@@ -91,7 +93,7 @@ class Mesh:
 @asynccontextmanager
 async def open_mesh(url: str, ns: str) -> AsyncIterator[tuple[mesh.Client, Mesh]]:
     owners = Owners()
-    async with mesh.open_client(url, namespace=ns) as client, trio.open_nursery() as nursery:
+    async with mesh.open_client(url, namespace=ns) as client, anyio.create_task_group() as nursery:
         m = Mesh(url, ns, nursery, owners)
         yield client, m
         for w in list(m.workers):
@@ -201,11 +203,11 @@ async def test_a_held_back_worker_s_retry_leaves_a_fresh_task_to_the_peers_below
             await wait_until(lambda: len(owners.starts) == 1, 5, "w takes its share")
             t0 = owners.starts[0][1]  # w was held back then (d2 left for the ghost)
             await client.cancel("devices", "d2")
-            await trio.sleep_until(t0 + 1.0)  # not a synchronisation: d3 comes 1 s in
+            await anyio.sleep_until(t0 + 1.0)  # not a synchronisation: d3 comes 1 s in
             await client.ensure("devices", "d3")  # no owner since t0 + 1 s
             # a deliberate window: w's retry came at t0 + 2 s (a timer, not
             # observable from here) and must have left d3 alone
-            await trio.sleep_until(t0 + 2.6)
+            await anyio.sleep_until(t0 + 2.6)
             assert [p.task for p, _ in owners.starts] == [b"d1"]
             # once d3 has waited 1.8 s, w's next claim takes it
             await wait_until(lambda: len(owners.starts) == 2, 5, "w takes d3 in the end")

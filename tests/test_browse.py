@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
+import anyio
 import pytest
-import trio
 
 import mesh
 from mesh import ConfigError, Process
@@ -19,6 +19,8 @@ from mesh._stats import Recorder
 from mesh.testing import wait_until
 
 from .protocol_helpers import join
+
+pytestmark = pytest.mark.both_loops
 
 Q = "browse"
 
@@ -191,12 +193,12 @@ async def test_a_paused_queue_lets_running_jobs_finish_keeps_devices_and_resumes
     redis_url: str, namespace: str
 ) -> None:
     started: list[bytes] = []
-    release = trio.Event()
+    release = anyio.Event()
 
     async def handler(p: Process) -> None:
         started.append(p.task)
         if p.persistent:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
         if p.task == b"slow":
             await release.wait()
 

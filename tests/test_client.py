@@ -5,8 +5,8 @@ claimed with the protocol binding where one is needed)."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
-import trio
 
 import mesh
 from mesh import ClosedError, ConfigError, MeshConnectionError
@@ -15,6 +15,8 @@ from mesh._keys import Keys
 from mesh._scripts import Binding
 
 from .protocol_helpers import expire_worker, join
+
+pytestmark = pytest.mark.both_loops
 
 Q = "jobs"
 
@@ -34,7 +36,7 @@ async def test_concurrent_reconciles_report_each_cancel_once(
         async def reconcile() -> None:
             results.append(await client.reconcile("conns", ["keep"]))
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(reconcile)
             nursery.start_soon(reconcile)
         assert sorted(r.cancelled for r in results) == [(), (b"gone",)]

@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -22,6 +23,8 @@ from mesh._topology import Topology
 from mesh._transport import reconnect
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
+
+pytestmark = pytest.mark.both_loops
 
 SECRET = "hunter2-Secret"
 
@@ -93,7 +96,7 @@ async def test_concurrent_calls_share_writes(conn: Connection) -> None:
     async def one(i: int) -> None:
         results[i] = await conn.execute("ECHO", i)
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         for i in range(100):
             nursery.start_soon(one, i)
     assert results == {i: str(i).encode() for i in range(100)}
@@ -126,7 +129,7 @@ async def test_pipeline_is_contiguous(conn: Connection, namespace: str) -> None:
     async def echo(i: int) -> None:
         echoes.append((i, await conn.execute("ECHO", i)))
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         for i in range(50):
             nursery.start_soon(transaction)
             nursery.start_soon(echo, i)
@@ -189,14 +192,14 @@ async def test_cancelled_in_flight_calls_do_not_desync(conn: Connection) -> None
     trio tasks are cancelled; every other caller still gets its own reply."""
     sha = await conn.execute("SCRIPT", "LOAD", BUSY)
     results: dict[int, object] = {}
-    scopes = {i: trio.CancelScope() for i in range(200)}
+    scopes = {i: anyio.CancelScope() for i in range(200)}
 
     async def one(i: int) -> None:
         with scopes[i]:
             results[i] = await conn.execute("ECHO", i)
 
     base = conn.statistics().in_flight
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(conn.execute, "EVALSHA", sha, 0, 200_000)
         await wait_until(lambda: conn.statistics().in_flight >= base + 1)
         for i in range(200):
@@ -212,7 +215,7 @@ async def test_cancelled_in_flight_calls_do_not_desync(conn: Connection) -> None
 
 async def test_cancel_before_write(conn: Connection) -> None:
     before = conn.statistics().commands_sent
-    with trio.CancelScope() as scope:
+    with anyio.CancelScope() as scope:
         scope.cancel()
         await conn.execute("ECHO", b"never")
     assert scope.cancelled_caught
@@ -228,7 +231,7 @@ async def test_random_cancellation_under_load(conn: Connection) -> None:
 
     async def one(i: int, patience: float) -> None:
         nonlocal cancelled
-        with trio.move_on_after(patience) as scope:
+        with anyio.move_on_after(patience) as scope:
             if i % 3 == 0:
                 replies = await conn.pipeline([("ECHO", i), ("ECHO", -i)])
                 assert replies == [str(i).encode(), str(-i).encode()]
@@ -238,11 +241,11 @@ async def test_random_cancellation_under_load(conn: Connection) -> None:
         if scope.cancelled_caught:
             cancelled += 1
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         for i in range(3000):
             nursery.start_soon(one, i, rng.choice([0, 0.0005, 0.001, 0.003, 1.0]))
             if i % 100 == 0:
-                await trio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()
     assert cancelled > 0
     assert len(got) + cancelled == 3000
     assert all(reply == str(i).encode() for i, reply in got)
@@ -276,7 +279,7 @@ async def test_direct_writes_skip_the_writer_but_concurrent_calls_still_share(
     async def one(i: int) -> None:
         results[i] = await dconn.execute("ECHO", i)
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         for i in range(100):
             nursery.start_soon(one, i)
     assert results == {i: str(i).encode() for i in range(100)}
@@ -287,7 +290,7 @@ async def test_direct_writes_skip_the_writer_but_concurrent_calls_still_share(
 
 async def test_a_direct_write_in_a_cancelled_scope_is_never_sent(dconn: Connection) -> None:
     before = dconn.statistics().commands_sent
-    with trio.CancelScope() as scope:
+    with anyio.CancelScope() as scope:
         scope.cancel()
         await dconn.execute("ECHO", b"never")
     assert scope.cancelled_caught
@@ -300,11 +303,11 @@ async def test_a_pipeline_in_a_cancelled_scope_is_never_sent(dconn: Connection) 
     # direct write (it would go through the writer)
     for after_another in (False, True):
         before = dconn.statistics().commands_sent
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             if after_another:
                 nursery.start_soon(dconn.execute, "ECHO", b"first")
-                await trio.lowlevel.checkpoint()  # it writes, and waits for its reply
-            with trio.CancelScope() as scope:
+                await anyio.lowlevel.checkpoint()  # it writes, and waits for its reply
+            with anyio.CancelScope() as scope:
                 scope.cancel()
                 await dconn.pipeline([("ECHO", b"never"), ("ECHO", b"never")])
             assert scope.cancelled_caught
@@ -327,13 +330,13 @@ async def test_replies_split_across_reads_reach_their_callers(
         results[i] = await dconn.execute("GET", key) if i % 2 else await dconn.execute("ECHO", i)
 
     for _ in range(3):
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for i in range(10):
                 nursery.start_soon(one, i)
         assert results == {i: big if i % 2 else str(i).encode() for i in range(10)}
         results.clear()
         # Not a synchronisation: idle in between, so the reader waits for the socket.
-        await trio.sleep(0.01)
+        await anyio.sleep(0.01)
     assert dconn.statistics().in_flight == 0
     assert await dconn.execute("DEL", key) == 1
 
@@ -348,9 +351,9 @@ async def test_a_direct_write_larger_than_the_socket_buffer_is_finished_by_the_w
     async def small() -> None:
         results.append(await dconn.execute("ECHO", b"after"))
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(dconn.pipeline, [("SET", key, big), ("STRLEN", key)])
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         nursery.start_soon(small)
     assert results == [b"after"]
     assert await dconn.execute("GET", key) == big
@@ -490,7 +493,7 @@ async def test_tls(short_tmp: Path) -> None:
             async def one(i: int) -> None:
                 results.append((i, await conn.execute("ECHO", i)))
 
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 for i in range(100):
                     nursery.start_soon(one, i)
             assert sorted(results) == [(i, str(i).encode()) for i in range(100)]
@@ -498,7 +501,7 @@ async def test_tls(short_tmp: Path) -> None:
             my_id = await conn.execute("CLIENT", "ID")
             async with open_connection(server.url) as admin:
                 assert await admin.execute("CLIENT", "KILL", "ID", my_id) == 1
-            with trio.fail_after(5):
+            with anyio.fail_after(5):
                 while True:
                     try:
                         assert await conn.execute("CLIENT", "GETNAME") == b"tls"
@@ -580,11 +583,11 @@ async def test_tls_with_a_client_certificate(short_tmp: Path) -> None:
 
 async def test_unreachable_fails_fast() -> None:
     port = free_port()  # nothing listens there
-    start = trio.current_time()
+    start = anyio.current_time()
     with pytest.raises(MeshConnectionError) as info:
         async with open_connection(f"redis://:{SECRET}@127.0.0.1:{port}/0"):
             pass  # pragma: no cover
-    assert trio.current_time() - start < 1.0
+    assert anyio.current_time() - start < 1.0
     message = str(info.value)
     assert f"redis://:***@127.0.0.1:{port}/0" in message
     assert "refused" in message.lower()
@@ -592,21 +595,22 @@ async def test_unreachable_fails_fast() -> None:
     assert isinstance(info.value.__cause__, OSError)
 
 
+@pytest.mark.trio_only("a trio listener that never answers")
 async def test_connect_timeout() -> None:
     """A server that accepts and never answers: the handshake gives up in time."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
 
         async def never_answer(stream: trio.SocketStream) -> None:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
 
         nursery.start_soon(trio.serve_listeners, never_answer, listeners)
-        start = trio.current_time()
+        start = anyio.current_time()
         with pytest.raises(MeshConnectionError, match=r"within connect_timeout=0\.3s"):
             async with open_connection(f"redis://:{SECRET}@127.0.0.1:{port}?connect_timeout=0.3"):
                 pass  # pragma: no cover
-        assert 0.3 <= trio.current_time() - start < 1.5
+        assert 0.3 <= anyio.current_time() - start < 1.5
         nursery.cancel_scope.cancel()
 
 
@@ -624,7 +628,7 @@ async def test_client_kill_fails_in_flight_then_reconnects(redis_url: str, names
             except MeshConnectionError as exc:
                 failures.append(exc)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(blocked)
             await wait_until(lambda: conn.statistics().in_flight == 1)
             assert await admin.execute("CLIENT", "KILL", "ID", my_id) == 1
@@ -660,12 +664,12 @@ async def test_server_restart(own_redis: RedisServer) -> None:
             await conn.execute("PING")
         await wait_until(lambda: not conn.connected)
         # While Redis is down, calls wait connect_timeout and then fail.
-        start = trio.current_time()
+        start = anyio.current_time()
         with pytest.raises(MeshConnectionError, match="no reconnect within"):
             await conn.execute("PING")
-        assert trio.current_time() - start >= 0.45
-        await trio.to_thread.run_sync(own_redis.start)
-        with trio.fail_after(10):
+        assert anyio.current_time() - start >= 0.45
+        await anyio.to_thread.run_sync(own_redis.start)
+        with anyio.fail_after(10):
             while True:
                 try:
                     assert await conn.execute("PING") == b"PONG"
@@ -690,7 +694,7 @@ async def test_closed_connection(redis_url: str, namespace: str) -> None:
             except ClosedError as exc:
                 outcome.append(exc)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(blocked)
             await wait_until(lambda: conn.statistics().in_flight == 1)
             await conn.aclose()
@@ -726,14 +730,14 @@ async def test_reply_timeout_breaks_a_half_open_connection(own_redis: RedisServe
     socket stays open. With reply_timeout the call fails and the connection
     comes back by itself; an idle connection is never broken."""
     async with open_connection(own_redis.url, reply_timeout=0.3) as conn:
-        await trio.sleep(0.5)  # a deliberate window: idle past the timeout, nothing happens
+        await anyio.sleep(0.5)  # a deliberate window: idle past the timeout, nothing happens
         assert await conn.execute("PING") == b"PONG"
         async with open_connection(own_redis.url) as admin:
             await admin.execute("CLIENT", "PAUSE", 1000)
-            t0 = trio.current_time()
+            t0 = anyio.current_time()
             with pytest.raises(MeshConnectionError, match=r"no reply within reply_timeout=0\.3s"):
                 await conn.execute("PING")
-            assert trio.current_time() - t0 < 0.9
+            assert anyio.current_time() - t0 < 0.9
 
         async def answers() -> bool:
             try:
@@ -783,14 +787,14 @@ async def test_reply_timeout_spares_a_busy_connection(own_redis: RedisServer) ->
     """Replies that keep coming for much longer than reply_timeout, each well
     within it, never break the connection (its deadline moves with the data)."""
     async with open_connection(own_redis.url, reply_timeout=0.2) as conn:
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         n = 0
-        while trio.current_time() - t0 < 0.8:
+        while anyio.current_time() - t0 < 0.8:
             assert await conn.execute("PING") == b"PONG"
             n += 1
-            await trio.sleep(0.01)  # not a synchronisation: replies spaced out
+            await anyio.sleep(0.01)  # not a synchronisation: replies spaced out
         assert n > 10
-        await trio.sleep(0.3)  # a deliberate window: idle past the timeout, nothing breaks
+        await anyio.sleep(0.3)  # a deliberate window: idle past the timeout, nothing breaks
         assert await conn.execute("PING") == b"PONG"
         assert conn.statistics().reconnects == 0
 
@@ -799,13 +803,13 @@ async def test_a_cancelled_connection_block_can_still_talk_in_shielded_cleanup(
     redis_url: str, namespace: str
 ) -> None:
     key = f"{namespace}-k"
-    with trio.CancelScope() as outer:
+    with anyio.CancelScope() as outer:
         async with open_connection(redis_url) as conn:
             try:
                 outer.cancel()
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             finally:
-                with trio.move_on_after(2) as cs:
+                with anyio.move_on_after(2) as cs:
                     cs.shield = True
                     await conn.execute("SET", key, "cleaned up")
     assert outer.cancelled_caught
@@ -813,6 +817,7 @@ async def test_a_cancelled_connection_block_can_still_talk_in_shielded_cleanup(
         assert await conn.execute("GET", key) == b"cleaned up"
 
 
+@pytest.mark.trio_only("trio's mock clock")
 async def test_a_reconnect_backoff_ends_when_another_connection_gets_through(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -821,13 +826,13 @@ async def test_a_reconnect_backoff_ends_when_another_connection_gets_through(
     tries at once instead of sleeping that out (a worker's pub/sub used to
     come back up to a second after its commands did, and missed the wakes
     of that second)."""
-    hurry = [trio.Event()]
+    hurry = [anyio.Event()]
     calls: list[float] = []
     up = False
     result: list[str] = []
 
     async def attempt() -> str:
-        calls.append(trio.current_time())
+        calls.append(anyio.current_time())
         if not up:
             raise MeshConnectionError("down")
         return "up"
@@ -835,14 +840,14 @@ async def test_a_reconnect_backoff_ends_when_another_connection_gets_through(
     async def run() -> None:
         result.append(await reconnect(attempt, lambda _: None, lambda: hurry[0]))
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(run)
-        await trio.sleep(10)  # on the mock clock: the backoff is at its cap by now
+        await anyio.sleep(10)  # on the mock clock: the backoff is at its cap by now
         assert len(calls) > 6 and calls[-1] - calls[-2] >= 0.5
         up = True
-        hurried_at = trio.current_time()
+        hurried_at = anyio.current_time()
         hurry[0].set()
-        hurry[0] = trio.Event()
+        hurry[0] = anyio.Event()
     assert result == ["up"] and calls[-1] == hurried_at
 
 

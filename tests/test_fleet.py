@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import pytest
-import trio
 
 import mesh
 from mesh import Process
@@ -16,6 +16,8 @@ from mesh.testing import RedisServer, wait_until
 
 from .helpers import Recorder, running_workers
 from .protocol_helpers import expire_worker, join
+
+pytestmark = pytest.mark.both_loops
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
@@ -120,10 +122,10 @@ async def test_a_fleet_paces_its_joins_and_rejoins_and_every_worker_ends_registe
     async with (
         mesh.open_fleet(own_redis.url, namespace=ns, ttl=3.0, join_window=1.0) as fleet,
         mesh.open_client(own_redis.url, namespace=ns) as client,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         workers: list[mesh.Worker] = []
-        done = trio.Event()
+        done = anyio.Event()
 
         async def one() -> None:
             async with fleet.open_worker() as w:

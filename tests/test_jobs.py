@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import datetime
 
+import anyio
 import pytest
-import trio
 
 import mesh
 from mesh import ConfigError, ConflictError, Process
@@ -20,6 +20,8 @@ from mesh.testing import wait_until
 
 from .helpers import PEER_TTL, Peers, client_and_workers, redis_ms, wait_ready
 from .protocol_helpers import join, snapshot
+
+pytestmark = pytest.mark.both_loops
 
 Q = "jobs"
 
@@ -466,8 +468,8 @@ async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
         if p.task == b"quick":
             return
         try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
             cancelled.append(p)
             raise
 
@@ -530,7 +532,7 @@ async def test_finish_results_keeps_values_for_the_ttl(
 async def test_result_waits_for_the_handlers_value_and_raises_for_dead_letters(
     redis_url: str, namespace: str
 ) -> None:
-    release = trio.Event()
+    release = anyio.Event()
 
     async def handler(p: Process) -> object:
         if p.task == b"slow":
@@ -548,14 +550,14 @@ async def test_result_waits_for_the_handlers_value_and_raises_for_dead_letters(
         await client.configure(Q, result_ttl=30, max_attempts=1)
         await w.start_work(Q, handler)
         await client.enqueue_many(Q, ["slow", "bad", "none", "abc", "int"])
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             got: list[bytes | None] = []
 
             async def wait_slow() -> None:
                 got.append(await client.result(Q, "slow", timeout=10))
 
             nursery.start_soon(wait_slow)
-            await trio.sleep(0.2)  # a deliberate window: the call must not return
+            await anyio.sleep(0.2)  # a deliberate window: the call must not return
             assert got == []  # still running: the call waits
             release.set()
         assert got == [b"done: slow"]
@@ -578,7 +580,7 @@ async def test_done_messages_are_published_only_while_a_result_is_awaited(
     of their queue; a waiting client.result() marks the queue (its awaiting
     key), is sent the done message of its task and returns its value; the
     mark then expires on its own."""
-    release = trio.Event()
+    release = anyio.Event()
 
     async def handler(p: Process) -> bytes:
         if p.task == b"slow":
@@ -591,7 +593,7 @@ async def test_done_messages_are_published_only_while_a_result_is_awaited(
         # everything on the done channel so far: a marker, then up to it
         await conn.execute("PUBLISH", done, "end")
         got: list[bytes] = []
-        with trio.fail_after(5):
+        with anyio.fail_after(5):
             async for msg in pubsub:
                 got.append(msg.data)
                 if msg.data == b"end":
@@ -621,7 +623,7 @@ async def test_done_messages_are_published_only_while_a_result_is_awaited(
         async def wait_slow() -> None:
             got.append(await client.result(Q, "slow", timeout=30))
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(wait_slow)
 
             async def marked() -> bool:

@@ -9,9 +9,9 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import attrs
 import pytest
-import trio
 
 from mesh._connection import Connection, open_connection
 from mesh._errors import ConfigError
@@ -23,6 +23,8 @@ from mesh._scripts import Binding, HeartbeatReply
 from mesh._stats import Recorder
 from mesh._supervisor import Reaper
 from mesh.testing import wait_until
+
+pytestmark = pytest.mark.both_loops
 
 TIMING = LeaseTiming.make(0.9, None, None)  # H 0.3 s, R 0.6 s, T 0.9 s
 
@@ -50,7 +52,7 @@ def test_lease_timing_refuses_what_breaks_h_below_r_below_t(
     assert msg.endswith("(ttl is too small)") == (ttl < 0.04)
 
 
-def test_a_generation_keeps_its_first_fence_reason() -> None:
+async def test_a_generation_keeps_its_first_fence_reason() -> None:
     gen = Generation("w1", 1)
     assert len(gen.incarnation) == 16 and gen.incarnation != Generation("w1", 1).incarnation
     gen.fence("superseded")
@@ -100,7 +102,7 @@ async def a_lease(
             driver=OwnHeartbeat(conn, binding),
         )
         host = Host(conn, binding, lease, recorder, generations, cancelled)
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(lease.run)
             try:
                 yield host
@@ -169,7 +171,7 @@ async def test_the_first_registration_error_propagates(
             recorder=Recorder(),
             driver=OwnHeartbeat(conn, b),
         )
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             with pytest.raises(ConfigError, match="worker id w1 is in use"):
                 await nursery.start(lease.run)
     assert lease.stopped.is_set()
@@ -186,9 +188,9 @@ async def test_renewed_acts_on_the_inbox_and_tells_the_reaper(
         gen = await h.lease.current()
         reaper = h.lease._reaper
         reaper._on_watch = False
-        reaper._wakeup = trio.Event()
-        gen.early_cancels = {"old": trio.current_time() - 10, "new": trio.current_time()}
-        sent = trio.current_time()
+        reaper._wakeup = anyio.Event()
+        gen.early_cancels = {"old": anyio.current_time() - 10, "new": anyio.current_time()}
+        sent = anyio.current_time()
         reply = HeartbeatReply(0, -1000, ("p1", "p2"), (), (), (), ())  # a deadline 1 s ago
         nxt = h.lease.renewed(gen, sent, [], reply)
         assert h.cancelled[-2:] == ["p1", "p2"] and gen.acks == ["p1", "p2"]
@@ -207,10 +209,10 @@ async def test_a_failed_renewal_is_said_once_per_outage(
         gen = await h.lease.current()
         with caplog.at_level(logging.DEBUG, logger="mesh.worker"):
             caplog.clear()
-            now = trio.current_time()
+            now = anyio.current_time()
             for _ in range(3):
                 retry = h.lease.renewal_failed(gen, now, MeshConnectionError("down"))
-                assert now < retry <= trio.current_time() + min(TIMING.interval / 4, 0.25)
+                assert now < retry <= anyio.current_time() + min(TIMING.interval / 4, 0.25)
             warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
             assert len(warnings) == 1 and "Redis unreachable: down" in warnings[0].getMessage()
             assert gen.trouble_since == now

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import logging
 
+import anyio
 import pytest
-import trio
 
 from mesh._connection import Connection
 from mesh._errors import ProtocolError
@@ -22,6 +22,8 @@ from mesh._policy import (
     watch_policies,
 )
 from mesh.testing import wait_until
+
+pytestmark = pytest.mark.both_loops
 
 STORED = {
     "max_attempts": 3,
@@ -100,7 +102,7 @@ async def test_watch_policies_reads_and_applies_each_interval(
     def apply(q: str, p: QueuePolicy) -> None:
         applied[q] = p
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(watch_policies, conn, keys.policy, runners, apply, 0.01)
         await conn.execute("HSET", keys.policy, "a", json.dumps(STORED))
         await wait_until(lambda: "a" in applied, what="a's policy applied")

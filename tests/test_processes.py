@@ -8,8 +8,8 @@ import signal
 import time
 from collections.abc import Iterator
 
+import anyio
 import pytest
-import trio
 
 import mesh
 from mesh.testing import wait_until
@@ -17,7 +17,7 @@ from mesh.testing import wait_until
 from .helpers import PEER_TTL, Peers, wait_ready
 
 TTL = PEER_TTL
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_loops]
 
 
 @pytest.fixture
@@ -45,14 +45,14 @@ async def test_sigkilled_workers_tasks_move_to_a_live_peer(peers: Peers, namespa
         peers.start()
         await wait_ready(client, peers, 2)
         a.kill()
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
 
         async def peer_runs_all() -> bool:
             ps = await client.processes()
             return len(ps) == 5 and all(p.worker_id != a_id for p in ps)
 
         await wait_until(peer_runs_all, within=TTL * 5, what="takeover")
-        took = trio.current_time() - t0
+        took = anyio.current_time() - t0
         after = {p.task: p for p in await client.processes()}
         assert sorted(after) == sorted(before)  # nothing lost, nothing doubled
         assert all(after[t].token > before[t].token for t in after)
@@ -85,7 +85,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
         old_dev = next(e.token for e in ev if e.event == "start" and e.task == "dev")
 
         os.kill(a.pid, signal.SIGSTOP)
-        stopped_at = trio.current_time()
+        stopped_at = anyio.current_time()
         lease_left = await client._conn.execute("PTTL", client._keys.heartbeat(a_id)) / 1000
         assert lease_left > 0
 
@@ -96,7 +96,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
             )
 
         await wait_until(b_owns_device, within=TTL * 5, what="takeover of the device")
-        took = trio.current_time() - stopped_at
+        took = anyio.current_time() - stopped_at
         assert lease_left - 0.02 < took < TTL + 1.0  # not before the lease ran out
 
         # and B took the one-shot job too, and finished it
@@ -107,7 +107,7 @@ async def test_a_paused_worker_is_fenced_and_cannot_act_or_finish(
 
         await wait_until(b_finished_job, within=5, what="B finishes the job")
         # Not a synchronisation: A stays stopped for 2 TTL in all.
-        await trio.sleep(max(0.0, 2 * TTL - (trio.current_time() - stopped_at)))
+        await anyio.sleep(max(0.0, 2 * TTL - (anyio.current_time() - stopped_at)))
         resumed_at = time.time()  # the driver logs time.time() too
         os.kill(a.pid, signal.SIGCONT)
 

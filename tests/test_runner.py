@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -28,6 +29,8 @@ from mesh.testing import RedisServer, wait_until
 
 from .faults.proxy import Proxy
 from .protocol_helpers import expire_worker, join, snapshot
+
+pytestmark = pytest.mark.both_loops
 
 Q = "jobs"
 OOM = "return redis.error_reply('OOM command not allowed when used memory > maxmemory')"
@@ -101,7 +104,7 @@ class Setup:
             balance_wait=30.0,  # far beyond any test: a held-back task stays held back
             ttl=60.0,
         )
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(runner.run)
             try:
                 yield runner
@@ -127,13 +130,13 @@ class Ran:
         self.tasks: list[bytes] = []
         self.hold = set(hold)
         self.forever = set(forever)
-        self.release = trio.Event()
+        self.release = anyio.Event()
         self.then: Callable[[], None] = lambda: None
 
     async def __call__(self, p: Process) -> None:
         self.tasks.append(p.task)
         if p.task in self.forever:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
         if p.task in self.hold:
             await self.release.wait()
             self.then()
@@ -149,7 +152,7 @@ async def test_a_finish_and_the_next_claim_share_one_write(setup: Setup, redis_u
             return bool(await setup.conn.execute("SMEMBERS", setup.keys.idle(Q)) == [b"w1"])
 
         await wait_until(idle, what="the last claim put the runner in the idle set")
-        await trio.sleep(0.05)  # a deliberate window: nothing more is sent
+        await anyio.sleep(0.05)  # a deliberate window: nothing more is sent
         stats = conn.statistics()
     assert ran.tasks == [b"t1", b"t2", b"t3"]
     # claim t1; finish t1 + claim t2; finish t2 + claim t3; finish t3 + a
@@ -274,7 +277,7 @@ async def test_a_fenced_claim_beside_a_finish_fences_the_runner(
         await expire_worker(setup.conn, setup.keys, "w1")
         writes = conn.statistics().writes
         ran.release.set()  # finish t1 + claim t2 (more was queued), one write
-        with trio.fail_after(5):
+        with anyio.fail_after(5):
             await runner._exited.wait()  # the loop ended on its own
         assert conn.statistics().writes == writes + 1
     assert len(setup.fenced) == 1 and "no lease" in setup.fenced[0]
@@ -284,21 +287,23 @@ async def test_a_fenced_claim_beside_a_finish_fences_the_runner(
 
 
 async def test_a_lost_reply_to_a_finish_and_claim_is_rechecked(
-    setup: Setup, redis_server: RedisServer, nursery: trio.Nursery
+    setup: Setup, redis_server: RedisServer
 ) -> None:
     await setup.join(b"t1", b"t2", b"t3")
     proxy = Proxy(redis_server.port)
-    await nursery.start(proxy.run)
     ran = Ran()
-    lost = proxy.lose_reply_to(setup.finish_sha().encode())
-    async with open_connection(proxy.url) as conn, setup.running(conn, ran) as runner:
-        with trio.fail_after(5):
-            await lost.wait()
-        # t2's claim ran with t1's finish and its reply was lost: the runner
-        # re-checks what it holds, hands t2 back, and claims it again
-        await wait_until(setup.drained, what="every task finished")
-        assert conn.statistics().reconnects == 1
-        assert runner.running == {}
+    async with anyio.create_task_group() as nursery:
+        await nursery.start(proxy.run)
+        lost = proxy.lose_reply_to(setup.finish_sha().encode())
+        async with open_connection(proxy.url) as conn, setup.running(conn, ran) as runner:
+            with anyio.fail_after(5):
+                await lost.wait()
+            # t2's claim ran with t1's finish and its reply was lost: the runner
+            # re-checks what it holds, hands t2 back, and claims it again
+            await wait_until(setup.drained, what="every task finished")
+            assert conn.statistics().reconnects == 1
+            assert runner.running == {}
+        nursery.cancel_scope.cancel()
     assert proxy.lost_replies == 1
     assert ran.tasks == [b"t1", b"t2", b"t3"]  # each once: the lost claim never ran
 
@@ -336,19 +341,19 @@ async def test_an_unsent_finish_is_sent_when_the_runner_stops(setup: Setup, redi
     ran = Ran()
     async with open_connection(redis_url) as conn:
         tap = Tap(conn)
-        stuck = trio.Event()
+        stuck = anyio.Event()
 
         async def never_sent(commands: Sequence[Sequence[Any]], roe: bool) -> list[Any]:
             if stuck.is_set() or commands[0][1] != setup.finish_sha():
                 # the first claim, and the report on the way out, go through
                 return await conn.pipeline(commands, raise_on_error=roe)
             stuck.set()
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
             raise AssertionError("unreachable")
 
         tap.hook = never_sent
         async with setup.running(tap, ran) as runner:
-            with trio.fail_after(5):
+            with anyio.fail_after(5):
                 await stuck.wait()  # finish t1 + claim t2, held before the write
             await runner.stop()
     # t1's outcome was in hand: finished on the way out, not left to be
@@ -371,9 +376,9 @@ async def test_about_herd_idle_servers_act_on_a_retry_due_time(
     r.retry_due(1_000, 5.0, 300)  # 0.5 x 300 >= HERD: leaves it to others
     r.retry_due(1_000, 4.0, 300)  # the same due time: no new draw
     assert r._core.next_due == float("inf")
-    t = trio.current_time()
+    t = anyio.current_time()
     r.retry_due(2_000, 5.0, 300)  # 0.001 x 300 < HERD: acts
-    assert t + 5.0 <= r._core.next_due <= trio.current_time() + 5.0
+    assert t + 5.0 <= r._core.next_due <= anyio.current_time() + 5.0
     r = QueueRunner(None, Binding(Keys("x")), "w1", "i", config, QueueCounters(), print)  # type: ignore[arg-type]
     r.retry_due(3_000, 1.0, HERD)  # few idle servers: every one acts, nothing drawn
     assert r._core.next_due < float("inf")
@@ -385,7 +390,7 @@ async def test_about_herd_idle_servers_act_on_a_retry_due_time(
 
 
 async def test_leaving_reports_what_already_finished(redis_url: str, namespace: str) -> None:
-    send, receive = trio.open_memory_channel[bytes](10)
+    send, receive = anyio.create_memory_object_stream[bytes](10)
 
     async def report(p: mesh.Process) -> None:
         await send.send(p.task)  # the caller leaves as soon as it sees this
@@ -402,7 +407,7 @@ async def test_leaving_reports_what_already_finished(redis_url: str, namespace: 
 
 
 async def test_stop_work_reports_what_already_finished(redis_url: str, namespace: str) -> None:
-    send, receive = trio.open_memory_channel[bytes](10)
+    send, receive = anyio.create_memory_object_stream[bytes](10)
 
     async def report(p: mesh.Process) -> None:
         await send.send(p.task)
@@ -422,20 +427,20 @@ async def test_stop_work_reports_what_already_finished(redis_url: str, namespace
         async def finish(*args: Any, **kwargs: Any) -> Any:
             if "finish" not in hung:
                 hung.add("finish")
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             return await real_finish(*args, **kwargs)
 
         async def finish_and_claim(*args: Any, **kwargs: Any) -> Any:
             # a report that goes out with the next claim (work was announced)
             if "finish" not in hung:
                 hung.add("finish")
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             return await real_finish_and_claim(*args, **kwargs)
 
         async def give_back(*args: Any, **kwargs: Any) -> Any:
             if "give_back" not in hung:
                 hung.add("give_back")
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             return await real_give_back(*args, **kwargs)
 
         binding.finish = finish  # type: ignore[method-assign]
@@ -471,7 +476,7 @@ async def test_the_pool_runs_at_most_concurrency_handlers_at_once(
         nonlocal now, peak
         now += 1
         peak = max(peak, now)
-        await trio.sleep(0.001 * random.random())
+        await anyio.sleep(0.001 * random.random())
         ran.append(p.task)
         now -= 1
 
@@ -496,6 +501,7 @@ class _StartsPerBatch(trio.abc.Instrument):
         self.started = 0
 
 
+@pytest.mark.trio_only("counts trio's scheduler batches with an instrument")
 async def test_a_large_claim_starts_its_handlers_without_holding_the_event_loop(
     redis_url: str, namespace: str
 ) -> None:
@@ -510,7 +516,7 @@ async def test_a_large_claim_starts_its_handlers_without_holding_the_event_loop(
     async def handler(p: mesh.Process) -> None:
         counter.started += 1
         counter.total += 1
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     trio.lowlevel.add_instrument(counter)
     try:
@@ -535,7 +541,7 @@ async def test_a_cancel_reaches_only_its_handler_and_the_next_runs_unharmed(
     # other. After a cancel, the next handler must not inherit the
     # cancelled scope, nor a context variable the previous handler set.
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
-    started = trio.Event()
+    started = anyio.Event()
     seen: list[tuple[bytes, str]] = []
     cancelled: list[bytes] = []
 
@@ -545,11 +551,11 @@ async def test_a_cancel_reaches_only_its_handler_and_the_next_runs_unharmed(
         if p.task == b"long":
             started.set()
             try:
-                await trio.sleep_forever()
-            except trio.Cancelled:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
                 cancelled.append(p.task)
                 raise
-        await trio.sleep(0.01)  # checkpoints: a reused cancelled scope would cancel these
+        await anyio.sleep(0.01)  # checkpoints: a reused cancelled scope would cancel these
 
     async with mesh.open_worker(redis_url, namespace=namespace) as worker:
         await worker.start_work(Q, handler, concurrency=1)
@@ -566,7 +572,7 @@ async def test_a_timeout_fails_only_its_handler_in_a_pool_trio_task(
     redis_url: str, namespace: str
 ) -> None:
     async def handler(p: mesh.Process) -> None:
-        await trio.sleep(30 if p.task == b"slow" else 0.1)
+        await anyio.sleep(30 if p.task == b"slow" else 0.1)
 
     async with mesh.open_worker(redis_url, namespace=namespace) as worker:
         await worker.client.configure(Q, timeout=0.2, max_attempts=1)
@@ -592,7 +598,7 @@ class Batches:
         self.calls: list[list[bytes]] = []
         self.fail = set(fail)
         self.forever = forever
-        self.started = trio.Event()
+        self.started = anyio.Event()
         self.cancelled = 0
 
     async def __call__(self, ps: list[mesh.Process]) -> list[Any]:
@@ -600,8 +606,8 @@ class Batches:
         self.started.set()
         if self.forever:
             try:
-                await trio.sleep_forever()
-            except trio.Cancelled:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
                 self.cancelled += 1
                 raise
         return [
@@ -653,7 +659,7 @@ async def test_a_batch_handler_that_raises_or_returns_a_bad_shape_fails_the_batc
 async def test_a_cancel_of_one_process_of_a_batch_drops_only_it(
     redis_url: str, namespace: str
 ) -> None:
-    release = trio.Event()
+    release = anyio.Event()
     calls: list[list[bytes]] = []
     cancelled = 0
 
@@ -662,7 +668,7 @@ async def test_a_cancel_of_one_process_of_a_batch_drops_only_it(
         calls.append([p.task for p in ps])
         try:
             await release.wait()
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             cancelled += 1
             raise
 
@@ -677,7 +683,7 @@ async def test_a_cancel_of_one_process_of_a_batch_drops_only_it(
         release.set()
         await wait_until(lambda: worker.statistics().processes_finished == 2, within=10)
         # a cancel of every process of a call cancels the call's scope
-        release = trio.Event()
+        release = anyio.Event()
         await c.enqueue_many(Q, ["d", "e"])
         await wait_until(lambda: len(calls) == 2, within=10)
         assert await c.cancel(Q, "d") == 1 and await c.cancel(Q, "e") == 1
@@ -786,6 +792,7 @@ async def test_finish_reads_payloads_with_any_bytes(setup: Setup) -> None:
 # --- prefetch: processes claimed beyond concurrency, waiting for a slot
 
 
+@pytest.mark.trio_only("trio.testing.wait_all_tasks_blocked orders the trio tasks")
 async def test_prefetch_claims_beyond_concurrency_but_runs_at_most_concurrency(
     redis_url: str, namespace: str
 ) -> None:

@@ -17,6 +17,8 @@ from mesh.testing import wait_until
 
 from .helpers import Peers, client_and_workers, redis_ms, wait_ready
 
+pytestmark = pytest.mark.both_loops
+
 Q = "ticks"
 
 

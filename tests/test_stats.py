@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import trio
+import anyio
+import pytest
 
 import mesh
 from mesh._connection import open_connection
@@ -12,6 +13,8 @@ from mesh._stats import LATENCY_BOUNDS, _Timing, fence_reason
 from mesh.testing import wait_until
 
 from .protocol_helpers import expire_worker, join
+
+pytestmark = pytest.mark.both_loops
 
 TTL = 0.9
 
@@ -34,7 +37,7 @@ def test_fence_reasons_come_from_the_fenced_error() -> None:
 
 
 async def test_per_queue_counters_follow_handler_outcomes(redis_url: str, namespace: str) -> None:
-    release = trio.Event()
+    release = anyio.Event()
 
     async def handler(p: mesh.Process) -> None:
         if p.task == b"fail":
@@ -73,7 +76,7 @@ async def test_fences_are_counted_by_reason(redis_url: str, namespace: str) -> N
     async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as w:
 
         async def hold(p: mesh.Process) -> None:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
 
         await w.start_work("jobs", hold)
         old = w.id

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 
+import anyio
 import pytest
-import trio
 
 import mesh
 from mesh import Process
 from mesh._connection import open_connection
 from mesh.testing import wait_heartbeats, wait_until
+
+pytestmark = pytest.mark.both_loops
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s; the cleanups below outlast T
 
@@ -31,13 +33,13 @@ class SlowStop:
         self.exits: list[tuple[Process, float]] = []
 
     async def handler(self, p: Process) -> None:
-        self.starts.append((p, trio.current_time()))
+        self.starts.append((p, anyio.current_time()))
         try:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
         finally:
-            with trio.CancelScope(shield=True):
-                await trio.sleep(self.cleanup)
-            self.exits.append((p, trio.current_time()))
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(self.cleanup)
+            self.exits.append((p, anyio.current_time()))
 
     def started(self, task: bytes, worker: str) -> list[float]:
         return [t for p, t in self.starts if p.task == task and p.worker_id == worker]
@@ -50,9 +52,9 @@ async def test_leaving_waits_for_a_slow_cleanup_then_hands_back_without_an_attem
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         await client.ensure("devices", "d1")
         await client.enqueue("jobs", "j1")
-        async with trio.open_nursery() as nursery:
-            a_left = trio.Event()
-            leave_a = trio.Event()
+        async with anyio.create_task_group() as nursery:
+            a_left = anyio.Event()
+            leave_a = anyio.Event()
             a_id = ""
             a_worker: list[mesh.Worker] = []
 
@@ -106,7 +108,7 @@ async def test_stop_work_waits_for_a_slow_cleanup_before_handing_back(
             await b.start_work("devices", new.handler)
             assert await a.stop_work("devices") == 1
             (_, exited) = old.exits[0]
-            assert trio.current_time() >= exited
+            assert anyio.current_time() >= exited
             await wait_until(lambda: _true(len(new.starts) == 1), what="B takes d1")
             (p, started) = new.starts[0]
             assert p.worker_id == b.id and started > exited and p.attempts == 0
@@ -134,7 +136,7 @@ async def test_a_handler_that_outlives_the_grace_is_left_to_the_lease(
             await client.enqueue("jobs", "j1")
             await wait_until(lambda: _true(len(old.starts) == 1), what="A runs j1")
             await b.start_work("jobs", new.handler, max_attempts=3)
-            stop_at = trio.current_time()
+            stop_at = anyio.current_time()
         (_, exited) = old.exits[0]
         assert exited - stop_at >= TTL * 3  # leaving waited for the handler
         await wait_until(lambda: _true(len(new.starts) == 1), what="B takes j1")
@@ -169,7 +171,7 @@ async def test_a_large_stop_hands_back_group_by_group(
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         await client.ensure_many("devices", [f"d{i}" for i in range(n)])
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as b:
-            with trio.CancelScope() as scope:
+            with anyio.CancelScope() as scope:
                 async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
                     await a.start_work("devices", old.handler, concurrency=n)
                     await wait_until(lambda: _true(len(old.starts) == n), what="A runs all")
@@ -177,7 +179,7 @@ async def test_a_large_stop_hands_back_group_by_group(
                     await b.start_work("devices", peer, concurrency=n, rebalance=False)
                     if leave == "by cancellation":
                         scope.cancel()
-                        await trio.sleep_forever()
+                        await anyio.sleep_forever()
             await wait_until(lambda: _true(len(new.starts) == n), what="B takes all")
         assert len(old.exits) == n
         assert exited_at_first_start[0] < n, exited_at_first_start
@@ -200,19 +202,19 @@ async def test_slow_cleanups_in_the_first_group_hold_up_no_other_handler(
     async def handler(p: Process) -> None:
         starts.append(p.task)
         try:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
         finally:
             if starts.index(p.task) < slow:
-                with trio.CancelScope(shield=True):
-                    await trio.sleep(1.0)
-            exits[p.task] = trio.current_time()
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(1.0)
+            exits[p.task] = anyio.current_time()
 
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         await client.ensure_many("devices", [f"d{i}" for i in range(n)])
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a:
             await a.start_work("devices", handler, concurrency=n)
             await wait_until(lambda: _true(len(starts) == n), what="A runs all")
-            stop_at = trio.current_time()
+            stop_at = anyio.current_time()
         fast = [exits[t] - stop_at for t in starts[slow:]]
         late = [exits[t] - stop_at for t in starts[:slow]]
         assert len(fast) == n - slow and max(fast) < 0.3
@@ -234,15 +236,15 @@ async def test_a_stop_cancels_every_group_in_time_while_redis_does_not_answer(
         open_connection(redis_url) as other,
     ):
         await client.ensure_many("devices", [f"d{i}" for i in range(n)])
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             async with mesh.open_worker(redis_url, namespace=namespace, ttl=3) as a:
                 await a.start_work("devices", runs.handler, concurrency=n)
                 await wait_until(lambda: _true(len(runs.starts) == n), what="A runs all")
                 nursery.start_soon(other.execute, "DEBUG", "SLEEP", "0.6")
                 # Not observable from here (Redis answers nobody while it
                 # sleeps): give the DEBUG SLEEP a moment to reach it.
-                await trio.sleep(0.05)
-                stop_at = trio.current_time()
+                await anyio.sleep(0.05)
+                stop_at = anyio.current_time()
         assert len(runs.exits) == n
         # Redis woke 0.55 s after the stop began
         assert max(t for _, t in runs.exits) - stop_at < 0.3
@@ -263,9 +265,9 @@ async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_clean
     old, new = SlowStop(2.0), SlowStop(0.0)
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         await client.ensure("devices", "d1")
-        async with trio.open_nursery() as nursery:
-            scope = trio.CancelScope()
-            a_left = trio.Event()
+        async with anyio.create_task_group() as nursery:
+            scope = anyio.CancelScope()
+            a_left = anyio.Event()
             a_worker: list[mesh.Worker] = []
 
             async def run_a() -> None:
@@ -277,12 +279,12 @@ async def test_a_block_cancelled_from_outside_keeps_its_lease_while_a_slow_clean
                         ):
                             a_worker.append(a)
                             await a.start_work("devices", old.handler)
-                            await trio.sleep_forever()
+                            await anyio.sleep_forever()
                     else:
                         async with mesh.open_worker(redis_url, namespace=namespace, ttl=TTL) as a:
                             a_worker.append(a)
                             await a.start_work("devices", old.handler)
-                            await trio.sleep_forever()
+                            await anyio.sleep_forever()
                 a_left.set()
 
             nursery.start_soon(run_a)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 import logging
 
+import anyio
 import pytest
-import trio
 
 import mesh._connection
 from mesh._connection import Connection, open_connection
@@ -17,6 +17,8 @@ from mesh._supervisor import REAP_BATCH, Reaper
 from mesh.testing import RedisServer, wait_until
 
 from .protocol_helpers import expire_worker, join
+
+pytestmark = pytest.mark.both_loops
 
 
 async def test_a_reaper_keeps_its_watch_between_periodic_checks(own_redis: RedisServer) -> None:
@@ -28,7 +30,7 @@ async def test_a_reaper_keeps_its_watch_between_periodic_checks(own_redis: Redis
         for i in range(30):
             await join(b, conn, f"w{i}", ttl_ms=600_000)
         reaper = Reaper(conn, b, ttl=600.0)
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(reaper.run)
             # the first pass first: a wake during it would be taken by it
             await wait_until(lambda: reaper.statistics().checks == 1, what="the first pass")
@@ -146,7 +148,7 @@ async def test_who_checks_on_an_expiry_or_an_overdue_deadline(conn: Connection, 
     assert r._wakeup.is_set()
     assert await r.reap_once() == 0  # nobody dead; it learnt the mesh's size
     r._on_watch = False
-    r._wakeup = trio.Event()
+    r._wakeup = anyio.Event()
     r.heard_expiry()
     r.deadline_passed(r.grace / 2)
     assert not r._wakeup.is_set()  # not on watch, not drawn, within the grace
@@ -220,7 +222,7 @@ async def test_run_checks_when_woken_and_retries_after_a_connection_error(
     b = Binding(Keys("run"))
     async with open_connection(own_redis.url + "?connect_timeout=0.5") as conn:
         r = Reaper(conn, b, ttl=600.0)  # its own checks only every 30 min
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(r.run)
             await wait_until(lambda: r.statistics().checks == 1, what="the first pass")
             inc = await join(b, conn, "dead", "jobs")
@@ -231,7 +233,7 @@ async def test_run_checks_when_woken_and_retries_after_a_connection_error(
             await wait_until(lambda: r.statistics().workers_recycled == 1, what="recycled")
             own_redis.stop()
             r.wake()  # fails, and is retried with backoff
-            await trio.to_thread.run_sync(own_redis.start)
+            await anyio.to_thread.run_sync(own_redis.start)
             await join(b, conn, "dead2")
             await expire_worker(conn, b.keys, "dead2")
             r.wake()

@@ -3,8 +3,10 @@ redis-server, and the reconnect loop (on trio's mock clock: no socket)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -131,16 +133,18 @@ async def test_connect_names_the_connection_and_runs_extra_commands(
     stream, reader, replies = await connect(
         parse_url(redis_url), name="t-transport", extra=[("PING",), ("ECHO", "x"), ("NOPE",)]
     )
-    async with stream:
+    try:
         assert replies[:2] == [b"PONG", b"x"]
         assert isinstance(replies[2], CommandError)  # returned, not raised
         await stream.send_all(joined(("CLIENT", "GETNAME")))
         assert await next_reply(stream, reader) == b"t-transport"
+    finally:
+        await stream.aclose()
 
 
 async def test_connect_selects_the_db(redis_url: str) -> None:
     stream, reader, _ = await connect(parse_url(redis_url + "/3"))
-    async with stream:
+    async with contextlib.aclosing(stream):
         await stream.send_all(joined(("CLIENT", "INFO")))
         info = await next_reply(stream, reader)
     assert b" db=3 " in info
@@ -232,7 +236,7 @@ async def test_reconnect_passes_other_errors_through(
 async def test_a_hurry_event_ends_the_delay_early(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    reached = trio.Event()
+    reached = anyio.Event()
     reached.set()  # another connection got through
     t0 = trio.current_time()
     assert await reconnect(lambda: _value(7), lambda _: None, hurry=lambda: reached) == 7

@@ -4,15 +4,18 @@ of commands that does not grow with the number of workers."""
 
 from __future__ import annotations
 
-import trio
+import anyio
+import pytest
 
 import mesh
 from mesh._view import counts, overview, snapshot
 from mesh.testing import wait_until
 
+pytestmark = pytest.mark.both_loops
+
 
 async def hold(p: mesh.Process) -> None:
-    await trio.sleep_forever()
+    await anyio.sleep_forever()
 
 
 async def test_overview_agrees_with_the_client(redis_url: str, namespace: str) -> None:

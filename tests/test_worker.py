@@ -8,6 +8,7 @@ import logging
 import secrets
 from typing import Any
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -19,6 +20,8 @@ from mesh.testing import RedisServer, wait_until
 
 from .helpers import Recorder, client_and_workers
 from .protocol_helpers import expire_worker, join
+
+pytestmark = pytest.mark.both_loops
 
 TTL = 0.9  # H = 0.3 s, R = 0.6 s
 
@@ -71,8 +74,8 @@ def stall_heartbeats(w: mesh.Worker) -> list[float]:
     sent: list[float] = []
 
     async def stalled(*args: object, **kw: object) -> object:
-        sent.append(trio.current_time())
-        await trio.sleep_forever()
+        sent.append(anyio.current_time())
+        await anyio.sleep_forever()
         raise AssertionError
 
     w._binding.heartbeat = stalled  # type: ignore[method-assign,assignment]
@@ -107,14 +110,14 @@ async def test_persistent_tasks_have_one_owner_and_move_at_once_on_leave(
                 assert all(p.persistent for p in procs)
                 owned_by_w1 = {p.task: p.token for p in procs if p.worker_id == w1.id}
                 await w1.stop_work("devices")  # hand over w1's share
-                t0 = trio.current_time()
+                t0 = anyio.current_time()
 
                 async def w2_owns_all() -> bool:
                     ps = await client.processes("devices")
                     return len(ps) == 4 and all(p.worker_id == w2.id for p in ps)
 
                 await wait_until(w2_owns_all, within=2)
-                handover = trio.current_time() - t0
+                handover = anyio.current_time() - t0
             tokens = {p.task: p.token for p in await client.processes("devices")}
             for task, token in owned_by_w1.items():
                 assert tokens[task] > token  # fencing tokens only go up
@@ -183,7 +186,7 @@ async def test_self_fence_cancels_handlers_before_the_lease_can_run_out(
         real = w._binding.heartbeat
         cut_at = stall_heartbeats(w)
         await wait_until(lambda: _true(bool(rec.cancelled)), within=3)
-        cancelled_at = trio.current_time()
+        cancelled_at = anyio.current_time()
         # Cancelled at R after the last confirmed heartbeat was sent: that is
         # at most R after the first stalled heartbeat was sent, and before T.
         assert cancelled_at - cut_at[0] < w.timing.fence_after + 0.1
@@ -229,10 +232,10 @@ async def test_a_cancel_whose_message_is_lost_lands_within_a_heartbeat(
         await wait_until(lambda: _true(len(rec.started) == 1))
         # drop every pub/sub message from now on: only the durable inbox remains
         w._host._dispatch = lambda *a, **k: None  # type: ignore[method-assign]
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         assert await client.cancel("jobs", b"x") == 1
         await wait_until(lambda: _true(len(rec.cancelled) == 1), within=3)
-        assert trio.current_time() - t0 < w.timing.interval + 0.2
+        assert anyio.current_time() - t0 < w.timing.interval + 0.2
 
 
 async def test_queued_work_is_taken_without_pub_sub(redis_url: str, namespace: str) -> None:
@@ -246,10 +249,10 @@ async def test_queued_work_is_taken_without_pub_sub(redis_url: str, namespace: s
             return bool(await client._conn.execute("SISMEMBER", key, w.id))
 
         await wait_until(idle, what="the runner to go idle")
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         await client.enqueue("jobs", b"x")
         await wait_until(lambda: _true(len(rec.done) == 1), within=3)
-        assert trio.current_time() - t0 < w.timing.interval + 0.2
+        assert anyio.current_time() - t0 < w.timing.interval + 0.2
 
 
 async def test_killed_pub_sub_connection_loses_neither_cancel_nor_work(
@@ -337,11 +340,11 @@ async def test_bad_timing_is_refused_before_connecting() -> None:
 
 
 async def test_unreachable_redis_fails_fast_and_clearly() -> None:
-    t0 = trio.current_time()
+    t0 = anyio.current_time()
     with pytest.raises(MeshConnectionError) as e:
         async with mesh.open_client("redis://user:s3cret@127.0.0.1:1"):
             pass  # pragma: no cover
-    assert trio.current_time() - t0 < 2
+    assert anyio.current_time() - t0 < 2
     assert "127.0.0.1:1" in str(e.value) and "s3cret" not in str(e.value)
     with pytest.raises(MeshConnectionError):
         async with mesh.open_worker("redis://127.0.0.1:1"):
@@ -523,7 +526,7 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
     failed_once: set[bytes] = set()
 
     async def staggered(p: Process) -> None:
-        await trio.sleep(int(p.task) % 7 / 1000)  # work of its own length, not a wait
+        await anyio.sleep(int(p.task) % 7 / 1000)  # work of its own length, not a wait
         if int(p.task) % 5 == 0 and p.task not in failed_once:
             failed_once.add(p.task)
             raise RuntimeError("fail once")
@@ -535,7 +538,7 @@ async def test_processes_that_end_during_a_report_round_trip_are_reported(
         async with mesh._connection.open_connection(own_redis.url) as staller:
             for _ in range(30):
                 await staller.execute("EVAL", "for i = 1, 300000 do end", 0)
-                await trio.sleep(0.002)  # not a wait: the stalls come now and then
+                await anyio.sleep(0.002)  # not a wait: the stalls come now and then
 
         async def all_reported() -> bool:
             info = await client.queue_info("jobs")
@@ -580,9 +583,9 @@ async def test_a_process_that_redis_lost_is_stopped_within_a_heartbeat(
                 ("PUBLISH", k.wake_channel(w.id), "devices"),
             ]
         )
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         await wait_until(lambda: _true(len(rec.cancelled) == 1), within=3)
-        assert trio.current_time() - t0 < w.timing.interval + 0.3
+        assert anyio.current_time() - t0 < w.timing.interval + 0.3
         assert rec.cancelled[0].token == p.token
         await wait_until(lambda: _true(len(rec.started) == 2))
         assert [x.task for x in rec.running()] == [b"d"]  # one live owner again
@@ -608,8 +611,8 @@ async def test_check_lease_fails_once_the_fence_deadline_has_passed(
             w.check_lease(p)  # fine while the lease is held
             verdicts.append("ok")
             try:
-                await trio.sleep_forever()
-            except trio.Cancelled:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
                 try:
                     w.check_lease(p)  # what a write on the way out would ask
                     verdicts.append("still ok")
@@ -657,11 +660,11 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
             return reply
 
         w._binding.run = run  # type: ignore[method-assign]
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         w._gen.runners["jobs"].nudge()
         await wait_until(lambda: _true(len(rec.done) == 1), within=3)
         # taken on the nudge, not at the next heartbeat H later
-        assert trio.current_time() - t0 < w.timing.interval / 2
+        assert anyio.current_time() - t0 < w.timing.interval / 2
 
 
 async def test_many_deaths_at_once_cost_a_few_batched_recycles_in_the_whole_mesh(
@@ -715,7 +718,7 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
             victim = f"victim-{trial}"
             q = f"jobs{trial}"
             await client.enqueue(q, "orphan")
-            t0 = trio.current_time()
+            t0 = anyio.current_time()
             inc = await join(b, conn, victim, q, ttl_ms=300)  # never renewed
             (p,) = (await b.claim(conn, victim, inc, q, 1, 0)).processes
             assert p.task == b"orphan"
@@ -727,8 +730,8 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
 
             await wait_until(recycled, within=5, what="the victim recycled")
             assert await client.tasks(q) == [b"orphan"]
-            took = trio.current_time() - t0 - 0.3  # after the lease ran out
-            await trio.sleep(0.3)  # a deliberate window: late reapers show in the count below
+            took = anyio.current_time() - t0 - 0.3  # after the lease ran out
+            await anyio.sleep(0.3)  # a deliberate window: late reapers show in the count below
             checks = sum(r._reaper.statistics().checks for r in peers) - before
             print(f"trial {trial}: {took:.3f} s after the lease, {checks} checks by {n} peers")
             # one expiry event: about 3 of the 30 act on it; if none (e^-3,
@@ -790,7 +793,7 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         await wait_until(lambda: _true(len(rec.started) == 1), within=2)
         # the spare found nothing and is idle again; the owner is full
         await wait_until(lambda: idle_count(3), within=2)
-        await trio.sleep(0.1)  # a deliberate window: no other claim may follow
+        await anyio.sleep(0.1)  # a deliberate window: no other claim may follow
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert sorted(claims) == [0, 0, 1, 1]  # two woken, one claim each
         (owner,) = [w for w in workers if w.id == rec.started[0].worker_id]
@@ -801,7 +804,7 @@ async def test_new_work_wakes_only_idle_servers_and_a_freed_slot_looks_by_itself
         await client.cancel("devices", "a")
         await wait_until(lambda: _true(len(rec.cancelled) == 1), within=2)
         await wait_until(lambda: idle_count(4), within=2)
-        await trio.sleep(0.1)  # a deliberate window: no other claim may follow
+        await anyio.sleep(0.1)  # a deliberate window: no other claim may follow
         claims = [b - a for a, b in zip(before, sent(), strict=True)]
         assert claims == [1 if w is owner else 0 for w in workers]
 
@@ -821,9 +824,9 @@ async def test_a_server_whose_wake_was_lost_is_back_in_the_idle_set_within_a_hea
 
         await wait_until(member)
         await client._conn.execute("SREM", key, w.id)  # popped by a wake that got lost
-        t0 = trio.current_time()
+        t0 = anyio.current_time()
         await wait_until(member, within=3 * w.timing.interval)
-        assert trio.current_time() - t0 <= w.timing.interval + 0.3
+        assert anyio.current_time() - t0 <= w.timing.interval + 0.3
 
 
 async def test_a_plain_def_handler_is_refused_before_any_task_runs(
@@ -1002,6 +1005,7 @@ async def test_a_worker_does_not_report_recycling_itself(
 # task
 
 
+@pytest.mark.trio_only("trio.testing.wait_all_tasks_blocked orders the trio tasks")
 async def test_a_cancel_that_overtakes_the_claim_reply_is_not_lost(
     redis_url: str, namespace: str
 ) -> None:
@@ -1009,7 +1013,7 @@ async def test_a_cancel_that_overtakes_the_claim_reply_is_not_lost(
 
     async def hold(p: mesh.Process) -> None:
         started.append(p.task)
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     async with (
         mesh.open_client(redis_url, namespace=namespace) as client,
@@ -1017,7 +1021,7 @@ async def test_a_cancel_that_overtakes_the_claim_reply_is_not_lost(
     ):
         real_run = worker._binding.run
         cancels: list[int] = []
-        returned = trio.Event()
+        returned = anyio.Event()
 
         async def run(conn: Any, call: Any) -> Any:
             reply = await real_run(conn, call)
@@ -1037,7 +1041,7 @@ async def test_a_cancel_that_overtakes_the_claim_reply_is_not_lost(
         worker._binding.run = run  # type: ignore[method-assign]
         await worker.start_work("devices", hold)
         await client.ensure("devices", "dev-1")
-        with trio.fail_after(5):
+        with anyio.fail_after(5):
             await returned.wait()
         assert cancels == [1]
         # the runner took the reply and went back to waiting, without starting it
@@ -1055,10 +1059,10 @@ async def test_a_worker_cancelled_from_outside_hands_back_at_once(
     ttl = 3.0
 
     async def handler(p: mesh.Process) -> None:
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     async with mesh.open_client(redis_url, namespace=namespace) as client:
-        with trio.CancelScope() as outer:
+        with anyio.CancelScope() as outer:
             async with mesh.open_worker(redis_url, namespace=namespace, ttl=ttl) as w:
                 await w.start_work("devices", handler)
                 await client.ensure("devices", "d1")
@@ -1067,10 +1071,10 @@ async def test_a_worker_cancelled_from_outside_hands_back_at_once(
                     return len(await client.processes("devices")) == 1
 
                 await wait_until(running)
-                t0 = trio.current_time()
+                t0 = anyio.current_time()
                 outer.cancel()
-                await trio.sleep_forever()
-        took = trio.current_time() - t0
+                await anyio.sleep_forever()
+        took = anyio.current_time() - t0
         info = await client.queue_info("devices")
         assert (info.queued, info.running) == (1, 0)
         assert await client.workers() == []
@@ -1092,8 +1096,8 @@ async def test_wakes_and_cancels_travel_sharded_where_the_server_has_it(
     async def handler(p: Process) -> None:
         started.append(p.task)
         try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
             cancelled.append(p.task)
             raise
 

@@ -1,7 +1,7 @@
 """A TCP proxy between a worker and Redis that can pass, stall or cut the
 traffic, and lose the reply of a chosen command after Redis ran it.
 
-It runs in the test's trio loop: ``await nursery.start(proxy.run)``, then
+It runs in the test's event loop (trio or asyncio): ``await nursery.start(proxy.run)``, then
 point the worker at ``proxy.url``.
 
 * :meth:`stall`: stop forwarding in both directions, on every connection,
@@ -21,18 +21,17 @@ point the worker at ``proxy.url``.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
+import anyio
 import hiredis
-import trio
 
 _BUF = 256 * 1024
 
 
 class _Link:
     def __init__(self) -> None:
-        self.scope = trio.CancelScope()
+        self.scope = anyio.CancelScope()
         self.lose_from: int | None = None  # 1-based number of the marked command
         self.frozen = False
         self.commands = 0
@@ -46,12 +45,12 @@ class Proxy:
         self.host = host
         self.target_port = target_port
         self.port = 0
-        self._flowing = trio.Event()
+        self._flowing = anyio.Event()
         self._flowing.set()
         self._refuse = False
         self._links: set[_Link] = set()
         self._marker: bytes | None = None
-        self._lost = trio.Event()
+        self._lost = anyio.Event()
         self.lost_replies = 0
         self.connections = 0
 
@@ -63,7 +62,7 @@ class Proxy:
 
     def stall(self) -> None:
         if self._flowing.is_set():
-            self._flowing = trio.Event()
+            self._flowing = anyio.Event()
 
     def freeze(self) -> None:
         for link in self._links:
@@ -78,11 +77,11 @@ class Proxy:
         self._refuse = False
         self._flowing.set()
 
-    def lose_reply_to(self, marker: bytes) -> trio.Event:
+    def lose_reply_to(self, marker: bytes) -> anyio.Event:
         """Arm: lose the reply of the next command containing ``marker``.
         Returns an event set once a reply was lost."""
         self._marker = marker
-        self._lost = trio.Event()
+        self._lost = anyio.Event()
         return self._lost
 
     @property
@@ -91,48 +90,50 @@ class Proxy:
 
     # --- serving ------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                functools.partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1")
-            )
-            self.port = listeners[0].socket.getsockname()[1]
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        async with listener, anyio.create_task_group() as nursery:
+            self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            nursery.start_soon(listener.serve, self._handle)
             task_status.started()
 
-    async def _handle(self, client: trio.SocketStream) -> None:
+    async def _handle(self, client: anyio.abc.SocketStream) -> None:
         if self._refuse:
-            await trio.aclose_forcefully(client)
+            await anyio.aclose_forcefully(client)
             return
         try:
-            upstream = await trio.open_tcp_stream(self.host, self.target_port)
+            upstream = await anyio.connect_tcp(self.host, self.target_port)
         except OSError:
-            await trio.aclose_forcefully(client)
+            await anyio.aclose_forcefully(client)
             return
         link = _Link()
         self._links.add(link)
         self.connections += 1
         try:
             with link.scope:
-                async with trio.open_nursery() as nursery:
+                async with anyio.create_task_group() as nursery:
                     nursery.start_soon(self._requests, link, client, upstream)
                     nursery.start_soon(self._replies, link, upstream, client)
         finally:
             self._links.discard(link)
-            await trio.aclose_forcefully(client)
-            await trio.aclose_forcefully(upstream)
+            await anyio.aclose_forcefully(client)
+            await anyio.aclose_forcefully(upstream)
 
     async def _flow(self, link: _Link) -> None:
         while not self._flowing.is_set() or link.frozen:
             if link.frozen:
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             await self._flowing.wait()
 
     async def _requests(self, link: _Link, src: Any, dst: Any) -> None:
         reader: Any = hiredis.Reader()
         try:
             while True:
-                data = await src.receive_some(_BUF)
-                if not data:
+                try:
+                    data = await src.receive(_BUF)
+                except anyio.EndOfStream:
                     break
                 await self._flow(link)
                 if reader is not None:
@@ -150,8 +151,8 @@ class Proxy:
                                 self._marker = None
                     except hiredis.ProtocolError:
                         reader = None  # not RESP (inline commands): just forward
-                await dst.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await dst.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         link.close()
 
@@ -160,8 +161,9 @@ class Proxy:
         replies = 0
         try:
             while True:
-                data = await src.receive_some(_BUF)
-                if not data:
+                try:
+                    data = await src.receive(_BUF)
+                except anyio.EndOfStream:
                     break
                 await self._flow(link)
                 try:
@@ -175,7 +177,7 @@ class Proxy:
                     self.lost_replies += 1
                     self._lost.set()
                     break
-                await dst.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await dst.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         link.close()
