@@ -28,7 +28,9 @@ from ._fleet import Fleet as Fleet
 from ._fleet import open_fleet as open_fleet
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._lease import LeaseTiming as LeaseTiming
+from ._loop import cancel_reason as cancel_reason
 from ._policy import QueuePolicy as QueuePolicy
+from ._runner import MOVED as MOVED
 from ._runner import Batched as Batched
 from ._runner import BatchHandler as BatchHandler
 from ._runner import Handler as Handler

@@ -33,7 +33,15 @@ import trio
 
 from ._errors import ConfigError
 
-__all__ = ["LOOPS", "ByteStream", "Loop", "aclose_forcefully", "current", "require_loop"]
+__all__ = [
+    "LOOPS",
+    "ByteStream",
+    "Loop",
+    "aclose_forcefully",
+    "cancel_reason",
+    "current",
+    "require_loop",
+]
 
 #: The event loops trio-mesh runs on (the names sniffio gives them).
 LOOPS: Final = ("trio", "asyncio")
@@ -252,3 +260,23 @@ async def aclose_forcefully(stream: ByteStream) -> None:
     with anyio.CancelScope() as scope:
         scope.cancel()
         await stream.aclose()
+
+
+def cancel_reason(exc: BaseException) -> str | None:
+    """Why a handler was cancelled, on either loop: ``"moved"``
+    (:data:`mesh.MOVED`) when its process is handed back to move to a peer
+    below its fair share; another word or ``None`` otherwise.
+
+    Args:
+        exc: the cancellation the handler caught: a ``trio.Cancelled`` (its
+            ``reason``, trio 0.31 and later) or an ``asyncio.CancelledError``
+            (the reason the cancel scope gave it, in its message).
+    """
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str):
+        return reason
+    if isinstance(exc, asyncio.CancelledError) and exc.args and isinstance(exc.args[0], str):
+        _, said, reason = exc.args[0].rpartition("; reason: ")
+        if said:
+            return reason
+    return None

@@ -4,14 +4,15 @@ codes, reading tasks, and printing payloads, tables and durations."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import datetime
 import json
 import math
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import IO, Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import IO, Any, TypeVar, cast
 
 import attrs
 import trio
@@ -22,6 +23,8 @@ from mesh._keys import Keys, check_queue
 from mesh._units import MAX_SECONDS, seconds_ms
 from mesh._view import show_payload
 
+T = TypeVar("T")
+
 __all__ = [
     "DEFAULT_URL",
     "EXIT_FAILURE",
@@ -29,6 +32,7 @@ __all__ = [
     "EXIT_USAGE",
     "CliError",
     "Target",
+    "run_on",
     "UsageError",
     "add_target_options",
     "check_size",
@@ -276,6 +280,24 @@ def run_client(t: Target, fn: Callable[[mesh.Client], Awaitable[int]]) -> int:
             return await fn(client)
 
     return trio.run(go)
+
+
+def run_on(loop: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``await fn(*args)`` on ``loop``: "trio", "asyncio", or "uvloop"
+    (asyncio on uvloop).
+
+    Raises:
+        UsageError: "uvloop" and uvloop is not installed (nothing ran).
+    """
+    if loop == "trio":
+        return trio.run(fn, *args)
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise UsageError("--loop uvloop needs uvloop installed: pip install uvloop") from None
+        return uvloop.run(cast(Coroutine[Any, Any, T], fn(*args)))
+    return asyncio.run(cast(Coroutine[Any, Any, T], fn(*args)))
 
 
 def queue_arg(name: str) -> str:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import trio
 
 import mesh
 from mesh import LeaseTiming
@@ -40,6 +39,7 @@ from ._common import (
     UsageError,
     add_target_options,
     positive_float,
+    run_on,
     seconds_arg,
     show_task,
     target,
@@ -172,6 +172,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--traceback",
         action="store_true",
         help="if APP's module fails to import, print the traceback (default: one line)",
+    )
+    p.add_argument(
+        "--loop",
+        default="trio",
+        choices=["trio", "asyncio", "uvloop"],
+        help="the event loop that runs the worker and its handlers (default trio): "
+        "handlers are coroutine functions of that loop; 'uvloop' is asyncio on uvloop "
+        "(installed separately)",
     )
     _metrics.add_worker_options(p)
     p.set_defaults(func=_worker)
@@ -386,7 +394,7 @@ def _worker(args: argparse.Namespace) -> int:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    return trio.run(_serve, args, t, app, concurrency, capacity, prefetch)
+    return run_on(args.loop, _serve, args, t, app, concurrency, capacity, prefetch)
 
 
 class JsonFormatter(logging.Formatter):
@@ -422,12 +430,12 @@ def _logged_batch(handler: mesh.BatchHandler, stopping: _Stopping) -> mesh.Batch
         t0 = time.monotonic()
         try:
             result = await handler(ps)
-        except trio.Cancelled as exc:
+        except anyio.get_cancelled_exc_class() as exc:
             how = (
                 "stopped"
                 if stopping.now
                 else "moved"
-                if getattr(exc, "reason", None) == MOVED
+                if mesh.cancel_reason(exc) == MOVED
                 else "cancelled"
             )
             log.info("%s %s after %.0f ms", how, what, (time.monotonic() - t0) * 1000)
@@ -450,7 +458,7 @@ def _logged(handler: mesh.Handler, stopping: _Stopping) -> mesh.Handler:
         t0 = time.monotonic()
         try:
             result = await handler(p)
-        except trio.Cancelled as exc:
+        except anyio.get_cancelled_exc_class() as exc:
             if stopping.now:
                 # The hand-back itself follows, by the worker, now that the
                 # handler has exited.
@@ -459,7 +467,7 @@ def _logged(handler: mesh.Handler, stopping: _Stopping) -> mesh.Handler:
                     what,
                     (time.monotonic() - t0) * 1000,
                 )
-            elif getattr(exc, "reason", None) == MOVED:
+            elif mesh.cancel_reason(exc) == MOVED:
                 log.info(
                     "moved %s after %.0f ms; handing it back for a peer below its fair share",
                     what,
