@@ -197,6 +197,20 @@ def _asyncio_wake(future: asyncio.Future[Any], result: Any = None) -> None:
         future.set_exception(result.error)
 
 
+async def _asyncio_checkpoint_if_cancelled() -> None:
+    """anyio's ``checkpoint_if_cancelled``, and also when a deadline of the
+    caller's cancel scopes has passed but its timer has not fired yet: asyncio
+    runs ready callbacks before due timers, so after the process was frozen
+    (SIGSTOP, a blocking call) past a deadline (the self-fence's, a time
+    limit's), the caller would otherwise send one more command before its
+    cancellation reaches it; trio expires deadlines before it runs anything.
+    A few checkpoints let the timer fire and the cancellation land here."""
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    if anyio.current_effective_deadline() <= asyncio.get_running_loop().time():
+        for _ in range(4):
+            await anyio.lowlevel.checkpoint()
+
+
 _LOOPS: Final = {
     "trio": Loop(
         "trio",
@@ -212,7 +226,7 @@ _LOOPS: Final = {
         _asyncio_park,
         _asyncio_wake,
         anyio.lowlevel.checkpoint,
-        anyio.lowlevel.checkpoint_if_cancelled,
+        _asyncio_checkpoint_if_cancelled,
     ),
 }
 

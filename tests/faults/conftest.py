@@ -23,11 +23,28 @@ def sink_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def worker_loop(request: pytest.FixtureRequest) -> str:
+    """The event loop of the worker processes (drivers) of this test: "trio",
+    or both in turn in a module marked ``worker_loops``."""
+    return str(getattr(request, "param", "trio"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marked = metafunc.definition.get_closest_marker("worker_loops") is not None
+    if marked and "worker_loop" in metafunc.fixturenames:
+        metafunc.parametrize("worker_loop", ["trio", "asyncio"])
+
+
+@pytest.fixture
 async def h(
-    redis_url: str, sink_server: RedisServer, namespace: str, nursery: trio.Nursery
+    redis_url: str,
+    sink_server: RedisServer,
+    namespace: str,
+    nursery: trio.Nursery,
+    worker_loop: str,
 ) -> AsyncIterator[Harness]:
     """A harness on the session's shared mesh Redis."""
-    async with open_harness(redis_url, sink_server.url, namespace, nursery, TTL) as h:
+    async with open_harness(redis_url, sink_server.url, namespace, nursery, TTL, worker_loop) as h:
         yield h
 
 
@@ -44,13 +61,23 @@ def mesh_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def ho(
-    mesh_redis: RedisServer, sink_server: RedisServer, namespace: str, nursery: trio.Nursery
+    mesh_redis: RedisServer,
+    sink_server: RedisServer,
+    namespace: str,
+    nursery: trio.Nursery,
+    worker_loop: str,
 ) -> AsyncIterator[Harness]:
     """A harness on a mesh Redis of its own (``ho.server``)."""
-    async with open_harness(mesh_redis.url, sink_server.url, namespace, nursery, TTL) as h:
+    async with open_harness(
+        mesh_redis.url, sink_server.url, namespace, nursery, TTL, worker_loop
+    ) as h:
         h.server = mesh_redis
         yield h
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "redis_args(*args): extra redis-server arguments")
+    config.addinivalue_line(
+        "markers",
+        "worker_loops: the module's fault tests run with trio and with asyncio workers",
+    )

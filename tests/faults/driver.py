@@ -36,6 +36,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import anyio
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -82,7 +83,7 @@ async def main(args: argparse.Namespace) -> int:
             return bool(await sconn.execute(*cmd))
 
         async def note_shielded(task: bytes, token: int, worker: str, action: str, x: str) -> None:
-            with trio.move_on_after(2) as cs:
+            with anyio.move_on_after(2) as cs:
                 cs.shield = True
                 await report(task, token, worker, action, x)
 
@@ -141,12 +142,12 @@ async def serve(
         n = 0
         try:
             while True:
-                await trio.sleep(args.act_every)
+                await anyio.sleep(args.act_every)
                 n += 1
                 if n == 3 and ("stallwrite" in d or ("stallonce" in d and first_stall(args, p))):
                     stall_then_write(args, p)
                 await report(p.task, p.token, p.worker_id, "act")
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             await slow_stop(d)
             await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
             raise
@@ -161,11 +162,11 @@ async def serve(
         hold = float(d.get("hold", args.job_time))
         try:
             if "ignorecancel" in d:
-                with trio.CancelScope(shield=True):
-                    await trio.sleep(hold)
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(hold)
             else:
-                await trio.sleep(hold)
-        except trio.Cancelled:
+                await anyio.sleep(hold)
+        except anyio.get_cancelled_exc_class():
             await slow_stop(d)
             await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
             raise
@@ -173,8 +174,8 @@ async def serve(
 
     async def slow_stop(d: dict[str, str]) -> None:
         if "slowstop" in d:
-            with trio.CancelScope(shield=True):
-                await trio.sleep(float(d["slowstop"]))
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(float(d["slowstop"]))
 
     async def manual() -> None:
         while True:
@@ -182,13 +183,13 @@ async def serve(
                 p = await worker.dequeue(args.manual)
             except (mesh.MeshConnectionError, mesh.FencedError) as exc:
                 await report(b"", 0, worker.id, "log", f"dequeue: {exc}")
-                await trio.sleep(0.05)
+                await anyio.sleep(0.05)
                 continue
             if p is None:
-                await trio.sleep(0.01)
+                await anyio.sleep(0.01)
                 continue
             await report(p.task, p.token, p.worker_id, "claimed")
-            await trio.sleep(float(directives(p.task).get("hold", args.job_time)))
+            await anyio.sleep(float(directives(p.task).get("hold", args.job_time)))
             try:
                 ok = await worker.finish(p)
             except mesh.MeshConnectionError as exc:
@@ -199,19 +200,19 @@ async def serve(
     async def watch_id() -> None:
         last = worker.id
         while True:
-            await trio.sleep(0.01)
+            await anyio.sleep(0.01)
             if worker.id != last:
                 await report(b"", 0, worker.id, "id", last)
                 last = worker.id
 
     async def flush_logs() -> None:
         while True:
-            await trio.sleep(0.05)
+            await anyio.sleep(0.05)
             recs, captured.records = captured.records, []
             for r in recs:
                 await report(b"", 0, worker.id, "log", r)
 
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         for queue, handler in ((args.persistent, device), (args.oneshot, job), (args.manual, None)):
             if queue:
                 await worker.start_work(
@@ -222,7 +223,7 @@ async def serve(
                     backoff=args.backoff,
                     rebalance=not args.no_rebalance,
                 )
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(watch_id)
             nursery.start_soon(flush_logs)
             if args.manual:
@@ -295,8 +296,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--job-time", type=float, default=0.02)
     ap.add_argument("--log-level", default="WARNING", help="mesh log records sent as notes")
     ap.add_argument("--max-payload", type=int, default=DEFAULT_MAX_PAYLOAD)
+    ap.add_argument(
+        "--loop",
+        default="trio",
+        choices=["trio", "asyncio"],
+        help="the event loop of this worker and its handlers",
+    )
     return ap.parse_args(argv)
 
 
 if __name__ == "__main__":
-    sys.exit(trio.run(main, parse_args()))
+    parsed = parse_args()
+    if parsed.loop == "asyncio":
+        import asyncio
+
+        sys.exit(asyncio.run(main(parsed)))
+    sys.exit(trio.run(main, parsed))

@@ -101,6 +101,9 @@ class Harness:
         self.drivers: list[Driver] = []
         self._n = 0
         self.server: RedisServer | None = None
+        # the event loop of the driver processes that start() spawns
+        # ("--loop" in start's arguments overrides it for those)
+        self.loop = "trio"
 
     @property
     def conn(self) -> Connection:
@@ -116,6 +119,8 @@ class Harness:
         cmd += ["--prefix", self.prefix, "--namespace", self.ns, "--tag", tag]
         if "--ttl" not in args:
             cmd += ["--ttl", str(self.ttl)]
+        if "--loop" not in args:
+            cmd += ["--loop", self.loop]
         cmd += list(args)
         popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         d = Driver(tag, popen)
@@ -245,15 +250,22 @@ class Harness:
 
 @asynccontextmanager
 async def open_harness(
-    url: str, sink_url: str, namespace: str, nursery: trio.Nursery, ttl: float
+    url: str,
+    sink_url: str,
+    namespace: str,
+    nursery: trio.Nursery,
+    ttl: float,
+    loop: str = "trio",
 ) -> AsyncIterator[Harness]:
-    """A :class:`Harness` on the mesh Redis at ``url``; every driver process it
-    started is killed and waited for when the block is left."""
+    """A :class:`Harness` on the mesh Redis at ``url`` whose drivers run on
+    ``loop`` ("trio" or "asyncio"); every driver process it started is killed
+    and waited for when the block is left."""
     async with (
         mesh.open_client(url, namespace=namespace) as client,
         open_connection(sink_url) as sconn,
     ):
         h = Harness(url, sink_url, namespace, client, sconn, nursery, ttl)
+        h.loop = loop
         try:
             yield h
         finally:

@@ -10,7 +10,7 @@ from mesh.testing import wait_until
 from .conftest import TTL
 from .harness import Harness, figure, payloads
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 
 
 async def test_sigkill_mid_task_moves_everything_to_a_live_peer(h: Harness) -> None:

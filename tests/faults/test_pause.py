@@ -15,7 +15,7 @@ from mesh.testing import wait_until
 from .conftest import TTL
 from .harness import Driver, Harness, figure, payloads
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 
 
 async def test_a_paused_owner_is_replaced_and_cannot_act_when_it_wakes(h: Harness) -> None:

@@ -13,7 +13,7 @@ from .conftest import TTL
 from .harness import Harness, figure
 from .sink import Event
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 H = TTL / 3
 
 

@@ -12,7 +12,7 @@ from mesh.testing import wait_until
 from .conftest import TTL
 from .harness import Harness, figure, payloads
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 
 
 async def test_sigterm_hands_everything_back_at_once_without_overlap(h: Harness) -> None:
