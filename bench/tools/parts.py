@@ -17,6 +17,7 @@ import argparse
 import time
 from typing import Any
 
+import anyio
 import trio
 
 import mesh
@@ -123,7 +124,7 @@ async def pool(procs: list[Process], rounds: int) -> float:
         lambda _: None,
     )
     pool = r._pool
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         pool.nursery = nursery
         for _ in range(2):  # the pool's trio tasks exist before the timing
             for p in procs:
