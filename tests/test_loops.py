@@ -17,7 +17,7 @@ import sniffio
 import uvloop
 
 import mesh
-from mesh.testing import wait_until
+from mesh.testing import RedisServer, wait_until
 
 from .cli_helpers import assert_one_line_error, clean_env, mesh_cli, running_process, stderr_until
 
@@ -148,3 +148,17 @@ async def test_mesh_worker_loop_rejects_an_unknown_loop(tmp_path: Path) -> None:
     r = await mesh_cli("worker", "aio_app:queues", "--loop", "gevent", cwd=tmp_path)
     line = assert_one_line_error(r, 2)
     assert "--loop" in line and "gevent" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.trio_only(
+    "runs the suite and its peers as processes: the test's own loop does not matter"
+)
+async def test_the_python_peer_on_asyncio_passes_the_conformance_suite(
+    own_redis: RedisServer,
+) -> None:
+    peer = f"{sys.executable} -m mesh.conformance.peer --loop asyncio"
+    r = await mesh_cli("conformance", "--quiet", "--redis", own_redis.url, "--peer", peer)
+    out = r.stdout.decode()
+    assert r.returncode == 0, out + r.stderr.decode()
+    assert out.rstrip().endswith("all passed"), out

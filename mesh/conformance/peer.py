@@ -1,6 +1,7 @@
 """The Python peer of the conformance line protocol (protocol/conformance/README.md).
 
-Run as ``python -m mesh.conformance.peer``: it reads its Redis URL and namespace
+Run as ``python -m mesh.conformance.peer`` (``--loop asyncio`` to run it on
+asyncio; trio by default): it reads its Redis URL and namespace
 from ``MESH_REDIS_URL`` and ``MESH_NAMESPACE``, commands from stdin, and writes
 events to stdout, one JSON object per line. Logs go to stderr.
 
@@ -18,12 +19,15 @@ removed it from ``{ns}:procs:<Q>``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import sys
 from typing import Any
 
+import anyio
+import anyio.abc
 import trio
 
 import mesh
@@ -45,23 +49,24 @@ class Peer:
         self.worker: mesh.Worker | None = None
         self.stopping = False
         self.exit_code = 0
-        self._stop = trio.Event()
-        self._ready = trio.Event()
+        self._stop = anyio.Event()
+        self._ready = anyio.Event()
 
     def emit(self, **event: Any) -> None:
         sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
         sys.stdout.flush()
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(self._read_commands, nursery)
 
-    async def _read_commands(self, nursery: trio.Nursery) -> None:
-        stream = trio.lowlevel.FdStream(os.dup(0))
+    async def _read_commands(self, nursery: anyio.abc.TaskGroup) -> None:
+        # stdin, read in a worker thread: the same on both loops
+        stream = anyio.wrap_file(os.fdopen(os.dup(0), "rb", buffering=0))
         buf = b""
         async with stream:
             while True:
-                data = await stream.receive_some(65536)
+                data = await stream.read(65536)
                 if not data:
                     break
                 buf += data
@@ -72,7 +77,7 @@ class Peer:
                             return
         await self._command(b'{"op":"stop"}', nursery)
 
-    async def _command(self, line: bytes, nursery: trio.Nursery) -> bool:
+    async def _command(self, line: bytes, nursery: anyio.abc.TaskGroup) -> bool:
         """Run one command; False once the peer is done."""
         try:
             cmd = json.loads(line)
@@ -125,13 +130,13 @@ class Peer:
             self.emit(event="error", op=op, code=type(exc).__name__, message=str(exc))
         return True
 
-    async def _run_worker(self, ttl: float, task_status: trio.TaskStatus[None]) -> None:
+    async def _run_worker(self, ttl: float, task_status: anyio.abc.TaskStatus[None]) -> None:
         try:
             async with mesh.open_worker(self.url, namespace=self.namespace, ttl=ttl) as worker:
                 self.worker = worker
                 self.emit(event="ready", worker=worker.id, version=mesh.PROTOCOL_VERSION)
                 task_status.started()
-                async with trio.open_nursery() as watch:
+                async with anyio.create_task_group() as watch:
                     watch.start_soon(self._watch_fences, worker)
                     await self._stop.wait()
                     watch.cancel_scope.cancel()
@@ -145,7 +150,7 @@ class Peer:
         finally:
             self._ready.set()
 
-    def _refuse(self, code: str, exc: Exception, task_status: trio.TaskStatus[None]) -> None:
+    def _refuse(self, code: str, exc: Exception, task_status: anyio.abc.TaskStatus[None]) -> None:
         self.emit(event="error", op="start", code=code, message=str(exc))
         self.exit_code = EXIT_JOIN
         task_status.started()
@@ -161,7 +166,7 @@ class Peer:
         """Report each identity the worker gave up (a self-fence or a lost lease)."""
         last = worker.id
         while True:
-            await trio.sleep(0.02)
+            await anyio.sleep(0.02)
             if worker.id != last:
                 self.emit(event="fenced", worker=last)
                 last = worker.id
@@ -177,11 +182,11 @@ class Peer:
             self.emit(event="start", queue=p.queue, task=task, token=p.token, worker=p.worker_id)
             try:
                 if spec == "hold":
-                    await trio.sleep_forever()
+                    await anyio.sleep_forever()
                 elif isinstance(spec, dict):
-                    await trio.sleep(float(spec["sleep"]))
-            except trio.Cancelled:
-                with trio.CancelScope(shield=True):
+                    await anyio.sleep(float(spec["sleep"]))
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
                     reason = await self._why_stopped(p)
                 self.emit(event="stop", queue=p.queue, task=task, token=p.token, reason=reason)
                 raise
@@ -202,14 +207,14 @@ class Peer:
             return "fenced"
         conn = worker._conn
         try:
-            with trio.fail_after(2.0):
+            with anyio.fail_after(2.0):
                 marked, held = await conn.pipeline(
                     [
                         ("HEXISTS", self.keys.moving(p.queue), p.id),
                         ("HEXISTS", self.keys.procs(p.queue), p.id),
                     ]
                 )
-        except (mesh.MeshError, trio.TooSlowError):
+        except (mesh.MeshError, TimeoutError):
             return "fenced"
         if marked or held:
             return "moved"
@@ -231,8 +236,17 @@ def main() -> int:
     if not url or not namespace:
         print("mesh.conformance.peer: set MESH_REDIS_URL and MESH_NAMESPACE", file=sys.stderr)
         return EXIT_USAGE
+    loop = "trio"
+    if sys.argv[1:] in (["--loop", "asyncio"], ["--loop", "trio"]):
+        loop = sys.argv[2]
+    elif sys.argv[1:]:
+        print("usage: python -m mesh.conformance.peer [--loop trio|asyncio]", file=sys.stderr)
+        return EXIT_USAGE
     peer = Peer(url, namespace)
-    trio.run(peer.run)
+    if loop == "asyncio":
+        asyncio.run(peer.run())
+    else:
+        trio.run(peer.run)
     return peer.exit_code
 
 
