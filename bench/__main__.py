@@ -30,6 +30,7 @@ from .suites import (
     failover,
     fleet,
     latency,
+    loops,
     memory,
     observe,
     scale,
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "memory": memory.run,
     "observe": observe.run,
     "delayed": delayed.run,
+    "loops": loops.run,
 }
 DEFAULT_OUTPUT = REPO / "docs" / "performance.md"
 FINDINGS = REPO / "bench" / "findings.md"

@@ -49,13 +49,17 @@ process of the machine (Linux), so the parent can compare them with its own.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+import sniffio
 import trio
 
 import mesh
@@ -166,13 +170,20 @@ def out(line: str) -> None:
 
 
 class Stdin:
+    """The parent's commands, a line each: trio's FdStream on trio, a worker
+    thread's reads on asyncio (no command is timed)."""
+
     def __init__(self) -> None:
-        self._stream = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+        fd = os.dup(sys.stdin.fileno())
+        if sniffio.current_async_library() == "trio":
+            self._read: Callable[[int], Awaitable[bytes]] = trio.lowlevel.FdStream(fd).receive_some
+        else:
+            self._read = anyio.wrap_file(os.fdopen(fd, "rb", buffering=0)).read
         self._buf = b""
 
     async def readline(self) -> str | None:
         while b"\n" not in self._buf:
-            data = await self._stream.receive_some(4096)
+            data = await self._read(4096)
             if not data:
                 return None
             self._buf += data
@@ -211,7 +222,7 @@ async def throughput(args: argparse.Namespace) -> None:
         else:
             await worker.start_work(args.queue, noop, concurrency=args.concurrency)
         out("started")
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
 
 # KEYS[1] {ns}:queue:<Q> (trio-mesh's queue list), KEYS[2] {ns}:procs:<Q>
@@ -254,15 +265,15 @@ async def loop(args: argparse.Namespace) -> None:
             if not done:
                 break
         out("drained")
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
 
 async def failover(args: argparse.Namespace) -> None:
     async def device(process: mesh.Process) -> None:
         out(f"start {process.token} {time.monotonic_ns()}")
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
         async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
             await worker.start_work("devices", device, concurrency=1)
             out(f"ready {worker.id}")
@@ -281,20 +292,20 @@ async def hold(args: argparse.Namespace) -> None:
         if args.notes:
             out(f"start {process.task.decode()} {time.monotonic_ns()}")
         try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
             cancelled.append((process.task, time.monotonic_ns()))
             raise
         finally:
             running -= 1
 
     ready = 0
-    all_ready = trio.Event()
+    all_ready = anyio.Event()
 
     workers: list[mesh.Worker] = []
     # At most 50 workers starting at once: a thousand joining together would
     # hold the event loop long enough for the first leases (TTL 3 s) to run out.
-    starting = trio.Semaphore(50)
+    starting = anyio.Semaphore(50)
 
     async def one(i: int, fleet: mesh.Fleet | None) -> None:
         nonlocal ready
@@ -315,14 +326,14 @@ async def hold(args: argparse.Namespace) -> None:
                 ready += 1
                 if ready == args.workers:
                     all_ready.set()
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
         finally:
             if not started:
                 starting.release()
 
     async def serve(fleet: mesh.Fleet | None) -> None:
         stdin = Stdin()
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for i in range(args.workers):
                 nursery.start_soon(one, i, fleet)
             await all_ready.wait()
@@ -378,10 +389,10 @@ async def latency_produce(args: argparse.Namespace) -> None:
         out("ready")
         if await stdin.readline() != "go":
             return
-        start = trio.current_time()
+        start = anyio.current_time()
         first = last = 0
         for i in range(args.n):
-            await trio.sleep_until(start + i / args.rate)
+            await anyio.sleep_until(start + i / args.rate)
             last = time.monotonic_ns()
             first = first or last
             await client.enqueue(args.queue, b"%d %d" % (i, last))
@@ -420,6 +431,12 @@ def main() -> None:
     parser.add_argument("--gc-freeze", action="store_true", help="hold: gc.freeze() once serving")
     parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
     parser.add_argument("--prefetch", type=int, default=0, help="throughput: prefetch")
+    parser.add_argument(
+        "--loop",
+        default="trio",
+        choices=["trio", "asyncio", "uvloop"],
+        help="the event loop of this child (its worker and handlers)",
+    )
     args = parser.parse_args()
     roles = {
         "produce": produce,
@@ -439,7 +456,14 @@ def main() -> None:
     stalls = os.environ.get("MESH_BENCH_STALLS")
     instruments = [Stalls(f"{stalls}/stalls-{os.getpid()}.txt")] if stalls else []
     try:
-        trio.run(role, args, instruments=instruments)
+        if args.loop == "trio":
+            trio.run(role, args, instruments=instruments)
+        elif args.loop == "uvloop":
+            import uvloop
+
+            uvloop.run(role(args))
+        else:
+            asyncio.run(role(args))
     except KeyboardInterrupt:
         pass
 

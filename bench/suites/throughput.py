@@ -60,7 +60,7 @@ class Contender:
     lib: str  # "mesh", "loop" (the bare loop) or a peer
     processes: int = 1
     concurrency: int = 0  # 0: the run's (Sizes.concurrency)
-    extra: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()  # more arguments of its worker (trio-mesh: e.g. --loop)
     batch: int = 0  # trio-mesh: a batch handler of up to this many processes per call
     prefetch: int = 0  # trio-mesh: processes claimed beyond the concurrency
     tree: str = ""  # trio-mesh: run the children of this source tree (bench/tools/ab_throughput.py)
@@ -208,7 +208,7 @@ async def one_run(
                 argv = tree_child(
                     c.tree, "throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
                     "--concurrency", conc, "--batch", str(c.batch),
-                    "--prefetch", str(c.prefetch),
+                    "--prefetch", str(c.prefetch), *c.extra,
                 )  # fmt: skip
             elif c.lib == "loop":
                 argv = mesh_child(
