@@ -11,7 +11,8 @@ is taken from the running loop itself, through :class:`Loop`:
   (exactly what the connection did before), a future on asyncio;
 * the clock, read without anyio's lookup of the backend;
 * the byte stream to Redis: a trio stream on trio (read and written through
-  its file descriptor by :mod:`mesh._wire`), an anyio stream on asyncio.
+  its file descriptor by :mod:`mesh._wire`), an asyncio protocol on asyncio
+  (:mod:`mesh._asyncio_stream`).
 
 The loop is found when a connection, a pool or a public context manager is
 made (:func:`current`), never per call.
@@ -126,41 +127,9 @@ class Loop:
                 await tls.do_handshake()
                 stream = tls
             return stream
-        any_stream: anyio.abc.ByteStream
-        if path is not None:
-            any_stream = await anyio.connect_unix(path)
-        else:
-            assert host is not None
-            any_stream = await anyio.connect_tcp(host, port)
-        if context is not None:
-            from anyio.streams.tls import TLSStream
+        from ._asyncio_stream import open_asyncio_stream
 
-            any_stream = await TLSStream.wrap(
-                any_stream, hostname=host, ssl_context=context, standard_compatible=False
-            )
-        return AnyioStream(any_stream)
-
-
-class AnyioStream:
-    """An anyio byte stream with trio's stream methods (what the connection
-    calls): ``receive_some`` answers ``b""`` at the end of the stream."""
-
-    __slots__ = ("_stream",)
-
-    def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self._stream = stream
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send(data)  # type: ignore[arg-type]  # any buffer
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        try:
-            return await self._stream.receive(max_bytes or 65536)
-        except anyio.EndOfStream:
-            return b""
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
+        return await open_asyncio_stream(host, port, path, context)
 
 
 def _trio_park(task: Any, abort: Abort) -> Awaitable[Any]:

@@ -27,15 +27,18 @@ Reconnecting, re-routing and the public calls are the connection's
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
+import hiredis
 import outcome
 import trio
 
+from ._asyncio_stream import AsyncioStream
 from ._errors import ClosedError, MeshConnectionError
 from ._loop import ByteStream, aclose_forcefully, current
 from ._transport import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -135,6 +138,9 @@ class Wire:
         # stream (TCP or unix; -1: none, TLS, or not direct_writes): _submit
         # writes to it directly when the writer is idle.
         self._fd = -1
+        # On asyncio, the protocol stream while _serve runs (direct_writes):
+        # _submit writes to its transport at once, which never blocks.
+        self._direct: AsyncioStream | None = None
         # What a direct write left unsent, for the writer to send first.
         self._unsent: bytes | memoryview = b""
         # A direct write was made since the reader last received data: the
@@ -166,6 +172,21 @@ class Wire:
         pass ``checkpoint_if_cancelled`` just before, with no checkpoint
         since): a cancelled call must never be sent, and a direct write
         cannot be taken back."""
+        direct = self._direct
+        if direct is not None and not (
+            self._wrote or self._rerouting or self._pending or not self._connected
+        ):
+            # asyncio: the transport takes the whole write (it buffers what the
+            # socket does not), so nothing is left unsent
+            data = waiter.data
+            self._in_flight.append(waiter)
+            self._commands_sent += waiter.expected
+            self._in_flight_commands += waiter.expected
+            self._writes += 1
+            self._wrote = True
+            with contextlib.suppress(anyio.BrokenResourceError):  # lost: it breaks anyway
+                direct.write(data[0] if len(data) == 1 else b"".join(data))
+            return
         writer = self._writer_task
         if writer is None:
             self._pending.append(waiter)  # the writer is busy: it takes it next
@@ -288,12 +309,17 @@ class Wire:
                 self._unsent = b""
                 if self._rerouting and not self._in_flight:
                     nursery.cancel_scope.cancel()
-                nursery.start_soon(self._read_loop, stream, reader, nursery.cancel_scope)
+                if isinstance(stream, AsyncioStream):
+                    self._direct = stream if self._direct_writes else None
+                    nursery.start_soon(self._consume, stream, reader, nursery.cancel_scope)
+                else:
+                    nursery.start_soon(self._read_loop, stream, reader, nursery.cancel_scope)
                 nursery.start_soon(self._write_loop, stream, nursery.cancel_scope)
                 nursery.start_soon(also)
         finally:
             self._serve_scope = None
             self._fd = -1
+            self._direct = None
             self._unsent = b""
             await aclose_forcefully(stream)
 
@@ -355,8 +381,6 @@ class Wire:
         than fail a read.
         """
         in_flight = self._in_flight
-        reschedule = self._wake
-        not_enough = _NOT_ENOUGH_DATA
         timeout = self._reply_timeout or math.inf
         current_time = self._loop.clock()
         last = current_time()
@@ -392,29 +416,10 @@ class Wire:
                             self._break(scope, None, "Redis closed the connection")
                             return
                         reader.feed(data)
-                        while True:
-                            reply = reader.gets()
-                            if reply is not_enough:
-                                break
-                            if not in_flight:
-                                self._unexpected(scope, reply)
-                                return
-                            waiter = in_flight[0]
-                            replies = waiter.replies
-                            if replies is None:
-                                in_flight.popleft()
-                                self._in_flight_commands -= 1
-                                if not waiter.cancelled:
-                                    waiter.cancelled = True  # nobody may resolve it twice
-                                    reschedule(waiter.task, outcome.Value(reply))
-                            else:
-                                replies.append(reply)
-                                self._in_flight_commands -= 1
-                                if len(replies) == waiter.expected:
-                                    in_flight.popleft()
-                                    if not waiter.cancelled:
-                                        waiter.cancelled = True
-                                        reschedule(waiter.task, outcome.Value(replies))
+                        unexpected = self._match(reader)
+                        if unexpected is not None:
+                            self._unexpected(scope, unexpected[0])
+                            return
                         if not in_flight:
                             if self._rerouting:
                                 scope.cancel()  # every owed reply arrived: re-route now
@@ -429,6 +434,98 @@ class Wire:
                         return
         except _TRANSPORT_ERRORS as exc:
             self._break(scope, exc, "read failed")
+
+    def _match(self, reader: Any) -> tuple[Any] | None:
+        """Hand each complete reply ``reader`` holds to the oldest in-flight
+        waiter (Redis answers in order). Returns ``(reply,)`` for a reply that
+        no call is owed (the stream is out of step), else None."""
+        in_flight = self._in_flight
+        wake = self._wake
+        not_enough = _NOT_ENOUGH_DATA
+        while True:
+            reply = reader.gets()
+            if reply is not_enough:
+                return None
+            if not in_flight:
+                return (reply,)
+            waiter = in_flight[0]
+            replies = waiter.replies
+            if replies is None:
+                in_flight.popleft()
+                self._in_flight_commands -= 1
+                if not waiter.cancelled:
+                    waiter.cancelled = True  # nobody may resolve it twice
+                    wake(waiter.task, outcome.Value(reply))
+            else:
+                replies.append(reply)
+                self._in_flight_commands -= 1
+                if len(replies) == waiter.expected:
+                    in_flight.popleft()
+                    if not waiter.cancelled:
+                        waiter.cancelled = True
+                        wake(waiter.task, outcome.Value(replies))
+
+    async def _consume(self, stream: AsyncioStream, reader: Any, scope: anyio.CancelScope) -> None:
+        """:meth:`_read_loop` on asyncio: the protocol hands each received
+        chunk to the reply matching as it arrives (no read of ours, and no
+        task woken per read); this task only waits for the
+        end (the connection lost or out of step, a re-route with every owed
+        reply) and for ``reply_timeout`` to pass with replies owed."""
+        in_flight = self._in_flight
+        timeout = self._reply_timeout or math.inf
+        clock = self._loop.clock()
+        last = clock()
+        ended = anyio.Event()
+        why: list[tuple[str, Any]] = []
+
+        def end(kind: str, detail: Any) -> None:
+            if not why:
+                why.append((kind, detail))
+                ended.set()
+
+        def on_data(data: bytes) -> None:
+            nonlocal last
+            last = clock()
+            self._wrote = False
+            if why:
+                return
+            reader.feed(data)
+            try:
+                unexpected = self._match(reader)
+            except hiredis.ProtocolError as exc:
+                end("failed", exc)
+                return
+            if unexpected is not None:
+                end("unexpected", unexpected[0])
+            elif not in_flight and self._rerouting:
+                end("rerouted", None)
+
+        def on_lost(exc: BaseException | None) -> None:
+            end("failed" if exc is not None else "closed", exc)
+
+        stream.consume(on_data, on_lost)
+        try:
+            while not why:
+                with anyio.CancelScope(deadline=last + timeout) as waited:
+                    await ended.wait()
+                if waited.cancelled_caught and not why:
+                    now = clock()
+                    if not in_flight:
+                        last = now  # idle: nothing is owed
+                    elif now - last >= timeout:
+                        self._overdue(scope)
+                        return
+        finally:
+            stream.consume(None)
+        kind, detail = why[0]
+        if kind == "rerouted":
+            scope.cancel()
+        elif kind == "unexpected":
+            self._unexpected(scope, detail)
+        elif kind == "closed":
+            self._break(scope, None, "Redis closed the connection")
+        else:
+            self._break(scope, detail, "read failed")
 
     def _break(self, scope: anyio.CancelScope, exc: BaseException | None, reason: str) -> None:
         """:meth:`_broken`, and end :meth:`_serve` (cancel its ``scope``)."""
