@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 from prometheus_client import CollectorRegistry
@@ -26,6 +27,8 @@ from mesh.testing import run_redis_server, wait_until
 from .cli_helpers import clean_env, mesh_cli, running_process, stderr_until
 from .protocol_helpers import expire_worker
 
+pytestmark = pytest.mark.both_loops
+
 TTL = 0.9
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -38,7 +41,7 @@ async def scrape(url: str) -> Samples:
             assert r.headers["Content-Type"].startswith("text/plain")
             return str(r.read().decode())
 
-    body = await trio.to_thread.run_sync(get)
+    body = await anyio.to_thread.run_sync(get)
     out: Samples = {}
     for fam in text_string_to_metric_families(body):
         for s in fam.samples:
@@ -75,7 +78,7 @@ async def served(collector: object) -> AsyncIterator[str]:
 async def test_worker_metrics_change_with_the_events_they_count(
     redis_url: str, namespace: str
 ) -> None:
-    release = trio.Event()
+    release = anyio.Event()
 
     async def handler(p: mesh.Process) -> None:
         if p.task == b"fail":
@@ -154,7 +157,7 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
             # how long they have had no owner is kept in Redis: a new
             # exporter (no memory of earlier scrapes) reads the same time
             t0 = await client.time()
-            await trio.sleep(0.3)  # not a synchronisation: time passes unowned
+            await anyio.sleep(0.3)  # not a synchronisation: time passes unowned
             async with served(MeshCollector(client)) as url2:
                 s = await scrape(url2)
             unowned = value(s, "mesh_persistent_unowned_seconds", queue="devices")
@@ -166,7 +169,7 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
                     raise RuntimeError("boom")
 
                 async def hold(p: mesh.Process) -> None:
-                    await trio.sleep_forever()
+                    await anyio.sleep_forever()
 
                 await w.start_work("devices", hold, concurrency=1)
                 await w.start_work("jobs", fail, max_attempts=1, concurrency=1)
@@ -213,6 +216,7 @@ async def served_url(proc: trio.Process) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.trio_only("runs the mesh command as a process: the test's own loop does not matter")
 async def test_mesh_exporter_command_serves_and_stops(redis_url: str, namespace: str) -> None:
     async with running_process(
         [
@@ -228,11 +232,12 @@ async def test_mesh_exporter_command_serves_and_stops(redis_url: str, namespace:
             await client.enqueue("q", "x")
         assert value(await scrape(url), "mesh_queue_length", queue="q") == 1
         proc.terminate()
-        with trio.fail_after(10):
+        with anyio.fail_after(10):
             assert await proc.wait() == 0
 
 
 @pytest.mark.slow
+@pytest.mark.trio_only("runs the mesh command as a process: the test's own loop does not matter")
 async def test_mesh_worker_metrics_port(redis_url: str, namespace: str, tmp_path: Path) -> None:
     (tmp_path / "metrics_app.py").write_text(
         "async def work(p):\n    pass\n\nqueues = {'jobs': work}\n"
@@ -256,10 +261,11 @@ async def test_mesh_worker_metrics_port(redis_url: str, namespace: str, tmp_path
             what="two finished",
         )
         proc.terminate()
-        with trio.fail_after(10):
+        with anyio.fail_after(10):
             assert await proc.wait() == 0
 
 
+@pytest.mark.trio_only("runs the mesh command as a process: the test's own loop does not matter")
 async def test_metrics_options_are_checked() -> None:
     r = await mesh_cli("exporter", "--port", "70000")
     assert r.returncode == 2 and b"0 to 65535" in r.stderr
@@ -276,13 +282,14 @@ async def test_a_metrics_port_in_use_is_a_config_error() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.trio_only("runs the mesh command as a process: the test's own loop does not matter")
 async def test_a_process_moved_by_a_rebalance_is_counted_and_logged_as_moved(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     """Issue 27: a process handed back for balance was counted in no metric
     and logged as "cancelled"."""
     (tmp_path / "hold_app.py").write_text(
-        "import trio\n\nasync def hold(p):\n    await trio.sleep_forever()\n\n"
+        "import anyio\n\nasync def hold(p):\n    await anyio.sleep_forever()\n\n"
         "queues = {'devices': hold}\n"
     )
     async with mesh.open_client(redis_url, namespace=namespace) as client:
@@ -304,7 +311,7 @@ async def test_a_process_moved_by_a_rebalance_is_counted_and_logged_as_moved(
         )
 
         async def hold(p: mesh.Process) -> None:
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
 
         async with mesh.open_worker(redis_url, namespace=namespace, ttl=1.0) as peer:
             await peer.start_work("devices", hold)
@@ -319,7 +326,7 @@ async def test_a_process_moved_by_a_rebalance_is_counted_and_logged_as_moved(
             assert b"cancelled devices" not in log, log.decode()
             assert peer.statistics().queues["devices"].running == 2
         proc.terminate()
-        with trio.fail_after(10):
+        with anyio.fail_after(10):
             assert await proc.wait() == 0
 
 
@@ -335,12 +342,13 @@ async def test_the_delayed_gauge_counts_delayed_jobs_and_says_so(
                 with urllib.request.urlopen(url, timeout=10) as r:
                     return str(r.read().decode())
 
-            body = await trio.to_thread.run_sync(get)
+            body = await anyio.to_thread.run_sync(get)
     (help_line,) = [x for x in body.splitlines() if x.startswith("# HELP mesh_queue_delayed ")]
     assert "enqueued with a delay" in help_line and "retry" in help_line, help_line
 
 
 @pytest.mark.slow
+@pytest.mark.trio_only("runs the mesh command as a process: the test's own loop does not matter")
 async def test_mesh_exporter_outlives_redis_and_logs_each_outage_once() -> None:
     """Issue 27: the exporter exited 1 when Redis was down at start (so the
     documented ``mesh_redis_up == 0`` alert could never fire), and with Redis
@@ -374,7 +382,7 @@ async def test_mesh_exporter_outlives_redis_and_logs_each_outage_once() -> None:
             for _ in range(3):
                 assert value(await scrape(url), "mesh_redis_up") == 0
             proc.terminate()
-            with trio.fail_after(10):
+            with anyio.fail_after(10):
                 assert await proc.wait() == 0
             assert proc.stderr is not None
             while chunk := await proc.stderr.receive_some():
