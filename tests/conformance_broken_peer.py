@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+import anyio.abc
 import trio
 
 from mesh.conformance import peer as reference
@@ -30,7 +31,7 @@ class BrokenPeer(reference.Peer):
             event["token"] = 1
         super().emit(**event)
 
-    async def _command(self, line: bytes, nursery: trio.Nursery) -> bool:
+    async def _command(self, line: bytes, nursery: anyio.abc.TaskGroup) -> bool:
         if self.fault == "no-handback" and b'"stop"' in line:
             self.emit(event="stopped")
             os._exit(0)

@@ -4,6 +4,7 @@ the first instance's devices to the second with no overlap."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -37,12 +38,10 @@ class Instance:
         env.update(
             MESH_REDIS_URL=url, MESH_NAMESPACE=namespace, DEVICES=",".join(DEVICES), MESH_TTL="3"
         )
+        argv = [sys.executable, "-m", "uvicorn", "asgi_service:app", "--app-dir", str(EXAMPLES)]
+        argv += ["--port", str(self.port), "--host", "127.0.0.1", "--log-level", "warning"]
         self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "uvicorn", "asgi_service:app",
-                "--app-dir", str(EXAMPLES), "--port", str(self.port),
-                "--host", "127.0.0.1", "--log-level", "warning",
-            ],  # fmt: skip
+            argv,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out.open("wb"),
@@ -111,9 +110,7 @@ async def test_two_instances_share_the_devices_serve_jobs_and_hand_over_on_sigte
 
         before = {**await a.held(), **await b.held()}
         a.proc.send_signal(signal.SIGTERM)
-        with anyio.fail_after(15):
-            while a.proc.poll() is None:
-                await anyio.sleep(0.05)  # not a synchronisation: polling a process exit
+        await anyio.to_thread.run_sync(a.proc.wait, 15)
         # uvicorn 0.29 and later re-raise the signal once the graceful
         # shutdown (the lifespan's end: the worker's hand-back) is done
         assert a.proc.returncode in (0, -signal.SIGTERM), a.proc.returncode
@@ -133,7 +130,7 @@ async def test_two_instances_share_the_devices_serve_jobs_and_hand_over_on_sigte
     spans_a, spans_b = a.intervals(), b.intervals()
     for device in DEVICES:
         spans = sorted([*spans_a.get(device, []), *spans_b.get(device, [])])
-        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        for (_, end), (start, _) in itertools.pairwise(spans):
             assert end <= start, (device, spans)
 
 
