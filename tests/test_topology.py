@@ -12,9 +12,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import anyio
 import attrs
 import pytest
-import trio
 
 import mesh
 from mesh import MeshConnectionError, Process
@@ -106,7 +106,8 @@ async def test_cluster_db_must_be_0(cluster: ClusterSetup) -> None:
             pass  # pragma: no cover
 
 
-async def test_moved_is_rerouted_not_raised(cluster: ClusterSetup) -> None:
+@pytest.mark.both_loops
+async def test_moved_is_rerouted_not_raised(cluster: ClusterSetup, mesh_loop: str) -> None:
     # A connection pinned to the wrong master (as if the slot had moved since):
     # MOVED replies are re-routed and retried, in order, and no error escapes.
     owner = cluster.owner_port(SLOT)
@@ -117,20 +118,19 @@ async def test_moved_is_rerouted_not_raised(cluster: ClusterSetup) -> None:
         for e in client(wrong.port).execute_command("CLUSTER", "SLOTS")
         if e[2][1] == wrong.port
     )
+    key = ROUTE + "l-" + mesh_loop  # the cluster is the module's: a key each
     async with open_connection(cluster.url(wrong), topology=topology) as conn:
         assert conn.node == ("127.0.0.1", wrong.port)
         topology.slot = SLOT  # the next discovery looks for our namespace's master
-        replies = await conn.pipeline(
-            [("DEL", ROUTE + "l"), ("RPUSH", ROUTE + "l", "a"), ("RPUSH", ROUTE + "l", "b")]
-        )
+        replies = await conn.pipeline([("DEL", key), ("RPUSH", key, "a"), ("RPUSH", key, "b")])
         assert replies == [0, 1, 2]
-        assert await conn.execute("LRANGE", ROUTE + "l", 0, -1) == [b"a", b"b"]
+        assert await conn.execute("LRANGE", key, 0, -1) == [b"a", b"b"]
         assert conn.node == ("127.0.0.1", owner)
         assert conn.statistics().reroutes >= 1
     # A plain error reply stays the caller's.
     async with open_connection(cluster.url(), route_key=ROUTE) as conn:
         with pytest.raises(mesh.CommandError, match="WRONGTYPE"):
-            await conn.execute("INCR", ROUTE + "l")
+            await conn.execute("INCR", key)
 
 
 async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
@@ -159,7 +159,7 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
     async with open_connection(cluster.url(), route_key=tag) as conn:
         assert conn.node == ("127.0.0.1", source.port)
         await conn.execute("SCRIPT", "LOAD", script.source)
-        await trio.to_thread.run_sync(begin_migration, cluster, slot, source, target)
+        await anyio.to_thread.run_sync(begin_migration, cluster, slot, source, target)
         # A key the source does not have: ASK, then ASKING + SET on the target.
         assert await conn.execute("SET", moved, "v") == b"OK"
         assert await run_script(conn, script, [tag + "counter"], [5]) == 5
@@ -190,13 +190,13 @@ async def test_ask_is_answered_with_asking(cluster: ClusterSetup) -> None:
                 )
             )
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(split)
             # five TRYAGAIN rounds (5 ms doubling: about 0.15 s), and no reply yet
             await wait_until(lambda: conn.statistics().retries >= 5, what="TRYAGAIN retries")
             assert not results  # still retrying
-            await trio.to_thread.run_sync(move_keys, slot, source, target)
-            await trio.to_thread.run_sync(end_migration, cluster, slot, target)
+            await anyio.to_thread.run_sync(move_keys, slot, source, target)
+            await anyio.to_thread.run_sync(end_migration, cluster, slot, target)
         assert results == [[b"1", b"v"]]
         assert conn.node == ("127.0.0.1", target.port)
 
@@ -234,20 +234,20 @@ async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
                     acked.add(payload)
                 except MeshConnectionError:
                     pass  # unknown whether it ran: not acknowledged
-                await trio.sleep(0.005)
+                await anyio.sleep(0.005)
 
         workers: list[mesh.Worker] = []
-        scopes: list[trio.CancelScope] = []
-        async with trio.open_nursery() as nursery:
+        scopes: list[anyio.CancelScope] = []
+        async with anyio.create_task_group() as nursery:
 
             async def one() -> None:
-                with trio.CancelScope() as scope:
+                with anyio.CancelScope() as scope:
                     async with mesh.open_worker(url, namespace=ns, ttl=3) as w:
                         await w.start_work("p", runs.handler)
                         await w.start_work("jobs", one_shot)
                         workers.append(w)
                         scopes.append(scope)
-                        await trio.sleep_forever()
+                        await anyio.sleep_forever()
 
             for _ in range(2):
                 nursery.start_soon(one)
@@ -259,18 +259,18 @@ async def test_slot_migration_under_load(cluster: ClusterSetup) -> None:
             )
             await wait_until(lambda: len(done) > 10, 10, "one-shot tasks to run")
             before = client(source.port).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
-            await trio.to_thread.run_sync(begin_migration, cluster, slot, source, target)
+            await anyio.to_thread.run_sync(begin_migration, cluster, slot, source, target)
             # A few keys at a time, with pauses: commands meet the slot half moved.
             moved = 0
             while True:
-                step = await trio.to_thread.run_sync(
+                step = await anyio.to_thread.run_sync(
                     lambda: move_keys(slot, source, target, batch=3, rounds=1)
                 )
                 if not step:
                     break
                 moved += step
-                await trio.sleep(0.02)
-            await trio.to_thread.run_sync(end_migration, cluster, slot, target)
+                await anyio.sleep(0.02)
+            await anyio.to_thread.run_sync(end_migration, cluster, slot, target)
             assert before > 10 and moved > 10  # (keys may come and go meanwhile)
             beats = [w.statistics().heartbeats for w in workers]
             await wait_until(
@@ -340,8 +340,8 @@ async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
     async def handler(p: Process) -> None:
         started.append(p.task)
         try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
             cancelled.append(p.task)
             raise
 
@@ -375,7 +375,7 @@ async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
         assert stats(source_port)["spublish"] >= 2
         assert all(stats(m.port)["publish"] == 0 for m in cluster.masters)
         reconnects = w._pubsub.reconnects
-        await trio.to_thread.run_sync(lambda: migrate_slot(cluster, slot, target))
+        await anyio.to_thread.run_sync(lambda: migrate_slot(cluster, slot, target))
         await wait_until(
             lambda: w._pubsub.reconnects > reconnects and shard_subscribers(target.port, wake) == 1,
             10,
@@ -389,15 +389,17 @@ async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
     assert started == [b"before", b"after"] and cancelled == started
 
 
-async def test_client_and_worker_on_other_nodes(cluster: ClusterSetup) -> None:
+@pytest.mark.both_loops
+async def test_client_and_worker_on_other_nodes(cluster: ClusterSetup, mesh_loop: str) -> None:
     owner = cluster.owner_port(SLOT)
     other = next(m for m in cluster.masters if m.port != owner)
     runs = Runs()
+    device = f"device-{mesh_loop}".encode()  # the cluster is the module's: one each
     async with mesh.open_client(cluster.url(cluster.replicas[0]), namespace=NS) as c:
-        assert await c.ensure("p", "device-1")
+        assert await c.ensure("p", device)
         async with mesh.open_worker(cluster.url(other), namespace=NS, ttl=3) as w:
             await w.start_work("p", runs.handler)
-            await wait_until(lambda: runs.tokens(b"device-1"), 10, "the persistent task to run")
+            await wait_until(lambda: runs.tokens(device), 10, "the persistent task to run")
     assert client(owner).exists(ROUTE + "persistent:p")
 
 
@@ -490,14 +492,14 @@ async def test_cluster_failovers() -> None:
         async with mesh.open_client(url, namespace=ns) as c:
             for t in tasks:
                 await c.ensure("p", t)
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 workers: list[mesh.Worker] = []
 
                 async def one() -> None:
                     async with mesh.open_worker(url, namespace=ns, ttl=3) as w:
                         await w.start_work("p", runs.handler)
                         workers.append(w)  # serving: a failover may begin
-                        await trio.sleep_forever()
+                        await anyio.sleep_forever()
 
                 for _ in range(2):
                     nursery.start_soon(one)
@@ -517,11 +519,11 @@ async def test_cluster_failovers() -> None:
                 cancelled, started = len(runs.cancelled), len(runs.started)
 
                 # 1. A coordinated failover, shorter than R (2 s of the default 3 s TTL).
-                await trio.to_thread.run_sync(
+                await anyio.to_thread.run_sync(
                     lambda: client(replica.port).execute_command("CLUSTER", "FAILOVER")
                 )
                 try:
-                    await trio.to_thread.run_sync(
+                    await anyio.to_thread.run_sync(
                         lambda: wait_for(
                             "the replica to take over",
                             lambda: setup.owner_port(keyslot(route)) == replica.port,
@@ -558,7 +560,7 @@ async def test_cluster_failovers() -> None:
                 # master is promoted back; the workers ride it out or fence and
                 # rejoin, and every persistent task ends up running exactly once.
                 replica.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
-                await trio.to_thread.run_sync(
+                await anyio.to_thread.run_sync(
                     lambda: wait_for(
                         "the old master to be promoted again",
                         lambda: setup.owner_port(keyslot(route), via=old_master) == old_master.port,
@@ -593,6 +595,7 @@ async def test_cluster_failovers() -> None:
 # ---------------------------------------------------------------- Sentinel
 
 
+@pytest.mark.both_loops
 async def test_sentinel_failover_under_load() -> None:
     """SIGKILL the master while workers hold persistent tasks and run one-shot tasks
     and a producer enqueues, all with min_replicas=1 (two replicas): the workers
@@ -613,7 +616,7 @@ async def test_sentinel_failover_under_load() -> None:
         one_shot_tokens: list[tuple[int, float]] = []
 
         async def quick(p: Process) -> None:
-            one_shot_tokens.append((p.token, trio.current_time()))
+            one_shot_tokens.append((p.token, anyio.current_time()))
             done.add(p.task)
 
         async with mesh.open_client(url, namespace=ns) as c:
@@ -621,8 +624,8 @@ async def test_sentinel_failover_under_load() -> None:
             for t in tasks:
                 await c.ensure("p", t)
 
-            async def produce(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
-                with trio.CancelScope() as scope:
+            async def produce(task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+                with anyio.CancelScope() as scope:
                     task_status.started(scope)
                     for n in range(10**9):
                         payload = b"job-%d" % n
@@ -630,18 +633,18 @@ async def test_sentinel_failover_under_load() -> None:
                             await c.enqueue("jobs", payload)
                             acked.add(payload)  # acknowledged: on a replica too
                         except MeshConnectionError:
-                            await trio.sleep(0.05)  # unknown whether it ran
-                        await trio.sleep(0.002)
+                            await anyio.sleep(0.05)  # unknown whether it ran
+                        await anyio.sleep(0.002)
 
             workers: list[mesh.Worker] = []
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
 
                 async def one() -> None:
                     async with mesh.open_worker(url, namespace=ns, ttl=1) as w:
                         await w.start_work("p", runs.handler)
                         await w.start_work("jobs", quick)
                         workers.append(w)  # serving: a failover may begin
-                        await trio.sleep_forever()
+                        await anyio.sleep_forever()
 
                 for _ in range(2):
                     nursery.start_soon(one)
@@ -653,20 +656,20 @@ async def test_sentinel_failover_under_load() -> None:
                 )
                 await wait_until(lambda: len(done) > 10, 10, "one-shot tasks to run")
 
-                killed_at = trio.current_time()
+                killed_at = anyio.current_time()
                 old = setup.master
                 old.stop()  # SIGKILL
-                new_port = await trio.to_thread.run_sync(
+                new_port = await anyio.to_thread.run_sync(
                     lambda: wait_for(
                         "Sentinel to promote a replica",
                         lambda: (port := setup.master_port()) != old.port and port,
                     )
                 )
-                promoted_at = trio.current_time()
+                promoted_at = anyio.current_time()
                 # The other replica follows the new master (so min_replicas=1 can be
                 # met again) before the old master comes back.
                 (other,) = [r for r in (setup.replica, *setup.more_replicas) if r.port != new_port]
-                await trio.to_thread.run_sync(
+                await anyio.to_thread.run_sync(
                     lambda: wait_for(
                         "the other replica to follow the new master",
                         lambda: (
@@ -683,7 +686,7 @@ async def test_sentinel_failover_under_load() -> None:
                     "--rename-command", "REPLICAOF", "",
                     "--rename-command", "SLAVEOF", "",
                 )  # fmt: skip
-                await trio.to_thread.run_sync(old.start)
+                await anyio.to_thread.run_sync(old.start)
                 # The lease (TTL 1 s) is shorter than Sentinel's failover: the workers
                 # fence, rejoin on the promoted replica and run every task again.
                 try:
@@ -742,13 +745,13 @@ async def test_sentinel_failover_shorter_than_the_ttl() -> None:
             for t in tasks:
                 await c.ensure("p", t)
             workers: list[mesh.Worker] = []
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
 
                 async def one() -> None:
                     async with mesh.open_worker(setup.url, namespace=ns, ttl=3) as w:
                         await w.start_work("p", runs.handler)
                         workers.append(w)
-                        await trio.sleep_forever()
+                        await anyio.sleep_forever()
 
                 for _ in range(2):
                     nursery.start_soon(one)
@@ -765,13 +768,13 @@ async def test_sentinel_failover_shorter_than_the_ttl() -> None:
                 )
                 cancelled, started = len(runs.cancelled), len(runs.started)
                 sentinel = client(setup.sentinels[0].port)
-                await trio.to_thread.run_sync(
+                await anyio.to_thread.run_sync(
                     lambda: wait_for(  # NOGOODSLAVE until Sentinel has polled the replica
                         "Sentinel to start a failover",
                         lambda: sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE),
                     )
                 )
-                await trio.to_thread.run_sync(
+                await anyio.to_thread.run_sync(
                     lambda: wait_for(
                         "Sentinel to promote the replica",
                         lambda: setup.master_port() == setup.replica.port,
@@ -823,11 +826,11 @@ async def test_fenced_worker_gives_up_handing_back_and_rejoins(
     async with mesh.open_worker(own_redis.url, namespace=ns, ttl=0.9) as w:
         own_redis.stop()
         await wait_until(lambda: "gave up handing back" in caplog.text, 10, "the give-up", 0.02)
-        await trio.to_thread.run_sync(own_redis.start)
+        await anyio.to_thread.run_sync(own_redis.start)
         beats = w.statistics().heartbeats
-        with trio.fail_after(10):
+        with anyio.fail_after(10):
             while w.statistics().heartbeats <= beats + 1:  # noqa: ASYNC110 - poll
-                await trio.sleep(0.02)
+                await anyio.sleep(0.02)
         assert w.statistics().fenced >= 1
         assert w.statistics().generation >= 2
 
@@ -851,7 +854,7 @@ async def test_a_claim_the_master_lost_is_stopped(own_redis: RedisServer) -> Non
             beats = w.statistics().heartbeats
             await wait_until(lambda: w.statistics().heartbeats > beats, 5, "a heartbeat")
             # The replica's view: everything up to now...
-            snapshot = await trio.to_thread.run_sync(
+            snapshot = await anyio.to_thread.run_sync(
                 lambda: {k: (r.dump(k), r.pttl(k)) for k in r.scan_iter(match=f"{{{ns}}}:*")}
             )
             # ... and then a write it never got: a persistent task and its claim.
@@ -867,7 +870,7 @@ async def test_a_claim_the_master_lost_is_stopped(own_redis: RedisServer) -> Non
                     t.restore(key, max(pttl, 0), dumped, replace=True)
                 t.execute()
 
-            await trio.to_thread.run_sync(fail_over)
+            await anyio.to_thread.run_sync(fail_over)
             # Lost with the claim: the ensure. The worker stops the ghost handler.
             await wait_until(lambda: runs.running(b"dev") == 0, 5, "the ghost to be stopped")
             assert (b"dev", first) in runs.cancelled
@@ -880,6 +883,7 @@ async def test_a_claim_the_master_lost_is_stopped(own_redis: RedisServer) -> Non
     runs.check_no_overlap()
 
 
+@pytest.mark.both_loops
 async def test_min_replicas_waits_for_the_replica() -> None:
     """min_replicas=1 (URL option): an enqueue or ensure returns only once the
     replica has it, a persistent task's handler starts only once its claim is on

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import attrs
 import redis
-import trio
 
 from mesh import Process
 from mesh._topology import keyslot
@@ -378,16 +378,16 @@ class Runs:
         self.actions += 1
 
     async def handler(self, p: Process) -> None:
-        self.started.append((p.task, p.token, trio.current_time()))
+        self.started.append((p.task, p.token, anyio.current_time()))
         try:
             while True:
                 self.act(p.task, p.token)
-                await trio.sleep(0.02)
-        except trio.Cancelled:
+                await anyio.sleep(0.02)
+        except anyio.get_cancelled_exc_class():
             self.cancelled.append((p.task, p.token))
             raise
         finally:
-            self.ended[p.task, p.token] = trio.current_time()
+            self.ended[p.task, p.token] = anyio.current_time()
 
     def tokens(self, task: bytes) -> list[int]:
         return [token for t, token, _ in self.started if t == task]
