@@ -60,6 +60,7 @@ async def one_run(url: str, sizes: Sizes, kind: str) -> Samples:
     nproc = math.ceil(sizes.workers / sizes.per_process)
     concurrency = math.ceil(sizes.processes / sizes.workers)
     fleet = kind.endswith("fleets")
+    loop = "asyncio" if "asyncio" in kind else "trio"
     payloads = [f"{kind.split(',')[0]}-{i:06d}" for i in range(sizes.processes)]
     async with children() as kids_, mesh.open_client(url, namespace=ns) as client:
         kids = []
@@ -70,7 +71,7 @@ async def one_run(url: str, sizes: Sizes, kind: str) -> Samples:
             argv = mesh_child(
                 "hold", "--url", url, "--ns", ns, "--queue", QUEUE,
                 "--workers", str(n), "--concurrency", str(concurrency),
-                *(["--fleet"] if fleet else []),
+                *(["--fleet"] if fleet else []), "--loop", loop,
             )  # fmt: skip
             kids.append(await kids_.spawn(f"cancel workers {i}", argv))
         for k in kids:
@@ -125,7 +126,7 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     )
     p = percentile
     with run_redis_server() as server:
-        for kind in ("persistent", "one-shot", "persistent, fleets"):
+        for kind in ("persistent", "one-shot", "persistent, fleets", "persistent, asyncio"):
             res: list[Samples] = []
             for r in range(ctx.runs):
                 ctx.log(f"cancel: run {r + 1}/{ctx.runs}: {sizes.processes:,} {kind} processes")
@@ -186,5 +187,6 @@ happened is shown. p50/p99 over the {p:,} cancels of a run; figures are the
 median, min and max over the runs. "Persistent, fleets": the same persistent
 tasks, with the workers of each OS process in one fleet (`mesh.open_fleet`), so
 every cancel reaches its worker through the process's one shared pub/sub
-connection.
+connection. "Persistent, asyncio": the persistent tasks with the worker processes on
+asyncio (`--loop asyncio`), whose handlers catch `asyncio.CancelledError`.
 """

@@ -30,10 +30,12 @@ FULL = Sizes()
 QUICK = Sizes(trials=5)
 
 
-async def spawn_worker(kids: Children, url: str, ns: str, ttl: float, i: int) -> tuple[Child, str]:
+async def spawn_worker(
+    kids: Children, url: str, ns: str, ttl: float, i: int, loop: str = "trio"
+) -> tuple[Child, str]:
     child = await kids.spawn(
-        f"failover worker {i}",
-        mesh_child("failover", "--url", url, "--ns", ns, "--ttl", str(ttl)),
+        f"failover worker {i} ({loop})",
+        mesh_child("failover", "--url", url, "--ns", ns, "--ttl", str(ttl), "--loop", loop),
     )
     line = await child.expect("ready", 60)
     return child, line.split()[1]
@@ -45,8 +47,9 @@ async def running(client: mesh.Client, task: str) -> list[mesh.Process]:
     return [p for p in await client.processes("devices") if p.task == task.encode()]
 
 
-async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
-    """One run: ``sizes.trials`` takeovers, each after ``sig`` hit the owner.
+async def trials(url: str, sig: int, sizes: Sizes, loop: str = "trio") -> list[float]:
+    """One run: ``sizes.trials`` takeovers, each after ``sig`` hit the owner
+    (worker processes on ``loop``).
     Returns the seconds from the signal to the handler's start on the peer.
 
     Every trial moves a task of its own: the core counts a crash as a failed
@@ -59,7 +62,7 @@ async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
     async with children() as kids, mesh.open_client(url, namespace=ns) as client:
         live: dict[str, Child] = {}
         for i in range(2):
-            child, wid = await spawn_worker(kids, url, ns, sizes.ttl, i)
+            child, wid = await spawn_worker(kids, url, ns, sizes.ttl, i, loop)
             live[wid] = child
         n = 2
         for trial in range(sizes.trials):
@@ -83,7 +86,7 @@ async def trials(url: str, sig: int, sizes: Sizes) -> list[float]:
                 await owner.kill()
             else:
                 await terminate(owner, signal.SIGKILL, grace=sizes.ttl + 5)
-            child, wid = await spawn_worker(kids, url, ns, sizes.ttl, n)
+            child, wid = await spawn_worker(kids, url, ns, sizes.ttl, n, loop)
             live[wid] = child
             n += 1
     return out
@@ -100,8 +103,13 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
     )
     kill: list[list[float]] = []
     term: list[list[float]] = []
+    akill: list[list[float]] = []  # the same, with asyncio worker processes
+    aterm: list[list[float]] = []
     with run_redis_server() as server:
         for r in range(ctx.runs):
+            ctx.log(f"failover: run {r + 1}/{ctx.runs}: asyncio workers, SIGKILL and SIGTERM")
+            akill.append(await trials(server.url, signal.SIGKILL, sizes, "asyncio"))
+            aterm.append(await trials(server.url, signal.SIGTERM, sizes, "asyncio"))
             ctx.log(f"failover: run {r + 1}/{ctx.runs}: SIGKILL x {sizes.trials}")
             kill.append(await trials(server.url, signal.SIGKILL, sizes))
             ctx.log(f"  p50 {percentile(kill[-1], 50):.3f} s, p99 {percentile(kill[-1], 99):.3f} s")
@@ -148,12 +156,31 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
             [float(sum(1 for v in x if v > 0.05)) for x in term],
         ),
     ]
+    ak = [x for run in akill for x in run]
+    at = [x for run in aterm for x in run]
+    section.figures += [
+        Figure("asyncio workers, SIGKILL: p99", "s", [p(x, 99) for x in akill]),
+        Figure(
+            f"asyncio workers, SIGKILL: p99 of all {len(ak)} trials pooled",
+            "s",
+            [p(ak, 99)],
+            target=Target("<", ttl + 0.25, f"< TTL + 0.25 s = {ttl + 0.25:g} s"),
+        ),
+        Figure("asyncio workers, graceful stop: p99", "ms", [p(x, 99) * 1000 for x in aterm]),
+        Figure(
+            f"asyncio workers, graceful stop: p99 of all {len(at)} trials pooled",
+            "ms",
+            [p(at, 99) * 1000],
+            target=Target("<", 50, "< 50 ms"),
+        ),
+    ]
     return section
 
 
 METHOD = """
 Two worker OS processes (`open_worker(ttl={ttl:g})`, heartbeat every TTL/3) serve
-the queue `devices`. A trial ensures a persistent task of its own (and cancels
+the queue `devices` (the rows "asyncio workers": the same with `--loop asyncio`, measured
+in the same runs). A trial ensures a persistent task of its own (and cancels
 the previous trial's), waits until it runs, then sends the owner's process
 SIGKILL (or SIGTERM, upon which the worker leaves its `open_worker` block: it
 cancels its handler and hands the task back), and waits for the handler to

@@ -35,7 +35,7 @@ async def run(ctx: Context) -> Section:
             rate=lsizes.rate,
             ln=lsizes.tasks,
             w=lsizes.warmup,
-        ),  # fmt: skip
+        ),
         runs=ctx.runs,
     )
     rates: dict[tuple[str, int], list[float]] = {}
