@@ -18,7 +18,8 @@ import pytest
 import trio
 
 import mesh
-from mesh._connection import open_connection
+from mesh._connection import Connection, open_connection
+from mesh._keys import Keys
 from mesh.conformance import _suite, _vectors
 from mesh.conformance._scenarios import Run
 from mesh.testing import RedisServer
@@ -269,3 +270,56 @@ async def test_the_checker_does_not_count_a_stopped_peer_until_it_reports_fenced
     record(run, "b", 6.0, event="stop", token="6", reason="stopped")
     run.check()
     assert [f.invariant for f in run.failures] == ["one owner"], run.failures
+
+
+async def test_no_task_is_handed_back_while_its_handler_runs_past_the_stop_grace(
+    redis_url: str, namespace: str
+) -> None:
+    """The stop-grace rule of protocol/README.md (stop order) and
+    docs/guarantees.md: a handler still running at the grace keeps its
+    process; it is handed back only once the handler exited."""
+    keys = Keys(namespace)
+    began = trio.Event()
+    exited: list[float] = []
+
+    async def handler(p: mesh.Process) -> None:
+        began.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(1.5)  # a slow clean-up, three times the grace
+            exited.append(trio.current_time())
+
+    seen: list[tuple[float, int, int]] = []  # (when, processes held, tasks queued)
+
+    async def watch(conn: Connection) -> None:
+        while not exited:
+            held, queued = await conn.pipeline(
+                [("HLEN", keys.procs("g")), ("LLEN", keys.queue("g"))]
+            )
+            seen.append((trio.current_time(), held, queued))
+            await trio.sleep(0.05)
+
+    async with (
+        open_connection(redis_url) as conn,
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        trio.open_nursery() as nursery,
+    ):
+        async with mesh.open_worker(
+            redis_url, namespace=namespace, ttl=3.0, stop_grace=0.5
+        ) as worker:
+            await worker.start_work("g", handler, concurrency=1)
+            await client.ensure("g", "slow")
+            with trio.fail_after(10):
+                await began.wait()
+            stop_began = trio.current_time()
+            nursery.start_soon(watch, conn)
+        # leaving open_worker waited for the handler (trio cannot abandon it)
+        assert exited
+        past_grace = [s for s in seen if stop_began + 0.6 < s[0] < exited[0]]
+        assert len(past_grace) >= 5, seen
+        assert all(held == 1 and queued == 0 for _, held, queued in past_grace), past_grace
+        # once the handler exited, the task was handed back (not lost)
+        assert await conn.execute("HLEN", keys.procs("g")) == 0
+        assert await client.persistent_tasks("g") == {b"slow": None}
