@@ -323,3 +323,27 @@ async def test_no_task_is_handed_back_while_its_handler_runs_past_the_stop_grace
         # once the handler exited, the task was handed back (not lost)
         assert await conn.execute("HLEN", keys.procs("g")) == 0
         assert await client.persistent_tasks("g") == {b"slow": None}
+
+
+async def test_a_policy_is_compared_by_what_it_decodes_to(redis_url: str, namespace: str) -> None:
+    """cjson.encode's key order differs between servers (Valkey): a vector
+    whose policy JSON has its keys in another order still matches; one with
+    another value does not."""
+    file, vector = next(
+        (f, v)
+        for f, v in _vectors.load_vectors(_suite.suite_dir() / "vectors")
+        if v["name"] == "configure-set"
+    )
+    reordered = copy.deepcopy(vector)
+    policy = json.loads(vector["reply"])
+    shuffled = json.dumps(dict(reversed(list(policy.items()))), separators=(",", ":"))
+    assert shuffled != vector["reply"]
+    reordered["reply"] = shuffled
+    (field,) = reordered["after"]["{ns}:policy"]["value"]
+    reordered["after"]["{ns}:policy"]["value"][field] = shuffled
+    async with open_connection(redis_url) as conn:
+        assert await _vectors.check_vectors(conn, [(file, reordered)], namespace) == []
+        wrong = copy.deepcopy(reordered)
+        wrong["reply"] = json.dumps(dict(policy, result_ttl_ms=1))
+        (bad,) = await _vectors.check_vectors(conn, [(file, wrong)], namespace)
+        assert "expected reply" in bad.what, bad
