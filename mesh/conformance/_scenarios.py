@@ -131,6 +131,7 @@ class Run:
         self.enqueued: dict[str, set[str]] = {}
         self.cancelled: list[tuple[float, str, str]] = []  # (time, queue, task)
         self.failures: list[Failure] = []
+        self.bad_tokens: set[str] = set()  # peers that wrote a token that is no string of digits
         self.any_event = trio.Event()
         self.t0 = trio.current_time()
 
@@ -155,6 +156,9 @@ class Run:
         token = ev.get("token")
         if isinstance(token, str) and token.isdigit() and token.isascii():
             return int(token)
+        if peer.name in self.bad_tokens:
+            return -1  # reported once per peer
+        self.bad_tokens.add(peer.name)
         self.fail(
             "line protocol",
             f"peer {peer.name}: the token of a {ev.get('event')} event must be a string of "
@@ -888,6 +892,8 @@ class Run:
             by_task.setdefault((iv.queue, iv.task), []).append(iv)
         tokens: dict[int, Interval] = {}
         for iv in self.intervals:
+            if iv.token < 0:
+                continue  # not a token (reported as a line-protocol failure)
             if iv.token in tokens and tokens[iv.token] is not iv:
                 other = tokens[iv.token]
                 self.fail(
@@ -899,7 +905,7 @@ class Run:
         for (queue, task), ivs in by_task.items():
             ivs.sort(key=lambda iv: iv.start)
             for a, b in itertools.pairwise(ivs):
-                if b.token <= a.token:
+                if min(a.token, b.token) >= 0 and b.token <= a.token:
                     self.fail(
                         "growing tokens",
                         f"{task!r} of queue {queue}: owner {b.peer} started with token "
