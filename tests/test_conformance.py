@@ -18,7 +18,8 @@ import pytest
 import trio
 
 import mesh
-from mesh._connection import open_connection
+from mesh._connection import Connection, open_connection
+from mesh._keys import Keys
 from mesh.conformance import _suite, _vectors
 from mesh.conformance._scenarios import Run
 from mesh.testing import RedisServer
@@ -73,6 +74,88 @@ async def test_a_peer_that_repeats_a_token_fails(own_redis: RedisServer) -> None
     assert r.returncode == 1, out(r)
     err = r.stderr.decode()
     assert "FAIL scenario 01_oneshot: growing tokens: token 1 given twice" in err, err
+
+
+# Each duty a peer could skip fails the scenario for it, with a line that
+# says what was missing: (fault of tests/conformance_broken_peer.py, the part
+# of the suite run, what the report must say).
+WRONG_PEERS = [
+    (
+        "subscribe-only",
+        "04_cancel",
+        "FAIL scenario 04_cancel: cancel latency (pub/sub): step ",
+        "a peer must SSUBSCRIBE as well as SUBSCRIBE",
+    ),
+    (
+        "subscribe-only",
+        "08_wake",
+        "FAIL scenario 08_wake: wake latency (pub/sub):",
+        "a peer must SSUBSCRIBE as well as SUBSCRIBE",
+    ),
+    ("no-ticks", "09_ticks", "FAIL scenario 09_ticks: ticks:", "3 handler runs of queue tick"),
+    (
+        "no-results",
+        "10_results",
+        "FAIL scenario 10_results: results:",
+        "the result record of 'r0' (queue kept) should hold 'r0'",
+    ),
+    (
+        "no-timeout",
+        "11_timeout",
+        "FAIL scenario 11_timeout: handler timeout:",
+        "should have stopped with reason 'timeout'",
+    ),
+    (
+        "no-pause",
+        "12_pause",
+        "FAIL scenario 12_pause: pause:",
+        "started in a window of 1.00 s in which none may",
+    ),
+    (
+        "no-rate",
+        "13_rate_limit",
+        "FAIL scenario 13_rate_limit: rate limit:",
+        "its rate limit lets at most 2 per 1 s through",
+    ),
+    (
+        "no-stats",
+        "14_stats",
+        "FAIL scenario 14_stats: per-minute counts:",
+        "should count 5 finished processes",
+    ),
+    (
+        "number-tokens",
+        "15_big_tokens",
+        "FAIL scenario 15_big_tokens: line protocol:",
+        "must be a string of decimal digits, got 90071992547409",
+    ),
+    (
+        "double-tokens",
+        "15_big_tokens",
+        "FAIL scenario 15_big_tokens: growing tokens:",
+        "9007199254740996 given twice",
+    ),
+    (
+        "bad-loader",
+        "vectors",
+        "FAIL vector cancel.json",
+        "the peer's loader expands cancel.lua to a script of SHA-1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fault", "only", "line", "says"), WRONG_PEERS, ids=[f"{w[0]}-{w[1]}" for w in WRONG_PEERS]
+)
+async def test_a_peer_that_skips_a_duty_fails_its_scenario(
+    own_redis: RedisServer, fault: str, only: str, line: str, says: str
+) -> None:
+    peer = f"{shlex.quote(sys.executable)} {BROKEN} {fault}"
+    r = await conformance("--redis", own_redis.url, "--peer", peer, "--only", only, "-q")
+    assert r.returncode == 1, out(r)
+    err = r.stderr.decode()
+    assert line in err, err
+    assert says in err, err
 
 
 async def test_usage_errors_exit_2(own_redis: RedisServer) -> None:
@@ -159,10 +242,10 @@ def synthetic_run() -> Run:
 
 async def test_the_checker_reports_two_owners_at_once_and_a_token_that_does_not_grow() -> None:
     run = synthetic_run()
-    record(run, "a", 1.0, event="start", token=5, worker="wa")
-    record(run, "b", 1.5, event="start", token=4, worker="wb")
-    record(run, "a", 2.0, event="stop", token=5, reason="moved")
-    record(run, "b", 3.0, event="stop", token=4, reason="stopped")
+    record(run, "a", 1.0, event="start", token="5", worker="wa")
+    record(run, "b", 1.5, event="start", token="4", worker="wb")
+    record(run, "a", 2.0, event="stop", token="5", reason="moved")
+    record(run, "b", 3.0, event="stop", token="4", reason="stopped")
     run.check()
     found = {(f.invariant, f.evidence.split(":")[0]) for f in run.failures}
     assert ("one owner", "'t' of queue p ran twice at once for 0.500 s") in found, run.failures
@@ -171,19 +254,96 @@ async def test_the_checker_reports_two_owners_at_once_and_a_token_that_does_not_
 
 async def test_the_checker_does_not_count_a_stopped_peer_until_it_reports_fenced() -> None:
     run = synthetic_run()
-    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    record(run, "a", 1.0, event="start", token="5", worker="wa")
     run.peers["a"].paused.append([run.t0 + 1.2, run.t0 + 4.0])  # SIGSTOP .. SIGCONT
-    record(run, "b", 3.0, event="start", token=6, worker="wb")
-    record(run, "a", 4.1, event="stop", token=5, reason="fenced")
-    record(run, "b", 5.0, event="stop", token=6, reason="stopped")
+    record(run, "b", 3.0, event="start", token="6", worker="wb")
+    record(run, "a", 4.1, event="stop", token="5", reason="fenced")
+    record(run, "b", 5.0, event="stop", token="6", reason="stopped")
     run.check()
     assert run.failures == []
     # the same, but it ran on for a second after SIGCONT: two owners
     run = synthetic_run()
-    record(run, "a", 1.0, event="start", token=5, worker="wa")
+    record(run, "a", 1.0, event="start", token="5", worker="wa")
     run.peers["a"].paused.append([run.t0 + 1.2, run.t0 + 4.0])
-    record(run, "b", 3.0, event="start", token=6, worker="wb")
-    record(run, "a", 5.0, event="stop", token=5, reason="fenced")
-    record(run, "b", 6.0, event="stop", token=6, reason="stopped")
+    record(run, "b", 3.0, event="start", token="6", worker="wb")
+    record(run, "a", 5.0, event="stop", token="5", reason="fenced")
+    record(run, "b", 6.0, event="stop", token="6", reason="stopped")
     run.check()
     assert [f.invariant for f in run.failures] == ["one owner"], run.failures
+
+
+async def test_no_task_is_handed_back_while_its_handler_runs_past_the_stop_grace(
+    redis_url: str, namespace: str
+) -> None:
+    """The stop-grace rule of protocol/README.md (stop order) and
+    docs/guarantees.md: a handler still running at the grace keeps its
+    process; it is handed back only once the handler exited."""
+    keys = Keys(namespace)
+    began = trio.Event()
+    exited: list[float] = []
+
+    async def handler(p: mesh.Process) -> None:
+        began.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(1.5)  # a slow clean-up, three times the grace
+            exited.append(trio.current_time())
+
+    seen: list[tuple[float, int, int]] = []  # (when, processes held, tasks queued)
+
+    async def watch(conn: Connection) -> None:
+        while not exited:
+            held, queued = await conn.pipeline(
+                [("HLEN", keys.procs("g")), ("LLEN", keys.queue("g"))]
+            )
+            seen.append((trio.current_time(), held, queued))
+            await trio.sleep(0.05)
+
+    async with (
+        open_connection(redis_url) as conn,
+        mesh.open_client(redis_url, namespace=namespace) as client,
+        trio.open_nursery() as nursery,
+    ):
+        async with mesh.open_worker(
+            redis_url, namespace=namespace, ttl=3.0, stop_grace=0.5
+        ) as worker:
+            await worker.start_work("g", handler, concurrency=1)
+            await client.ensure("g", "slow")
+            with trio.fail_after(10):
+                await began.wait()
+            stop_began = trio.current_time()
+            nursery.start_soon(watch, conn)
+        # leaving open_worker waited for the handler (trio cannot abandon it)
+        assert exited
+        past_grace = [s for s in seen if stop_began + 0.6 < s[0] < exited[0]]
+        assert len(past_grace) >= 5, seen
+        assert all(held == 1 and queued == 0 for _, held, queued in past_grace), past_grace
+        # once the handler exited, the task was handed back (not lost)
+        assert await conn.execute("HLEN", keys.procs("g")) == 0
+        assert await client.persistent_tasks("g") == {b"slow": None}
+
+
+async def test_a_policy_is_compared_by_what_it_decodes_to(redis_url: str, namespace: str) -> None:
+    """cjson.encode's key order differs between servers (Valkey): a vector
+    whose policy JSON has its keys in another order still matches; one with
+    another value does not."""
+    file, vector = next(
+        (f, v)
+        for f, v in _vectors.load_vectors(_suite.suite_dir() / "vectors")
+        if v["name"] == "configure-set"
+    )
+    reordered = copy.deepcopy(vector)
+    policy = json.loads(vector["reply"])
+    shuffled = json.dumps(dict(reversed(list(policy.items()))), separators=(",", ":"))
+    assert shuffled != vector["reply"]
+    reordered["reply"] = shuffled
+    (field,) = reordered["after"]["{ns}:policy"]["value"]
+    reordered["after"]["{ns}:policy"]["value"][field] = shuffled
+    async with open_connection(redis_url) as conn:
+        assert await _vectors.check_vectors(conn, [(file, reordered)], namespace) == []
+        wrong = copy.deepcopy(reordered)
+        wrong["reply"] = json.dumps(dict(policy, result_ttl_ms=1))
+        (bad,) = await _vectors.check_vectors(conn, [(file, wrong)], namespace)
+        assert "expected reply" in bad.what, bad

@@ -23,8 +23,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "conformance",
         help="check a peer against the protocol's conformance suite",
-        description="Replay the script vectors and run the scenarios of protocol/conformance/ "
-        "against a peer under test (default: the Python peer, python -m mesh.conformance.peer). "
+        description="Replay the script vectors (through the peer's own script loader: its "
+        "'script' command) and run the scenarios of protocol/conformance/ against a peer under "
+        "test (default: the Python peer, python -m mesh.conformance.peer). "
         "Writes only to namespaces of its own (conformance-<random>-*), deleted at the end. "
         "Exit 0 when everything passes, 1 with a report of what failed.",
     )

@@ -11,6 +11,7 @@ the evidence; the harness never raises for a misbehaving peer.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -30,6 +31,7 @@ import anyio.abc
 import attrs
 import trio
 
+import mesh
 from mesh._connection import Connection
 
 PYTHON_PEER = f"{shlex.quote(sys.executable)} -m mesh.conformance.peer"
@@ -131,6 +133,7 @@ class Run:
         self.enqueued: dict[str, set[str]] = {}
         self.cancelled: list[tuple[float, str, str]] = []  # (time, queue, task)
         self.failures: list[Failure] = []
+        self.bad_tokens: set[str] = set()  # peers that wrote a token that is no string of digits
         self.any_event = anyio.Event()
         self.t0 = anyio.current_time()
 
@@ -148,6 +151,23 @@ class Run:
     def now(self) -> float:
         return anyio.current_time()
 
+    def _token(self, peer: PeerProc, ev: dict[str, Any]) -> int:
+        """The token of a start/stop/done event: a string of decimal digits
+        (a JSON number is refused: not every language reads one above 2^53
+        exactly); -1 after reporting a line-protocol failure."""
+        token = ev.get("token")
+        if isinstance(token, str) and token.isdigit() and token.isascii():
+            return int(token)
+        if peer.name in self.bad_tokens:
+            return -1  # reported once per peer
+        self.bad_tokens.add(peer.name)
+        self.fail(
+            "line protocol",
+            f"peer {peer.name}: the token of a {ev.get('event')} event must be a string of "
+            f"decimal digits, got {json.dumps(token)}",
+        )
+        return -1
+
     def _record(self, peer: PeerProc, t: float, ev: dict[str, Any]) -> None:
         peer.events.append((t, ev))
         kind = ev.get("event")
@@ -164,7 +184,7 @@ class Run:
                 peer.name,
                 key[1],
                 key[2],
-                int(ev.get("token", -1)),
+                self._token(peer, ev),
                 str(ev.get("worker")),
                 t,
             )
@@ -179,7 +199,7 @@ class Run:
                     "with no handler running",
                 )
             else:
-                if int(ev.get("token", -1)) != ended.token:
+                if self._token(peer, ev) != ended.token:
                     self.fail(
                         "protocol",
                         f"peer {peer.name}: {kind} of {key[2]!r} names token "
@@ -319,7 +339,8 @@ class Run:
                             self.log_step(i, step, self.now() - began)
                         except ScenarioFailed as exc:
                             what = step.get("invariant", step.get("do", "step"))
-                            self.fail(str(what), f"step {i + 1} ({json.dumps(step)}): {exc}")
+                            hint = f" ({step['hint']})" if "hint" in step else ""
+                            self.fail(str(what), f"step {i + 1} ({json.dumps(step)}): {exc}{hint}")
                             break
                 finally:
                     await self.finish(nursery)
@@ -413,12 +434,28 @@ class Run:
                     )
         elif do == "set":
             await self.conn.execute("SET", f"{{{self.namespace}}}:{step['key']}", step["value"])
+        elif do in ("configure", "schedule", "pause_queue", "resume_queue"):
+            await self.client_step(step)
+        elif do == "check_rate":
+            self.check_rate(step)
+        elif do == "check_tokens":
+            await self.check_tokens(step)
         elif do == "wait":
             await self.wait_step(step)
         elif do == "quiet":
             # A deliberate window in which nothing must happen: the invariants
-            # checked at the end cover it.
+            # checked at the end cover it (and, with no_start, no handler of
+            # that queue may start in it).
+            began = self.now()
             await anyio.sleep(self.seconds(step["seconds"]))
+            queue = step.get("no_start")
+            started = [iv for iv in self.intervals if iv.queue == queue and iv.start >= began]
+            if started:
+                raise ScenarioFailed(
+                    f"{len(started)} tasks of queue {queue} started in a window of "
+                    f"{self.seconds(step['seconds']):.2f} s in which none may: "
+                    f"{sorted({iv.task for iv in started})[:10]} on {started[0].peer}"
+                )
         elif do == "kill":
             assert peer is not None and peer.proc is not None
             held = self.running_on(peer)
@@ -447,6 +484,74 @@ class Run:
             await self.cancel_step(step, durable=True)
         else:
             raise ScenarioFailed(f"unknown step {do!r}")
+
+    async def client_step(self, step: dict[str, Any]) -> None:
+        """A step the harness does itself, as a client of the mesh (the
+        Python one): a queue's policy, a periodic task, a pause."""
+        do, queue = step["do"], step["queue"]
+        async with mesh.open_client(self.url, namespace=self.namespace) as client:
+            if do == "configure":
+                policy = dict(step["policy"])
+                if isinstance(policy.get("rate_limit"), list):
+                    policy["rate_limit"] = tuple(policy["rate_limit"])
+                await client.configure(queue, **policy)
+            elif do == "schedule":
+                await client.schedule(queue, step["task"], every=float(step["every"]))
+            elif do == "pause_queue":
+                await client.pause(queue)
+            else:
+                await client.resume(queue)
+
+    def check_rate(self, step: dict[str, Any]) -> None:
+        """No more handlers of the queue started than its rate limit lets
+        claims through: a token bucket of ``limit`` per ``period`` seconds
+        (full at first: a burst of ``limit``), over the whole mesh. One start
+        and 50 ms of reading jitter are forgiven."""
+        queue, limit, period = step["queue"], int(step["limit"]), float(step["period"])
+        starts = sorted(iv.start for iv in self.intervals if iv.queue == queue)
+        for i, a in enumerate(starts):
+            for j in range(i, len(starts)):
+                span = starts[j] - a
+                allowed = limit + limit * (span + OVERLAP_JITTER) / period + 1
+                if j - i + 1 > allowed:
+                    raise ScenarioFailed(
+                        f"{j - i + 1} handlers of queue {queue} started within {span:.3f} s; "
+                        f"its rate limit lets at most {limit} per {period:g} s through "
+                        f"(a burst of {limit}) across the mesh"
+                    )
+
+    async def check_tokens(self, step: dict[str, Any]) -> None:
+        """Every handler of the queue that runs now reports a token above
+        ``above`` that is the id of a process Redis holds: a token that went
+        through a double (JSON numbers in JavaScript) names no process."""
+        queue, above = step["queue"], int(step["above"])
+        running = self.running(queue)
+        if not running:
+            raise ScenarioFailed(f"no handler of queue {queue} runs to check its token")
+        procs = f"{{{self.namespace}}}:procs:{queue}"
+        for task, iv in sorted(running.items()):
+            if iv.token <= above:
+                raise ScenarioFailed(
+                    f"peer {iv.peer} reported token {iv.token} for {task!r}, not above "
+                    f"{above} (the namespace's last token before it started)"
+                )
+            if not await self.conn.execute("HEXISTS", procs, str(iv.token)):
+                raise ScenarioFailed(
+                    f"peer {iv.peer} reported token {iv.token} for {task!r}, which is no "
+                    f"process of queue {queue} in Redis (a token must cross intact: as a "
+                    "string or a big integer, never a double)"
+                )
+
+    async def wait_redis(
+        self, what: Callable[[], str], check: Callable[[], Any], within: float
+    ) -> None:
+        """Poll ``check()`` (async, reads Redis) every 50 ms until it is true;
+        raise ScenarioFailed(what()) after ``within``."""
+        deadline = self.now() + within
+        while not await check():
+            if self.now() >= deadline:
+                raise ScenarioFailed(what())
+            await anyio.sleep(0.05)
 
     def running_on(self, peer: PeerProc) -> dict[tuple[str, str], Interval]:
         return {(k[1], k[2]): iv for k, iv in self.open.items() if k[0] == peer.name}
@@ -581,9 +686,16 @@ class Run:
         try:
             await self.wait_for("", lambda: all(iv.end < math.inf for iv in runs), within)
         except ScenarioFailed:
+            how = (
+                " (and SIGCONT): the heartbeat's inbox did not reach it"
+                if durable
+                else f": the cancel message did not reach it (H = {self.ttl / 3:.2f} s: the "
+                "inbox would have come with a heartbeat; the scripts SPUBLISH where the "
+                "server has it, so a peer must SSUBSCRIBE as well as SUBSCRIBE)"
+            )
             raise ScenarioFailed(
                 f"cancel latency: {task!r} still runs on peer {holder.name} {within:.2f} s "
-                f"after the cancel{' (and SIGCONT)' if durable else ''}"
+                f"after the cancel{how}"
             ) from None
         for iv in runs:
             if iv.how != "cancelled":
@@ -641,6 +753,44 @@ class Run:
                     f"queue {queue}: {total} tasks should spread {lo}..{hi} over peers {names} "
                     f"within {within:.2f} s; they run {self.holdings(queue)}"
                 )
+        elif "runs" in cond:
+            want = int(cond["runs"])
+
+            def runs() -> int:
+                return sum(
+                    1
+                    for p in self.peers.values()
+                    for _, ev in p.events
+                    if ev.get("event") == "done" and ev.get("queue") == queue and ev.get("ok")
+                )
+
+            def ok() -> bool:
+                return runs() >= want
+
+            def what() -> str:
+                return (
+                    f"{want} handler runs of queue {queue} should have finished; "
+                    f"{runs()} did after {within:.2f} s"
+                )
+        elif "ended" in cond:
+            want, reason = int(cond["ended"]), cond["reason"]
+
+            def ended() -> list[Interval]:
+                return [iv for iv in self.intervals if iv.queue == queue and iv.end < math.inf]
+
+            def ok() -> bool:
+                return sum(1 for iv in ended() if iv.how == reason) >= want
+
+            def what() -> str:
+                hows = [iv.how for iv in ended()]
+                return (
+                    f"{want} handlers of queue {queue} should have stopped with reason "
+                    f"{reason!r} within {within:.2f} s; ended: {hows}, still running: "
+                    f"{sorted(self.running(queue))}"
+                )
+        elif "dead" in cond or "result" in cond or "counted" in cond:
+            await self.wait_redis_condition(queue, cond, within)
+            return
         elif "done" in cond or "failed" in cond:
             ok_wanted = "done" in cond
             want = int(cond["done" if ok_wanted else "failed"])
@@ -671,6 +821,68 @@ class Run:
         except ScenarioFailed:
             raise ScenarioFailed(what()) from None
 
+    async def wait_redis_condition(self, queue: str, cond: dict[str, Any], within: float) -> None:
+        """The wait conditions read from Redis: ``dead`` (dead letters of the
+        queue, each with ``error`` when given), ``result`` (the result record
+        of a payload holds ``value``), ``counted`` (the per-minute counts of
+        the queue sum to at least that many finished processes)."""
+        ns = "{" + self.namespace + "}:"
+        seen: list[Any] = [None]
+        if "dead" in cond:
+            want = int(cond["dead"])
+
+            async def check() -> bool:
+                raw = await self.conn.execute("LRANGE", f"{ns}dead:{queue}", 0, -1)
+                errors = [r.split(b"\0", 4)[3].decode(errors="replace") for r in raw]
+                seen[0] = errors
+                return len(errors) >= want and all(e == cond.get("error", e) for e in errors)
+
+            def what() -> str:
+                return (
+                    f"queue {queue} should have {want} dead letters"
+                    + (f" with error {cond['error']!r}" if "error" in cond else "")
+                    + f" within {within:.2f} s; it has {seen[0]}"
+                )
+        elif "result" in cond:
+            task = str(cond["result"])
+            h = hashlib.sha1(task.encode()).hexdigest()
+
+            async def check() -> bool:
+                raw = await self.conn.execute("GET", f"{ns}result:{h}:{queue}")
+                if raw is None:
+                    return False
+                kind, _, _, n, rest = raw.split(b"\0", 4)
+                value, payload = rest[: int(n)], rest[int(n) :]
+                seen[0] = (kind.decode(), value.decode(errors="replace"))
+                want = ("n", "") if cond.get("value") is None else ("v", cond["value"])
+                return bool(payload == task.encode() and seen[0] == want)
+
+            def what() -> str:
+                return (
+                    f"the result record of {task!r} (queue {queue}) should hold "
+                    f"{cond.get('value')!r} within {within:.2f} s; "
+                    + ("there is none" if seen[0] is None else f"it holds {seen[0]}")
+                    + " (a peer writes it with finish_results.lua when the queue's policy "
+                    "has a result TTL)"
+                )
+        else:
+            want = int(cond["counted"])
+
+            async def check() -> bool:
+                flat = await self.conn.execute("HGETALL", f"{ns}stats:{queue}")
+                pairs = dict(zip(flat[::2], flat[1::2], strict=True))
+                seen[0] = sum(int(v) for k, v in pairs.items() if k.startswith(b"p"))
+                return bool(seen[0] >= want)
+
+            def what() -> str:
+                return (
+                    f"the per-minute counts of queue {queue} ({{ns}}:stats:{queue}) should "
+                    f"count {want} finished processes within {within:.2f} s; they count "
+                    f"{seen[0]} (a peer sends its counts to stats.lua every 5 s)"
+                )
+
+        await self.wait_redis(what, check, within)
+
     def holdings(self, queue: str) -> dict[str, int]:
         return {n: len(self.running(queue, n)) for n in self.peers}
 
@@ -682,6 +894,8 @@ class Run:
             by_task.setdefault((iv.queue, iv.task), []).append(iv)
         tokens: dict[int, Interval] = {}
         for iv in self.intervals:
+            if iv.token < 0:
+                continue  # not a token (reported as a line-protocol failure)
             if iv.token in tokens and tokens[iv.token] is not iv:
                 other = tokens[iv.token]
                 self.fail(
@@ -693,7 +907,7 @@ class Run:
         for (queue, task), ivs in by_task.items():
             ivs.sort(key=lambda iv: iv.start)
             for a, b in itertools.pairwise(ivs):
-                if b.token <= a.token:
+                if min(a.token, b.token) >= 0 and b.token <= a.token:
                     self.fail(
                         "growing tokens",
                         f"{task!r} of queue {queue}: owner {b.peer} started with token "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import anyio
 import attrs
@@ -12,7 +13,7 @@ import attrs
 from mesh._connection import open_connection
 from mesh._url import RedisConfig
 
-from . import _scenarios, _vectors
+from . import _linepeer, _scenarios, _vectors
 
 
 def suite_dir() -> Path:
@@ -74,7 +75,9 @@ async def run_suite(
             if not only or "vectors" in only:
                 vectors = _vectors.load_vectors(d / "vectors")
                 report.vectors = len(vectors)
-                report.mismatches = await _vectors.check_vectors(conn, vectors, used[0], log)
+                report.mismatches = await check_vectors_through(
+                    conn, url, peer or _scenarios.PYTHON_PEER, vectors, used[0], log
+                )
             scenarios = [
                 s
                 for s in _scenarios.load_scenarios(d / "scenarios")
@@ -90,6 +93,33 @@ async def run_suite(
                 for ns in used:
                     await _vectors.clear(conn, ns)
     return report
+
+
+async def check_vectors_through(
+    conn: _vectors.Executor,
+    url: str,
+    peer: str,
+    vectors: Sequence[tuple[str, dict[str, Any]]],
+    namespace: str,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[_vectors.Mismatch]:
+    """Replay the vectors with each call run by the peer process ``peer``
+    (its own loader and client: the line protocol's ``script`` command); the
+    harness writes and reads the keyspace. A peer that refuses the command or
+    breaks off is one mismatch naming the vector it stopped at."""
+    async with _linepeer.open_script_peer(peer, url, namespace) as caller:
+        done: list[str] = []
+
+        async def counted(*a: Any) -> dict[str, Any]:
+            out = await caller(*a)
+            done.append(a[0])
+            return out
+
+        try:
+            return await _vectors.check_vectors(conn, vectors, namespace, log, counted)
+        except _linepeer.PeerRefused as exc:
+            file, v = vectors[len(done)]
+            return [_vectors.Mismatch(file, v["name"], f"run through the peer: {exc}")]
 
 
 def scenario_names() -> list[str]:

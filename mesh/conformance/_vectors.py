@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,7 +75,13 @@ def text(value: Any) -> Any:
 
 def error_text(exc: CommandError) -> str:
     """An error reply without the location Redis 7 appends to script errors."""
-    return _SUFFIX.sub("", str(exc))
+    return strip_location(str(exc))
+
+
+def strip_location(message: str) -> str:
+    """An error message without the ``script: ..., on @user_script:N.`` that
+    Redis 7 appends to a script's error reply."""
+    return _SUFFIX.sub("", message)
 
 
 def rename(value: Any, old: str, new: str) -> Any:
@@ -174,6 +180,12 @@ def source_at(script: str, time: Sequence[int]) -> bytes:
     return prelude.encode() + src
 
 
+Caller = Callable[[str, Sequence[int], Sequence[Any], Sequence[Any]], Awaitable[dict[str, Any]]]
+"""Runs one script call for a replay: (script name, time, keys, args) to
+{"reply": ...} or {"error": message}, and optionally "sha1" (the SHA-1 of
+the script as the caller's loader expanded it, without the time prelude)."""
+
+
 async def call(
     conn: Executor, script: str, time: Sequence[int], keys: Sequence[Any], args: Sequence[Any]
 ) -> dict[str, Any]:
@@ -186,14 +198,15 @@ async def call(
 
 
 async def replay(
-    conn: Executor, vector: dict[str, Any], namespace: str
+    conn: Executor, vector: dict[str, Any], namespace: str, caller: Caller | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load the vector's keyspace into ``namespace`` (emptied first), run its
-    call, and return (the outcome, the keyspace after), written in ``ns``."""
+    call (with ``caller``: through a peer's own script loader; else here),
+    and return (the outcome, the keyspace after), written in ``ns``."""
     await clear(conn, namespace)
     await load(conn, rename(vector["before"], PLACEHOLDER, namespace))
-    outcome = await call(
-        conn,
+    run: Caller = caller or (lambda *a: call(conn, *a))
+    outcome = await run(
         vector["script"],
         vector["time"],
         rename(vector["keys"], PLACEHOLDER, namespace),
@@ -207,6 +220,12 @@ async def replay(
 def compare(vector: dict[str, Any], outcome: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """What differs between the recorded vector and a replay (empty: nothing)."""
     diffs = []
+    sha = outcome.get("sha1")
+    if sha is not None and sha != load_scripts()[vector["script"]].sha:
+        diffs.append(
+            f"the peer's loader expands {vector['script']}.lua to a script of SHA-1 {sha}; "
+            f"the protocol's expansion is {load_scripts()[vector['script']].sha}"
+        )
     if "error" in vector:
         if outcome.get("error") != vector["error"]:
             diffs.append(f"expected error {vector['error']!r}, got {_show(outcome)}")
@@ -220,7 +239,7 @@ def compare(vector: dict[str, Any], outcome: dict[str, Any], after: dict[str, An
             diffs.append(f"key {key} should not exist after the call: {json.dumps(after[key])}")
         else:
             a, b = want[key], after[key]
-            if a["type"] != b["type"] or a["value"] != b["value"]:
+            if a["type"] != b["type"] or not same_value(a["value"], b["value"]):
                 diffs.append(f"key {key}: expected {json.dumps(a)}, got {json.dumps(b)}")
             elif ("pttl" in a) != ("pttl" in b) or (
                 "pttl" in a and abs(a["pttl"] - b["pttl"]) > TTL_TOLERANCE_MS
@@ -239,7 +258,33 @@ def _same_reply(vector: dict[str, Any], reply: Any) -> bool:
         return bool(
             want[:1] == reply[:1] and sorted(map(str, want[1:])) == sorted(map(str, reply[1:]))
         )
-    return bool(want == reply)
+    return same_value(want, reply)
+
+
+def same_value(want: Any, got: Any) -> bool:
+    """Whether a recorded value and a replayed one say the same to a peer:
+    equal, where a string that holds a JSON object (a queue's policy, from
+    ``cjson.encode``, whose key order differs between servers) is compared
+    by what it decodes to. Lists and hashes (dicts) are compared entry by
+    entry the same way."""
+    if isinstance(want, list) and isinstance(got, list):
+        return len(want) == len(got) and all(map(same_value, want, got))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return want.keys() == got.keys() and all(same_value(want[k], got[k]) for k in want)
+    if isinstance(want, str) and isinstance(got, str) and want != got:
+        a, b = _json_object(want), _json_object(got)
+        return a is not None and a == b
+    return bool(want == got)
+
+
+def _json_object(value: str) -> dict[str, Any] | None:
+    if not value.startswith("{"):
+        return None
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return None
+    return decoded if isinstance(decoded, dict) else None
 
 
 def _show(outcome: dict[str, Any]) -> str:
@@ -262,12 +307,14 @@ async def check_vectors(
     vectors: Sequence[tuple[str, dict[str, Any]]],
     namespace: str,
     log: Callable[[str], None] = lambda _: None,
+    caller: Caller | None = None,
 ) -> list[Mismatch]:
-    """Replay every vector in ``namespace``; the mismatches, one per vector
+    """Replay every vector in ``namespace`` (each call through ``caller``: a
+    peer's own script loader; default: here); the mismatches, one per vector
     that differs (all its differences in ``what``)."""
     bad = []
     for file, v in vectors:
-        outcome, after = await replay(conn, v, namespace)
+        outcome, after = await replay(conn, v, namespace, caller)
         diffs = compare(v, outcome, after)
         if diffs:
             bad.append(Mismatch(file, v["name"], "; ".join(diffs)))

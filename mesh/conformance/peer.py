@@ -1,8 +1,8 @@
 """The Python peer of the conformance line protocol (protocol/conformance/README.md).
 
 Run as ``python -m mesh.conformance.peer`` (``--loop asyncio`` to run it on
-asyncio; trio by default): it reads its Redis URL and namespace
-from ``MESH_REDIS_URL`` and ``MESH_NAMESPACE``, commands from stdin, and writes
+asyncio; trio by default): it reads its Redis URL and namespace from
+``MESH_REDIS_URL`` and ``MESH_NAMESPACE``, commands from stdin, and writes
 events to stdout, one JSON object per line. Logs go to stderr.
 
 Exit status: 0 after ``stop`` (or EOF), 3 when it cannot join (``VERSION``: the
@@ -14,12 +14,18 @@ is cancelled, before it exits (so before the process can be handed back):
 ``stopped`` while this peer stops, ``fenced`` when the worker gave up its
 lease (``Worker.check_lease``), ``moved`` when a rebalance marked the process
 (``{ns}:moving:<Q>``) or Redis still holds it, ``cancelled`` when a cancel
-removed it from ``{ns}:procs:<Q>``.
+removed it from ``{ns}:procs:<Q>``; ``timeout`` when Redis still holds it
+and it ran for at least the queue's policy timeout.
+
+Tokens are written as strings of decimal digits (a JSON number cannot hold
+every 64-bit token in every language); error events carry the codes of the
+protocol (protocol/conformance/README.md, "Error codes").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,7 +37,15 @@ import anyio.abc
 import trio
 
 import mesh
+from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
+from mesh._scripts import load_scripts
+from mesh.conformance._vectors import TIME_PRELUDE, text
+
+SCRIPT_CODES = frozenset(
+    {"FENCED", "DUPLICATE_WORKER", "VERSION", "CONFLICT", "NOT_SERVING", "BAD_ARG", "OOM"}
+)
+"""The error codes of the scripts (protocol/README.md, "Error codes")."""
 
 log = logging.getLogger("mesh.conformance.peer")
 
@@ -51,14 +65,37 @@ class Peer:
         self.exit_code = 0
         self._stop = anyio.Event()
         self._ready = anyio.Event()
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._conn: Connection | None = None
 
     def emit(self, **event: Any) -> None:
         sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
         sys.stdout.flush()
 
     async def run(self) -> None:
-        async with anyio.create_task_group() as nursery:
-            nursery.start_soon(self._read_commands, nursery)
+        async with contextlib.AsyncExitStack() as stack:
+            self._stack = stack
+            async with anyio.create_task_group() as nursery:
+                nursery.start_soon(self._read_commands, nursery)
+
+    async def _script(self, cmd: dict[str, Any]) -> None:
+        """The ``script`` command: run one script by name, expanded by this
+        peer's loader, with the time prelude of the vectors before it."""
+        script = load_scripts().get(str(cmd.get("name")))
+        if script is None:
+            raise mesh.ConfigError(f"script: no script named {cmd.get('name')!r}")
+        s, us = (int(x) for x in cmd["time"])
+        keys, args = list(cmd["keys"]), list(cmd["args"])
+        if self._conn is None:
+            assert self._stack is not None
+            self._conn = await self._stack.enter_async_context(open_connection(self.url))
+        source = (TIME_PRELUDE % {"s": s, "us": us}).encode() + script.source
+        try:
+            reply = await self._conn.execute("EVAL", source, len(keys), *keys, *args)
+        except mesh.CommandError as exc:
+            self.emit(event="ack", op="script", sha1=script.sha, error=str(exc))
+            return
+        self.emit(event="ack", op="script", sha1=script.sha, reply=text(reply))
 
     async def _read_commands(self, nursery: anyio.abc.TaskGroup) -> None:
         # stdin, read in a worker thread: the same on both loops
@@ -88,6 +125,9 @@ class Peer:
             )
             return True
         try:
+            if op == "script":
+                await self._script(cmd)
+                return True
             if op == "start":
                 if self.worker is not None:
                     raise mesh.ConfigError("a worker is started already")
@@ -127,7 +167,9 @@ class Peer:
             else:
                 self.emit(event="error", op=op, code="BAD_COMMAND", message=f"unknown op {op!r}")
         except mesh.MeshError as exc:
-            self.emit(event="error", op=op, code=type(exc).__name__, message=str(exc))
+            self.emit(event="error", op=op, code=error_code(exc), message=str(exc))
+        except (KeyError, TypeError, ValueError) as exc:
+            self.emit(event="error", op=op, code="BAD_COMMAND", message=f"{op}: {exc!r}")
         return True
 
     async def _run_worker(self, ttl: float, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -172,14 +214,16 @@ class Peer:
                 last = worker.id
 
     def _handler(self, spec: Any) -> mesh.Handler:
-        if spec not in ("hold", "done", "fail") and not (
+        if spec not in ("hold", "done", "fail", "echo") and not (
             isinstance(spec, dict) and isinstance(spec.get("sleep"), int | float)
         ):
             raise mesh.ConfigError(f"unknown handler {spec!r}")
 
-        async def handler(p: mesh.Process) -> None:
+        async def handler(p: mesh.Process) -> bytes | None:
             task = p.task.decode()
-            self.emit(event="start", queue=p.queue, task=task, token=p.token, worker=p.worker_id)
+            token = str(p.token)
+            began = anyio.current_time()
+            self.emit(event="start", queue=p.queue, task=task, token=token, worker=p.worker_id)
             try:
                 if spec == "hold":
                     await anyio.sleep_forever()
@@ -187,17 +231,18 @@ class Peer:
                     await anyio.sleep(float(spec["sleep"]))
             except anyio.get_cancelled_exc_class():
                 with anyio.CancelScope(shield=True):
-                    reason = await self._why_stopped(p)
-                self.emit(event="stop", queue=p.queue, task=task, token=p.token, reason=reason)
+                    reason = await self._why_stopped(p, anyio.current_time() - began)
+                self.emit(event="stop", queue=p.queue, task=task, token=token, reason=reason)
                 raise
             if spec == "fail":
-                self.emit(event="done", queue=p.queue, task=task, token=p.token, ok=False)
+                self.emit(event="done", queue=p.queue, task=task, token=token, ok=False)
                 raise RuntimeError("conformance failure")
-            self.emit(event="done", queue=p.queue, task=task, token=p.token, ok=True)
+            self.emit(event="done", queue=p.queue, task=task, token=token, ok=True)
+            return p.task if spec == "echo" else None
 
         return handler
 
-    async def _why_stopped(self, p: mesh.Process) -> str:
+    async def _why_stopped(self, p: mesh.Process, ran: float) -> str:
         worker = self.worker
         if self.stopping or worker is None:
             return "stopped"
@@ -208,17 +253,42 @@ class Peer:
         conn = worker._conn
         try:
             with anyio.fail_after(2.0):
-                marked, held = await conn.pipeline(
+                marked, held, policy = await conn.pipeline(
                     [
                         ("HEXISTS", self.keys.moving(p.queue), p.id),
                         ("HEXISTS", self.keys.procs(p.queue), p.id),
+                        ("HGET", self.keys.policy, p.queue),
                     ]
                 )
         except (mesh.MeshError, TimeoutError):
             return "fenced"
-        if marked or held:
+        if marked:
             return "moved"
+        if held:
+            timeout = json.loads(policy).get("timeout_ms", 0) / 1000 if policy else 0
+            return "timeout" if 0 < timeout <= ran + 0.001 else "moved"
         return "cancelled"
+
+
+def error_code(exc: mesh.MeshError) -> str:
+    """The line protocol's code of an error: the script's code when Redis
+    answered with one, else what kind of failure it was."""
+    first = str(exc).split(" ", 1)[0]
+    if first in SCRIPT_CODES:
+        return first
+    if isinstance(exc, mesh.ProtocolError):
+        return "VERSION"
+    if isinstance(exc, mesh.ConflictError):
+        return "CONFLICT"
+    if isinstance(exc, mesh.FencedError):
+        return "FENCED"
+    if isinstance(exc, mesh.MeshConnectionError):
+        return "CONNECTION"
+    if isinstance(exc, mesh.CommandError):
+        return "OOM" if isinstance(exc, mesh.OutOfMemoryError) else "ERROR"
+    if isinstance(exc, mesh.ConfigError):
+        return "BAD_COMMAND"
+    return "ERROR"
 
 
 def _count(added: object) -> int:

@@ -157,10 +157,10 @@ class Binding {
       k.idle(q), k.reserved(q), k.unowned(q), k.share(q), k.prio(q), k.delayedPrio(q)];
     const args = [o.worker, o.inc, q, o.n, o.maxAttempts, o.fair, o.backoffMs, o.backoffCapMs,
       o.ttlMs, o.wake ? 1 : 0, k.wakePrefix];
-    if (o.rate) {
-      keys.push(k.rate(q));
-      args.push(o.rate[0], o.rate[1]);
-    }
+    // the rate bucket (its ARGV empty: no limit), then the pause flag, always
+    keys.push(k.rate(q), k.paused(q));
+    if (o.rate) args.push(o.rate[0], o.rate[1]);
+    else args.push('', '');
     const raw = await runScript(r, 'claim', keys, args);
     /** @type {Process[]} */
     const processes = [];
@@ -231,6 +231,55 @@ class Binding {
     const out = [];
     for (let i = 0; i < raw.length; i += 2) out.push([num(raw[i]), num(raw[i + 1])]);
     return out;
+  }
+
+  /**
+   * schedule.lua mode "add": [new (false: it replaced one), the first tick ms].
+   * @param {Redis} r @param {string} queue @param {Buffer} payload
+   * @param {string} spec "every <ms>" or "cron <expression>"
+   * @returns {Promise<[boolean, number]>}
+   */
+  async schedule(r, queue, payload, spec) {
+    const k = this.keys;
+    const raw = await runScript(r, 'schedule', [k.schedules, k.scheduleSpecs, k.queues],
+      ['add', queue, payload, spec, '']);
+    return [num(raw[0]) === 1, num(raw[1])];
+  }
+
+  /**
+   * fire.lua: per tick given (schedule id, the tick read, the next tick):
+   * 1 fired, 0 not (another peer did, or it changed), 2 skipped (the payload
+   * is a persistent task of the queue now).
+   * @param {Redis} r @param {[Buffer, number, number][]} ticks
+   * @returns {Promise<number[]>}
+   */
+  async fire(r, ticks) {
+    const k = this.keys;
+    const keys = [k.schedules, k.scheduleSpecs, k.queues];
+    /** @type {(string|number|Buffer)[]} */
+    const args = [k.wakePrefix];
+    for (const [sid, tick, next] of ticks) {
+      const end = sid.indexOf(0);
+      const q = sid.subarray(0, end < 0 ? sid.length : end).toString('utf8');
+      keys.push(k.queue(q), k.persistent(q), k.standby(q), k.idle(q));
+      args.push(sid, tick, next);
+    }
+    const raw = await runScript(r, 'fire', keys, args);
+    return raw.map(num);
+  }
+
+  /**
+   * stats.lua: add (finished, failed) per queue to the current minute of the
+   * Redis clock, keeping `keepMinutes`.
+   * @param {Redis} r @param {Map<string, [number, number]>} counts @param {number} keepMinutes
+   * @returns {Promise<number>} the minute the counts went to
+   */
+  async stats(r, counts, keepMinutes) {
+    const keys = [...counts.keys()].map((q) => this.keys.stats(q));
+    /** @type {number[]} */
+    const args = [keepMinutes];
+    for (const [done, failed] of counts.values()) args.push(done, failed);
+    return num(await runScript(r, 'stats', keys, args));
   }
 
   /**

@@ -102,6 +102,40 @@ class Client {
   }
 
   /**
+   * Make `task` a periodic task of `queue`: every `everyMs` (Redis clock, the
+   * first tick one period from now) one one-shot copy is enqueued, exactly
+   * once across the mesh (any worker fires it). Unique per (queue, task):
+   * scheduling it again replaces its period.
+   * @param {string} queue @param {Task} task @param {{everyMs: number}} options
+   * @returns {Promise<boolean>} true if new, false if it replaced a schedule
+   * @throws {RangeError} everyMs is not a whole number >= 1 (nothing written)
+   */
+  async schedule(queue, task, options) {
+    checkQueue(queue);
+    const ms = options.everyMs;
+    if (!Number.isInteger(ms) || ms < 1) throw new RangeError(`everyMs must be a whole number >= 1, got ${ms}`);
+    const [added] = await this.binding.schedule(this.redis, queue, payloadBytes(task), `every ${ms}`);
+    return added;
+  }
+
+  /**
+   * Set fields of `queue`'s policy, which every worker serving it applies
+   * within a heartbeat interval; fields not given keep their value.
+   * @param {string} queue
+   * @param {Record<string, number>} fields  the policy's own names (protocol/README.md,
+   *   "Keys": `max_attempts`, `backoff_ms`, `backoff_max_ms`, `timeout_ms`,
+   *   `result_ttl_ms`, `rate_limit`, `rate_period_ms`), whole numbers
+   * @returns {Promise<Record<string, unknown>>} the policy stored now
+   * @throws {import('./errors').CommandError} BAD_ARG: an unknown field or a bad value (nothing written)
+   */
+  async configure(queue, fields) {
+    checkQueue(queue);
+    const args = Object.entries(fields).flat();
+    const raw = await this.binding.configure(this.redis, queue, 'set', 'configure', args);
+    return JSON.parse(/** @type {string} */ (raw));
+  }
+
+  /**
    * The persistent tasks of `queue`: payload (as a Buffer) -> id of the process
    * that runs it, or null while it waits.
    * @param {string} queue

@@ -56,6 +56,8 @@ class Keys {
     this.info = `${p}info`;
     this.version = `${p}version`;
     this.policy = `${p}policy`;
+    this.schedules = `${p}schedules`;
+    this.scheduleSpecs = `${p}schedule_specs`;
     this.wakePrefix = `${p}wake:`;
     this.cancelPrefix = `${p}cancel:`;
   }
@@ -75,6 +77,8 @@ class Keys {
   /** @param {string} q */ delayedPrio(q) { return `${this.prefix}delayed_prio:${q}`; }
   /** @param {string} q */ dead(q) { return `${this.prefix}dead:${q}`; }
   /** @param {string} q */ rate(q) { return `${this.prefix}rate:${q}`; }
+  /** @param {string} q */ paused(q) { return `${this.prefix}paused:${q}`; }
+  /** @param {string} q */ stats(q) { return `${this.prefix}stats:${q}`; }
   /** @param {string} q */ servers(q) { return `${this.prefix}servers:${q}`; }
   /**
    * The result record of a payload: named by the payload's SHA-1 (hex).

@@ -352,11 +352,18 @@ class Runner {
       } else if (out.ok) {
         this.done.push(proc.id);
         if (this.policy.resultTtlMs > 0) this.results.set(proc.id, [proc.task, resultBytes(out.value)]);
+        w.count(this.queue, true);
         w.emit('done', { ...info, ok: true });
-      } else {
-        const why = slot.timedOut ? `TimeoutError: the handler ran longer than ${formatG(timeoutMs / 1000)} s`
-          : describeError(out.error);
+      } else if (slot.timedOut) {
+        // stopped by the policy's time limit: a failed attempt
+        const why = `TimeoutError: the handler ran longer than ${formatG(timeoutMs / 1000)} s`;
         this.failed.push([proc.id, why]);
+        w.count(this.queue, false);
+        w.emit('stop', { ...info, reason: 'timeout', error: why });
+      } else {
+        const why = describeError(out.error);
+        this.failed.push([proc.id, why]);
+        w.count(this.queue, false);
         w.emit('done', { ...info, ok: false, error: why });
       }
       this.wake();

@@ -22,7 +22,7 @@ const { mapError } = require('./errors');
 const SCRIPT_NAMES = [
   'register', 'serve', 'heartbeat', 'claim', 'finish', 'finish_results', 'give_back',
   'drain', 'recycle', 'reap_check', 'rebalance', 'enqueue', 'delay', 'ensure',
-  'cancel', 'configure',
+  'cancel', 'configure', 'fire', 'stats', 'schedule',
 ];
 
 // An include line, with its line end: the file it names (a path relative to
@@ -127,4 +127,23 @@ async function runScript(redis, name, keys, args) {
   }
 }
 
-module.exports = { SCRIPT_NAMES, loadScripts, runScript, protocolDir, expand };
+/**
+ * Any script of the protocol by name (not only those the package calls),
+ * expanded and hashed: what the conformance suite's vectors replay through
+ * this loader.
+ * @param {string} name  a script's name, e.g. "claim"
+ * @returns {Script}
+ * @throws {Error} no such script
+ */
+function scriptByName(name) {
+  const known = loadScripts().get(name);
+  if (known) return known;
+  const dir = protocolDir();
+  if (!/^[a-z_]+$/.test(name) || !fs.existsSync(path.join(dir, `${name}.lua`))) {
+    throw new Error(`no script named ${JSON.stringify(name)}`);
+  }
+  const source = expand(dir, `${name}.lua`);
+  return { name, source, sha: crypto.createHash('sha1').update(source).digest('hex') };
+}
+
+module.exports = { SCRIPT_NAMES, loadScripts, runScript, protocolDir, expand, scriptByName };

@@ -7,6 +7,8 @@
  * cancels again in every heartbeat's inbox), recycles dead peers (reap_check,
  * recycle mode "dead"), and leaves gracefully: drain, stop every handler,
  * hand each process back once its handler exited, then recycle mode "leave".
+ * It also fires the due ticks of periodic tasks (fire.lua, every H) and sends
+ * what its handlers did to the per-minute counts (stats.lua, every 5 s).
  */
 const os = require('node:os');
 const crypto = require('node:crypto');
@@ -21,6 +23,12 @@ const { FencedError } = require('./errors');
 
 /** @param {number} ms */
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** How often the per-minute counts are sent (ms), and how long they are kept (minutes). */
+const STATS_EVERY_MS = 5000;
+const STATS_KEEP_MINUTES = 120;
+/** At most this many schedules are read per round trip when firing ticks. */
+const TICK_BATCH = 100;
 
 /** One identity of the worker: an id and an incarnation, never reused after a fence. */
 class Generation {
@@ -64,7 +72,8 @@ class Generation {
 
 /**
  * Events: 'start' {queue, task, token, worker, persistent}, 'stop' {..., reason}
- * ('cancelled' | 'moved' | 'stopped' | 'fenced'), 'done' {..., ok, error?},
+ * ('cancelled' | 'moved' | 'stopped' | 'fenced' | 'timeout', the last a failed
+ * attempt with its error), 'done' {..., ok, error?},
  * 'fenced' {worker, reason}, 'rejoined' {worker, previous}.
  */
 class Worker extends EventEmitter {
@@ -115,6 +124,118 @@ class Worker extends EventEmitter {
     /** @type {NodeJS.Timeout | null} */ this._pinger = null;
     /** The queues dead workers served lately (a hint for recycle). @type {string[]} */
     this._deadQueues = [];
+    /** Per queue: [finished, failed] not yet sent to stats.lua. @type {Map<string, [number, number]>} */
+    this._counts = new Map();
+    /** @type {Promise<void> | null} */ this._tickLoopDone = null;
+    /** @type {Promise<void> | null} */ this._statsLoopDone = null;
+    /** Wakers of the naps of the tick and stats loops (stop() ends them). @type {Set<() => void>} */
+    this._naps = new Set();
+    this._cronWarned = false;
+  }
+
+  /**
+   * Count one handler outcome of `queue` for the per-minute counts.
+   * @param {string} queue @param {boolean} ok finished (true) or failed
+   */
+  count(queue, ok) {
+    const c = this._counts.get(queue) || [0, 0];
+    c[ok ? 0 : 1] += 1;
+    this._counts.set(queue, c);
+  }
+
+  /** Sleep `ms`, or less if the worker closes. @param {number} ms */
+  _nap(ms) {
+    return new Promise((resolve) => {
+      const wake = () => { clearTimeout(timer); this._naps.delete(wake); resolve(undefined); };
+      const timer = setTimeout(wake, Math.max(0, ms));
+      this._naps.add(wake);
+    });
+  }
+
+  /**
+   * Send the counts gathered since the last report (nothing if none). On an
+   * error they are kept for the next one.
+   */
+  async reportCounts() {
+    if (!this._counts.size) return;
+    const counts = this._counts;
+    this._counts = new Map();
+    try {
+      await this.binding.stats(this.redis, counts, STATS_KEEP_MINUTES);
+    } catch (err) {
+      for (const [q, [p, f]] of counts) {
+        const c = this._counts.get(q) || [0, 0];
+        this._counts.set(q, [c[0] + p, c[1] + f]);
+      }
+      this._log('debug', `sending the per-minute counts failed (kept): ${err instanceof Error ? err.message : err}`);
+    }
+  }
+
+  async _statsLoop() {
+    while (!this.closed) {
+      await this._nap(STATS_EVERY_MS);
+      if (!this.closed) await this.reportCounts();
+    }
+  }
+
+  /**
+   * Fire the due ticks among the first schedules (fire.lua, compare-and-set:
+   * each tick fires once across the mesh). Cron schedules are left to peers
+   * that evaluate cron (this one does not).
+   * @returns {Promise<number>} ms until the first tick is due (0: look again at once)
+   */
+  async fireDue() {
+    const k = this.keys;
+    const p = /** @type {any} */ (this.redis.pipeline());
+    p.time();
+    p.zrangeBuffer(k.schedules, 0, TICK_BATCH - 1, 'WITHSCORES');
+    const res = await p.exec();
+    for (const [err] of res) if (err) throw err;
+    const [sec, usec] = res[0][1];
+    const nowMs = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+    /** @type {Buffer[]} */
+    const flat = res[1][1];
+    if (!flat.length) return Infinity;
+    /** @type {[Buffer, number][]} */
+    const due = [];
+    for (let i = 0; i < flat.length; i += 2) {
+      const tick = Math.floor(Number(flat[i + 1].toString()));
+      if (tick <= nowMs) due.push([flat[i], tick]);
+    }
+    if (!due.length) return Math.floor(Number(flat[1].toString())) - nowMs;
+    const specs = await /** @type {any} */ (this.redis).hmgetBuffer(k.scheduleSpecs, ...due.map((d) => d[0]));
+    /** @type {[Buffer, number, number][]} */
+    const fire = [];
+    due.forEach(([sid, tick], i) => {
+      const spec = specs[i] ? specs[i].toString('utf8') : null;
+      const every = spec && /^every (\d+)$/.exec(spec);
+      if (every) {
+        const period = Math.max(1, Number(every[1]));
+        const next = nowMs < tick + period ? tick + period
+          : tick + period * (Math.floor((nowMs - tick) / period) + 1);
+        fire.push([sid, tick, next]);
+      } else if (spec && !this._cronWarned) {
+        this._cronWarned = true;
+        this._log('warn', `schedule spec ${JSON.stringify(spec)}: cron is not evaluated by this peer; `
+          + 'another peer fires it');
+      }
+    });
+    if (!fire.length) return this.timing.interval * 1000;
+    await this.binding.fire(this.redis, fire);
+    return 0;
+  }
+
+  async _tickLoop() {
+    const h = this.timing.interval * 1000;
+    while (!this.closed) {
+      let wait = h;
+      try {
+        wait = await this.fireDue();
+      } catch (err) {
+        this._log('debug', `firing periodic tasks failed: ${err instanceof Error ? err.message : err}`);
+      }
+      if (wait > 0 && !this.closed) await this._nap(Math.min(wait, h) + Math.random() * Math.min(20, h / 10));
+    }
   }
 
   /** The current worker id (a new one after every fence). */
@@ -179,6 +300,8 @@ class Worker extends EventEmitter {
     this.started = true;
     this._hbLoop = this._heartbeatLoop();
     this._reaper.loop = this._reapLoop();
+    this._tickLoopDone = this._tickLoop();
+    this._statsLoopDone = this._statsLoop();
     this._pinger = setInterval(() => this._pingSub(), Math.min(Math.max(1000, this._ttlMs), 30000));
   }
 
@@ -522,7 +645,10 @@ class Worker extends EventEmitter {
     if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
     if (this._hbWake) this._hbWake();
     if (this._reaper.wake) this._reaper.wake();
-    await Promise.allSettled([this._hbLoop, this._reaper.loop]);
+    for (const wake of [...this._naps]) wake();
+    await Promise.allSettled([this._hbLoop, this._reaper.loop, this._tickLoopDone, this._statsLoopDone]);
+    // the last counts (bounded: the connections close next)
+    if (this.started) await withTimeout(this.reportCounts(), 250).catch(() => {});
     this.sub.disconnect();
     await this.redis.quit().catch(() => this.redis.disconnect());
     return clean;

@@ -80,10 +80,10 @@ test('Node and Python peers share a namespace: both ways, fair share, takeover',
   const node = new Worker({ redis: server.url, namespace: ns, ttl: 1.5, log: () => {} });
   const client = new Client({ redis: server.url, namespace: ns });
   const py = pythonWorker(ns);
-  /** @type {Map<string, number>} */
+  /** @type {Map<string, bigint>} */
   const nodeTokens = new Map();
   await node.serve('mixed.persistent', (t, ctx) => {
-    nodeTokens.set(t.toString(), Number(ctx.token));
+    nodeTokens.set(t.toString(), ctx.token);
     return hold(t, ctx);
   }, { concurrency: 10 });
   await node.serve('to.node', (t) => `node:${t}`, { concurrency: 4 });
@@ -118,7 +118,7 @@ test('Node and Python peers share a namespace: both ways, fair share, takeover',
 
     // the Python peer dies: the Node peer takes its tasks over with larger tokens
     py.child.kill('SIGKILL');
-    await waitFor(() => onPython.every((/** @type {any} */ p) => (nodeTokens.get(p.task.data) ?? 0) > p.token),
+    await waitFor(() => onPython.every((/** @type {any} */ p) => (nodeTokens.get(p.task.data) ?? 0n) > BigInt(p.token)),
       { timeout: 15000, what: 'the Node worker to take over' });
     assert.deepEqual(await workers(), [node.id]);
     assert.equal((await processes(ns, 'mixed.persistent')).filter((p) => p.worker === node.id).length, 4);

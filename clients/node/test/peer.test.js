@@ -43,7 +43,7 @@ test('after a SIGKILL, the other peer takes every persistent task over with larg
   // the fair share: b pulls two of them (a hands them back once their handlers exited)
   await b.waitEvent((e) => e.event === 'start' && b.events.filter((x) => x.event === 'start').length === 2,
     { timeout: 10000 });
-  /** @type {Map<string, number>} */
+  /** @type {Map<string, string>} */
   const before = new Map();
   for (const e of a.events) if (e.event === 'start') before.set(e.task, e.token);
   const onA = new Set(['t1', 't2', 't3', 't4']);
@@ -54,7 +54,8 @@ test('after a SIGKILL, the other peer takes every persistent task over with larg
   await a.exited;
   for (const task of onA) {
     const e = await b.waitEvent((x) => x.event === 'start' && x.task === task, { timeout: 10000 });
-    assert.ok(e.token > /** @type {number} */ (before.get(task)), 'a new owner has a larger token');
+    // tokens are strings of digits on the line protocol: compared as BigInts
+    assert.ok(BigInt(e.token) > BigInt(/** @type {string} */ (before.get(task))), 'a new owner has a larger token');
   }
   // takeover only after the lease ran out (T = 1.5 s), and well within a few TTLs
   const took = Date.now() - killedAt;
@@ -77,7 +78,7 @@ test('a peer stopped (SIGSTOP) past R fences itself; the other takes over; it re
   await b.call({ op: 'serve', queue: 'p', concurrency: 10, handler: 'hold' });
   a.kill('SIGSTOP');
   const taken = await b.waitEvent((e) => e.event === 'start' && e.task === 'only', { timeout: 10000 });
-  assert.ok(taken.token > first.token);
+  assert.ok(BigInt(taken.token) > BigInt(first.token));
   a.kill('SIGCONT');
   const stop = await a.waitEvent((e) => e.event === 'stop' && e.task === 'only', { timeout: 10000 });
   assert.equal(stop.reason, 'fenced');
