@@ -226,6 +226,31 @@ async def test_claim_makes_processes_with_increasing_tokens(
     assert (await b.claim(conn, "w1", inc, Q, 3, 4)).processes == ()
 
 
+@pytest.mark.parametrize(
+    "counter",
+    [
+        str(2**53 + 2),  # 2^53 + 3 is no double: a Lua number + 1 gave 2^53 + 4 twice
+        "99999999999999999998",  # twenty digits: carries into a twenty-first
+    ],
+)
+async def test_claimed_tokens_are_exact_past_2_to_the_53(
+    conn: Connection, b: Binding, keys: Keys, counter: str
+) -> None:
+    """Tokens are worked on as decimal strings in claim.lua: past 2^53 a
+    counter + 1 in a Lua number rounds, and two claims handed out one token
+    twice. Each claim's ids follow the counter exactly, and never repeat."""
+    inc = await join(b, conn, "w1", Q)
+    await b.enqueue(conn, Q, [b"t%d" % i for i in range(6)])
+    await conn.execute("SET", keys.token, counter)
+    first = (await b.claim(conn, "w1", inc, Q, 3, 7)).processes
+    second = (await b.claim(conn, "w1", inc, Q, 3, 7)).processes
+    ids = [p.id for p in (*first, *second)]
+    expected = [str(int(counter) + 1 + i) for i in range(6)]
+    assert ids == expected
+    assert [p.token for p in (*first, *second)] == [int(i) for i in expected]
+    assert await conn.execute("GET", keys.token) == ids[-1].encode()
+
+
 async def test_claimed_ids_carry_across_hundreds_and_records_keep_the_claims_fields(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:

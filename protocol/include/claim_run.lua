@@ -286,7 +286,8 @@ local function claim_run(before, compact)
     end
   end
   add_share(KEYS[15], 'h' .. ARGV[1], gained)
-  local first = math.max(tonumber(redis.call('GET', KEYS[9]) or '0') + 1, now_micro)
+  -- exact past 2^53: decimal strings (include/id_strings.lua)
+  local first = dec_max(dec_succ(redis.call('GET', KEYS[9]) or '0'), string.format('%.0f', now_micro))
   local ids = id_strings(first, #tp)
   redis.call('SET', KEYS[9], ids[#ids])
   -- One HSET of every record and one SADD of every id, not one of each per
