@@ -75,7 +75,26 @@ class Client:
     have run.
     """
 
-    def __init__(self, conn: Connection, keys: Keys, *, max_payload: int = DEFAULT_MAX_PAYLOAD):
+    def __init__(
+        self,
+        conn: Connection,
+        keys: Keys,
+        *,
+        min_replicas: int,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ):
+        """A client on ``conn``, in the namespace of ``keys``.
+
+        Args:
+            min_replicas: replicas that must acknowledge an enqueue or ensure
+                before it returns (0: none). Required, so that no client is
+                built without deciding it (a fleet's client once ignored it).
+            max_payload: refuse task payloads longer than this many bytes.
+
+        Raises:
+            ConfigError: ``min_replicas`` is not a whole number >= 0.
+        """
+        self._min_replicas = whole("min_replicas", min_replicas, 0)
         self._conn = conn
         self._keys = keys
         self._binding = Binding(keys)
@@ -106,9 +125,11 @@ class Client:
 
     # --- tasks -------------------------------------------------------------
 
-    min_replicas: int = 0
-    """Replicas that must acknowledge an enqueue or ensure before it returns
-    (``WAIT``; set by :func:`open_client`)."""
+    @property
+    def min_replicas(self) -> int:
+        """Replicas that must acknowledge an enqueue or ensure before it
+        returns (``WAIT``); fixed when the client is built."""
+        return self._min_replicas
 
     async def enqueue(
         self,
@@ -1140,8 +1161,7 @@ async def open_client(
     replicas = check_min_replicas(config, min_replicas)
     topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
     async with open_connection(config, name=f"mesh-client:{namespace}", topology=topology) as conn:
-        client = Client(conn, keys, max_payload=max_payload)
-        client.min_replicas = replicas
+        client = Client(conn, keys, min_replicas=replicas, max_payload=max_payload)
         try:
             yield client
         finally:

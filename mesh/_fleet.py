@@ -86,8 +86,12 @@ class Fleet:
         self.workers: list[Worker] = []
         """The fleet's workers now open."""
         self._opened = 0  # workers opened so far (their default ids count them)
-        self.client = Client(host.conn, host.keys, max_payload=max_payload)
-        """A :class:`Client` on the fleet's connection."""
+        self.client = Client(
+            host.conn, host.keys, min_replicas=host.min_replicas, max_payload=max_payload
+        )
+        """A :class:`Client` on the fleet's connection, with the fleet's
+        ``min_replicas``; it refuses calls (ClosedError) once the fleet's
+        block is left."""
 
     @property
     def renewals(self) -> Renewals:
@@ -196,4 +200,8 @@ async def open_fleet(
     ) as host:
         # The renewals go on while the fleet's workers stop after a
         # cancellation from outside (the host's tasks are shielded).
-        yield Fleet(host, max_payload)
+        fleet = Fleet(host, max_payload)
+        try:
+            yield fleet
+        finally:
+            fleet.client._closed = True

@@ -172,9 +172,10 @@ class Worker:
         self._member = Member(
             self._lease, self._served.cancel_process, self._served.apply_policy, self._stats
         )
-        self.client = Client(host.conn, host.keys, max_payload=max_payload)
+        self.client = Client(
+            host.conn, host.keys, min_replicas=host.min_replicas, max_payload=max_payload
+        )
         """A :class:`Client` on this worker's connection."""
-        self.client.min_replicas = host.min_replicas
 
     @property
     def _gen(self) -> Generation:
