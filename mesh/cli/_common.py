@@ -43,6 +43,7 @@ __all__ = [
     "run_client",
     "seconds_arg",
     "show_task",
+    "split_tasks",
     "table",
     "target",
     "task_bytes",
@@ -160,8 +161,17 @@ def read_tasks(stream: IO[bytes], source: str = "stdin") -> list[bytes]:
     Raises:
         CliError: a line over the payload limit (``source`` names the stream).
     """
+    return split_tasks(stream.read(), source)
+
+
+def split_tasks(data: bytes, source: str = "stdin") -> list[bytes]:
+    """Tasks from the bytes of a stream, as :func:`read_tasks` reads them.
+
+    Raises:
+        CliError: a line over the payload limit (``source`` names the stream).
+    """
     out = []
-    for n, line in enumerate(stream.read().split(b"\n"), 1):
+    for n, line in enumerate(data.split(b"\n"), 1):
         line = line.removesuffix(b"\r")
         if line:
             check_size(line, f"line {n} of {source}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -16,15 +17,16 @@ from mesh._client import MAX_PRIORITY, check_priority
 from mesh._units import MAX_UNIX_TIME
 
 from ._common import (
+    CliError,
     UsageError,
     add_target_options,
     dump_json,
     json_task,
     queue_arg,
-    read_tasks,
     run_client,
     seconds_arg,
     show_task,
+    split_tasks,
     target,
     task_bytes,
     tasks_from_args,
@@ -102,7 +104,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "reconcile",
         help="make a queue's persistent tasks exactly a given set",
         description="Make the persistent tasks of QUEUE exactly the tasks listed, one per "
-        "line, in FILE or on stdin: ensure the missing ones, cancel the others.",
+        "line, in FILE or on stdin: ensure the missing ones, cancel the others. The list "
+        "must end with a newline (a list cut short by a producer that died is refused), "
+        "and a change that would cancel more than half of the queue's persistent tasks "
+        "is refused (exit 2) without --yes. Nothing is changed when refused.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument(
@@ -111,7 +116,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--allow-empty",
         action="store_true",
-        help="accept an empty set (cancels every persistent task of QUEUE)",
+        help="accept an empty set (cancels every persistent task of QUEUE; with "
+        "persistent tasks there, --yes too)",
+    )
+    p.add_argument(
+        "--dry-run",
+        "-n",
+        action="store_true",
+        help="print what would be added and cancelled, and change nothing",
+    )
+    p.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="cancel even when that is more than half of the queue's persistent tasks",
     )
     _weight_option(p)
     _data_options(p)
@@ -259,40 +277,87 @@ def _cancel(args: argparse.Namespace) -> int:
 def _reconcile(args: argparse.Namespace) -> int:
     t = target(args)
     if args.file in (None, "-"):
-        tasks = read_tasks(sys.stdin.buffer)
+        tasks = _desired(sys.stdin.buffer.read(), "stdin")
     else:
         try:
             with open(args.file, "rb") as f:
-                tasks = read_tasks(f, args.file)
+                data = f.read()
         except OSError as exc:
             raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        tasks = _desired(data, args.file)
     tasks = list(dict.fromkeys(tasks))
-    if not tasks and not args.allow_empty:
+    if not tasks and not args.allow_empty and not args.dry_run:
         raise UsageError(
             "the desired set is empty: that would cancel every persistent task of "
             f"{args.queue}; pass --allow-empty if you mean it"
         )
 
     async def go(client: mesh.Client) -> int:
+        have = await client.persistent_tasks(args.queue)
+        wanted = set(tasks)
+        extra = sorted(set(have) - wanted)
+        if args.dry_run:
+            missing = [x for x in tasks if x not in have]
+            _print_reconcile(args, missing, extra, len(tasks) - len(missing), dry_run=True)
+            return 0
+        if 2 * len(extra) > len(have) and not args.yes:
+            raise UsageError(
+                f"refusing to cancel {len(extra)} of the {len(have)} persistent tasks of "
+                f"{args.queue} (more than half) without --yes: nothing was changed "
+                "(--dry-run lists the changes)"
+            )
         r = await client.reconcile(args.queue, tasks, weight=args.weight)
-        if args.json:
-            dump_json(
-                {
-                    "queue": args.queue,
-                    "added": [json_task(x) for x in r.added],
-                    "cancelled": [json_task(x) for x in r.cancelled],
-                    "unchanged": len(tasks) - len(r.added),
-                }
-            )
-        else:
-            print(
-                f"{args.queue}: {len(r.added)} added{_listing(r.added)}, "
-                f"{len(r.cancelled)} cancelled{_listing(r.cancelled)}, "
-                f"{len(tasks) - len(r.added)} unchanged"
-            )
+        _print_reconcile(args, r.added, r.cancelled, len(tasks) - len(r.added), dry_run=False)
         return 0
 
     return run_client(t, go)
+
+
+def _desired(data: bytes, source: str) -> list[bytes]:
+    """The desired set of ``mesh reconcile``: the lines of ``data``.
+
+    Raises:
+        CliError: ``data`` does not end with a newline (a producer cut short
+            mid-line, whose last task may be a truncated payload), or a line
+            is over the payload limit. Exit status 1: the data is bad.
+    """
+    if data and not data.endswith(b"\n"):
+        last = data.rsplit(b"\n", 1)[-1]
+        raise CliError(
+            f"{source} ends in the middle of a line (no newline after {show_task(last, 30)}): "
+            "the list may have been cut short, so nothing was changed; end it with a newline"
+        )
+    return split_tasks(data, source)
+
+
+def _print_reconcile(
+    args: argparse.Namespace,
+    added: Sequence[bytes],
+    cancelled: Sequence[bytes],
+    unchanged: int,
+    *,
+    dry_run: bool,
+) -> None:
+    if args.json:
+        out: dict[str, Any] = {
+            "queue": args.queue,
+            "added": [json_task(x) for x in added],
+            "cancelled": [json_task(x) for x in cancelled],
+            "unchanged": unchanged,
+        }
+        if dry_run:
+            out["dry_run"] = True
+        dump_json(out)
+    elif dry_run:
+        print(
+            f"{args.queue} (dry run, nothing changed): would add {len(added)}{_listing(added)}, "
+            f"would cancel {len(cancelled)}{_listing(cancelled)}, {unchanged} unchanged"
+        )
+    else:
+        print(
+            f"{args.queue}: {len(added)} added{_listing(added)}, "
+            f"{len(cancelled)} cancelled{_listing(cancelled)}, {unchanged} unchanged"
+        )
 
 
 def _delete_queue(args: argparse.Namespace) -> int:
@@ -389,7 +454,7 @@ def _count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def _listing(tasks: tuple[bytes, ...] | list[bytes], limit: int = 5) -> str:
+def _listing(tasks: Sequence[bytes], limit: int = 5) -> str:
     if not tasks:
         return ""
     shown = ", ".join(show_task(x, 30) for x in tasks[:limit])
