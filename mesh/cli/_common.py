@@ -20,6 +20,7 @@ import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._keys import Keys, check_queue
 from mesh._units import MAX_SECONDS, seconds_ms
+from mesh._validate import whole
 from mesh._view import show_payload
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "UsageError",
     "add_target_options",
     "check_size",
+    "count_arg",
     "dump_json",
     "format_ms",
     "format_seconds",
@@ -325,5 +327,25 @@ def seconds_arg(
         except mesh.ConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return v
+
+    return parse
+
+
+def count_arg(name: str, low: int = 0, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number that the library takes as ``name``
+    (the one rule of :func:`mesh._validate.whole`: from ``low`` to ``high``,
+    by default at most :data:`mesh._validate.MAX_COUNT`), so that the worker's
+    options and ``mesh configure`` take the same values and refuse the
+    others alike: a usage error (exit 2) naming the rule."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        try:
+            return whole(name, n, low, high)
+        except mesh.ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
