@@ -52,14 +52,15 @@ __all__ = [
 
 def show_payload(task: bytes, width: int = 80, ellipsis: str = "…") -> str:
     """A payload for humans (``mesh status``, the dashboard): its text when
-    it is printable UTF-8, else a ``b'...'`` literal; cut to ``width``
-    characters, the last ones being ``ellipsis``. Sync, no I/O."""
+    it is printable UTF-8, else a ``b'...'`` literal (``b''`` for the empty
+    payload, never a blank); cut to ``width`` characters, the last ones
+    being ``ellipsis``. Sync, no I/O."""
     try:
         text = task.decode()
     except UnicodeDecodeError:
         text = repr(task)
     else:
-        if not text.isprintable():
+        if not text or not text.isprintable():
             text = repr(task)
     return text if len(text) <= width else text[: width - len(ellipsis)] + ellipsis
 

@@ -3,12 +3,16 @@ one line, the right exit status, nothing changed (issue 32, items 8 to 15)."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 
 import mesh
 from mesh._validate import MAX_COUNT
+from mesh._view import show_payload
 
-from .cli_helpers import assert_one_line_error, mesh_cli
+from .cli_helpers import assert_one_line_error, mesh_cli, text, utf8
 
 
 @pytest.fixture
@@ -90,3 +94,65 @@ async def test_schedule_remove_of_nothing_exits_1_as_job_does(ns_args: list[str]
     r = await mesh_cli("schedule", "remove", "q", "nonexist", *ns_args)
     assert r.returncode == 1
     assert r.stdout.decode() == "no periodic task nonexist on q\n"
+
+
+# --- item 11: a closed stdout
+
+
+@pytest.mark.parametrize("args", [["status"], ["enqueue", "q", "a"], ["ensure", "q", "a"]])
+async def test_a_closed_stdout_is_refused_before_anything_is_done(
+    redis_url: str, namespace: str, ns_args: list[str], args: list[str]
+) -> None:
+    # ``>&-``: the command starts with no file descriptor 1 at all
+    r = await mesh_cli(
+        "-c",
+        'exec "$0" -m mesh.cli "$@" >&-',
+        sys.executable,
+        *args,
+        *ns_args,
+        command=("/bin/sh",),
+    )
+    line = assert_one_line_error(r, 1)
+    assert line == f"mesh {args[0]}: error: standard output is closed: nothing was done", line
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.queues() == []
+
+
+# --- item 12: an empty payload
+
+
+async def test_an_empty_task_argument_is_refused_as_an_empty_line_is_skipped(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    for command in ("enqueue", "ensure"):
+        r = await mesh_cli(command, "q", "a", "", *ns_args)
+        line = assert_one_line_error(r, 2)
+        assert "task argument 2 is empty" in line and "nothing was sent" in line, line
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.queues() == []
+        # one put there through the API shows as b'', never as a blank
+        await client.enqueue("q", b"")
+        assert show_payload(b"") == "b''"
+    r = await mesh_cli("jobs", "q", "--state", "queued", *ns_args)
+    assert r.returncode == 0, text(r)
+    assert r.stdout.decode().splitlines()[2].startswith("b''  "), r.stdout.decode()
+
+
+# --- item 13: cancel reads '-' as stdin
+
+
+async def test_cancel_reads_tasks_from_stdin_for_dash(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    r = await mesh_cli("ensure", "devices", "-", *ns_args, stdin=b"-\nd1\nd2\n")
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("cancel", "devices", "-", *ns_args, stdin=b"-\nd1\n")
+    assert r.returncode == 0, text(r)
+    assert r.stdout.decode().splitlines() == [
+        "cancelled - on devices: 1 queued copy or running process",
+        "cancelled d1 on devices: 1 queued copy or running process",
+    ]
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert set(await client.persistent_tasks("devices")) == {b"d2"}
+    r = await mesh_cli("cancel", "devices", "d2", "--json", *ns_args)
+    assert json.loads(r.stdout) == {"queue": "devices", "task": utf8("d2"), "cancelled": 1}

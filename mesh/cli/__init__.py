@@ -59,6 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = f"mesh {args.command}"
+    if sys.stdout is None:
+        # ``mesh status >&-``: Python has no stdout at all. A command whose
+        # result goes there is refused before it does anything (an enqueue
+        # would happen and then fail to say so); the servers, which print
+        # nothing there, run with it pointed at devnull.
+        if args.command not in _NO_STDOUT:
+            print(f"{prog}: error: standard output is closed: nothing was done", file=sys.stderr)
+            return EXIT_FAILURE
+        sys.stdout = open(os.devnull, "w")  # for the life of the process
     try:
         status: int = args.func(args)
         # Inside the try: a reader gone (``mesh status | head -1``) may
@@ -80,6 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         err = expected[0]
         print(f"{prog}: error: {_one_line(str(err), args)}", file=sys.stderr)
         return err.exit_code if isinstance(err, CliError) else 1
+
+
+# Commands that print nothing on stdout (they log on stderr): they run with a
+# closed stdout.
+_NO_STDOUT = frozenset({"worker", "dashboard", "exporter"})
 
 
 def _reader_gone() -> int:

@@ -185,7 +185,8 @@ def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> lis
     """The TASK words of a command, where ``-`` stands for the lines of stdin.
 
     Raises:
-        UsageError: ``-`` given more than once.
+        UsageError: ``-`` given more than once, or an empty TASK (an empty
+            line of stdin is no task either: the two ways agree).
         CliError: a task over the payload limit (nothing is sent then).
     """
     if words.count("-") > 1:
@@ -194,6 +195,11 @@ def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> lis
     for i, w in enumerate(words, 1):
         if w == "-":
             out += read_tasks(stdin if stdin is not None else sys.stdin.buffer)
+        elif not w:
+            raise UsageError(
+                f"task argument {i} is empty: a task needs a payload (as on stdin, "
+                "where empty lines are skipped); nothing was sent"
+            )
         else:
             out.append(check_size(task_bytes(w), f"task argument {i}"))
     return out

@@ -28,7 +28,6 @@ from ._common import (
     show_task,
     split_tasks,
     target,
-    task_bytes,
     tasks_from_args,
 )
 
@@ -92,11 +91,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "cancel",
         help="cancel a task by payload, wherever it is",
-        description="Cancel TASK on QUEUE: remove its queued copies, stop it being a "
-        "persistent task, and cancel every running process of it on whatever worker runs it.",
+        description="Cancel each TASK on QUEUE: remove its queued copies, stop it being a "
+        "persistent task, and cancel every running process of it on whatever worker runs it. "
+        "One line (with --json, one JSON object) per task.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
-    p.add_argument("task", metavar="TASK", help="the payload")
+    p.add_argument("tasks", metavar="TASK", nargs="+", help=_TASKS_HELP)
     _data_options(p)
     p.set_defaults(func=_cancel)
 
@@ -256,19 +256,22 @@ def _ensure(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     t = target(args)
-    task = task_bytes(args.task)
+    tasks = list(dict.fromkeys(tasks_from_args(args.tasks)))
 
     async def go(client: mesh.Client) -> int:
-        n = await client.cancel(args.queue, task)
-        if args.json:
-            dump_json({"queue": args.queue, "task": json_task(task), "cancelled": n})
-        elif n:
-            print(
-                f"cancelled {show_task(task)} on {args.queue}: "
-                + _count(n, "queued copy or running process", "queued copies or running processes")
-            )
-        else:
-            print(f"nothing to cancel: {show_task(task)} is not on {args.queue}")
+        for task in tasks:
+            n = await client.cancel(args.queue, task)
+            if args.json:
+                dump_json({"queue": args.queue, "task": json_task(task), "cancelled": n})
+            elif n:
+                print(
+                    f"cancelled {show_task(task)} on {args.queue}: "
+                    + _count(
+                        n, "queued copy or running process", "queued copies or running processes"
+                    )
+                )
+            else:
+                print(f"nothing to cancel: {show_task(task)} is not on {args.queue}")
         return 0
 
     return run_client(t, go)
