@@ -23,7 +23,7 @@ from ._balance import check_weight, fair_share
 from ._browse import Job, JobPage, MinuteCounts
 from ._connection import Connection, open_connection
 from ._epoch import adopt_value
-from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
+from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError, MeshError
 from ._keys import Keys, check_queue
 from ._memory import MemoryWatch
 from ._policy import QueuePolicy, parse_policy, policy_fields
@@ -323,9 +323,14 @@ class Client:
                 its last allowed attempt); ``exc.dead_letter`` has its
                 attempts, last error, last worker and time. A dead letter
                 counts until it is requeued or purged.
+            MeshError: the task finished while this call waited and no
+                result was kept (the queue kept no results when it ran: a
+                ``result_ttl`` set just before the enqueue may reach the
+                workers after the task ran), so none will come.
             TimeoutError: no outcome within ``timeout`` seconds (None: wait
                 for ever). On a queue without ``result_ttl`` nothing is kept,
-                so only a dead letter ends the wait.
+                so only a dead letter or a finish seen while waiting ends
+                the wait.
             TypeError, ValueError, ConfigError: a bad payload, queue name or
                 timeout.
             MeshConnectionError: Redis could not be reached.
@@ -367,11 +372,19 @@ class Client:
                     raise TimeoutError(
                         f"no outcome of the task on queue {queue} within {timeout:g} s"
                     )
+                finished = False
                 with trio.move_on_at(min(deadline, now + wait)):
                     async for msg in ps:
                         if msg.data == payload or msg.kind == "reconnected":
+                            finished = msg.kind != "reconnected"
                             break
                 wait = min(wait * 2, 1.0)
+                if finished and await self._outcome(conn, queue, payload) is None:
+                    # finish keeps the result before it publishes: none is kept
+                    raise MeshError(
+                        f"the task finished on queue {queue} with no result kept (the "
+                        "queue's policy kept no results when it ran); none will come"
+                    )
 
     async def _outcome(
         self, conn: Connection, queue: str, payload: bytes
