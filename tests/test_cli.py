@@ -619,6 +619,7 @@ async def test_worker_app_mistakes_are_one_line(
     err = r.stderr.decode()
     assert r.returncode == 1 and "Traceback" in err and "1 / 0" in err, err
     assert err.strip().splitlines()[-1].startswith("mesh worker: error: importing"), err
+    assert "run with --traceback" not in err, err  # issue 32, item 15: it was run with it
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         assert await client.workers() == []  # none of them joined
 

@@ -11,8 +11,9 @@ import pytest
 import mesh
 from mesh._validate import MAX_COUNT
 from mesh._view import show_payload
+from mesh.testing import run_redis_server
 
-from .cli_helpers import assert_one_line_error, mesh_cli, text, utf8
+from .cli_helpers import assert_one_line_error, clean_env, mesh_cli, text, utf8
 
 
 @pytest.fixture
@@ -156,3 +157,65 @@ async def test_cancel_reads_tasks_from_stdin_for_dash(
         assert set(await client.persistent_tasks("devices")) == {b"d2"}
     r = await mesh_cli("cancel", "devices", "d2", "--json", *ns_args)
     assert json.loads(r.stdout) == {"queue": "devices", "task": utf8("d2"), "cancelled": 1}
+
+
+# --- item 15: messages that say what to do
+
+
+async def test_options_before_the_subcommand_are_taken(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    r = await mesh_cli("--namespace", namespace, "--redis", redis_url, "enqueue", "q", "a")
+    assert r.returncode == 0, text(r)
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert await client.tasks("q") == [b"a"]
+    # the subcommand's own take precedence
+    r = await mesh_cli("--namespace", "elsewhere", "jobs", "q", "--state", "queued", *ns_args)
+    assert r.returncode == 0 and r.stdout.decode().startswith("1 queued on q"), text(r)
+
+
+async def test_a_url_without_a_scheme_is_named(namespace: str) -> None:
+    r = await mesh_cli("status", "--redis", "127.0.0.1:7611", "--namespace", namespace)
+    line = assert_one_line_error(r, 2)
+    assert line == (
+        "mesh status: error: the URL of --redis, '127.0.0.1:7611', has no scheme: write "
+        "redis://127.0.0.1:7611 (or rediss://, unix://, redis+sentinel://, redis+cluster://)"
+    )
+    r = await mesh_cli("status", env=clean_env(MESH_REDIS_URL="user:hunter2@127.0.0.1:7611"))
+    line = assert_one_line_error(r, 2)
+    assert "the URL of $MESH_REDIS_URL has no scheme" in line and "hunter2" not in line, line
+
+
+async def test_a_server_that_wants_a_password_asks_for_one(namespace: str) -> None:
+    with run_redis_server(["--requirepass", "s3cret"]) as server:
+        url = f"redis://127.0.0.1:{server.port}"
+        for args in (["status"], ["enqueue", "q", "a"]):
+            r = await mesh_cli(*args, "--redis", url, "--namespace", namespace)
+            line = assert_one_line_error(r, 1)
+            assert line == (
+                f"mesh {args[0]}: error: {url}/0 needs a password: give it in the URL "
+                "(redis://:PASSWORD@host:port, or redis://USER:PASSWORD@host:port) or in "
+                "$MESH_REDIS_PASSWORD"
+            ), line
+        r = await mesh_cli(
+            "enqueue", "q", "a", "--redis", url, env=clean_env(MESH_REDIS_PASSWORD="s3cret")
+        )
+        assert r.returncode == 0, text(r)
+
+
+async def test_a_refusal_names_the_payload(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    r = await mesh_cli("ensure", "devices", "d9", *ns_args)
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("enqueue", "devices", "a", "b", "d9", *ns_args)
+    line = assert_one_line_error(r, 1)
+    assert line.startswith("mesh enqueue: error: task d9 is a persistent task of queue devices")
+    r = await mesh_cli("enqueue", "jobs", "j1", *ns_args)
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("ensure", "jobs", "x", "j1", *ns_args)
+    line = assert_one_line_error(r, 1)
+    assert line.startswith("mesh ensure: error: task j1 is a one-shot task of queue jobs"), line
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        # nothing of the refused calls was sent
+        assert await client.tasks("devices") == [b"d9"] and await client.tasks("jobs") == [b"j1"]

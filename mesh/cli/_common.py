@@ -108,6 +108,18 @@ def target(args: argparse.Namespace) -> Target:
     """
     url = _given(args.redis, "--redis", "MESH_REDIS_URL") or DEFAULT_URL
     namespace = _given(args.namespace, "--namespace", "MESH_NAMESPACE") or "mesh"
+    if "://" not in url:
+        source = "--redis" if args.redis is not None else "$MESH_REDIS_URL"
+        if "@" in url:  # it may hold a password: not shown
+            raise UsageError(
+                f"the URL of {source} has no scheme: begin it with redis:// (or rediss://, "
+                "unix://, redis+sentinel://, redis+cluster://); it is not shown, as it may "
+                "hold a password"
+            )
+        raise UsageError(
+            f"the URL of {source}, {url!r}, has no scheme: write redis://{url} (or "
+            "rediss://, unix://, redis+sentinel://, redis+cluster://)"
+        )
     try:
         config = mesh.parse_url(url)
         Keys(namespace)

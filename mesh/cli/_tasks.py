@@ -4,9 +4,11 @@ one client call each."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import trio
@@ -206,13 +208,11 @@ def _enqueue(args: argparse.Namespace) -> int:
     async def go(client: mesh.Client) -> int:
         n = 0
         for i in range(0, len(tasks), _BATCH):
-            n += await client.enqueue_many(
-                args.queue,
-                tasks[i : i + _BATCH],
-                delay=args.delay,
-                at=args.at,
-                priority=args.priority,
-            )
+            batch = tasks[i : i + _BATCH]
+            with _naming_conflicts(batch):
+                n += await client.enqueue_many(
+                    args.queue, batch, delay=args.delay, at=args.at, priority=args.priority
+                )
         delayed = args.delay is not None or args.at is not None
         if args.json:
             dump_json({"queue": args.queue, "delayed" if delayed else "enqueued": n})
@@ -234,7 +234,8 @@ def _ensure(args: argparse.Namespace) -> int:
         existing: list[bytes] = []
         for i in range(0, len(tasks), _BATCH):
             batch = tasks[i : i + _BATCH]
-            flags = await client.ensure_many(args.queue, batch, weight=args.weight)
+            with _naming_conflicts(batch):
+                flags = await client.ensure_many(args.queue, batch, weight=args.weight)
             for task, new in zip(batch, flags, strict=True):
                 (added if new else existing).append(task)
         if args.json:
@@ -444,6 +445,29 @@ def _when(text: str) -> datetime.datetime | float:
         raise argparse.ArgumentTypeError(f"{text!r} has no timezone: add one (e.g. +00:00 or Z)")
     _unix_time(repr(t.timestamp()))  # the range of a Unix time
     return t
+
+
+_CALL_INDEX = re.compile(r"^task (\d+) of this call ")
+
+
+@contextlib.contextmanager
+def _naming_conflicts(batch: Sequence[bytes]) -> Iterator[None]:
+    """A refusal of one task of ``batch`` (``task 2 of this call is a
+    persistent task ...``: an index into the script call, which means nothing
+    to the person who typed the payloads) names the payload instead.
+
+    Raises:
+        CliError: for a :class:`mesh.ConflictError` (nothing of the batch was
+            sent: the script refuses the whole call).
+    """
+    try:
+        yield
+    except mesh.ConflictError as exc:
+        message = str(exc)
+        m = _CALL_INDEX.match(message)
+        if m and int(m[1]) < len(batch):
+            message = f"task {show_task(batch[int(m[1])])} " + message[m.end() :]
+        raise CliError(message) from None
 
 
 def _ask(question: str) -> str:

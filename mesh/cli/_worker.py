@@ -322,10 +322,7 @@ def _import_failed(module: str, exc: BaseException) -> AppImportError:
         where = f" at {tb[-1].filename}:{tb[-1].lineno}"
     elif isinstance(exc, SyntaxError) and exc.filename:
         where = f" at {exc.filename}:{exc.lineno}"
-    return AppImportError(
-        f"importing {module!r} failed{where}: {type(exc).__name__}: {exc} "
-        "(run with --traceback to see the traceback)"
-    )
+    return AppImportError(f"importing {module!r} failed{where}: {type(exc).__name__}: {exc}")
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -335,7 +332,9 @@ def _worker(args: argparse.Namespace) -> int:
     except AppImportError as exc:
         if args.traceback and exc.__cause__ is not None:
             traceback.print_exception(exc.__cause__)
-        raise
+            raise
+        # the hint only where it helps: not after the traceback was printed
+        raise AppImportError(f"{exc} (run with --traceback to see the traceback)") from None
     default = 10
     for queue, n in args.concurrency:
         if queue is None:
