@@ -22,6 +22,7 @@ from . import _browse
 from ._balance import check_weight, fair_share
 from ._browse import Job, JobPage, MinuteCounts
 from ._connection import Connection, open_connection
+from ._diskless import warn_diskless_delay
 from ._epoch import adopt_value
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError, MeshError
 from ._keys import Keys, check_queue
@@ -1175,6 +1176,7 @@ async def open_client(
     topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
     async with open_connection(config, name=f"mesh-client:{namespace}", topology=topology) as conn:
         client = Client(conn, keys, min_replicas=replicas, max_payload=max_payload)
+        await warn_diskless_delay(conn, replicas, "client")
         try:
             yield client
         finally:

@@ -53,6 +53,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
+from ._diskless import warn_diskless_delay
 from ._errors import ClosedError, ConfigError
 from ._host import Host, default_name, open_host
 from ._keys import Keys
@@ -201,6 +202,7 @@ async def open_fleet(
         # The renewals go on while the fleet's workers stop after a
         # cancellation from outside (the host's tasks are shielded).
         fleet = Fleet(host, max_payload)
+        await warn_diskless_delay(host.conn, replicas, f"fleet {name}")
         try:
             yield fleet
         finally:

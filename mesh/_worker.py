@@ -30,6 +30,7 @@ import attrs
 import trio
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
+from ._diskless import warn_diskless_delay
 from ._errors import (
     ClosedError,
     ConfigError,
@@ -580,6 +581,7 @@ async def open_worker(
     # a host of one: its own connections, reaper, scheduler and heartbeat loop
     opened = open_host(config, keys, timing, worker_id, min_replicas=replicas, of_one=True)
     async with opened as host, join(host, worker_id, max_payload, stop_grace, rejoin_grace) as w:
+        await warn_diskless_delay(host.conn, replicas, f"worker {w.id}")
         yield w
 
 
