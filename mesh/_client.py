@@ -22,8 +22,9 @@ from . import _browse
 from ._balance import check_weight, fair_share
 from ._browse import Job, JobPage, MinuteCounts
 from ._connection import Connection, open_connection
+from ._diskless import warn_diskless_delay
 from ._epoch import adopt_value
-from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError
+from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError, MeshError
 from ._keys import Keys, check_queue
 from ._loop import require_loop
 from ._memory import MemoryWatch
@@ -75,7 +76,26 @@ class Client:
     have run.
     """
 
-    def __init__(self, conn: Connection, keys: Keys, *, max_payload: int = DEFAULT_MAX_PAYLOAD):
+    def __init__(
+        self,
+        conn: Connection,
+        keys: Keys,
+        *,
+        min_replicas: int,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ):
+        """A client on ``conn``, in the namespace of ``keys``.
+
+        Args:
+            min_replicas: replicas that must acknowledge an enqueue or ensure
+                before it returns (0: none). Required, so that no client is
+                built without deciding it (a fleet's client once ignored it).
+            max_payload: refuse task payloads longer than this many bytes.
+
+        Raises:
+            ConfigError: ``min_replicas`` is not a whole number >= 0.
+        """
+        self._min_replicas = whole("min_replicas", min_replicas, 0)
         self._conn = conn
         self._keys = keys
         self._binding = Binding(keys)
@@ -106,9 +126,11 @@ class Client:
 
     # --- tasks -------------------------------------------------------------
 
-    min_replicas: int = 0
-    """Replicas that must acknowledge an enqueue or ensure before it returns
-    (``WAIT``; set by :func:`open_client`)."""
+    @property
+    def min_replicas(self) -> int:
+        """Replicas that must acknowledge an enqueue or ensure before it
+        returns (``WAIT``); fixed when the client is built."""
+        return self._min_replicas
 
     async def enqueue(
         self,
@@ -302,9 +324,14 @@ class Client:
                 its last allowed attempt); ``exc.dead_letter`` has its
                 attempts, last error, last worker and time. A dead letter
                 counts until it is requeued or purged.
+            MeshError: the task finished while this call waited and no
+                result was kept (the queue kept no results when it ran: a
+                ``result_ttl`` set just before the enqueue may reach the
+                workers after the task ran), so none will come.
             TimeoutError: no outcome within ``timeout`` seconds (None: wait
                 for ever). On a queue without ``result_ttl`` nothing is kept,
-                so only a dead letter ends the wait.
+                so only a dead letter or a finish seen while waiting ends
+                the wait.
             TypeError, ValueError, ConfigError: a bad payload, queue name or
                 timeout.
             MeshConnectionError: Redis could not be reached.
@@ -346,11 +373,19 @@ class Client:
                     raise TimeoutError(
                         f"no outcome of the task on queue {queue} within {timeout:g} s"
                     )
+                finished = False
                 with anyio.CancelScope(deadline=min(deadline, now + wait)):
                     async for msg in ps:
                         if msg.data == payload or msg.kind == "reconnected":
+                            finished = msg.kind != "reconnected"
                             break
                 wait = min(wait * 2, 1.0)
+                if finished and await self._outcome(conn, queue, payload) is None:
+                    # finish keeps the result before it publishes: none is kept
+                    raise MeshError(
+                        f"the task finished on queue {queue} with no result kept (the "
+                        "queue's policy kept no results when it ran); none will come"
+                    )
 
     async def _outcome(
         self, conn: Connection, queue: str, payload: bytes
@@ -1140,8 +1175,8 @@ async def open_client(
     replicas = check_min_replicas(config, min_replicas)
     topology = Topology(config, route_key=keys.prefix, epoch_key=keys.epoch)
     async with open_connection(config, name=f"mesh-client:{namespace}", topology=topology) as conn:
-        client = Client(conn, keys, max_payload=max_payload)
-        client.min_replicas = replicas
+        client = Client(conn, keys, min_replicas=replicas, max_payload=max_payload)
+        await warn_diskless_delay(conn, replicas, "client")
         try:
             yield client
         finally:

@@ -26,19 +26,29 @@ their replies; the topology sends them.
 
 Errors: a user whose ACL forbids ``GET``/``SET`` on the key is not checked (the
 replies are errors): it is let through.
+
+``mesh status``, the dashboard and the exporter look without writing it: their
+connections, opened inside :func:`observing`, only read the epoch (an
+observer that wrote a fresh one into a master that restarted empty would
+hide the loss from the next look, and turn the workers' "missing" into
+"differs"). What they say about it (:func:`epoch_missing`) is judged here
+too, from what this process's :class:`Epoch` saw at its connects and from a
+``GET`` of the key with their reads (:mod:`mesh._view`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from ._errors import CommandError, MeshConnectionError
 from ._transport import Arg
 
-__all__ = ["ADOPTED", "Epoch", "adopt_value"]
+__all__ = ["ADOPTED", "EPOCH_MISSING_HINT", "Epoch", "adopt_value", "epoch_missing", "observing"]
 
 log = logging.getLogger("mesh.connection")
 
@@ -55,6 +65,25 @@ def _say_once(level: int, key: str, message: str) -> None:
     if _said.get(key) != message:
         _said[key] = message
         log.log(level, "%s", message)
+
+
+_observing: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mesh_epoch_observing", default=False
+)
+
+
+@contextlib.contextmanager
+def observing() -> Iterator[None]:
+    """Connections whose topology is built inside this block (in this trio
+    task and the ones it starts) read the namespace's epoch and never write
+    it: for tools that look at a mesh (``mesh status``, the dashboard, the
+    exporter), so that a missing epoch stays missing, and said, until a
+    worker or an operator writes it."""
+    token = _observing.set(True)
+    try:
+        yield
+    finally:
+        _observing.reset(token)
 
 
 def adopt_value() -> bytes:
@@ -76,11 +105,18 @@ class Epoch:
         self.strict = strict
         self.known: bytes | None = None
         self._complained = False
+        self.observer = _observing.get()
+        """Only read the epoch, never write it (see :func:`observing`)."""
+        self.refused = False
+        """This process's last connect was refused: the node lacked the
+        epoch this process knew (strict only)."""
 
     def commands(self) -> list[Sequence[Arg]]:
         """What to send with the handshake: ``SET NX`` of a fresh value (only
         while nothing is remembered, or on a single server, where a lost
-        namespace is taken over), then ``GET``."""
+        namespace is taken over), then ``GET``; an observer only ``GET``."""
+        if self.observer:
+            return [("GET", self.key)]
         if self.known is None or not self.strict:
             fresh = secrets.token_hex(8)
             return [("SET", self.key, fresh, "NX"), ("GET", self.key)]
@@ -100,6 +136,7 @@ class Epoch:
             return  # refused by ACL (or a replica's READONLY): not checked here
         if value is not None and not isinstance(value, bytes):
             return
+        self.refused = False
         known = self.known
         if known is None or value == known:
             self.known = value
@@ -134,7 +171,30 @@ class Epoch:
             "until the topology names a node that holds it, or an operator adopts this "
             "one (`mesh adopt-namespace`, Client.adopt_namespace)"
         )
+        self.refused = True
         if not self._complained:
             self._complained = True
             _say_once(logging.ERROR, self.key, message)
         raise MeshConnectionError(message)
+
+
+def epoch_missing(epoch: Epoch | None, value: object) -> bool:
+    """Whether to say that the namespace's epoch is missing (``mesh status``,
+    the dashboard, the exporter's ``mesh_namespace_epoch_missing``): the
+    key is not there now (``value``, a ``GET`` with the caller's reads, is
+    None), or this process's last connect was refused a node that lacks
+    it. Sync, no I/O.
+
+    ``value`` an error (an ACL that forbids ``GET``): not known, so not said.
+    """
+    if epoch is not None and epoch.refused:
+        return True
+    return value is None
+
+
+#: What to do about it, in every place that says so.
+EPOCH_MISSING_HINT = (
+    "a new namespace, or a master that restarted empty: workers that ran here refuse it "
+    "(their log says so) until `mesh adopt-namespace` (docs/operating.md, 'A master "
+    "restarted empty')"
+)

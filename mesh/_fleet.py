@@ -53,6 +53,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
+from ._diskless import warn_diskless_delay
 from ._errors import ClosedError, ConfigError
 from ._host import Host, default_name, open_host
 from ._keys import Keys
@@ -86,8 +87,12 @@ class Fleet:
         self.workers: list[Worker] = []
         """The fleet's workers now open."""
         self._opened = 0  # workers opened so far (their default ids count them)
-        self.client = Client(host.conn, host.keys, max_payload=max_payload)
-        """A :class:`Client` on the fleet's connection."""
+        self.client = Client(
+            host.conn, host.keys, min_replicas=host.min_replicas, max_payload=max_payload
+        )
+        """A :class:`Client` on the fleet's connection, with the fleet's
+        ``min_replicas``; it refuses calls (ClosedError) once the fleet's
+        block is left."""
 
     @property
     def renewals(self) -> Renewals:
@@ -196,4 +201,9 @@ async def open_fleet(
     ) as host:
         # The renewals go on while the fleet's workers stop after a
         # cancellation from outside (the host's tasks are shielded).
-        yield Fleet(host, max_payload)
+        fleet = Fleet(host, max_payload)
+        await warn_diskless_delay(host.conn, replicas, f"fleet {name}")
+        try:
+            yield fleet
+        finally:
+            fleet.client._closed = True

@@ -45,7 +45,8 @@ from ._scripts import Binding, HeartbeatReply
 from ._stats import Recorder
 from ._supervisor import Reaper
 from ._types import Process
-from ._validate import is_number
+from ._units import MAX_SECONDS
+from ._validate import is_number, seconds
 
 __all__ = ["Generation", "HeartbeatDriver", "Lease", "LeaseTiming"]
 
@@ -89,6 +90,8 @@ class LeaseTiming:
         ConfigError: unless 0.01 <= interval < fence_after < ttl (whole ms)."""
         if not is_number(ttl):
             raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
+        if not ttl <= MAX_SECONDS:  # 1e20 reached Lua, 1e308 made fence_after inf
+            seconds("ttl", ttl)  # names the bound (ten years); NaN too
         h = ttl / 3 if interval is None else interval
         r = 2 * ttl / 3 if fence_after is None else fence_after
         h, r, t = round(h, 3), round(r, 3), round(ttl, 3)

@@ -138,6 +138,7 @@ def policy_fields(**given: Any) -> list[Any]:
                 raise ConfigError(bad)
             if not is_whole(n) or n < 0:
                 raise ConfigError(bad)
+            whole("rate_limit", n)  # at most MAX_COUNT
             ms = _ms("rate_limit period", per)
             if n > 0 and ms < 1:
                 raise ConfigError(f"the rate_limit period must be at least 1 ms, got {per!r}")

@@ -1,10 +1,16 @@
-"""Checks of option values: a whole number in a range (never a bool), a
-finite number of seconds. Each raises one line that names the option, the
+"""Checks of option values: a whole number in a range (never a bool, never
+above :data:`MAX_COUNT`), a finite number of seconds (never above
+:data:`~mesh._units.MAX_SECONDS`). Each raises one line that names the option, the
 rule and the value given. The config classes use them as attrs validators
 (:func:`whole_field`, :func:`seconds_field`); functions that take a loose
 argument call :func:`whole` and :func:`seconds` directly.
 
-No I/O, and nothing here imports more than :mod:`mesh._errors`.
+The command line parses its numbers with these too (``mesh.cli._common``),
+so a worker's option and ``mesh configure`` take the same values, and
+refuse the others with the same message (exit status 2 there).
+
+No I/O, and nothing here imports more than :mod:`mesh._errors` and
+:mod:`mesh._units`.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from ._errors import ConfigError
+from ._units import MAX_SECONDS
 
 __all__ = [
+    "MAX_COUNT",
     "is_number",
     "is_whole",
     "seconds",
@@ -23,6 +31,13 @@ __all__ = [
     "whole",
     "whole_field",
 ]
+
+
+#: The largest whole number any option takes (a count of attempts, a rate
+#: limit, a concurrency) unless it names a smaller bound: a billion, exact in
+#: Lua's numbers and in JSON. Larger ones were stored as ``1e+20`` and logged
+#: as "attempt 4 of 99999999999999991611392".
+MAX_COUNT = 1_000_000_000
 
 
 def is_whole(value: object) -> TypeGuard[int]:
@@ -44,15 +59,18 @@ def whole(
     *,
     error: type[Exception] = ConfigError,
 ) -> int:
-    """``value`` if it is a whole number from ``low`` (to ``high``, if given).
+    """``value`` if it is a whole number from ``low`` to ``high`` (default
+    :data:`MAX_COUNT`).
 
     Raises:
         ConfigError (or ``error``): anything else, bools included, e.g.
             ``batch must be a whole number >= 1, got 0``.
     """
-    if is_whole(value) and value >= low and (high is None or value <= high):
+    top = MAX_COUNT if high is None else high
+    if is_whole(value) and low <= value <= top:
         return value
-    rule = f">= {low}" if high is None else f"from {low:,} to {high:,}"
+    too_big = is_whole(value) and value > top
+    rule = f">= {low}" if high is None and not too_big else f"from {low:,} to {top:,}"
     raise error(f"{name} must be a whole number {rule}, got {value!r}")
 
 
@@ -61,9 +79,11 @@ def seconds(
     value: object,
     low: float = 0,
     *,
+    high: float = MAX_SECONDS,
     wrong_type: type[Exception] = ConfigError,
 ) -> float:
-    """``value`` if it is a finite number of seconds >= ``low``.
+    """``value`` if it is a finite number of seconds from ``low`` to ``high``
+    (default: ten years, the bound of every duration; see :mod:`mesh._units`).
 
     Raises:
         ConfigError: a number out of range, a NaN or an infinity, e.g.
@@ -76,6 +96,11 @@ def seconds(
         raise wrong_type(f"{name} must be a number of seconds, not {type(value).__name__}")
     if not math.isfinite(value) or value < low:
         raise ConfigError(f"{name} must be a finite number of seconds >= {low:g}, got {value!r}")
+    if value > high:
+        years = " (10 years)" if high == MAX_SECONDS else ""
+        raise ConfigError(
+            f"{name} must be a number of seconds from {low:g} to {high:,.0f}{years}, got {value!r}"
+        )
     return value
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from ._client import Client, QueueBalance, _load_info, _pairs
+from ._epoch import epoch_missing
 from ._errors import CommandError
 from ._memory import INFO_MEMORY, MemoryInfo, parse_memory_info, read_memory
 from ._scripts import parse_record, run_reads
@@ -52,14 +53,15 @@ __all__ = [
 
 def show_payload(task: bytes, width: int = 80, ellipsis: str = "…") -> str:
     """A payload for humans (``mesh status``, the dashboard): its text when
-    it is printable UTF-8, else a ``b'...'`` literal; cut to ``width``
-    characters, the last ones being ``ellipsis``. Sync, no I/O."""
+    it is printable UTF-8, else a ``b'...'`` literal (``b''`` for the empty
+    payload, never a blank); cut to ``width`` characters, the last ones
+    being ``ellipsis``. Sync, no I/O."""
     try:
         text = task.decode()
     except UnicodeDecodeError:
         text = repr(task)
     else:
-        if not text.isprintable():
+        if not text or not text.isprintable():
             text = repr(task)
     return text if len(text) <= width else text[: width - len(ellipsis)] + ellipsis
 
@@ -104,6 +106,8 @@ class Snapshot:
     delayed: dict[str, list[DelayedTask]] | None = None
     memory: MemoryInfo | None = None
     vanished: Mapping[str, int] = attrs.field(factory=dict)
+    epoch_missing: bool = False
+    """The namespace's epoch is missing (see :func:`mesh._epoch.epoch_missing`)."""
 
 
 async def snapshot(
@@ -123,7 +127,8 @@ async def snapshot(
     client.memory.update(memory)
     workers = await client.workers()
     queues = await client.queue_infos()
-    vanished = {q.info.name: q.vanished for q in (await counts(client)).queues if q.vanished}
+    c = await counts(client)
+    vanished = {q.info.name: q.vanished for q in c.queues if q.vanished}
     procs = await client.processes() if processes else None
     due = None
     if delayed is not None:
@@ -131,7 +136,7 @@ async def snapshot(
         for q in queues:
             if q.delayed:
                 due[q.name] = await client.delayed(q.name, limit=delayed)
-    return Snapshot(now, workers, queues, procs, due, memory, vanished)
+    return Snapshot(now, workers, queues, procs, due, memory, vanished, c.epoch_missing)
 
 
 @attrs.frozen
@@ -185,6 +190,8 @@ class MeshCounts:
     workers_alive: int
     queues: list[QueueCounts]
     memory: MemoryInfo | None = None
+    epoch_missing: bool = False
+    """The namespace's epoch is missing (see :func:`mesh._epoch.epoch_missing`)."""
 
 
 async def counts(client: Client) -> MeshCounts:
@@ -202,8 +209,11 @@ async def counts(client: Client) -> MeshCounts:
     """
     conn = client._check()
     k = client._keys
-    (sec, usec), names, memory = _checked(
-        await conn.pipeline([("TIME",), ("SMEMBERS", k.queues), INFO_MEMORY], raise_on_error=False)
+    (sec, usec), names, epoch, memory = _checked(
+        await conn.pipeline(
+            [("TIME",), ("SMEMBERS", k.queues), ("GET", k.epoch), INFO_MEMORY],
+            raise_on_error=False,
+        )
     )
     now_ms = int(sec) * 1000 + int(usec) // 1000
     queues = sorted(q.decode() for q in names)
@@ -243,17 +253,26 @@ async def counts(client: Client) -> MeshCounts:
         )
     info = _memory_of(client, memory)
     _tell_vanished(client, out)
-    return MeshCounts(now_ms / 1000, int(replies[0]), int(replies[1]), out, info)
+    workers = int(replies[0])
+    missing = epoch_missing(_epoch(client), epoch)
+    return MeshCounts(now_ms / 1000, workers, int(replies[1]), out, info, missing)
 
 
 def _checked(replies: list[Any]) -> list[Any]:
-    """A pipeline's replies whose last is ``INFO memory``: the first error
-    of the others is raised; that of ``INFO`` (an ACL without ``+info``) is
-    left in place."""
-    for r in replies[:-1]:
+    """A pipeline's replies whose last two are ``GET`` of the epoch and
+    ``INFO memory``: the first error of the others is raised; those of the
+    last two (an ACL without ``+get`` on the key or ``+info``) are left in
+    place."""
+    for r in replies[:-2]:
         if isinstance(r, CommandError):
             raise r
     return replies
+
+
+def _epoch(client: Client) -> Any:
+    """The :class:`~mesh._epoch.Epoch` of the client's connection (None:
+    not checked)."""
+    return client._conn.topology.epoch
 
 
 def _memory_of(client: Client, reply: object) -> MemoryInfo | None:
@@ -342,6 +361,8 @@ class Overview:
     queues: list[QueueCounts]
     processes: list[Process]
     memory: MemoryInfo | None = None
+    epoch_missing: bool = False
+    """The namespace's epoch is missing (see :func:`mesh._epoch.epoch_missing`)."""
 
 
 async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None = None) -> Overview:
@@ -359,12 +380,13 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
     conn = client._check()
     k = client._keys
     cache: dict[str, dict[str, Any]] = {} if info_cache is None else info_cache
-    (sec, usec), names, flat, memory = _checked(
+    (sec, usec), names, flat, epoch, memory = _checked(
         await conn.pipeline(
             [
                 ("TIME",),
                 ("SMEMBERS", k.queues),
                 ("ZRANGE", k.workers, 0, -1, "WITHSCORES"),
+                ("GET", k.epoch),
                 INFO_MEMORY,
             ],
             raise_on_error=False,
@@ -470,4 +492,5 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
             )
         )
     _tell_vanished(client, out)
-    return Overview(now_ms / 1000, workers, out, processes, _memory_of(client, memory))
+    missing = epoch_missing(_epoch(client), epoch)
+    return Overview(now_ms / 1000, workers, out, processes, _memory_of(client, memory), missing)

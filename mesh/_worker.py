@@ -30,6 +30,7 @@ import anyio
 import attrs
 
 from ._client import DEFAULT_MAX_PAYLOAD, Client
+from ._diskless import warn_diskless_delay
 from ._errors import (
     ClosedError,
     ConfigError,
@@ -172,9 +173,10 @@ class Worker:
         self._member = Member(
             self._lease, self._served.cancel_process, self._served.apply_policy, self._stats
         )
-        self.client = Client(host.conn, host.keys, max_payload=max_payload)
+        self.client = Client(
+            host.conn, host.keys, min_replicas=host.min_replicas, max_payload=max_payload
+        )
         """A :class:`Client` on this worker's connection."""
-        self.client.min_replicas = host.min_replicas
 
     @property
     def _gen(self) -> Generation:
@@ -579,6 +581,7 @@ async def open_worker(
     # a host of one: its own connections, reaper, scheduler and heartbeat loop
     opened = open_host(config, keys, timing, worker_id, min_replicas=replicas, of_one=True)
     async with opened as host, join(host, worker_id, max_payload, stop_grace, rejoin_grace) as w:
+        await warn_diskless_delay(host.conn, replicas, f"worker {w.id}")
         yield w
 
 

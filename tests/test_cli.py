@@ -194,7 +194,7 @@ async def test_enqueue_ensure_cancel_reconcile_delete(
         # reconcile: from a file, then from stdin
         want = tmp_path / "want.txt"
         want.write_bytes(b"d2\nd4\n")
-        r = await mesh_cli("reconcile", "devices", "--file", str(want), "--json", *ns_args)
+        r = await mesh_cli("reconcile", "devices", "--file", str(want), "--json", "--yes", *ns_args)
         assert r.returncode == 0, text(r)
         assert json.loads(r.stdout) == {
             "queue": "devices",
@@ -206,7 +206,7 @@ async def test_enqueue_ensure_cancel_reconcile_delete(
         r = await mesh_cli("reconcile", "devices", *ns_args, stdin=b"d4\nd5\n")
         assert r.stdout.decode() == "devices: 1 added (d5), 1 cancelled (d2), 1 unchanged\n"
         assert sorted(await client.persistent_tasks("devices")) == [b"d4", b"d5"]
-        r = await mesh_cli("reconcile", "devices", "--allow-empty", *ns_args)
+        r = await mesh_cli("reconcile", "devices", "--allow-empty", "--yes", *ns_args)
         assert r.returncode == 0, text(r)
         assert await client.persistent_tasks("devices") == {}
 
@@ -619,6 +619,7 @@ async def test_worker_app_mistakes_are_one_line(
     err = r.stderr.decode()
     assert r.returncode == 1 and "Traceback" in err and "1 / 0" in err, err
     assert err.strip().splitlines()[-1].startswith("mesh worker: error: importing"), err
+    assert "run with --traceback" not in err, err  # issue 32, item 15: it was run with it
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         assert await client.workers() == []  # none of them joined
 

@@ -125,6 +125,9 @@ async def test_schedule_add_list_remove(redis_url: str, namespace: str, ns_args:
     assert r.stdout.decode() == "removed periodic task report from q\n"
     r = await mesh_cli("schedule", "remove", "q", "report", "--json", *ns_args)
     assert json.loads(r.stdout)["removed"] is False
+    assert r.returncode == 1  # nothing removed: as `mesh job` for a missing job
+    r = await mesh_cli("schedule", "remove", "q", "report", *ns_args)
+    assert r.returncode == 1 and r.stdout.decode() == "no periodic task report on q\n"
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         assert [x.task for x in await client.schedules()] == [b"nightly"]
     r = await mesh_cli("schedule", "add", "q", "x", "--cron", "99 * * * *", *ns_args)

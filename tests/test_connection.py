@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 import pytest
 import trio
 import trio.testing

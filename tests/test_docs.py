@@ -132,6 +132,19 @@ def test_cli_page_has_every_subcommand() -> None:
     assert missing == []
 
 
+def test_the_node_readme_checks_its_peer_with_mesh_conformance() -> None:
+    """Issue 32, item 16: the README ran the peer through a repository tool;
+    it now gives the documented command, which the parser takes as written."""
+    from mesh.cli import build_parser
+
+    readme = (ROOT / "clients" / "node" / "README.md").read_text()
+    assert "run_conformance" not in readme
+    (line,) = [x for x in readme.splitlines() if x.startswith("mesh conformance ")]
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    assert args.command == "conformance"
+    assert args.peer == "node clients/node/bin/mesh-peer.js"
+
+
 def test_operating_md_names_the_dashboards_dead_letter_actions() -> None:
     """The dashboard serves requeue and purge of dead letters (its app's
     routes); operating.md once said it offered neither."""

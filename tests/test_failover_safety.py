@@ -17,6 +17,7 @@ from mesh import MeshConnectionError, Process
 from mesh._failover import FailoverWatch
 from mesh.testing import RedisServer, wait_until
 
+from .cli_helpers import mesh_cli, text
 from .topology import SERVICE, Runs, client, sentinel_setup, wait_for
 
 
@@ -257,6 +258,15 @@ async def test_a_master_restarted_empty_is_refused_until_an_operator_adopts_it(
             ]
             assert len(refusals) == 1  # said once, not once per attempt
             # Nothing of the mesh was written there.
+            assert await trio.to_thread.run_sync(lambda: client(old.port).dbsize()) == 0
+            # mesh status says so, naming what to do, and writes nothing
+            # either (issue 32, item 4): every look says it again
+            for _ in range(2):
+                r = await mesh_cli("status", "--redis", url, "--namespace", ns)
+                assert r.returncode == 0, text(r)
+                assert "WORKERS: none" in r.stdout.decode()
+                assert "is missing" in r.stdout.decode()
+                assert "mesh adopt-namespace" in r.stdout.decode()
             assert await trio.to_thread.run_sync(lambda: client(old.port).dbsize()) == 0
             async with mesh.open_client(url, namespace=ns) as operator:
                 await operator.adopt_namespace()

@@ -11,6 +11,8 @@ import pytest
 
 import mesh
 from mesh import Process
+from mesh._connection import Connection
+from mesh._keys import Keys
 from mesh._scripts import Binding
 from mesh.testing import RedisServer, wait_until
 
@@ -213,3 +215,36 @@ async def test_a_worker_that_left_a_fleet_still_has_its_counts_reported(
             return (sum(counts.finished), sum(counts.failed)) == (2, 1)
 
         await wait_until(reported, within=20, what="the counts of the worker that left")
+
+
+async def test_the_fleet_client_waits_for_min_replicas_and_is_closed_with_the_fleet(
+    redis_url: str, namespace: str
+) -> None:
+    """Issue 32, item 2: ``Fleet.client`` is built with the fleet's
+    ``min_replicas`` (on a master with no replica an enqueue fails as a
+    fleet worker's does, and nothing says it was acknowledged), and it
+    refuses calls once the fleet's block is left."""
+    url = f"{redis_url}?connect_timeout=0.5"
+    async with mesh.open_fleet(url, namespace=namespace, min_replicas=1) as fleet:
+        assert fleet.client.min_replicas == 1
+        with pytest.raises(mesh.MeshConnectionError, match="only 0 of 1 replicas"):
+            await fleet.client.enqueue("q", b"a")
+        async with fleet.open_worker() as w:
+            with pytest.raises(mesh.MeshConnectionError, match="only 0 of 1 replicas"):
+                await w.client.enqueue("q", b"b")
+        client = fleet.client
+    with pytest.raises(mesh.ClosedError):
+        await client.queues()
+
+
+async def test_a_client_cannot_be_built_without_deciding_min_replicas(
+    conn: Connection, keys: Keys
+) -> None:
+    with pytest.raises(TypeError, match="min_replicas"):
+        mesh.Client(conn, keys)  # type: ignore[call-arg]
+    with pytest.raises(mesh.ConfigError, match="min_replicas"):
+        mesh.Client(conn, keys, min_replicas=-1)
+    client = mesh.Client(conn, keys, min_replicas=2)
+    assert client.min_replicas == 2
+    with pytest.raises(AttributeError):
+        client.min_replicas = 0  # type: ignore[misc]

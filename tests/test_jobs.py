@@ -888,3 +888,40 @@ async def test_a_worker_runs_the_highest_priority_first(redis_url: str, namespac
 
         await wait_until(all_ran, within=5, what="the tasks ran")
         assert ran == [b"top", b"mid-0", b"mid-1", b"mid-2", b"low-0", b"low-1", b"low-2"]
+
+
+async def test_result_says_a_task_finished_with_no_result_kept(
+    redis_url: str, namespace: str
+) -> None:
+    """Issue 32, item 14: a task that finishes while ``result()`` waits, on a
+    queue that kept no result when it ran, ends the wait at once with a
+    MeshError that says so (it was a TimeoutError after the whole timeout)."""
+    release = anyio.Event()
+
+    async def handler(p: Process) -> bytes:
+        await release.wait()
+        return b"value"
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await w.start_work(Q, handler)  # no policy: no result is kept
+        await client.enqueue(Q, "t")
+        errors: list[Exception] = []
+
+        async def wait_result() -> None:
+            try:
+                await client.result(Q, "t", timeout=60)
+            except Exception as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(30):  # well within the call's own timeout
+            async with anyio.create_task_group() as nursery:
+                nursery.start_soon(wait_result)
+                # the waiter has marked the queue (it awaits its done message)
+                await wait_until(lambda: client._conn.execute("EXISTS", client._keys.awaiting(Q)))
+                release.set()
+        (exc,) = errors
+        assert type(exc) is mesh.MeshError, exc
+        assert str(exc) == (
+            f"the task finished on queue {Q} with no result kept (the queue's policy kept "
+            "no results when it ran); none will come"
+        )

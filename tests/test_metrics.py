@@ -8,71 +8,27 @@ import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 import trio
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 import mesh
 from mesh._keys import Keys
 from mesh._view import counts
 from mesh.metrics import MeshCollector, WorkerCollector, serve_metrics
-from mesh.testing import run_redis_server, wait_until
+from mesh.testing import run_redis_server
 
 from .cli_helpers import clean_env, mesh_cli, running_process, stderr_until
+from .metrics_helpers import scrape, served, until_scraped, value
 from .protocol_helpers import expire_worker
 
 pytestmark = pytest.mark.both_loops
 
 TTL = 0.9
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-async def scrape(url: str) -> Samples:
-    """GET the metrics page and parse it with prometheus-client's parser."""
-
-    def get() -> str:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            assert r.headers["Content-Type"].startswith("text/plain")
-            return str(r.read().decode())
-
-    body = await anyio.to_thread.run_sync(get)
-    out: Samples = {}
-    for fam in text_string_to_metric_families(body):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
-
-
-async def until_scraped(
-    url: str, pred: Callable[[Samples], bool], within: float = 10.0, what: str = ""
-) -> Samples:
-    async def scraped() -> Samples | None:
-        s = await scrape(url)
-        try:
-            return s if pred(s) else None
-        except KeyError:
-            return None  # not there yet (e.g. a queue not served yet)
-
-    return await wait_until(scraped, within, what, every=0.02)
-
-
-@asynccontextmanager
-async def served(collector: object) -> AsyncIterator[str]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]
-    async with serve_metrics(registry, port=0) as (host, port):
-        assert host == "127.0.0.1"  # the default binds this machine only
-        yield f"http://{host}:{port}/metrics"
 
 
 async def test_worker_metrics_change_with_the_events_they_count(

@@ -1349,7 +1349,7 @@ async def test_rebalance_moves_the_surplus_to_its_receiver_only_and_loses_nothin
     hb = await b.heartbeat(conn, "w1", i1, 60_000, [], [Q])
     assert sorted(hb.release[0]) == sorted(moving)
     # visible: each worker's load against its share, and what is moving
-    shares = {w.id: w.shares for w in await mesh.Client(conn, keys).workers()}
+    shares = {w.id: w.shares for w in await mesh.Client(conn, keys, min_replicas=0).workers()}
     share = functools.partial(mesh.QueueShare, Q, fair_min=2, fair_max=2, share=2.0)
     assert shares["w1"] == (share(held=6, incoming=0, outgoing=4, weight=6),)
     assert shares["w2"] == (share(held=0, incoming=2, outgoing=0, weight=0),)

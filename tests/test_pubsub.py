@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 import trio
 import trio.testing

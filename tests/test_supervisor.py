@@ -7,6 +7,7 @@ import functools
 import logging
 
 import anyio
+import anyio.to_thread
 import pytest
 
 import mesh._connection

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterator
 
 import anyio
+import anyio.abc
+import anyio.to_thread
 import attrs
 import pytest
 

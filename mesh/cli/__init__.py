@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 import mesh
 
 from . import _browse, _conformance, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
-from ._common import EXIT_FAILURE, EXIT_INTERRUPTED, CliError
+from ._common import DEFAULT_URL, EXIT_FAILURE, EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
 
@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
         "130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"trio-mesh {mesh.__version__}")
+    # also before the subcommand (``mesh --namespace app jobs``), as a user
+    # of other tools writes them; the subcommand's own take precedence
+    parser.add_argument("--redis", metavar="URL", dest="top_redis", help=argparse.SUPPRESS)
+    parser.add_argument("--namespace", metavar="NS", dest="top_namespace", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
     _demo.register(sub)
     _worker.register(sub)
@@ -59,6 +63,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = f"mesh {args.command}"
+    for name in ("redis", "namespace"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(args, f"top_{name}"))
+    if sys.stdout is None:
+        # ``mesh status >&-``: Python has no stdout at all. A command whose
+        # result goes there is refused before it does anything (an enqueue
+        # would happen and then fail to say so); the servers, which print
+        # nothing there, run with it pointed at devnull.
+        if args.command not in _NO_STDOUT:
+            print(f"{prog}: error: standard output is closed: nothing was done", file=sys.stderr)
+            return EXIT_FAILURE
+        sys.stdout = open(os.devnull, "w")  # for the life of the process
     try:
         status: int = args.func(args)
         # Inside the try: a reader gone (``mesh status | head -1``) may
@@ -78,8 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ):
             raise
         err = expected[0]
-        print(f"{prog}: error: {_one_line(str(err), args)}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(_explained(err, args), args)}", file=sys.stderr)
         return err.exit_code if isinstance(err, CliError) else 1
+
+
+# Commands that print nothing on stdout (they log on stderr): they run with a
+# closed stdout.
+_NO_STDOUT = frozenset({"worker", "dashboard", "exporter"})
 
 
 def _reader_gone() -> int:
@@ -99,6 +120,28 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
             yield from _leaves(e)
     else:
         yield exc
+
+
+def _explained(err: Exception, args: argparse.Namespace) -> str:
+    """The message of ``err``, or, for a refusal the user can act on, what to
+    do: a server that wants a password the URL did not give (``NOAUTH``,
+    refused at the first command of the handshake) asks for one."""
+    cause = err.__cause__
+    if (
+        isinstance(err, mesh.MeshConnectionError)
+        and isinstance(cause, mesh.CommandError)
+        and cause.code == "NOAUTH"
+    ):
+        url = getattr(args, "redis", None) or os.environ.get("MESH_REDIS_URL") or DEFAULT_URL
+        try:
+            shown = mesh.parse_url(url).redacted()
+        except mesh.ConfigError:
+            shown = "the Redis server"
+        return (
+            f"{shown} needs a password: give it in the URL (redis://:PASSWORD@host:port, "
+            "or redis://USER:PASSWORD@host:port) or in $MESH_REDIS_PASSWORD"
+        )
+    return str(err)
 
 
 def _one_line(message: str, args: argparse.Namespace) -> str:

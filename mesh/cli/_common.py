@@ -21,6 +21,7 @@ import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._keys import Keys, check_queue
 from mesh._units import MAX_SECONDS, seconds_ms
+from mesh._validate import whole
 from mesh._view import show_payload
 
 T = TypeVar("T")
@@ -36,6 +37,7 @@ __all__ = [
     "UsageError",
     "add_target_options",
     "check_size",
+    "count_arg",
     "dump_json",
     "format_ms",
     "format_seconds",
@@ -47,6 +49,7 @@ __all__ = [
     "run_client",
     "seconds_arg",
     "show_task",
+    "split_tasks",
     "table",
     "target",
     "task_bytes",
@@ -109,6 +112,18 @@ def target(args: argparse.Namespace) -> Target:
     """
     url = _given(args.redis, "--redis", "MESH_REDIS_URL") or DEFAULT_URL
     namespace = _given(args.namespace, "--namespace", "MESH_NAMESPACE") or "mesh"
+    if "://" not in url:
+        source = "--redis" if args.redis is not None else "$MESH_REDIS_URL"
+        if "@" in url:  # it may hold a password: not shown
+            raise UsageError(
+                f"the URL of {source} has no scheme: begin it with redis:// (or rediss://, "
+                "unix://, redis+sentinel://, redis+cluster://); it is not shown, as it may "
+                "hold a password"
+            )
+        raise UsageError(
+            f"the URL of {source}, {url!r}, has no scheme: write redis://{url} (or "
+            "rediss://, unix://, redis+sentinel://, redis+cluster://)"
+        )
     try:
         config = mesh.parse_url(url)
         Keys(namespace)
@@ -164,8 +179,17 @@ def read_tasks(stream: IO[bytes], source: str = "stdin") -> list[bytes]:
     Raises:
         CliError: a line over the payload limit (``source`` names the stream).
     """
+    return split_tasks(stream.read(), source)
+
+
+def split_tasks(data: bytes, source: str = "stdin") -> list[bytes]:
+    """Tasks from the bytes of a stream, as :func:`read_tasks` reads them.
+
+    Raises:
+        CliError: a line over the payload limit (``source`` names the stream).
+    """
     out = []
-    for n, line in enumerate(stream.read().split(b"\n"), 1):
+    for n, line in enumerate(data.split(b"\n"), 1):
         line = line.removesuffix(b"\r")
         if line:
             check_size(line, f"line {n} of {source}")
@@ -177,7 +201,8 @@ def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> lis
     """The TASK words of a command, where ``-`` stands for the lines of stdin.
 
     Raises:
-        UsageError: ``-`` given more than once.
+        UsageError: ``-`` given more than once, or an empty TASK (an empty
+            line of stdin is no task either: the two ways agree).
         CliError: a task over the payload limit (nothing is sent then).
     """
     if words.count("-") > 1:
@@ -186,6 +211,11 @@ def tasks_from_args(words: Sequence[str], stdin: IO[bytes] | None = None) -> lis
     for i, w in enumerate(words, 1):
         if w == "-":
             out += read_tasks(stdin if stdin is not None else sys.stdin.buffer)
+        elif not w:
+            raise UsageError(
+                f"task argument {i} is empty: a task needs a payload (as on stdin, "
+                "where empty lines are skipped); nothing was sent"
+            )
         else:
             out.append(check_size(task_bytes(w), f"task argument {i}"))
     return out
@@ -337,5 +367,25 @@ def seconds_arg(
         except mesh.ConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return v
+
+    return parse
+
+
+def count_arg(name: str, low: int = 0, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number that the library takes as ``name``
+    (the one rule of :func:`mesh._validate.whole`: from ``low`` to ``high``,
+    by default at most :data:`mesh._validate.MAX_COUNT`), so that the worker's
+    options and ``mesh configure`` take the same values and refuse the
+    others alike: a usage error (exit 2) naming the rule."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        try:
+            return whole(name, n, low, high)
+        except mesh.ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse

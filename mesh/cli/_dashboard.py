@@ -14,6 +14,7 @@ import anyio
 import trio
 
 import mesh
+from mesh._epoch import observing
 
 from ._common import CliError, Target, UsageError, add_target_options, positive_float, target
 from ._metrics import port_arg
@@ -88,7 +89,8 @@ def _dashboard(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return trio.run(_run, args, t, token, m)
+    with observing():  # look without writing the epoch: a missing one stays said
+        return trio.run(_run, args, t, token, m)
 
 
 async def _run(args: argparse.Namespace, t: Target, token: str | None, m: ModuleType) -> int:

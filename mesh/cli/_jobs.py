@@ -16,6 +16,7 @@ from mesh._schedule import MIN_EVERY, spec_of
 from ._common import (
     UsageError,
     add_target_options,
+    count_arg,
     dump_json,
     format_utc,
     json_task,
@@ -64,7 +65,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "their value. Without options, show the policy.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
-    p.add_argument("--max-attempts", type=int, metavar="N", help="0: no limit")
+    p.add_argument(
+        "--max-attempts", type=count_arg("max_attempts"), metavar="N", help="0: no limit"
+    )
     p.add_argument("--backoff", type=seconds_arg("backoff"), metavar="S", help="first retry delay")
     p.add_argument(
         "--backoff-max", type=seconds_arg("backoff_max"), metavar="S", help="longest retry delay"
@@ -191,7 +194,8 @@ def _schedule_remove(args: argparse.Namespace) -> int:
             print(f"removed periodic task {show_task(task)} from {args.queue}")
         else:
             print(f"no periodic task {show_task(task)} on {args.queue}")
-        return 0
+        # nothing there is exit 1, as `mesh job` for a job that is not there
+        return 0 if had else 1
 
     return run_client(t, go)
 
@@ -205,10 +209,12 @@ def _cron(text: str) -> str:
 
 
 def _rate(text: str) -> tuple[int, float]:
-    n, _, per = text.partition("/")
+    n, slash, per = text.partition("/")
+    if slash and not per.strip():
+        raise argparse.ArgumentTypeError(f"no seconds after the '/': {text!r} (N or N/S)")
     try:
         count = int(n)
-        seconds = float(per) if per else 1.0
+        seconds = float(per) if slash else 1.0
     except ValueError:
         raise argparse.ArgumentTypeError(f"not N or N/S: {text!r}") from None
     if count < 0 or not math.isfinite(seconds) or seconds <= 0:

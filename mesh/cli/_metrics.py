@@ -16,6 +16,7 @@ import anyio
 import trio
 
 import mesh
+from mesh._epoch import observing
 
 from ._common import CliError, Target, add_target_options, target
 
@@ -122,7 +123,8 @@ def _exporter(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return trio.run(_run_exporter, args, t, m)
+    with observing():  # look without writing the epoch: a missing one stays said
+        return trio.run(_run_exporter, args, t, m)
 
 
 async def _run_exporter(args: argparse.Namespace, t: Target, m: ModuleType) -> int:

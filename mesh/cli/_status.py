@@ -13,6 +13,7 @@ import attrs
 import trio
 
 import mesh
+from mesh._epoch import EPOCH_MISSING_HINT, observing
 from mesh._view import Snapshot, share_text, snapshot
 
 from ._common import (
@@ -74,6 +75,11 @@ def _count(text: str) -> int:
     return n
 
 
+def epoch_text(namespace: str) -> str:
+    """What ``mesh status`` says when the namespace's epoch is missing."""
+    return f"the epoch of namespace {namespace} is missing: {EPOCH_MISSING_HINT}"
+
+
 def render(snap: Snapshot, t: Target) -> list[str]:
     """The snapshot as aligned text lines."""
     alive = sum(w.alive for w in snap.workers)
@@ -125,6 +131,8 @@ def render(snap: Snapshot, t: Target) -> list[str]:
         )
     else:
         lines.append("QUEUES: none")
+    if snap.epoch_missing:
+        lines.append(f"WARNING: {epoch_text(t.namespace)}")
     for name, n in sorted(snap.vanished.items()):
         lines.append(
             f"ERROR: queue {name}: {n} persistent task(s) vanished without a cancel "
@@ -205,6 +213,7 @@ def as_json(snap: Snapshot, t: Target) -> dict[str, Any]:
         "queues": [attrs.asdict(q) for q in snap.queues],
         "memory": attrs.asdict(snap.memory) if snap.memory is not None else None,
         "vanished": dict(snap.vanished),
+        "epoch_missing": snap.epoch_missing,
     }
     if snap.delayed is not None:
         out["delayed"] = [
@@ -231,7 +240,8 @@ def as_json(snap: Snapshot, t: Target) -> dict[str, Any]:
 
 def _status(args: argparse.Namespace) -> int:
     t = target(args)
-    return trio.run(_run, args, t)
+    with observing():  # look without writing the epoch: a missing one stays said
+        return trio.run(_run, args, t)
 
 
 async def _run(args: argparse.Namespace, t: Target) -> int:

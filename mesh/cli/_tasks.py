@@ -4,8 +4,11 @@ one client call each."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import re
 import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -17,17 +20,17 @@ from mesh._client import MAX_PRIORITY, check_priority
 from mesh._units import MAX_UNIX_TIME
 
 from ._common import (
+    CliError,
     UsageError,
     add_target_options,
     dump_json,
     json_task,
     queue_arg,
-    read_tasks,
     run_client,
     seconds_arg,
     show_task,
+    split_tasks,
     target,
-    task_bytes,
     tasks_from_args,
 )
 
@@ -91,11 +94,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "cancel",
         help="cancel a task by payload, wherever it is",
-        description="Cancel TASK on QUEUE: remove its queued copies, stop it being a "
-        "persistent task, and cancel every running process of it on whatever worker runs it.",
+        description="Cancel each TASK on QUEUE: remove its queued copies, stop it being a "
+        "persistent task, and cancel every running process of it on whatever worker runs it. "
+        "One line (with --json, one JSON object) per task.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
-    p.add_argument("task", metavar="TASK", help="the payload")
+    p.add_argument("tasks", metavar="TASK", nargs="+", help=_TASKS_HELP)
     _data_options(p)
     p.set_defaults(func=_cancel)
 
@@ -103,7 +107,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "reconcile",
         help="make a queue's persistent tasks exactly a given set",
         description="Make the persistent tasks of QUEUE exactly the tasks listed, one per "
-        "line, in FILE or on stdin: ensure the missing ones, cancel the others.",
+        "line, in FILE or on stdin: ensure the missing ones, cancel the others. The list "
+        "must end with a newline (a list cut short by a producer that died is refused), "
+        "and a change that would cancel more than half of the queue's persistent tasks "
+        "is refused (exit 2) without --yes. Nothing is changed when refused.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument(
@@ -112,7 +119,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--allow-empty",
         action="store_true",
-        help="accept an empty set (cancels every persistent task of QUEUE)",
+        help="accept an empty set (cancels every persistent task of QUEUE; with "
+        "persistent tasks there, --yes too)",
+    )
+    p.add_argument(
+        "--dry-run",
+        "-n",
+        action="store_true",
+        help="print what would be added and cancelled, and change nothing",
+    )
+    p.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="cancel even when that is more than half of the queue's persistent tasks",
     )
     _weight_option(p)
     _data_options(p)
@@ -189,13 +209,11 @@ def _enqueue(args: argparse.Namespace) -> int:
     async def go(client: mesh.Client) -> int:
         n = 0
         for i in range(0, len(tasks), _BATCH):
-            n += await client.enqueue_many(
-                args.queue,
-                tasks[i : i + _BATCH],
-                delay=args.delay,
-                at=args.at,
-                priority=args.priority,
-            )
+            batch = tasks[i : i + _BATCH]
+            with _naming_conflicts(batch):
+                n += await client.enqueue_many(
+                    args.queue, batch, delay=args.delay, at=args.at, priority=args.priority
+                )
         delayed = args.delay is not None or args.at is not None
         if args.json:
             dump_json({"queue": args.queue, "delayed" if delayed else "enqueued": n})
@@ -217,7 +235,8 @@ def _ensure(args: argparse.Namespace) -> int:
         existing: list[bytes] = []
         for i in range(0, len(tasks), _BATCH):
             batch = tasks[i : i + _BATCH]
-            flags = await client.ensure_many(args.queue, batch, weight=args.weight)
+            with _naming_conflicts(batch):
+                flags = await client.ensure_many(args.queue, batch, weight=args.weight)
             for task, new in zip(batch, flags, strict=True):
                 (added if new else existing).append(task)
         if args.json:
@@ -239,19 +258,22 @@ def _ensure(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     t = target(args)
-    task = task_bytes(args.task)
+    tasks = list(dict.fromkeys(tasks_from_args(args.tasks)))
 
     async def go(client: mesh.Client) -> int:
-        n = await client.cancel(args.queue, task)
-        if args.json:
-            dump_json({"queue": args.queue, "task": json_task(task), "cancelled": n})
-        elif n:
-            print(
-                f"cancelled {show_task(task)} on {args.queue}: "
-                + _count(n, "queued copy or running process", "queued copies or running processes")
-            )
-        else:
-            print(f"nothing to cancel: {show_task(task)} is not on {args.queue}")
+        for task in tasks:
+            n = await client.cancel(args.queue, task)
+            if args.json:
+                dump_json({"queue": args.queue, "task": json_task(task), "cancelled": n})
+            elif n:
+                print(
+                    f"cancelled {show_task(task)} on {args.queue}: "
+                    + _count(
+                        n, "queued copy or running process", "queued copies or running processes"
+                    )
+                )
+            else:
+                print(f"nothing to cancel: {show_task(task)} is not on {args.queue}")
         return 0
 
     return run_client(t, go)
@@ -260,40 +282,87 @@ def _cancel(args: argparse.Namespace) -> int:
 def _reconcile(args: argparse.Namespace) -> int:
     t = target(args)
     if args.file in (None, "-"):
-        tasks = read_tasks(sys.stdin.buffer)
+        tasks = _desired(sys.stdin.buffer.read(), "stdin")
     else:
         try:
             with open(args.file, "rb") as f:
-                tasks = read_tasks(f, args.file)
+                data = f.read()
         except OSError as exc:
             raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        tasks = _desired(data, args.file)
     tasks = list(dict.fromkeys(tasks))
-    if not tasks and not args.allow_empty:
+    if not tasks and not args.allow_empty and not args.dry_run:
         raise UsageError(
             "the desired set is empty: that would cancel every persistent task of "
             f"{args.queue}; pass --allow-empty if you mean it"
         )
 
     async def go(client: mesh.Client) -> int:
+        have = await client.persistent_tasks(args.queue)
+        wanted = set(tasks)
+        extra = sorted(set(have) - wanted)
+        if args.dry_run:
+            missing = [x for x in tasks if x not in have]
+            _print_reconcile(args, missing, extra, len(tasks) - len(missing), dry_run=True)
+            return 0
+        if 2 * len(extra) > len(have) and not args.yes:
+            raise UsageError(
+                f"refusing to cancel {len(extra)} of the {len(have)} persistent tasks of "
+                f"{args.queue} (more than half) without --yes: nothing was changed "
+                "(--dry-run lists the changes)"
+            )
         r = await client.reconcile(args.queue, tasks, weight=args.weight)
-        if args.json:
-            dump_json(
-                {
-                    "queue": args.queue,
-                    "added": [json_task(x) for x in r.added],
-                    "cancelled": [json_task(x) for x in r.cancelled],
-                    "unchanged": len(tasks) - len(r.added),
-                }
-            )
-        else:
-            print(
-                f"{args.queue}: {len(r.added)} added{_listing(r.added)}, "
-                f"{len(r.cancelled)} cancelled{_listing(r.cancelled)}, "
-                f"{len(tasks) - len(r.added)} unchanged"
-            )
+        _print_reconcile(args, r.added, r.cancelled, len(tasks) - len(r.added), dry_run=False)
         return 0
 
     return run_client(t, go)
+
+
+def _desired(data: bytes, source: str) -> list[bytes]:
+    """The desired set of ``mesh reconcile``: the lines of ``data``.
+
+    Raises:
+        CliError: ``data`` does not end with a newline (a producer cut short
+            mid-line, whose last task may be a truncated payload), or a line
+            is over the payload limit. Exit status 1: the data is bad.
+    """
+    if data and not data.endswith(b"\n"):
+        last = data.rsplit(b"\n", 1)[-1]
+        raise CliError(
+            f"{source} ends in the middle of a line (no newline after {show_task(last, 30)}): "
+            "the list may have been cut short, so nothing was changed; end it with a newline"
+        )
+    return split_tasks(data, source)
+
+
+def _print_reconcile(
+    args: argparse.Namespace,
+    added: Sequence[bytes],
+    cancelled: Sequence[bytes],
+    unchanged: int,
+    *,
+    dry_run: bool,
+) -> None:
+    if args.json:
+        out: dict[str, Any] = {
+            "queue": args.queue,
+            "added": [json_task(x) for x in added],
+            "cancelled": [json_task(x) for x in cancelled],
+            "unchanged": unchanged,
+        }
+        if dry_run:
+            out["dry_run"] = True
+        dump_json(out)
+    elif dry_run:
+        print(
+            f"{args.queue} (dry run, nothing changed): would add {len(added)}{_listing(added)}, "
+            f"would cancel {len(cancelled)}{_listing(cancelled)}, {unchanged} unchanged"
+        )
+    else:
+        print(
+            f"{args.queue}: {len(added)} added{_listing(added)}, "
+            f"{len(cancelled)} cancelled{_listing(cancelled)}, {unchanged} unchanged"
+        )
 
 
 def _delete_queue(args: argparse.Namespace) -> int:
@@ -379,6 +448,29 @@ def _when(text: str) -> datetime.datetime | float:
     return t
 
 
+_CALL_INDEX = re.compile(r"^task (\d+) of this call ")
+
+
+@contextlib.contextmanager
+def _naming_conflicts(batch: Sequence[bytes]) -> Iterator[None]:
+    """A refusal of one task of ``batch`` (``task 2 of this call is a
+    persistent task ...``: an index into the script call, which means nothing
+    to the person who typed the payloads) names the payload instead.
+
+    Raises:
+        CliError: for a :class:`mesh.ConflictError` (nothing of the batch was
+            sent: the script refuses the whole call).
+    """
+    try:
+        yield
+    except mesh.ConflictError as exc:
+        message = str(exc)
+        m = _CALL_INDEX.match(message)
+        if m and int(m[1]) < len(batch):
+            message = f"task {show_task(batch[int(m[1])])} " + message[m.end() :]
+        raise CliError(message) from None
+
+
 def _ask(question: str) -> str:
     try:
         return input(question)
@@ -390,7 +482,7 @@ def _count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def _listing(tasks: tuple[bytes, ...] | list[bytes], limit: int = 5) -> str:
+def _listing(tasks: Sequence[bytes], limit: int = 5) -> str:
     if not tasks:
         return ""
     shown = ", ".join(show_task(x, 30) for x in tasks[:limit])

@@ -38,7 +38,7 @@ from ._common import (
     Target,
     UsageError,
     add_target_options,
-    positive_float,
+    count_arg,
     run_on,
     seconds_arg,
     show_task,
@@ -109,7 +109,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--max-attempts",
-        type=int,
+        type=count_arg("max_attempts"),
         default=None,
         metavar="N",
         help="attempts of a one-shot task before it is dead-lettered (0: no limit; default 5). "
@@ -132,14 +132,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--ttl",
-        type=positive_float,
+        type=_ttl_arg,
         default=3.0,
         metavar="S",
         help="lease TTL in seconds: how long after a crash peers take over (default 3)",
     )
     p.add_argument(
         "--stop-grace",
-        type=_grace_arg,
+        type=seconds_arg("stop_grace"),
         default=10.0,
         metavar="S",
         help="on SIGINT/SIGTERM, how long to wait for cancelled handlers to exit (a "
@@ -148,7 +148,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--worker-id", metavar="ID", help="worker id (default: <host>-<pid>-<random>)")
     p.add_argument(
         "--rejoin-grace",
-        type=_grace_arg,
+        type=seconds_arg("rejoin_grace"),
         default=0.0,
         metavar="S",
         help="a sticky restart: on SIGINT/SIGTERM keep this worker's persistent tasks for "
@@ -185,23 +185,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_worker)
 
 
-def _count_arg(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
-    return n
+_count_arg = count_arg("concurrency", 1)
+_prefetch_count = count_arg("prefetch")
 
 
-def _grace_arg(text: str) -> float:
+def _ttl_arg(text: str) -> float:
+    """``--ttl``: seconds that make a lease timing (see
+    :meth:`LeaseTiming.make`), else a usage error naming the rule."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text}")
+    try:
+        LeaseTiming.make(v, None, None)
+    except mesh.ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return v
 
 
@@ -227,16 +225,6 @@ def _concurrency_arg(text: str) -> tuple[str | None, int]:
 
 def _capacity_arg(text: str) -> tuple[str | None, int]:
     return _queue_and_count(text, weight_arg)
-
-
-def _prefetch_count(n: str) -> int:
-    try:
-        count = int(n)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {n!r}")
-    return count
 
 
 def _prefetch_arg(text: str) -> tuple[str | None, int]:
@@ -343,10 +331,7 @@ def _import_failed(module: str, exc: BaseException) -> AppImportError:
         where = f" at {tb[-1].filename}:{tb[-1].lineno}"
     elif isinstance(exc, SyntaxError) and exc.filename:
         where = f" at {exc.filename}:{exc.lineno}"
-    return AppImportError(
-        f"importing {module!r} failed{where}: {type(exc).__name__}: {exc} "
-        "(run with --traceback to see the traceback)"
-    )
+    return AppImportError(f"importing {module!r} failed{where}: {type(exc).__name__}: {exc}")
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -356,7 +341,9 @@ def _worker(args: argparse.Namespace) -> int:
     except AppImportError as exc:
         if args.traceback and exc.__cause__ is not None:
             traceback.print_exception(exc.__cause__)
-        raise
+            raise
+        # the hint only where it helps: not after the traceback was printed
+        raise AppImportError(f"{exc} (run with --traceback to see the traceback)") from None
     default = 10
     for queue, n in args.concurrency:
         if queue is None:
@@ -381,8 +368,6 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.rejoin_grace > 0 and args.worker_id is None:
         raise UsageError("--rejoin-grace needs --worker-id: the id the worker rejoins as")
-    if args.max_attempts is not None and args.max_attempts < 0:
-        raise UsageError("--max-attempts must be 0 (no limit) or more")
     backoff = 1.0 if args.backoff is None else args.backoff
     backoff_max = 60.0 if args.backoff_max is None else args.backoff_max
     if not 0 <= backoff <= backoff_max:

@@ -17,6 +17,7 @@ import anyio.abc
 import attrs
 
 from .._client import Client
+from .._epoch import EPOCH_MISSING_HINT
 from .._errors import MeshError
 from .._types import Process
 from .._view import Overview, overview, share_text, show_payload
@@ -171,6 +172,7 @@ class Tracker:
             "takeovers": list(self.takeovers),
             "memory": attrs.asdict(ov.memory) if ov.memory is not None else None,
             "alerts": _alerts(ov),
+            "epoch_missing": ov.epoch_missing,
         }
 
 
@@ -186,6 +188,8 @@ def _alerts(ov: Overview) -> list[str]:
         )
     elif m is not None and m.full:
         out.append("Redis is at maxmemory: enqueue, ensure, schedule and configure are refused")
+    if ov.epoch_missing:
+        out.append(f"The namespace's epoch is missing: {EPOCH_MISSING_HINT}")
     for q in ov.queues:
         if q.vanished:
             out.append(
@@ -226,7 +230,13 @@ class Poller:
         try:
             ov = await overview(self.client, self._info)
         except MeshError as exc:
-            state: dict[str, Any] = {"now": None, "error": self.redact(str(exc))}
+            epoch = self.client._conn.topology.epoch
+            state: dict[str, Any] = {
+                "now": None,
+                "error": self.redact(str(exc)),
+                # refused a node that lacks the epoch: the error says what to do
+                "epoch_missing": epoch is not None and epoch.refused,
+            }
         else:
             state = self._tracker.update(ov)
         self.state = json.dumps({**self._header, **state}, separators=(",", ":"))

@@ -192,6 +192,9 @@ class MeshCollector(Collector):
         yield up
         if c is not None:
             yield from self._metrics(c)
+        elif self.client is not None and _refused(self.client):
+            # unread because the node lacks the epoch: that is the news
+            yield _epoch_gauge(True)
 
     async def _read(self) -> MeshCounts | None:
         """The counts, or None (Redis down, slow or not connected: logged at
@@ -224,6 +227,7 @@ class MeshCollector(Collector):
         self._down = False
 
     def _metrics(self, c: MeshCounts) -> Iterator[Metric]:
+        yield _epoch_gauge(c.epoch_missing)
         yield GaugeMetricFamily(
             "mesh_workers", "Registered workers (live, or dead and not yet recycled).", c.workers
         )
@@ -283,3 +287,18 @@ class MeshCollector(Collector):
         if c.memory is not None:
             yield from memory_metrics(c.memory, "mesh_redis")
         yield paused
+
+
+def _epoch_gauge(missing: bool) -> Metric:
+    return GaugeMetricFamily(
+        "mesh_namespace_epoch_missing",
+        "1 if the namespace's epoch key is missing (a new namespace, or a master that "
+        "restarted empty: workers refuse it until `mesh adopt-namespace`).",
+        int(missing),
+    )
+
+
+def _refused(client: Client) -> bool:
+    """The client's connection was refused a node that lacks the epoch."""
+    epoch = client._conn.topology.epoch
+    return epoch is not None and epoch.refused

@@ -47,18 +47,31 @@ const aborted = (signal) => new Promise((_resolve, reject) => {
   signal.addEventListener('abort', () => reject(signal.reason), { once: true });
 });
 
-/** @param {string} name */
+/**
+ * A worker that prints each device it takes or lets go of. `held` is what its
+ * events said so far: the example waits on it, not on Redis, so that every
+ * line is printed under the heading of the step that caused it (a claim is in
+ * Redis a moment before its handler starts and its event is emitted).
+ * @param {string} name
+ */
 function makeWorker(name, /** @type {string} */ url, /** @type {string} */ namespace) {
   const w = new Worker({ redis: url, namespace, ttl: 3, id: `${name}-${crypto.randomBytes(2).toString('hex')}` });
+  /** @type {Set<string>} */
+  const held = new Set();
   w.on('start', (e) => {
-    if (e.persistent) console.log(`  ${name} owns ${e.task} (token ${e.token})`);
+    if (!e.persistent) return;
+    held.add(String(e.task));
+    console.log(`  ${name} owns ${e.task} (token ${e.token})`);
   });
-  w.on('stop', (e) => console.log(`  ${name} let go of ${e.task}: ${e.reason}`));
+  w.on('stop', (e) => {
+    if (!held.delete(String(e.task))) return;
+    console.log(`  ${name} let go of ${e.task}: ${e.reason}`);
+  });
   // a device handler: holds the device until told to stop
   w.serve('devices', (_task, ctx) => aborted(ctx.signal), { concurrency: 10 });
   // a job handler: returns a result (kept: the queue's policy has a result TTL)
   w.serve('jobs', (task) => `${name} resized ${task}`, { concurrency: 4 });
-  return w;
+  return { w, held };
 }
 
 async function main() {
@@ -68,25 +81,27 @@ async function main() {
   try {
     await client.redis.hset(`{${namespace}}:policy`, 'jobs', JSON.stringify({ max_attempts: 3,
       backoff_ms: 500, backoff_max_ms: 5000, timeout_ms: 0, result_ttl_ms: 60000, source: 'configure' }));
-    const a = makeWorker('alpha', server.url, namespace);
-    const b = makeWorker('beta', server.url, namespace);
+    const { w: a, held: alpha } = makeWorker('alpha', server.url, namespace);
+    const { w: b, held: beta } = makeWorker('beta', server.url, namespace);
     await a.start();
     console.log('4 devices, one worker:');
     await client.ensure('devices', ['dev-1', 'dev-2', 'dev-3', 'dev-4']);
-    await waitUntil(async () => [...(await client.persistentTasks('devices')).values()].every(Boolean));
+    await waitUntil(async () => alpha.size === 4);
     console.log('a second worker joins; rebalancing moves two devices to it:');
     await b.start();
-    await waitUntil(async () => (await owners(client)).filter((w) => w === b.id).length === 2);
+    await waitUntil(async () => alpha.size === 2 && beta.size === 2);
     console.log('a job, awaited:');
     await client.enqueue('jobs', 'photo-17.jpg');
     console.log(`  result: ${await client.result('jobs', 'photo-17.jpg', { timeoutMs: 10000 })}`);
     console.log('cancel dev-1, wherever it runs:');
     await client.cancel('devices', 'dev-1');
-    await waitUntil(async () => !(await client.persistentTasks('devices')).has('dev-1'));
+    await waitUntil(async () => !alpha.has('dev-1') && !beta.has('dev-1'));
     console.log('alpha stops gracefully; beta takes its devices over:');
     await a.stop();
-    await waitUntil(async () => (await owners(client)).length === 3);
+    await waitUntil(async () => alpha.size === 0 && beta.size === 3);
+    console.log('beta stops:');
     await b.stop();
+    await waitUntil(async () => beta.size === 0);
     console.log('done');
   } finally {
     for await (const keys of client.redis.scanStream({ match: `{${namespace}}:*`, count: 1000 })) {
@@ -95,12 +110,6 @@ async function main() {
     await client.close();
     server.stop();
   }
-}
-
-/** The worker of each running device (from its process record). @param {import('../src/client').Client} client */
-async function owners(client) {
-  const procs = await client.redis.hgetall(`{${client.keys.namespace}}:procs:devices`);
-  return Object.values(procs).map((rec) => rec.split('\0')[0]);
 }
 
 /** @param {() => Promise<boolean>} cond */
