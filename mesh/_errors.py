@@ -6,6 +6,7 @@ boundary where they happen, with the original kept as ``__cause__``.
 
 from __future__ import annotations
 
+import re
 from typing import NoReturn
 
 import anyio
@@ -66,13 +67,33 @@ class OutOfMemoryError(CommandError):
         super().__init__(message, code)
 
 
+# Redis 6.2 wraps the error reply of a command that a script ran with
+# ``redis.call`` in an ``ERR`` reply that ends with it, its code after a dash:
+# ``ERR Error running script (call to f_<sha>): @user_script:1: @user_script:
+# 1: -OOM command not allowed ...``. Redis 7 and Valkey pass the code through.
+_WRAPPED_CODE = re.compile(r": -([A-Z][A-Z0-9_]*)(?: |$)")
+
+
+def error_code(exc: CommandError) -> str:
+    """The code that classifies an error reply: its own first word, or, for
+    an ``ERR`` that wraps the error of a command run by a script (Redis 6.2),
+    that error's code. Never the server's wording, which differs between
+    servers and versions (Redis, Valkey) for the same code."""
+    if exc.code == "ERR":
+        wrapped = _WRAPPED_CODE.search(str(exc))
+        if wrapped is not None:
+            return wrapped.group(1)
+    return exc.code
+
+
 def out_of_memory(exc: CommandError) -> OutOfMemoryError | None:
     """The :class:`OutOfMemoryError` for an error reply that is an OOM
-    refusal, else None: the reply of a command (``OOM ...``) or, on Redis
-    6.2, of a script whose write Redis refused (``ERR Error running script
-    ... -OOM ...``). Its message names maxmemory."""
+    refusal (by its code, :func:`error_code`), else None: the reply of a
+    command or of a script whose write the server refused (``OOM ...``), or
+    on Redis 6.2 such a script's ``ERR`` that wraps ``-OOM``. Its message
+    names maxmemory."""
     message = str(exc)
-    if exc.code == "OOM" or (exc.code == "ERR" and "-OOM " in message):
+    if error_code(exc) == "OOM":
         return OutOfMemoryError(
             "Redis is out of memory (used_memory > maxmemory, policy noeviction): "
             "the write was refused before anything was stored; free memory or raise "

