@@ -19,15 +19,16 @@ wait for an owner (since when they have had none) and is None otherwise.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
 from ._connection import Connection
 from ._errors import ConfigError
 from ._keys import Keys, check_queue
-from ._scripts import parse_dead, parse_record
+from ._scripts import load_scripts, parse_dead, parse_record, run_script
 from ._types import DeadLetter, Process
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "job",
     "jobs",
     "minute_counts",
+    "payload",
 ]
 
 #: The states :meth:`Client.jobs` lists, in the order :meth:`Client.job`
@@ -47,6 +49,11 @@ JOB_STATES: tuple[str, ...] = ("running", "queued", "delayed", "dead")
 
 #: Largest page.
 MAX_LIMIT = 1000
+#: Bytes of each payload a page carries (the rest stays in Redis).
+PREVIEW = 256
+# How far from its position a job is looked for by its ref (jobs ahead of it
+# may have been claimed, or added in front of it, since the page was read).
+_REF_WINDOW = 200
 # With a prefix, how many entries one call looks at (in chunks) at most.
 _SCAN_CHUNK = 500
 _SCAN_MAX = 20_000
@@ -57,9 +64,14 @@ class Job:
     """One task of a queue, as :meth:`Client.jobs` and :meth:`Client.job`
     found it. Times are seconds since the epoch on the Redis clock.
 
+    A page of :meth:`Client.jobs` carries a preview of each payload (its
+    first :data:`PREVIEW` bytes) and its size, never the whole of it: a
+    payload may be 64 MiB. :func:`payload` fetches one whole, by ``ref``.
+
     Attributes:
         queue: the queue.
-        task: the payload.
+        task: the payload, or its first bytes in a page (``size`` says
+            whether it is whole: :attr:`whole`).
         state: ``"queued"``, ``"delayed"``, ``"running"`` or ``"dead"``.
         persistent: a persistent task (one-shot otherwise).
         attempts: failed attempts so far (for a dead one, the last included).
@@ -74,6 +86,10 @@ class Job:
         error: the last error of a dead job (``"worker crashed: ..."`` when
             its worker died); None otherwise.
         dead_at: when it was dead-lettered (None unless dead).
+        size: the whole payload's size in bytes.
+        ref: a short key that finds the job again (:func:`payload`): its
+            state, its position (a running one: its token) and a fingerprint
+            of its payload; None for a record built from a payload.
     """
 
     queue: str
@@ -89,10 +105,17 @@ class Job:
     token: int | None = None
     error: str | None = None
     dead_at: float | None = None
+    size: int = attrs.field(default=attrs.Factory(lambda self: len(self.task), takes_self=True))
+    ref: str | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Whether :attr:`task` is the whole payload (not a preview)."""
+        return len(self.task) >= self.size
 
     def as_dict(self) -> dict[str, Any]:
-        """The record as JSON-ready values: the payload as text when it is
-        UTF-8 (``task``), else None with ``task_hex`` set."""
+        """The record as JSON-ready values: the payload (or its preview) as
+        text when it is UTF-8 (``task``), else None with ``task_hex`` set."""
         d = attrs.asdict(self)
         try:
             d["task"], d["task_hex"] = self.task.decode(), None
@@ -154,7 +177,12 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-def _position(after: object) -> int:
+def cursor_position(after: object) -> int:
+    """The position a page's cursor names (0 for None).
+
+    Raises:
+        ConfigError: not a cursor a page gave.
+    """
     if after is None:
         return 0
     if isinstance(after, str) and after[:1] == "c" and after[1:].isdigit() and len(after) < 20:
@@ -172,7 +200,9 @@ async def jobs(
     after: str | None = None,
     prefix: bytes | None = None,
 ) -> JobPage:
-    """A page of the jobs of ``queue`` in ``state`` (see :meth:`Client.jobs`).
+    """A page of the jobs of ``queue`` in ``state`` (see :meth:`Client.jobs`),
+    each with the first :data:`PREVIEW` bytes of its payload (with
+    ``prefix``, at least as many as the prefix has) and its size.
 
     Raises:
         ConfigError: a bad queue, state, limit or cursor.
@@ -182,59 +212,138 @@ async def jobs(
     check_queue(queue)
     check_state(state)
     check_limit(limit)
-    start = _position(after)
+    start = cursor_position(after)
     if prefix is None:
-        found, total = await _slice(conn, keys, queue, state, start, limit)
+        found, total = await _slice(conn, keys, queue, state, start, limit, PREVIEW)
         end = start + len(found)
         return JobPage(tuple(found), f"c{end}" if end < total else None, total)
     out: list[Job] = []
     pos, total = start, 0
+    n = max(PREVIEW, len(prefix))
     while len(out) < limit and pos - start < _SCAN_MAX:
-        chunk, total = await _slice(conn, keys, queue, state, pos, _SCAN_CHUNK)
+        chunk, total = await _slice(conn, keys, queue, state, pos, _SCAN_CHUNK, n)
         if not chunk:
             break
         for j in chunk:
             pos += 1
             if j.task.startswith(prefix):
-                out.append(j)
+                out.append(_cut(j, PREVIEW))
                 if len(out) == limit:
                     break
     return JobPage(tuple(out), f"c{pos}" if pos < total else None, total)
 
 
+def _cut(j: Job, n: int) -> Job:
+    return j if len(j.task) <= n else attrs.evolve(j, task=j.task[:n])
+
+
+def fingerprint(payload: bytes) -> str:
+    """The fingerprint of ``payload`` that a job's ref carries (as
+    ``peek.lua`` computes it: see its header)."""
+    data = b"%d\0" % len(payload) + payload[:1024] + b"\0" + payload[-1024:]
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
 async def _slice(
-    conn: Connection, keys: Keys, queue: str, state: str, start: int, count: int
+    conn: Connection, keys: Keys, queue: str, state: str, start: int, count: int, n: int
 ) -> tuple[list[Job], int]:
-    """Entries start..start+count-1 of the state's order, and its total."""
+    """Entries start..start+count-1 of the state's order with ``n`` bytes of
+    each payload, and the state's total."""
     read = {"dead": _dead, "running": _running, "delayed": _delayed}.get(state, _queued)
-    return await read(conn, keys, queue, start, start + count - 1)
+    return await read(conn, keys, queue, start, start + count - 1, n)
+
+
+class _Entry(NamedTuple):
+    head: bytes
+    size: int
+    fp: str
+    score: float | None
+    persistent: bool
+    attempts: int
+    since: float | None
+    level: int
+
+
+async def _peek(
+    conn: Connection,
+    key: str,
+    shape: str,
+    first: int,
+    last: int,
+    n: int,
+    *,
+    skip: int = 0,
+    fields: int = 0,
+    extras: Sequence[str] = (),
+    names: Sequence[bytes] = (),
+) -> tuple[int, list[_Entry | None]]:
+    """``peek.lua``: the total of ``key`` and its entries first..last (or,
+    of a hash, those of ``names``) as previews of ``n`` bytes."""
+    reply = await run_script(
+        conn,
+        load_scripts()["peek"],
+        [key, *extras],
+        [shape, first, last, n, skip, fields, *names],
+    )
+    out: list[_Entry | None] = []
+    for e in reply[1:]:
+        if e is None:
+            out.append(None)
+            continue
+        head, size, fp, score, pers, att, since, level = e
+        out.append(
+            _Entry(
+                head,
+                int(size),
+                fp.decode() if isinstance(fp, bytes) else str(fp),
+                float(score) if score is not None else None,
+                pers == 1,
+                int(att or 0),
+                int(float(since)) / 1000 if since is not None else None,
+                int(level or 0),
+            )
+        )
+    return int(reply[0]), out
+
+
+def _extra_keys(k: Keys, queue: str, *, levels: bool) -> list[str]:
+    ks = [k.persistent(queue), k.standby(queue), k.attempts(queue), k.unowned(queue)]
+    return [*ks, k.delayed_prio(queue)] if levels else ks
 
 
 async def _dead(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
-    """Dead letters start..end (newest first), and how many there are."""
-    total, recs = await conn.pipeline(
-        [("LLEN", k.dead(queue)), ("LRANGE", k.dead(queue), start, end)]
-    )
-    return [_dead_job(queue, parse_dead(rec, queue)) for rec in recs], int(total)
+    """Dead letters start..end (oldest first), and how many there are."""
+    total, got = await _peek(conn, k.dead(queue), "list", start, end, n, fields=4)
+    out = []
+    for i, e in enumerate(got):
+        assert e is not None
+        job = _dead_job(queue, parse_dead(e.head, queue))
+        out.append(attrs.evolve(job, size=e.size, ref=f"dead.{start + i}.{e.fp}"))
+    return out, total
 
 
 async def _running(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Processes start..end by token (oldest claim first), and how many run."""
-    (flat,) = await conn.pipeline([("HGETALL", k.procs(queue))])
-    procs = []
-    for i in range(0, len(flat), 2):
-        p = parse_record(flat[i], flat[i + 1], queue)
-        procs.append((p, _kind_priority(flat[i + 1])))
-    procs.sort(key=lambda pp: pp[0].token)
-    return [_running_job(queue, p, level) for p, level in procs[start : end + 1]], len(procs)
+    pids = sorted(await conn.execute("HKEYS", k.procs(queue)), key=int)
+    page = pids[start : end + 1]
+    if not page:
+        return [], len(pids)
+    _, got = await _peek(conn, k.procs(queue), "hash", 0, 0, n, fields=8, names=page)
+    out = []
+    for pid, e in zip(page, got, strict=True):
+        if e is None:
+            continue  # finished since the HKEYS
+        rec = e.head
+        out.append(_running_job(queue, parse_record(pid, rec, queue), _kind_priority(rec), e))
+    return out, len(pids)
 
 
-def _running_job(queue: str, p: Process, level: int) -> Job:
-    return Job(
+def _running_job(queue: str, p: Process, level: int, e: _Entry | None = None) -> Job:
+    job = Job(
         queue,
         p.task,
         "running",
@@ -244,6 +353,10 @@ def _running_job(queue: str, p: Process, level: int) -> Job:
         started=p.started,
         worker=p.worker_id,
         token=p.token,
+    )
+    fp = e.fp if e is not None else fingerprint(p.task)
+    return attrs.evolve(
+        job, size=e.size if e is not None else len(p.task), ref=f"running.{p.token}.{fp}"
     )
 
 
@@ -260,20 +373,19 @@ def _dead_job(queue: str, d: DeadLetter) -> Job:
 
 
 async def _delayed(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Delayed tasks start..end by due time, and how many there are."""
-    total, flat = await conn.pipeline(
-        [("ZCARD", k.delayed(queue)), ("ZRANGE", k.delayed(queue), start, end, "WITHSCORES")]
+    total, got = await _peek(
+        conn, k.delayed(queue), "zset", start, end, n, extras=_extra_keys(k, queue, levels=True)
     )
-    payloads = list(flat[0::2])
-    if not payloads:
-        return [], int(total)
-    extra = await _extras(conn, k, queue, payloads, levels=True)
-    return [
-        _delayed_job(queue, t, due, e)
-        for t, due, e in zip(payloads, flat[1::2], extra, strict=True)
-    ], int(total)
+    out = []
+    for i, e in enumerate(got):
+        assert e is not None
+        extra = (e.persistent, e.attempts, e.level, e.since)
+        job = _delayed_job(queue, e.head, e.score, extra)
+        out.append(attrs.evolve(job, size=e.size, ref=f"delayed.{start + i}.{e.fp}"))
+    return out, total
 
 
 def _delayed_job(
@@ -295,30 +407,37 @@ def _delayed_job(
 
 
 async def _queued(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Queued tasks start..end: those with a priority (highest first), then
     the list; and how many are queued."""
     n_prio, n_list = await conn.pipeline([("ZCARD", k.prio(queue)), ("LLEN", k.queue(queue))])
     n_prio, n_list = int(n_prio), int(n_list)
-    cmds: list[tuple[Any, ...]] = []
+    extras = _extra_keys(k, queue, levels=False)
+    entries: list[tuple[bytes, int, _Entry]] = []
     if start < n_prio:
-        cmds.append(("ZRANGE", k.prio(queue), start, min(end, n_prio - 1)))
+        _, got = await _peek(
+            conn, k.prio(queue), "zset", start, min(end, n_prio - 1), n, skip=16, extras=extras
+        )
+        entries += [(e.head[16:], int(e.head[:1]), e) for e in got if e is not None]
     if end >= n_prio:
-        cmds.append(("LRANGE", k.queue(queue), max(0, start - n_prio), end - n_prio))
-    got = await conn.pipeline(cmds) if cmds else []
-    entries: list[tuple[bytes, int]] = []
-    if start < n_prio:
-        entries += [(m[16:], int(m[:1])) for m in got[0]]
-        got = got[1:]
-    if got:
-        entries += [(t, 0) for t in got[0]]
-    if not entries:
-        return [], n_prio + n_list
-    extra = await _extras(conn, k, queue, [t for t, _ in entries], levels=False)
+        _, got = await _peek(
+            conn, k.queue(queue), "list", max(0, start - n_prio), end - n_prio, n, extras=extras
+        )
+        entries += [(e.head, 0, e) for e in got if e is not None]
     return [
-        Job(queue, t, "queued", persistent=pers, attempts=att, priority=level, enqueued=since)
-        for (t, level), (pers, att, _, since) in zip(entries, extra, strict=True)
+        Job(
+            queue,
+            t,
+            "queued",
+            persistent=e.persistent,
+            attempts=e.attempts,
+            priority=level,
+            enqueued=e.since,
+            size=e.size,
+            ref=f"queued.{start + i}.{e.fp}",
+        )
+        for i, (t, level, e) in enumerate(entries)
     ], n_prio + n_list
 
 
@@ -355,6 +474,67 @@ async def _extras(
     ]
 
 
+def parse_ref(ref: object) -> tuple[str, int, str]:
+    """(state, position or token, fingerprint) of a job's ref.
+
+    Raises:
+        ConfigError: not a ref a page gave.
+    """
+    parts = ref.split(".") if isinstance(ref, str) and len(ref) < 80 else []
+    if (
+        len(parts) != 3
+        or parts[0] not in JOB_STATES
+        or not parts[1].isdigit()
+        or len(parts[2]) != 16
+        or any(c not in "0123456789abcdef" for c in parts[2])
+    ):
+        raise ConfigError(f"invalid job ref {str(ref)[:80]!r}: pass the ref of a listed job")
+    return parts[0], int(parts[1]), parts[2]
+
+
+async def payload(conn: Connection, keys: Keys, queue: str, ref: str) -> bytes | None:
+    """The whole payload of the job ``ref`` names (a :attr:`Job.ref` of a
+    page): looked for at its position and up to a few hundred positions
+    around it (jobs ahead of it may have left or come since), by the
+    fingerprint of its payload; None if it is no longer there.
+
+    Raises:
+        ConfigError: a bad queue name or ref.
+        MeshConnectionError: Redis could not be reached.
+        ProtocolError: a record in Redis is malformed.
+    """
+    check_queue(queue)
+    state, at, fp = parse_ref(ref)
+    k = keys
+    if state == "running":
+        rec = await conn.execute("HGET", k.procs(queue), at)
+        if rec is None:
+            return None
+        task = parse_record(str(at).encode(), rec, queue).task
+        return task if fingerprint(task) == fp else None
+    first = max(0, at - _REF_WINDOW)
+    near, _ = await _slice(conn, keys, queue, state, first, 2 * _REF_WINDOW + 1, 0)
+    hits = [i for i, j in enumerate(near) if j.ref is not None and j.ref.endswith(fp)]
+    for i in sorted(hits, key=lambda i: abs(first + i - at)):
+        pos = first + i
+        if state == "dead":
+            rec = await conn.execute("LINDEX", k.dead(queue), pos)
+            task = parse_dead(rec, queue).task if rec is not None else None
+        elif state == "delayed":
+            got = await conn.execute("ZRANGE", k.delayed(queue), pos, pos)
+            task = got[0] if got else None
+        else:
+            n_prio = int(await conn.execute("ZCARD", k.prio(queue)))
+            if pos < n_prio:
+                got = await conn.execute("ZRANGE", k.prio(queue), pos, pos)
+                task = got[0][16:] if got else None
+            else:
+                task = await conn.execute("LINDEX", k.queue(queue), pos - n_prio)
+        if task is not None and fingerprint(task) == fp:
+            return bytes(task)
+    return None
+
+
 def _glob_escape(data: bytes) -> bytes:
     out = bytearray()
     for b in data:
@@ -376,15 +556,16 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
     """
     check_queue(queue)
     k = keys
+    fp = fingerprint(payload)
     (
-        procs,
+        pids,
         at,
         due,
         n_prio,
         n_dead,
     ) = await conn.pipeline(
         [
-            ("HGETALL", k.procs(queue)),
+            ("HKEYS", k.procs(queue)),
             ("LPOS", k.queue(queue), payload),
             ("ZSCORE", k.delayed(queue), payload),
             ("ZCARD", k.prio(queue)),
@@ -392,12 +573,16 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
         ]
     )
     found: list[Job] = []
-    for i in range(0, len(procs), 2):
-        rec = procs[i + 1]
-        if rec.endswith(payload):
-            p = parse_record(procs[i], rec, queue)
-            if p.task == payload:
-                found.append(_running_job(queue, p, _kind_priority(rec)))
+    if pids:
+        # by fingerprint first: the other processes' payloads stay in Redis
+        _, got = await _peek(conn, k.procs(queue), "hash", 0, 0, 0, fields=8, names=pids)
+        for pid, e in zip(pids, got, strict=True):
+            if e is not None and e.fp == fp and e.size == len(payload):
+                rec = await conn.execute("HGET", k.procs(queue), pid)
+                if rec is not None and rec.endswith(payload):
+                    p = parse_record(pid, rec, queue)
+                    if p.task == payload:
+                        found.append(_running_job(queue, p, _kind_priority(rec)))
     if found:
         return min(found, key=lambda j: j.token or 0)
     level = 0
@@ -421,16 +606,20 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
                 enqueued=since,
             )
         return _delayed_job(queue, payload, due, extra)
-    # the latest dead letter of the payload: read from the end, in chunks
+    # the latest dead letter of the payload: read from the end, in chunks, by
+    # fingerprint (the other dead letters' payloads stay in Redis)
     end = int(n_dead) - 1
     while end >= 0:
         begin = max(0, end - _SCAN_CHUNK + 1)
-        recs = await conn.execute("LRANGE", k.dead(queue), begin, end)
-        for rec in reversed(recs):
-            if rec.endswith(payload):
-                d = parse_dead(rec, queue)
-                if d.task == payload:
-                    return _dead_job(queue, d)
+        _, got = await _peek(conn, k.dead(queue), "list", begin, end, 0, fields=4)
+        for i in reversed(range(len(got))):
+            e = got[i]
+            if e is not None and e.fp == fp and e.size == len(payload):
+                rec = await conn.execute("LINDEX", k.dead(queue), begin + i)
+                if rec is not None and rec.endswith(payload):
+                    d = parse_dead(rec, queue)
+                    if d.task == payload:
+                        return _dead_job(queue, d)
         end = begin - 1
     return None
 

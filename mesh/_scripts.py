@@ -78,6 +78,7 @@ SCRIPT_NAMES = (
     "fire",
     "rebalance",
     "read",
+    "peek",
     "recount",
     "pause",
     "stats",
