@@ -315,3 +315,64 @@ async def test_a_worker_reports_what_its_handlers_did(redis_url: str, namespace:
         # the worker's last report went out as it left
         (counts,) = await client.minute_counts([Q], minutes=2)
         assert (sum(counts.finished), sum(counts.failed)) == (2, 1)
+
+
+def big(tag: str, size: int = 3 << 20) -> bytes:
+    """A payload of ``size`` bytes that starts with ``tag`` and differs from
+    other tags' throughout."""
+    return (tag.encode() + b":" + tag.encode() * (size // len(tag)))[:size]
+
+
+async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payload(
+    conn: Connection, b: Binding, redis_url: str, namespace: str
+) -> None:
+    """A page never carries a whole payload (a 64 MiB one is allowed): each
+    job has its first PREVIEW bytes, its size and a ref; the ref finds the
+    whole payload, also after jobs ahead of it left, and None once it is gone."""
+    from mesh._browse import PREVIEW, fingerprint, payload
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        inc = await join(b, conn, "w1", Q)
+        await client.enqueue(Q, big("run"))
+        await b.claim(conn, "w1", inc, Q, 1, 1)
+        await client.enqueue(Q, big("die"))
+        dying = await b.claim(conn, "w1", inc, Q, 1, 1)
+        await b.give_back(conn, "w1", Q, [dying.processes[0].id], failed=True, errors=["E"])
+        await client.enqueue_many(Q, [big("ahead"), big("q1"), big("q2")])
+        await client.enqueue(Q, big("hi"), priority=4)
+        await client.ensure(Q, big("dev"))
+        await client.enqueue(Q, big("later"), delay=100)
+        want = {
+            "running": [big("run")],
+            "dead": [big("die")],
+            "queued": [big("hi"), big("ahead"), big("q1"), big("q2"), big("dev")],
+            "delayed": [big("later")],
+        }
+        k = client._keys
+        for state, payloads in want.items():
+            page = await client.jobs(Q, state)
+            assert [j.task for j in page.jobs] == [p[:PREVIEW] for p in payloads], state
+            assert [j.size for j in page.jobs] == [len(p) for p in payloads], state
+            assert not any(j.whole for j in page.jobs)
+            for j, p in zip(page.jobs, payloads, strict=True):
+                assert j.ref is not None and len(j.ref) < 50 and j.ref.endswith(fingerprint(p))
+                assert await payload(conn, k, Q, j.ref) == p, (state, j.ref)
+        queued = (await client.jobs(Q, "queued")).jobs
+        assert [j.priority for j in queued] == [4, 0, 0, 0, 0]
+        assert [j.persistent for j in queued] == [False, False, False, False, True]
+        assert queued[4].enqueued is not None  # a persistent task says since when it waits
+        # a prefix longer than the preview still matches
+        hits = await client.jobs(Q, "queued", prefix=big("q2")[: PREVIEW + 100])
+        assert [j.size for j in hits.jobs] == [3 << 20] and len(hits.jobs[0].task) == PREVIEW
+        # the jobs ahead of q2 leave: its ref still finds it; once claimed, None
+        ref = queued[3].ref
+        assert ref is not None
+        await b.claim(conn, "w1", inc, Q, 3, 1)
+        assert await payload(conn, k, Q, ref) == big("q2")
+        await client.cancel(Q, big("q2"))
+        assert await payload(conn, k, Q, ref) is None
+        # the record of a payload still comes whole
+        j = await client.job(Q, big("die"))
+        assert j is not None and j.state == "dead" and j.task == big("die") and j.whole
+        with pytest.raises(ConfigError, match="invalid job ref"):
+            await payload(conn, k, Q, "queued.1")
