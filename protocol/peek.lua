@@ -40,7 +40,17 @@ local first, last = tonumber(ARGV[2]), tonumber(ARGV[3])
 if shape ~= 'hash' and (not first or not last or first < 0) then
   return redis.error_reply('BAD_ARG peek: first and last index')
 end
+-- the lookups are skipped for keys that are empty: a payload of 64 MiB
+-- passed to a command is copied once more
 local extras = #KEYS >= 5
+local look = {}
+if extras then
+  look[2] = redis.call('HLEN', KEYS[2]) > 0
+  look[3] = redis.call('SCARD', KEYS[3]) > 0
+  look[4] = redis.call('HLEN', KEYS[4]) > 0
+  look[5] = redis.call('ZCARD', KEYS[5]) > 0
+  look[6] = KEYS[6] ~= nil and redis.call('HLEN', KEYS[6]) > 0
+end
 
 local function fingerprint(p)
   return string.sub(redis.sha1hex(#p .. '\0' .. string.sub(p, 1, 1024) .. '\0'
@@ -55,16 +65,17 @@ local function entry(e, score)
       return {string.sub(e, 1, skip + n), 0, '', score or false, 0, false, false, false}
     end
   end
-  local p = string.sub(e, at + 1)
+  local p = at == 0 and e or string.sub(e, at + 1)
   local out = {string.sub(e, 1, at + n), #p, fingerprint(p), score or false, 0, false, false,
                false}
   if extras then
-    if redis.call('HEXISTS', KEYS[2], p) == 1 or redis.call('SISMEMBER', KEYS[3], p) == 1 then
+    if (look[2] and redis.call('HEXISTS', KEYS[2], p) == 1)
+        or (look[3] and redis.call('SISMEMBER', KEYS[3], p) == 1) then
       out[5] = 1
     end
-    out[6] = redis.call('HGET', KEYS[4], p)
-    out[7] = redis.call('ZSCORE', KEYS[5], p)
-    if KEYS[6] then out[8] = redis.call('HGET', KEYS[6], p) end
+    if look[4] then out[6] = redis.call('HGET', KEYS[4], p) end
+    if look[5] then out[7] = redis.call('ZSCORE', KEYS[5], p) end
+    if look[6] then out[8] = redis.call('HGET', KEYS[6], p) end
   end
   return out
 end

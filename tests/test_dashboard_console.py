@@ -191,7 +191,7 @@ async def test_queue_page_pages_searches_and_acts(
             await in_page(driver, lambda d: d.find_element("id", "page-next").click())
             await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 5")
             note = await in_page(driver, lambda d: d.find_element("id", "page-note").text)
-            assert note == "page 2 (last)"
+            assert note == "page 2 of 2 (last)"
             # search by payload prefix
             await in_page(
                 driver, lambda d: d.find_element("id", "search").send_keys("newsletter:user-001")
@@ -307,3 +307,99 @@ async def test_charts_survive_a_restarted_dashboard(redis_url: str, namespace: s
                 lambda: http(url + "api/history?minutes=60&queue=q")
             )
             assert sum(json.loads(text)["finished"]) == 12
+
+
+@pytest.mark.slow
+async def test_console_pages_by_number_runs_a_delayed_job_now_and_shows_days(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 32, item 7: page numbers and a last page; a queue's page opens
+    on its first state with jobs; delays of days in days; "run now" of a
+    delayed job; a clicked job's details come into view; chart axes with
+    labels between 0 and the maximum."""
+    async with console(redis_url, namespace) as (client, url):
+        await populate(client)
+        await client.enqueue_many("emails", [f"bulk:{i:04d}" for i in range(100)])  # 130 queued
+        await client.enqueue("late", "renew:contract-7", delay=30 * 86400 + 5 * 3600 + 60)
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelectorAll('#queues tbody tr').length === 4")
+            # the next delayed jobs say "30d05h", not "725h01m"
+            late = await page_until(
+                driver,
+                "Array.from(document.querySelectorAll('#delayed tbody tr'))"
+                ".map(r => r.innerText).find(t => t.includes('renew:contract-7'))",
+            )
+            assert "30d05h" in late, late
+            # chart axes: 0, the maximum, and round steps between
+            ticks = await page_until(
+                driver,
+                "(t => t.length > 2 && t)(Array.from("
+                "document.querySelectorAll('#chart-finished text.tick')).map(e => +e.textContent))",
+            )
+            assert ticks[0] == 0 and ticks == sorted(ticks) and len(ticks) >= 3, ticks
+            assert ticks[-1] >= 40 and all(0 < t < ticks[-1] for t in ticks[1:-1]), ticks
+            await screenshot(driver, shots_dir(tmp_path) / "console-days-axes.png")
+            await in_page(driver, lambda d: d.set_window_size(1280, 900))
+            # a queue with only a delayed job opens on its delayed jobs
+            await in_page(driver, lambda d: d.execute_script(
+                "Array.from(document.querySelectorAll('#queues a.queue-link'))"
+                ".find(a => a.textContent === 'late').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, "document.querySelector('#q-tabs button.on')?.dataset.state === 'delayed'"
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 1")
+            # run now: confirmed, the job is due now
+            await in_page(driver, lambda d: d.execute_script(
+                "window.confirm = () => true;"
+                "document.querySelector('#jobs tbody button.job-run').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, "document.getElementById('message').textContent.includes('due now')"
+            )
+            j = await client.job("late", "renew:contract-7")
+            assert j is not None and j.due is not None and j.due <= await client.time() + 1
+            # page numbers and a last page: 130 queued jobs, 25 a page
+            await in_page(driver, lambda d: d.get(url + "#/queue/emails"))
+            await page_until(
+                driver, "document.getElementById('page-note').textContent === 'page 1 of 6'"
+            )
+            labels = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#page-numbers button'))"
+                ".map(b => b.textContent)"
+            ))  # fmt: skip
+            assert labels == ["1", "2", "3", "6"], labels
+            await in_page(driver, lambda d: d.find_element("id", "page-last").click())
+            await page_until(
+                driver,
+                "document.getElementById('page-note').textContent === 'page 6 of 6 (last)'",
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 5")
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#page-numbers button[data-page=\"4\"]').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, "document.getElementById('page-note').textContent === 'page 4 of 6'"
+            )
+            first = await page_until(
+                driver, "document.querySelector('#jobs tbody tr')?.dataset.task"
+            )
+            assert first == "bulk:0045", first  # 30 newsletters, then the bulk jobs
+            # a clicked job's details come into view (they are below the fold)
+            await in_page(driver, lambda d: d.execute_script("window.scrollTo(0, 0)"))
+            assert await in_page(driver, lambda d: d.execute_script(
+                "return document.querySelector('#jobs tfoot, .pager').getBoundingClientRect().top"
+                " > window.innerHeight"
+            ))  # fmt: skip
+            await in_page(driver, lambda d: d.execute_script(open_job("bulk:0067")))
+            await page_until(driver, "document.getElementById('job-actions')")
+            await page_until(driver, "document.getElementById('job-actions')")
+            top = await page_until(
+                driver,
+                "(r => r.top >= -1 && r.top < window.innerHeight - 150 && r.top + 1)"
+                "(document.getElementById('job-detail').getBoundingClientRect())",
+            )
+            assert top, top
+            await no_overflow(driver, "queue page with numbered pages")
+            await screenshot(driver, shots_dir(tmp_path) / "console-pages-job.png")

@@ -15,9 +15,10 @@ Routes:
   (:meth:`mesh.Client.requeue_dead`, :meth:`mesh.Client.purge_dead`).
 * ``POST /api/pause``, ``POST /api/resume``: ``{"queue": Q}``
   (:meth:`mesh.Client.pause`, :meth:`mesh.Client.resume`).
-* ``POST /api/job/requeue``, ``POST /api/job/delete``: ``{"queue": Q,
-  "ref": R}`` (or ``"task_b64"``): requeue one payload's dead letters; delete
-  a payload: its dead letters if it is dead, else every copy of it (a cancel).
+* ``POST /api/job/requeue``, ``POST /api/job/delete``, ``POST /api/job/run``:
+  ``{"queue": Q, "ref": R}`` (or ``"task_b64"``): requeue one payload's dead
+  letters; delete a payload: its dead letters if it is dead, else every copy
+  of it (a cancel); make a delayed one-shot job due now.
 * ``GET /api/jobs?queue=Q&state=S&limit=N&after=C&prefix=P``: a page of jobs
   (:meth:`mesh.Client.jobs`; ``prefix`` is text).
 * ``GET /api/job?queue=Q&ref=R``: one job's record (the first 4096
@@ -283,7 +284,7 @@ def create_app(
         if (refused := _refused(request)) is not None:
             return refused
         mode = request.path_params["mode"]
-        if mode not in ("requeue", "delete"):
+        if mode not in ("requeue", "delete", "run"):
             return JSONResponse({"error": f"no such action: {mode}"}, status_code=404)
         c = poller.client
         try:
@@ -291,7 +292,17 @@ def create_app(
             queue = queue_field(body)
             task = await find(queue, body)
             if task is None:
-                out = {"requeued" if mode == "requeue" else "deleted": 0}
+                out = {"requeue": {"requeued": 0}, "delete": {"deleted": 0}}.get(
+                    mode, {"due": False}
+                )
+            elif mode == "run":
+                # due now (delay.lua keeps the earlier time); only if it is
+                # still delayed, else a second copy would be added
+                job = await c.job(queue, task)
+                due = job is not None and job.state == "delayed"
+                if due:
+                    await c.enqueue(queue, task, delay=0)
+                out = {"due": due}
             elif mode == "requeue":
                 out = {"requeued": await c.requeue_dead(queue, [task])}
             else:
