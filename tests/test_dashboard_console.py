@@ -403,3 +403,39 @@ async def test_console_pages_by_number_runs_a_delayed_job_now_and_shows_days(
             assert top, top
             await no_overflow(driver, "queue page with numbered pages")
             await screenshot(driver, shots_dir(tmp_path) / "console-pages-job.png")
+
+
+@pytest.mark.slow
+async def test_worker_page_shows_its_lease_queues_and_what_it_holds(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    async with console(redis_url, namespace) as (client, url):
+        await populate(client)
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelector('#workers a.worker-link')")
+            await in_page(
+                driver, lambda d: d.execute_script(
+                    "document.querySelector('#workers a.worker-link').click()"
+                )
+            )  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#w-jobs tbody tr').length === 5")
+            assert await in_page(driver, lambda d: d.find_element("id", "overview").get_attribute(
+                "hidden"
+            )) is not None  # fmt: skip
+            lease = await page_until(driver, "document.getElementById('w-lease')?.innerText")
+            assert lease.endswith(" left") and lease.startswith("9m"), lease
+            queues = await in_page(driver, lambda d: d.find_element("id", "w-queues").text)
+            assert queues == "devices, emails"
+            rows = await in_page(driver, lambda d: d.find_element("id", "w-jobs").text)
+            for task in ("sensor-berlin-01", "sensor-oslo-03", "welcome:user-0001@example.com"):
+                assert task in rows
+            assert rows.count("persistent") == 3 and rows.count("one-shot") == 2
+            await no_overflow(driver, "worker page")
+            await screenshot(driver, shots_dir(tmp_path) / "console-worker.png")
+            # its queue links lead to the queue's page
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#w-queues a').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.getElementById('q-name').textContent === 'devices'")
+            await page_until(driver, "document.getElementById('worker-view').hidden")

@@ -24,6 +24,8 @@ Routes:
 * ``GET /api/job?queue=Q&ref=R``: one job's record (the first 4096
   characters of its payload), or ``null``.
 * ``GET /api/payload?queue=Q&ref=R``: one job's whole payload, as a download.
+* ``GET /api/worker?id=W``: what worker W holds (its running processes on
+  each queue it serves), or ``null`` if there is no such worker.
 * ``GET /api/history?minutes=M[&queue=Q]``: processes finished and failed per
   minute (kept in Redis by the workers, so a restarted dashboard has them).
 * ``GET /api/schedules``: the periodic tasks and the next delayed jobs.
@@ -67,7 +69,7 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .._browse import Job, MinuteCounts, cursor_position, minute_counts
+from .._browse import MAX_LIMIT, Job, MinuteCounts, cursor_position, minute_counts
 from .._browse import payload as browse_payload
 from .._client import Client
 from .._errors import ConfigError, MeshError
@@ -387,6 +389,29 @@ def create_app(
             headers={"Content-Disposition": 'attachment; filename="payload.bin"'},
         )
 
+    async def worker(request: Request) -> Response:
+        """What one worker holds: its running processes on every queue it
+        serves (the first 1000 of each queue, by token), payloads shown cut."""
+        qp = request.query_params
+        wid = qp.get("id", "")
+        if not wid:
+            return _bad(BadRequest("missing 'id' (a worker id)"))
+        c = poller.client
+        try:
+            found = [w for w in await c.workers() if w.id == wid]
+            held: list[Job] = []
+            if found:
+                for q in found[0].queues:
+                    page = await c.jobs(q, "running", limit=MAX_LIMIT)
+                    held += [j for j in page.jobs if j.worker == wid]
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        if not found:
+            return JSONResponse(None)
+        return JSONResponse({"id": wid, "jobs": [job_json(j) for j in held]})
+
     async def history(request: Request) -> Response:
         qp = request.query_params
         try:
@@ -437,6 +462,7 @@ def create_app(
             Route("/api/job", job),
             Route("/api/payload", payload),
             Route("/api/history", history),
+            Route("/api/worker", worker),
             Route("/api/schedules", schedules),
         ]
     )
