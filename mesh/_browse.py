@@ -20,6 +20,7 @@ wait for an owner (since when they have had none) and is None otherwise.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -33,6 +34,7 @@ from ._types import DeadLetter, Process
 
 __all__ = [
     "JOB_STATES",
+    "Attempt",
     "Job",
     "JobPage",
     "MinuteCounts",
@@ -57,6 +59,21 @@ _REF_WINDOW = 200
 # With a prefix, how many entries one call looks at (in chunks) at most.
 _SCAN_CHUNK = 500
 _SCAN_MAX = 20_000
+
+
+@attrs.frozen
+class Attempt:
+    """One failed attempt of a job (its history: :attr:`Job.tries`).
+
+    Attributes:
+        when: when it failed, seconds on the Redis clock.
+        worker: the worker that ran it.
+        error: its error, cut to 1000 bytes.
+    """
+
+    when: float
+    worker: str
+    error: str
 
 
 @attrs.frozen
@@ -90,6 +107,10 @@ class Job:
         ref: a short key that finds the job again (:func:`payload`): its
             state, its position (a running one: its token) and a fingerprint
             of its payload; None for a record built from a payload.
+        tries: its last failed attempts, oldest first (at most 5: kept by
+            ``give_back.lua`` from this version on, for a job that failed
+            at least once and is still retried or dead); only
+            :meth:`Client.job` reads them, a page has ``()``.
     """
 
     queue: str
@@ -107,6 +128,7 @@ class Job:
     dead_at: float | None = None
     size: int = attrs.field(default=attrs.Factory(lambda self: len(self.task), takes_self=True))
     ref: str | None = None
+    tries: tuple[Attempt, ...] = ()
 
     @property
     def whole(self) -> bool:
@@ -547,7 +569,34 @@ def _glob_escape(data: bytes) -> bytes:
 async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job | None:
     """Where ``payload`` is on ``queue`` (see :meth:`Client.job`): the first
     of running, queued, delayed and dead that has it (a dead one: its latest
-    dead letter), or None.
+    dead letter), or None; with its attempt history when it failed before.
+
+    Raises:
+        ConfigError: a bad queue name.
+        MeshConnectionError: Redis could not be reached.
+        ProtocolError: a record in Redis is malformed.
+    """
+    found = await _job(conn, keys, queue, payload)
+    if found is None or (found.attempts == 0 and found.state != "dead"):
+        return found
+    raw = await conn.execute("HGET", keys.tries(queue), hashlib.sha1(payload).hexdigest())
+    return attrs.evolve(found, tries=parse_tries(raw))
+
+
+def parse_tries(raw: bytes | None) -> tuple[Attempt, ...]:
+    """The attempts of a :meth:`Keys.tries` field (``()`` for none, or for
+    one that is not of the documented shape)."""
+    if not raw:
+        return ()
+    try:
+        items = json.loads(raw.decode(errors="replace"))
+        return tuple(Attempt(int(w) / 1000, str(who), str(err)) for w, who, err in items)
+    except (ValueError, TypeError):
+        return ()
+
+
+async def _job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job | None:
+    """:func:`job` without the attempt history.
 
     Raises:
         ConfigError: a bad queue name.

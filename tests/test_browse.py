@@ -376,3 +376,59 @@ async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payloa
         assert j is not None and j.state == "dead" and j.task == big("die") and j.whole
         with pytest.raises(ConfigError, match="invalid job ref"):
             await payload(conn, k, Q, "queued.1")
+
+
+async def test_failed_attempts_are_kept_bounded_and_a_success_writes_nothing(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str, namespace: str
+) -> None:
+    """give_back.lua keeps each payload's last 5 failed attempts (when,
+    worker, error cut to 1000 bytes) in {ns}:tries:<Q>, by SHA-1, for at most
+    1000 payloads; a first failure starts anew; finishing and returning
+    write nothing there."""
+    import hashlib
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        inc = await join(b, conn, "w1", Q)
+        await client.configure(Q, max_attempts=7)
+
+        async def fail_once(payload: str, error: str) -> None:
+            c = await b.claim(conn, "w1", inc, Q, 1, 7)
+            assert [p.task for p in c.processes] == [payload.encode()]
+            await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=True, errors=[error])
+
+        # a success and a return write no history
+        await client.enqueue(Q, "fine")
+        c = await b.claim(conn, "w1", inc, Q, 1, 7)
+        await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=False)
+        c = await b.claim(conn, "w1", inc, Q, 1, 7)
+        assert await b.finish(conn, "w1", inc, Q, [c.processes[0].id]) == [True]
+        assert await conn.execute("EXISTS", keys.tries(Q), keys.tried(Q)) == 0
+        # seven failures: the last five are kept, the last one dead-lettered
+        await client.enqueue(Q, "flaky")
+        for i in range(7):
+            await fail_once(
+                "flaky", f"Traceback (most recent call last):\n  line {i}\nE{i}" + "x" * 2000
+            )
+        j = await client.job(Q, "flaky")
+        assert j is not None and j.state == "dead" and j.attempts == 7
+        assert [t.error.split("\n")[-1][:2] for t in j.tries] == ["E2", "E3", "E4", "E5", "E6"]
+        assert all(t.worker == "w1" and len(t.error.encode()) == 1000 for t in j.tries)
+        assert [t.when for t in j.tries] == sorted(t.when for t in j.tries)
+        assert (await client.jobs(Q, "dead")).jobs[0].tries == ()  # pages do not read them
+        # requeued (attempts reset), its next failure starts a new history
+        await client.requeue_dead(Q)
+        await fail_once("flaky", "again")
+        j = await client.job(Q, "flaky")
+        assert j is not None and j.state == "queued" and [t.error for t in j.tries] == ["again"]
+        # at most 1000 payloads: the oldest leaves with its history
+        sha = hashlib.sha1(b"flaky").hexdigest()
+        await conn.execute(
+            "ZADD", keys.tried(Q), 1, "old", *sum(([2, f"f{i}"] for i in range(998)), [])
+        )
+        await conn.execute("HSET", keys.tries(Q), "old", "[]")
+        await client.enqueue(Q, "other")
+        await client.cancel(Q, "flaky")
+        await fail_once("other", "boom")
+        assert await conn.execute("ZCARD", keys.tried(Q)) == 1000
+        assert await conn.execute("HEXISTS", keys.tries(Q), "old") == 0
+        assert await conn.execute("HEXISTS", keys.tries(Q), sha) == 1

@@ -111,6 +111,7 @@ def job_json(j: mesh.Job) -> dict[str, Any]:
         "error": j.error,
         "dead_at": j.dead_at,
         "ref": j.ref,
+        "tries": [{"when": a.when, "worker": a.worker, "error": a.error} for a in j.tries],
     }
 
 
@@ -239,6 +240,9 @@ def _job(args: argparse.Namespace) -> int:
             fields.append(("dead since", utc(j.dead_at) + " UTC"))
         if j.error is not None:
             fields.append(("error", " ".join(j.error.split()) or "-"))
+        for n, a in enumerate(reversed(j.tries)):
+            what = f"{utc(a.when)} UTC on {a.worker}: {' '.join(a.error.split()) or '-'}"
+            fields.append(("failed" if n else "failed (last)", what[:300]))
         width = max(len(k) for k, _ in fields)
         for k, v in fields:
             print(f"{k + ':':<{width + 1}} {v}")
