@@ -38,7 +38,9 @@ __all__ = [
     "Job",
     "JobPage",
     "MinuteCounts",
+    "Completed",
     "check_state",
+    "completed",
     "job",
     "jobs",
     "minute_counts",
@@ -718,3 +720,100 @@ async def minute_counts(
             )
         )
     return float(sec), out
+
+
+@attrs.frozen
+class Completed:
+    """A finished job whose result its queue keeps (a queue with a result
+    TTL: ``finish_results.lua``), as :func:`completed` found it.
+
+    Attributes:
+        queue: the queue.
+        task: the payload's first bytes (``size``: its whole size).
+        size: the payload's size.
+        finished: when it finished, seconds on the Redis clock.
+        worker: the worker that ran it.
+        result: the first bytes of the value its handler returned (None: it
+            returned nothing).
+        result_size: the value's whole size (0 when it returned nothing).
+    """
+
+    queue: str
+    task: bytes
+    size: int
+    finished: float
+    worker: str
+    result: bytes | None
+    result_size: int
+
+
+async def completed(
+    conn: Connection,
+    keys: Keys,
+    queue: str,
+    *,
+    limit: int = 50,
+    after: str | None = None,
+    preview: int = PREVIEW,
+) -> tuple[list[Completed], str | None]:
+    """A page of the finished jobs of ``queue`` whose results are kept (their
+    result records, found by ``SCAN``, newest first within the page: at
+    least ``limit`` while there are more, and what one ``SCAN`` step found
+    beyond it, at most 1000), each
+    with the first ``preview`` bytes of its payload and result; and the
+    cursor of the next page (None after the last). Only the first bytes of
+    each record are read (``GETRANGE``), whatever its size.
+
+    Raises:
+        ConfigError: a bad queue name, limit or cursor.
+        MeshConnectionError: Redis could not be reached.
+    """
+    check_queue(queue)
+    check_limit(limit)
+    if after is None:
+        cursor = b"0"
+    elif isinstance(after, str) and after[:1] == "s" and after[1:].isdigit() and len(after) < 24:
+        cursor = after[1:].encode()
+    else:
+        raise ConfigError(f"invalid cursor {after!r}: pass the `next` of a page, or nothing")
+    pattern = _glob_escape(keys.prefix.encode()) + b"result:*:" + _glob_escape(queue.encode())
+    found: list[bytes] = []
+    for _ in range(_SCAN_MAX // _SCAN_CHUNK):
+        cursor, names = await conn.execute("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+        found += [n for n in names if n.endswith(b":" + queue.encode())]
+        if cursor in (b"0", 0, "0") or len(found) >= limit:
+            break
+    nxt = (
+        None
+        if cursor in (b"0", 0, "0")
+        else "s" + (cursor.decode() if isinstance(cursor, bytes) else str(cursor))
+    )
+    heads = await conn.pipeline([("GETRANGE", n, 0, 100 + preview) for n in found]) if found else []
+    out: list[Completed] = []
+    tails: list[tuple[Any, ...]] = []
+    parsed = []
+    for name, head in zip(found, heads, strict=True):
+        parts = head.split(b"\0", 4)
+        if len(parts) != 5 or parts[0] not in (b"v", b"n") or not parts[3].isdigit():
+            continue  # gone since the SCAN, or not a result record
+        start = len(head) - len(parts[4])
+        size = int(parts[3])
+        parsed.append((name, parts, size))
+        tails += [("GETRANGE", name, start + size, start + size + preview - 1), ("STRLEN", name)]
+    got = await conn.pipeline(tails) if tails else []
+    for i, (_name, parts, size) in enumerate(parsed):
+        head_len = len(b"\0".join(parts[:4])) + 1
+        task, total = got[2 * i], int(got[2 * i + 1])
+        out.append(
+            Completed(
+                queue,
+                task,
+                max(0, total - head_len - size),
+                int(parts[1]) / 1000,
+                parts[2].decode(errors="replace"),
+                parts[4][: min(size, preview)] if parts[0] == b"v" else None,
+                size,
+            )
+        )
+    out.sort(key=lambda c: -c.finished)
+    return out, nxt

@@ -423,7 +423,7 @@ async def test_failed_attempts_are_kept_bounded_and_a_success_writes_nothing(
         # at most 1000 payloads: the oldest leaves with its history
         sha = hashlib.sha1(b"flaky").hexdigest()
         await conn.execute(
-            "ZADD", keys.tried(Q), 1, "old", *sum(([2, f"f{i}"] for i in range(998)), [])
+            "ZADD", keys.tried(Q), 1, "old", *[x for i in range(998) for x in (2, f"f{i}")]
         )
         await conn.execute("HSET", keys.tries(Q), "old", "[]")
         await client.enqueue(Q, "other")

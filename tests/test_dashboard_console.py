@@ -439,3 +439,102 @@ async def test_worker_page_shows_its_lease_queues_and_what_it_holds(
             ))  # fmt: skip
             await page_until(driver, "document.getElementById('q-name').textContent === 'devices'")
             await page_until(driver, "document.getElementById('worker-view').hidden")
+
+
+@pytest.mark.slow
+async def test_job_details_show_the_attempt_history_and_the_whole_error(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """A job that failed three times: its details list each attempt (when,
+    worker, error, newest first) and keep the error's lines; its payload of
+    3 MiB is shown by its first bytes with a link that downloads it whole."""
+    async with console(redis_url, namespace) as (client, url):
+        conn, b = client._conn, Binding(client._keys)
+        await b.register(conn, "w-7", "i", 600_000, b"{}")
+        await b.serve(conn, "w-7", "i", "jobs")
+        payload = b"report:" + b"r" * (3 << 20)
+        await client.enqueue("jobs", payload)
+        for i in range(3):
+            c = await b.claim(conn, "w-7", "i", "jobs", 1, 3)
+            trace = (
+                "Traceback (most recent call last):\n"
+                f'  File "app.py", line {10 + i}, in handle\n'
+                "    render(report)\n"
+                f"ValueError: attempt {i + 1} failed"
+            )
+            await b.give_back(conn, "w-7", "jobs", [c.processes[0].id], failed=True, errors=[trace])
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelector('#queues a.queue-link')")
+            await in_page(driver, lambda d: d.get(url + "#/queue/jobs"))
+            await page_until(
+                driver, "document.querySelector('#q-tabs button.on')?.dataset.state === 'dead'"
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 1")
+            size = await in_page(driver, lambda d: d.find_element("id", "jobs").text)
+            assert "3.0 MiB" in size
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#jobs tbody a').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#job-tries tbody tr').length")
+            rows = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#job-tries tbody tr'))"
+                ".map(r => r.innerText)"
+            ))  # fmt: skip
+            assert len(rows) == 3, rows
+            assert "attempt 3 failed" in rows[0] and "attempt 1 failed" in rows[2]
+            assert all("w-7" in r and "line 1" in r for r in rows)
+            err = await in_page(driver, lambda d: d.find_element("id", "job-error").text)
+            assert err.splitlines()[0] == "Traceback (most recent call last):", err
+            link = await in_page(
+                driver, lambda d: d.find_element("id", "job-download").get_attribute("href")
+            )
+            assert "ref=dead." in link and len(link) < 200
+            status, body = await trio.to_thread.run_sync(http, link)
+            assert status == 200 and len(body) == len(payload)
+            shown = await in_page(driver, lambda d: d.find_element("id", "job-body").text)
+            assert "report:rrr" in shown and len(shown) < 20_000
+            await no_overflow(driver, "job details with attempts")
+            await screenshot(driver, shots_dir(tmp_path) / "console-attempts.png")
+
+
+@pytest.mark.slow
+async def test_completed_jobs_show_with_their_results_where_kept(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    from mesh._scripts import ResultsToKeep
+
+    async with console(redis_url, namespace) as (client, url):
+        conn, b = client._conn, Binding(client._keys)
+        await b.register(conn, "w-r", "i", 600_000, b"{}")
+        await b.serve(conn, "w-r", "i", "renders")
+        await client.enqueue_many("renders", ["page-1", "page-2", "page-3"])
+        c = await b.claim(conn, "w-r", "i", "renders", 3, 1)
+        values = {
+            c.processes[0].id: (b"page-1", b'{"pixels": 1024}'),
+            c.processes[1].id: (b"page-2", None),
+            c.processes[2].id: (b"page-3", b"r" * 5000),
+        }
+        await b.finish(conn, "w-r", "i", "renders", list(values), ResultsToKeep(600_000, values))
+        await client.enqueue("renders", "still-queued")
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url + "#/queue/renders"))
+            await page_until(driver, "document.querySelectorAll('#q-tabs button').length === 5")
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#q-tabs button[data-state=completed]').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 3")
+            rows = await in_page(driver, lambda d: d.execute_script(
+                "return Object.fromEntries(Array.from(document.querySelectorAll('#jobs tbody tr'))"
+                ".map(r => [r.dataset.task, r.innerText]))"
+            ))  # fmt: skip
+            assert '{"pixels": 1024}' in rows["page-1"] and "w-r" in rows["page-1"]
+            assert "(returned nothing)" in rows["page-2"]
+            assert "4.9 KiB" in rows["page-3"]
+            form = await in_page(driver, lambda d: d.find_element("id", "search-form"))
+            assert await in_page(driver, lambda d: form.get_attribute("hidden")) is not None
+            await no_overflow(driver, "completed jobs")
+            await screenshot(driver, shots_dir(tmp_path) / "console-completed.png")
+        # a queue that keeps no results says how to keep them
+        status, text = await trio.to_thread.run_sync(http, url + "api/completed?queue=other")
+        assert status == 200 and json.loads(text) == {"queue": "other", "next": None, "jobs": []}

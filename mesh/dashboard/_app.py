@@ -24,6 +24,9 @@ Routes:
 * ``GET /api/job?queue=Q&ref=R``: one job's record (the first 4096
   characters of its payload), or ``null``.
 * ``GET /api/payload?queue=Q&ref=R``: one job's whole payload, as a download.
+* ``GET /api/completed?queue=Q&limit=N&after=C``: finished jobs whose
+  results Q keeps (a queue with a result TTL), newest first in a page, with
+  the first bytes of their payloads and results.
 * ``GET /api/worker?id=W``: what worker W holds (its running processes on
   each queue it serves), or ``null`` if there is no such worker.
 * ``GET /api/history?minutes=M[&queue=Q]``: processes finished and failed per
@@ -70,10 +73,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._browse import MAX_LIMIT, Job, MinuteCounts, cursor_position, minute_counts
+from .._browse import completed as browse_completed
 from .._browse import payload as browse_payload
 from .._client import Client
 from .._errors import ConfigError, MeshError
 from .._keys import check_queue
+from .._view import show_payload
 from ._hosts import HostGate, allowed_hosts
 from ._requests import BadRequest, b64_field, int_param, json_body, queue_field, text_field
 from ._state import Poller
@@ -139,8 +144,10 @@ def job_json(j: Job, *, full: bool = False) -> dict[str, Any]:
     ref (the short key of :func:`mesh._browse.payload`); never the whole
     payload, which may be 64 MiB."""
     d = attrs.asdict(j)
-    d["task"] = shown(j.task, j.size, 4096 if full else 80)
-    d["whole"] = j.whole
+    width = 4096 if full else 80
+    d["task"] = shown(j.task, j.size, width)
+    # whether the page shows the whole payload (else it offers a download)
+    d["whole"] = j.whole and d["task"] == show_payload(j.task, width + 1)
     if d["token"] is not None:
         d["token"] = str(d["token"])  # beyond a JavaScript number's exact range
     return d
@@ -389,6 +396,40 @@ def create_app(
             headers={"Content-Disposition": 'attachment; filename="payload.bin"'},
         )
 
+    async def done(request: Request) -> Response:
+        """A page of the finished jobs whose results the queue keeps."""
+        qp = request.query_params
+        c = poller.client
+        try:
+            queue = check_queue(qp.get("queue", ""))
+            limit = int_param(qp, "limit", 50)
+            got, nxt = await browse_completed(
+                c._check(), c._keys, queue, limit=limit, after=qp.get("after") or None
+            )
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        return JSONResponse(
+            {
+                "queue": queue,
+                "next": nxt,
+                "jobs": [
+                    {
+                        "queue": x.queue,
+                        "state": "completed",
+                        "task": shown(x.task, x.size),
+                        "size": x.size,
+                        "finished": x.finished,
+                        "worker": x.worker,
+                        "result": None if x.result is None else shown(x.result, x.result_size, 200),
+                        "result_size": x.result_size,
+                    }
+                    for x in got
+                ],
+            }
+        )
+
     async def worker(request: Request) -> Response:
         """What one worker holds: its running processes on every queue it
         serves (the first 1000 of each queue, by token), payloads shown cut."""
@@ -463,6 +504,7 @@ def create_app(
             Route("/api/payload", payload),
             Route("/api/history", history),
             Route("/api/worker", worker),
+            Route("/api/completed", done),
             Route("/api/schedules", schedules),
         ]
     )
