@@ -534,13 +534,14 @@ async def payload(conn: Connection, keys: Keys, queue: str, ref: str) -> bytes |
         rec = await conn.execute("HGET", k.procs(queue), at)
         if rec is None:
             return None
-        task = parse_record(str(at).encode(), rec, queue).task
-        return task if fingerprint(task) == fp else None
+        run = parse_record(str(at).encode(), rec, queue).task
+        return run if fingerprint(run) == fp else None
     first = max(0, at - _REF_WINDOW)
     near, _ = await _slice(conn, keys, queue, state, first, 2 * _REF_WINDOW + 1, 0)
     hits = [i for i, j in enumerate(near) if j.ref is not None and j.ref.endswith(fp)]
     for i in sorted(hits, key=lambda i: abs(first + i - at)):
         pos = first + i
+        task: bytes | None
         if state == "dead":
             rec = await conn.execute("LINDEX", k.dead(queue), pos)
             task = parse_dead(rec, queue).task if rec is not None else None

@@ -372,8 +372,8 @@ async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payloa
         await client.cancel(Q, big("q2"))
         assert await payload(conn, k, Q, ref) is None
         # the record of a payload still comes whole
-        j = await client.job(Q, big("die"))
-        assert j is not None and j.state == "dead" and j.task == big("die") and j.whole
+        dead = await client.job(Q, big("die"))
+        assert dead is not None and dead.state == "dead" and dead.task == big("die") and dead.whole
         with pytest.raises(ConfigError, match="invalid job ref"):
             await payload(conn, k, Q, "queued.1")
 
