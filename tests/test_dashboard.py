@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -453,3 +454,43 @@ async def test_api_errors_name_what_was_wrong_in_plain_words(
             assert error.startswith("bad request: ") and want in error, (path, error)
             for internal in ("list indices", "invalid literal", "Traceback", "Expecting value"):
                 assert internal not in error, (path, error)
+
+
+async def test_state_and_events_carry_no_whole_payload_and_a_row_cancels_by_key(
+    redis_url: str, namespace: str
+) -> None:
+    """A persistent task of 10 MB: /state and the first event carry its
+    first characters, its size and a short key (not 14 MB); a cancel by that
+    key removes it."""
+    big = b"device:" + b"d" * 10_000_000
+    async with dashboard(redis_url, namespace) as (client, url):
+        await client.ensure("devices", big)
+        await client.ensure("devices", "small")
+
+        async def big_rows() -> list[dict[str, Any]] | None:
+            status, body = await trio.to_thread.run_sync(http, url + "state")
+            assert status == 200 and len(body) < 10_000, len(body)
+            return [r for r in json.loads(body)["persistent"] if r["size"] == len(big)] or None
+
+        (row,) = await wait_until(big_rows)
+        assert row["task"].startswith("device:ddd") and row["task"].endswith("…")
+        assert len(row["key"]) == 16 and "task_b64" not in row
+
+        def first_event() -> bytes:
+            with urllib.request.urlopen(url + "events", timeout=10) as r:
+                lines = [r.readline(), r.readline()]
+                return b"".join(lines)
+
+        first = await trio.to_thread.run_sync(first_event)
+        assert first.startswith(b"event: state\ndata: {") and len(first) < 10_000
+        assert b"d" * 1000 not in first
+        status, body = await trio.to_thread.run_sync(
+            partial(
+                http,
+                url + "api/cancel",
+                json.dumps({"queue": "devices", "key": row["key"]}).encode(),
+                {"X-Mesh-Action": "1", "Content-Type": "application/json"},
+            )
+        )
+        assert status == 200 and json.loads(body) == {"cancelled": 1}
+        assert await client.persistent_tasks("devices") == {b"small": None}
