@@ -58,6 +58,9 @@ PREVIEW = 256
 # How far from its position a job is looked for by its ref (jobs ahead of it
 # may have been claimed, or added in front of it, since the page was read).
 _REF_WINDOW = 200
+# Bytes of entries one peek.lua call reads at most (then it returns, and the
+# next call goes on): a page of 64 MiB payloads never holds Redis up long.
+_PEEK_BUDGET = 128 << 20
 # With a prefix, how many entries one call looks at (in chunks) at most.
 _SCAN_CHUNK = 500
 _SCAN_MAX = 20_000
@@ -302,32 +305,42 @@ async def _peek(
     names: Sequence[bytes] = (),
 ) -> tuple[int, list[_Entry | None]]:
     """``peek.lua``: the total of ``key`` and its entries first..last (or,
-    of a hash, those of ``names``) as previews of ``n`` bytes."""
-    reply = await run_script(
-        conn,
-        load_scripts()["peek"],
-        [key, *extras],
-        [shape, first, last, n, skip, fields, *names],
-    )
+    of a hash, those of ``names``) as previews of ``n`` bytes; in as many
+    calls as :data:`_PEEK_BUDGET` needs, each of which holds Redis up for a
+    bounded time however big the payloads."""
     out: list[_Entry | None] = []
-    for e in reply[1:]:
-        if e is None:
-            out.append(None)
-            continue
-        head, size, fp, score, pers, att, since, level = e
-        out.append(
-            _Entry(
-                head,
-                int(size),
-                fp.decode() if isinstance(fp, bytes) else str(fp),
-                float(score) if score is not None else None,
-                pers == 1,
-                int(att or 0),
-                int(float(since)) / 1000 if since is not None else None,
-                int(level or 0),
-            )
+    total = 0
+    while True:
+        at = first + len(out)
+        rest = names[len(out) :]
+        reply = await run_script(
+            conn,
+            load_scripts()["peek"],
+            [key, *extras],
+            [shape, at, last, n, skip, fields, _PEEK_BUDGET, *rest],
         )
-    return int(reply[0]), out
+        total = int(reply[0])
+        got = [_entry(e) for e in reply[1:]]
+        out += got
+        wanted = len(rest) if shape == "hash" else min(last, total - 1) - at + 1
+        if not got or len(got) >= wanted:
+            return total, out
+
+
+def _entry(e: Any) -> _Entry | None:
+    if e is None:
+        return None
+    head, size, fp, score, pers, att, since, level = e
+    return _Entry(
+        head,
+        int(size),
+        fp.decode() if isinstance(fp, bytes) else str(fp),
+        float(score) if score is not None else None,
+        pers == 1,
+        int(att or 0),
+        int(float(since)) / 1000 if since is not None else None,
+        int(level or 0),
+    )
 
 
 def _extra_keys(k: Keys, queue: str, *, levels: bool) -> list[str]:
@@ -536,11 +549,16 @@ async def payload(conn: Connection, keys: Keys, queue: str, ref: str) -> bytes |
             return None
         run = parse_record(str(at).encode(), rec, queue).task
         return run if fingerprint(run) == fp else None
-    first = max(0, at - _REF_WINDOW)
-    near, _ = await _slice(conn, keys, queue, state, first, 2 * _REF_WINDOW + 1, 0)
-    hits = [i for i, j in enumerate(near) if j.ref is not None and j.ref.endswith(fp)]
-    for i in sorted(hits, key=lambda i: abs(first + i - at)):
-        pos = first + i
+    # at its position first, then ever wider around it (each entry looked at
+    # is copied once inside Redis: a 64 MiB one costs)
+    hits: list[int] = []
+    for reach in (0, 4, 32, _REF_WINDOW):
+        first = max(0, at - reach)
+        near, _ = await _slice(conn, keys, queue, state, first, at + reach - first + 1, 0)
+        hits = [first + i for i, j in enumerate(near) if j.ref is not None and j.ref.endswith(fp)]
+        if hits:
+            break
+    for pos in sorted(hits, key=lambda p: abs(p - at)):
         task: bytes | None
         if state == "dead":
             rec = await conn.execute("LINDEX", k.dead(queue), pos)

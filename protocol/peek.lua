@@ -15,8 +15,13 @@
 -- ARGV[5]   bytes before the payload in an entry (a priority member's 16)
 -- ARGV[6]   NUL-separated fields before the payload, after those bytes (a
 --           process record's 8, a dead-letter record's 4)
--- ARGV[7..] with "hash": the fields to read, in order
--- Returns: {total, entry, ...}: total is the entry count of KEYS[1]; an
+-- ARGV[7]   a budget in bytes (0: none): once the entries read add up to it,
+--           the script stops and returns those read so far (at least one),
+--           so that one call of a page of 64 MiB payloads holds Redis up for
+--           a bounded time; the caller calls again for the rest
+-- ARGV[8..] with "hash": the fields to read, in order
+-- Returns: {total, entry, ...}: total is the entry count of KEYS[1] (fewer
+--          entries than asked for: the budget ran out, or KEYS[1] ended); an
 --          entry is {head, size, fingerprint, score, persistent, attempts,
 --          since, level}: head is the entry up to the payload and the first
 --          ARGV[4] bytes of the payload; size the payload's whole size;
@@ -42,6 +47,11 @@ if shape ~= 'hash' and (not first or not last or first < 0) then
 end
 -- the lookups are skipped for keys that are empty: a payload of 64 MiB
 -- passed to a command is copied once more
+local budget = tonumber(ARGV[7])
+if not budget or budget < 0 then
+  return redis.error_reply('BAD_ARG peek: budget')
+end
+local spent = 0
 local extras = #KEYS >= 5
 local look = {}
 if extras then
@@ -58,6 +68,7 @@ local function fingerprint(p)
 end
 
 local function entry(e, score)
+  spent = spent + #e
   local at = skip
   for _ = 1, fields do
     at = string.find(e, '\0', at + 1, true)
@@ -84,18 +95,21 @@ local out = {}
 if shape == 'list' then
   out[1] = redis.call('LLEN', KEYS[1])
   for i = first, math.min(last, out[1] - 1) do
+    if budget > 0 and spent >= budget then break end
     local e = redis.call('LINDEX', KEYS[1], i)
     if e then out[#out + 1] = entry(e) end
   end
 elseif shape == 'zset' then
   out[1] = redis.call('ZCARD', KEYS[1])
   for i = first, math.min(last, out[1] - 1) do
+    if budget > 0 and spent >= budget then break end
     local got = redis.call('ZRANGE', KEYS[1], i, i, 'WITHSCORES')
     if got[1] then out[#out + 1] = entry(got[1], got[2]) end
   end
 else
   out[1] = redis.call('HLEN', KEYS[1])
-  for i = 7, #ARGV do
+  for i = 8, #ARGV do
+    if budget > 0 and spent >= budget then break end
     local e = redis.call('HGET', KEYS[1], ARGV[i])
     out[#out + 1] = e and entry(e) or false
   end

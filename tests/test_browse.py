@@ -432,3 +432,30 @@ async def test_failed_attempts_are_kept_bounded_and_a_success_writes_nothing(
         assert await conn.execute("ZCARD", keys.tried(Q)) == 1000
         assert await conn.execute("HEXISTS", keys.tries(Q), "old") == 0
         assert await conn.execute("HEXISTS", keys.tries(Q), sha) == 1
+
+
+async def test_a_page_is_read_in_bounded_calls_with_the_same_result(
+    conn: Connection, b: Binding, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """peek.lua stops once the entries it read reach the budget (so a page of
+    64 MiB payloads never holds Redis up for long); the page is the same
+    when read one entry per call."""
+    import mesh._browse as browse
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        want = await fill(conn, b, client)
+        whole = {s: await client.jobs(Q, s) for s in want}
+        calls = 0
+        real = browse.run_script
+
+        async def counting(*args: object, **kw: object) -> object:
+            nonlocal calls
+            calls += 1
+            return await real(*args, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(browse, "_PEEK_BUDGET", 1)
+        monkeypatch.setattr(browse, "run_script", counting)
+        for state in want:
+            calls = 0
+            assert await client.jobs(Q, state) == whole[state], state
+            assert calls >= len(want[state]), (state, calls)

@@ -600,21 +600,27 @@ async def story_operator(r: Recorder, b: Binding, raw: Connection) -> None:
     await b.enqueue(r, "o", [b"job-2-" + b"x" * 40])
     await b.ensure(r, "p", [b"dev-1", b"dev-2"])
     await run_script(
+        r.at("peek-budget", "a budget of 1 byte: one entry, then the caller calls again"),
+        load_scripts()["peek"],
+        ["{vgen}:queue:o"],
+        ["list", 0, 9, 8, 0, 0, 1],
+    )
+    await run_script(
         r.at("peek", "previews of queued entries: first bytes, size, fingerprint, lookups"),
         load_scripts()["peek"],
         [*(f"{{vgen}}:{k}:o" for k in ("queue", "persistent", "standby", "attempts")),
          "{vgen}:unowned:o"],
-        ["list", 0, 9, 8, 0, 0],
+        ["list", 0, 9, 8, 0, 0, 0],
     )  # fmt: skip
     await run_script(
         r.at("peek-hash", "previews of hash entries by field, a missing field is nil"),
         load_scripts()["peek"],
         ["{vgen}:persistent:p"],
-        ["hash", 0, 0, 3, 0, 0, "dev-1", "dev-9"],
+        ["hash", 0, 0, 3, 0, 0, 0, "dev-1", "dev-9"],
     )
     await expect_error(
         run_script(r.at("peek-bad", "an unknown shape"), load_scripts()["peek"],
-                   ["{vgen}:queue:o"], ["set", 0, 1, 8, 0, 0])
+                   ["{vgen}:queue:o"], ["set", 0, 1, 8, 0, 0, 0])
     )  # fmt: skip
     await raw.execute("HDEL", "{vgen}:persistent:p", "dev-2")  # gone without a cancel
     await b.recount(r.at("recount", "the weight sums follow what the registry holds"), "p")
