@@ -6,8 +6,9 @@ Starts its own redis-server (never 127.0.0.1:6379), fills one queue with
 script, so filling is quick), then, each in a fresh process so its peak
 memory is its own:
 
-* ``Client.jobs(limit=count)``: seconds, and the peak RSS of that process
-  against its RSS just before the call;
+* ``Client.jobs(limit=count)``: seconds, the peak RSS of that process
+  against its RSS just before the call, and the slowest PING another
+  connection saw meanwhile (how long Redis was held up at once);
 * ``mesh jobs QUEUE --state queued --limit count``: seconds, peak RSS.
 
     python -m bench.tools.big_payloads [--count 50] [--mib 64]
@@ -44,14 +45,26 @@ return redis.call('LLEN', KEYS[1])
 LIST = """
 import resource, sys, time, trio, mesh
 async def go():
-    async with mesh.open_client(sys.argv[1], namespace="bench") as c:
+    async with mesh.open_client(sys.argv[1], namespace="bench") as c, \\
+            mesh.open_client(sys.argv[1], namespace="bench") as other:
         await c.jobs("big", "queued", limit=1)  # connected, scripts loaded
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        t = time.perf_counter()
-        page = await c.jobs("big", "queued", limit=int(sys.argv[2]))
-        took = time.perf_counter() - t
+        worst = 0.0
+        async def ping():
+            nonlocal worst
+            while True:
+                t0 = time.perf_counter()
+                await other._conn.execute("PING")
+                worst = max(worst, time.perf_counter() - t0)
+                await trio.sleep(0.01)
+        async with trio.open_nursery() as n:
+            n.start_soon(ping)
+            t = time.perf_counter()
+            page = await c.jobs("big", "queued", limit=int(sys.argv[2]))
+            took = time.perf_counter() - t
+            n.cancel_scope.cancel()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(took, before, peak, len(page.jobs), sum(j.size for j in page.jobs))
+        print(took, before, peak, len(page.jobs), sum(j.size for j in page.jobs), worst)
 trio.run(go)
 """
 
@@ -90,7 +103,8 @@ def main() -> None:
         print(
             f"Client.jobs(limit={args.count}): {n} jobs ({int(total) >> 20} MiB of payloads) "
             f"in {took:.3f} s; peak RSS {peak / 1024:.1f} MB ({(peak - before) / 1024:+.1f} MB "
-            "over the process before the call)"
+            "over the process before the call); the slowest PING of another connection "
+            f"meanwhile {float(out[5]) * 1000:.0f} ms (how long one peek.lua call held Redis)"
         )
         cmd = [sys.executable, "-m", "mesh.cli", "jobs", "big", "--state", "queued", "--limit",
                str(args.count), "--redis", server.url, "--namespace", "bench"]  # fmt: skip
