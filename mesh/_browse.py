@@ -60,7 +60,7 @@ PREVIEW = 256
 _REF_WINDOW = 200
 # Bytes of entries one peek.lua call reads at most (then it returns, and the
 # next call goes on): a page of 64 MiB payloads never holds Redis up long.
-_PEEK_BUDGET = 128 << 20
+_PEEK_BUDGET = 16 << 20
 # With a prefix, how many entries one call looks at (in chunks) at most.
 _SCAN_CHUNK = 500
 _SCAN_MAX = 20_000
