@@ -80,6 +80,8 @@ def test_job_shows_one_record_or_exits_1(
     code, out, _ = run(capsys, "job", Q, "d", *ns_args)
     assert code == 0
     assert "state:" in out and "dead" in out and "error:" in out and "ValueError: <no>" in out
+    failed = [ln for ln in out.splitlines() if ln.startswith("failed (last):")]
+    assert len(failed) == 1 and "UTC on w1: ValueError: <no>" in failed[0], out
     code, out, _ = run(capsys, "job", Q, "r1", "--json", *ns_args)
     rec = json.loads(out)
     assert code == 0 and rec["state"] == "running" and rec["worker"] == "w1"
