@@ -104,6 +104,7 @@ async def screenshot(driver: Any, path: Path) -> None:
     height = await in_page(driver, lambda d: d.execute_script("return document.body.scrollHeight"))
     width = await in_page(driver, lambda d: d.execute_script("return window.innerWidth"))
     await in_page(driver, lambda d: d.set_window_size(width, min(int(height) + 120, 4000)))
+    await in_page(driver, lambda d: d.execute_script("window.scrollTo(0, 0)"))
     await in_page(driver, lambda d: d.save_screenshot(str(path)))
     assert (await trio.Path(path).stat()).st_size > 10_000
 
