@@ -446,7 +446,7 @@ async def test_a_page_is_read_in_bounded_calls_with_the_same_result(
         want = await fill(conn, b, client)
         whole = {s: await client.jobs(Q, s) for s in want}
         calls = 0
-        real = browse.run_script
+        from mesh._scripts import run_script as real
 
         async def counting(*args: object, **kw: object) -> object:
             nonlocal calls
@@ -454,7 +454,7 @@ async def test_a_page_is_read_in_bounded_calls_with_the_same_result(
             return await real(*args, **kw)  # type: ignore[arg-type]
 
         monkeypatch.setattr(browse, "_PEEK_BUDGET", 1)
-        monkeypatch.setattr(browse, "run_script", counting)
+        monkeypatch.setattr("mesh._browse.run_script", counting)
         for state in want:
             calls = 0
             assert await client.jobs(Q, state) == whole[state], state
