@@ -539,3 +539,42 @@ async def test_completed_jobs_show_with_their_results_where_kept(
         # a queue that keeps no results says how to keep them
         status, text = await trio.to_thread.run_sync(http, url + "api/completed?queue=other")
         assert status == 200 and json.loads(text) == {"queue": "other", "next": None, "jobs": []}
+
+
+@pytest.mark.slow
+async def test_a_page_of_big_payloads_is_not_read_again_on_its_own(
+    redis_url: str, namespace: str
+) -> None:
+    """Two jobs of 40 MiB: the queue page shows their first bytes and sizes
+    and says it is not refreshed every 5 s (each read copies every payload
+    of the page inside Redis); clicking the tab reads it again."""
+    async with console(redis_url, namespace) as (client, url):
+        await client.enqueue_many("blobs", [b"blob-%d:" % i + b"b" * (40 << 20) for i in range(2)])
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelector('#queues a.queue-link')")
+            await in_page(driver, lambda d: d.execute_script(
+                "window.__reads = 0; const f = window.fetch;"
+                "window.fetch = (u, o) => {"
+                " if (String(u).startsWith('/api/jobs')) window.__reads++; return f(u, o); };"
+                "location.hash = '#/queue/blobs';"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 2")
+            note = await page_until(
+                driver,
+                "(t => t.includes('not refreshed') && t)"
+                "(document.getElementById('page-note').textContent)",
+            )
+            assert "80.0 MiB of payloads" in note, note
+            rows = await in_page(driver, lambda d: d.find_element("id", "jobs").text)
+            assert "40.0 MiB" in rows and "blob-0:bbb" in rows
+            reads = await in_page(driver, lambda d: d.execute_script("return window.__reads"))
+            # nothing happens in this window: the 5 s refresh skips the page
+            await trio.sleep(6)
+            assert await in_page(
+                driver, lambda d: d.execute_script("return window.__reads")
+            ) == reads  # fmt: skip
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#q-tabs button[data-state=queued]').click()"
+            ))  # fmt: skip
+            await page_until(driver, f"window.__reads > {reads}")
