@@ -12,6 +12,13 @@ the state's order. Tasks claimed or added in front of that position between
 two pages shift it, so a task may show twice or be skipped across pages; the
 counts say how many there were when the page was read.
 
+A page never carries whole payloads (one may be 64 MiB): ``peek.lua`` reads
+each entry inside Redis and returns its first bytes, its size and a
+fingerprint, a few calls a page (each stops at a byte budget, so a page of big
+payloads never holds Redis up for long); :func:`payload` fetches one whole by
+its ref. Redis still copies each entry once per read, so a page of fifty
+64 MiB payloads takes seconds (see ``bench/tools/big_payloads.py``).
+
 The protocol keeps no enqueue time for a queued one-shot task (it would cost a
 write per enqueue); :attr:`Job.enqueued` is known for persistent tasks that
 wait for an owner (since when they have had none) and is None otherwise.
