@@ -12,6 +12,13 @@ the state's order. Tasks claimed or added in front of that position between
 two pages shift it, so a task may show twice or be skipped across pages; the
 counts say how many there were when the page was read.
 
+A page never carries whole payloads (one may be 64 MiB): ``peek.lua`` reads
+each entry inside Redis and returns its first bytes, its size and a
+fingerprint, a few calls a page (each stops at a byte budget, so a page of big
+payloads never holds Redis up for long); :func:`payload` fetches one whole by
+its ref. Redis still copies each entry once per read, so a page of fifty
+64 MiB payloads takes seconds (see ``bench/tools/big_payloads.py``).
+
 The protocol keeps no enqueue time for a queued one-shot task (it would cost a
 write per enqueue); :attr:`Job.enqueued` is known for persistent tasks that
 wait for an owner (since when they have had none) and is None otherwise.
@@ -19,26 +26,32 @@ wait for an owner (since when they have had none) and is None otherwise.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
 from ._connection import Connection
 from ._errors import ConfigError
 from ._keys import Keys, check_queue
-from ._scripts import parse_dead, parse_record
+from ._scripts import load_scripts, parse_dead, parse_record, run_script
 from ._types import DeadLetter, Process
 
 __all__ = [
     "JOB_STATES",
+    "Attempt",
     "Job",
     "JobPage",
     "MinuteCounts",
+    "Completed",
     "check_state",
+    "completed",
     "job",
     "jobs",
     "minute_counts",
+    "payload",
 ]
 
 #: The states :meth:`Client.jobs` lists, in the order :meth:`Client.job`
@@ -47,9 +60,32 @@ JOB_STATES: tuple[str, ...] = ("running", "queued", "delayed", "dead")
 
 #: Largest page.
 MAX_LIMIT = 1000
+#: Bytes of each payload a page carries (the rest stays in Redis).
+PREVIEW = 256
+# How far from its position a job is looked for by its ref (jobs ahead of it
+# may have been claimed, or added in front of it, since the page was read).
+_REF_WINDOW = 200
+# Bytes of entries one peek.lua call reads at most (then it returns, and the
+# next call goes on): a page of 64 MiB payloads never holds Redis up long.
+_PEEK_BUDGET = 16 << 20
 # With a prefix, how many entries one call looks at (in chunks) at most.
 _SCAN_CHUNK = 500
 _SCAN_MAX = 20_000
+
+
+@attrs.frozen
+class Attempt:
+    """One failed attempt of a job (its history: :attr:`Job.tries`).
+
+    Attributes:
+        when: when it failed, seconds on the Redis clock.
+        worker: the worker that ran it.
+        error: its error, cut to 1000 bytes.
+    """
+
+    when: float
+    worker: str
+    error: str
 
 
 @attrs.frozen
@@ -57,9 +93,14 @@ class Job:
     """One task of a queue, as :meth:`Client.jobs` and :meth:`Client.job`
     found it. Times are seconds since the epoch on the Redis clock.
 
+    A page of :meth:`Client.jobs` carries a preview of each payload (its
+    first :data:`PREVIEW` bytes) and its size, never the whole of it: a
+    payload may be 64 MiB. :func:`payload` fetches one whole, by ``ref``.
+
     Attributes:
         queue: the queue.
-        task: the payload.
+        task: the payload, or its first bytes in a page (``size`` says
+            whether it is whole: :attr:`whole`).
         state: ``"queued"``, ``"delayed"``, ``"running"`` or ``"dead"``.
         persistent: a persistent task (one-shot otherwise).
         attempts: failed attempts so far (for a dead one, the last included).
@@ -74,6 +115,14 @@ class Job:
         error: the last error of a dead job (``"worker crashed: ..."`` when
             its worker died); None otherwise.
         dead_at: when it was dead-lettered (None unless dead).
+        size: the whole payload's size in bytes.
+        ref: a short key that finds the job again (:func:`payload`): its
+            state, its position (a running one: its token) and a fingerprint
+            of its payload; None for a record built from a payload.
+        tries: its last failed attempts, oldest first (at most 5: kept by
+            ``give_back.lua`` from this version on, for a job that failed
+            at least once and is still retried or dead); only
+            :meth:`Client.job` reads them, a page has ``()``.
     """
 
     queue: str
@@ -89,10 +138,18 @@ class Job:
     token: int | None = None
     error: str | None = None
     dead_at: float | None = None
+    size: int = attrs.field(default=attrs.Factory(lambda self: len(self.task), takes_self=True))
+    ref: str | None = None
+    tries: tuple[Attempt, ...] = ()
+
+    @property
+    def whole(self) -> bool:
+        """Whether :attr:`task` is the whole payload (not a preview)."""
+        return len(self.task) >= self.size
 
     def as_dict(self) -> dict[str, Any]:
-        """The record as JSON-ready values: the payload as text when it is
-        UTF-8 (``task``), else None with ``task_hex`` set."""
+        """The record as JSON-ready values: the payload (or its preview) as
+        text when it is UTF-8 (``task``), else None with ``task_hex`` set."""
         d = attrs.asdict(self)
         try:
             d["task"], d["task_hex"] = self.task.decode(), None
@@ -154,7 +211,12 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-def _position(after: object) -> int:
+def cursor_position(after: object) -> int:
+    """The position a page's cursor names (0 for None).
+
+    Raises:
+        ConfigError: not a cursor a page gave.
+    """
     if after is None:
         return 0
     if isinstance(after, str) and after[:1] == "c" and after[1:].isdigit() and len(after) < 20:
@@ -172,7 +234,9 @@ async def jobs(
     after: str | None = None,
     prefix: bytes | None = None,
 ) -> JobPage:
-    """A page of the jobs of ``queue`` in ``state`` (see :meth:`Client.jobs`).
+    """A page of the jobs of ``queue`` in ``state`` (see :meth:`Client.jobs`),
+    each with the first :data:`PREVIEW` bytes of its payload (with
+    ``prefix``, at least as many as the prefix has) and its size.
 
     Raises:
         ConfigError: a bad queue, state, limit or cursor.
@@ -182,59 +246,148 @@ async def jobs(
     check_queue(queue)
     check_state(state)
     check_limit(limit)
-    start = _position(after)
+    start = cursor_position(after)
     if prefix is None:
-        found, total = await _slice(conn, keys, queue, state, start, limit)
+        found, total = await _slice(conn, keys, queue, state, start, limit, PREVIEW)
         end = start + len(found)
         return JobPage(tuple(found), f"c{end}" if end < total else None, total)
     out: list[Job] = []
     pos, total = start, 0
+    n = max(PREVIEW, len(prefix))
     while len(out) < limit and pos - start < _SCAN_MAX:
-        chunk, total = await _slice(conn, keys, queue, state, pos, _SCAN_CHUNK)
+        chunk, total = await _slice(conn, keys, queue, state, pos, _SCAN_CHUNK, n)
         if not chunk:
             break
         for j in chunk:
             pos += 1
             if j.task.startswith(prefix):
-                out.append(j)
+                out.append(_cut(j, PREVIEW))
                 if len(out) == limit:
                     break
     return JobPage(tuple(out), f"c{pos}" if pos < total else None, total)
 
 
+def _cut(j: Job, n: int) -> Job:
+    return j if len(j.task) <= n else attrs.evolve(j, task=j.task[:n])
+
+
+def fingerprint(payload: bytes) -> str:
+    """The fingerprint of ``payload`` that a job's ref carries (as
+    ``peek.lua`` computes it: see its header)."""
+    data = b"%d\0" % len(payload) + payload[:1024] + b"\0" + payload[-1024:]
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
 async def _slice(
-    conn: Connection, keys: Keys, queue: str, state: str, start: int, count: int
+    conn: Connection, keys: Keys, queue: str, state: str, start: int, count: int, n: int
 ) -> tuple[list[Job], int]:
-    """Entries start..start+count-1 of the state's order, and its total."""
+    """Entries start..start+count-1 of the state's order with ``n`` bytes of
+    each payload, and the state's total."""
     read = {"dead": _dead, "running": _running, "delayed": _delayed}.get(state, _queued)
-    return await read(conn, keys, queue, start, start + count - 1)
+    return await read(conn, keys, queue, start, start + count - 1, n)
+
+
+class _Entry(NamedTuple):
+    head: bytes
+    size: int
+    fp: str
+    score: float | None
+    persistent: bool
+    attempts: int
+    since: float | None
+    level: int
+
+
+async def _peek(
+    conn: Connection,
+    key: str,
+    shape: str,
+    first: int,
+    last: int,
+    n: int,
+    *,
+    skip: int = 0,
+    fields: int = 0,
+    extras: Sequence[str] = (),
+    names: Sequence[bytes] = (),
+) -> tuple[int, list[_Entry | None]]:
+    """``peek.lua``: the total of ``key`` and its entries first..last (or,
+    of a hash, those of ``names``) as previews of ``n`` bytes; in as many
+    calls as :data:`_PEEK_BUDGET` needs, each of which holds Redis up for a
+    bounded time however big the payloads."""
+    out: list[_Entry | None] = []
+    total = 0
+    while True:
+        at = first + len(out)
+        rest = names[len(out) :]
+        reply = await run_script(
+            conn,
+            load_scripts()["peek"],
+            [key, *extras],
+            [shape, at, last, n, skip, fields, _PEEK_BUDGET, *rest],
+        )
+        total = int(reply[0])
+        got = [_entry(e) for e in reply[1:]]
+        out += got
+        wanted = len(rest) if shape == "hash" else min(last, total - 1) - at + 1
+        if not got or len(got) >= wanted:
+            return total, out
+
+
+def _entry(e: Any) -> _Entry | None:
+    if e is None:
+        return None
+    head, size, fp, score, pers, att, since, level = e
+    return _Entry(
+        head,
+        int(size),
+        fp.decode() if isinstance(fp, bytes) else str(fp),
+        float(score) if score is not None else None,
+        pers == 1,
+        int(att or 0),
+        int(float(since)) / 1000 if since is not None else None,
+        int(level or 0),
+    )
+
+
+def _extra_keys(k: Keys, queue: str, *, levels: bool) -> list[str]:
+    ks = [k.persistent(queue), k.standby(queue), k.attempts(queue), k.unowned(queue)]
+    return [*ks, k.delayed_prio(queue)] if levels else ks
 
 
 async def _dead(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
-    """Dead letters start..end (newest first), and how many there are."""
-    total, recs = await conn.pipeline(
-        [("LLEN", k.dead(queue)), ("LRANGE", k.dead(queue), start, end)]
-    )
-    return [_dead_job(queue, parse_dead(rec, queue)) for rec in recs], int(total)
+    """Dead letters start..end (oldest first), and how many there are."""
+    total, got = await _peek(conn, k.dead(queue), "list", start, end, n, fields=4)
+    out = []
+    for i, e in enumerate(got):
+        assert e is not None
+        job = _dead_job(queue, parse_dead(e.head, queue))
+        out.append(attrs.evolve(job, size=e.size, ref=f"dead.{start + i}.{e.fp}"))
+    return out, total
 
 
 async def _running(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Processes start..end by token (oldest claim first), and how many run."""
-    (flat,) = await conn.pipeline([("HGETALL", k.procs(queue))])
-    procs = []
-    for i in range(0, len(flat), 2):
-        p = parse_record(flat[i], flat[i + 1], queue)
-        procs.append((p, _kind_priority(flat[i + 1])))
-    procs.sort(key=lambda pp: pp[0].token)
-    return [_running_job(queue, p, level) for p, level in procs[start : end + 1]], len(procs)
+    pids = sorted(await conn.execute("HKEYS", k.procs(queue)), key=int)
+    page = pids[start : end + 1]
+    if not page:
+        return [], len(pids)
+    _, got = await _peek(conn, k.procs(queue), "hash", 0, 0, n, fields=8, names=page)
+    out = []
+    for pid, e in zip(page, got, strict=True):
+        if e is None:
+            continue  # finished since the HKEYS
+        rec = e.head
+        out.append(_running_job(queue, parse_record(pid, rec, queue), _kind_priority(rec), e))
+    return out, len(pids)
 
 
-def _running_job(queue: str, p: Process, level: int) -> Job:
-    return Job(
+def _running_job(queue: str, p: Process, level: int, e: _Entry | None = None) -> Job:
+    job = Job(
         queue,
         p.task,
         "running",
@@ -244,6 +397,10 @@ def _running_job(queue: str, p: Process, level: int) -> Job:
         started=p.started,
         worker=p.worker_id,
         token=p.token,
+    )
+    fp = e.fp if e is not None else fingerprint(p.task)
+    return attrs.evolve(
+        job, size=e.size if e is not None else len(p.task), ref=f"running.{p.token}.{fp}"
     )
 
 
@@ -260,20 +417,19 @@ def _dead_job(queue: str, d: DeadLetter) -> Job:
 
 
 async def _delayed(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Delayed tasks start..end by due time, and how many there are."""
-    total, flat = await conn.pipeline(
-        [("ZCARD", k.delayed(queue)), ("ZRANGE", k.delayed(queue), start, end, "WITHSCORES")]
+    total, got = await _peek(
+        conn, k.delayed(queue), "zset", start, end, n, extras=_extra_keys(k, queue, levels=True)
     )
-    payloads = list(flat[0::2])
-    if not payloads:
-        return [], int(total)
-    extra = await _extras(conn, k, queue, payloads, levels=True)
-    return [
-        _delayed_job(queue, t, due, e)
-        for t, due, e in zip(payloads, flat[1::2], extra, strict=True)
-    ], int(total)
+    out = []
+    for i, e in enumerate(got):
+        assert e is not None
+        extra = (e.persistent, e.attempts, e.level, e.since)
+        job = _delayed_job(queue, e.head, e.score, extra)
+        out.append(attrs.evolve(job, size=e.size, ref=f"delayed.{start + i}.{e.fp}"))
+    return out, total
 
 
 def _delayed_job(
@@ -295,30 +451,37 @@ def _delayed_job(
 
 
 async def _queued(
-    conn: Connection, k: Keys, queue: str, start: int, end: int
+    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Queued tasks start..end: those with a priority (highest first), then
     the list; and how many are queued."""
     n_prio, n_list = await conn.pipeline([("ZCARD", k.prio(queue)), ("LLEN", k.queue(queue))])
     n_prio, n_list = int(n_prio), int(n_list)
-    cmds: list[tuple[Any, ...]] = []
+    extras = _extra_keys(k, queue, levels=False)
+    entries: list[tuple[bytes, int, _Entry]] = []
     if start < n_prio:
-        cmds.append(("ZRANGE", k.prio(queue), start, min(end, n_prio - 1)))
+        _, got = await _peek(
+            conn, k.prio(queue), "zset", start, min(end, n_prio - 1), n, skip=16, extras=extras
+        )
+        entries += [(e.head[16:], int(e.head[:1]), e) for e in got if e is not None]
     if end >= n_prio:
-        cmds.append(("LRANGE", k.queue(queue), max(0, start - n_prio), end - n_prio))
-    got = await conn.pipeline(cmds) if cmds else []
-    entries: list[tuple[bytes, int]] = []
-    if start < n_prio:
-        entries += [(m[16:], int(m[:1])) for m in got[0]]
-        got = got[1:]
-    if got:
-        entries += [(t, 0) for t in got[0]]
-    if not entries:
-        return [], n_prio + n_list
-    extra = await _extras(conn, k, queue, [t for t, _ in entries], levels=False)
+        _, got = await _peek(
+            conn, k.queue(queue), "list", max(0, start - n_prio), end - n_prio, n, extras=extras
+        )
+        entries += [(e.head, 0, e) for e in got if e is not None]
     return [
-        Job(queue, t, "queued", persistent=pers, attempts=att, priority=level, enqueued=since)
-        for (t, level), (pers, att, _, since) in zip(entries, extra, strict=True)
+        Job(
+            queue,
+            t,
+            "queued",
+            persistent=e.persistent,
+            attempts=e.attempts,
+            priority=level,
+            enqueued=e.since,
+            size=e.size,
+            ref=f"queued.{start + i}.{e.fp}",
+        )
+        for i, (t, level, e) in enumerate(entries)
     ], n_prio + n_list
 
 
@@ -355,6 +518,73 @@ async def _extras(
     ]
 
 
+def parse_ref(ref: object) -> tuple[str, int, str]:
+    """(state, position or token, fingerprint) of a job's ref.
+
+    Raises:
+        ConfigError: not a ref a page gave.
+    """
+    parts = ref.split(".") if isinstance(ref, str) and len(ref) < 80 else []
+    if (
+        len(parts) != 3
+        or parts[0] not in JOB_STATES
+        or not parts[1].isdigit()
+        or len(parts[2]) != 16
+        or any(c not in "0123456789abcdef" for c in parts[2])
+    ):
+        raise ConfigError(f"invalid job ref {str(ref)[:80]!r}: pass the ref of a listed job")
+    return parts[0], int(parts[1]), parts[2]
+
+
+async def payload(conn: Connection, keys: Keys, queue: str, ref: str) -> bytes | None:
+    """The whole payload of the job ``ref`` names (a :attr:`Job.ref` of a
+    page): looked for at its position and up to a few hundred positions
+    around it (jobs ahead of it may have left or come since), by the
+    fingerprint of its payload; None if it is no longer there.
+
+    Raises:
+        ConfigError: a bad queue name or ref.
+        MeshConnectionError: Redis could not be reached.
+        ProtocolError: a record in Redis is malformed.
+    """
+    check_queue(queue)
+    state, at, fp = parse_ref(ref)
+    k = keys
+    if state == "running":
+        rec = await conn.execute("HGET", k.procs(queue), at)
+        if rec is None:
+            return None
+        run = parse_record(str(at).encode(), rec, queue).task
+        return run if fingerprint(run) == fp else None
+    # at its position first, then ever wider around it (each entry looked at
+    # is copied once inside Redis: a 64 MiB one costs)
+    hits: list[int] = []
+    for reach in (0, 4, 32, _REF_WINDOW):
+        first = max(0, at - reach)
+        near, _ = await _slice(conn, keys, queue, state, first, at + reach - first + 1, 0)
+        hits = [first + i for i, j in enumerate(near) if j.ref is not None and j.ref.endswith(fp)]
+        if hits:
+            break
+    for pos in sorted(hits, key=lambda p: abs(p - at)):
+        task: bytes | None
+        if state == "dead":
+            rec = await conn.execute("LINDEX", k.dead(queue), pos)
+            task = parse_dead(rec, queue).task if rec is not None else None
+        elif state == "delayed":
+            got = await conn.execute("ZRANGE", k.delayed(queue), pos, pos)
+            task = got[0] if got else None
+        else:
+            n_prio = int(await conn.execute("ZCARD", k.prio(queue)))
+            if pos < n_prio:
+                got = await conn.execute("ZRANGE", k.prio(queue), pos, pos)
+                task = got[0][16:] if got else None
+            else:
+                task = await conn.execute("LINDEX", k.queue(queue), pos - n_prio)
+        if task is not None and fingerprint(task) == fp:
+            return bytes(task)
+    return None
+
+
 def _glob_escape(data: bytes) -> bytes:
     out = bytearray()
     for b in data:
@@ -367,7 +597,34 @@ def _glob_escape(data: bytes) -> bytes:
 async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job | None:
     """Where ``payload`` is on ``queue`` (see :meth:`Client.job`): the first
     of running, queued, delayed and dead that has it (a dead one: its latest
-    dead letter), or None.
+    dead letter), or None; with its attempt history when it failed before.
+
+    Raises:
+        ConfigError: a bad queue name.
+        MeshConnectionError: Redis could not be reached.
+        ProtocolError: a record in Redis is malformed.
+    """
+    found = await _job(conn, keys, queue, payload)
+    if found is None or (found.attempts == 0 and found.state != "dead"):
+        return found
+    raw = await conn.execute("HGET", keys.tries(queue), hashlib.sha1(payload).hexdigest())
+    return attrs.evolve(found, tries=parse_tries(raw))
+
+
+def parse_tries(raw: bytes | None) -> tuple[Attempt, ...]:
+    """The attempts of a :meth:`Keys.tries` field (``()`` for none, or for
+    one that is not of the documented shape)."""
+    if not raw:
+        return ()
+    try:
+        items = json.loads(raw.decode(errors="replace"))
+        return tuple(Attempt(int(w) / 1000, str(who), str(err)) for w, who, err in items)
+    except (ValueError, TypeError):
+        return ()
+
+
+async def _job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job | None:
+    """:func:`job` without the attempt history.
 
     Raises:
         ConfigError: a bad queue name.
@@ -376,15 +633,16 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
     """
     check_queue(queue)
     k = keys
+    fp = fingerprint(payload)
     (
-        procs,
+        pids,
         at,
         due,
         n_prio,
         n_dead,
     ) = await conn.pipeline(
         [
-            ("HGETALL", k.procs(queue)),
+            ("HKEYS", k.procs(queue)),
             ("LPOS", k.queue(queue), payload),
             ("ZSCORE", k.delayed(queue), payload),
             ("ZCARD", k.prio(queue)),
@@ -392,12 +650,16 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
         ]
     )
     found: list[Job] = []
-    for i in range(0, len(procs), 2):
-        rec = procs[i + 1]
-        if rec.endswith(payload):
-            p = parse_record(procs[i], rec, queue)
-            if p.task == payload:
-                found.append(_running_job(queue, p, _kind_priority(rec)))
+    if pids:
+        # by fingerprint first: the other processes' payloads stay in Redis
+        _, got = await _peek(conn, k.procs(queue), "hash", 0, 0, 0, fields=8, names=pids)
+        for pid, e in zip(pids, got, strict=True):
+            if e is not None and e.fp == fp and e.size == len(payload):
+                rec = await conn.execute("HGET", k.procs(queue), pid)
+                if rec is not None and rec.endswith(payload):
+                    p = parse_record(pid, rec, queue)
+                    if p.task == payload:
+                        found.append(_running_job(queue, p, _kind_priority(rec)))
     if found:
         return min(found, key=lambda j: j.token or 0)
     level = 0
@@ -421,16 +683,20 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
                 enqueued=since,
             )
         return _delayed_job(queue, payload, due, extra)
-    # the latest dead letter of the payload: read from the end, in chunks
+    # the latest dead letter of the payload: read from the end, in chunks, by
+    # fingerprint (the other dead letters' payloads stay in Redis)
     end = int(n_dead) - 1
     while end >= 0:
         begin = max(0, end - _SCAN_CHUNK + 1)
-        recs = await conn.execute("LRANGE", k.dead(queue), begin, end)
-        for rec in reversed(recs):
-            if rec.endswith(payload):
-                d = parse_dead(rec, queue)
-                if d.task == payload:
-                    return _dead_job(queue, d)
+        _, got = await _peek(conn, k.dead(queue), "list", begin, end, 0, fields=4)
+        for i in reversed(range(len(got))):
+            e = got[i]
+            if e is not None and e.fp == fp and e.size == len(payload):
+                rec = await conn.execute("LINDEX", k.dead(queue), begin + i)
+                if rec is not None and rec.endswith(payload):
+                    d = parse_dead(rec, queue)
+                    if d.task == payload:
+                        return _dead_job(queue, d)
         end = begin - 1
     return None
 
@@ -480,3 +746,100 @@ async def minute_counts(
             )
         )
     return float(sec), out
+
+
+@attrs.frozen
+class Completed:
+    """A finished job whose result its queue keeps (a queue with a result
+    TTL: ``finish_results.lua``), as :func:`completed` found it.
+
+    Attributes:
+        queue: the queue.
+        task: the payload's first bytes (``size``: its whole size).
+        size: the payload's size.
+        finished: when it finished, seconds on the Redis clock.
+        worker: the worker that ran it.
+        result: the first bytes of the value its handler returned (None: it
+            returned nothing).
+        result_size: the value's whole size (0 when it returned nothing).
+    """
+
+    queue: str
+    task: bytes
+    size: int
+    finished: float
+    worker: str
+    result: bytes | None
+    result_size: int
+
+
+async def completed(
+    conn: Connection,
+    keys: Keys,
+    queue: str,
+    *,
+    limit: int = 50,
+    after: str | None = None,
+    preview: int = PREVIEW,
+) -> tuple[list[Completed], str | None]:
+    """A page of the finished jobs of ``queue`` whose results are kept (their
+    result records, found by ``SCAN``, newest first within the page: at
+    least ``limit`` while there are more, and what one ``SCAN`` step found
+    beyond it, at most 1000), each
+    with the first ``preview`` bytes of its payload and result; and the
+    cursor of the next page (None after the last). Only the first bytes of
+    each record are read (``GETRANGE``), whatever its size.
+
+    Raises:
+        ConfigError: a bad queue name, limit or cursor.
+        MeshConnectionError: Redis could not be reached.
+    """
+    check_queue(queue)
+    check_limit(limit)
+    if after is None:
+        cursor = b"0"
+    elif isinstance(after, str) and after[:1] == "s" and after[1:].isdigit() and len(after) < 24:
+        cursor = after[1:].encode()
+    else:
+        raise ConfigError(f"invalid cursor {after!r}: pass the `next` of a page, or nothing")
+    pattern = _glob_escape(keys.prefix.encode()) + b"result:*:" + _glob_escape(queue.encode())
+    found: list[bytes] = []
+    for _ in range(_SCAN_MAX // _SCAN_CHUNK):
+        cursor, names = await conn.execute("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+        found += [n for n in names if n.endswith(b":" + queue.encode())]
+        if cursor in (b"0", 0, "0") or len(found) >= limit:
+            break
+    nxt = (
+        None
+        if cursor in (b"0", 0, "0")
+        else "s" + (cursor.decode() if isinstance(cursor, bytes) else str(cursor))
+    )
+    heads = await conn.pipeline([("GETRANGE", n, 0, 100 + preview) for n in found]) if found else []
+    out: list[Completed] = []
+    tails: list[tuple[Any, ...]] = []
+    parsed = []
+    for name, head in zip(found, heads, strict=True):
+        parts = head.split(b"\0", 4)
+        if len(parts) != 5 or parts[0] not in (b"v", b"n") or not parts[3].isdigit():
+            continue  # gone since the SCAN, or not a result record
+        start = len(head) - len(parts[4])
+        size = int(parts[3])
+        parsed.append((name, parts, size))
+        tails += [("GETRANGE", name, start + size, start + size + preview - 1), ("STRLEN", name)]
+    got = await conn.pipeline(tails) if tails else []
+    for i, (_name, parts, size) in enumerate(parsed):
+        head_len = len(b"\0".join(parts[:4])) + 1
+        task, total = got[2 * i], int(got[2 * i + 1])
+        out.append(
+            Completed(
+                queue,
+                task,
+                max(0, total - head_len - size),
+                int(parts[1]) / 1000,
+                parts[2].decode(errors="replace"),
+                parts[4][: min(size, preview)] if parts[0] == b"v" else None,
+                size,
+            )
+        )
+    out.sort(key=lambda c: -c.finished)
+    return out, nxt

@@ -761,6 +761,10 @@ class Client:
         ``prefix``, only payloads that start with it (a page then looks at
         up to 20,000 entries, and may come back short with a ``next``).
 
+        Each job carries the first 256 bytes of its payload and its
+        ``size``, never the whole payload (one may be 64 MiB): ``Job.whole``
+        says whether ``task`` is all of it; :meth:`job` gives one whole.
+
         Read with pipelined reads (no transaction): a job that moves while it
         is read may show in either state; positions shift as tasks are
         claimed (see :mod:`mesh._browse`).

@@ -164,6 +164,17 @@ class Keys:
     def dead(self, q: str) -> str:
         return f"{self.prefix}dead:{q}"
 
+    def tries(self, q: str) -> str:
+        """HASH: SHA-1 of a payload of ``q`` -> its last failed attempts
+        (JSON ``[[when_ms, worker, error], ...]``, at most 5, oldest first),
+        written by ``give_back.lua`` on a failure only."""
+        return f"{self.prefix}tries:{q}"
+
+    def tried(self, q: str) -> str:
+        """ZSET: SHA-1 of a payload of ``q`` -> when its last attempt failed
+        (ms); at most 1000: the oldest leaves with its :meth:`tries` field."""
+        return f"{self.prefix}tried:{q}"
+
     def result(self, q: str, payload: bytes) -> str:
         """STRING: the result record of the latest finished instance of
         ``payload`` on ``q`` (queues with a result TTL only). The payload is

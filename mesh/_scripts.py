@@ -78,6 +78,7 @@ SCRIPT_NAMES = (
     "fire",
     "rebalance",
     "read",
+    "peek",
     "recount",
     "pause",
     "stats",
@@ -1007,7 +1008,8 @@ class Binding:
         for ``worker`` for that long), 2 retry later, 3 dead.
 
         ``errors``: with ``failed``, the error of each id's attempt (kept in
-        its dead-letter record if it is dead-lettered)."""
+        its dead-letter record if it is dead-lettered, and in the payload's
+        attempt history, :meth:`Keys.tries`)."""
         k = self.keys
         keys = [
             k.procs(queue),
@@ -1025,6 +1027,8 @@ class Binding:
             k.share(queue),
             k.prio(queue),
             k.delayed_prio(queue),
+            k.tries(queue),
+            k.tried(queue),
         ]
         keep = keep_ms > 0 and not failed
         args: list[Any] = [

@@ -31,6 +31,13 @@
 -- KEYS[14] {ns}:prio:<Q>         ZSET of queued tasks with a priority: a task with one goes
 --                                back to the front (retried: the back) of its level (include/prio_add.lua)
 -- KEYS[15] {ns}:delayed_prio:<Q> HASH payload -> priority, for one that waits in KEYS[6]
+-- KEYS[16] {ns}:tries:<Q>       optional, with KEYS[17]: HASH SHA-1 of a payload -> its last
+--                                failed attempts, JSON [[when_ms, worker, error], ...] oldest
+--                                first, at most 5, each error cut to 1000 bytes; a first
+--                                failure (the record's attempts 0) starts it anew. Mode
+--                                "fail" only: nothing is written for a success or a return
+-- KEYS[17] {ns}:tried:<Q>        ZSET SHA-1 of a payload -> when its last attempt failed (ms);
+--                                at most 1000 members: the oldest leaves, with its KEYS[16] field
 -- ARGV[1] worker id W
 -- ARGV[2] mode: "return", "fail" or "keep"
 -- ARGV[3] backoff base in ms (retry n waits base * 2^(n-1), capped); mode
@@ -74,6 +81,24 @@ cap, err = count_arg(ARGV[4], 'backoff cap')
 if err then return err end
 
 local now = now_ms()
+
+-- Add this failure to the payload's attempt history (KEYS[16], KEYS[17]).
+local function keep_try(r, at, why)
+  local h = redis.sha1hex(r.payload)
+  local list = {}
+  if r.attempts > 0 then
+    local was = redis.call('HGET', KEYS[16], h)
+    if was then list = cjson.decode(was) end
+  end
+  list[#list + 1] = {at, r.worker, string.sub(why or '', 1, 1000)}
+  while #list > 5 do table.remove(list, 1) end
+  redis.call('HSET', KEYS[16], h, cjson.encode(list))
+  redis.call('ZADD', KEYS[17], at, h)
+  if redis.call('ZCARD', KEYS[17]) > 1000 then
+    local old = redis.call('ZPOPMIN', KEYS[17])
+    redis.call('HDEL', KEYS[16], old[1])
+  end
+end
 local moving = redis.call('EXISTS', KEYS[10]) == 1
 local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
 local out, front, pers, ready, lost = {}, {}, {}, 0, 0
@@ -118,6 +143,7 @@ for i = 7, #ARGV do
       else
         local where, made
         where, delay, made = fail_attempt(r, now, KEYS[5], base, cap, false)
+        if KEYS[17] then keep_try(r, now, why) end
         if where == 'dead' then
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.payload))
           outcome = 3

@@ -317,3 +317,147 @@ async def test_a_worker_reports_what_its_handlers_did(redis_url: str, namespace:
         # the worker's last report went out as it left
         (counts,) = await client.minute_counts([Q], minutes=2)
         assert (sum(counts.finished), sum(counts.failed)) == (2, 1)
+
+
+def big(tag: str, size: int = 3 << 20) -> bytes:
+    """A payload of ``size`` bytes that starts with ``tag`` and differs from
+    other tags' throughout."""
+    return (tag.encode() + b":" + tag.encode() * (size // len(tag)))[:size]
+
+
+async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payload(
+    conn: Connection, b: Binding, redis_url: str, namespace: str
+) -> None:
+    """A page never carries a whole payload (a 64 MiB one is allowed): each
+    job has its first PREVIEW bytes, its size and a ref; the ref finds the
+    whole payload, also after jobs ahead of it left, and None once it is gone."""
+    from mesh._browse import PREVIEW, fingerprint, payload
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        inc = await join(b, conn, "w1", Q)
+        await client.enqueue(Q, big("run"))
+        await b.claim(conn, "w1", inc, Q, 1, 1)
+        await client.enqueue(Q, big("die"))
+        dying = await b.claim(conn, "w1", inc, Q, 1, 1)
+        await b.give_back(conn, "w1", Q, [dying.processes[0].id], failed=True, errors=["E"])
+        await client.enqueue_many(Q, [big("ahead"), big("q1"), big("q2")])
+        await client.enqueue(Q, big("hi"), priority=4)
+        await client.ensure(Q, big("dev"))
+        await client.enqueue(Q, big("later"), delay=100)
+        want = {
+            "running": [big("run")],
+            "dead": [big("die")],
+            "queued": [big("hi"), big("ahead"), big("q1"), big("q2"), big("dev")],
+            "delayed": [big("later")],
+        }
+        k = client._keys
+        for state, payloads in want.items():
+            page = await client.jobs(Q, state)
+            assert [j.task for j in page.jobs] == [p[:PREVIEW] for p in payloads], state
+            assert [j.size for j in page.jobs] == [len(p) for p in payloads], state
+            assert not any(j.whole for j in page.jobs)
+            for j, p in zip(page.jobs, payloads, strict=True):
+                assert j.ref is not None and len(j.ref) < 50 and j.ref.endswith(fingerprint(p))
+                assert await payload(conn, k, Q, j.ref) == p, (state, j.ref)
+        queued = (await client.jobs(Q, "queued")).jobs
+        assert [j.priority for j in queued] == [4, 0, 0, 0, 0]
+        assert [j.persistent for j in queued] == [False, False, False, False, True]
+        assert queued[4].enqueued is not None  # a persistent task says since when it waits
+        # a prefix longer than the preview still matches
+        hits = await client.jobs(Q, "queued", prefix=big("q2")[: PREVIEW + 100])
+        assert [j.size for j in hits.jobs] == [3 << 20] and len(hits.jobs[0].task) == PREVIEW
+        # the jobs ahead of q2 leave: its ref still finds it; once claimed, None
+        ref = queued[3].ref
+        assert ref is not None
+        await b.claim(conn, "w1", inc, Q, 3, 1)
+        assert await payload(conn, k, Q, ref) == big("q2")
+        await client.cancel(Q, big("q2"))
+        assert await payload(conn, k, Q, ref) is None
+        # the record of a payload still comes whole
+        dead = await client.job(Q, big("die"))
+        assert dead is not None and dead.state == "dead" and dead.task == big("die") and dead.whole
+        with pytest.raises(ConfigError, match="invalid job ref"):
+            await payload(conn, k, Q, "queued.1")
+
+
+async def test_failed_attempts_are_kept_bounded_and_a_success_writes_nothing(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str, namespace: str
+) -> None:
+    """give_back.lua keeps each payload's last 5 failed attempts (when,
+    worker, error cut to 1000 bytes) in {ns}:tries:<Q>, by SHA-1, for at most
+    1000 payloads; a first failure starts anew; finishing and returning
+    write nothing there."""
+    import hashlib
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        inc = await join(b, conn, "w1", Q)
+        await client.configure(Q, max_attempts=7)
+
+        async def fail_once(payload: str, error: str) -> None:
+            c = await b.claim(conn, "w1", inc, Q, 1, 7)
+            assert [p.task for p in c.processes] == [payload.encode()]
+            await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=True, errors=[error])
+
+        # a success and a return write no history
+        await client.enqueue(Q, "fine")
+        c = await b.claim(conn, "w1", inc, Q, 1, 7)
+        await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=False)
+        c = await b.claim(conn, "w1", inc, Q, 1, 7)
+        assert await b.finish(conn, "w1", inc, Q, [c.processes[0].id]) == [True]
+        assert await conn.execute("EXISTS", keys.tries(Q), keys.tried(Q)) == 0
+        # seven failures: the last five are kept, the last one dead-lettered
+        await client.enqueue(Q, "flaky")
+        for i in range(7):
+            await fail_once(
+                "flaky", f"Traceback (most recent call last):\n  line {i}\nE{i}" + "x" * 2000
+            )
+        j = await client.job(Q, "flaky")
+        assert j is not None and j.state == "dead" and j.attempts == 7
+        assert [t.error.split("\n")[-1][:2] for t in j.tries] == ["E2", "E3", "E4", "E5", "E6"]
+        assert all(t.worker == "w1" and len(t.error.encode()) == 1000 for t in j.tries)
+        assert [t.when for t in j.tries] == sorted(t.when for t in j.tries)
+        assert (await client.jobs(Q, "dead")).jobs[0].tries == ()  # pages do not read them
+        # requeued (attempts reset), its next failure starts a new history
+        await client.requeue_dead(Q)
+        await fail_once("flaky", "again")
+        j = await client.job(Q, "flaky")
+        assert j is not None and j.state == "queued" and [t.error for t in j.tries] == ["again"]
+        # at most 1000 payloads: the oldest leaves with its history
+        sha = hashlib.sha1(b"flaky").hexdigest()
+        await conn.execute(
+            "ZADD", keys.tried(Q), 1, "old", *[x for i in range(998) for x in (2, f"f{i}")]
+        )
+        await conn.execute("HSET", keys.tries(Q), "old", "[]")
+        await client.enqueue(Q, "other")
+        await client.cancel(Q, "flaky")
+        await fail_once("other", "boom")
+        assert await conn.execute("ZCARD", keys.tried(Q)) == 1000
+        assert await conn.execute("HEXISTS", keys.tries(Q), "old") == 0
+        assert await conn.execute("HEXISTS", keys.tries(Q), sha) == 1
+
+
+async def test_a_page_is_read_in_bounded_calls_with_the_same_result(
+    conn: Connection, b: Binding, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """peek.lua stops once the entries it read reach the budget (so a page of
+    64 MiB payloads never holds Redis up for long); the page is the same
+    when read one entry per call."""
+    import mesh._browse as browse
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        want = await fill(conn, b, client)
+        whole = {s: await client.jobs(Q, s) for s in want}
+        calls = 0
+        from mesh._scripts import run_script as real
+
+        async def counting(*args: object, **kw: object) -> object:
+            nonlocal calls
+            calls += 1
+            return await real(*args, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(browse, "_PEEK_BUDGET", 1)
+        monkeypatch.setattr("mesh._browse.run_script", counting)
+        for state in want:
+            calls = 0
+            assert await client.jobs(Q, state) == whole[state], state
+            assert calls >= len(want[state]), (state, calls)

@@ -57,7 +57,7 @@ def test_jobs_pages_each_state_in_text_and_json(
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == f"3 queued on {Q}"
-    assert lines[1].split()[:2] == ["TASK", "KIND"]
+    assert lines[1].split()[:3] == ["TASK", "SIZE", "KIND"]
     assert [ln.split()[0] for ln in lines[2:4]] == ["a", "b"]
     assert lines[-1] == "more: --after c2"
     code, out, _ = run(capsys, "jobs", Q, "--state", "queued", "--after", "c2", "--json", *ns_args)
@@ -80,6 +80,8 @@ def test_job_shows_one_record_or_exits_1(
     code, out, _ = run(capsys, "job", Q, "d", *ns_args)
     assert code == 0
     assert "state:" in out and "dead" in out and "error:" in out and "ValueError: <no>" in out
+    failed = [ln for ln in out.splitlines() if ln.startswith("failed (last):")]
+    assert len(failed) == 1 and "UTC on w1: ValueError: <no>" in failed[0], out
     code, out, _ = run(capsys, "job", Q, "r1", "--json", *ns_args)
     rec = json.loads(out)
     assert code == 0 and rec["state"] == "running" and rec["worker"] == "w1"
@@ -129,3 +131,32 @@ def test_bad_arguments_exit_2_with_one_line(
     assert code == 2, (out, err)
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("mesh")
+
+
+def test_jobs_shows_the_first_bytes_and_the_size_of_big_payloads(
+    capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    """Three 16 MiB payloads: the page prints each one's first bytes and its
+    size; JSON carries 256 bytes of each, its size and its ref."""
+    from mesh._browse import PREVIEW
+
+    payloads = [(f"blob-{i}:".encode() + "é".encode() * (8 << 20))[: 16 << 20] for i in range(3)]
+
+    async def go() -> None:
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            await client.enqueue_many(Q, payloads)
+
+    trio.run(go)
+    code, out, _ = run(capsys, "jobs", Q, "--state", "queued", *ns_args)
+    assert code == 0, out
+    rows = out.splitlines()[2:]
+    assert len(rows) == 3 and all(len(r) < 200 for r in rows), rows
+    assert rows[0].startswith("blob-0:é") and "16.0 MiB" in rows[0] and "..." in rows[0]
+    code, out, _ = run(capsys, "jobs", Q, "--state", "queued", "--json", *ns_args)
+    jobs = json.loads(out)["jobs"]
+    assert [j["size"] for j in jobs] == [16 << 20] * 3 and not any(j["whole"] for j in jobs)
+    # the preview is cut at a whole character, never inside "é"
+    head = jobs[0]["task"]
+    assert head["encoding"] == "utf-8" and payloads[0].startswith(head["data"].encode())
+    assert PREVIEW - 4 < len(head["data"].encode()) <= PREVIEW
+    assert all(j["ref"].startswith("queued.") for j in jobs)

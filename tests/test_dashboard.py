@@ -11,8 +11,10 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -362,3 +364,133 @@ async def test_dead_letters_are_requeued_from_the_page_and_purged(
             lambda: http(url + "api/dead/drop-table", data=body, headers=headers)
         )
         assert status == 404
+
+
+async def test_a_foreign_host_header_is_refused_dns_rebinding(
+    redis_url: str, namespace: str
+) -> None:
+    """A page on evil.example rebound to 127.0.0.1 sends ``Host:
+    evil.example``: the page, the state and the actions refuse it (421) and
+    nothing changes; the bound address, loopback names and allowed names
+    pass."""
+    async with dashboard(redis_url, namespace, allow_hosts=["mesh.internal"]) as (client, url):
+        await client.enqueue("q", "job")
+        port = url.rsplit(":", 1)[1].strip("/")
+        evil = {"Host": "evil.example"}
+        for path in ("", "state", "api/jobs?queue=q", "api/payload?queue=q&ref=x"):
+            status, body = await trio.to_thread.run_sync(partial(http, url + path, None, evil))
+            assert status == 421, (path, status)
+            assert "evil.example" in body and "--allow-host" in body
+        act = {**evil, "X-Mesh-Action": "1", "Content-Type": "application/json"}
+        for path, data in (
+            ("api/pause", {"queue": "q"}),
+            ("api/cancel", {"queue": "q", "task": "job"}),
+            ("api/dead/purge", {"queue": "q"}),
+        ):
+            status, _ = await trio.to_thread.run_sync(
+                partial(http, url + path, data=json.dumps(data).encode(), headers=act)
+            )
+            assert status == 421, path
+        assert not (await client.queue_info("q")).paused
+        assert (await client.jobs("q")).total == 1
+        # a rebound name with our port, and an IP literal not ours, also fail
+        for host in (f"evil.example:{port}", "10.0.0.8", f"[::2]:{port}", ""):
+            status, _ = await trio.to_thread.run_sync(
+                partial(http, url + "state", headers={"Host": host})
+            )
+            assert status == 421, host
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "mesh.internal", "[::1]"):
+            status, _ = await trio.to_thread.run_sync(
+                partial(http, url + "state", headers={"Host": host})
+            )
+            assert status == 200, host
+        status, _ = await trio.to_thread.run_sync(
+            partial(
+                http,
+                url + "api/pause",
+                data=b'{"queue": "q"}',
+                headers={**act, "Host": f"localhost:{port}"},
+            )
+        )
+        assert status == 200 and (await client.queue_info("q")).paused
+
+
+async def test_allowed_hosts_must_be_names(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        with pytest.raises(mesh.ConfigError, match="host name or an address without a port"):
+            async with serve_dashboard(client, allow_hosts=["evil.example:80"]):
+                pass  # pragma: no cover
+    r = await mesh_cli("dashboard", "--allow-host", "http://x/")
+    assert r.returncode == 2 and b"--allow-host" in r.stderr and b"Traceback" not in r.stderr
+
+
+async def test_api_errors_name_what_was_wrong_in_plain_words(
+    redis_url: str, namespace: str
+) -> None:
+    """Bad requests are answered 400 with one line naming the field, never
+    a Python message (``'task'``, ``list indices ...``, ``invalid literal``)."""
+    async with dashboard(redis_url, namespace) as (_, url):
+        act = {"X-Mesh-Action": "1", "Content-Type": "application/json"}
+        cases: list[tuple[str, bytes | None, str]] = [
+            ("api/cancel", b'{"queue": "q"}', "name the task: 'ref', 'key', 'task_b64' or 'task'"),
+            ("api/cancel", b"[1, 2]", 'the body must be a JSON object like {"queue": "Q"'),
+            ("api/cancel", b"not json", "the body is not JSON"),
+            ("api/pause", b"{}", "missing 'queue'"),
+            ("api/pause", b'{"queue": 3}', "'queue' must be a string, got int"),
+            ("api/job/delete", b'{"queue": "q", "task_b64": "%%"}', "'task_b64' is not base64"),
+            ("api/job/delete", b'{"queue": "q", "ref": "nope"}', "invalid job ref 'nope'"),
+            ("api/jobs?queue=q&limit=ten", None, "limit must be a whole number, got 'ten'"),
+            ("api/jobs?queue=q&state=done", None, "invalid job state 'done'"),
+            ("api/history?minutes=1e3", None, "minutes must be a whole number, got '1e3'"),
+            ("api/job?queue=q", None, "missing 'task_b64'"),
+            ("api/payload?queue=q&ref=queued.1.xyz", None, "invalid job ref"),
+        ]
+        for path, data, want in cases:
+            status, body = await trio.to_thread.run_sync(
+                partial(http, url + path, data=data, headers=act if data is not None else {})
+            )
+            assert status == 400, (path, status, body)
+            error = json.loads(body)["error"]
+            assert error.startswith("bad request: ") and want in error, (path, error)
+            for internal in ("list indices", "invalid literal", "Traceback", "Expecting value"):
+                assert internal not in error, (path, error)
+
+
+async def test_state_and_events_carry_no_whole_payload_and_a_row_cancels_by_key(
+    redis_url: str, namespace: str
+) -> None:
+    """A persistent task of 10 MB: /state and the first event carry its
+    first characters, its size and a short key (not 14 MB); a cancel by that
+    key removes it."""
+    big = b"device:" + b"d" * 10_000_000
+    async with dashboard(redis_url, namespace) as (client, url):
+        await client.ensure("devices", big)
+        await client.ensure("devices", "small")
+
+        async def big_rows() -> list[dict[str, Any]] | None:
+            status, body = await trio.to_thread.run_sync(http, url + "state")
+            assert status == 200 and len(body) < 10_000, len(body)
+            return [r for r in json.loads(body)["persistent"] if r["size"] == len(big)] or None
+
+        (row,) = await wait_until(big_rows)
+        assert row["task"].startswith("device:ddd") and row["task"].endswith("…")
+        assert len(row["key"]) == 16 and "task_b64" not in row
+
+        def first_event() -> bytes:
+            with urllib.request.urlopen(url + "events", timeout=10) as r:
+                lines = [r.readline(), r.readline()]
+                return b"".join(lines)
+
+        first = await trio.to_thread.run_sync(first_event)
+        assert first.startswith(b"event: state\ndata: {") and len(first) < 10_000
+        assert b"d" * 1000 not in first
+        status, body = await trio.to_thread.run_sync(
+            partial(
+                http,
+                url + "api/cancel",
+                json.dumps({"queue": "devices", "key": row["key"]}).encode(),
+                {"X-Mesh-Action": "1", "Content-Type": "application/json"},
+            )
+        )
+        assert status == 200 and json.loads(body) == {"cancelled": 1}
+        assert await client.persistent_tasks("devices") == {b"small": None}

@@ -81,6 +81,14 @@ async def console(url: str, namespace: str, **kw: Any) -> AsyncIterator[tuple[me
             yield client, page
 
 
+def open_job(task: str) -> str:
+    """JavaScript: click the link of the job row whose payload is ``task``."""
+    return (
+        "Array.from(document.querySelectorAll('#jobs tbody tr'))"
+        f".find(r => r.dataset.task === {json.dumps(task)}).querySelector('a').click()"
+    )
+
+
 def shots_dir(tmp_path: Path) -> Path:
     d = os.environ.get("MESH_CONSOLE_SCREENSHOTS")
     return Path(d) if d else tmp_path
@@ -96,6 +104,7 @@ async def screenshot(driver: Any, path: Path) -> None:
     height = await in_page(driver, lambda d: d.execute_script("return document.body.scrollHeight"))
     width = await in_page(driver, lambda d: d.execute_script("return window.innerWidth"))
     await in_page(driver, lambda d: d.set_window_size(width, min(int(height) + 120, 4000)))
+    await in_page(driver, lambda d: d.execute_script("window.scrollTo(0, 0)"))
     await in_page(driver, lambda d: d.save_screenshot(str(path)))
     assert (await trio.Path(path).stat()).st_size > 10_000
 
@@ -146,8 +155,7 @@ async def test_nothing_is_cut_off_and_times_are_utc(
                 ),
             )
             await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 3")
-            b64 = base64.b64encode(b"bounce:ada@example.com").decode()
-            await in_page(driver, lambda d: d.get(f"{url}#/job/emails/{b64}"))
+            await in_page(driver, lambda d: d.execute_script(open_job("bounce:ada@example.com")))
             err = await page_until(driver, "document.getElementById('job-error')?.innerText")
             assert "550" in err and "user unknown" in err
             await no_overflow(driver, f"job details at {width} px")
@@ -184,7 +192,7 @@ async def test_queue_page_pages_searches_and_acts(
             await in_page(driver, lambda d: d.find_element("id", "page-next").click())
             await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 5")
             note = await in_page(driver, lambda d: d.find_element("id", "page-note").text)
-            assert note == "page 2 (last)"
+            assert note == "page 2 of 2 (last)"
             # search by payload prefix
             await in_page(
                 driver, lambda d: d.find_element("id", "search").send_keys("newsletter:user-001")
@@ -218,8 +226,7 @@ async def test_queue_page_pages_searches_and_acts(
             j = await client.job("emails", "bounce:grace@example.com")
             assert j is not None and j.state == "queued" and j.attempts == 0
             # delete a dead job from its details view
-            b64 = base64.b64encode(EVIL.encode()).decode()
-            await in_page(driver, lambda d: d.get(f"{url}#/job/emails/{b64}"))
+            await in_page(driver, lambda d: d.execute_script(open_job(EVIL)))
             await page_until(driver, "document.querySelector('#job-actions button.job-delete')")
             await in_page(driver, lambda d: d.execute_script(
                 "window.confirm = () => true;"
@@ -301,3 +308,273 @@ async def test_charts_survive_a_restarted_dashboard(redis_url: str, namespace: s
                 lambda: http(url + "api/history?minutes=60&queue=q")
             )
             assert sum(json.loads(text)["finished"]) == 12
+
+
+@pytest.mark.slow
+async def test_console_pages_by_number_runs_a_delayed_job_now_and_shows_days(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 32, item 7: page numbers and a last page; a queue's page opens
+    on its first state with jobs; delays of days in days; "run now" of a
+    delayed job; a clicked job's details come into view; chart axes with
+    labels between 0 and the maximum."""
+    async with console(redis_url, namespace) as (client, url):
+        await populate(client)
+        await client.enqueue_many("emails", [f"bulk:{i:04d}" for i in range(100)])  # 130 queued
+        await client.enqueue("late", "renew:contract-7", delay=30 * 86400 + 5 * 3600 + 60)
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelectorAll('#queues tbody tr').length === 4")
+            # the next delayed jobs say "30d05h", not "725h01m"
+            late = await page_until(
+                driver,
+                "Array.from(document.querySelectorAll('#delayed tbody tr'))"
+                ".map(r => r.innerText).find(t => t.includes('renew:contract-7'))",
+            )
+            assert "30d05h" in late, late
+            # chart axes: 0, the maximum, and round steps between
+            ticks = await page_until(
+                driver,
+                "(t => t.length > 2 && t)(Array.from("
+                "document.querySelectorAll('#chart-finished text.tick')).map(e => +e.textContent))",
+            )
+            assert ticks[0] == 0 and ticks == sorted(ticks) and len(ticks) >= 3, ticks
+            assert ticks[-1] >= 40 and all(0 < t < ticks[-1] for t in ticks[1:-1]), ticks
+            await screenshot(driver, shots_dir(tmp_path) / "console-days-axes.png")
+            await in_page(driver, lambda d: d.set_window_size(1280, 900))
+            # a queue with only a delayed job opens on its delayed jobs
+            await in_page(driver, lambda d: d.execute_script(
+                "Array.from(document.querySelectorAll('#queues a.queue-link'))"
+                ".find(a => a.textContent === 'late').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, "document.querySelector('#q-tabs button.on')?.dataset.state === 'delayed'"
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 1")
+            # run now: confirmed, the job is due now
+            await in_page(driver, lambda d: d.execute_script(
+                "window.confirm = () => true;"
+                "document.querySelector('#jobs tbody button.job-run').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, "document.getElementById('message').textContent.includes('due now')"
+            )
+            j = await client.job("late", "renew:contract-7")
+            assert j is not None and j.due is not None and j.due <= await client.time() + 1
+            # page numbers and a last page: 130 queued jobs, 25 a page
+            await in_page(driver, lambda d: d.get(url + "#/queue/emails"))
+            await page_until(
+                driver, "document.getElementById('page-note').textContent === 'page 1 of 6'"
+            )
+            labels = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#page-numbers button'))"
+                ".map(b => b.textContent)"
+            ))  # fmt: skip
+            assert labels == ["1", "2", "3", "6"], labels
+            await in_page(driver, lambda d: d.find_element("id", "page-last").click())
+            await page_until(
+                driver,
+                "document.getElementById('page-note').textContent === 'page 6 of 6 (last)'",
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 5")
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#page-numbers button[data-page=\"4\"]').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, "document.getElementById('page-note').textContent === 'page 4 of 6'"
+            )
+            first = await page_until(
+                driver, "document.querySelector('#jobs tbody tr')?.dataset.task"
+            )
+            assert first == "bulk:0045", first  # 30 newsletters, then the bulk jobs
+            # a clicked job's details come into view (they are below the fold)
+            await in_page(driver, lambda d: d.execute_script("window.scrollTo(0, 0)"))
+            assert await in_page(driver, lambda d: d.execute_script(
+                "return document.querySelector('#jobs tfoot, .pager').getBoundingClientRect().top"
+                " > window.innerHeight"
+            ))  # fmt: skip
+            await in_page(driver, lambda d: d.execute_script(open_job("bulk:0067")))
+            await page_until(driver, "document.getElementById('job-actions')")
+            await page_until(driver, "document.getElementById('job-actions')")
+            top = await page_until(
+                driver,
+                "(r => r.top >= -1 && r.top < window.innerHeight - 150 && r.top + 1)"
+                "(document.getElementById('job-detail').getBoundingClientRect())",
+            )
+            assert top, top
+            await no_overflow(driver, "queue page with numbered pages")
+            await screenshot(driver, shots_dir(tmp_path) / "console-pages-job.png")
+
+
+@pytest.mark.slow
+async def test_worker_page_shows_its_lease_queues_and_what_it_holds(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    async with console(redis_url, namespace) as (client, url):
+        await populate(client)
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelector('#workers a.worker-link')")
+            await in_page(
+                driver, lambda d: d.execute_script(
+                    "document.querySelector('#workers a.worker-link').click()"
+                )
+            )  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#w-jobs tbody tr').length === 5")
+            assert await in_page(driver, lambda d: d.find_element("id", "overview").get_attribute(
+                "hidden"
+            )) is not None  # fmt: skip
+            lease = await page_until(driver, "document.getElementById('w-lease')?.innerText")
+            assert lease.endswith(" left") and lease.startswith("9m"), lease
+            queues = await in_page(driver, lambda d: d.find_element("id", "w-queues").text)
+            assert queues == "devices, emails"
+            rows = await in_page(driver, lambda d: d.find_element("id", "w-jobs").text)
+            for task in ("sensor-berlin-01", "sensor-oslo-03", "welcome:user-0001@example.com"):
+                assert task in rows
+            assert rows.count("persistent") == 3 and rows.count("one-shot") == 2
+            await no_overflow(driver, "worker page")
+            await screenshot(driver, shots_dir(tmp_path) / "console-worker.png")
+            # its queue links lead to the queue's page
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#w-queues a').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.getElementById('q-name').textContent === 'devices'")
+            await page_until(driver, "document.getElementById('worker-view').hidden")
+
+
+@pytest.mark.slow
+async def test_job_details_show_the_attempt_history_and_the_whole_error(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """A job that failed three times: its details list each attempt (when,
+    worker, error, newest first) and keep the error's lines; its payload of
+    3 MiB is shown by its first bytes with a link that downloads it whole."""
+    async with console(redis_url, namespace) as (client, url):
+        conn, b = client._conn, Binding(client._keys)
+        await b.register(conn, "w-7", "i", 600_000, b"{}")
+        await b.serve(conn, "w-7", "i", "jobs")
+        payload = b"report:" + b"r" * (3 << 20)
+        await client.enqueue("jobs", payload)
+        for i in range(3):
+            c = await b.claim(conn, "w-7", "i", "jobs", 1, 3)
+            trace = (
+                "Traceback (most recent call last):\n"
+                f'  File "app.py", line {10 + i}, in handle\n'
+                "    render(report)\n"
+                f"ValueError: attempt {i + 1} failed"
+            )
+            await b.give_back(conn, "w-7", "jobs", [c.processes[0].id], failed=True, errors=[trace])
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelector('#queues a.queue-link')")
+            await in_page(driver, lambda d: d.get(url + "#/queue/jobs"))
+            await page_until(
+                driver, "document.querySelector('#q-tabs button.on')?.dataset.state === 'dead'"
+            )
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 1")
+            size = await in_page(driver, lambda d: d.find_element("id", "jobs").text)
+            assert "3.0 MiB" in size
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#jobs tbody a').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#job-tries tbody tr').length")
+            rows = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#job-tries tbody tr'))"
+                ".map(r => r.innerText)"
+            ))  # fmt: skip
+            assert len(rows) == 3, rows
+            assert "attempt 3 failed" in rows[0] and "attempt 1 failed" in rows[2]
+            assert all("w-7" in r and "line 1" in r for r in rows)
+            err = await in_page(driver, lambda d: d.find_element("id", "job-error").text)
+            assert err.splitlines()[0] == "Traceback (most recent call last):", err
+            link = await in_page(
+                driver, lambda d: d.find_element("id", "job-download").get_attribute("href")
+            )
+            assert "ref=dead." in link and len(link) < 200
+            status, body = await trio.to_thread.run_sync(http, link)
+            assert status == 200 and len(body) == len(payload)
+            shown = await in_page(driver, lambda d: d.find_element("id", "job-body").text)
+            assert "report:rrr" in shown and len(shown) < 20_000
+            await no_overflow(driver, "job details with attempts")
+            await screenshot(driver, shots_dir(tmp_path) / "console-attempts.png")
+
+
+@pytest.mark.slow
+async def test_completed_jobs_show_with_their_results_where_kept(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    from mesh._scripts import ResultsToKeep
+
+    async with console(redis_url, namespace) as (client, url):
+        conn, b = client._conn, Binding(client._keys)
+        await b.register(conn, "w-r", "i", 600_000, b"{}")
+        await b.serve(conn, "w-r", "i", "renders")
+        await client.enqueue_many("renders", ["page-1", "page-2", "page-3"])
+        c = await b.claim(conn, "w-r", "i", "renders", 3, 1)
+        values = {
+            c.processes[0].id: (b"page-1", b'{"pixels": 1024}'),
+            c.processes[1].id: (b"page-2", None),
+            c.processes[2].id: (b"page-3", b"r" * 5000),
+        }
+        await b.finish(conn, "w-r", "i", "renders", list(values), ResultsToKeep(600_000, values))
+        await client.enqueue("renders", "still-queued")
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url + "#/queue/renders"))
+            await page_until(driver, "document.querySelectorAll('#q-tabs button').length === 5")
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#q-tabs button[data-state=completed]').click()"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 3")
+            rows = await in_page(driver, lambda d: d.execute_script(
+                "return Object.fromEntries(Array.from(document.querySelectorAll('#jobs tbody tr'))"
+                ".map(r => [r.dataset.task, r.innerText]))"
+            ))  # fmt: skip
+            assert '{"pixels": 1024}' in rows["page-1"] and "w-r" in rows["page-1"]
+            assert "(returned nothing)" in rows["page-2"]
+            assert "4.9 KiB" in rows["page-3"]
+            form = await in_page(driver, lambda d: d.find_element("id", "search-form"))
+            assert await in_page(driver, lambda d: form.get_attribute("hidden")) is not None
+            await no_overflow(driver, "completed jobs")
+            await screenshot(driver, shots_dir(tmp_path) / "console-completed.png")
+        # a queue that keeps no results says how to keep them
+        status, text = await trio.to_thread.run_sync(http, url + "api/completed?queue=other")
+        assert status == 200 and json.loads(text) == {"queue": "other", "next": None, "jobs": []}
+
+
+@pytest.mark.slow
+async def test_a_page_of_big_payloads_is_not_read_again_on_its_own(
+    redis_url: str, namespace: str
+) -> None:
+    """Two jobs of 40 MiB: the queue page shows their first bytes and sizes
+    and says it is not refreshed every 5 s (each read copies every payload
+    of the page inside Redis); clicking the tab reads it again."""
+    async with console(redis_url, namespace) as (client, url):
+        await client.enqueue_many("blobs", [b"blob-%d:" % i + b"b" * (40 << 20) for i in range(2)])
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url))
+            await page_until(driver, "document.querySelector('#queues a.queue-link')")
+            await in_page(driver, lambda d: d.execute_script(
+                "window.__reads = 0; const f = window.fetch;"
+                "window.fetch = (u, o) => {"
+                " if (String(u).startsWith('/api/jobs')) window.__reads++; return f(u, o); };"
+                "location.hash = '#/queue/blobs';"
+            ))  # fmt: skip
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 2")
+            note = await page_until(
+                driver,
+                "(t => t.includes('not refreshed') && t)"
+                "(document.getElementById('page-note').textContent)",
+            )
+            assert "80.0 MiB of payloads" in note, note
+            rows = await in_page(driver, lambda d: d.find_element("id", "jobs").text)
+            assert "40.0 MiB" in rows and "blob-0:bbb" in rows
+            reads = await in_page(driver, lambda d: d.execute_script("return window.__reads"))
+            # nothing happens in this window: the 5 s refresh skips the page
+            await trio.sleep(6)
+            assert await in_page(
+                driver, lambda d: d.execute_script("return window.__reads")
+            ) == reads  # fmt: skip
+            await in_page(driver, lambda d: d.execute_script(
+                "document.querySelector('#q-tabs button[data-state=queued]').click()"
+            ))  # fmt: skip
+            await page_until(driver, f"window.__reads > {reads}")

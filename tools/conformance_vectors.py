@@ -26,7 +26,7 @@ import trio
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError, MeshError
 from mesh._keys import Keys
-from mesh._scripts import Binding, ResultsToKeep, load_scripts, run_reads
+from mesh._scripts import Binding, ResultsToKeep, load_scripts, run_reads, run_script
 from mesh.conformance import _vectors as v
 from mesh.testing import run_redis_server
 
@@ -597,7 +597,31 @@ async def story_operator(r: Recorder, b: Binding, raw: Connection) -> None:
     await expect_error(
         run_reads(r.at("read-write", "a write is refused"), [("DEL", "{vgen}:queue:o")])
     )
+    await b.enqueue(r, "o", [b"job-2-" + b"x" * 40])
     await b.ensure(r, "p", [b"dev-1", b"dev-2"])
+    await run_script(
+        r.at("peek-budget", "a budget of 1 byte: one entry, then the caller calls again"),
+        load_scripts()["peek"],
+        ["{vgen}:queue:o"],
+        ["list", 0, 9, 8, 0, 0, 1],
+    )
+    await run_script(
+        r.at("peek", "previews of queued entries: first bytes, size, fingerprint, lookups"),
+        load_scripts()["peek"],
+        [*(f"{{vgen}}:{k}:o" for k in ("queue", "persistent", "standby", "attempts")),
+         "{vgen}:unowned:o"],
+        ["list", 0, 9, 8, 0, 0, 0],
+    )  # fmt: skip
+    await run_script(
+        r.at("peek-hash", "previews of hash entries by field, a missing field is nil"),
+        load_scripts()["peek"],
+        ["{vgen}:persistent:p"],
+        ["hash", 0, 0, 3, 0, 0, 0, "dev-1", "dev-9"],
+    )
+    await expect_error(
+        run_script(r.at("peek-bad", "an unknown shape"), load_scripts()["peek"],
+                   ["{vgen}:queue:o"], ["set", 0, 1, 8, 0, 0, 0])
+    )  # fmt: skip
     await raw.execute("HDEL", "{vgen}:persistent:p", "dev-2")  # gone without a cancel
     await b.recount(r.at("recount", "the weight sums follow what the registry holds"), "p")
 

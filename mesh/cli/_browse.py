@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="List the jobs of QUEUE in STATE, a page at a time: queued (in claim "
         "order), delayed (first due first), running (by token) or dead (oldest first). "
         "Times are UTC, on the Redis clock. The last line names the cursor of the next page "
-        "(pass it to --after).",
+        "(pass it to --after). Each payload shows its first bytes and its size; the page never "
+        "carries a whole payload.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument("--state", required=True, choices=JOB_STATES, metavar="STATE",
@@ -91,10 +92,13 @@ def utc(t: float | None) -> str:
 
 
 def job_json(j: mesh.Job) -> dict[str, Any]:
-    """A job record for JSON output (the payload as :func:`json_task`)."""
+    """A job record for JSON output: the payload (in a page, its first
+    bytes: ``whole`` says which) as :func:`json_task`, its ``size``."""
     return {
         "queue": j.queue,
-        "task": json_task(j.task),
+        "task": json_task(_head(j)),
+        "size": j.size,
+        "whole": j.whole,
         "state": j.state,
         "persistent": j.persistent,
         "attempts": j.attempts,
@@ -106,7 +110,36 @@ def job_json(j: mesh.Job) -> dict[str, Any]:
         "token": j.token,
         "error": j.error,
         "dead_at": j.dead_at,
+        "ref": j.ref,
+        "tries": [{"when": a.when, "worker": a.worker, "error": a.error} for a in j.tries],
     }
+
+
+def _head(j: mesh.Job) -> bytes:
+    """The payload, or of a preview its first bytes without a UTF-8
+    character its end cut in two."""
+    if j.whole:
+        return j.task
+    for cut in range(4):
+        part = j.task[: len(j.task) - cut]
+        try:
+            part.decode()
+        except UnicodeDecodeError:
+            continue
+        return part
+    return j.task
+
+
+def _cell(j: mesh.Job, width: int = 40) -> str:
+    text = show_task(_head(j), width)
+    return text if j.whole or text.endswith("...") else text + "..."
+
+
+def size_text(n: int) -> str:
+    """A size in bytes for humans: ``512 B``, ``3.0 KiB``, ``64.0 MiB``."""
+    if n < 1024:
+        return f"{n} B"
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -134,7 +167,7 @@ def _jobs(args: argparse.Namespace) -> int:
         print(f"{page.total} {args.state} on {args.queue}")
         if page.jobs:
             headers, rows = _rows(args.state, page.jobs)
-            for line in table(headers, rows, right="ATTEMPTS PRIO TOKEN"):
+            for line in table(headers, rows, right="SIZE ATTEMPTS PRIO TOKEN"):
                 print(line)
         if page.next is not None:
             print(f"more: --after {page.next}")
@@ -146,14 +179,15 @@ def _jobs(args: argparse.Namespace) -> int:
 def _rows(state: str, jobs: tuple[mesh.Job, ...]) -> tuple[list[str], list[list[object]]]:
     kind = ["persistent" if j.persistent else "one-shot" for j in jobs]
     if state == "running":
-        return ["TASK", "KIND", "WORKER", "TOKEN", "STARTED (UTC)", "ATTEMPTS"], [
-            [show_task(j.task, 40), k, j.worker, j.token, utc(j.started), j.attempts]
+        return ["TASK", "SIZE", "KIND", "WORKER", "TOKEN", "STARTED (UTC)", "ATTEMPTS"], [
+            [_cell(j), size_text(j.size), k, j.worker, j.token, utc(j.started), j.attempts]
             for j, k in zip(jobs, kind, strict=True)
         ]
     if state == "dead":
-        return ["TASK", "ATTEMPTS", "DEAD SINCE (UTC)", "WORKER", "ERROR"], [
+        return ["TASK", "SIZE", "ATTEMPTS", "DEAD SINCE (UTC)", "WORKER", "ERROR"], [
             [
-                show_task(j.task, 40),
+                _cell(j),
+                size_text(j.size),
                 j.attempts,
                 utc(j.dead_at),
                 j.worker or "-",
@@ -162,12 +196,12 @@ def _rows(state: str, jobs: tuple[mesh.Job, ...]) -> tuple[list[str], list[list[
             for j in jobs
         ]
     if state == "delayed":
-        return ["TASK", "KIND", "DUE (UTC)", "PRIO", "ATTEMPTS"], [
-            [show_task(j.task, 40), k, utc(j.due), j.priority, j.attempts]
+        return ["TASK", "SIZE", "KIND", "DUE (UTC)", "PRIO", "ATTEMPTS"], [
+            [_cell(j), size_text(j.size), k, utc(j.due), j.priority, j.attempts]
             for j, k in zip(jobs, kind, strict=True)
         ]
-    return ["TASK", "KIND", "PRIO", "ATTEMPTS", "WAITING SINCE (UTC)"], [
-        [show_task(j.task, 40), k, j.priority, j.attempts, utc(j.enqueued)]
+    return ["TASK", "SIZE", "KIND", "PRIO", "ATTEMPTS", "WAITING SINCE (UTC)"], [
+        [_cell(j), size_text(j.size), k, j.priority, j.attempts, utc(j.enqueued)]
         for j, k in zip(jobs, kind, strict=True)
     ]
 
@@ -206,6 +240,9 @@ def _job(args: argparse.Namespace) -> int:
             fields.append(("dead since", utc(j.dead_at) + " UTC"))
         if j.error is not None:
             fields.append(("error", " ".join(j.error.split()) or "-"))
+        for n, a in enumerate(reversed(j.tries)):
+            what = f"{utc(a.when)} UTC on {a.worker}: {' '.join(a.error.split()) or '-'}"
+            fields.append(("failed" if n else "failed (last)", what[:300]))
         width = max(len(k) for k, _ in fields)
         for k, v in fields:
             print(f"{k + ':':<{width + 1}} {v}")

@@ -45,6 +45,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "http://HOST:PORT/?token=TOKEN",
     )
     p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host header names NAME (a proxy's name, the "
+        "machine's DNS name); others than the bound address and loopback names are refused "
+        "(DNS rebinding). Repeatable",
+    )
+    p.add_argument(
         "--interval",
         type=positive_float,
         default=1.0,
@@ -84,6 +93,13 @@ def _dashboard(args: argparse.Namespace) -> int:
             "(or $MESH_DASHBOARD_TOKEN)"
         )
     m = _module()
+    from mesh.dashboard._hosts import check_host_name
+
+    try:
+        for name in args.allow_host:
+            check_host_name(name)
+    except mesh.ConfigError as exc:
+        raise UsageError(f"--allow-host: {exc}") from None
     logging.basicConfig(
         level="INFO",
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -109,6 +125,7 @@ async def _run(args: argparse.Namespace, t: Target, token: str | None, m: Module
                 interval=args.interval,
                 header={"redis": t.shown, "namespace": t.namespace},
                 redact=redact,
+                allow_hosts=args.allow_host,
             ) as url:
                 log.info(
                     "dashboard of %s namespace %s at %s%s",

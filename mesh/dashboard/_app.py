@@ -7,25 +7,43 @@ Routes:
 * ``GET /events``: ``text/event-stream``, one ``state`` event (JSON) per read
   of the mesh that a browser has not seen yet.
 * ``GET /state``: the latest state, as JSON.
-* ``POST /api/cancel``: ``{"queue": Q, "task_b64": ...}`` (or ``"task"``:
-  text): cancel a task by payload (see :meth:`mesh.Client.cancel`).
+* ``POST /api/cancel``: ``{"queue": Q, "ref": R}`` (a listed job's ref), or
+  ``"key"`` (a persistent task's row), ``"task_b64"`` or ``"task"`` (text):
+  cancel a task by payload (see :meth:`mesh.Client.cancel`).
 * ``POST /api/dead/requeue``, ``POST /api/dead/purge``: ``{"queue": Q}``: put
   every dead letter of Q back in the queue, or drop them all
   (:meth:`mesh.Client.requeue_dead`, :meth:`mesh.Client.purge_dead`).
 * ``POST /api/pause``, ``POST /api/resume``: ``{"queue": Q}``
   (:meth:`mesh.Client.pause`, :meth:`mesh.Client.resume`).
-* ``POST /api/job/requeue``, ``POST /api/job/delete``: ``{"queue": Q,
-  "task_b64": ...}``: requeue one payload's dead letters; delete a payload:
-  its dead letters if it is dead, else every copy of it (a cancel).
+* ``POST /api/job/requeue``, ``POST /api/job/delete``, ``POST /api/job/run``:
+  ``{"queue": Q, "ref": R}`` (or ``"task_b64"``): requeue one payload's dead
+  letters; delete a payload: its dead letters if it is dead, else every copy
+  of it (a cancel); make a delayed one-shot job due now.
 * ``GET /api/jobs?queue=Q&state=S&limit=N&after=C&prefix=P``: a page of jobs
   (:meth:`mesh.Client.jobs`; ``prefix`` is text).
-* ``GET /api/job?queue=Q&task_b64=...``: one job's record, or ``null``.
+* ``GET /api/job?queue=Q&ref=R``: one job's record (the first 4096
+  characters of its payload), or ``null``.
+* ``GET /api/payload?queue=Q&ref=R``: one job's whole payload, as a download.
+* ``GET /api/completed?queue=Q&limit=N&after=C``: finished jobs whose
+  results Q keeps (a queue with a result TTL), newest first in a page, with
+  the first bytes of their payloads and results.
+* ``GET /api/worker?id=W``: what worker W holds (its running processes on
+  each queue it serves), or ``null`` if there is no such worker.
 * ``GET /api/history?minutes=M[&queue=Q]``: processes finished and failed per
   minute (kept in Redis by the workers, so a restarted dashboard has them).
 * ``GET /api/schedules``: the periodic tasks and the next delayed jobs.
 
-Payloads go out as text (``task``, shown cut; never as HTML: the page puts
-every value in with ``textContent``) and as base64 (``task_b64``).
+No answer carries a whole payload but ``/api/payload``: a payload may be
+64 MiB. Lists, the state and the events carry the first bytes of each as text
+(``task``, shown cut; never as HTML: the page puts every value in with
+``textContent``), its ``size``, and a short key: a job's ``ref`` (its state,
+position or token, and a fingerprint of its payload), a persistent task's
+``key``. Bad requests are answered 400 with one line naming what was wrong.
+
+Every request must name the dashboard's own address in its ``Host`` header
+(or a loopback name, or a name given with ``allow_hosts``): anything else is
+refused with 421, so a page whose DNS name is rebound to 127.0.0.1 cannot
+read the state or act (DNS rebinding).
 
 Actions need the header ``X-Mesh-Action: 1``, which a cross-site form cannot
 send, so another web site cannot make a browser that has the page open
@@ -36,10 +54,8 @@ cookie, HttpOnly and SameSite=Strict, and drops it from the address bar).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from importlib import resources
 from typing import Any
 
@@ -56,12 +72,17 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .._browse import Job, MinuteCounts, minute_counts
+from .._browse import MAX_LIMIT, Job, MinuteCounts, cursor_position, minute_counts
+from .._browse import completed as browse_completed
+from .._browse import payload as browse_payload
 from .._client import Client
 from .._errors import ConfigError, MeshError
 from .._keys import check_queue
 from .._view import show_payload
+from ._hosts import HostGate, allowed_hosts
+from ._requests import BadRequest, b64_field, int_param, json_body, queue_field, text_field
 from ._state import Poller
+from ._text import shown
 
 __all__ = ["create_app"]
 
@@ -106,24 +127,27 @@ class _TokenGate:
         await response(scope, receive, send)
 
 
-async def _queue_body(request: Request) -> tuple[str, Response | None]:
-    """The queue of an action's body ``{"queue": Q}``, or the error response."""
+def _refused(request: Request) -> Response | None:
+    """403 for an action without ``X-Mesh-Action: 1``, else None."""
     if request.headers.get("x-mesh-action") != "1":
-        return "", JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
-    try:
-        body: Any = await request.json()
-        return check_queue(body["queue"]), None
-    except (ValueError, KeyError, TypeError, ConfigError) as exc:
-        return "", JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        return JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
+    return None
+
+
+def _bad(exc: Exception) -> Response:
+    return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
 
 
 def job_json(j: Job, *, full: bool = False) -> dict[str, Any]:
-    """A job for the page: the payload shown cut (or whole, ``full``: the
-    details view) and as base64."""
+    """A job for the page: the first bytes of its payload shown as text (80
+    characters, or 4096 with ``full``: the details view), its size and its
+    ref (the short key of :func:`mesh._browse.payload`); never the whole
+    payload, which may be 64 MiB."""
     d = attrs.asdict(j)
-    d["task"] = show_payload(j.task, 4096 if full else 80)
-    d["task_b64"] = base64.b64encode(j.task).decode()
-    d["size"] = len(j.task)
+    width = 4096 if full else 80
+    d["task"] = shown(j.task, j.size, width)
+    # whether the page shows the whole payload (else it offers a download)
+    d["whole"] = j.whole and d["task"] == show_payload(j.task, width + 1)
     if d["token"] is not None:
         d["token"] = str(d["token"])  # beyond a JavaScript number's exact range
     return d
@@ -153,13 +177,28 @@ async def next_delayed(client: Client, n: int) -> list[Job]:
     return out[:n]
 
 
-def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
+def create_app(
+    poller: Poller,
+    *,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    allow_hosts: Iterable[str] = (),
+) -> ASGIApp:
     """The dashboard's ASGI app, showing what ``poller`` reads (run the
     poller beside it) and acting through ``poller.client``.
 
     Args:
         token: if given, every request must carry it (see the module doc).
+        host: the address it is bound to: a request must name it (or a
+            loopback name, when it is a loopback address) in its ``Host``
+            header, else it is refused with 421 (DNS rebinding).
+        allow_hosts: more names the ``Host`` header may give (a proxy's,
+            a DNS name of the machine).
+
+    Raises:
+        ConfigError: a name of ``allow_hosts`` is not a host name or address.
     """
+    names, any_ip = allowed_hosts(host, allow_hosts)
     page = _page()
 
     async def index(request: Request) -> Response:
@@ -183,76 +222,97 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
+    async def find(queue: str, body: dict[str, Any]) -> bytes | None:
+        """The payload an action's body names: ``ref`` (a listed job),
+        ``key`` (a row of the persistent tasks), ``task_b64`` or ``task``
+        (text); None when a ref or key no longer names one."""
+        if "ref" in body:
+            ref = text_field(body, "ref")
+            c = poller.client
+            return await browse_payload(c._check(), c._keys, queue, ref)
+        if "key" in body:
+            return poller.persistent_payload(queue, text_field(body, "key"))
+        if "task_b64" in body:
+            return b64_field(body, "task_b64")
+        if "task" in body:
+            return text_field(body, "task").encode()
+        raise BadRequest("name the task: 'ref', 'key', 'task_b64' or 'task'")
+
     async def cancel(request: Request) -> Response:
-        if request.headers.get("x-mesh-action") != "1":
-            return JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
+        if (refused := _refused(request)) is not None:
+            return refused
         try:
-            body: Any = await request.json()
-            queue = check_queue(body["queue"])
-            if "task_b64" in body:
-                task = base64.b64decode(body["task_b64"], validate=True)
-            else:
-                task = str(body["task"]).encode()
-        except (ValueError, KeyError, TypeError, ConfigError, binascii.Error) as exc:
-            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
-        try:
-            n = await poller.client.cancel(queue, task)
+            body = await json_body(request, '{"queue": "Q", "ref": "R"}')
+            queue = queue_field(body)
+            task = await find(queue, body)
+            n = 0 if task is None else await poller.client.cancel(queue, task)
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
         except MeshError as exc:
             return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
         await poller.poll_once()  # show the result at once
         return JSONResponse({"cancelled": n})
 
     async def dead(request: Request) -> Response:
-        if request.headers.get("x-mesh-action") != "1":
-            return JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
+        if (refused := _refused(request)) is not None:
+            return refused
         mode = request.path_params["mode"]
         if mode not in ("requeue", "purge"):
             return JSONResponse({"error": f"no such action: {mode}"}, status_code=404)
         try:
-            body: Any = await request.json()
-            queue = check_queue(body["queue"])
-        except (ValueError, KeyError, TypeError, ConfigError) as exc:
-            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
-        try:
+            queue = queue_field(await json_body(request, '{"queue": "Q"}'))
             if mode == "requeue":
                 n = await poller.client.requeue_dead(queue)
             else:
                 n = await poller.client.purge_dead(queue)
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
         except MeshError as exc:
             return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
         await poller.poll_once()
         return JSONResponse({mode + "d": n})
 
     async def pause(request: Request) -> Response:
-        queue, err = await _queue_body(request)
-        if err is not None:
-            return err
+        if (refused := _refused(request)) is not None:
+            return refused
         mode = request.url.path.rsplit("/", 1)[1]
         try:
+            queue = queue_field(await json_body(request, '{"queue": "Q"}'))
             if mode == "pause":
                 changed = await poller.client.pause(queue)
             else:
                 changed = await poller.client.resume(queue)
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
         except MeshError as exc:
             return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
         await poller.poll_once()
         return JSONResponse({"queue": queue, "paused": mode == "pause", "changed": changed})
 
     async def job_action(request: Request) -> Response:
-        if request.headers.get("x-mesh-action") != "1":
-            return JSONResponse({"error": "missing X-Mesh-Action: 1"}, status_code=403)
+        if (refused := _refused(request)) is not None:
+            return refused
         mode = request.path_params["mode"]
-        if mode not in ("requeue", "delete"):
+        if mode not in ("requeue", "delete", "run"):
             return JSONResponse({"error": f"no such action: {mode}"}, status_code=404)
-        try:
-            body: Any = await request.json()
-            queue = check_queue(body["queue"])
-            task = base64.b64decode(body["task_b64"], validate=True)
-        except (ValueError, KeyError, TypeError, ConfigError, binascii.Error) as exc:
-            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
         c = poller.client
         try:
-            if mode == "requeue":
+            body = await json_body(request, '{"queue": "Q", "ref": "R"}')
+            queue = queue_field(body)
+            task = await find(queue, body)
+            if task is None:
+                out = {"requeue": {"requeued": 0}, "delete": {"deleted": 0}}.get(
+                    mode, {"due": False}
+                )
+            elif mode == "run":
+                # due now (delay.lua keeps the earlier time); only if it is
+                # still delayed, else a second copy would be added
+                job = await c.job(queue, task)
+                due = job is not None and job.state == "delayed"
+                if due:
+                    await c.enqueue(queue, task, delay=0)
+                out = {"due": due}
+            elif mode == "requeue":
                 out = {"requeued": await c.requeue_dead(queue, [task])}
             else:
                 job = await c.job(queue, task)
@@ -260,6 +320,8 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
                     out = {"deleted": await c.purge_dead(queue, [task])}
                 else:
                     out = {"deleted": await c.cancel(queue, task)}
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
         except MeshError as exc:
             return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
         await poller.poll_once()
@@ -270,13 +332,13 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
         try:
             queue = check_queue(qp.get("queue", ""))
             state = qp.get("state", "queued")
-            limit = int(qp.get("limit", "50"))
+            limit = int_param(qp, "limit", 50)
             prefix = qp.get("prefix") or None
             page = await poller.client.jobs(
                 queue, state, limit=limit, after=qp.get("after") or None, prefix=prefix
             )
-        except (ValueError, ConfigError) as exc:
-            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
         except MeshError as exc:
             return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
         return JSONResponse(
@@ -285,32 +347,122 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
                 "state": state,
                 "total": page.total,
                 "next": page.next,
+                "limit": limit,
+                "position": cursor_position(qp.get("after") or None),
                 "jobs": [job_json(j) for j in page.jobs],
             }
         )
 
     async def job(request: Request) -> Response:
+        """One job's record by its ref (or its payload as ``task_b64``), the
+        first 4096 characters of its payload shown, never the whole."""
         qp = request.query_params
         try:
             queue = check_queue(qp.get("queue", ""))
-            task = base64.b64decode(qp.get("task_b64", ""), validate=True)
-            found = await poller.client.job(queue, task)
-        except (ValueError, ConfigError, binascii.Error) as exc:
-            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+            ref = qp.get("ref")
+            c = poller.client
+            if ref is not None:
+                task = await browse_payload(c._check(), c._keys, queue, ref)
+            else:
+                task = b64_field(qp, "task_b64")
+            found = None if task is None else await c.job(queue, task)
+            del task
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
         except MeshError as exc:
             return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
-        return JSONResponse(None if found is None else job_json(found, full=True))
+        if found is None:
+            return JSONResponse(None)
+        if found.ref is None and ref is not None:
+            found = attrs.evolve(found, ref=ref)
+        return JSONResponse(job_json(found, full=True))
+
+    async def payload(request: Request) -> Response:
+        """The whole payload of a job, by its ref, as a download."""
+        qp = request.query_params
+        try:
+            queue = check_queue(qp.get("queue", ""))
+            c = poller.client
+            task = await browse_payload(c._check(), c._keys, queue, qp.get("ref", ""))
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        if task is None:
+            return JSONResponse({"error": "this job is not on the queue any more"}, status_code=404)
+        return Response(
+            task,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": 'attachment; filename="payload.bin"'},
+        )
+
+    async def done(request: Request) -> Response:
+        """A page of the finished jobs whose results the queue keeps."""
+        qp = request.query_params
+        c = poller.client
+        try:
+            queue = check_queue(qp.get("queue", ""))
+            limit = int_param(qp, "limit", 50)
+            got, nxt = await browse_completed(
+                c._check(), c._keys, queue, limit=limit, after=qp.get("after") or None
+            )
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        return JSONResponse(
+            {
+                "queue": queue,
+                "next": nxt,
+                "jobs": [
+                    {
+                        "queue": x.queue,
+                        "state": "completed",
+                        "task": shown(x.task, x.size),
+                        "size": x.size,
+                        "finished": x.finished,
+                        "worker": x.worker,
+                        "result": None if x.result is None else shown(x.result, x.result_size, 200),
+                        "result_size": x.result_size,
+                    }
+                    for x in got
+                ],
+            }
+        )
+
+    async def worker(request: Request) -> Response:
+        """What one worker holds: its running processes on every queue it
+        serves (the first 1000 of each queue, by token), payloads shown cut."""
+        qp = request.query_params
+        wid = qp.get("id", "")
+        if not wid:
+            return _bad(BadRequest("missing 'id' (a worker id)"))
+        c = poller.client
+        try:
+            found = [w for w in await c.workers() if w.id == wid]
+            held: list[Job] = []
+            if found:
+                for q in found[0].queues:
+                    page = await c.jobs(q, "running", limit=MAX_LIMIT)
+                    held += [j for j in page.jobs if j.worker == wid]
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
+        except MeshError as exc:
+            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        if not found:
+            return JSONResponse(None)
+        return JSONResponse({"id": wid, "jobs": [job_json(j) for j in held]})
 
     async def history(request: Request) -> Response:
         qp = request.query_params
         try:
-            minutes = int(qp.get("minutes", "60"))
+            minutes = int_param(qp, "minutes", 60)
             queue = qp.get("queue")
             c = poller.client
             names = [check_queue(queue)] if queue else await c.queues()
             now, counts = await minute_counts(c._check(), c._keys, names, minutes)
-        except (ValueError, ConfigError) as exc:
-            return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
+        except (BadRequest, ConfigError) as exc:
+            return _bad(exc)
         except MeshError as exc:
             return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
         return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})
@@ -326,7 +478,7 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
                 "schedules": [
                     {
                         "queue": sc.queue,
-                        "task": show_payload(sc.task),
+                        "task": shown(sc.task, len(sc.task)),
                         "every": sc.every,
                         "cron": sc.cron,
                         "next_run": sc.next_run,
@@ -349,10 +501,13 @@ def create_app(poller: Poller, *, token: str | None = None) -> ASGIApp:
             Route("/api/job/{mode:str}", job_action, methods=["POST"]),
             Route("/api/jobs", jobs),
             Route("/api/job", job),
+            Route("/api/payload", payload),
             Route("/api/history", history),
+            Route("/api/worker", worker),
+            Route("/api/completed", done),
             Route("/api/schedules", schedules),
         ]
     )
     if token:
         app = _TokenGate(app, token)
-    return app
+    return HostGate(app, names, any_ip=any_ip)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -31,6 +31,7 @@ async def serve_dashboard(
     interval: float = 1.0,
     header: dict[str, str] | None = None,
     redact: Callable[[str], str] = lambda s: s,
+    allow_hosts: Iterable[str] = (),
 ) -> AsyncIterator[str]:
     """Serve the dashboard of ``client``'s mesh inside this block.
 
@@ -42,11 +43,15 @@ async def serve_dashboard(
             browser).
         header: shown at the top of the page (e.g. the Redis URL without its
             password, and the namespace); never put credentials in it.
+        allow_hosts: names a request's ``Host`` header may give besides
+            ``host`` (and loopback names when ``host`` is loopback); any
+            other is refused with 421 (DNS rebinding).
 
     Yields:
         The page's URL (``http://host:port/``).
     Raises:
-        ConfigError: the address cannot be bound.
+        ConfigError: the address cannot be bound, or a name of
+            ``allow_hosts`` is not a host name or address.
         MeshConnectionError: the first read of the mesh failed.
 
     Leaving the block (also by cancellation) stops the server and the
@@ -63,7 +68,7 @@ async def serve_dashboard(
     config.accesslog = None
     config.errorlog = log
     config.graceful_timeout = 0.5
-    app = create_app(poller, token=token)
+    app = create_app(poller, token=token, host=host, allow_hosts=allow_hosts)
     stopped = anyio.Event()
 
     async def shutdown_trigger() -> None:

@@ -5,7 +5,6 @@ successive reads."""
 
 from __future__ import annotations
 
-import base64
 import collections
 import json
 import logging
@@ -16,11 +15,13 @@ import anyio
 import anyio.abc
 import attrs
 
+from .._browse import fingerprint
 from .._client import Client
 from .._epoch import EPOCH_MISSING_HINT
 from .._errors import MeshError
 from .._types import Process
 from .._view import Overview, overview, share_text, show_payload
+from ._text import shown
 
 __all__ = ["Poller", "Tracker", "show_payload"]
 
@@ -30,8 +31,10 @@ log = logging.getLogger("mesh.dashboard")
 MAX_PERSISTENT_ROWS = 500
 
 
-def _b64(task: bytes) -> str:
-    return base64.b64encode(task).decode()
+def _key(task: bytes) -> str:
+    """The short key of a persistent task's row: a fingerprint of its payload
+    (the state never carries a whole payload: one may be 64 MiB)."""
+    return fingerprint(task)
 
 
 class Tracker:
@@ -48,6 +51,9 @@ class Tracker:
         self._seen_owned_at: dict[tuple[str, bytes], float] = {}
         self._deadlines: dict[str, float] = {}
         self.takeovers: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+        #: The payloads of the rows of the last state, by (queue, key): what
+        #: a cancel from a row names.
+        self.payloads: dict[tuple[str, str], bytes] = {}
 
     def update(self, ov: Overview) -> dict[str, Any]:
         """The page's state for ``ov``; records the takeovers since the last one."""
@@ -90,7 +96,7 @@ class Tracker:
             {
                 "at": new.started,
                 "queue": key[0],
-                "task": show_payload(key[1]),
+                "task": shown(key[1], len(key[1])),
                 "from": old.worker_id,
                 "to": new.worker_id,
                 "kind": kind,
@@ -123,12 +129,15 @@ class Tracker:
                 }
             )
         rows: list[dict[str, Any]] = []
+        payloads: dict[tuple[str, str], bytes] = {}
         for p in persistent[:MAX_PERSISTENT_ROWS]:
+            payloads[(p.queue, _key(p.task))] = p.task
             rows.append(
                 {
                     "queue": p.queue,
-                    "task": show_payload(p.task),
-                    "task_b64": _b64(p.task),
+                    "task": shown(p.task, len(p.task)),
+                    "key": _key(p.task),
+                    "size": len(p.task),
                     "owner": p.worker_id,
                     "token": str(p.token),
                     "age": round(ov.now - p.started, 1),
@@ -138,17 +147,20 @@ class Tracker:
             for t in qc.unowned:
                 if len(rows) >= MAX_PERSISTENT_ROWS:
                     break
+                payloads[(qc.info.name, _key(t))] = t
                 rows.append(
                     {
                         "queue": qc.info.name,
-                        "task": show_payload(t),
-                        "task_b64": _b64(t),
+                        "task": shown(t, len(t)),
+                        "key": _key(t),
+                        "size": len(t),
                         "owner": None,
                         "token": None,
                         # how long it has had no owner (Redis keeps since when)
                         "age": round(ov.now - qc.unowned_since.get(t, ov.now), 1),
                     }
                 )
+        self.payloads = payloads
         return {
             "now": ov.now,
             "error": None,
@@ -224,6 +236,11 @@ class Poller:
         self.state = json.dumps({**header, "now": None, "error": "connecting"})
         self.version = 0
         self._changed = anyio.Event()
+
+    def persistent_payload(self, queue: str, key: str) -> bytes | None:
+        """The payload of the persistent task whose row (in the last state)
+        has ``key``, or None."""
+        return self._tracker.payloads.get((queue, key))
 
     async def poll_once(self) -> None:
         """Read the mesh once and publish the result (or the error)."""
