@@ -313,7 +313,8 @@ class HandlerPool:
 
     def _handlers(self) -> list[tuple[bool, float]]:
         """``(persistent, began)`` of each handler running."""
-        return [(s.process.persistent, s.began) for s in self.running.values() if s.scope]
+        running = self.running.values()
+        return [(s.process.persistent, s.began) for s in running if s.scope is not None]
 
     def slots_stuck(self) -> bool:
         """Whether every slot runs the handler of a persistent task or, with

@@ -1,8 +1,10 @@
 """The runner's decisions, with no I/O: what a :class:`~mesh._runner.QueueRunner`
 claims and how many, which outcomes it reports, when it asks peers for tasks
 (a rebalance pull), when it re-checks what Redis holds for it, how a stop
-cancels its handlers (:data:`STOP_CHUNK` at a time, paced by time), and how
-long it waits after an error.
+cancels its handlers (:data:`STOP_CHUNK` at a time, paced by time), how
+long it waits after an error, and how far it pipelines (claims beyond its
+concurrency while handlers are short and the queue has a backlog, see
+:meth:`RunnerCore.pipeline`).
 
 Plain code, in the manner of h11's ``_state.py``: no trio, no Redis, no clock
 but the ``now`` (seconds, trio's clock in the runner) each call is given. The
@@ -85,7 +87,7 @@ DEPTH_MAX = 3
 #: costs among enough processes; beyond it, measured, a runner gains nothing
 #: and Redis spends more per process (at concurrency 100: none beyond).
 HOLD_MAX = 100
-#: ... and a handler that has run this many round trips (and at least
+#: A handler that has run this many round trips (and at least
 #: :data:`LONG_MIN` seconds) is long: while every slot runs a long (or a
 #: persistent) handler, nothing is claimed beyond ``concurrency`` and what
 #: waits for a slot is handed back (:meth:`RunnerCore.slots_stuck`).
@@ -128,7 +130,8 @@ def _mean(
 ) -> float:
     """The running mean ``old`` (None: none yet) moved :data:`EWMA` of the
     way to the mean of what ``timing`` observed since ``seen`` (its count
-    and total then); ``old`` if it observed nothing since."""
+    and total then; ``count``: its count now, if known); ``old`` (0 if None)
+    if it observed nothing since."""
     n = sum(timing.counts) if count is None else count
     if n <= seen[0]:
         return 0.0 if old is None else old
@@ -530,10 +533,9 @@ class RunnerCore:
         ``concurrency``: with a backlog, as many as the slots run in one
         round trip (``concurrency * rtt / handler_mean``), at most
         :data:`DEPTH_MAX` times ``concurrency`` and :data:`HOLD_MAX` in all;
-        none while handlers take
-        more than :data:`SHORT_RTTS` round trips on average, with an empty
-        queue, before any handler ran, or with a batch handler. Returns the
-        depth.
+        none while handlers take more than :data:`SHORT_RTTS` round trips on
+        average, with an empty queue, before any handler ran, or with a
+        batch handler. Returns the depth.
 
         With a depth, the runner claims again as soon as a claim's
         processes are handed to the pool, and that claim (with the last
