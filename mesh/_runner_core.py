@@ -78,10 +78,11 @@ CLAIM_MAX = 250
 #: is in flight while the current batch runs (:meth:`RunnerCore.pipeline`):
 #: none while handlers take more than this many round trips on average ...
 SHORT_RTTS = 2.0
-#: ... at most this many times ``concurrency`` (claims of about twice
+#: ... at most this many times ``concurrency`` (claims of about three times
 #: ``concurrency``: the per-call costs of Redis and of the worker shared by
-#: twice as many processes) ...
-DEPTH_MAX = 3
+#: three times as many processes; measured at concurrency 10, x0.85 Redis
+#: and worker CPU per task against claims of twice ``concurrency``) ...
+DEPTH_MAX = 5
 #: ... and never so many that the runner holds more than this many processes
 #: (claimed and in flight): a claim of this many already shares a round trip's
 #: costs among enough processes; beyond it, measured, a runner gains nothing

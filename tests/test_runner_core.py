@@ -429,14 +429,14 @@ def test_pipelining_starts_once_handlers_ran_short_with_a_backlog() -> None:
     # all it asked for and nothing left: maybe more, so still a backlog
     ran(core, 0.0001, 0.001)
     core.claimed(full(remaining=0), 10, 0.2, None)
-    assert core.depth == 30
+    assert core.depth == DEPTH_MAX * 10
 
 
 def test_pipelining_stops_when_the_queue_is_empty() -> None:
     core = make_core()
     ran(core, 0.0001, 0.001)
     core.claimed(full(), 10, 0.0, None)
-    assert core.depth == 30
+    assert core.depth == DEPTH_MAX * 10
     ran(core, 0.0001, 0.001)
     core.claimed(full(3, remaining=0), 10, 0.1, None)
     assert core.depth == 0
@@ -446,7 +446,7 @@ def test_pipelining_stops_when_handlers_are_long_against_a_round_trip() -> None:
     core = make_core()
     ran(core, 0.0001, 0.001)
     core.claimed(full(), 10, 0.0, None)
-    assert core.depth == 30
+    assert core.depth == DEPTH_MAX * 10
     ran(core, 0.05, 0.001)  # handlers of 50 round trips
     core.claimed(full(), 10, 0.1, None)
     assert core.depth == 0
@@ -458,7 +458,7 @@ def test_pipelining_stops_when_handlers_are_long_against_a_round_trip() -> None:
     for i in range(30):
         ran(core, 0.0001, 0.001)
         core.claimed(full(), 10, 0.3 + i, None)
-    assert core.depth == 30
+    assert core.depth == DEPTH_MAX * 10
 
 
 def test_the_depth_is_what_the_slots_run_in_a_round_trip_within_its_bounds() -> None:
