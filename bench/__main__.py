@@ -93,7 +93,11 @@ def revision() -> str:
 
 async def main(args: argparse.Namespace) -> list[Section]:
     ctx = Context(
-        runs=args.runs, quick=args.quick, peers_python=args.peers_python, peers=not args.no_peers
+        runs=args.runs,
+        quick=args.quick,
+        peers_python=args.peers_python,
+        peers=not args.no_peers,
+        base=str(args.base.resolve()) if args.base else "",
     )
     sections = []
     names = args.only or list(BENCHMARKS)
@@ -145,6 +149,14 @@ def cli(argv: list[str] | None = None) -> int:
         "take most of its time)",
     )
     parser.add_argument(
+        "--base",
+        type=Path,
+        metavar="TREE",
+        help="throughput and latency: trio-mesh at this source tree too (a checkout with mesh/ "
+        "and bench/, e.g. `git worktree add ../base REV`), in the same runs, and this tree's "
+        "figures over its",
+    )
+    parser.add_argument(
         "--setup-peers",
         action="store_true",
         help=f"create {PEERS_VENV} with bench/peers.txt and exit",
@@ -154,6 +166,8 @@ def cli(argv: list[str] | None = None) -> int:
         return setup_peers()
     if args.runs < 1:
         parser.error("--runs must be >= 1")
+    if args.base and not (args.base / "mesh" / "__init__.py").is_file():
+        parser.error(f"--base {args.base}: not a source tree of trio-mesh (no mesh/__init__.py)")
     if args.update and not args.only:
         parser.error("--update needs --only (a full run rewrites the whole report)")
     if args.update and args.quick:

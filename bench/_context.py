@@ -28,6 +28,7 @@ class Context:
     quick: bool = False
     peers_python: str | None = None
     peers: bool = True  # throughput: run SAQ, arq and streaQ too
+    base: str = ""  # throughput, latency: trio-mesh at this source tree too, same run
     log: Callable[[str], None] = field(default=_stderr)
     _peer_versions: dict[str, str | None] = field(default_factory=dict)
     _node: dict[str, tuple[NodePeer | None, str]] = field(default_factory=dict)

@@ -48,7 +48,8 @@ class _Slot:
     then running in that trio task's cancel scope."""
 
     __slots__ = (
-        "batch", "cancel_requested", "dropped", "hit", "process", "scope", "started", "stopping",
+        "batch", "began", "cancel_requested", "dropped", "hit", "process", "scope", "started",
+        "stopping",
     )  # fmt: skip
 
     def __init__(self, process: Process, started: float, batch: _Batch | None = None) -> None:
@@ -56,6 +57,7 @@ class _Slot:
         # The scope the handler runs in, once a pool trio task took it.
         self.scope: anyio.CancelScope | None = None
         self.started = started  # when it was claimed (trio's clock)
+        self.began = started  # when its handler started (set then)
         # True once the handler was cancelled to hand its process back (a
         # stop), not because the process was cancelled in the mesh.
         self.stopping = False
@@ -304,33 +306,46 @@ class HandlerPool:
         """How many processes this runner may claim now (a batch handler's
         calls are made of the processes claimed together, so ``concurrency``
         bounds the processes at once with either kind of handler). With
-        ``prefetch``, up to that many more are claimed and wait here for a
-        free slot, unless every slot runs a persistent task (whose handler
-        may never end: nothing claimed beyond it could start)."""
+        ``prefetch`` (or, by default, the core's adaptive
+        :attr:`~mesh._runner_core.RunnerCore.depth`), up to that many more
+        are claimed and wait here for a free slot, unless every slot runs a
+        handler that may not free it soon (:meth:`slots_stuck`)."""
         c = self.config
-        if c.prefetch and not self.slots_stuck():
-            return c.concurrency + c.prefetch - len(self.running)
+        extra = self.core.depth if c.prefetch is None else c.prefetch
+        if extra and not self.slots_stuck():
+            return c.concurrency + extra - len(self.running)
         return c.concurrency - len(self.running)
 
+    def _handlers(self) -> list[tuple[bool, float]]:
+        """``(persistent, began)`` of each handler running."""
+        running = self.running.values()
+        return [(s.process.persistent, s.began) for s in running if s.scope is not None]
+
     def slots_stuck(self) -> bool:
-        """Whether every slot runs the handler of a persistent task."""
-        c = self.config
-        if len(self.running) - len(self.queued) < c.concurrency:
+        """Whether every slot runs the handler of a persistent task or, with
+        adaptive pipelining, a long one (see
+        :meth:`~mesh._runner_core.RunnerCore.slots_stuck`)."""
+        if len(self.running) - len(self.queued) < self.config.concurrency:
             return False
-        started = sum(
-            1 for s in self.running.values() if s.scope is not None and s.process.persistent
-        )
-        return started >= c.concurrency
+        return self.core.slots_stuck(self.now(), self._handlers())[0]
 
     def hand_back_stuck(self) -> None:
         """Hand back, unharmed, the prefetched processes queued here while
-        every slot runs a persistent task's handler (they could wait for
-        ever; a peer with a free slot can run them)."""
-        if self.queued and self.slots_stuck():
+        every slot is stuck (:meth:`slots_stuck`: they could wait for ever,
+        or long; a peer with a free slot can run them). While every slot is
+        busy but not stuck yet, the runner's loop is woken when it may be."""
+        c = self.config
+        if not self.queued or c.batch or len(self.running) - len(self.queued) < c.concurrency:
+            return
+        now = self.now()
+        stuck, look_again = self.core.slots_stuck(now, self._handlers())
+        if stuck:
             while self.queued:
                 slot = cast(_Slot, self.queued.popleft())
                 del self.running[slot.process.id]
                 self.out.returned.append(slot.process.id)
+        elif look_again < math.inf:
+            self.core.wake_in(now, look_again - now)
 
     def unqueue(self, slot: _Slot) -> bool:
         """Take ``slot`` out of the queue for a handler if it waits there
@@ -469,12 +484,12 @@ class HandlerPool:
             self._cancelled(slot)
             return
         slot.scope = scope
-        if p.persistent and self.config.prefetch:
-            self.wakeup.set()  # every slot may be stuck now: see _hand_back_stuck
+        if self.queued and self.config.prefetch != 0:
+            self.wakeup.set()  # every slot may be stuck now: see hand_back_stuck
         handler = cast(Handler, self.config.handler)
         timeout = self.config.timeout
         now = self.now
-        began = now()
+        began = slot.began = now()
         if timeout > 0:
             scope.deadline = began + timeout
         try:

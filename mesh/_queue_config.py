@@ -87,6 +87,11 @@ def _handler(_instance: object, _attribute: object, handler: Any) -> None:
         check_handler(handler)
 
 
+def _prefetch(_instance: object, _attribute: object, n: int | None) -> None:
+    if n is not None:
+        whole("prefetch", n)
+
+
 @attrs.frozen
 class QueueConfig:
     """How a worker serves one queue: ``start_work``'s options, checked here.
@@ -118,9 +123,12 @@ class QueueConfig:
     batch: int = attrs.field(default=0, validator=whole_field())
     # this worker's part of the queue's fair share (see _balance)
     capacity: int = attrs.field(default=1, validator=lambda _i, _a, c: check_capacity(c))
-    # Processes claimed beyond ``concurrency``, held here until a slot frees
-    # (0: none; plain handlers only).
-    prefetch: int = attrs.field(default=0, validator=whole_field())
+    # Processes claimed beyond ``concurrency``, held here until a slot frees:
+    # None (the default) adapts (see RunnerCore.pipeline: about what the
+    # slots run in a claim round trip while handlers are short and the queue
+    # has a backlog, none otherwise; a batch handler gets none); 0: none;
+    # n: always up to n (plain handlers only).
+    prefetch: int | None = attrs.field(default=None, validator=_prefetch)
 
     def __attrs_post_init__(self) -> None:
         if self.batch > self.concurrency:

@@ -371,7 +371,7 @@ class QueueRunner:
         again after the core's backoff (while stopping, every handler left is
         cancelled at once: nothing can be handed back meanwhile)."""
         core, pool = self._core, self._pool
-        if self._config.prefetch and not core.stopping:
+        if pool.queued and self._config.prefetch != 0 and not core.stopping:
             pool.hand_back_stuck()
         action, n = core.next_action(pool.now(), pool.free(), len(pool.running))
         if action is _WAIT:

@@ -254,7 +254,7 @@ class Worker:
         batch_handler: BatchHandler | None = None,
         batch: int = 10,
         capacity: int = 1,
-        prefetch: int = 0,
+        prefetch: int | None = None,
     ) -> None:
         """Serve ``queue``.
 
@@ -332,9 +332,17 @@ class Worker:
                 It does not limit how many processes run here (that is
                 ``concurrency``).
             prefetch: claim up to this many processes beyond
-                ``concurrency`` (default 0: none), so that a slot freed by a
-                handler starts the next process at once instead of waiting a
-                round trip to Redis for it. A prefetched process is claimed:
+                ``concurrency``, so that a slot freed by a handler starts the
+                next process at once instead of waiting a round trip to Redis
+                for it. The default, None, adapts: while handlers take no
+                more than about two claim round trips and the queue has a
+                backlog, up to ``concurrency`` more are claimed (the next
+                claim is in flight while the current batch runs); none once
+                handlers are long or the queue is empty, and while every slot
+                runs a handler that has run a few round trips, what waits
+                here is handed back. 0: never; n: always up to n (a handler
+                that runs long then holds up to n processes that a peer
+                could run). A prefetched process is claimed:
                 held by this worker (it counts in the queue's running
                 processes and in this worker's share, and peers recycle it if
                 this worker dies), but its handler waits here for a free slot;
@@ -343,8 +351,9 @@ class Worker:
                 running its handler; a stop hands it back unharmed. While
                 every slot runs a persistent task's handler (which may never
                 end), nothing is claimed beyond ``concurrency`` and what was
-                prefetched is handed back. Plain handlers only (a batch
-                handler already takes what is claimed together).
+                prefetched is handed back. A number is for plain handlers
+                only (a batch handler already takes what is claimed
+                together; with one, the default claims nothing beyond).
 
         Raises:
             ConfigError: bad queue name or arguments (both a ``handler`` and

@@ -91,8 +91,11 @@ class Setup:
         *,
         concurrency: int = 1,
         result_ttl: float = 0.0,
+        prefetch: int | None = 0,  # these tests count round trips: serial unless asked
     ) -> AsyncIterator[QueueRunner]:
-        config = QueueConfig(Q, handler, concurrency, 0, 0.01, 0.01, result_ttl=result_ttl)
+        config = QueueConfig(
+            Q, handler, concurrency, 0, 0.01, 0.01, result_ttl=result_ttl, prefetch=prefetch
+        )
         runner = QueueRunner(
             conn,  # type: ignore[arg-type]
             self.b,

@@ -13,7 +13,11 @@ from mesh._runner_core import (
     BACKOFF_MAX,
     BACKOFF_MIN,
     CLAIM_MAX,
+    DEPTH_MAX,
     HERD,
+    HOLD_MAX,
+    LONG_MIN,
+    LONG_RTTS,
     STOP_CHUNK,
     STOP_PACE,
     STOP_RETRY,
@@ -396,3 +400,116 @@ def test_an_empty_stop_has_nothing_due(n: int) -> None:
     core.begin_stop([str(i) for i in range(n)])
     core.stop_group(0.0, lambda pid: True)
     assert not core.stop_due(1.0)
+
+
+# --- adaptive pipelining (prefetch=None, the default) -------------------------
+
+
+def full(n: int = 10, remaining: int = 5) -> ClaimReply:
+    return ClaimReply(0, remaining, tuple(proc(str(i + 1)) for i in range(n)))
+
+
+def ran(core: RunnerCore, handler_s: float, rtt_s: float, handlers: int = 10) -> None:
+    """A claim round trip of ``rtt_s`` and ``handlers`` runs of ``handler_s``."""
+    core.counters.claim.observe(rtt_s)
+    for _ in range(handlers):
+        core.counters.handler.observe(handler_s)
+
+
+def test_pipelining_starts_once_handlers_ran_short_with_a_backlog() -> None:
+    core = make_core()
+    core.counters.claim.observe(0.001)
+    core.claimed(full(), 10, 0.0, None)
+    assert core.depth == 0  # no handler ran yet: nothing known of them
+    ran(core, 0.0001, 0.001)
+    core.claimed(full(), 10, 0.1, None)
+    # the slots run 100 in a round trip: DEPTH_MAX times concurrency beyond it
+    assert core.depth == DEPTH_MAX * 10
+    assert core.rtt == pytest.approx(0.001) and core.handler_mean == pytest.approx(0.0001)
+    # all it asked for and nothing left: maybe more, so still a backlog
+    ran(core, 0.0001, 0.001)
+    core.claimed(full(remaining=0), 10, 0.2, None)
+    assert core.depth == DEPTH_MAX * 10
+
+
+def test_pipelining_stops_when_the_queue_is_empty() -> None:
+    core = make_core()
+    ran(core, 0.0001, 0.001)
+    core.claimed(full(), 10, 0.0, None)
+    assert core.depth == DEPTH_MAX * 10
+    ran(core, 0.0001, 0.001)
+    core.claimed(full(3, remaining=0), 10, 0.1, None)
+    assert core.depth == 0
+
+
+def test_pipelining_stops_when_handlers_are_long_against_a_round_trip() -> None:
+    core = make_core()
+    ran(core, 0.0001, 0.001)
+    core.claimed(full(), 10, 0.0, None)
+    assert core.depth == DEPTH_MAX * 10
+    ran(core, 0.05, 0.001)  # handlers of 50 round trips
+    core.claimed(full(), 10, 0.1, None)
+    assert core.depth == 0
+    # a round trip that takes no new claim timing keeps the means
+    mean = core.handler_mean
+    core.claimed(full(), 10, 0.2, None)
+    assert (core.depth, core.handler_mean) == (0, mean)
+    # short again: the running mean comes back down over a few round trips
+    for i in range(30):
+        ran(core, 0.0001, 0.001)
+        core.claimed(full(), 10, 0.3 + i, None)
+    assert core.depth == DEPTH_MAX * 10
+
+
+def test_the_depth_is_what_the_slots_run_in_a_round_trip_within_its_bounds() -> None:
+    core = make_core()
+    ran(core, 0.0004, 0.001)  # 10 slots run 25 processes per round trip
+    core.claimed(full(), 10, 0.0, None)
+    assert core.depth == 25
+    core = make_core()
+    ran(core, 0.0019, 0.001)  # at most SHORT_RTTS round trips: still short
+    core.claimed(full(), 10, 0.0, None)
+    assert core.depth == 6
+    core = make_core()
+    ran(core, 0.0021, 0.001)  # longer: none
+    core.claimed(full(), 10, 0.0, None)
+    assert core.depth == 0
+    # never more than HOLD_MAX held in all: at concurrency 100, none beyond
+    for concurrency, depth in [(50, HOLD_MAX - 50), (HOLD_MAX, 0)]:
+        core = make_core(concurrency=concurrency)
+        ran(core, 0.000001, 0.001)
+        core.claimed(full(), 10, 0.0, None)
+        assert core.depth == depth
+
+
+@pytest.mark.parametrize("options", [{"prefetch": 0}, {"prefetch": 3}, {"batch": 5}])
+def test_pipelining_is_only_the_default_for_plain_handlers(options: dict[str, int]) -> None:
+    core = make_core(**options)
+    for i in range(3):
+        ran(core, 0.0001, 0.001)
+        core.claimed(full(), 10, float(i), None)
+    assert core.depth == 0
+
+
+def test_every_slot_long_or_persistent_is_stuck_and_says_when_to_look_again() -> None:
+    core = make_core(concurrency=2)
+    ran(core, 0.0001, 0.001)
+    core.claimed(full(2), 2, 0.0, None)
+    long_after = core.long_after()
+    assert long_after == max(LONG_RTTS * 0.001, LONG_MIN)
+    # a free slot: never stuck
+    assert core.slots_stuck(10.0, [(False, 0.0)]) == (False, math.inf)
+    # both busy with handlers that began at 1.0 and 1.001: not yet long
+    stuck, look_again = core.slots_stuck(1.002, [(False, 1.0), (False, 1.001)])
+    assert not stuck and look_again == pytest.approx(1.001 + long_after)
+    assert core.slots_stuck(1.001 + long_after, [(False, 1.0), (False, 1.001)])[0]
+    # a persistent handler is stuck at once; the other slot decides
+    stuck, look_again = core.slots_stuck(1.0, [(True, 1.0), (False, 1.0)])
+    assert not stuck and look_again == pytest.approx(1.0 + long_after)
+    assert core.slots_stuck(1.0, [(True, 1.0), (True, 1.0)]) == (True, math.inf)
+
+
+def test_a_fixed_prefetch_is_stuck_only_behind_persistent_handlers() -> None:
+    core = make_core(concurrency=2, prefetch=2)
+    assert core.slots_stuck(100.0, [(False, 0.0), (False, 0.0)]) == (False, math.inf)
+    assert core.slots_stuck(0.0, [(True, 0.0), (True, 0.0)]) == (True, math.inf)

@@ -217,7 +217,7 @@ def config(**changes: Any) -> QueueConfig:
 
 def test_queue_config_takes_the_start_work_defaults() -> None:
     c = config()
-    assert (c.concurrency, c.batch, c.prefetch, c.capacity) == (10, 0, 0, 1)
+    assert (c.concurrency, c.batch, c.prefetch, c.capacity) == (10, 0, None, 1)
     assert config(handler=None).handler is None
     assert config(handler=batch_handler, batch=10).batch == 10
     assert config(prefetch=5).prefetch == 5

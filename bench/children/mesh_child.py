@@ -215,7 +215,7 @@ async def throughput(args: argparse.Namespace) -> None:
             await worker.start_work(
                 args.queue, batch_handler=noop_batch, batch=args.batch, concurrency=args.concurrency
             )
-        elif args.prefetch:
+        elif args.prefetch >= 0:
             await worker.start_work(
                 args.queue, noop, concurrency=args.concurrency, prefetch=args.prefetch
             )
@@ -430,7 +430,9 @@ def main() -> None:
     )
     parser.add_argument("--gc-freeze", action="store_true", help="hold: gc.freeze() once serving")
     parser.add_argument("--batch", type=int, default=0, help="throughput: a batch handler")
-    parser.add_argument("--prefetch", type=int, default=0, help="throughput: prefetch")
+    parser.add_argument(
+        "--prefetch", type=int, default=-1, help="throughput: prefetch (-1: the default)"
+    )
     parser.add_argument(
         "--loop",
         default="trio",

@@ -62,11 +62,15 @@ class Contender:
     concurrency: int = 0  # 0: the run's (Sizes.concurrency)
     extra: tuple[str, ...] = ()  # more arguments of its worker (trio-mesh: e.g. --loop)
     batch: int = 0  # trio-mesh: a batch handler of up to this many processes per call
-    prefetch: int = 0  # trio-mesh: processes claimed beyond the concurrency
+    prefetch: int = -1  # trio-mesh: processes claimed beyond the concurrency (-1: the default)
     tree: str = ""  # trio-mesh: run the children of this source tree (bench/tools/ab_throughput.py)
 
 
 MESH1 = "trio-mesh, 1 worker process"
+#: trio-mesh with pipelining off (prefetch=0): one claim in flight at a time
+SERIAL = "prefetch 0 (serial round trips)"
+#: trio-mesh at the tree given with ``python -m bench --base``
+BASE = "base tree"
 LOOP = "the limit: a bare Python loop with trio-mesh's batching"
 
 
@@ -112,18 +116,15 @@ def contenders(ctx: Context, sizes: Sizes) -> tuple[list[Contender], list[str]]:
             "mesh",
             batch=sizes.concurrency,
         ),
-        Contender(
-            f"trio-mesh, 1 worker process, prefetch {sizes.concurrency}",
-            "mesh",
-            prefetch=sizes.concurrency,
-        ),
-        Contender(
-            f"trio-mesh, 2 worker processes, prefetch {sizes.concurrency}",
-            "mesh",
-            processes=2,
-            prefetch=sizes.concurrency,
-        ),
+        Contender(f"trio-mesh, 1 worker process, {SERIAL}", "mesh", prefetch=0),
+        Contender(f"trio-mesh, 2 worker processes, {SERIAL}", "mesh", processes=2, prefetch=0),
     ]
+    if ctx.base:
+        # the same at another source tree (python -m bench --base), same run
+        out += [
+            Contender(f"{MESH1}, {BASE}", "mesh", tree=ctx.base),
+            Contender(f"{mesh_high(sizes)}, {BASE}", "mesh", concurrency=sizes.high, tree=ctx.base),
+        ]
     if not sizes.peers:
         return out, notes
     for lib, label, extra in (
@@ -208,7 +209,8 @@ async def one_run(
                 argv = tree_child(
                     c.tree, "throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
                     "--concurrency", conc, "--batch", str(c.batch),
-                    "--prefetch", str(c.prefetch), *c.extra,
+                    *(("--prefetch", str(c.prefetch)) if c.prefetch >= 0 else ()),
+                    *c.extra,
                 )  # fmt: skip
             elif c.lib == "loop":
                 argv = mesh_child(
@@ -500,24 +502,35 @@ async def run(ctx: Context, sizes: Sizes | None = None) -> Section:
             same_run(f"trio-mesh: batch handler (batch {batched.batch}) / plain handler",
                      results[batched.label], mesh1_runs, note="per run, 1 worker process each")
         )  # fmt: skip
-    prefetched = next((c for c in conts if c.prefetch and c.processes == 1), None)
-    if prefetched is not None:
+    serial = next((c for c in conts if c.prefetch == 0 and c.processes == 1), None)
+    if serial is not None:
         section.figures.append(
-            same_run(f"trio-mesh: prefetch {prefetched.prefetch} / none",
-                     results[prefetched.label], mesh1_runs, note="per run, 1 worker process each")
+            same_run("trio-mesh: the default (adaptive pipelining) / prefetch 0",
+                     mesh1_runs, results[serial.label], note="per run, 1 worker process each")
         )  # fmt: skip
-    prefetched2 = next((c for c in conts if c.prefetch and c.processes == 2), None)
-    if prefetched2 is not None and prefetched is not None:
+    serial2 = next((c for c in conts if c.prefetch == 0 and c.processes == 2), None)
+    if serial2 is not None and serial is not None:
         section.figures.append(
-            same_run(f"trio-mesh, prefetch {prefetched.prefetch}: 2 worker processes / 1",
-                     results[prefetched2.label], results[prefetched.label], note="per run")
+            same_run("trio-mesh, prefetch 0: 2 worker processes / 1",
+                     results[serial2.label], results[serial.label], note="per run")
         )  # fmt: skip
+    for c in conts:
+        if c.tree:
+            # trio-mesh at this tree / at the base tree (python -m bench --base)
+            here = results[c.label.removesuffix(f", {BASE}")]
+            section.figures.append(
+                same_run(f"{c.label.removesuffix(f', {BASE}')}: this tree / the base tree",
+                         here, results[c.label], note=f"per run; the base tree: {c.tree}")
+            )  # fmt: skip
+            for what, get in (
+                ("Redis CPU", lambda r: r.redis_cpu),
+                ("worker CPU", lambda r: r.worker_cpu),
+            ):
+                section.figures.append(
+                    per_task(f"{what} per task, concurrency {c.concurrency or sizes.concurrency}: "
+                             "this tree / the base tree", here, results[c.label], get, None)
+                )  # fmt: skip
     worqr = next((c for c in conts if c.lib == "worqr"), None)
-    if worqr is not None and prefetched is not None:
-        section.figures.append(
-            same_run(f"trio-mesh, prefetch {prefetched.prefetch} (1 process) / Worqr, same run",
-                     results[prefetched.label], results[worqr.label], note="per run")
-        )  # fmt: skip
     peers = sorted({c.lib for c in conts if c.lib not in ("mesh", "loop", "worqr", "bullmq")})
     if peers:
         versions = ", ".join(f"{lib} {ctx.peer_version(lib)}" for lib in peers)
@@ -556,7 +569,7 @@ def per_task(
     a: list[RunResult | None],
     b: list[RunResult | None],
     what: Callable[[RunResult], float],
-    target: Target,
+    target: Target | None,
 ) -> Figure:
     """A's per-task cost over B's, run by run (same task count: a ratio of totals)."""
     return Figure(
@@ -571,13 +584,13 @@ def per_task(
 def headline(
     conts: list[Contender], results: dict[str, list[RunResult | None]], sizes: Sizes
 ) -> list[Figure]:
-    """Issue 25's targets, each a same-run ratio: trio-mesh at the run's
+    """Issue 34's targets, each a same-run ratio: trio-mesh at the run's
     concurrency against the bare loop, BullMQ and Worqr; at the high
     concurrency against BullMQ; its Redis and worker CPU per task against the
     loop's."""
     by_lib: dict[tuple[str, int], Contender] = {}
     for c in conts:
-        if c.processes == 1 and not c.batch and not c.prefetch and not c.extra:
+        if c.processes == 1 and not c.batch and c.prefetch < 0 and not c.extra and not c.tree:
             by_lib.setdefault((c.lib, c.concurrency or sizes.concurrency), c)
     lo, hi = sizes.concurrency, sizes.high
     mesh = results[MESH1]
@@ -587,7 +600,7 @@ def headline(
         rl = results[loop.label]
         out.append(same_run(f"trio-mesh (concurrency {lo}) / the bare loop, same run", mesh, rl,
                             target=Target(">=", 0.7, ">= 0.7")))  # fmt: skip
-    for lib, name, want in (("bullmq", "BullMQ", 3.0), ("worqr", "Worqr", 3.0)):
+    for lib, name, want in (("bullmq", "BullMQ", 3.5), ("worqr", "Worqr", 3.5)):
         peer = by_lib.get((lib, lo))
         if peer is not None:
             out.append(
@@ -598,13 +611,13 @@ def headline(
     if hi and m_hi is not None and b_hi is not None:
         out.append(
             same_run(f"trio-mesh / BullMQ, both at concurrency {hi}, same run",
-                     results[m_hi.label], results[b_hi.label], target=Target(">=", 5.0, ">= 5x"))
+                     results[m_hi.label], results[b_hi.label], target=Target(">=", 6.0, ">= 6x"))
         )  # fmt: skip
     if loop is not None:
         rl = results[loop.label]
         for what, get, most in (
-            ("Redis CPU", lambda r: r.redis_cpu, 1.2),
-            ("worker CPU", lambda r: r.worker_cpu, 1.3),
+            ("Redis CPU", lambda r: r.redis_cpu, 1.8),
+            ("worker CPU", lambda r: r.worker_cpu, 1.5),
         ):
             out.append(
                 per_task(f"{what} per task: trio-mesh (concurrency {lo}) / the bare loop",
@@ -643,7 +656,8 @@ def headline_table(
         if (
             c.processes != 1
             or c.batch
-            or c.prefetch
+            or c.prefetch >= 0
+            or c.tree
             or c.extra
             or c.lib not in ("mesh", "loop", "bullmq", "worqr")
         ):
@@ -724,10 +738,11 @@ trio-mesh is measured twice with one worker process: with a plain handler
 peers) and with a batch handler (`start_work(queue, batch_handler=...,
 batch={c})`: one call per claim of up to {c} processes, each finished on its
 own), to show what a batch handler saves where bulk work fits; and with
-`prefetch={c}` (`start_work(queue, handler, concurrency={c}, prefetch={c})`,
-1 and 2 worker processes): up to {c} processes claimed beyond the
-concurrency wait in the worker for a slot, so a slot freed by a handler
-does not wait for a round trip (opt-in: see "Prefetch" in the concepts).
+`prefetch=0` (1 and 2 worker processes): pipelining off, one claim round
+trip at a time, against the default, which pipelines while handlers are
+short and the queue has a backlog (see "Prefetch and pipelining" in the
+concepts). With `python -m bench --base TREE`, trio-mesh at that source tree
+runs too (at {c} and {hi}, one worker process), in the same runs.
 
 "2 worker processes / 1" is read against what the machine itself does with a
 second process: at the start of each run, {spins} times alternating, one

@@ -104,8 +104,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="[Q=]N",
         help="processes to claim beyond the concurrency, held here until a slot frees, so "
         "that a freed slot starts the next one without a round trip to Redis: 'Q=N' for "
-        "queue Q, a bare 'N' for every other queue (repeatable; default 0). Plain handlers "
-        "only; see Worker.start_work",
+        "queue Q, a bare 'N' for every other queue (repeatable; 0: none). By default it "
+        "adapts: up to the concurrency while handlers are short and the queue has a "
+        "backlog, none otherwise. Plain handlers only; see Worker.start_work",
     )
     p.add_argument(
         "--max-attempts",
@@ -354,12 +355,15 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(f"--concurrency names queues that APP does not serve: {unknown}")
     concurrency = {q: per_queue.get(q, default) for q in app}
     capacity = _per_queue(args.capacity, app, 1, "--capacity")
-    prefetch = _per_queue(args.prefetch, app, 0, "--prefetch")
+    prefetch = _per_queue(args.prefetch, app, -1, "--prefetch")  # -1: not given
     batched = sorted(q for q, _ in args.prefetch if q and isinstance(app.get(q), mesh.Batched))
     if batched:
         raise UsageError(f"--prefetch is for plain handlers; these queues are batched: {batched}")
-    # a bare N applies to the queues with plain handlers
-    prefetch = {q: 0 if isinstance(app[q], mesh.Batched) else n for q, n in prefetch.items()}
+    # a bare N applies to the queues with plain handlers; a queue not named
+    # adapts (start_work's default)
+    prefetch = {
+        q: 0 if isinstance(app[q], mesh.Batched) else n for q, n in prefetch.items() if n >= 0
+    }
     try:
         LeaseTiming.make(args.ttl, None, None)
         if args.worker_id is not None:
@@ -566,7 +570,7 @@ async def _serve(
                         _logged(handler, stopping),
                         concurrency=concurrency[queue],
                         capacity=(capacity or {}).get(queue, 1),
-                        prefetch=(prefetch or {}).get(queue, 0),
+                        prefetch=(prefetch or {}).get(queue),
                         **retry,
                     )
                 started = True
