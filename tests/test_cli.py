@@ -884,7 +884,7 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     )
     assert tests == (
         "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && "
-        ".venv/bin/python -m pytest -n auto --dist loadfile"
+        ".venv/bin/python -m pytest -n 4 --dist loadfile"
     )
     ci = README.parent / ".ci" / "run"
     r = subprocess.run(["bash", str(ci), "--readme-command"], capture_output=True, check=True)
