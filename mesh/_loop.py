@@ -62,6 +62,30 @@ class ByteStream(Protocol):
 Abort = Callable[[Any], Any]
 
 
+class Event(Protocol):
+    """What trio's and anyio's events both have."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+    async def wait(self) -> None: ...
+
+
+class CancelScope(Protocol):
+    """What trio's and anyio's cancel scopes both have."""
+
+    deadline: float
+
+    def cancel(self, reason: str | None = None) -> None: ...
+
+    @property
+    def cancel_called(self) -> bool: ...
+
+    @property
+    def cancelled_caught(self) -> bool: ...
+
+
 class Loop:
     """The hot-path primitives of one event loop (see the module docstring).
 
@@ -77,9 +101,21 @@ class Loop:
             and never woken on trio, where ``abort`` made sure of that).
         checkpoint, checkpoint_if_cancelled: the loop's own (trio's, or
             anyio's on asyncio), without anyio's lookup of the backend per call.
+        Event, CancelScope: trio's own classes on trio, anyio's on asyncio:
+            for the runner's turns and the handler pool, made per round trip
+            (anyio's on trio wrap trio's, and find the backend on every one).
     """
 
-    __slots__ = ("checkpoint", "checkpoint_if_cancelled", "handle", "name", "park", "wake")
+    __slots__ = (
+        "CancelScope",
+        "Event",
+        "checkpoint",
+        "checkpoint_if_cancelled",
+        "handle",
+        "name",
+        "park",
+        "wake",
+    )
 
     def __init__(
         self,
@@ -89,7 +125,11 @@ class Loop:
         wake: Callable[..., None],
         checkpoint: Callable[[], Awaitable[None]],
         checkpoint_if_cancelled: Callable[[], Awaitable[None]],
+        event: Callable[[], Event],
+        cancel_scope: Callable[..., Any],  # a CancelScope (the classes' own types)
     ) -> None:
+        self.Event = event
+        self.CancelScope = cancel_scope
         self.name = name
         self.checkpoint = checkpoint
         self.checkpoint_if_cancelled = checkpoint_if_cancelled
@@ -188,6 +228,8 @@ _LOOPS: Final = {
         _trio_wake,
         trio.lowlevel.checkpoint,
         trio.lowlevel.checkpoint_if_cancelled,
+        trio.Event,
+        trio.CancelScope,
     ),
     "asyncio": Loop(
         "asyncio",
@@ -196,6 +238,8 @@ _LOOPS: Final = {
         _asyncio_wake,
         anyio.lowlevel.checkpoint,
         _asyncio_checkpoint_if_cancelled,
+        anyio.Event,
+        anyio.CancelScope,
     ),
 }
 

@@ -32,7 +32,7 @@ import outcome
 import trio
 
 from . import _telemetry
-from ._loop import current
+from ._loop import CancelScope, Event, current
 from ._queue_config import BatchHandler, Handler, QueueConfig
 from ._runner_core import RunnerCore, describe_error, one_line
 from ._stats import QueueCounters
@@ -55,7 +55,7 @@ class _Slot:
     def __init__(self, process: Process, started: float, batch: _Batch | None = None) -> None:
         self.process = process
         # The scope the handler runs in, once a pool trio task took it.
-        self.scope: anyio.CancelScope | None = None
+        self.scope: CancelScope | None = None
         self.started = started  # when it was claimed (trio's clock)
         self.began = started  # when its handler started (set then)
         # True once the handler was cancelled to hand its process back (a
@@ -98,7 +98,7 @@ class _Slot:
 MOVED = "moved"
 
 
-def _cancel(scope: anyio.CancelScope, reason: str | None) -> None:
+def _cancel(scope: CancelScope, reason: str | None) -> None:
     if reason is None:
         scope.cancel()
         return
@@ -232,7 +232,7 @@ class HandlerPool:
         self.running: dict[str, _Slot] = {}
         # Set whenever the runner's loop has something to look at (an
         # outcome, a free slot); the loop replaces it after each wait.
-        self.wakeup = anyio.Event()
+        self.wakeup: Event = self.loop.Event()
         # Long-lived trio tasks (at most concurrency), each running one
         # process (or one batch call) after the other, so that starting a
         # process costs a reschedule, not a trio task and a cancel scope
@@ -245,7 +245,7 @@ class HandlerPool:
         self.ctx = contextvars.copy_context()
         # trio's clock, read without anyio.current_time()'s two calls around
         # it (set when the runner's loop starts)
-        self.now: Callable[[], float] = anyio.current_time
+        self.now: Callable[[], float] = self.loop.clock()
         # Whether handler runs get spans (asked once per claimed batch).
         self.traced = False
 
@@ -428,7 +428,7 @@ class HandlerPool:
         try:
             while True:
                 current: _Slot | _Batch | None = None
-                with anyio.CancelScope() as scope:
+                with self.loop.CancelScope() as scope:
                     while True:
                         if item is None:
                             item = self.queued.popleft() if self.queued else await self._park()
@@ -473,7 +473,7 @@ class HandlerPool:
     def _timed_out(self) -> str:
         return f"TimeoutError: the handler ran longer than {self.config.timeout:g} s"
 
-    async def _run_one(self, scope: anyio.CancelScope, slot: _Slot) -> None:
+    async def _run_one(self, scope: CancelScope, slot: _Slot) -> None:
         """Run the handler of one process in ``scope`` and record how it
         ended (a Cancelled of ``scope`` propagates: :meth:`_serve` records
         that)."""
@@ -517,7 +517,7 @@ class HandlerPool:
         # not in the queue's idle set must look by itself, or no one wakes it).
         self.wakeup.set()
 
-    async def _run_batch(self, scope: anyio.CancelScope, b: _Batch) -> None:
+    async def _run_batch(self, scope: CancelScope, b: _Batch) -> None:
         """Run the batch handler on the processes of ``b`` in ``scope`` and
         record each one's outcome (a Cancelled of ``scope`` propagates:
         :meth:`_serve` records that)."""
@@ -533,7 +533,7 @@ class HandlerPool:
         procs = [s.process for s in live]
         handler = cast(BatchHandler, self.config.handler)
         timeout = self.config.timeout
-        began = anyio.current_time()
+        began = self.now()
         if timeout > 0:
             scope.deadline = began + timeout
         try:
@@ -549,7 +549,7 @@ class HandlerPool:
                     del self.running[slot.process.id]
             if timeout > 0:
                 scope.deadline = math.inf
-            self.counters.handler.observe(anyio.current_time() - began)
+            self.counters.handler.observe(self.now() - began)
         for slot, out in zip(live, outcomes, strict=True):
             p = slot.process
             if slot.dropped:

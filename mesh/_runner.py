@@ -126,7 +126,7 @@ class QueueRunner:
 
     def wake_in(self, seconds: float) -> None:
         """A task becomes due for a retry in ``seconds``."""
-        self._core.wake_in(anyio.current_time(), seconds)
+        self._core.wake_in(self._pool.now(), seconds)
         self._pool.wakeup.set()
 
     def retry_due(self, due_ms: int, seconds: float, idle_servers: int) -> None:
@@ -379,9 +379,9 @@ class QueueRunner:
             if due == math.inf:
                 await pool.wakeup.wait()
             else:
-                with anyio.CancelScope(deadline=due):
+                with pool.loop.CancelScope(deadline=due):
                     await pool.wakeup.wait()
-            pool.wakeup = anyio.Event()
+            pool.wakeup = pool.loop.Event()
             return True
         if action is _EXIT:
             return False

@@ -68,7 +68,7 @@ class RunnerIO:
         claim that went through is started even if the finish failed, and
         the other way round; then the error is raised (a FencedError first)."""
         c, core, out = self.config, self._core, self._out
-        now = anyio.current_time()
+        now = self._pool.now()
         # Fair share first; a worker held back by it claims again one
         # balance_wait later and then takes, beyond its share, the persistent
         # tasks that had no owner for (about) that long: peers below their
@@ -101,7 +101,7 @@ class RunnerIO:
             else:
                 finished = None
                 claimed = outcome.Value(await b.run(self._conn, claim))
-            self._counters.claim.observe(anyio.current_time() - now)
+            self._counters.claim.observe(self._pool.now() - now)
         except BaseException:
             # No reply (a connection error, an error reply to a claim sent
             # alone, a cancellation): report these again later. After a
@@ -197,7 +197,7 @@ class RunnerIO:
             raise
         finally:
             core.unsure -= len(failed)
-        for line in core.failures_reported(anyio.current_time(), failed, outcomes):
+        for line in core.failures_reported(self._pool.now(), failed, outcomes):
             log.warning("%s", line)
 
     async def give_back_returned(self, keep_ms: int) -> int:
