@@ -178,11 +178,6 @@ def _trio_park(task: Any, abort: Abort) -> Awaitable[Any]:
     return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105
 
 
-def _trio_wake(task: Any, result: Any = None) -> None:
-    # an outcome is used once: a new one for each plain wake-up
-    trio.lowlevel.reschedule(task, outcome.Value(None) if result is None else result)
-
-
 def _asyncio_handle() -> asyncio.Future[Any]:
     return asyncio.get_running_loop().create_future()
 
@@ -225,7 +220,7 @@ _LOOPS: Final = {
         "trio",
         trio.lowlevel.current_task,
         _trio_park,
-        _trio_wake,
+        trio.lowlevel.reschedule,  # its default outcome is a new Value(None)
         trio.lowlevel.checkpoint,
         trio.lowlevel.checkpoint_if_cancelled,
         trio.Event,

@@ -227,6 +227,7 @@ class HandlerPool:
         self.config = config
         self.core = core
         self.loop = current()
+        self._wake = self.loop.wake
         self.out = core.out
         self.counters = counters
         self.running: dict[str, _Slot] = {}
@@ -367,7 +368,7 @@ class HandlerPool:
         a new one while the pool is below ``concurrency``; else it waits for
         the first pool trio task that comes free (sync, no I/O)."""
         if self.idle:
-            self.loop.wake(self.idle.pop(), outcome.Value(item))
+            self._wake(self.idle.pop(), outcome.Value(item))
         elif self.size < self.config.concurrency and self.nursery is not None:
             self.size += 1
             self.nursery.start_soon(self._serve, item, name=f"mesh handlers {self.config.queue}")
@@ -396,7 +397,7 @@ class HandlerPool:
     def end(self) -> None:
         """Tell every parked pool trio task to exit (the runner is done)."""
         while self.idle:
-            self.loop.wake(self.idle.pop(), outcome.Error(_Stop()))
+            self._wake(self.idle.pop(), outcome.Error(_Stop()))
 
     async def _park(self) -> _Slot | _Batch:
         """Wait, idle, until :meth:`_dispatch` hands this pool trio task work.
