@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -36,16 +36,23 @@ from ._errors import ConfigError
 
 __all__ = [
     "LOOPS",
+    "RUNNERS",
     "ByteStream",
     "Loop",
     "aclose_forcefully",
     "cancel_reason",
     "current",
     "require_loop",
+    "run",
 ]
 
 #: The event loops trio-mesh runs on (the names sniffio gives them).
 LOOPS: Final = ("trio", "asyncio")
+
+#: What :func:`run` runs on: the loops, and "uvloop" (asyncio on uvloop).
+RUNNERS: Final = ("trio", "asyncio", "uvloop")
+
+T = TypeVar("T")
 
 
 class ByteStream(Protocol):
@@ -302,3 +309,28 @@ def cancel_reason(exc: BaseException) -> str | None:
         if said:
             return reason
     return None
+
+
+def run(loop: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``await fn(*args)`` on ``loop`` (one of :data:`RUNNERS`), from
+    outside any event loop, and return what it returned: the one place a
+    command line (``mesh worker --loop``, the conformance peer, the fault
+    driver, the bench children) turns a loop's name into a run.
+
+    Raises:
+        ConfigError: an unknown loop, or "uvloop" without uvloop installed;
+            nothing ran.
+    """
+    if loop == "trio":
+        return trio.run(fn, *args)
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise ConfigError(
+                "the uvloop loop needs uvloop installed: pip install uvloop"
+            ) from None
+        return uvloop.run(cast(Coroutine[Any, Any, T], fn(*args)))
+    if loop == "asyncio":
+        return asyncio.run(cast(Coroutine[Any, Any, T], fn(*args)))
+    raise ConfigError(f"unknown event loop {loop!r}: use one of {', '.join(RUNNERS)}")

@@ -244,8 +244,8 @@ class HandlerPool:
         self.size = 0
         self.nursery: anyio.abc.TaskGroup | None = None
         self.ctx = contextvars.copy_context()
-        # trio's clock, read without anyio.current_time()'s two calls around
-        # it (set when the runner's loop starts)
+        # the loop's clock, read without anyio.current_time()'s lookup of the
+        # backend on every call
         self.now: Callable[[], float] = self.loop.clock()
         # Whether handler runs get spans (asked once per claimed batch).
         self.traced = False

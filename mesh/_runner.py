@@ -318,7 +318,6 @@ class QueueRunner:
     ) -> None:
         """Claim and run until cancelled. Raises nothing but Cancelled: a fenced
         lease is reported through ``on_fenced`` and ends the loop."""
-        self._pool.now = self._pool.loop.clock()
         try:
             with self._scope:
                 await self._run(task_status)

@@ -17,6 +17,7 @@ import sniffio
 import uvloop
 
 import mesh
+from mesh._loop import run
 from mesh.testing import RedisServer, wait_until
 
 from .cli_helpers import assert_one_line_error, clean_env, mesh_cli, running_process, stderr_until
@@ -165,3 +166,19 @@ async def test_the_python_peer_on_asyncio_passes_the_conformance_suite(
     out = r.stdout.decode()
     assert r.returncode == 0, out + r.stderr.decode()
     assert out.rstrip().endswith("all passed"), out
+
+
+def test_run_names_an_unknown_loop_and_runs_nothing() -> None:
+    ran: list[bool] = []
+
+    async def body() -> None:
+        ran.append(True)
+
+    with pytest.raises(mesh.ConfigError, match="unknown event loop 'gevent': use one of trio"):
+        run("gevent", body)
+    assert ran == []
+    assert run("asyncio", _answer) == run("trio", _answer) == 42
+
+
+async def _answer() -> int:
+    return 42

@@ -49,7 +49,6 @@ process of the machine (Linux), so the parent can compare them with its own.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import os
 import signal
@@ -63,6 +62,7 @@ import sniffio
 import trio
 
 import mesh
+from mesh._loop import run
 
 
 class Stalls(trio.abc.Instrument):
@@ -458,14 +458,10 @@ def main() -> None:
     stalls = os.environ.get("MESH_BENCH_STALLS")
     instruments = [Stalls(f"{stalls}/stalls-{os.getpid()}.txt")] if stalls else []
     try:
-        if args.loop == "trio":
+        if args.loop == "trio" and instruments:
             trio.run(role, args, instruments=instruments)
-        elif args.loop == "uvloop":
-            import uvloop
-
-            uvloop.run(role(args))
         else:
-            asyncio.run(role(args))
+            run(args.loop, role, args)
     except KeyboardInterrupt:
         pass
 

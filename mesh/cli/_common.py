@@ -4,20 +4,21 @@ codes, reading tasks, and printing payloads, tables and durations."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import datetime
+import importlib.util
 import json
 import math
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from typing import IO, Any, TypeVar, cast
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import IO, Any, TypeVar
 
 import attrs
 import trio
 
 import mesh
+from mesh import _loop
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._keys import Keys, check_queue
 from mesh._units import MAX_SECONDS, seconds_ms
@@ -314,20 +315,14 @@ def run_client(t: Target, fn: Callable[[mesh.Client], Awaitable[int]]) -> int:
 
 def run_on(loop: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run ``await fn(*args)`` on ``loop``: "trio", "asyncio", or "uvloop"
-    (asyncio on uvloop).
+    (:func:`mesh._loop.run`).
 
     Raises:
         UsageError: "uvloop" and uvloop is not installed (nothing ran).
     """
-    if loop == "trio":
-        return trio.run(fn, *args)
-    if loop == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            raise UsageError("--loop uvloop needs uvloop installed: pip install uvloop") from None
-        return uvloop.run(cast(Coroutine[Any, Any, T], fn(*args)))
-    return asyncio.run(cast(Coroutine[Any, Any, T], fn(*args)))
+    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise UsageError("--loop uvloop needs uvloop installed: pip install uvloop")
+    return _loop.run(loop, fn, *args)
 
 
 def queue_arg(name: str) -> str:

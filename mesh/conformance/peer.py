@@ -24,7 +24,6 @@ protocol (protocol/conformance/README.md, "Error codes").
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -34,11 +33,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import trio
 
 import mesh
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
+from mesh._loop import run
 from mesh._scripts import load_scripts
 from mesh.conformance._vectors import TIME_PRELUDE, text
 
@@ -313,10 +312,7 @@ def main() -> int:
         print("usage: python -m mesh.conformance.peer [--loop trio|asyncio]", file=sys.stderr)
         return EXIT_USAGE
     peer = Peer(url, namespace)
-    if loop == "asyncio":
-        asyncio.run(peer.run())
-    else:
-        trio.run(peer.run)
+    run(loop, peer.run)
     return peer.exit_code
 
 

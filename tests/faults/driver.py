@@ -37,13 +37,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
-import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._connection import open_connection
+from mesh._loop import run
 from tests.faults import sink
 
 
@@ -307,8 +307,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     parsed = parse_args()
-    if parsed.loop == "asyncio":
-        import asyncio
-
-        sys.exit(asyncio.run(main(parsed)))
-    sys.exit(trio.run(main, parsed))
+    sys.exit(run(parsed.loop, main, parsed))
