@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, TypeVar, cast
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
 import outcome
 import sniffio

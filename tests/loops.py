@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-LOOPS = ("trio", "asyncio")
+from mesh._loop import LOOPS
 
 
 def pytest_configure(config: pytest.Config) -> None:

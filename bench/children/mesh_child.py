@@ -62,7 +62,7 @@ import sniffio
 import trio
 
 import mesh
-from mesh._loop import run
+from mesh._loop import RUNNERS, run
 
 
 class Stalls(trio.abc.Instrument):
@@ -436,7 +436,7 @@ def main() -> None:
     parser.add_argument(
         "--loop",
         default="trio",
-        choices=["trio", "asyncio", "uvloop"],
+        choices=RUNNERS,
         help="the event loop of this child (its worker and handlers)",
     )
     args = parser.parse_args()

@@ -12,6 +12,7 @@ import secrets
 import trio
 
 from mesh._connection import open_connection
+from mesh._loop import RUNNERS
 from mesh.testing import run_redis_server
 
 from .._context import Context
@@ -19,7 +20,7 @@ from .._report import Figure, Section, Target
 from .._util import mesh_child
 from . import latency, throughput
 
-LOOPS = ("trio", "asyncio", "uvloop")
+LOOPS = RUNNERS  # trio first: the ratios are over trio
 
 
 async def run(ctx: Context) -> Section:

@@ -30,6 +30,7 @@ import anyio
 import mesh
 from mesh import LeaseTiming
 from mesh._keys import check_queue, check_worker_id
+from mesh._loop import RUNNERS
 from mesh._runner import MOVED, check_handler
 
 from . import _metrics
@@ -177,7 +178,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--loop",
         default="trio",
-        choices=["trio", "asyncio", "uvloop"],
+        choices=RUNNERS,
         help="the event loop that runs the worker and its handlers (default trio): "
         "handlers are coroutine functions of that loop; 'uvloop' is asyncio on uvloop "
         "(installed separately)",

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._connection import open_connection
-from mesh._loop import run
+from mesh._loop import LOOPS, run
 from tests.faults import sink
 
 
@@ -299,7 +299,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--loop",
         default="trio",
-        choices=["trio", "asyncio"],
+        choices=LOOPS,
         help="the event loop of this worker and its handlers",
     )
     return ap.parse_args(argv)
