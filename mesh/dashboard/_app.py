@@ -201,6 +201,14 @@ def create_app(
     names, any_ip = allowed_hosts(host, allow_hosts)
     page = _page()
 
+    def failed(exc: BadRequest | MeshError) -> Response:
+        """An API call's error: 400 naming what was wrong in the request (a
+        ``ConfigError`` included: a bad name or value), 502 for the mesh's
+        other errors (Redis unreachable, ...), with no password in it."""
+        if isinstance(exc, BadRequest | ConfigError):
+            return _bad(exc)
+        return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
@@ -246,10 +254,8 @@ def create_app(
             queue = queue_field(body)
             task = await find(queue, body)
             n = 0 if task is None else await poller.client.cancel(queue, task)
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         await poller.poll_once()  # show the result at once
         return JSONResponse({"cancelled": n})
 
@@ -265,10 +271,8 @@ def create_app(
                 n = await poller.client.requeue_dead(queue)
             else:
                 n = await poller.client.purge_dead(queue)
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         await poller.poll_once()
         return JSONResponse({mode + "d": n})
 
@@ -282,10 +286,8 @@ def create_app(
                 changed = await poller.client.pause(queue)
             else:
                 changed = await poller.client.resume(queue)
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         await poller.poll_once()
         return JSONResponse({"queue": queue, "paused": mode == "pause", "changed": changed})
 
@@ -320,10 +322,8 @@ def create_app(
                     out = {"deleted": await c.purge_dead(queue, [task])}
                 else:
                     out = {"deleted": await c.cancel(queue, task)}
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         await poller.poll_once()
         return JSONResponse(out)
 
@@ -337,10 +337,8 @@ def create_app(
             page = await poller.client.jobs(
                 queue, state, limit=limit, after=qp.get("after") or None, prefix=prefix
             )
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         return JSONResponse(
             {
                 "queue": queue,
@@ -367,10 +365,8 @@ def create_app(
                 task = b64_field(qp, "task_b64")
             found = None if task is None else await c.job(queue, task)
             del task
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         if found is None:
             return JSONResponse(None)
         if found.ref is None and ref is not None:
@@ -384,10 +380,8 @@ def create_app(
             queue = check_queue(qp.get("queue", ""))
             c = poller.client
             task = await browse_payload(c._check(), c._keys, queue, qp.get("ref", ""))
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         if task is None:
             return JSONResponse({"error": "this job is not on the queue any more"}, status_code=404)
         return Response(
@@ -406,10 +400,8 @@ def create_app(
             got, nxt = await browse_completed(
                 c._check(), c._keys, queue, limit=limit, after=qp.get("after") or None
             )
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         return JSONResponse(
             {
                 "queue": queue,
@@ -445,10 +437,8 @@ def create_app(
                 for q in found[0].queues:
                     page = await c.jobs(q, "running", limit=MAX_LIMIT)
                     held += [j for j in page.jobs if j.worker == wid]
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         if not found:
             return JSONResponse(None)
         return JSONResponse({"id": wid, "jobs": [job_json(j) for j in held]})
@@ -461,10 +451,8 @@ def create_app(
             c = poller.client
             names = [check_queue(queue)] if queue else await c.queues()
             now, counts = await minute_counts(c._check(), c._keys, names, minutes)
-        except (BadRequest, ConfigError) as exc:
-            return _bad(exc)
-        except MeshError as exc:
-            return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
         return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})
 
     async def schedules(request: Request) -> Response:
