@@ -327,16 +327,28 @@ async def test_dead_letters_are_requeued_from_the_page_and_purged(
             assert "requeue" in row and "purge" in row
 
             def click_requeue(d: Any) -> None:
-                from selenium.common.exceptions import StaleElementReferenceException
+                from selenium.common.exceptions import (
+                    StaleElementReferenceException,
+                    TimeoutException,
+                )
                 from selenium.webdriver.common.by import By
+                from selenium.webdriver.support import expected_conditions
+                from selenium.webdriver.support.ui import WebDriverWait
 
-                for _ in range(50):  # the table is redrawn at every update
+                # The table is redrawn at every update: a click can find a
+                # button that is replaced under it (stale), or land on one
+                # just removed (no confirm dialog): click again until the
+                # dialog shows.
+                for _ in range(50):
                     try:
                         d.find_element(By.CSS_SELECTOR, "#queues button.dead-requeue").click()
-                        break
                     except StaleElementReferenceException:
                         continue
-                alert = d.switch_to.alert
+                    try:
+                        alert = WebDriverWait(d, 2).until(expected_conditions.alert_is_present())
+                    except TimeoutException:
+                        continue
+                    break
                 assert "jobs" in alert.text
                 alert.accept()
 
