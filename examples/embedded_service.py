@@ -193,7 +193,14 @@ async def run(
 
         desired.clear()
         narrate("configuration changed: desired connections []")
-        await _support.wait_until(converged, within=10, what="every connection to close")
+
+        async def all_closed() -> bool:
+            # The handlers close while the reconcile that cancelled them is
+            # still cancelling the rest: wait for its report too.
+            reported = {c for r in replicas for res in r.reconciled for c in res.cancelled}
+            return await converged() and {c.encode() for c in STEPS[-1]} <= reported
+
+        await _support.wait_until(all_closed, within=10, what="every connection to close")
         holders.append(held())
         nursery.cancel_scope.cancel()
 

@@ -132,6 +132,7 @@ class Run:
         self.open: dict[tuple[str, str, str], Interval] = {}  # (peer, queue, task)
         self.enqueued: dict[str, set[str]] = {}
         self.cancelled: list[tuple[float, str, str]] = []  # (time, queue, task)
+        self.paused_since: dict[str, float] = {}  # queue -> when its pause took effect
         self.failures: list[Failure] = []
         self.bad_tokens: set[str] = set()  # peers that wrote a token that is no string of digits
         self.any_event = anyio.Event()
@@ -446,14 +447,18 @@ class Run:
             # A deliberate window in which nothing must happen: the invariants
             # checked at the end cover it (and, with no_start, no handler of
             # that queue may start in it).
-            began = self.now()
-            await anyio.sleep(self.seconds(step["seconds"]))
+            # A paused queue's window opens when the pause took effect: a
+            # peer that ignores the pause may have run its tasks before the
+            # quiet step began.
             queue = step.get("no_start")
+            began = self.paused_since.get(queue, self.now()) if queue else self.now()
+            await anyio.sleep(self.seconds(step["seconds"]))
             started = [iv for iv in self.intervals if iv.queue == queue and iv.start >= began]
             if started:
                 raise ScenarioFailed(
-                    f"{len(started)} tasks of queue {queue} started in a window of "
-                    f"{self.seconds(step['seconds']):.2f} s in which none may: "
+                    f"{len(started)} tasks of queue {queue} started in a window in which "
+                    f"none may ({self.now() - began:.2f} s"
+                    f"{', from its pause on' if queue in self.paused_since else ''}): "
                     f"{sorted({iv.task for iv in started})[:10]} on {started[0].peer}"
                 )
         elif do == "kill":
@@ -499,7 +504,9 @@ class Run:
                 await client.schedule(queue, step["task"], every=float(step["every"]))
             elif do == "pause_queue":
                 await client.pause(queue)
+                self.paused_since[queue] = self.now()
             else:
+                self.paused_since.pop(queue, None)
                 await client.resume(queue)
 
     def check_rate(self, step: dict[str, Any]) -> None:
