@@ -344,7 +344,7 @@ class HandlerPool:
             while self.queued:
                 slot = cast(_Slot, self.queued.popleft())
                 del self.running[slot.process.id]
-                self.out.returned.append(slot.process.id)
+                self.out.hand_back(slot.process.id)
         elif look_again < math.inf:
             self.core.wake_in(now, look_again - now)
 
@@ -466,7 +466,7 @@ class HandlerPool:
             if not slot.cancel_requested:
                 self.out.fail(slot.process, self._timed_out())
             elif slot.stopping:
-                self.out.returned.append(slot.process.id)
+                self.out.hand_back(slot.process.id)
             else:
                 self.counters.cancelled += 1
         self.wakeup.set()

@@ -28,25 +28,20 @@ import anyio.abc
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
 from ._pool import MOVED as MOVED
-from ._pool import START_CHUNK as START_CHUNK
 from ._pool import HandlerPool, _Slot
 from ._queue_config import Batched as Batched
 from ._queue_config import BatchHandler as BatchHandler
 from ._queue_config import Handler as Handler
 from ._queue_config import QueueConfig as QueueConfig
-from ._queue_config import check_handler as check_handler
-from ._runner_core import CLAIM_MAX as CLAIM_MAX
-from ._runner_core import HERD as HERD
 from ._runner_core import STOP_CHUNK, Action, RunnerCore
-from ._runner_core import STOP_PACE as STOP_PACE
-from ._runner_core import describe_error as describe_error
-from ._runner_core import preview as preview
 from ._runner_io import RunnerIO
 from ._scripts import Binding, QueueBeat
 from ._stats import QueueCounters
 from ._types import Process
 
-__all__ = ["BatchHandler", "Batched", "Handler", "QueueConfig", "QueueRunner", "check_handler"]
+# The handler kinds and MOVED are re-exported for mesh/__init__.py (the public
+# names), QueueConfig for those who build a runner.
+__all__ = ["MOVED", "BatchHandler", "Batched", "Handler", "QueueConfig", "QueueRunner"]
 
 log = logging.getLogger("mesh.worker")
 
@@ -114,14 +109,14 @@ class QueueRunner:
 
     @config.setter
     def config(self, config: QueueConfig) -> None:
-        self._config = self._core.config = self._pool.config = self._io.config = config
-        self._core.out.result_ttl = config.result_ttl
+        self._config = self._pool.config = self._io.config = config
+        self._core.reconfigure(config)
 
     # --- signals from the worker (sync, no I/O) ----------------------------
 
     def nudge(self) -> None:
         """There may be tasks to claim."""
-        self._core.maybe_work = True
+        self._core.nudge()
         self._pool.wakeup.set()
 
     def wake_in(self, seconds: float) -> None:

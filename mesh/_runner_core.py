@@ -247,6 +247,11 @@ class Outcomes:
         returned, self.returned = self.returned, []
         return returned
 
+    def hand_back(self, pid: str) -> None:
+        """``pid``'s handler ended unharmed (a stop or a release ended it, or
+        it never started): hand it back."""
+        self.returned.append(pid)
+
     def restore_returned(self, returned: list[str]) -> None:
         """A hand-back of ``returned`` did not go through: hand them back again."""
         self.returned = returned + self.returned
@@ -415,6 +420,16 @@ class RunnerCore:
 
     # --- signals ------------------------------------------------------------
 
+    def nudge(self) -> None:
+        """There may be tasks to claim (a work event, a wake)."""
+        self.maybe_work = True
+
+    def reconfigure(self, config: QueueConfig) -> None:
+        """Serve by ``config`` from now on (a policy read from Redis): the next
+        claim, report and result kept use it."""
+        self.config = config
+        self.out.result_ttl = config.result_ttl
+
     def wake_in(self, now: float, seconds: float) -> None:
         """A task becomes due in ``seconds``: claim then."""
         self.next_due = min(self.next_due, now + seconds)
@@ -445,9 +460,11 @@ class RunnerCore:
             self.pull = 0
         return self.pull > 0
 
-    def pulled(self, reply: RebalanceReply) -> None:
-        """A rebalance request came back: one that marked nothing is not made
-        again until the queue's figures change."""
+    def pulled(self, reply: RebalanceReply, servers: list[str]) -> None:
+        """A rebalance request came back, with the queue's ``servers`` as
+        Redis has them now: one that marked nothing is not made again until
+        the queue's figures change."""
+        self.servers = servers
         self.counters.pulled += reply.marked
         self.fruitless = None if reply.marked else (reply.held, reply.persistent, reply.servers)
 
@@ -482,13 +499,31 @@ class RunnerCore:
         self.resync_needed = False
         self.maybe_work = True
 
+    # --- round trips in flight ------------------------------------------------
+
+    def sending(self, n: int) -> None:
+        """A report of ``n`` processes goes out: until it is answered, Redis
+        may hold them while this runner no longer counts them (see
+        :meth:`check_held`)."""
+        self.unsure += n
+
+    def answered(self, n: int) -> None:
+        """The round trip of ``n`` processes (a report, or a claim with its
+        report, see :meth:`claim_begin`) came back or failed, and what it
+        brought is counted here again."""
+        self.unsure -= n
+
     # --- claims -------------------------------------------------------------
 
-    def claim_begin(self, now: float) -> tuple[float | None, int]:
-        """A claim goes out now: returns when the runner was first held back
-        by the fair share (None: it was not), and the patience in ms to ask
-        for (0: the fair share holds; else, one balance wait after being held
-        back, take the persistent tasks unowned for about that long)."""
+    def claim_begin(self, now: float, in_flight: int = 0) -> tuple[float | None, int]:
+        """A claim goes out now, with ``in_flight`` processes Redis may hold
+        for us until it is answered (:meth:`answered`): those of the finish
+        report with it and those it asks for. Returns when the runner was
+        first held back by the fair share (None: it was not), and the
+        patience in ms to ask for (0: the fair share holds; else, one balance
+        wait after being held back, take the persistent tasks unowned for
+        about that long)."""
+        self.unsure += in_flight
         held_back = self.held_back_since
         waited = held_back is not None and now - held_back >= self.balance_wait
         # Cleared before the round trip: a nudge that arrives while the claim
@@ -609,7 +644,7 @@ class RunnerCore:
             if early_cancels.pop(p.id, None) is not None:
                 counters.cancelled += 1
             elif self.stopping:
-                self.out.returned.append(p.id)
+                self.out.hand_back(p.id)
             else:
                 start.append(p)
         counters.started += len(start)

@@ -69,62 +69,48 @@ class RunnerIO:
         the other way round; then the error is raised (a FencedError first)."""
         c, core, out = self.config, self._core, self._out
         now = self._pool.now()
+        done = out.take_done()
+        in_flight = len(done) + n
         # Fair share first; a worker held back by it claims again one
         # balance_wait later and then takes, beyond its share, the persistent
         # tasks that had no owner for (about) that long: peers below their
         # share had their chance. Decided in Redis by how long each task
         # waited, not by this runner's clock, so a task a stopping peer has
         # just handed back goes to the peers below their share first.
-        held_back, patience_ms = core.claim_begin(now)
-        done = out.take_done()
+        held_back, patience_ms = core.claim_begin(now, in_flight)
         b = self._binding
-        claim = b.claim_call(
-            self._wid,
-            self._inc,
-            c.queue,
-            n,
-            c.max_attempts,
-            fair=c.balance,
-            backoff_ms=int(c.backoff * 1000),
-            backoff_cap_ms=int(c.backoff_max * 1000),
-            ttl_ms=core.ttl_ms,
-            rate=c.rate,
-            patience_ms=patience_ms,
-        )
-        unsure = len(done) + n
-        core.unsure += unsure
         try:
-            if done:
-                finished, claimed = await b.finish_and_claim(
-                    self._conn, self._wid, self._inc, c.queue, done, claim, out.keep(done)
-                )
-            else:
-                finished = None
-                claimed = outcome.Value(await b.run(self._conn, claim))
-            self._counters.claim.observe(self._pool.now() - now)
-        except BaseException:
-            # No reply (a connection error, an error reply to a claim sent
-            # alone, a cancellation): report these again later. After a
-            # connection error the loop re-checks what Redis holds for us.
-            out.restore_done(done)
-            core.claim_lost()
-            core.unsure -= unsure
-            raise
-        try:
-            # Each reply is taken as if it had come alone: a claim that went
-            # through is started even if the finish failed, and the other way
-            # round; then the error is raised, a FencedError first.
-            errors: list[MeshError] = []
-            if finished is not None:
-                try:
-                    self._counters.finished += sum(finished.unwrap())
-                except FencedError as exc:
-                    # the lease is gone: nothing of ours can finish now (as
-                    # finish.lua answers then), the peers recycle them
-                    errors.append(exc)
-                except MeshError as exc:
-                    out.restore_done(done)
-                    errors.append(exc)
+            claim = b.claim_call(
+                self._wid,
+                self._inc,
+                c.queue,
+                n,
+                c.max_attempts,
+                fair=c.balance,
+                backoff_ms=int(c.backoff * 1000),
+                backoff_cap_ms=int(c.backoff_max * 1000),
+                ttl_ms=core.ttl_ms,
+                rate=c.rate,
+                patience_ms=patience_ms,
+            )
+            try:
+                if done:
+                    finished, claimed = await b.finish_and_claim(
+                        self._conn, self._wid, self._inc, c.queue, done, claim, out.keep(done)
+                    )
+                else:
+                    finished = None
+                    claimed = outcome.Value(await b.run(self._conn, claim))
+                self._counters.claim.observe(self._pool.now() - now)
+            except BaseException:
+                # No reply (a connection error, an error reply to a claim sent
+                # alone, a cancellation): report these again later. After a
+                # connection error the loop re-checks what Redis holds for us.
+                out.restore_done(done)
+                core.claim_lost()
+                raise
+            # Each reply is taken as if it had come alone (see the docstring).
+            errors = [] if finished is None else self._finished(done, finished)
             try:
                 reply = claimed.unwrap()
             except MeshError as exc:
@@ -146,7 +132,22 @@ class RunnerIO:
             if errors:
                 raise next((e for e in errors if isinstance(e, FencedError)), errors[0])
         finally:
-            core.unsure -= unsure
+            core.answered(in_flight)
+
+    def _finished(self, done: list[str], finished: outcome.Outcome[list[bool]]) -> list[MeshError]:
+        """Take the reply to the finish report of ``done`` sent with a claim:
+        count what finished, or put ``done`` back to be reported again.
+        Returns the error it brought, if any: a FencedError (the lease is
+        gone: nothing of ours can finish now, as finish.lua answers then, and
+        the peers recycle them) or another error reply."""
+        try:
+            self._counters.finished += sum(finished.unwrap())
+        except FencedError as exc:
+            return [exc]
+        except MeshError as exc:
+            self._out.restore_done(done)
+            return [exc]
+        return []
 
     async def report(self, keep_ms: int) -> int:
         """Report every outcome in hand, without claiming; returns how many
@@ -164,7 +165,7 @@ class RunnerIO:
         trip; put back on an error, to be reported again)."""
         out, core = self._out, self._core
         done = out.take_done()
-        core.unsure += len(done)
+        core.sending(len(done))
         try:
             results = await self._binding.finish(
                 self._conn, self._wid, self._inc, self.config.queue, done, out.keep(done)
@@ -173,14 +174,14 @@ class RunnerIO:
             out.restore_done(done)
             raise
         finally:
-            core.unsure -= len(done)
+            core.answered(len(done))
         self._counters.finished += sum(results)
 
     async def give_back_failed(self) -> None:
         """Report the failures in hand; one line is logged for each."""
         c, out, core = self.config, self._out, self._core
         failed, errors = out.take_failed()
-        core.unsure += len(failed)
+        core.sending(len(failed))
         try:
             outcomes = await self._binding.give_back(
                 self._conn,
@@ -196,7 +197,7 @@ class RunnerIO:
             out.restore_failed(failed)
             raise
         finally:
-            core.unsure -= len(failed)
+            core.answered(len(failed))
         for line in core.failures_reported(self._pool.now(), failed, outcomes):
             log.warning("%s", line)
 
@@ -207,7 +208,7 @@ class RunnerIO:
         Returns how many were handed back."""
         out, core = self._out, self._core
         returned = out.take_returned()
-        core.unsure += len(returned)
+        core.sending(len(returned))
         try:
             outcomes = await self._binding.give_back(
                 self._conn,
@@ -221,7 +222,7 @@ class RunnerIO:
             out.restore_returned(returned)
             raise
         finally:
-            core.unsure -= len(returned)
+            core.answered(len(returned))
         back = sum(1 for result, _ in outcomes if result)
         self._counters.handed_back += back
         return back
@@ -229,7 +230,7 @@ class RunnerIO:
     async def rebalance(self, n: int) -> None:
         """Ask the peers above their share to hand ``n`` tasks back to us."""
         core = self._core
-        reply, core.servers = await self._binding.rebalance(
+        reply, servers = await self._binding.rebalance(
             self._conn,
             self._wid,
             self._inc,
@@ -238,7 +239,7 @@ class RunnerIO:
             max(3 * core.ttl_ms, 2000),
             core.servers,
         )
-        core.pulled(reply)
+        core.pulled(reply, servers)
 
     async def resync(self) -> None:
         """Make what this runner runs agree with what Redis says it holds on
@@ -254,13 +255,13 @@ class RunnerIO:
         )
         lost, ghosts = core.resync({pid.decode() for pid in reply}, self._pool.running)
         if lost:
-            core.unsure += len(lost)
+            core.sending(len(lost))
             try:
                 await self._binding.give_back(
                     self._conn, self._wid, self.config.queue, lost, failed=False
                 )
             finally:
-                core.unsure -= len(lost)
+                core.answered(len(lost))
             log.info(
                 "queue %s: handed back %d processes Redis held for this worker and it did not run "
                 "(a claim reply or a finish lost)",

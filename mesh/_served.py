@@ -21,7 +21,8 @@ from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError
 from ._host import Host
 from ._lease import Generation, Lease
 from ._policy import QueuePolicy, differences, parse_policy, policy_fields
-from ._runner import QueueConfig, QueueRunner
+from ._queue_config import QueueConfig
+from ._runner import QueueRunner
 from ._stats import Recorder
 from ._types import Process
 

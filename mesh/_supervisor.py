@@ -33,7 +33,7 @@ import attrs
 
 from ._connection import Connection
 from ._errors import CommandError, MeshConnectionError
-from ._runner import preview
+from ._runner_core import preview
 from ._scripts import Binding
 from ._stats import Recorder
 

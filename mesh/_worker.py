@@ -41,8 +41,7 @@ from ._keys import Keys, check_queue, check_worker_id
 from ._lease import Generation, Lease, LeaseTiming
 from ._loop import require_loop
 from ._memory import MemoryInfo
-from ._queue_config import served_options
-from ._runner import BatchHandler, Handler
+from ._queue_config import BatchHandler, Handler, served_options
 from ._served import Served
 from ._shielded import ShieldedTasks
 from ._stats import Histogram, QueueStatistics

@@ -190,7 +190,7 @@ def test_a_full_claim_claims_again_and_a_partial_one_waits_to_be_woken() -> None
 def test_a_nudge_during_a_claim_is_not_undone_by_its_reply() -> None:
     core = make_core()
     core.claim_begin(0.0)
-    core.maybe_work = True  # nudged while the claim was in flight
+    core.nudge()  # while the claim was in flight
     core.claimed(ClaimReply(0, 0, ()), 5, 0.0, None)
     assert core.maybe_work
 
@@ -257,11 +257,12 @@ def test_a_pull_is_planned_below_the_fair_share_and_not_repeated_in_vain() -> No
     assert core.pull == 5
     assert not core.plan_pull(beat(weight=0, persistent=100, servers=20, state=0), True)  # ready
     assert core.pull == 0
-    core.pulled(RebalanceReply(marked=0, persistent=100, servers=20, held=0))
+    core.pulled(RebalanceReply(marked=0, persistent=100, servers=20, held=0), ["w1", "w2"])
     assert core.fruitless == (0, 100, 20)
+    assert core.servers == ["w1", "w2"]  # sent with the next request
     assert not core.plan_pull(b, True)  # nothing changed since it found nothing
     assert core.plan_pull(beat(weight=0, persistent=120, servers=20), True)
-    core.pulled(RebalanceReply(marked=3, persistent=120, servers=20, held=0))
+    core.pulled(RebalanceReply(marked=3, persistent=120, servers=20, held=0), ["w1"])
     assert core.fruitless is None and core.counters.pulled == 3
     assert not core.plan_pull(b, has_handler=False)
     assert not make_core(rebalance=False).plan_pull(b, True)
@@ -288,9 +289,19 @@ def test_a_held_count_that_disagrees_asks_for_a_re_check() -> None:
     core.resynced()
     assert core.check_held(4, running=2)  # more, and nothing in flight
     core.resynced()
-    core.unsure = 1  # a report or claim in flight may account for one
+    core.sending(1)  # a report in flight may account for one
     assert not core.check_held(4, running=2)
     assert core.check_held(5, running=2)
+    core.resynced()
+    core.answered(1)  # it came back: Redis and the runner agree again
+    assert core.check_held(4, running=2)
+    core.resynced()
+    done = core.out.take_done()  # a claim of 2 with the report of "a"
+    core.claim_begin(0.0, in_flight=len(done) + 2)
+    assert not core.check_held(5, running=2)
+    assert core.check_held(6, running=2)
+    core.answered(3)
+    assert core.unsure == 0
 
 
 def test_a_re_check_hands_back_what_is_not_run_and_cancels_what_is_not_held() -> None:

@@ -31,7 +31,8 @@ import mesh
 from mesh import LeaseTiming
 from mesh._keys import check_queue, check_worker_id
 from mesh._loop import RUNNERS
-from mesh._runner import MOVED, check_handler
+from mesh._pool import MOVED
+from mesh._queue_config import check_handler
 
 from . import _metrics
 from ._common import (
