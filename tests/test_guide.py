@@ -32,10 +32,6 @@ ALLOWED = {
     "mesh/_url.py:parse_url",  # h/topo: a table of small parsers
     "mesh/_pubsub.py:PubSub",  # h/topo
     "mesh/cli/_demo.py:Demo",  # h/harness
-    "mesh/cli/_jobs.py:register",  # h/runtime
-    "mesh/cli/_tasks.py:register",  # h/runtime
-    "mesh/cli/_worker.py:register",  # h/runtime
-    "mesh/cli/_worker.py:_serve",  # h/runtime
     "mesh/conformance/_scenarios.py:Run",  # h/runtime
     "mesh/conformance/_scenarios.py:Run.step",  # h/runtime
     "mesh/conformance/_scenarios.py:Run.wait_step",  # h/runtime

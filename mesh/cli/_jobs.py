@@ -35,6 +35,13 @@ __all__ = ["register"]
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the job-queue subcommands to the ``mesh`` parser."""
+    _add_dead_letters(sub)
+    _add_configure(sub)
+    _add_schedule(sub)
+
+
+def _add_dead_letters(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh dead-letters``."""
     p = sub.add_parser(
         "dead-letters",
         help="list, requeue or purge a queue's dead letters",
@@ -57,6 +64,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_dead_letters)
 
+
+def _add_configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh configure``."""
     p = sub.add_parser(
         "configure",
         help="show or set a queue's policy (attempts, backoff, timeout, result TTL)",
@@ -92,6 +102,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print the policy as JSON")
     p.set_defaults(func=_configure)
 
+
+def _add_schedule(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh schedule``."""
     p = sub.add_parser(
         "schedule",
         help="add, list or remove periodic tasks",

@@ -46,6 +46,16 @@ _TASKS_HELP = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the task subcommands to the ``mesh`` parser."""
+    _add_enqueue(sub)
+    _add_ensure(sub)
+    _add_cancel(sub)
+    _add_reconcile(sub)
+    _add_delete_queue(sub)
+    _add_adopt_namespace(sub)
+
+
+def _add_enqueue(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh enqueue``."""
     p = sub.add_parser(
         "enqueue",
         help="put one-shot tasks on a queue",
@@ -78,6 +88,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _data_options(p)
     p.set_defaults(func=_enqueue)
 
+
+def _add_ensure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh ensure``."""
     p = sub.add_parser(
         "ensure",
         help="make tasks persistent tasks of a queue",
@@ -91,6 +104,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _data_options(p)
     p.set_defaults(func=_ensure)
 
+
+def _add_cancel(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh cancel``."""
     p = sub.add_parser(
         "cancel",
         help="cancel a task by payload, wherever it is",
@@ -103,6 +119,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _data_options(p)
     p.set_defaults(func=_cancel)
 
+
+def _add_reconcile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh reconcile``."""
     p = sub.add_parser(
         "reconcile",
         help="make a queue's persistent tasks exactly a given set",
@@ -138,6 +157,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _data_options(p)
     p.set_defaults(func=_reconcile)
 
+
+def _add_delete_queue(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh delete-queue``."""
     p = sub.add_parser(
         "delete-queue",
         help="delete a queue and everything in it",
@@ -149,6 +171,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _data_options(p)
     p.set_defaults(func=_delete_queue)
 
+
+def _add_adopt_namespace(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``mesh adopt-namespace``."""
     p = sub.add_parser(
         "adopt-namespace",
         help="make the master's copy of the namespace the one to use (after a data loss)",

@@ -21,11 +21,12 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 import mesh
 from mesh import LeaseTiming
@@ -68,6 +69,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("app", metavar="APP", help="module:attribute, a mapping {queue: handler}")
     add_target_options(p)
+    _capacity_options(p)
+    _retry_options(p)
+    _lease_options(p)
+    _run_options(p)
+    _metrics.add_worker_options(p)
+    p.set_defaults(func=_worker)
+
+
+def _capacity_options(p: argparse.ArgumentParser) -> None:
+    """How much the worker runs: concurrency, capacity and prefetch, per queue."""
     p.add_argument(
         "--concurrency",
         "-c",
@@ -110,6 +121,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "adapts: up to the concurrency while handlers are short and the queue has a "
         "backlog, none otherwise. Plain handlers only; see Worker.start_work",
     )
+
+
+def _retry_options(p: argparse.ArgumentParser) -> None:
+    """The queue's policy when Redis has none: attempts and backoff."""
     p.add_argument(
         "--max-attempts",
         type=count_arg("max_attempts"),
@@ -133,6 +148,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="longest retry delay (60)",
     )
+
+
+def _lease_options(p: argparse.ArgumentParser) -> None:
+    """The lease and the stop: TTL, stop grace, worker id, sticky restarts."""
     p.add_argument(
         "--ttl",
         type=_ttl_arg,
@@ -158,6 +177,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--worker-id for S seconds; restarted with the same id within them, it gets them "
         "back (default 0: off; needs --worker-id)",
     )
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """How the worker runs: logs, tracebacks and the event loop."""
     p.add_argument(
         "--log-level",
         default="info",
@@ -184,8 +207,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "handlers are coroutine functions of that loop; 'uvloop' is asyncio on uvloop "
         "(installed separately)",
     )
-    _metrics.add_worker_options(p)
-    p.set_defaults(func=_worker)
 
 
 _count_arg = count_arg("concurrency", 1)
@@ -407,11 +428,56 @@ class JsonFormatter(logging.Formatter):
 
 
 class _Stopping:
-    """``now`` is set once the worker is stopping (so cancelled handlers are
-    logged as stopped for a hand-back, not as cancelled)."""
+    """How the worker stops on SIGINT or SIGTERM. ``now`` is set once it is
+    stopping (so cancelled handlers are logged as stopped for a hand-back, not
+    as cancelled). The first signal leaves the worker's block, where it hands
+    everything back (before the worker started: cancels the start); a second
+    says what the stop waits for; ``grace`` seconds after the first, the
+    process exits (see :meth:`deadline`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace: float) -> None:
         self.now = False
+        self.started = False
+        self.worker: mesh.Worker | None = None
+        self.requested = anyio.Event()
+        self._grace = grace
+
+    async def on_signals(self, signals: AsyncIterator[int], group: anyio.abc.TaskGroup) -> None:
+        """Act on each signal of ``signals``; ``group`` runs the worker."""
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if self.now:
+                # A second signal: say what the stop waits for.
+                if self.worker is not None:
+                    log.warning("%s received: %s", name, _waiting_for(self.worker))
+                continue
+            self.now = True
+            if self.started:
+                log.info("%s received: stopping", name)
+                self.requested.set()  # leave the worker's block: it hands everything back
+                group.start_soon(self.deadline)
+            else:
+                log.info("%s received while starting: stopping", name)
+                group.cancel_scope.cancel()
+                return
+
+    async def deadline(self) -> None:
+        """The worker stops renewing its lease at the grace; a handler that
+        ignores its cancellation still holds up leaving the block. Exit then:
+        the lease runs out within the TTL and peers take those tasks over, as
+        after a crash."""
+        await anyio.sleep(self._grace + 0.5)
+        worker = self.worker
+        assert worker is not None
+        log.error(
+            "worker %s: handlers still running %g s after the stop began; exiting. "
+            "%s. Peers take their tasks over when the lease runs out.",
+            worker.id,
+            self._grace,
+            _waiting_for(worker),
+        )
+        logging.shutdown()
+        os._exit(1)
 
 
 def _logged_batch(handler: mesh.BatchHandler, stopping: _Stopping) -> mesh.BatchHandler:
@@ -495,51 +561,12 @@ async def _serve(
     capacity: dict[str, int] | None = None,
     prefetch: dict[str, int] | None = None,
 ) -> int:
-    stopping = _Stopping()
-    stop = anyio.Event()
-    started = False
-    worker: mesh.Worker | None = None
+    stopping = _Stopping(args.stop_grace)
     # Catch the signals first: one that arrives while we start still stops us
     # cleanly instead of killing the process with processes held.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as nursery:
-
-            async def on_signal() -> None:
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if stopping.now:
-                        # A second signal: say what the stop waits for.
-                        if worker is not None:
-                            log.warning("%s received: %s", name, _waiting_for(worker))
-                        continue
-                    stopping.now = True
-                    if started:
-                        log.info("%s received: stopping", name)
-                        stop.set()  # leave the worker's block: it hands everything back
-                        nursery.start_soon(deadline)
-                    else:
-                        log.info("%s received while starting: stopping", name)
-                        nursery.cancel_scope.cancel()
-                        return
-
-            async def deadline() -> None:
-                # The worker stops renewing its lease at the grace; a handler
-                # that ignores its cancellation still holds up leaving the
-                # block. Exit then: the lease runs out within the TTL and peers
-                # take those tasks over, as after a crash.
-                await anyio.sleep(args.stop_grace + 0.5)
-                assert worker is not None
-                log.error(
-                    "worker %s: handlers still running %g s after the stop began; exiting. "
-                    "%s. Peers take their tasks over when the lease runs out.",
-                    worker.id,
-                    args.stop_grace,
-                    _waiting_for(worker),
-                )
-                logging.shutdown()
-                os._exit(1)
-
-            nursery.start_soon(on_signal)
+            nursery.start_soon(stopping.on_signals, signals, nursery)
             async with (
                 mesh.open_worker(
                     t.config,
@@ -551,31 +578,9 @@ async def _serve(
                 ) as worker,
                 _metrics.serve_worker_metrics(worker, args),
             ):
-                for queue, handler in app.items():
-                    retry = {
-                        "max_attempts": args.max_attempts,
-                        "backoff": args.backoff,
-                        "backoff_max": args.backoff_max,
-                    }
-                    if isinstance(handler, mesh.Batched):
-                        await worker.start_work(
-                            queue,
-                            batch_handler=_logged_batch(handler.handler, stopping),
-                            batch=handler.size,
-                            concurrency=max(concurrency[queue], handler.size),
-                            capacity=(capacity or {}).get(queue, 1),
-                            **retry,
-                        )
-                        continue
-                    await worker.start_work(
-                        queue,
-                        _logged(handler, stopping),
-                        concurrency=concurrency[queue],
-                        capacity=(capacity or {}).get(queue, 1),
-                        prefetch=(prefetch or {}).get(queue),
-                        **retry,
-                    )
-                started = True
+                stopping.worker = worker
+                await _start_app(worker, args, app, stopping, concurrency, capacity, prefetch)
+                stopping.started = True
                 # The app, the mesh and the connection are loaded: what lives
                 # now lives as long as the process. Freezing it keeps the
                 # collector from scanning it again in every full collection
@@ -592,7 +597,7 @@ async def _serve(
                     args.stop_grace,
                     os.getpid(),
                 )
-                await stop.wait()
+                await stopping.requested.wait()
                 s = worker.statistics()
                 log.info(
                     "worker %s stopping: cancelling %d running handlers, each handed back once "
@@ -609,3 +614,39 @@ async def _serve(
             nursery.cancel_scope.cancel()
     log.info("worker stopped")
     return 0
+
+
+async def _start_app(
+    worker: mesh.Worker,
+    args: argparse.Namespace,
+    app: dict[str, mesh.Handler | mesh.Batched],
+    stopping: _Stopping,
+    concurrency: dict[str, int],
+    capacity: dict[str, int] | None,
+    prefetch: dict[str, int] | None,
+) -> None:
+    """Serve every queue of ``app`` with its handler, logged."""
+    retry = {
+        "max_attempts": args.max_attempts,
+        "backoff": args.backoff,
+        "backoff_max": args.backoff_max,
+    }
+    for queue, handler in app.items():
+        if isinstance(handler, mesh.Batched):
+            await worker.start_work(
+                queue,
+                batch_handler=_logged_batch(handler.handler, stopping),
+                batch=handler.size,
+                concurrency=max(concurrency[queue], handler.size),
+                capacity=(capacity or {}).get(queue, 1),
+                **retry,
+            )
+            continue
+        await worker.start_work(
+            queue,
+            _logged(handler, stopping),
+            concurrency=concurrency[queue],
+            capacity=(capacity or {}).get(queue, 1),
+            prefetch=(prefetch or {}).get(queue),
+            **retry,
+        )
