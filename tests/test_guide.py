@@ -35,7 +35,6 @@ ALLOWED = {
     "mesh/conformance/_scenarios.py:Run",  # h/runtime
     "mesh/conformance/_scenarios.py:Run.step",  # h/runtime
     "mesh/conformance/_scenarios.py:Run.wait_step",  # h/runtime
-    "mesh/dashboard/_app.py:create_app",  # h/runtime
     "clients/node/src/worker.js:Worker",  # h/runtime
 }
 

@@ -55,7 +55,7 @@ cookie, HttpOnly and SameSite=Strict, and drops it from the address bar).
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from importlib import resources
 from typing import Any
 
@@ -199,15 +199,36 @@ def create_app(
         ConfigError: a name of ``allow_hosts`` is not a host name or address.
     """
     names, any_ip = allowed_hosts(host, allow_hosts)
-    page = _page()
+    routes = [
+        *_page_routes(poller),
+        *_task_routes(poller),
+        *_queue_routes(poller),
+        *_job_routes(poller),
+        *_ran_routes(poller),
+        *_mesh_routes(poller),
+    ]
+    app: ASGIApp = Starlette(routes=routes)
+    if token:
+        app = _TokenGate(app, token)
+    return HostGate(app, names, any_ip=any_ip)
+
+
+def _failed(poller: Poller) -> Callable[[BadRequest | MeshError], Response]:
+    """How the API answers an error: 400 naming what was wrong in the
+    request (a ``ConfigError`` included: a bad name or value), 502 for the
+    mesh's other errors (Redis unreachable, ...), with no password in it."""
 
     def failed(exc: BadRequest | MeshError) -> Response:
-        """An API call's error: 400 naming what was wrong in the request (a
-        ``ConfigError`` included: a bad name or value), 502 for the mesh's
-        other errors (Redis unreachable, ...), with no password in it."""
         if isinstance(exc, BadRequest | ConfigError):
             return _bad(exc)
         return JSONResponse({"error": poller.redact(str(exc))}, status_code=502)
+
+    return failed
+
+
+def _page_routes(poller: Poller) -> list[Route]:
+    """The page and the state it shows: ``/``, ``/state``, ``/events``."""
+    page = _page()
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers={"Cache-Control": "no-store"})
@@ -229,6 +250,17 @@ def create_app(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
+
+    return [
+        Route("/", index),
+        Route("/state", state),
+        Route("/events", events),
+    ]
+
+
+def _task_routes(poller: Poller) -> list[Route]:
+    """Actions on one task: ``/api/cancel``, ``/api/job/{mode}``."""
+    failed = _failed(poller)
 
     async def find(queue: str, body: dict[str, Any]) -> bytes | None:
         """The payload an action's body names: ``ref`` (a listed job),
@@ -258,38 +290,6 @@ def create_app(
             return failed(exc)
         await poller.poll_once()  # show the result at once
         return JSONResponse({"cancelled": n})
-
-    async def dead(request: Request) -> Response:
-        if (refused := _refused(request)) is not None:
-            return refused
-        mode = request.path_params["mode"]
-        if mode not in ("requeue", "purge"):
-            return JSONResponse({"error": f"no such action: {mode}"}, status_code=404)
-        try:
-            queue = queue_field(await json_body(request, '{"queue": "Q"}'))
-            if mode == "requeue":
-                n = await poller.client.requeue_dead(queue)
-            else:
-                n = await poller.client.purge_dead(queue)
-        except (BadRequest, MeshError) as exc:
-            return failed(exc)
-        await poller.poll_once()
-        return JSONResponse({mode + "d": n})
-
-    async def pause(request: Request) -> Response:
-        if (refused := _refused(request)) is not None:
-            return refused
-        mode = request.url.path.rsplit("/", 1)[1]
-        try:
-            queue = queue_field(await json_body(request, '{"queue": "Q"}'))
-            if mode == "pause":
-                changed = await poller.client.pause(queue)
-            else:
-                changed = await poller.client.resume(queue)
-        except (BadRequest, MeshError) as exc:
-            return failed(exc)
-        await poller.poll_once()
-        return JSONResponse({"queue": queue, "paused": mode == "pause", "changed": changed})
 
     async def job_action(request: Request) -> Response:
         if (refused := _refused(request)) is not None:
@@ -326,6 +326,59 @@ def create_app(
             return failed(exc)
         await poller.poll_once()
         return JSONResponse(out)
+
+    return [
+        Route("/api/cancel", cancel, methods=["POST"]),
+        Route("/api/job/{mode:str}", job_action, methods=["POST"]),
+    ]
+
+
+def _queue_routes(poller: Poller) -> list[Route]:
+    """Actions on a queue: ``/api/dead/{mode}``, ``/api/pause``, ``/api/resume``."""
+    failed = _failed(poller)
+
+    async def dead(request: Request) -> Response:
+        if (refused := _refused(request)) is not None:
+            return refused
+        mode = request.path_params["mode"]
+        if mode not in ("requeue", "purge"):
+            return JSONResponse({"error": f"no such action: {mode}"}, status_code=404)
+        try:
+            queue = queue_field(await json_body(request, '{"queue": "Q"}'))
+            if mode == "requeue":
+                n = await poller.client.requeue_dead(queue)
+            else:
+                n = await poller.client.purge_dead(queue)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
+        await poller.poll_once()
+        return JSONResponse({mode + "d": n})
+
+    async def pause(request: Request) -> Response:
+        if (refused := _refused(request)) is not None:
+            return refused
+        mode = request.url.path.rsplit("/", 1)[1]
+        try:
+            queue = queue_field(await json_body(request, '{"queue": "Q"}'))
+            if mode == "pause":
+                changed = await poller.client.pause(queue)
+            else:
+                changed = await poller.client.resume(queue)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
+        await poller.poll_once()
+        return JSONResponse({"queue": queue, "paused": mode == "pause", "changed": changed})
+
+    return [
+        Route("/api/dead/{mode:str}", dead, methods=["POST"]),
+        Route("/api/pause", pause, methods=["POST"]),
+        Route("/api/resume", pause, methods=["POST"]),
+    ]
+
+
+def _job_routes(poller: Poller) -> list[Route]:
+    """A queue's jobs: ``/api/jobs``, ``/api/job``, ``/api/payload``."""
+    failed = _failed(poller)
 
     async def jobs(request: Request) -> Response:
         qp = request.query_params
@@ -390,6 +443,17 @@ def create_app(
             headers={"Content-Disposition": 'attachment; filename="payload.bin"'},
         )
 
+    return [
+        Route("/api/jobs", jobs),
+        Route("/api/job", job),
+        Route("/api/payload", payload),
+    ]
+
+
+def _ran_routes(poller: Poller) -> list[Route]:
+    """What ran: ``/api/completed``, ``/api/history``."""
+    failed = _failed(poller)
+
     async def done(request: Request) -> Response:
         """A page of the finished jobs whose results the queue keeps."""
         qp = request.query_params
@@ -422,6 +486,28 @@ def create_app(
             }
         )
 
+    async def history(request: Request) -> Response:
+        qp = request.query_params
+        try:
+            minutes = int_param(qp, "minutes", 60)
+            queue = qp.get("queue")
+            c = poller.client
+            names = [check_queue(queue)] if queue else await c.queues()
+            now, counts = await minute_counts(c._check(), c._keys, names, minutes)
+        except (BadRequest, MeshError) as exc:
+            return failed(exc)
+        return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})
+
+    return [
+        Route("/api/completed", done),
+        Route("/api/history", history),
+    ]
+
+
+def _mesh_routes(poller: Poller) -> list[Route]:
+    """Who runs what, and what runs next: ``/api/worker``, ``/api/schedules``."""
+    failed = _failed(poller)
+
     async def worker(request: Request) -> Response:
         """What one worker holds: its running processes on every queue it
         serves (the first 1000 of each queue, by token), payloads shown cut."""
@@ -442,18 +528,6 @@ def create_app(
         if not found:
             return JSONResponse(None)
         return JSONResponse({"id": wid, "jobs": [job_json(j) for j in held]})
-
-    async def history(request: Request) -> Response:
-        qp = request.query_params
-        try:
-            minutes = int_param(qp, "minutes", 60)
-            queue = qp.get("queue")
-            c = poller.client
-            names = [check_queue(queue)] if queue else await c.queues()
-            now, counts = await minute_counts(c._check(), c._keys, names, minutes)
-        except (BadRequest, MeshError) as exc:
-            return failed(exc)
-        return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})
 
     async def schedules(request: Request) -> Response:
         try:
@@ -477,25 +551,7 @@ def create_app(
             }
         )
 
-    app: ASGIApp = Starlette(
-        routes=[
-            Route("/", index),
-            Route("/state", state),
-            Route("/events", events),
-            Route("/api/cancel", cancel, methods=["POST"]),
-            Route("/api/dead/{mode:str}", dead, methods=["POST"]),
-            Route("/api/pause", pause, methods=["POST"]),
-            Route("/api/resume", pause, methods=["POST"]),
-            Route("/api/job/{mode:str}", job_action, methods=["POST"]),
-            Route("/api/jobs", jobs),
-            Route("/api/job", job),
-            Route("/api/payload", payload),
-            Route("/api/history", history),
-            Route("/api/worker", worker),
-            Route("/api/completed", done),
-            Route("/api/schedules", schedules),
-        ]
-    )
-    if token:
-        app = _TokenGate(app, token)
-    return HostGate(app, names, any_ip=any_ip)
+    return [
+        Route("/api/worker", worker),
+        Route("/api/schedules", schedules),
+    ]
