@@ -32,9 +32,6 @@ ALLOWED = {
     "mesh/_url.py:parse_url",  # h/topo: a table of small parsers
     "mesh/_pubsub.py:PubSub",  # h/topo
     "mesh/cli/_demo.py:Demo",  # h/harness
-    "mesh/conformance/_scenarios.py:Run",  # h/runtime
-    "mesh/conformance/_scenarios.py:Run.step",  # h/runtime
-    "mesh/conformance/_scenarios.py:Run.wait_step",  # h/runtime
     "clients/node/src/worker.js:Worker",  # h/runtime
 }
 
