@@ -32,7 +32,6 @@ ALLOWED = {
     "mesh/_url.py:parse_url",  # h/topo: a table of small parsers
     "mesh/_pubsub.py:PubSub",  # h/topo
     "mesh/cli/_demo.py:Demo",  # h/harness
-    "clients/node/src/worker.js:Worker",  # h/runtime
 }
 
 

@@ -8,7 +8,8 @@
  * recycle mode "dead"), and leaves gracefully: drain, stop every handler,
  * hand each process back once its handler exited, then recycle mode "leave".
  * It also fires the due ticks of periodic tasks (fire.lua, every H) and sends
- * what its handlers did to the per-minute counts (stats.lua, every 5 s).
+ * what its handlers did to the per-minute counts (stats.lua, every 5 s): see
+ * periodic.js; the reaper is reaper.js.
  */
 const os = require('node:os');
 const crypto = require('node:crypto');
@@ -18,17 +19,13 @@ const { Keys, checkQueue, checkWorkerId } = require('./keys');
 const { Binding } = require('./binding');
 const { Runner, parsePolicy } = require('./runner');
 const { FencedError } = require('./errors');
+const { Periodic } = require('./periodic');
+const { Reaper } = require('./reaper');
 
 /** @typedef {import('./runner').Handler} Handler */
 
 /** @param {number} ms */
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** How often the per-minute counts are sent (ms), and how long they are kept (minutes). */
-const STATS_EVERY_MS = 5000;
-const STATS_KEEP_MINUTES = 120;
-/** At most this many schedules are read per round trip when firing ticks. */
-const TICK_BATCH = 100;
 
 /** One identity of the worker: an id and an incarnation, never reused after a fence. */
 class Generation {
@@ -112,9 +109,8 @@ class Worker extends EventEmitter {
     this.closed = false;
     /** @type {Promise<void> | null} */ this._hbLoop = null;
     /** @type {(() => void) | null} */ this._hbWake = null;
-    /** @type {{onWatch: boolean, meshSize: number, nextMs: number, woken: boolean,
-     *   wake: (() => void) | null, loop: Promise<void> | null}} */
-    this._reaper = { onWatch: true, meshSize: 0, nextMs: -1, woken: false, wake: null, loop: null };
+    this.reaper = new Reaper(this);
+    this.periodic = new Periodic(this);
     /** @type {Promise<void> | null} */ this._rejoining = null;
     this._ttlMs = Math.round(ttl * 1000);
     this._defaults = ['max_attempts', options.maxAttempts ?? 5,
@@ -122,121 +118,22 @@ class Worker extends EventEmitter {
       'backoff_max_ms', Math.round((options.backoffMax ?? 60) * 1000)];
     this._stopGraceMs = (options.stopGrace ?? 10) * 1000;
     /** @type {NodeJS.Timeout | null} */ this._pinger = null;
-    /** The queues dead workers served lately (a hint for recycle). @type {string[]} */
-    this._deadQueues = [];
-    /** Per queue: [finished, failed] not yet sent to stats.lua. @type {Map<string, [number, number]>} */
-    this._counts = new Map();
-    /** @type {Promise<void> | null} */ this._tickLoopDone = null;
-    /** @type {Promise<void> | null} */ this._statsLoopDone = null;
-    /** Wakers of the naps of the tick and stats loops (stop() ends them). @type {Set<() => void>} */
-    this._naps = new Set();
-    this._cronWarned = false;
   }
 
   /**
    * Count one handler outcome of `queue` for the per-minute counts.
    * @param {string} queue @param {boolean} ok finished (true) or failed
    */
-  count(queue, ok) {
-    const c = this._counts.get(queue) || [0, 0];
-    c[ok ? 0 : 1] += 1;
-    this._counts.set(queue, c);
-  }
+  count(queue, ok) { this.periodic.count(queue, ok); }
 
-  /** Sleep `ms`, or less if the worker closes. @param {number} ms */
-  _nap(ms) {
-    return new Promise((resolve) => {
-      const wake = () => { clearTimeout(timer); this._naps.delete(wake); resolve(undefined); };
-      const timer = setTimeout(wake, Math.max(0, ms));
-      this._naps.add(wake);
-    });
-  }
+  /** Send the per-minute counts gathered since the last report (see periodic.js). */
+  reportCounts() { return this.periodic.reportCounts(); }
 
-  /**
-   * Send the counts gathered since the last report (nothing if none). On an
-   * error they are kept for the next one.
-   */
-  async reportCounts() {
-    if (!this._counts.size) return;
-    const counts = this._counts;
-    this._counts = new Map();
-    try {
-      await this.binding.stats(this.redis, counts, STATS_KEEP_MINUTES);
-    } catch (err) {
-      for (const [q, [p, f]] of counts) {
-        const c = this._counts.get(q) || [0, 0];
-        this._counts.set(q, [c[0] + p, c[1] + f]);
-      }
-      this._log('debug', `sending the per-minute counts failed (kept): ${err instanceof Error ? err.message : err}`);
-    }
-  }
+  /** Fire the due ticks of periodic tasks (see periodic.js). */
+  fireDue() { return this.periodic.fireDue(); }
 
-  async _statsLoop() {
-    while (!this.closed) {
-      await this._nap(STATS_EVERY_MS);
-      if (!this.closed) await this.reportCounts();
-    }
-  }
-
-  /**
-   * Fire the due ticks among the first schedules (fire.lua, compare-and-set:
-   * each tick fires once across the mesh). Cron schedules are left to peers
-   * that evaluate cron (this one does not).
-   * @returns {Promise<number>} ms until the first tick is due (0: look again at once)
-   */
-  async fireDue() {
-    const k = this.keys;
-    const p = /** @type {any} */ (this.redis.pipeline());
-    p.time();
-    p.zrangeBuffer(k.schedules, 0, TICK_BATCH - 1, 'WITHSCORES');
-    const res = await p.exec();
-    for (const [err] of res) if (err) throw err;
-    const [sec, usec] = res[0][1];
-    const nowMs = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
-    /** @type {Buffer[]} */
-    const flat = res[1][1];
-    if (!flat.length) return Infinity;
-    /** @type {[Buffer, number][]} */
-    const due = [];
-    for (let i = 0; i < flat.length; i += 2) {
-      const tick = Math.floor(Number(flat[i + 1].toString()));
-      if (tick <= nowMs) due.push([flat[i], tick]);
-    }
-    if (!due.length) return Math.floor(Number(flat[1].toString())) - nowMs;
-    const specs = await /** @type {any} */ (this.redis).hmgetBuffer(k.scheduleSpecs, ...due.map((d) => d[0]));
-    /** @type {[Buffer, number, number][]} */
-    const fire = [];
-    due.forEach(([sid, tick], i) => {
-      const spec = specs[i] ? specs[i].toString('utf8') : null;
-      const every = spec && /^every (\d+)$/.exec(spec);
-      if (every) {
-        const period = Math.max(1, Number(every[1]));
-        const next = nowMs < tick + period ? tick + period
-          : tick + period * (Math.floor((nowMs - tick) / period) + 1);
-        fire.push([sid, tick, next]);
-      } else if (spec && !this._cronWarned) {
-        this._cronWarned = true;
-        this._log('warn', `schedule spec ${JSON.stringify(spec)}: cron is not evaluated by this peer; `
-          + 'another peer fires it');
-      }
-    });
-    if (!fire.length) return this.timing.interval * 1000;
-    await this.binding.fire(this.redis, fire);
-    return 0;
-  }
-
-  async _tickLoop() {
-    const h = this.timing.interval * 1000;
-    while (!this.closed) {
-      let wait = h;
-      try {
-        wait = await this.fireDue();
-      } catch (err) {
-        this._log('debug', `firing periodic tasks failed: ${err instanceof Error ? err.message : err}`);
-      }
-      if (wait > 0 && !this.closed) await this._nap(Math.min(wait, h) + Math.random() * Math.min(20, h / 10));
-    }
-  }
+  /** Recycle every worker whose lease ran out; returns how many (see reaper.js). */
+  reapOnce() { return this.reaper.reapOnce(); }
 
   /** The current worker id (a new one after every fence). */
   get id() { return this.gen.id; }
@@ -299,9 +196,8 @@ class Worker extends EventEmitter {
     }
     this.started = true;
     this._hbLoop = this._heartbeatLoop();
-    this._reaper.loop = this._reapLoop();
-    this._tickLoopDone = this._tickLoop();
-    this._statsLoopDone = this._statsLoop();
+    this.reaper.start();
+    this.periodic.start();
     this._pinger = setInterval(() => this._pingSub(), Math.min(Math.max(1000, this._ttlMs), 30000));
   }
 
@@ -331,7 +227,7 @@ class Worker extends EventEmitter {
     const k = this.keys;
     const gen = this.gen;
     if (ch === this._expired) {
-      if (msg.startsWith(`${k.prefix}worker:`)) this._heardExpiry();
+      if (msg.startsWith(`${k.prefix}worker:`)) this.reaper.heardExpiry();
       return;
     }
     if (ch === k.wakeChannel(gen.id)) {
@@ -455,7 +351,7 @@ class Worker extends EventEmitter {
           const r = gen.runners.get(q);
           if (r) r.onHeartbeat(reply.beats[i]);
         });
-        if (reply.nextDeadlineMs <= 0) this._deadlinePassed(-reply.nextDeadlineMs / 1000);
+        if (reply.nextDeadlineMs <= 0) this.reaper.deadlinePassed(-reply.nextDeadlineMs / 1000);
         if (queues.length) this._refreshPolicies(gen, queues);
         next = sent + t.interval * 1000 * (1 - gen.spread * Math.random());
         gen.spread = 0.05;
@@ -487,115 +383,6 @@ class Worker extends EventEmitter {
         if (r) r.policy = parsePolicy(values[i]);
       });
     }, () => {});
-  }
-
-  // --- the reaper -----------------------------------------------------------
-
-  _heardExpiry() {
-    const rp = this._reaper;
-    if (rp.onWatch || Math.random() * rp.meshSize < 3) this._wakeReaper();
-  }
-
-  /** @param {number} overdue seconds */
-  _deadlinePassed(overdue) {
-    const grace = Math.min(Math.max(this.timing.ttl / 20, 0.025), 0.25);
-    if (this._reaper.onWatch || overdue >= grace) this._wakeReaper();
-  }
-
-  _wakeReaper() {
-    this._reaper.woken = true;
-    if (this._reaper.wake) this._reaper.wake();
-  }
-
-  /** Recycle every worker whose lease ran out; returns how many. */
-  async reapOnce() {
-    const leaseMs = Math.max(200, Math.round(this.timing.ttl * 500));
-    let total = 0;
-    for (;;) {
-      const check = await this.binding.reapCheck(this.redis, 1000, leaseMs);
-      this._reaper.nextMs = check.nextMs;
-      this._reaper.meshSize = check.workers;
-      if (!check.dead.length) return total;
-      for (const part of await this._parts(check.dead)) {
-        const r = await this.binding.recycle(this.redis, part, 'dead', '', this._reapQueues());
-        this._deadQueues = r.queues.slice(-64);
-        total += r.recycled;
-        if (r.recycled) {
-          this._log('info', `recycled ${r.recycled} dead workers (${r.returned} processes handed back)`);
-        }
-      }
-    }
-  }
-
-  /** The queues dead workers most likely served: ours, and those of the last recycles. */
-  _reapQueues() {
-    return [...new Set([...this.queues.keys(), ...this._deadQueues])];
-  }
-
-  /**
-   * `dead` in groups of about 2,000 processes held (one SCARD per worker and
-   * queue, in one round trip), each worker counting 2 more, at least one
-   * worker each: one recycle call holds up every client of Redis while it runs.
-   * @param {string[]} dead
-   * @returns {Promise<string[][]>}
-   */
-  async _parts(dead) {
-    const queues = this._reapQueues();
-    if (dead.length < 2 || !queues.length) return [dead];
-    const p = this.redis.pipeline();
-    for (const w of dead) for (const q of queues) p.scard(this.keys.held(w, q));
-    const sizes = ((await p.exec()) || []).map(([, n]) => Number(n) || 0);
-    /** @type {string[][]} */
-    const parts = [];
-    let held = 0;
-    dead.forEach((w, i) => {
-      const n = 2 + sizes.slice(i * queues.length, (i + 1) * queues.length).reduce((a, b) => a + b, 0);
-      if (!parts.length || held + n > 2000) {
-        parts.push([]);
-        held = 0;
-      }
-      parts[parts.length - 1].push(w);
-      held += n;
-    });
-    return parts;
-  }
-
-  async _reapLoop() {
-    const rp = this._reaper;
-    const intervalMs = 3 * this.timing.ttl * 1000;
-    let backoff = 50;
-    let periodic = true; // the first pass draws too
-    while (!this.closed) {
-      rp.woken = false;
-      rp.nextMs = -1;
-      try {
-        await this.reapOnce();
-        backoff = 50;
-      } catch (err) {
-        this._log('debug', `reap check failed: ${err instanceof Error ? err.message : err}; retrying`);
-        await sleep(backoff);
-        backoff = Math.min(backoff * 2, intervalMs);
-        continue;
-      }
-      // drawn only at the periodic passes, which every reaper makes at the
-      // same rate (one on watch also passes at every deadline)
-      if (periodic) rp.onWatch = Math.random() * rp.meshSize < 3;
-      let wait = intervalMs * (1 + 0.2 * Math.random());
-      periodic = true;
-      if (rp.onWatch && rp.nextMs >= 0 && rp.nextMs < wait) {
-        wait = rp.nextMs + Math.random() * 20;
-        periodic = false;
-      }
-      if (rp.woken) {
-        periodic = false;
-        continue;
-      }
-      await new Promise((resolve) => {
-        const timer = setTimeout(resolve, Math.max(wait, 1));
-        rp.wake = () => { clearTimeout(timer); periodic = false; resolve(undefined); };
-      });
-      rp.wake = null;
-    }
   }
 
   // --- leaving --------------------------------------------------------------
@@ -644,9 +431,9 @@ class Worker extends EventEmitter {
     if (this._pinger) clearInterval(this._pinger);
     if (gen.fenceTimer) clearTimeout(gen.fenceTimer);
     if (this._hbWake) this._hbWake();
-    if (this._reaper.wake) this._reaper.wake();
-    for (const wake of [...this._naps]) wake();
-    await Promise.allSettled([this._hbLoop, this._reaper.loop, this._tickLoopDone, this._statsLoopDone]);
+    this.reaper.close();
+    this.periodic.close();
+    await Promise.allSettled([this._hbLoop, this.reaper.loop, ...this.periodic.loops]);
     // the last counts (bounded: the connections close next)
     if (this.started) await withTimeout(this.reportCounts(), 250).catch(() => {});
     this.sub.disconnect();
