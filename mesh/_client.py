@@ -40,7 +40,6 @@ from ._scripts import (
     run_reads,
 )
 from ._topology import Topology
-from ._transport import check_min_replicas, coerce_config
 from ._types import (
     DeadLetter,
     DelayedTask,
@@ -51,7 +50,7 @@ from ._types import (
     WorkerInfo,
 )
 from ._units import MAX_UNIX_TIME, seconds_ms
-from ._url import RedisConfig
+from ._url import RedisConfig, check_min_replicas, coerce_config
 from ._validate import seconds, whole
 
 log = logging.getLogger("mesh.client")

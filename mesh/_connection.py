@@ -59,14 +59,13 @@ from ._topology import Node, Topology
 from ._transport import ENCODER as _ENCODER
 from ._transport import (
     Arg,
-    coerce_config,
     connect,
     reconnect,
     scrub,
 )
 from ._transport import make_reader as _make_reader
 from ._transport import pack as _pack
-from ._url import RedisConfig
+from ._url import RedisConfig, coerce_config
 from ._wire import Waiter, Wire, fail_waiters
 
 __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]

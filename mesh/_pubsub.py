@@ -53,14 +53,13 @@ from ._topology import Node, Topology
 from ._transport import (
     CLOSED_ERRORS,
     TRANSPORT_ERRORS,
-    coerce_config,
     describe,
     next_reply,
     pack,
     reconnect,
     scrub,
 )
-from ._url import RedisConfig
+from ._url import RedisConfig, coerce_config
 
 __all__ = ["Message", "PubSub", "open_pubsub"]
 

@@ -6,7 +6,6 @@ fed to a ``hiredis.Reader``; they
 differ only in what they do with the replies (FIFO matching for commands, a message
 stream for pub/sub). Everything else lives here, once:
 
-* :func:`coerce_config`: a URL or a :class:`RedisConfig`, checked.
 * :func:`connect`: open the stream (TCP, unix socket, TLS) and run the handshake
   (``AUTH``, ``SELECT``, ``CLIENT SETNAME``) in one write, bounded by
   ``connect_timeout``.
@@ -34,13 +33,12 @@ from redis.exceptions import DataError
 
 from ._errors import CommandError, ConfigError, MeshConnectionError
 from ._loop import ByteStream, aclose_forcefully, current
-from ._url import RedisConfig, parse_url
+from ._url import RedisConfig
 
 __all__ = [
     "Arg",
     "Packed",
     "backoff_delays",
-    "coerce_config",
     "connect",
     "next_reply",
     "read_replies",
@@ -245,28 +243,6 @@ def scrub(text: str, config: RedisConfig) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
-
-
-def coerce_config(config: RedisConfig | str) -> RedisConfig:
-    """A :class:`RedisConfig` from a config or a URL.
-
-    Raises:
-        ConfigError: a malformed URL, or neither a str nor a RedisConfig.
-    """
-    if isinstance(config, str):
-        return parse_url(config)
-    if not isinstance(config, RedisConfig):
-        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
-    return config
-
-
-def check_min_replicas(config: RedisConfig, min_replicas: int | None) -> int:
-    """``min_replicas`` if given, else the URL's; ConfigError unless an int >= 0."""
-    if min_replicas is None:
-        return config.min_replicas
-    if type(min_replicas) is not int or min_replicas < 0:
-        raise ConfigError(f"min_replicas must be an integer >= 0, not {min_replicas!r}")
-    return min_replicas
 
 
 def _ssl_context(config: RedisConfig) -> ssl.SSLContext:

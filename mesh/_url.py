@@ -39,7 +39,7 @@ import attrs
 
 from ._errors import ConfigError
 
-__all__ = ["RedisConfig", "parse_url"]
+__all__ = ["RedisConfig", "check_min_replicas", "coerce_config", "parse_url"]
 
 _SCHEMES = (
     "redis",
@@ -459,3 +459,27 @@ def _parse_hostport(item: str, default_port: int) -> tuple[str, int] | str:
     if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
         return f"port must be an integer from 1 to 65535, not {port_text!r}"
     return host.lower(), int(port_text)
+
+
+def coerce_config(config: RedisConfig | str) -> RedisConfig:
+    """A :class:`RedisConfig` from a config or a URL: how every ``open_*``
+    (client, worker, fleet, connection, pub/sub) reads its ``url`` argument,
+    once, at its entry; beneath it only a :class:`RedisConfig` travels.
+
+    Raises:
+        ConfigError: a malformed URL, or neither a str nor a RedisConfig.
+    """
+    if isinstance(config, str):
+        return parse_url(config)
+    if not isinstance(config, RedisConfig):
+        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
+    return config
+
+
+def check_min_replicas(config: RedisConfig, min_replicas: int | None) -> int:
+    """``min_replicas`` if given, else the URL's; ConfigError unless an int >= 0."""
+    if min_replicas is None:
+        return config.min_replicas
+    if type(min_replicas) is not int or min_replicas < 0:
+        raise ConfigError(f"min_replicas must be an integer >= 0, not {min_replicas!r}")
+    return min_replicas

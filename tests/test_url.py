@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mesh._errors import ConfigError
-from mesh._url import RedisConfig, parse_url
+from mesh._url import RedisConfig, check_min_replicas, coerce_config, parse_url
 
 SECRET = "s3cr3t-Pa55"
 
@@ -276,3 +276,16 @@ def test_min_replicas_query() -> None:
     for bad in ("x", "-1", "1.5", "", "100000"):
         with pytest.raises(ConfigError, match="min_replicas must be an integer"):
             parse_url(f"redis://u:{SECRET}@h?min_replicas={bad}")
+
+
+def test_coerce_config_and_min_replicas() -> None:
+    config = coerce_config("redis://127.0.0.1:7000?min_replicas=2")
+    assert isinstance(config, RedisConfig) and config.port == 7000
+    assert coerce_config(config) is config
+    with pytest.raises(ConfigError, match="expected a RedisConfig or a URL, not int"):
+        coerce_config(7000)  # type: ignore[arg-type]
+    assert check_min_replicas(config, None) == 2
+    assert check_min_replicas(config, 0) == 0
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ConfigError, match="min_replicas must be an integer >= 0"):
+            check_min_replicas(config, bad)  # type: ignore[arg-type]
