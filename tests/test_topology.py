@@ -21,9 +21,10 @@ import redis
 
 import mesh
 from mesh import MeshConnectionError, Process
+from mesh._cluster import crc16, keyslot, parse_shards, parse_slots
 from mesh._connection import open_connection
 from mesh._scripts import Script, run_script
-from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
+from mesh._topology import Topology
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 
@@ -103,7 +104,7 @@ async def test_any_node_of_a_cluster_reaches_the_slot_master(cluster: ClusterSet
             assert conn.topology.cluster
     # 6.2 has no CLUSTER SHARDS: the CLUSTER SLOTS path lands on the same node.
     topology = Topology(parse_url(urls[1]), ROUTE)
-    topology._use_slots = True
+    topology.nodes.use_slots = True
     async with open_connection(urls[1], topology=topology) as conn:
         assert conn.node == ("127.0.0.1", owner)
         assert await conn.execute("GET", ROUTE + "k") == urls[-1].encode()
@@ -141,7 +142,7 @@ async def test_moved_is_rerouted_not_raised(cluster: ClusterSetup, mesh_loop: st
     owner = cluster.owner_port(SLOT)
     wrong = next(m for m in cluster.masters if m.port != owner)
     topology = Topology(parse_url(cluster.url(wrong)), route_key="{elsewhere}")
-    topology.slot = next(
+    topology.nodes.slot = next(
         e[0]
         for e in client(wrong.port).execute_command("CLUSTER", "SLOTS")
         if e[2][1] == wrong.port
@@ -149,7 +150,7 @@ async def test_moved_is_rerouted_not_raised(cluster: ClusterSetup, mesh_loop: st
     key = ROUTE + "l-" + mesh_loop  # the cluster is the module's: a key each
     async with open_connection(cluster.url(wrong), topology=topology) as conn:
         assert conn.node == ("127.0.0.1", wrong.port)
-        topology.slot = SLOT  # the next discovery looks for our namespace's master
+        topology.nodes.slot = SLOT  # the next discovery looks for our namespace's master
         replies = await conn.pipeline([("DEL", key), ("RPUSH", key, "a"), ("RPUSH", key, "b")])
         assert replies == [0, 1, 2]
         assert await conn.execute("LRANGE", key, 0, -1) == [b"a", b"b"]
