@@ -411,7 +411,7 @@ async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
             "the subscription to follow",
         )
         assert shard_subscribers(source_port, wake) == 0
-        assert w._pubsub._slot_moves >= 1  # the old master dropped the channels
+        assert w._pubsub._link.slot_moves >= 1  # the old master dropped the channels
         client(target.port).config_resetstat()
         await wake_and_cancel(c, w, b"after")
         assert stats(target.port)["spublish"] >= 2 and stats(target.port)["publish"] == 0
