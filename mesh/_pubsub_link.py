@@ -24,9 +24,10 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ._errors import CommandError, MeshConnectionError
 from ._loop import ByteStream, aclose_forcefully
+from ._reconnect import reconnect
 from ._subscriptions import Message, Subscriptions
 from ._topology import Node, Topology
-from ._transport import CLOSED_ERRORS, TRANSPORT_ERRORS, describe, next_reply, reconnect, scrub
+from ._transport import CLOSED_ERRORS, TRANSPORT_ERRORS, describe, next_reply, scrub
 from ._url import RedisConfig
 
 __all__ = ["PubSubLink"]

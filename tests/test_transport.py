@@ -1,5 +1,5 @@
 """mesh._transport: packing, the reply reader, the handshake against a real
-redis-server, and the reconnect loop (on trio's mock clock: no socket)."""
+redis-server; and mesh._reconnect's loop (on trio's mock clock: no socket)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from mesh._errors import CommandError, ConfigError, MeshConnectionError
+from mesh._reconnect import reconnect
 from mesh._transport import (
     Packed,
     backoff_delays,
@@ -21,7 +22,6 @@ from mesh._transport import (
     next_reply,
     pack,
     read_replies,
-    reconnect,
     scrub,
 )
 from mesh._url import parse_url
