@@ -222,6 +222,12 @@ async def hop(
 class Cluster(Finder):
     """A ``redis+cluster://`` URL: the seeds, the master we last used first."""
 
+    takes_over = True
+
+    def __init__(self, nodes: Nodes) -> None:
+        super().__init__(nodes)
+        nodes.cluster = True
+
     async def find(self, name: str | None, extra: Sequence[Sequence[Arg]]) -> Found:
         """Connect to the master of the slot (see :func:`hop`)."""
         nodes = self.nodes

@@ -79,8 +79,8 @@ class Nodes:
         self.slot = slot
         self.epoch = epoch
         self.master: Node | None = None
-        # Whether the URL's node turned out to be (or is known as) a cluster node.
-        self.cluster = config.topology == "cluster"
+        # Whether the URL names a cluster, or its node turned out to be a cluster node.
+        self.cluster = False
         self.changes = 0
         self._changed = anyio.Event()
         # CLUSTER SHARDS is unknown before 7.0: once refused, use CLUSTER SLOTS.
@@ -249,9 +249,14 @@ class Finder:
 
     #: The failover announcements the connection watches (Sentinel only).
     failover: FailoverWatch | None = None
+    #: Whether another node may take over from the master (a failover, a slot
+    #: that moves): then a node without the namespace's epoch is refused.
+    takes_over: bool = False
 
     def __init__(self, nodes: Nodes) -> None:
         self.nodes = nodes
+        if self.takes_over and nodes.epoch is not None:
+            nodes.epoch.strict = True
 
     async def find(self, name: str | None, extra: Sequence[Sequence[Arg]]) -> Found:
         """Find the master, connect to it and run the handshake.

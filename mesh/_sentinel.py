@@ -41,6 +41,7 @@ class Sentinel(Finder):
     """The master of a ``redis+sentinel://`` URL's service, as the sentinels name it."""
 
     failover: FailoverWatch
+    takes_over = True
 
     def __init__(self, nodes: Nodes) -> None:
         super().__init__(nodes)

@@ -94,9 +94,9 @@ class Topology:
         epoch_key: str | None = None,
     ) -> None:
         self.config = config
-        epoch = None
-        if epoch_key is not None:
-            epoch = Epoch(epoch_key, strict=config.topology in ("sentinel", "cluster"))
+        # strict (a node without it refused) where another node may take over:
+        # the finder says (Finder.__init__)
+        epoch = Epoch(epoch_key, strict=False) if epoch_key is not None else None
         slot = keyslot(route_key) if route_key is not None else 0
         self.nodes = Nodes(config, slot, epoch)
         # Set (and replaced) each time a connection gets through: the other

@@ -74,6 +74,26 @@ def cluster() -> Iterator[ClusterSetup]:
         yield setup
 
 
+def test_each_kind_of_url_has_its_finder() -> None:
+    # No server: what the kind decides once, when the Topology is made.
+    standalone = Topology(parse_url("redis://h:1"), epoch_key="{ns}:epoch")
+    assert standalone.failover is None and standalone.sentinel_configs() == []
+    assert standalone.epoch is not None and not standalone.epoch.strict
+    assert not standalone.cluster
+    sentinel = Topology(parse_url("redis+sentinel://s1,s2:5/svc/2"), epoch_key="{ns}:epoch")
+    assert sentinel.failover is not None
+    assert [(c.host, c.port, c.db) for c in sentinel.sentinel_configs()] == [
+        ("s1", 26379, 0),
+        ("s2", 5, 0),
+    ]
+    assert sentinel.epoch is not None and sentinel.epoch.strict
+    seeds = Topology(parse_url("redis+cluster://a,b"), route_key="{ns}:", epoch_key="{ns}:epoch")
+    assert seeds.cluster and seeds.failover is None
+    assert seeds.epoch is not None and seeds.epoch.strict
+    assert seeds.nodes.slot == keyslot("{ns}:")
+    assert Topology(parse_url("redis+cluster://a")).epoch is None
+
+
 def test_keyslot_matches_the_server(cluster: ClusterSetup) -> None:
     c = client(cluster.masters[0].port)
     for key in ("foo", ROUTE, "{a}b", "a{b", "{}x", "x" * 300, "ключ"):
