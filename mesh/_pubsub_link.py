@@ -87,6 +87,7 @@ class PubSubLink:
         self.reconnects = 0
 
     def notify(self) -> None:
+        """Wake whoever waits on :attr:`changed` (a confirmation, an error, a new socket)."""
         self.changed.set()
         self.changed = anyio.Event()
 
@@ -117,6 +118,8 @@ class PubSubLink:
         self.notify()
 
     def close(self) -> None:
+        """Closed by its owner: nothing is sent any more, and the iteration ends
+        once the buffered messages are read. Idempotent."""
         if self.closed:
             return
         self.closed = True
