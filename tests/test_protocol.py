@@ -14,20 +14,13 @@ import pytest
 
 import mesh
 from mesh import ConfigError, ConflictError, FencedError, Process, ProtocolError
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
-from mesh._scripts import (
-    _PROCESS_SLOTS,
-    Binding,
-    HeartbeatRequest,
-    ResultsToKeep,
-    expand_script,
-    load_scripts,
-    parse_claim,
-    parse_record,
-)
+from mesh._replies import _PROCESS_SLOTS, HeartbeatRequest, ResultsToKeep, parse_claim, parse_record
+from mesh._scripts import expand_script, load_scripts
 from mesh._transport import Packed, pack
 from mesh.testing import RedisServer, wait_until
 
@@ -1270,7 +1263,7 @@ async def test_finish_publishes_done_messages_only_while_someone_awaits(
     queue's awaiting key exists (client.result keeps it); finish.lua and
     finish_results.lua alike. A caller that does not pass the optional
     awaiting key (an older peer) publishes every time, as before."""
-    from mesh._scripts import ResultsToKeep
+    from mesh._replies import ResultsToKeep
 
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a", b"b", b"c", b"d", b"e"])
