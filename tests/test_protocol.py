@@ -1056,6 +1056,10 @@ def test_every_include_names_what_it_provides_and_needs() -> None:
         assert "needs" in head, f.name
         for fn in re.findall(r"^local function (\w+)\(", text, re.M):
             assert fn in head, (f.name, fn)  # every helper is named in the header
+        # an include is given its keys and arguments (protocol/README.md): its
+        # code (comments aside) never reads the script's KEYS or ARGV
+        code = re.sub(r"--[^\n]*", "", text)
+        assert not re.search(r"\b(KEYS|ARGV)\b", code), f.name
     for name, script in load_scripts().items():
         assert b"--!include" not in script.source, name
 
