@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import outcome
 
@@ -38,7 +38,24 @@ from ._transport import Packed
 
 __all__ = ["Binding", "payload_bytes"]
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 T = TypeVar("T")
+
+
+class ClaimOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Binding.claim_call` (and so of
+    :meth:`Binding.claim`), with its defaults."""
+
+    fair: bool
+    backoff_ms: int
+    backoff_cap_ms: int
+    ttl_ms: int
+    wake: bool
+    rate: tuple[int, int] | None
+    patience_ms: int
+
 
 # How many argument sets Binding.claim_call and finish_call keep built.
 _CLAIM_MEMO = 64
@@ -476,29 +493,11 @@ class _ClaimCalls(_Calls):
         queue: str,
         n: int,
         max_attempts: int,
-        *,
-        fair: bool = False,
-        backoff_ms: int = 1000,
-        backoff_cap_ms: int = 60_000,
-        ttl_ms: int = 0,
-        wake: bool = True,
-        rate: tuple[int, int] | None = None,
-        patience_ms: int = 0,
+        **options: Unpack[ClaimOptions],
     ) -> ClaimReply:
-        call = self.claim_call(
-            worker,
-            incarnation,
-            queue,
-            n,
-            max_attempts,
-            fair=fair,
-            backoff_ms=backoff_ms,
-            backoff_cap_ms=backoff_cap_ms,
-            ttl_ms=ttl_ms,
-            wake=wake,
-            rate=rate,
-            patience_ms=patience_ms,
-        )
+        """Send :meth:`claim_call`'s call (a claim by hand: a runner keeps its
+        calls built and sends them with :meth:`run`)."""
+        call = self.claim_call(worker, incarnation, queue, n, max_attempts, **options)
         return await self.run(conn, call)
 
     def finish_call(
