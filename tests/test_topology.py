@@ -23,7 +23,8 @@ import mesh
 from mesh import MeshConnectionError, Process
 from mesh._cluster import crc16, keyslot, parse_shards, parse_slots
 from mesh._connection import open_connection
-from mesh._scripts import Script, run_script
+from mesh._eval import run_script
+from mesh._scripts import Script
 from mesh._topology import Topology
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
