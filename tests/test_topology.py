@@ -760,7 +760,9 @@ async def test_sentinel_failover_under_load() -> None:
                 # Every acknowledged enqueue runs: none was lost with the old master.
                 await wait_until(lambda: acked <= done, 10, "every acknowledged enqueue to run")
                 nursery.cancel_scope.cancel()
-        assert setup.master_port() == new_port
+        # Never the old, empty master again (under load, with down-after 400 ms,
+        # Sentinel may fail over once more, between the two replicas).
+        assert setup.master_port() != old.port
         runs.check_no_overlap()
         for t in tasks:
             assert len(runs.tokens(t)) >= 2
