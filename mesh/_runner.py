@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import anyio
 import anyio.abc
 
+from ._binding import Binding
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
 from ._pool import MOVED as MOVED
@@ -33,9 +34,9 @@ from ._queue_config import Batched as Batched
 from ._queue_config import BatchHandler as BatchHandler
 from ._queue_config import Handler as Handler
 from ._queue_config import QueueConfig as QueueConfig
+from ._replies import QueueBeat
 from ._runner_core import STOP_CHUNK, Action, RunnerCore
 from ._runner_io import RunnerIO
-from ._scripts import Binding, QueueBeat
 from ._stats import QueueCounters
 from ._types import Process
 

@@ -27,10 +27,6 @@ ALLOWED = {
     "mesh/_view.py:overview",  # h/client: one reader of mesh state
     "mesh/cli/_status.py:render",  # h/client
     "mesh/dashboard/_state.py:Tracker._state",  # h/client
-    "mesh/_scripts.py:Binding",  # h/scripts: _scripts.py split in four
-    "mesh/_topology.py:Topology",  # h/topo: _sentinel.py and _cluster.py
-    "mesh/_url.py:parse_url",  # h/topo: a table of small parsers
-    "mesh/_pubsub.py:PubSub",  # h/topo
     "mesh/cli/_demo.py:Demo",  # h/harness
 }
 

@@ -20,13 +20,13 @@ import trio.testing
 
 import mesh
 from mesh import Process
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._pool import START_CHUNK
 from mesh._queue_config import QueueConfig
 from mesh._runner import QueueRunner
 from mesh._runner_core import HERD
-from mesh._scripts import Binding
 from mesh._stats import QueueCounters
 from mesh.testing import RedisServer, wait_until
 
