@@ -34,13 +34,15 @@ class Steps(Waits):
         """Do one step (its ``do`` says which); raise ScenarioFailed if what
         it must see does not happen."""
         do = step["do"]
-        peer = self.peers[step["peer"]] if "peer" in step else None
-        if do == "start":
-            assert peer is not None
-            await self.start_step(peer, step)
-        elif do == "send":
-            assert peer is not None
-            await self.send_step(peer, step)
+        on_peer = {
+            "start": self.start_step,
+            "send": self.send_step,
+            "kill": self.kill_step,
+            "pause": self.pause_step,
+            "stop": self.stop_step,
+        }
+        if do in on_peer:
+            await on_peer[do](self.peers[step["peer"]], step)
         elif do == "set":
             await self.conn.execute("SET", f"{{{self.namespace}}}:{step['key']}", step["value"])
         elif do in ("configure", "schedule", "pause_queue", "resume_queue"):
@@ -53,15 +55,6 @@ class Steps(Waits):
             await self.wait_step(step)
         elif do == "quiet":
             await self.quiet_step(step)
-        elif do == "kill":
-            assert peer is not None
-            await self.kill_step(peer, step)
-        elif do == "pause":
-            assert peer is not None
-            await self.pause_step(peer, step)
-        elif do == "stop":
-            assert peer is not None
-            await self.stop_step(peer, step)
         elif do == "cancel":
             await self.cancel_step(step, durable=False)
         elif do == "cancel_durable":

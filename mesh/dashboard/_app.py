@@ -251,11 +251,7 @@ def _page_routes(poller: Poller) -> list[Route]:
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    return [
-        Route("/", index),
-        Route("/state", state),
-        Route("/events", events),
-    ]
+    return [Route("/", index), Route("/state", state), Route("/events", events)]
 
 
 def _task_routes(poller: Poller) -> list[Route]:
@@ -443,11 +439,7 @@ def _job_routes(poller: Poller) -> list[Route]:
             headers={"Content-Disposition": 'attachment; filename="payload.bin"'},
         )
 
-    return [
-        Route("/api/jobs", jobs),
-        Route("/api/job", job),
-        Route("/api/payload", payload),
-    ]
+    return [Route("/api/jobs", jobs), Route("/api/job", job), Route("/api/payload", payload)]
 
 
 def _ran_routes(poller: Poller) -> list[Route]:
@@ -498,10 +490,7 @@ def _ran_routes(poller: Poller) -> list[Route]:
             return failed(exc)
         return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})
 
-    return [
-        Route("/api/completed", done),
-        Route("/api/history", history),
-    ]
+    return [Route("/api/completed", done), Route("/api/history", history)]
 
 
 def _mesh_routes(poller: Poller) -> list[Route]:
@@ -551,7 +540,4 @@ def _mesh_routes(poller: Poller) -> list[Route]:
             }
         )
 
-    return [
-        Route("/api/worker", worker),
-        Route("/api/schedules", schedules),
-    ]
+    return [Route("/api/worker", worker), Route("/api/schedules", schedules)]
