@@ -132,7 +132,7 @@ def _regex_allowed(code: list[str], i: int) -> bool:
 def js_mask(text: str) -> tuple[str, set[int]]:
     """The code with comments, strings, template text and regexes blanked
     (newlines kept, so positions and lines stay), and the line numbers
-    (1-based) that JSDoc blocks (``/** ... */``) cover."""
+    (1-based) that hold nothing but JSDoc (``/** ... */``)."""
     code = list(text)
     jsdoc: set[int] = set()
     templates: list[int] = []  # brace depth at each open `${`
@@ -172,7 +172,9 @@ def js_mask(text: str) -> tuple[str, set[int]]:
         else:
             depth += {"{": 1, "}": -1}.get(c, 0)
             i += 1
-    return "".join(code), jsdoc
+    masked = "".join(code)
+    lines = masked.split("\n")
+    return masked, {n for n in jsdoc if not lines[n - 1].strip()}
 
 
 def _matching(code: str, i: int, open_: str, close: str, step: int) -> int:
@@ -305,6 +307,7 @@ JS_SAMPLE = r"""'use strict';
 class Box extends Base {
   /** @param {number} n */
   constructor(n) {
+    /** @type {number} */ this.n = 0;
     super();
     this.n = n; // a comment with }
   }
@@ -333,8 +336,8 @@ function outer() {
 def test_js_counter() -> None:
     counts = {item.name: (item.kind, item.lines) for item in js_items(JS_SAMPLE)}
     assert counts == {
-        "Box": ("class", 15),
-        "Box.constructor": ("function", 4),
+        "Box": ("class", 16),
+        "Box.constructor": ("function", 5),
         "Box.get": ("function", 8),
         "Box.get.<arrow>": ("function", 1),
         "add": ("function", 3),
