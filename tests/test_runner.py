@@ -859,7 +859,12 @@ async def test_leaving_hands_prefetched_processes_back_unharmed(
     async with mesh.open_worker(redis_url, namespace=namespace) as worker:
         await worker.client.enqueue_many(Q, ["a", "b", "c"])
         await worker.start_work(Q, h, concurrency=1, prefetch=2)
-        await wait_until(lambda: worker.statistics().processes_started == 3, what="all held")
+        # Held: "a" claimed and its handler running, "b" and "c" prefetched
+        # (processes_started counts what was claimed, not what ran).
+        await wait_until(
+            lambda: worker.statistics().processes_started == 3 and h.tasks == [b"a"],
+            what="all held and a running",
+        )
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         info = await client.queue_info(Q)
         dead = await client.dead_letters(Q)
