@@ -206,4 +206,4 @@ async def open_fleet(
         try:
             yield fleet
         finally:
-            fleet.client._closed = True
+            fleet.client.close()

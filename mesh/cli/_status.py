@@ -247,7 +247,7 @@ def _status(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, t: Target) -> int:
     async with mesh.open_client(t.config, namespace=t.namespace) as client:
         if not args.watch:
-            snap = await snapshot(client, processes=args.processes, delayed=args.delayed)
+            snap = await snapshot(client.reads, processes=args.processes, delayed=args.delayed)
             if args.json:
                 dump_json(as_json(snap, t))
             else:
@@ -273,7 +273,7 @@ async def _watch(client: mesh.Client, args: argparse.Namespace, t: Target) -> No
     try:
         while True:
             try:
-                snap = await snapshot(client, processes=args.processes, delayed=args.delayed)
+                snap = await snapshot(client.reads, processes=args.processes, delayed=args.delayed)
             except mesh.MeshConnectionError as exc:
                 # Keep watching: the connection reconnects by itself.
                 lines = [f"{t.shown}  namespace {t.namespace}", "", f"Redis: {exc}"]

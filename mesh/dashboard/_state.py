@@ -245,9 +245,9 @@ class Poller:
     async def poll_once(self) -> None:
         """Read the mesh once and publish the result (or the error)."""
         try:
-            ov = await overview(self.client, self._info)
+            ov = await overview(self.client.reads, self._info)
         except MeshError as exc:
-            epoch = self.client._conn.topology.epoch
+            epoch = self.client.reads.epoch
             state: dict[str, Any] = {
                 "now": None,
                 "error": self.redact(str(exc)),

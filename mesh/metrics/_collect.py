@@ -205,7 +205,7 @@ class MeshCollector(Collector):
             return None
         try:
             with anyio.move_on_after(self._timeout):
-                c = await counts(client)
+                c = await counts(client.reads)
                 self.note_up()
                 return c
             why = f"no answer within {self._timeout:g} s"
@@ -300,5 +300,5 @@ def _epoch_gauge(missing: bool) -> Metric:
 
 def _refused(client: Client) -> bool:
     """The client's connection was refused a node that lacks the epoch."""
-    epoch = client._conn.topology.epoch
+    epoch = client.reads.epoch
     return epoch is not None and epoch.refused
