@@ -110,9 +110,7 @@ class ClientReads(ClientCore):
             ProtocolError: a record in Redis is malformed.
         """
         p = None if prefix is None else self._payloads([prefix])[0]
-        return await _browse.jobs(
-            self._check(), self._keys, queue, state, limit=limit, after=after, prefix=p
-        )
+        return await _browse.jobs(self._reads, queue, state, limit=limit, after=after, prefix=p)
 
     async def job(self, queue: str, task: bytes | str) -> Job | None:
         """The record of ``task`` on ``queue``: running, else queued, else
@@ -124,7 +122,7 @@ class ClientReads(ClientCore):
             MeshConnectionError: Redis could not be reached.
         """
         (payload,) = self._payloads([task])
-        return await _browse.job(self._check(), self._keys, queue, payload)
+        return await _browse.job(self._reads, queue, payload)
 
     async def minute_counts(
         self, queues: Iterable[str] | None = None, *, minutes: int = 60
@@ -138,7 +136,7 @@ class ClientReads(ClientCore):
             MeshConnectionError: Redis could not be reached.
         """
         names = list(queues) if queues is not None else await self.queues()
-        _, out = await _browse.minute_counts(self._check(), self._keys, names, minutes)
+        _, out = await _browse.minute_counts(self._reads, names, minutes)
         return out
 
     async def time(self) -> float:

@@ -1,13 +1,14 @@
 """Every raw read of a namespace's state, and the one table of a queue's keys.
 
 :data:`QUEUE_KEYS` says, for each key a queue has, how its size is read and
-how it is read whole (and parsed); :data:`JOB_STATES` says which of those
-keys make up each state a job can be in, and how the exporter names its
-count. A :class:`QueueRead` picks from the table what one look needs of every
-queue, so the client's counts (:meth:`Reader.queue_infos`), the exporter's
-(:func:`mesh._view.counts`) and the dashboard's (:func:`mesh._view.overview`)
-are built from the same rows. A :class:`Reader` sends every read: the
-:class:`~mesh.Client`'s, :mod:`mesh._view`'s and :mod:`mesh._browse`'s.
+how it is read whole (and parsed); :data:`QUEUE_COUNTS` says which of those
+keys make up each count of a queue (each job state, and its persistent
+tasks), and how the exporter names it. A :class:`QueueRead` picks from the
+table what one look needs of every queue, so the client's counts
+(:meth:`Reader.queue_infos`), the exporter's (:func:`mesh._view.counts`) and
+the dashboard's (:func:`mesh._view.overview`) are built from the same rows.
+A :class:`Reader` sends every read: the :class:`~mesh.Client`'s,
+:mod:`mesh._view`'s and :mod:`mesh._browse`'s.
 
 Reads that must agree with each other (a task may move between two keys
 while they are read) go as one read-only script (:func:`run_reads`, one
@@ -17,6 +18,7 @@ others are pipelined. Nothing here writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -29,17 +31,19 @@ from ._keys import Keys
 from ._memory import INFO_MEMORY, MemoryInfo, MemoryWatch, read_memory
 from ._policy import QueuePolicy, parse_policy
 from ._schedule import Schedule, parse_spec, split_id
-from ._scripts import parse_dead, parse_record, run_reads
+from ._scripts import load_scripts, parse_dead, parse_record, run_reads, run_script
 from ._share import QueueBalance
 from ._types import DeadLetter, DelayedTask, Process, QueueInfo, QueueShare, WorkerInfo
 
 __all__ = [
     "COUNTS",
     "INFO",
+    "JobReads",
     "JOB_STATES",
     "OVERVIEW",
+    "QUEUE_COUNTS",
     "QUEUE_KEYS",
-    "JobState",
+    "QueueCount",
     "MeshHead",
     "QueueKey",
     "QueueRead",
@@ -113,31 +117,44 @@ QUEUE_KEYS: dict[str, QueueKey] = {
 
 
 @attrs.frozen
-class JobState:
-    """A state a job can be in: the queue keys whose sizes add up to its
-    count (an attribute of :class:`~mesh.QueueInfo` of the same name), and
-    the name and help of the exporter's gauge of it (``mesh_queue_<metric>``)."""
+class QueueCount:
+    """One count of a queue: the attribute of :class:`~mesh.QueueInfo` that
+    holds it, the queue keys whose sizes add up to it, the exporter's gauge
+    of it (``mesh_queue_<metric>`` with ``help``; None: none of its own) and
+    whether it is a state a job can be in (one :meth:`Client.jobs` lists)."""
 
     name: str
     keys: tuple[str, ...]
-    metric: str
+    metric: str | None
     help: str
+    state: bool = True
 
 
-#: The job states, in the order ``mesh status``, the dashboard and the
-#: exporter show them.
-JOB_STATES: tuple[JobState, ...] = (
-    JobState("queued", ("queue", "prio"), "length", "Tasks waiting to be claimed."),
-    JobState(
+#: A queue's counts, in the order ``mesh status``, the dashboard and the
+#: exporter show them. A new job state is a new row here (and its key in
+#: :data:`QUEUE_KEYS`).
+QUEUE_COUNTS: tuple[QueueCount, ...] = (
+    QueueCount("queued", ("queue", "prio"), "length", "Tasks waiting to be claimed."),
+    QueueCount(
         "delayed",
         ("delayed",),
         "delayed",
         "Tasks waiting for their due time: enqueued with a delay or at a time, "
         "or failed and waiting for a retry.",
     ),
-    JobState("running", ("procs",), "running", "Processes (claimed tasks) on any worker."),
-    JobState("dead", ("dead",), "dead_letters", "Dead-lettered one-shot tasks."),
+    QueueCount("running", ("procs",), "running", "Processes (claimed tasks) on any worker."),
+    QueueCount(
+        "persistent",
+        ("persistent", "standby"),
+        None,
+        "Persistent tasks of the queue, wherever they are.",
+        state=False,
+    ),
+    QueueCount("dead", ("dead",), "dead_letters", "Dead-lettered one-shot tasks."),
 )
+
+#: The states a job can be in (:meth:`Client.jobs`), in the order shown.
+JOB_STATES: tuple[str, ...] = tuple(c.name for c in QUEUE_COUNTS if c.state)
 
 
 @attrs.frozen
@@ -184,21 +201,21 @@ def size(got: Mapping[str, Any], name: str) -> int:
 def queue_info(queue: str, got: Mapping[str, Any]) -> QueueInfo:
     """:class:`~mesh.QueueInfo` of ``queue`` from its parsed replies (of a
     :class:`QueueRead` that reads every key a job state or the info needs)."""
-    states = {s.name: sum(size(got, k) for k in s.keys) for s in JOB_STATES}
-    persistent = size(got, "persistent") + size(got, "standby")
-    return QueueInfo(queue, persistent=persistent, paused=got["paused"] == 1, **states)
+    counts = {c.name: sum(size(got, k) for k in c.keys) for c in QUEUE_COUNTS}
+    return QueueInfo(queue, paused=got["paused"] == 1, **counts)
 
 
-_STATE_KEYS = tuple(dict.fromkeys(k for s in JOB_STATES for k in s.keys))
+_COUNTED = tuple(dict.fromkeys(k for c in QUEUE_COUNTS for k in c.keys))
+_WHOLE = ("persistent", "standby", "unowned", "share")
 #: What :meth:`Reader.queue_infos` reads of each queue.
-INFO = QueueRead((*_STATE_KEYS, "persistent", "standby", "paused"))
+INFO = QueueRead((*_COUNTED, "paused"))
 #: What the exporter's counts read of each queue (:func:`mesh._view.counts`).
-COUNTS = QueueRead((*_STATE_KEYS, "paused"), ("persistent", "standby", "unowned", "share"))
+COUNTS = QueueRead((*(k for k in _COUNTED if k not in _WHOLE), "paused"), _WHOLE)
 #: What the dashboard reads of each queue (:func:`mesh._view.overview`):
 #: the processes whole, to tell who holds what.
 OVERVIEW = QueueRead(
-    tuple(k for k in (*_STATE_KEYS, "paused") if k != "procs"),
-    ("procs", "persistent", "standby", "servers", "unowned", "share", "moving", "reserved"),
+    (*(k for k in _COUNTED if k not in (*_WHOLE, "procs")), "paused"),
+    ("procs", *_WHOLE[:2], "servers", *_WHOLE[2:], "moving", "reserved"),
 )
 
 
@@ -216,25 +233,17 @@ class MeshHead:
     deadlines: dict[str, int]
 
 
-class Reader:
-    """Every read of one namespace's state, on one connection. The client
-    reads through it, and so do ``mesh status``, the dashboard and the
-    exporter (:mod:`mesh._view`), and the job browser (:mod:`mesh._browse`).
-
-    Attributes:
-        keys: the namespace's key names.
-        memory: Redis's memory and eviction policy as the last whole-mesh
-            look saw them (a policy that can evict is logged once).
-        vanished: per queue, persistent tasks missing without a cancel, as
-            last reported.
-    """
+class JobReads:
+    """A reader's connection and the job browser's reads (:mod:`mesh._browse`):
+    entries by position, previews of entries (``peek.lua``), where a
+    payload is, the attempts kept of it, the per-minute counts and the kept
+    results. Plain pipelines, never one step: a page is a snapshot of
+    positions (see :mod:`mesh._browse`)."""
 
     def __init__(self, conn: Connection, keys: Keys) -> None:
         self._conn = conn
         self._closed = False
         self.keys = keys
-        self.memory = MemoryWatch("client")
-        self.vanished: dict[str, int] = {}
 
     def check(self) -> Connection:
         """The connection.
@@ -249,6 +258,117 @@ class Reader:
     def close(self) -> None:
         """Refuse every read from now on (the connection is its opener's to close)."""
         self._closed = True
+
+    async def peek(self, key: str, extras: Sequence[str], args: Sequence[Any]) -> Any:
+        """One ``peek.lua`` call on ``key`` (and the queue's ``extras`` keys)."""
+        return await run_script(self.check(), load_scripts()["peek"], [key, *extras], args)
+
+    async def process_ids(self, queue: str) -> list[bytes]:
+        """The ids of the running processes of ``queue`` (unordered)."""
+        return list(await self.check().execute("HKEYS", self.keys.procs(queue)))
+
+    async def process_record(self, queue: str, pid: bytes | int) -> bytes | None:
+        """The record of process ``pid`` of ``queue``, None if it is gone."""
+        rec: bytes | None = await self.check().execute("HGET", self.keys.procs(queue), pid)
+        return rec
+
+    async def sizes(self, queue: str, *names: str) -> list[int]:
+        """The sizes of the queue keys ``names`` (of :data:`QUEUE_KEYS`), pipelined."""
+        read = QueueRead(names)
+        got = read.parse(await self.check().pipeline(read.commands(self.keys, queue)))
+        return [got[n] for n in names]
+
+    async def entry(self, queue: str, name: str, pos: int) -> bytes | None:
+        """The entry at ``pos`` of the queue's list or sorted set ``name`` (of
+        :data:`QUEUE_KEYS`), None past its end."""
+        row = QUEUE_KEYS[name]
+        key = row.key(self.keys, queue)
+        if row.size == "LLEN":
+            got: bytes | None = await self.check().execute("LINDEX", key, pos)
+            return got
+        members = await self.check().execute("ZRANGE", key, pos, pos)
+        return members[0] if members else None
+
+    async def job_extras(
+        self, queue: str, payloads: Sequence[bytes], *, levels: bool
+    ) -> list[list[Any]]:
+        """Per payload (one list each): its field of the persistent hash,
+        whether it is in the standby set, its attempts, since when unowned
+        (ms) and, with ``levels``, its delayed priority."""
+        k = self.keys
+        cmds: list[Command] = [
+            ("HMGET", k.persistent(queue), *payloads),
+            ("SMISMEMBER", k.standby(queue), *payloads),
+            ("HMGET", k.attempts(queue), *payloads),
+            ("ZMSCORE", k.unowned(queue), *payloads),
+        ]
+        if levels:
+            cmds.append(("HMGET", k.delayed_prio(queue), *payloads))
+        return list(await self.check().pipeline(cmds))
+
+    async def whereabouts(self, queue: str, payload: bytes) -> list[Any]:
+        """Where ``payload`` may be, pipelined: the process ids, its position
+        in the plain list, its due time (ms), and the sizes of the priority
+        set and of the dead letters."""
+        k = self.keys
+        return list(
+            await self.check().pipeline(
+                [
+                    ("HKEYS", k.procs(queue)),
+                    ("LPOS", k.queue(queue), payload),
+                    ("ZSCORE", k.delayed(queue), payload),
+                    ("ZCARD", k.prio(queue)),
+                    ("LLEN", k.dead(queue)),
+                ]
+            )
+        )
+
+    async def scan_prio(self, queue: str, cursor: bytes, pattern: bytes) -> tuple[Any, list[bytes]]:
+        """One ``ZSCAN`` step of the queue's priority set: the next cursor and
+        the members and scores found."""
+        cursor, flat = await self.check().execute(
+            "ZSCAN", self.keys.prio(queue), cursor, "MATCH", pattern, "COUNT", 1000
+        )
+        return cursor, flat
+
+    async def tries(self, queue: str, payload: bytes) -> bytes | None:
+        """The failed attempts kept of ``payload`` (a :meth:`Keys.tries` field)."""
+        field = hashlib.sha1(payload).hexdigest()
+        got: bytes | None = await self.check().execute("HGET", self.keys.tries(queue), field)
+        return got
+
+    async def minute_stats(self, queues: Sequence[str]) -> list[Any]:
+        """The Redis ``TIME`` and each queue's per-minute counts hash, pipelined."""
+        stats = [("HGETALL", self.keys.stats(q)) for q in queues]
+        return list(await self.check().pipeline([("TIME",), *stats]))
+
+    async def scan_results(self, cursor: bytes, pattern: bytes) -> tuple[Any, list[bytes]]:
+        """One ``SCAN`` step for result records: the next cursor and the names."""
+        cursor, names = await self.check().execute("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+        return cursor, names
+
+    async def ranges(self, commands: Sequence[Command]) -> list[Any]:
+        """``GETRANGE``/``STRLEN`` of result records, pipelined (none: ``[]``)."""
+        return list(await self.check().pipeline(list(commands))) if commands else []
+
+
+class Reader(JobReads):
+    """Every read of one namespace's state, on one connection. The client
+    reads through it, and so do ``mesh status``, the dashboard and the
+    exporter (:mod:`mesh._view`), and the job browser (:mod:`mesh._browse`).
+
+    Attributes:
+        keys: the namespace's key names.
+        memory: Redis's memory and eviction policy as the last whole-mesh
+            look saw them (a policy that can evict is logged once).
+        vanished: per queue, persistent tasks missing without a cancel, as
+            last reported.
+    """
+
+    def __init__(self, conn: Connection, keys: Keys) -> None:
+        super().__init__(conn, keys)
+        self.memory = MemoryWatch("client")
+        self.vanished: dict[str, int] = {}
 
     @property
     def epoch(self) -> Any:

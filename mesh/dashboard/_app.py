@@ -237,7 +237,7 @@ def create_app(
         if "ref" in body:
             ref = text_field(body, "ref")
             c = poller.client
-            return await browse_payload(c._check(), c._keys, queue, ref)
+            return await browse_payload(c.reads, queue, ref)
         if "key" in body:
             return poller.persistent_payload(queue, text_field(body, "key"))
         if "task_b64" in body:
@@ -360,7 +360,7 @@ def create_app(
             ref = qp.get("ref")
             c = poller.client
             if ref is not None:
-                task = await browse_payload(c._check(), c._keys, queue, ref)
+                task = await browse_payload(c.reads, queue, ref)
             else:
                 task = b64_field(qp, "task_b64")
             found = None if task is None else await c.job(queue, task)
@@ -379,7 +379,7 @@ def create_app(
         try:
             queue = check_queue(qp.get("queue", ""))
             c = poller.client
-            task = await browse_payload(c._check(), c._keys, queue, qp.get("ref", ""))
+            task = await browse_payload(c.reads, queue, qp.get("ref", ""))
         except (BadRequest, MeshError) as exc:
             return failed(exc)
         if task is None:
@@ -398,7 +398,7 @@ def create_app(
             queue = check_queue(qp.get("queue", ""))
             limit = int_param(qp, "limit", 50)
             got, nxt = await browse_completed(
-                c._check(), c._keys, queue, limit=limit, after=qp.get("after") or None
+                c.reads, queue, limit=limit, after=qp.get("after") or None
             )
         except (BadRequest, MeshError) as exc:
             return failed(exc)
@@ -450,7 +450,7 @@ def create_app(
             queue = qp.get("queue")
             c = poller.client
             names = [check_queue(queue)] if queue else await c.queues()
-            now, counts = await minute_counts(c._check(), c._keys, names, minutes)
+            now, counts = await minute_counts(c.reads, names, minutes)
         except (BadRequest, MeshError) as exc:
             return failed(exc)
         return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})
