@@ -2,8 +2,11 @@
 
 A client is not a peer: it holds no lease and runs no task of its own, so it
 is cheap and can live anywhere (a web handler, a cron job, the CLI).
-:class:`Client` is composed of its parts (writes, admin, reads, results), each
-a module of its own over :mod:`mesh._client_core`.
+:class:`Client` is composed of its parts, one module each over
+:mod:`mesh._client_core`: writes of tasks (:mod:`mesh._client_writes`),
+administration of queues (:mod:`mesh._client_admin`), looks
+(:mod:`mesh._client_reads`) and results (:mod:`mesh._client_results`). Every
+read goes through one :class:`~mesh._reads.Reader` (:attr:`Client.reads`).
 """
 
 from __future__ import annotations
@@ -41,12 +44,6 @@ class Client(ClientWrites, ClientAdmin, ClientReads, ClientResults):
     flight happened is then unknown (enqueue is at-least-once: retrying may
     enqueue twice). On cancellation the same holds: the command may or may not
     have run.
-
-    Its methods come in parts, one module each: writes of tasks
-    (:mod:`mesh._client_writes`), administration of queues
-    (:mod:`mesh._client_admin`), looks (:mod:`mesh._client_reads`) and
-    results (:mod:`mesh._client_results`); every read goes through one
-    :class:`~mesh._reads.Reader` (:attr:`reads`).
     """
 
     def __init__(
@@ -95,9 +92,10 @@ class Client(ClientWrites, ClientAdmin, ClientReads, ClientResults):
 
     @property
     def reads(self) -> Reader:
-        """How this client reads the mesh's state (:class:`mesh._reads.Reader`):
-        what ``mesh status``, the dashboard and the exporter look through
-        (:mod:`mesh._view`)."""
+        """The reader this client reads the mesh's state through, which
+        ``mesh status``, the dashboard and the exporter look through too
+        (``mesh._view``); its own methods are not public API. Closed with
+        the client."""
         return self._reads
 
     def close(self) -> None:

@@ -11,7 +11,8 @@ from . import _browse
 from ._browse import Job, JobPage, MinuteCounts
 from ._client_core import ClientCore
 from ._keys import check_queue
-from ._types import DelayedTask, Process, QueueInfo, WorkerInfo
+from ._reads import QueueInfo
+from ._types import DelayedTask, Process, WorkerInfo
 from ._validate import whole
 
 __all__ = ["ClientReads"]

@@ -33,7 +33,7 @@ from ._policy import QueuePolicy, parse_policy
 from ._schedule import Schedule, parse_spec, split_id
 from ._scripts import load_scripts, parse_dead, parse_record, run_reads, run_script
 from ._share import QueueBalance
-from ._types import DeadLetter, DelayedTask, Process, QueueInfo, QueueShare, WorkerInfo
+from ._types import DeadLetter, DelayedTask, Process, QueueShare, WorkerInfo
 
 __all__ = [
     "COUNTS",
@@ -43,6 +43,7 @@ __all__ = [
     "OVERVIEW",
     "QUEUE_COUNTS",
     "QUEUE_KEYS",
+    "QueueInfo",
     "QueueCount",
     "MeshHead",
     "QueueKey",
@@ -131,8 +132,8 @@ class QueueCount:
 
 
 #: A queue's counts, in the order ``mesh status``, the dashboard and the
-#: exporter show them. A new job state is a new row here (and its key in
-#: :data:`QUEUE_KEYS`).
+#: exporter show them. A new job state is a new row here, its key's row in
+#: :data:`QUEUE_KEYS` and its attribute of :class:`QueueInfo` (below).
 QUEUE_COUNTS: tuple[QueueCount, ...] = (
     QueueCount("queued", ("queue", "prio"), "length", "Tasks waiting to be claimed."),
     QueueCount(
@@ -155,6 +156,33 @@ QUEUE_COUNTS: tuple[QueueCount, ...] = (
 
 #: The states a job can be in (:meth:`Client.jobs`), in the order shown.
 JOB_STATES: tuple[str, ...] = tuple(c.name for c in QUEUE_COUNTS if c.state)
+
+
+@attrs.frozen
+class QueueInfo:
+    """A queue's counts (see :meth:`Client.queue_info`), read together: one
+    attribute per row of :data:`QUEUE_COUNTS` (kept beside it), and whether
+    the queue is paused.
+
+    Attributes:
+        name: the queue.
+        queued: tasks waiting to be claimed.
+        delayed: tasks waiting for their due time (enqueued with a delay,
+            or failed and waiting for a retry).
+        running: processes (claimed tasks) on any worker.
+        persistent: persistent tasks of the queue, wherever they are.
+        dead: dead-lettered one-shot tasks.
+        paused: whether the queue is paused (:meth:`Client.pause`): no new
+            one-shot task of it starts.
+    """
+
+    name: str
+    queued: int
+    delayed: int
+    running: int
+    persistent: int
+    dead: int
+    paused: bool = False
 
 
 @attrs.frozen
@@ -215,7 +243,7 @@ COUNTS = QueueRead((*(k for k in _COUNTED if k not in _WHOLE), "paused"), _WHOLE
 #: the processes whole, to tell who holds what.
 OVERVIEW = QueueRead(
     (*(k for k in _COUNTED if k not in (*_WHOLE, "procs")), "paused"),
-    ("procs", *_WHOLE[:2], "servers", *_WHOLE[2:], "moving", "reserved"),
+    ("procs", *_WHOLE, "servers", "moving", "reserved"),
 )
 
 

@@ -34,10 +34,10 @@ import attrs
 from ._epoch import epoch_missing
 from ._errors import CommandError
 from ._memory import MemoryInfo, parse_memory_info
-from ._reads import MeshHead, Reader, queue_info, worker_info
+from ._reads import MeshHead, QueueInfo, Reader, queue_info, worker_info
 from ._scripts import parse_record
 from ._share import QueueBalance
-from ._types import DelayedTask, Process, QueueInfo, QueueShare, WorkerInfo
+from ._types import DelayedTask, Process, QueueShare, WorkerInfo
 
 log = logging.getLogger("mesh.memory")
 
