@@ -36,7 +36,7 @@ import attrs
 from ._errors import ConfigError
 from ._keys import Keys, check_queue
 from ._reads import JOB_STATES, JobReads
-from ._scripts import parse_dead, parse_record
+from ._replies import parse_dead, parse_record
 from ._types import DeadLetter, Process
 
 __all__ = [

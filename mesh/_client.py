@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 import anyio.lowlevel
 
+from ._binding import Binding
 from ._client_admin import ClientAdmin
 from ._client_core import DEFAULT_MAX_PAYLOAD
 from ._client_reads import ClientReads
@@ -26,10 +27,8 @@ from ._diskless import warn_diskless_delay
 from ._keys import Keys
 from ._loop import require_loop
 from ._reads import Reader
-from ._scripts import Binding
 from ._topology import Topology
-from ._transport import check_min_replicas, coerce_config
-from ._url import RedisConfig
+from ._url import RedisConfig, check_min_replicas, coerce_config
 from ._validate import whole
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "MAX_PRIORITY", "Client", "check_priority", "open_client"]

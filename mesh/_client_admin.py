@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ._binding import payload_bytes
 from ._client_core import ClientCore
 from ._epoch import adopt_value
 from ._errors import CommandError, ConfigError
 from ._keys import check_queue
 from ._policy import QueuePolicy, parse_policy, policy_fields
 from ._schedule import Schedule, cron_next, spec_of
-from ._scripts import payload_bytes
 from ._types import DeadLetter
 
 __all__ = ["ClientAdmin"]

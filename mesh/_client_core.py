@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ._binding import Binding, payload_bytes
 from ._connection import Connection
 from ._keys import Keys
 from ._reads import Reader
-from ._scripts import Binding, payload_bytes
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "ClientCore"]
 

@@ -9,11 +9,12 @@ import math
 import anyio
 import outcome
 
+from ._binding import payload_bytes
 from ._client_core import ClientCore
 from ._errors import DeadLetterError, MeshError
 from ._keys import check_queue
 from ._pubsub import open_pubsub
-from ._scripts import parse_dead, parse_result, payload_bytes
+from ._replies import parse_dead, parse_result
 from ._types import DeadLetter
 from ._validate import seconds
 

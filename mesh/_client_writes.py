@@ -9,10 +9,10 @@ import datetime
 import logging
 from collections.abc import Iterable, Mapping
 
+from ._binding import payload_bytes
 from ._client_core import ClientCore
 from ._errors import ConfigError
 from ._keys import check_queue
-from ._scripts import payload_bytes
 from ._share import check_weight
 from ._types import ReconcileResult
 from ._units import MAX_UNIX_TIME, seconds_ms

@@ -27,11 +27,13 @@ import attrs
 
 from ._connection import Connection
 from ._errors import ClosedError, CommandError
+from ._eval import run_reads, run_script
 from ._keys import Keys
 from ._memory import INFO_MEMORY, MemoryInfo, MemoryWatch, read_memory
 from ._policy import QueuePolicy, parse_policy
+from ._replies import parse_dead, parse_record
 from ._schedule import Schedule, parse_spec, split_id
-from ._scripts import load_scripts, parse_dead, parse_record, run_reads, run_script
+from ._scripts import load_scripts
 from ._share import QueueBalance
 from ._types import DeadLetter, DelayedTask, Process, QueueShare, WorkerInfo
 

@@ -35,7 +35,7 @@ from ._epoch import epoch_missing
 from ._errors import CommandError
 from ._memory import MemoryInfo, parse_memory_info
 from ._reads import MeshHead, QueueInfo, Reader, queue_info, worker_info
-from ._scripts import parse_record
+from ._replies import parse_record
 from ._share import QueueBalance
 from ._types import DelayedTask, Process, QueueShare, WorkerInfo
 

@@ -39,9 +39,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh.testing import RedisServer, run_redis_server
 
 # behaviour tests on trio and asyncio (pytestmark = pytest.mark.both_loops)

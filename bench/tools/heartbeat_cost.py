@@ -112,9 +112,10 @@ def child(port: int, pid: int, out: str, ns: str, workers: int, rounds: int) -> 
     import trio
 
     import mesh
+    from mesh._binding import Binding
     from mesh._errors import CommandError
     from mesh._keys import Keys
-    from mesh._scripts import Binding, HeartbeatRequest
+    from mesh._replies import HeartbeatRequest
 
     r = redis.Redis(port=port)
     recorded: list[tuple[Any, ...]] | None = None

@@ -34,9 +34,10 @@ import trio
 
 from bench.tools.balance_cost import checkout, expand_all, redis_under_callgrind
 from bench.tools.script_cost import dump_total
+from mesh._binding import Binding
 from mesh._errors import CommandError
 from mesh._keys import Keys
-from mesh._scripts import Binding, load_scripts
+from mesh._scripts import load_scripts
 
 Q = "devices"
 TTL_MS = 600_000

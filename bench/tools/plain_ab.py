@@ -59,9 +59,9 @@ def child_claim_cost(claims: int) -> dict[str, float]:
 
     import trio
 
+    from mesh._binding import Binding
     from mesh._connection import open_connection
     from mesh._keys import Keys
-    from mesh._scripts import Binding
 
     try:
         from mesh.testing import run_redis_server
@@ -112,9 +112,11 @@ def child_interleaved(tree_a: Path, tree_b: Path, rounds: int, block: int) -> di
 
     import trio
 
+    from mesh._binding import Binding
     from mesh._connection import open_connection
+    from mesh._eval import run_script
     from mesh._keys import Keys
-    from mesh._scripts import Binding, Script, run_script
+    from mesh._scripts import Script
     from mesh.testing import run_redis_server
 
     scripts, nkeys = {}, {}
@@ -176,9 +178,11 @@ async def _claims_under_callgrind(
 
     import trio
 
+    from mesh._binding import Binding
     from mesh._connection import open_connection
+    from mesh._eval import run_script
     from mesh._keys import Keys
-    from mesh._scripts import Binding, Script, run_script
+    from mesh._scripts import Script
 
     script = Script("claim", source, hashlib.sha1(source).hexdigest())
     b = Binding(Keys("ab"))

@@ -38,8 +38,10 @@ from typing import Any
 import redis
 
 from bench.tools.balance_cost import checkout, dump, expand_all, redis_under_callgrind, total
+from mesh._binding import Binding
+from mesh._eval import ScriptCall
 from mesh._keys import PROTOCOL_VERSION, Keys
-from mesh._scripts import Binding, ResultsToKeep, ScriptCall
+from mesh._replies import ResultsToKeep
 
 Q = "jobs"
 BATCH = 10

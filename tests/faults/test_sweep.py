@@ -11,9 +11,9 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh.testing import wait_until
 
 from ..protocol_helpers import expire_worker, join
