@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -45,6 +45,7 @@ __all__ = [
     "Job",
     "JobPage",
     "MinuteCounts",
+    "PAGES",
     "Completed",
     "check_state",
     "completed",
@@ -279,8 +280,7 @@ async def _slice(
 ) -> tuple[list[Job], int]:
     """Entries start..start+count-1 of the state's order with ``n`` bytes of
     each payload, and the state's total."""
-    read = {"dead": _dead, "running": _running, "delayed": _delayed}.get(state, _queued)
-    return await read(reads, queue, start, start + count - 1, n)
+    return await PAGES[state](reads, queue, start, start + count - 1, n)
 
 
 class _Entry(NamedTuple):
@@ -481,6 +481,15 @@ async def _queued(
         )
         for i, (t, level, e) in enumerate(entries)
     ], n_prio + n_list
+
+
+#: How a page of each job state (:data:`~mesh._reads.JOB_STATES`) is read.
+PAGES: dict[str, Callable[[JobReads, str, int, int, int], Awaitable[tuple[list[Job], int]]]] = {
+    "queued": _queued,
+    "delayed": _delayed,
+    "running": _running,
+    "dead": _dead,
+}
 
 
 def _kind_priority(rec: bytes) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 
 from mesh import QueueInfo
-from mesh._browse import check_state
+from mesh._browse import PAGES, check_state
 from mesh._keys import Keys
 from mesh._reads import (
     COUNTS,
@@ -27,6 +27,7 @@ def test_every_count_is_an_attribute_of_queue_info_and_back() -> None:
     assert JOB_STATES == tuple(c.name for c in QUEUE_COUNTS if c.state)
     for state in JOB_STATES:
         assert check_state(state) == state
+    assert set(PAGES) == set(JOB_STATES)  # a page of each state's jobs
 
 
 def test_every_look_reads_the_keys_its_counts_need() -> None:
