@@ -30,6 +30,7 @@ from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._lease import LeaseTiming as LeaseTiming
 from ._loop import cancel_reason as cancel_reason
 from ._policy import QueuePolicy as QueuePolicy
+from ._reads import QueueInfo as QueueInfo
 from ._runner import MOVED as MOVED
 from ._runner import Batched as Batched
 from ._runner import BatchHandler as BatchHandler
@@ -39,7 +40,6 @@ from ._topology import namespace_slot as namespace_slot
 from ._types import DeadLetter as DeadLetter
 from ._types import DelayedTask as DelayedTask
 from ._types import Process as Process
-from ._types import QueueInfo as QueueInfo
 from ._types import QueueShare as QueueShare
 from ._types import ReconcileResult as ReconcileResult
 from ._types import WorkerInfo as WorkerInfo

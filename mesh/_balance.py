@@ -30,7 +30,7 @@ import math
 
 import attrs
 
-from ._validate import whole
+from ._share import MAX_WEIGHT, check_capacity, check_weight, fair_share
 
 __all__ = [
     "MAX_WEIGHT",
@@ -41,34 +41,6 @@ __all__ = [
     "fair_share",
     "pull_count",
 ]
-
-#: The largest weight of a task and capacity of a worker (both whole numbers
-#: from 1).
-MAX_WEIGHT = 1_000_000
-
-
-def _check(value: object, what: str) -> None:
-    whole(what, value, 1, MAX_WEIGHT)
-
-
-def check_weight(weight: object) -> None:
-    """Refuse a task weight that is not a whole number from 1 to
-    :data:`MAX_WEIGHT`.
-
-    Raises:
-        ConfigError: with a one-line message.
-    """
-    _check(weight, "weight")
-
-
-def check_capacity(capacity: object) -> None:
-    """Refuse a worker capacity that is not a whole number from 1 to
-    :data:`MAX_WEIGHT`.
-
-    Raises:
-        ConfigError: with a one-line message.
-    """
-    _check(capacity, "capacity")
 
 
 @attrs.frozen
@@ -86,12 +58,6 @@ class BalancePolicy:
 
     def round_limit(self, persistent: int) -> int:
         return max(1, min(self.absolute_limit, math.ceil(self.relative_limit * persistent)))
-
-
-def fair_share(total_weight: int, total_capacity: int, capacity: int = 1) -> float:
-    """A worker's fair share of a queue: ``total_weight * capacity /
-    total_capacity`` (a total capacity below 1 counts as 1)."""
-    return total_weight * capacity / max(1, total_capacity)
 
 
 def fair_bounds(total_weight: int, total_capacity: int, capacity: int = 1) -> tuple[int, int]:

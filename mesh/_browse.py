@@ -28,17 +28,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import attrs
 
-from ._connection import Connection
 from ._errors import ConfigError
-from ._eval import run_script
 from ._keys import Keys, check_queue
+from ._reads import JOB_STATES, JobReads
 from ._replies import parse_dead, parse_record
-from ._scripts import load_scripts
 from ._types import DeadLetter, Process
 
 __all__ = [
@@ -47,6 +45,7 @@ __all__ = [
     "Job",
     "JobPage",
     "MinuteCounts",
+    "PAGES",
     "Completed",
     "check_state",
     "completed",
@@ -56,9 +55,6 @@ __all__ = [
     "payload",
 ]
 
-#: The states :meth:`Client.jobs` lists, in the order :meth:`Client.job`
-#: looks for a payload.
-JOB_STATES: tuple[str, ...] = ("running", "queued", "delayed", "dead")
 
 #: Largest page.
 MAX_LIMIT = 1000
@@ -197,7 +193,7 @@ def check_state(state: object) -> str:
         ConfigError: anything else.
     """
     if state not in JOB_STATES:
-        raise ConfigError(f"invalid job state {state!r}: use one of queued, delayed, running, dead")
+        raise ConfigError(f"invalid job state {state!r}: use one of {', '.join(JOB_STATES)}")
     assert isinstance(state, str)
     return state
 
@@ -227,8 +223,7 @@ def cursor_position(after: object) -> int:
 
 
 async def jobs(
-    conn: Connection,
-    keys: Keys,
+    reads: JobReads,
     queue: str,
     state: str,
     *,
@@ -250,14 +245,14 @@ async def jobs(
     check_limit(limit)
     start = cursor_position(after)
     if prefix is None:
-        found, total = await _slice(conn, keys, queue, state, start, limit, PREVIEW)
+        found, total = await _slice(reads, queue, state, start, limit, PREVIEW)
         end = start + len(found)
         return JobPage(tuple(found), f"c{end}" if end < total else None, total)
     out: list[Job] = []
     pos, total = start, 0
     n = max(PREVIEW, len(prefix))
     while len(out) < limit and pos - start < _SCAN_MAX:
-        chunk, total = await _slice(conn, keys, queue, state, pos, _SCAN_CHUNK, n)
+        chunk, total = await _slice(reads, queue, state, pos, _SCAN_CHUNK, n)
         if not chunk:
             break
         for j in chunk:
@@ -281,12 +276,11 @@ def fingerprint(payload: bytes) -> str:
 
 
 async def _slice(
-    conn: Connection, keys: Keys, queue: str, state: str, start: int, count: int, n: int
+    reads: JobReads, queue: str, state: str, start: int, count: int, n: int
 ) -> tuple[list[Job], int]:
     """Entries start..start+count-1 of the state's order with ``n`` bytes of
     each payload, and the state's total."""
-    read = {"dead": _dead, "running": _running, "delayed": _delayed}.get(state, _queued)
-    return await read(conn, keys, queue, start, start + count - 1, n)
+    return await PAGES[state](reads, queue, start, start + count - 1, n)
 
 
 class _Entry(NamedTuple):
@@ -301,7 +295,7 @@ class _Entry(NamedTuple):
 
 
 async def _peek(
-    conn: Connection,
+    reads: JobReads,
     key: str,
     shape: str,
     first: int,
@@ -322,11 +316,8 @@ async def _peek(
     while True:
         at = first + len(out)
         rest = names[len(out) :]
-        reply = await run_script(
-            conn,
-            load_scripts()["peek"],
-            [key, *extras],
-            [shape, at, last, n, skip, fields, _PEEK_BUDGET, *rest],
+        reply = await reads.peek(
+            key, extras, [shape, at, last, n, skip, fields, _PEEK_BUDGET, *rest]
         )
         total = int(reply[0])
         got = [_entry(e) for e in reply[1:]]
@@ -357,11 +348,9 @@ def _extra_keys(k: Keys, queue: str, *, levels: bool) -> list[str]:
     return [*ks, k.delayed_prio(queue)] if levels else ks
 
 
-async def _dead(
-    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
-) -> tuple[list[Job], int]:
+async def _dead(reads: JobReads, queue: str, start: int, end: int, n: int) -> tuple[list[Job], int]:
     """Dead letters start..end (oldest first), and how many there are."""
-    total, got = await _peek(conn, k.dead(queue), "list", start, end, n, fields=4)
+    total, got = await _peek(reads, reads.keys.dead(queue), "list", start, end, n, fields=4)
     out = []
     for i, e in enumerate(got):
         assert e is not None
@@ -371,14 +360,15 @@ async def _dead(
 
 
 async def _running(
-    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
+    reads: JobReads, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Processes start..end by token (oldest claim first), and how many run."""
-    pids = sorted(await conn.execute("HKEYS", k.procs(queue)), key=int)
+    pids = sorted(await reads.process_ids(queue), key=int)
     page = pids[start : end + 1]
     if not page:
         return [], len(pids)
-    _, got = await _peek(conn, k.procs(queue), "hash", 0, 0, n, fields=8, names=page)
+    key = reads.keys.procs(queue)
+    _, got = await _peek(reads, key, "hash", 0, 0, n, fields=8, names=page)
     out = []
     for pid, e in zip(page, got, strict=True):
         if e is None:
@@ -419,11 +409,17 @@ def _dead_job(queue: str, d: DeadLetter) -> Job:
 
 
 async def _delayed(
-    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
+    reads: JobReads, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Delayed tasks start..end by due time, and how many there are."""
     total, got = await _peek(
-        conn, k.delayed(queue), "zset", start, end, n, extras=_extra_keys(k, queue, levels=True)
+        reads,
+        reads.keys.delayed(queue),
+        "zset",
+        start,
+        end,
+        n,
+        extras=_extra_keys(reads.keys, queue, levels=True),
     )
     out = []
     for i, e in enumerate(got):
@@ -453,22 +449,22 @@ def _delayed_job(
 
 
 async def _queued(
-    conn: Connection, k: Keys, queue: str, start: int, end: int, n: int
+    reads: JobReads, queue: str, start: int, end: int, n: int
 ) -> tuple[list[Job], int]:
     """Queued tasks start..end: those with a priority (highest first), then
     the list; and how many are queued."""
-    n_prio, n_list = await conn.pipeline([("ZCARD", k.prio(queue)), ("LLEN", k.queue(queue))])
-    n_prio, n_list = int(n_prio), int(n_list)
+    n_prio, n_list = await reads.sizes(queue, "prio", "queue")
+    k = reads.keys
     extras = _extra_keys(k, queue, levels=False)
     entries: list[tuple[bytes, int, _Entry]] = []
     if start < n_prio:
         _, got = await _peek(
-            conn, k.prio(queue), "zset", start, min(end, n_prio - 1), n, skip=16, extras=extras
+            reads, k.prio(queue), "zset", start, min(end, n_prio - 1), n, skip=16, extras=extras
         )
         entries += [(e.head[16:], int(e.head[:1]), e) for e in got if e is not None]
     if end >= n_prio:
         _, got = await _peek(
-            conn, k.queue(queue), "list", max(0, start - n_prio), end - n_prio, n, extras=extras
+            reads, k.queue(queue), "list", max(0, start - n_prio), end - n_prio, n, extras=extras
         )
         entries += [(e.head, 0, e) for e in got if e is not None]
     return [
@@ -487,26 +483,26 @@ async def _queued(
     ], n_prio + n_list
 
 
+#: How a page of each job state (:data:`~mesh._reads.JOB_STATES`) is read.
+PAGES: dict[str, Callable[[JobReads, str, int, int, int], Awaitable[tuple[list[Job], int]]]] = {
+    "queued": _queued,
+    "delayed": _delayed,
+    "running": _running,
+    "dead": _dead,
+}
+
+
 def _kind_priority(rec: bytes) -> int:
     kind = rec.split(b"\0", 2)[1]
     return int(kind[1:]) if len(kind) == 2 and kind[:1] == b"o" else 0
 
 
 async def _extras(
-    conn: Connection, keys: Keys, queue: str, payloads: Sequence[bytes], *, levels: bool
+    reads: JobReads, queue: str, payloads: Sequence[bytes], *, levels: bool
 ) -> list[tuple[bool, int, int, float | None]]:
     """Per payload: persistent, failed attempts, priority (of a delayed
     one, with ``levels``), since when unowned (persistent tasks)."""
-    k = keys
-    cmds: list[tuple[Any, ...]] = [
-        ("HMGET", k.persistent(queue), *payloads),
-        ("SMISMEMBER", k.standby(queue), *payloads),
-        ("HMGET", k.attempts(queue), *payloads),
-        ("ZMSCORE", k.unowned(queue), *payloads),
-    ]
-    if levels:
-        cmds.append(("HMGET", k.delayed_prio(queue), *payloads))
-    got = await conn.pipeline(cmds)
+    got = await reads.job_extras(queue, payloads, levels=levels)
     pers, standby, attempts, since = got[:4]
     lv = got[4] if levels else [None] * len(payloads)
     return [
@@ -538,7 +534,7 @@ def parse_ref(ref: object) -> tuple[str, int, str]:
     return parts[0], int(parts[1]), parts[2]
 
 
-async def payload(conn: Connection, keys: Keys, queue: str, ref: str) -> bytes | None:
+async def payload(reads: JobReads, queue: str, ref: str) -> bytes | None:
     """The whole payload of the job ``ref`` names (a :attr:`Job.ref` of a
     page): looked for at its position and up to a few hundred positions
     around it (jobs ahead of it may have left or come since), by the
@@ -551,9 +547,8 @@ async def payload(conn: Connection, keys: Keys, queue: str, ref: str) -> bytes |
     """
     check_queue(queue)
     state, at, fp = parse_ref(ref)
-    k = keys
     if state == "running":
-        rec = await conn.execute("HGET", k.procs(queue), at)
+        rec = await reads.process_record(queue, at)
         if rec is None:
             return None
         run = parse_record(str(at).encode(), rec, queue).task
@@ -563,25 +558,24 @@ async def payload(conn: Connection, keys: Keys, queue: str, ref: str) -> bytes |
     hits: list[int] = []
     for reach in (0, 4, 32, _REF_WINDOW):
         first = max(0, at - reach)
-        near, _ = await _slice(conn, keys, queue, state, first, at + reach - first + 1, 0)
+        near, _ = await _slice(reads, queue, state, first, at + reach - first + 1, 0)
         hits = [first + i for i, j in enumerate(near) if j.ref is not None and j.ref.endswith(fp)]
         if hits:
             break
     for pos in sorted(hits, key=lambda p: abs(p - at)):
         task: bytes | None
         if state == "dead":
-            rec = await conn.execute("LINDEX", k.dead(queue), pos)
+            rec = await reads.entry(queue, "dead", pos)
             task = parse_dead(rec, queue).task if rec is not None else None
         elif state == "delayed":
-            got = await conn.execute("ZRANGE", k.delayed(queue), pos, pos)
-            task = got[0] if got else None
+            task = await reads.entry(queue, "delayed", pos)
         else:
-            n_prio = int(await conn.execute("ZCARD", k.prio(queue)))
+            (n_prio,) = await reads.sizes(queue, "prio")
             if pos < n_prio:
-                got = await conn.execute("ZRANGE", k.prio(queue), pos, pos)
-                task = got[0][16:] if got else None
+                member = await reads.entry(queue, "prio", pos)
+                task = member[16:] if member is not None else None
             else:
-                task = await conn.execute("LINDEX", k.queue(queue), pos - n_prio)
+                task = await reads.entry(queue, "queue", pos - n_prio)
         if task is not None and fingerprint(task) == fp:
             return bytes(task)
     return None
@@ -596,7 +590,7 @@ def _glob_escape(data: bytes) -> bytes:
     return bytes(out)
 
 
-async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job | None:
+async def job(reads: JobReads, queue: str, payload: bytes) -> Job | None:
     """Where ``payload`` is on ``queue`` (see :meth:`Client.job`): the first
     of running, queued, delayed and dead that has it (a dead one: its latest
     dead letter), or None; with its attempt history when it failed before.
@@ -606,10 +600,10 @@ async def job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job |
         MeshConnectionError: Redis could not be reached.
         ProtocolError: a record in Redis is malformed.
     """
-    found = await _job(conn, keys, queue, payload)
+    found = await _job(reads, queue, payload)
     if found is None or (found.attempts == 0 and found.state != "dead"):
         return found
-    raw = await conn.execute("HGET", keys.tries(queue), hashlib.sha1(payload).hexdigest())
+    raw = await reads.tries(queue, payload)
     return attrs.evolve(found, tries=parse_tries(raw))
 
 
@@ -625,7 +619,7 @@ def parse_tries(raw: bytes | None) -> tuple[Attempt, ...]:
         return ()
 
 
-async def _job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job | None:
+async def _job(reads: JobReads, queue: str, payload: bytes) -> Job | None:
     """:func:`job` without the attempt history.
 
     Raises:
@@ -634,30 +628,16 @@ async def _job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job 
         ProtocolError: a record in Redis is malformed.
     """
     check_queue(queue)
-    k = keys
+    k = reads.keys
     fp = fingerprint(payload)
-    (
-        pids,
-        at,
-        due,
-        n_prio,
-        n_dead,
-    ) = await conn.pipeline(
-        [
-            ("HKEYS", k.procs(queue)),
-            ("LPOS", k.queue(queue), payload),
-            ("ZSCORE", k.delayed(queue), payload),
-            ("ZCARD", k.prio(queue)),
-            ("LLEN", k.dead(queue)),
-        ]
-    )
+    pids, at, due, n_prio, n_dead = await reads.whereabouts(queue, payload)
     found: list[Job] = []
     if pids:
         # by fingerprint first: the other processes' payloads stay in Redis
-        _, got = await _peek(conn, k.procs(queue), "hash", 0, 0, 0, fields=8, names=pids)
+        _, got = await _peek(reads, k.procs(queue), "hash", 0, 0, 0, fields=8, names=pids)
         for pid, e in zip(pids, got, strict=True):
             if e is not None and e.fp == fp and e.size == len(payload):
-                rec = await conn.execute("HGET", k.procs(queue), pid)
+                rec = await reads.process_record(queue, pid)
                 if rec is not None and rec.endswith(payload):
                     p = parse_record(pid, rec, queue)
                     if p.task == payload:
@@ -667,12 +647,10 @@ async def _job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job 
     level = 0
     queued = at is not None
     if not queued and int(n_prio):
-        found_level = await _prio_level(conn, k, queue, payload)
+        found_level = await _prio_level(reads, queue, payload)
         queued, level = found_level is not None, found_level or 0
     if queued or due is not None:
-        (extra,) = await _extras(
-            conn, keys, queue, [payload], levels=due is not None and not queued
-        )
+        (extra,) = await _extras(reads, queue, [payload], levels=due is not None and not queued)
         if queued:
             pers, att, _, since = extra
             return Job(
@@ -690,11 +668,11 @@ async def _job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job 
     end = int(n_dead) - 1
     while end >= 0:
         begin = max(0, end - _SCAN_CHUNK + 1)
-        _, got = await _peek(conn, k.dead(queue), "list", begin, end, 0, fields=4)
+        _, got = await _peek(reads, k.dead(queue), "list", begin, end, 0, fields=4)
         for i in reversed(range(len(got))):
             e = got[i]
             if e is not None and e.fp == fp and e.size == len(payload):
-                rec = await conn.execute("LINDEX", k.dead(queue), begin + i)
+                rec = await reads.entry(queue, "dead", begin + i)
                 if rec is not None and rec.endswith(payload):
                     d = parse_dead(rec, queue)
                     if d.task == payload:
@@ -703,15 +681,13 @@ async def _job(conn: Connection, keys: Keys, queue: str, payload: bytes) -> Job 
     return None
 
 
-async def _prio_level(conn: Connection, k: Keys, queue: str, payload: bytes) -> int | None:
+async def _prio_level(reads: JobReads, queue: str, payload: bytes) -> int | None:
     """The priority level ``payload`` is queued at (a ZSCAN of the queue's
     priority set), or None if it is not there."""
     pattern = b"[1-9]" + b"[0-9]" * 15 + _glob_escape(payload)
     cursor = b"0"
     while True:
-        cursor, flat = await conn.execute(
-            "ZSCAN", k.prio(queue), cursor, "MATCH", pattern, "COUNT", 1000
-        )
+        cursor, flat = await reads.scan_prio(queue, cursor, pattern)
         for m in flat[0::2]:
             if m[16:] == payload:
                 return int(m[:1])
@@ -720,7 +696,7 @@ async def _prio_level(conn: Connection, k: Keys, queue: str, payload: bytes) -> 
 
 
 async def minute_counts(
-    conn: Connection, keys: Keys, queues: Iterable[str], minutes: int = 60
+    reads: JobReads, queues: Iterable[str], minutes: int = 60
 ) -> tuple[float, list[MinuteCounts]]:
     """The Redis time (s) and, per queue, the processes finished and failed
     in each of the last ``minutes`` minutes (the current one last).
@@ -732,7 +708,7 @@ async def minute_counts(
     names = [check_queue(q) for q in queues]
     if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 1440:
         raise ConfigError(f"minutes must be a whole number from 1 to 1440, got {minutes!r}")
-    got = await conn.pipeline([("TIME",), *(("HGETALL", k) for k in map(keys.stats, names))])
+    got = await reads.minute_stats(names)
     sec = int(got[0][0])
     now_minute = sec // 60
     span = range(now_minute - minutes + 1, now_minute + 1)
@@ -776,8 +752,7 @@ class Completed:
 
 
 async def completed(
-    conn: Connection,
-    keys: Keys,
+    reads: JobReads,
     queue: str,
     *,
     limit: int = 50,
@@ -804,10 +779,10 @@ async def completed(
         cursor = after[1:].encode()
     else:
         raise ConfigError(f"invalid cursor {after!r}: pass the `next` of a page, or nothing")
-    pattern = _glob_escape(keys.prefix.encode()) + b"result:*:" + _glob_escape(queue.encode())
+    pattern = _glob_escape(reads.keys.prefix.encode()) + b"result:*:" + _glob_escape(queue.encode())
     found: list[bytes] = []
     for _ in range(_SCAN_MAX // _SCAN_CHUNK):
-        cursor, names = await conn.execute("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+        cursor, names = await reads.scan_results(cursor, pattern)
         found += [n for n in names if n.endswith(b":" + queue.encode())]
         if cursor in (b"0", 0, "0") or len(found) >= limit:
             break
@@ -816,7 +791,7 @@ async def completed(
         if cursor in (b"0", 0, "0")
         else "s" + (cursor.decode() if isinstance(cursor, bytes) else str(cursor))
     )
-    heads = await conn.pipeline([("GETRANGE", n, 0, 100 + preview) for n in found]) if found else []
+    heads = await reads.ranges([("GETRANGE", n, 0, 100 + preview) for n in found])
     out: list[Completed] = []
     tails: list[tuple[Any, ...]] = []
     parsed = []
@@ -828,7 +803,7 @@ async def completed(
         size = int(parts[3])
         parsed.append((name, parts, size))
         tails += [("GETRANGE", name, start + size, start + size + preview - 1), ("STRLEN", name)]
-    got = await conn.pipeline(tails) if tails else []
+    got = await reads.ranges(tails)
     for i, (_name, parts, size) in enumerate(parsed):
         head_len = len(b"\0".join(parts[:4])) + 1
         task, total = got[2 * i], int(got[2 * i + 1])

@@ -205,4 +205,4 @@ async def open_fleet(
         try:
             yield fleet
         finally:
-            fleet.client._closed = True
+            fleet.client.close()

@@ -8,7 +8,6 @@ __all__ = [
     "DeadLetter",
     "DelayedTask",
     "Process",
-    "QueueInfo",
     "QueueShare",
     "ReconcileResult",
     "WorkerInfo",
@@ -106,31 +105,6 @@ class WorkerInfo:
     pid: int = 0
     started: float = 0.0
     shares: tuple[QueueShare, ...] = ()
-
-
-@attrs.frozen
-class QueueInfo:
-    """A queue's counts (see :meth:`Client.queue_info`), read together.
-
-    Attributes:
-        name: the queue.
-        queued: tasks waiting to be claimed.
-        delayed: tasks waiting for their due time (enqueued with a delay,
-            or failed and waiting for a retry).
-        running: processes (claimed tasks) on any worker.
-        persistent: persistent tasks of the queue, wherever they are.
-        dead: dead-lettered one-shot tasks.
-        paused: whether the queue is paused (:meth:`Client.pause`): no new
-            one-shot task of it starts.
-    """
-
-    name: str
-    queued: int
-    delayed: int
-    running: int
-    persistent: int
-    dead: int
-    paused: bool = False
 
 
 @attrs.frozen

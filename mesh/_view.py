@@ -1,7 +1,9 @@
 """Looking at a whole mesh from outside: what ``mesh status``, the dashboard
 and the metrics exporter read.
 
-Two reads, both from a :class:`~mesh.Client` (no lease, no worker needed):
+Three looks, each through a :class:`~mesh._reads.Reader` (a client's
+:attr:`~mesh.Client.reads`: no lease, no worker needed), which sends every
+read and owns the table of a queue's keys:
 
 * :func:`snapshot`: workers (with their queues and how many processes each
   holds), queue counts and, optionally, every running process. Its cost grows
@@ -15,10 +17,10 @@ Two reads, both from a :class:`~mesh.Client` (no lease, no worker needed):
   workers: who serves a queue comes from ``servers:<Q>``, what a worker holds
   from the process records, the fair shares from ``share:<Q>``, ``moving:<Q>``
   and ``reserved:<Q>`` (turned into shares by the same
-  :class:`~mesh._client.QueueBalance` as :meth:`Client.workers`), and the
+  :class:`~mesh._share.QueueBalance` as :meth:`Client.workers`), and the
   workers' descriptions are read once per worker.
 
-Both use the Redis clock (:meth:`Client.time`), never this machine's.
+All use the Redis clock (:meth:`Client.time`), never this machine's.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from typing import Any
 
 import attrs
 
-from ._client import Client, QueueBalance, _load_info, _pairs
 from ._epoch import epoch_missing
 from ._errors import CommandError
-from ._eval import run_reads
-from ._memory import INFO_MEMORY, MemoryInfo, parse_memory_info, read_memory
+from ._memory import MemoryInfo, parse_memory_info
+from ._reads import MeshHead, QueueInfo, Reader, queue_info, worker_info
 from ._replies import parse_record
-from ._types import DelayedTask, Process, QueueInfo, QueueShare, WorkerInfo
+from ._share import QueueBalance
+from ._types import DelayedTask, Process, QueueShare, WorkerInfo
 
 log = logging.getLogger("mesh.memory")
 
@@ -112,7 +114,7 @@ class Snapshot:
 
 
 async def snapshot(
-    client: Client, *, processes: bool = False, delayed: int | None = None
+    reads: Reader, *, processes: bool = False, delayed: int | None = None
 ) -> Snapshot:
     """Read workers, queue counts (all queues in one step, a read-only script) and,
     optionally, the running processes and the first ``delayed`` delayed
@@ -123,20 +125,19 @@ async def snapshot(
 
     Nothing is written; a cancelled call leaves nothing behind.
     """
-    now = await client.time()
-    memory = await read_memory(client._check())
-    client.memory.update(memory)
-    workers = await client.workers()
-    queues = await client.queue_infos()
-    c = await counts(client)
+    now = await reads.time()
+    memory = await reads.read_memory()
+    workers = await reads.workers()
+    queues = await reads.queue_infos(await reads.queues())
+    c = await counts(reads)
     vanished = {q.info.name: q.vanished for q in c.queues if q.vanished}
-    procs = await client.processes() if processes else None
+    procs = await reads.processes(await reads.queues()) if processes else None
     due = None
     if delayed is not None:
         due = {}
         for q in queues:
             if q.delayed:
-                due[q.name] = await client.delayed(q.name, limit=delayed)
+                due[q.name] = await reads.delayed(q.name, delayed)
     return Snapshot(now, workers, queues, procs, due, memory, vanished, c.epoch_missing)
 
 
@@ -195,7 +196,7 @@ class MeshCounts:
     """The namespace's epoch is missing (see :func:`mesh._epoch.epoch_missing`)."""
 
 
-async def counts(client: Client) -> MeshCounts:
+async def counts(reads: Reader) -> MeshCounts:
     """Read the mesh-wide counts: two round trips (the clock, the list of
     queues and ``INFO memory``, then one read-only script for everything
     else: a consistent view, which Redis answers at the memory limit too,
@@ -208,77 +209,17 @@ async def counts(client: Client) -> MeshCounts:
     Raises:
         MeshConnectionError: Redis could not be reached.
     """
-    conn = client._check()
-    k = client._keys
-    (sec, usec), names, epoch, memory = _checked(
-        await conn.pipeline(
-            [("TIME",), ("SMEMBERS", k.queues), ("GET", k.epoch), INFO_MEMORY],
-            raise_on_error=False,
-        )
-    )
-    now_ms = int(sec) * 1000 + int(usec) // 1000
-    queues = sorted(q.decode() for q in names)
-    cmds: list[tuple[Any, ...]] = [("ZCARD", k.workers), ("ZCOUNT", k.workers, now_ms, "+inf")]
-    for q in queues:
-        cmds += [
-            ("LLEN", k.queue(q)),
-            ("ZCARD", k.delayed(q)),
-            ("HLEN", k.procs(q)),
-            ("HGETALL", k.persistent(q)),
-            ("SMEMBERS", k.standby(q)),
-            ("LLEN", k.dead(q)),
-            ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
-            ("ZCARD", k.prio(q)),
-            ("HGETALL", k.share(q)),
-            ("EXISTS", k.paused(q)),
-        ]
-    replies = await run_reads(conn, cmds)  # at the memory limit too, unlike MULTI
-    out = []
-    for i, q in enumerate(queues):
-        group = replies[2 + 10 * i : 2 + 10 * (i + 1)]
-        queued, delayed, running, persistent, standby, dead, since, prio, share, paused = group
-        queued += prio  # tasks with a priority are queued too
-        out.append(
-            _queue_counts(
-                q,
-                queued,
-                delayed,
-                running,
-                persistent,
-                standby,
-                dead,
-                since,
-                _pairs(share),
-                paused,
-            )
-        )
-    info = _memory_of(client, memory)
-    _tell_vanished(client, out)
-    workers = int(replies[0])
-    missing = epoch_missing(_epoch(client), epoch)
-    return MeshCounts(now_ms / 1000, workers, int(replies[1]), out, info, missing)
+    head, workers, alive, groups = await reads.counts_read()
+    out = [queue_counts(q, got) for q, got in zip(head.queues, groups, strict=True)]
+    info = _memory_of(reads, head.memory)
+    _tell_vanished(reads, out)
+    missing = epoch_missing(reads.epoch, head.epoch)
+    return MeshCounts(head.now_ms / 1000, workers, alive, out, info, missing)
 
 
-def _checked(replies: list[Any]) -> list[Any]:
-    """A pipeline's replies whose last two are ``GET`` of the epoch and
-    ``INFO memory``: the first error of the others is raised; those of the
-    last two (an ACL without ``+get`` on the key or ``+info``) are left in
-    place."""
-    for r in replies[:-2]:
-        if isinstance(r, CommandError):
-            raise r
-    return replies
-
-
-def _epoch(client: Client) -> Any:
-    """The :class:`~mesh._epoch.Epoch` of the client's connection (None:
-    not checked)."""
-    return client._conn.topology.epoch
-
-
-def _memory_of(client: Client, reply: object) -> MemoryInfo | None:
+def _memory_of(reads: Reader, reply: object) -> MemoryInfo | None:
     """The reading of ``INFO memory`` in a pipeline's replies (None: refused,
-    by an ACL without ``+info``), given to the client's watch (which logs a
+    by an ACL without ``+info``), given to the reader's watch (which logs a
     policy that can evict once)."""
     info = None
     if isinstance(reply, bytes | str) and not isinstance(reply, CommandError):
@@ -286,15 +227,15 @@ def _memory_of(client: Client, reply: object) -> MemoryInfo | None:
             info = parse_memory_info(reply)
         except ValueError:
             info = None
-    client.memory.update(info)
+    reads.memory.update(info)
     return info
 
 
-def _tell_vanished(client: Client, queues: Sequence[QueueCounts]) -> None:
+def _tell_vanished(reads: Reader, queues: Sequence[QueueCounts]) -> None:
     """Log persistent tasks missing without a cancel: one error line per
     queue each time its number changes (not one per read)."""
     for q in queues:
-        was = client.vanished.get(q.info.name, 0)
+        was = reads.vanished.get(q.info.name, 0)
         if q.vanished != was:
             if q.vanished:
                 log.error(
@@ -304,45 +245,28 @@ def _tell_vanished(client: Client, queues: Sequence[QueueCounts]) -> None:
                     q.info.name,
                     q.vanished,
                 )
-                client.vanished[q.info.name] = q.vanished
+                reads.vanished[q.info.name] = q.vanished
             else:
-                client.vanished.pop(q.info.name, None)
+                reads.vanished.pop(q.info.name, None)
 
 
-def _queue_counts(
-    q: str,
-    queued: int,
-    delayed: int,
-    running: int,
-    persistent: Sequence[bytes],
-    standby: Sequence[bytes],
-    dead: int,
-    since: Sequence[bytes],
-    share: Mapping[bytes, bytes],
-    paused: int = 0,
-) -> QueueCounts:
-    owned = 0
-    unowned = list(standby)
-    tasks = list(standby)
-    for i in range(0, len(persistent), 2):
-        tasks.append(persistent[i])
-        if persistent[i + 1]:
-            owned += 1
-        else:
-            unowned.append(persistent[i])
-    total = owned + len(unowned)
-    info = QueueInfo(q, int(queued), int(delayed), int(running), total, int(dead), paused == 1)
-    unowned_since = {since[j]: int(since[j + 1]) / 1000 for j in range(0, len(since), 2)}
+def queue_counts(q: str, got: Mapping[str, Any]) -> QueueCounts:
+    """A queue's :class:`QueueCounts` from its parsed replies (of a
+    :class:`~mesh._reads.QueueRead` that reads ``persistent``, ``standby``,
+    ``unowned`` and ``share`` whole)."""
+    persistent: Mapping[bytes, bytes] = got["persistent"]
+    share: Mapping[bytes, bytes] = got["share"]
+    owned = sum(1 for pid in persistent.values() if pid)
+    unowned = [*got["standby"], *(t for t, pid in persistent.items() if not pid)]
+    info = queue_info(q, got)
+    unowned_since = {t: ms / 1000 for t, ms in got["unowned"].items()}
     # The weight the scripts counted in, against that of the tasks present.
-    present = total
+    present = info.persistent
     if b":heavy" in share:
+        tasks = [*got["standby"], *persistent]
         present = sum(int(share.get(b"w" + t, b"1")) for t in tasks)
     vanished = max(0, int(share.get(b":weight", b"0")) - present)
     return QueueCounts(info, owned, tuple(sorted(unowned)), unowned_since, vanished)
-
-
-#: Commands per queue in :func:`overview`'s read script.
-_PER_QUEUE = 13
 
 
 @attrs.frozen
@@ -366,7 +290,7 @@ class Overview:
     """The namespace's epoch is missing (see :func:`mesh._epoch.epoch_missing`)."""
 
 
-async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None = None) -> Overview:
+async def overview(reads: Reader, info_cache: dict[str, dict[str, Any]] | None = None) -> Overview:
     """Read everything the dashboard shows in two round trips.
 
     Args:
@@ -378,120 +302,82 @@ async def overview(client: Client, info_cache: dict[str, dict[str, Any]] | None 
         MeshConnectionError: Redis could not be reached.
         ProtocolError: a process record is malformed.
     """
-    conn = client._check()
-    k = client._keys
     cache: dict[str, dict[str, Any]] = {} if info_cache is None else info_cache
-    (sec, usec), names, flat, epoch, memory = _checked(
-        await conn.pipeline(
-            [
-                ("TIME",),
-                ("SMEMBERS", k.queues),
-                ("ZRANGE", k.workers, 0, -1, "WITHSCORES"),
-                ("GET", k.epoch),
-                INFO_MEMORY,
-            ],
-            raise_on_error=False,
+
+    def describe(deadlines: Mapping[str, int]) -> list[str]:
+        for gone in set(cache) - set(deadlines):
+            del cache[gone]
+        return sorted(set(deadlines) - set(cache))
+
+    head, groups, fresh = await reads.overview_read(describe)
+    for w, info in fresh.items():
+        if info.get("started"):  # complete: a joining worker writes it twice
+            cache[w] = info
+    held = _Holdings(head.deadlines)
+    out = [held.add(q, got) for q, got in zip(head.queues, groups, strict=True)]
+    held.processes.sort(key=lambda p: p.token)
+    workers = [
+        worker_info(
+            w,
+            deadline > head.now_ms,
+            held.serves.get(w, ()),
+            held.held[w],
+            deadline - head.now_ms,
+            cache.get(w) or fresh.get(w, {}),
+            held.shares.get(w, ()),
         )
-    )
-    now_ms = int(sec) * 1000 + int(usec) // 1000
-    queues = sorted(q.decode() for q in names)
-    deadlines = {flat[i].decode(): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
-    for gone in set(cache) - set(deadlines):
-        del cache[gone]
-    new = sorted(set(deadlines) - set(cache))
-    cmds: list[tuple[Any, ...]] = []
-    for q in queues:
-        cmds += [
-            ("LLEN", k.queue(q)),
-            ("ZCARD", k.delayed(q)),
-            ("HGETALL", k.procs(q)),
-            ("HGETALL", k.persistent(q)),
-            ("SMEMBERS", k.standby(q)),
-            ("LLEN", k.dead(q)),
-            ("SMEMBERS", k.servers(q)),
-            ("ZRANGE", k.unowned(q), 0, -1, "WITHSCORES"),
-            ("ZCARD", k.prio(q)),
-            ("HGETALL", k.share(q)),
-            ("HGETALL", k.moving(q)),
-            ("HGETALL", k.reserved(q)),
-            ("EXISTS", k.paused(q)),
-        ]
-    if new:
-        cmds.append(("HMGET", k.info, *new))
-    replies = await run_reads(conn, cmds)  # at the memory limit too, unlike MULTI
-    fresh: dict[str, dict[str, Any]] = {}
-    if new:
-        for w, raw in zip(new, replies[-1], strict=True):
-            fresh[w] = _load_info(raw)
-            if fresh[w].get("started"):  # complete: a joining worker writes it twice
-                cache[w] = fresh[w]
-    serves: dict[str, list[str]] = {w: [] for w in deadlines}
-    held: dict[str, int] = dict.fromkeys(deadlines, 0)
-    shares: dict[str, list[QueueShare]] = {w: [] for w in deadlines}
-    processes: list[Process] = []
-    out: list[QueueCounts] = []
-    for i, q in enumerate(queues):
-        group = replies[_PER_QUEUE * i : _PER_QUEUE * (i + 1)]
-        queued, delayed, procs, persistent, standby, dead, servers, since, prio = group[:9]
-        share_hash, moving, reserved = (_pairs(r) for r in group[9:12])
-        queued += prio  # tasks with a priority are queued too
+        for w, deadline in sorted(head.deadlines.items())
+    ]
+    _tell_vanished(reads, out)
+    return _overview(reads, head, workers, out, held.processes)
+
+
+def _overview(
+    reads: Reader,
+    head: MeshHead,
+    workers: list[WorkerInfo],
+    queues: list[QueueCounts],
+    processes: list[Process],
+) -> Overview:
+    missing = epoch_missing(reads.epoch, head.epoch)
+    memory = _memory_of(reads, head.memory)
+    return Overview(head.now_ms / 1000, workers, queues, processes, memory, missing)
+
+
+class _Holdings:
+    """What :func:`overview` gathers queue by queue: every process, and per
+    worker the queues it serves, how many processes it holds and its shares."""
+
+    def __init__(self, deadlines: Mapping[str, int]) -> None:
+        self.serves: dict[str, list[str]] = {w: [] for w in deadlines}
+        self.held: dict[str, int] = dict.fromkeys(deadlines, 0)
+        self.shares: dict[str, list[QueueShare]] = {w: [] for w in deadlines}
+        self.processes: list[Process] = []
+
+    def add(self, q: str, got: Mapping[str, Any]) -> QueueCounts:
+        """Take in queue ``q``'s parsed replies; its counts."""
         on_q: dict[str, int] = {}
         holder: dict[bytes, str] = {}
-        for j in range(0, len(procs), 2):
-            p = parse_record(procs[j], procs[j + 1], q)
-            processes.append(p)
-            holder[procs[j]] = p.worker_id
+        for pid, rec in got["procs"].items():
+            p = parse_record(pid, rec, q)
+            self.processes.append(p)
+            holder[pid] = p.worker_id
             on_q[p.worker_id] = on_q.get(p.worker_id, 0) + 1
-            if p.worker_id in held:
-                held[p.worker_id] += 1
+            if p.worker_id in self.held:
+                self.held[p.worker_id] += 1
+        share = got["share"]
+        moving = got["moving"]
         balance = QueueBalance.read(
             q,
-            share_hash.get(b":weight"),
-            share_hash.get(b":capacity"),
+            share.get(b":weight"),
+            share.get(b":capacity"),
             moving,
-            reserved,
+            got["reserved"],
             [holder[pid] for pid in moving if pid in holder],
         )
-        for w_b in servers:
+        for w_b in got["servers"]:
             w = w_b.decode()
-            serves.setdefault(w, []).append(q)
-            shares.setdefault(w, []).append(
-                balance.of(
-                    w, on_q.get(w, 0), share_hash.get(b"c" + w_b), share_hash.get(b"h" + w_b)
-                )
-            )
-        running = len(procs) // 2
-        out.append(
-            _queue_counts(
-                q,
-                queued,
-                delayed,
-                running,
-                persistent,
-                standby,
-                dead,
-                since,
-                share_hash,
-                group[12],
-            )
-        )
-    processes.sort(key=lambda p: p.token)
-    workers = []
-    for w, deadline in sorted(deadlines.items()):
-        info = cache.get(w) or fresh.get(w, {})
-        workers.append(
-            WorkerInfo(
-                id=w,
-                alive=deadline > now_ms,
-                queues=tuple(serves.get(w, ())),
-                processes=held[w],
-                lease_left=(deadline - now_ms) / 1000,
-                host=str(info.get("host", "")),
-                pid=int(info.get("pid", 0)),
-                started=float(info.get("started", 0.0)),
-                shares=tuple(shares.get(w, ())),
-            )
-        )
-    _tell_vanished(client, out)
-    missing = epoch_missing(_epoch(client), epoch)
-    return Overview(now_ms / 1000, workers, out, processes, _memory_of(client, memory), missing)
+            self.serves.setdefault(w, []).append(q)
+            mine = balance.of(w, on_q.get(w, 0), share.get(b"c" + w_b), share.get(b"h" + w_b))
+            self.shares.setdefault(w, []).append(mine)
+        return queue_counts(q, got)

@@ -486,7 +486,7 @@ class Worker:
         with anyio.CancelScope(shield=True):
             await self._close()
         self._closed = True
-        self.client._closed = True
+        self.client.close()
 
     async def _close(self) -> None:
         """Cancel every handler and keep the lease while they exit, at most

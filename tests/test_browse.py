@@ -350,7 +350,6 @@ async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payloa
             "queued": [big("hi"), big("ahead"), big("q1"), big("q2"), big("dev")],
             "delayed": [big("later")],
         }
-        k = client._keys
         for state, payloads in want.items():
             page = await client.jobs(Q, state)
             assert [j.task for j in page.jobs] == [p[:PREVIEW] for p in payloads], state
@@ -358,7 +357,7 @@ async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payloa
             assert not any(j.whole for j in page.jobs)
             for j, p in zip(page.jobs, payloads, strict=True):
                 assert j.ref is not None and len(j.ref) < 50 and j.ref.endswith(fingerprint(p))
-                assert await payload(conn, k, Q, j.ref) == p, (state, j.ref)
+                assert await payload(client.reads, Q, j.ref) == p, (state, j.ref)
         queued = (await client.jobs(Q, "queued")).jobs
         assert [j.priority for j in queued] == [4, 0, 0, 0, 0]
         assert [j.persistent for j in queued] == [False, False, False, False, True]
@@ -370,14 +369,14 @@ async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payloa
         ref = queued[3].ref
         assert ref is not None
         await b.claim(conn, "w1", inc, Q, 3, 1)
-        assert await payload(conn, k, Q, ref) == big("q2")
+        assert await payload(client.reads, Q, ref) == big("q2")
         await client.cancel(Q, big("q2"))
-        assert await payload(conn, k, Q, ref) is None
+        assert await payload(client.reads, Q, ref) is None
         # the record of a payload still comes whole
         dead = await client.job(Q, big("die"))
         assert dead is not None and dead.state == "dead" and dead.task == big("die") and dead.whole
         with pytest.raises(ConfigError, match="invalid job ref"):
-            await payload(conn, k, Q, "queued.1")
+            await payload(client.reads, Q, "queued.1")
 
 
 async def test_failed_attempts_are_kept_bounded_and_a_success_writes_nothing(
@@ -456,7 +455,7 @@ async def test_a_page_is_read_in_bounded_calls_with_the_same_result(
             return await real(*args, **kw)  # type: ignore[arg-type]
 
         monkeypatch.setattr(browse, "_PEEK_BUDGET", 1)
-        monkeypatch.setattr("mesh._browse.run_script", counting)
+        monkeypatch.setattr("mesh._reads.run_script", counting)
         for state in want:
             calls = 0
             assert await client.jobs(Q, state) == whole[state], state

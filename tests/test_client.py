@@ -73,9 +73,29 @@ async def test_a_closed_client_refuses_every_call(redis_url: str, namespace: str
         client.schedules(),
         client.delayed(Q),
         client.tasks(Q),
+        client.result(Q, "x"),
+        client.jobs(Q),
+        client.pause(Q),
+        client.time(),
     ):
         with pytest.raises(ClosedError, match="this client is closed"):
             await call
+
+
+async def test_a_client_closes_itself_and_every_look_through_it(
+    redis_url: str, namespace: str
+) -> None:
+    """close/aclose end the client in its block (twice is safe); its reads,
+    which mesh status, the dashboard and the exporter look through, end with it."""
+    from mesh._view import counts
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        assert (await counts(client.reads)).queues == []
+        await client.aclose()
+        client.close()
+        for call in (client.queues(), client.queue_infos(), counts(client.reads)):
+            with pytest.raises(ClosedError, match="this client is closed"):
+                await call
 
 
 # --- one-shot tasks ---------------------------------------------------------------

@@ -81,8 +81,8 @@ async def test_status_says_a_master_restarted_empty(own_redis: RedisServer, name
 async def test_exporter_and_dashboard_say_a_missing_epoch(redis_url: str, namespace: str) -> None:
     async with mesh.open_client(redis_url, namespace=namespace) as client:
         async with mesh.open_worker(redis_url, namespace=namespace):
-            assert not (await counts(client)).epoch_missing
-            assert not (await snapshot(client)).epoch_missing
+            assert not (await counts(client.reads)).epoch_missing
+            assert not (await snapshot(client.reads)).epoch_missing
             poller = Poller(client, header={})
             await poller.poll_once()
             state = json.loads(poller.state)
@@ -92,7 +92,7 @@ async def test_exporter_and_dashboard_say_a_missing_epoch(redis_url: str, namesp
                 # the key goes (deleted, evicted) under everyone's feet
                 await client._conn.execute("DEL", client._keys.epoch)
                 assert value(await scrape(url), "mesh_namespace_epoch_missing") == 1
-            assert (await overview(client)).epoch_missing
+            assert (await overview(client.reads)).epoch_missing
             await poller.poll_once()
             state = json.loads(poller.state)
             assert state["epoch_missing"] is True

@@ -274,12 +274,12 @@ async def test_reads_work_at_the_limit(server: RedisServer) -> None:
         assert await client.queue_length("q") == 1
         assert await client.tasks("q") == [b"c"]
         assert await client.persistent_tasks("p") == {b"dev": None}
-        c = await counts(client)
+        c = await counts(client.reads)
         assert [q.info.name for q in c.queues] == ["p", "q"]
         assert c.memory is not None and c.memory.full and not c.memory.evicting
-        ov = await overview(client)
+        ov = await overview(client.reads)
         assert len(ov.processes) == 2 and ov.memory is not None and ov.memory.full
-        snap = await snapshot(client, processes=True)
+        snap = await snapshot(client.reads, processes=True)
         assert snap.memory is not None and snap.memory.full
         assert [w.id for w in snap.workers] == [worker.id]
 
@@ -309,14 +309,14 @@ async def test_a_policy_that_can_evict_is_noticed_logged_once_and_shown(
             return m is not None and m.evicting
 
         await wait_until(evicting, within=10, what="the worker noticed allkeys-lru")
-        c = await counts(client)
+        c = await counts(client.reads)
         assert c.memory is not None and c.memory.policy == "allkeys-lru"
-        await counts(client)  # read again: no second line
+        await counts(client.reads)  # read again: no second line
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 2, [r.getMessage() for r in errors]  # the worker's, the client's
         assert all("allkeys-lru" in r.getMessage() for r in errors)
         # mesh status, the metrics, the dashboard's state
-        snap = await snapshot(client)
+        snap = await snapshot(client.reads)
         lines = "\n".join(render(snap, Target(parse_url(url), ns)))
         assert "ERROR: allkeys-lru may evict" in lines
         names = {m.name: m for m in worker_metrics(worker.statistics())}
@@ -324,7 +324,7 @@ async def test_a_policy_that_can_evict_is_noticed_logged_once_and_shown(
         assert names["mesh_worker_redis_evicting"].samples[0].labels == {"policy": "allkeys-lru"}
         mesh_metrics = {m.name: m for m in MeshCollector(client)._metrics(c)}
         assert mesh_metrics["mesh_redis_evicting"].samples[0].value == 1
-        page = Tracker().update(await overview(client))
+        page = Tracker().update(await overview(client.reads))
         assert page["memory"]["policy"] == "allkeys-lru"
         assert [a for a in page["alerts"] if "allkeys-lru" in a]
         # back to noeviction: one info line, and no more errors
@@ -372,23 +372,23 @@ async def test_vanished_persistent_tasks_are_reported_and_reconcile_restores_the
         await client.ensure("devices", b"heavy", weight=5)
         await client.cancel("devices", b"heavy")  # a cancel is not a vanishing
         await wait_until(lambda: len(worker.running()) == 4)
-        c = await counts(client)
+        c = await counts(client.reads)
         assert c.queues[0].vanished == 0
         # behind the mesh's back (as an eviction would): the registry is gone
         await conn.execute("DEL", keys.persistent("devices"), keys.standby("devices"))
-        c = await counts(client)
+        c = await counts(client.reads)
         assert c.queues[0].vanished == 4
-        await counts(client)
+        await counts(client.reads)
         said = [r.getMessage() for r in caplog.records]
         lines = [m for m in said if "vanished without a cancel" in m]
         assert len(lines) == 1 and "4 persistent" in lines[0]
-        snap = await snapshot(client)
+        snap = await snapshot(client.reads)
         assert snap.vanished == {"devices": 4}
         # reconcile restores them, and the count with them
         r = await client.reconcile("devices", desired)
         assert sorted(r.added) == desired
         assert sorted(await client.persistent_tasks("devices")) == desired
-        assert (await counts(client)).queues[0].vanished == 0
+        assert (await counts(client.reads)).queues[0].vanished == 0
         assert client.vanished == {}
 
 

@@ -142,7 +142,9 @@ async def test_exporter_reads_redis_with_no_worker(redis_url: str, namespace: st
                 stopping = await client.time()
             # the stop handed the device back: unowned since then, not since
             # it was ensured
-            (devices,) = [q for q in (await counts(client)).queues if q.info.name == "devices"]
+            (devices,) = [
+                q for q in (await counts(client.reads)).queues if q.info.name == "devices"
+            ]
             assert set(devices.unowned_since) == {b"d1", b"d2"}
             assert devices.unowned_since[held] >= stopping - 0.001  # kept in ms
             (never,) = {b"d1", b"d2"} - {held}

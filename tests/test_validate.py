@@ -12,7 +12,7 @@ import pytest
 
 import mesh
 from mesh._balance import check_capacity, check_weight
-from mesh._client import _due, check_priority
+from mesh._client_writes import _due, check_priority
 from mesh._errors import ConfigError, ProtocolError
 from mesh._lease import LeaseTiming
 from mesh._policy import QueuePolicy, parse_policy, policy_fields

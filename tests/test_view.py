@@ -38,8 +38,8 @@ async def test_overview_agrees_with_the_client(redis_url: str, namespace: str) -
 
         await wait_until(four_running, what="4 processes running")
         cache: dict[str, dict[str, object]] = {}
-        ov = await overview(client, cache)
-        snap = await snapshot(client, processes=True)
+        ov = await overview(client.reads, cache)
+        snap = await snapshot(client.reads, processes=True)
         strip = [
             (w.id, w.alive, w.queues, w.processes, w.host, w.pid, w.started) for w in ov.workers
         ]
@@ -65,7 +65,7 @@ async def test_counts_cost_does_not_grow_with_workers(redis_url: str, namespace:
 
         async def commands() -> int:
             before = client._conn.statistics().commands_sent
-            c = await counts(client)
+            c = await counts(client.reads)
             assert [q.info.name for q in c.queues] == ["jobs"]
             return client._conn.statistics().commands_sent - before
 
@@ -75,5 +75,5 @@ async def test_counts_cost_does_not_grow_with_workers(redis_url: str, namespace:
             mesh.open_worker(redis_url, namespace=namespace, ttl=5),
             mesh.open_worker(redis_url, namespace=namespace, ttl=5),
         ):
-            assert (await counts(client)).workers_alive == 3
+            assert (await counts(client.reads)).workers_alive == 3
             assert await commands() == alone

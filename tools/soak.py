@@ -362,14 +362,14 @@ class Soak:
         switched = trio.current_time()
         noticed = None
         while noticed is None and trio.current_time() - switched < 15:
-            c = await counts(client)
+            c = await counts(client.reads)
             if c.memory is not None and c.memory.evicting:
                 noticed = trio.current_time() - switched
             else:
                 await trio.sleep(0.25)
         n = await self.fill(256 * 1024, 0)
         evicted = int(await info_field(conn, "stats", "evicted_keys"))
-        c = await counts(client)
+        c = await counts(client.reads)
         vanished = {q.info.name: q.vanished for q in c.queues}
         k = self.h.keys
         left = await conn.pipeline(

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument("--state", required=True, choices=JOB_STATES, metavar="STATE",
-                   help="queued, delayed, running or dead")  # fmt: skip
+                   help=f"{', '.join(JOB_STATES[:-1])} or {JOB_STATES[-1]}")  # fmt: skip
     p.add_argument("--limit", type=_limit, default=50, metavar="N",
                    help=f"jobs per page, 1..{MAX_LIMIT} (default 50)")  # fmt: skip
     p.add_argument("--after", metavar="CURSOR", help="the cursor a previous page printed")

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -14,6 +15,8 @@ import trio
 
 import mesh
 from mesh._epoch import EPOCH_MISSING_HINT, observing
+from mesh._reads import QUEUE_COUNTS
+from mesh._types import DelayedTask, Process
 from mesh._view import Snapshot, share_text, snapshot
 
 from ._common import (
@@ -82,15 +85,34 @@ def epoch_text(namespace: str) -> str:
 
 def render(snap: Snapshot, t: Target) -> list[str]:
     """The snapshot as aligned text lines."""
-    alive = sum(w.alive for w in snap.workers)
     lines = [
         f"{t.shown}  namespace {t.namespace}  "
         f"{time.strftime('%H:%M:%S', time.gmtime(snap.now))} UTC",
         "",
+        *_workers(snap),
+        "",
+        *_queues(snap),
+        *_warnings(snap, t),
+        "",
     ]
-    if snap.workers:
-        lines.append(f"WORKERS ({alive} alive, {len(snap.workers) - alive} dead)")
-        lines += table(
+    if snap.memory is not None:
+        lines.append(f"REDIS MEMORY  {snap.memory.text()}")
+    else:
+        lines.append("REDIS MEMORY  unknown (INFO not allowed: grant +info)")
+    if snap.delayed is not None:
+        lines += ["", *_delayed(snap, snap.delayed)]
+    if snap.processes is not None:
+        lines += ["", *_processes(snap, snap.processes)]
+    return lines
+
+
+def _workers(snap: Snapshot) -> list[str]:
+    if not snap.workers:
+        return ["WORKERS: none"]
+    alive = sum(w.alive for w in snap.workers)
+    return [
+        f"WORKERS ({alive} alive, {len(snap.workers) - alive} dead)",
+        *table(
             ["ID", "ALIVE", "AGE", "LEASE", "PROCS", "QUEUES", "SHARE", "HOST", "PID"],
             [
                 [
@@ -107,30 +129,31 @@ def render(snap: Snapshot, t: Target) -> list[str]:
                 for w in snap.workers
             ],
             right="AGE LEASE PROCS PID",
-        )
-    else:
-        lines.append("WORKERS: none")
-    lines.append("")
-    if snap.queues:
-        lines.append("QUEUES")
-        lines += table(
-            ["QUEUE", "QUEUED", "DELAYED", "RUNNING", "PERSISTENT", "DEAD", "PAUSED"],
+        ),
+    ]
+
+
+def _queues(snap: Snapshot) -> list[str]:
+    if not snap.queues:
+        return ["QUEUES: none"]
+    # a column per count of a queue, from the one table of them
+    counts = [c.name for c in QUEUE_COUNTS]
+    heads = [c.upper() for c in counts]
+    return [
+        "QUEUES",
+        *table(
+            ["QUEUE", *heads, "PAUSED"],
             [
-                [
-                    q.name,
-                    q.queued,
-                    q.delayed,
-                    q.running,
-                    q.persistent,
-                    q.dead,
-                    "yes" if q.paused else "no",
-                ]
+                [q.name, *(getattr(q, c) for c in counts), "yes" if q.paused else "no"]
                 for q in snap.queues
             ],
-            right="QUEUED DELAYED RUNNING PERSISTENT DEAD",
-        )
-    else:
-        lines.append("QUEUES: none")
+            right=" ".join(heads),
+        ),
+    ]
+
+
+def _warnings(snap: Snapshot, t: Target) -> list[str]:
+    lines = []
     if snap.epoch_missing:
         lines.append(f"WARNING: {epoch_text(t.namespace)}")
     for name, n in sorted(snap.vanished.items()):
@@ -138,56 +161,55 @@ def render(snap: Snapshot, t: Target) -> list[str]:
             f"ERROR: queue {name}: {n} persistent task(s) vanished without a cancel "
             "(evicted or deleted); Client.reconcile restores them"
         )
-    lines.append("")
-    if snap.memory is not None:
-        lines.append(f"REDIS MEMORY  {snap.memory.text()}")
-    else:
-        lines.append("REDIS MEMORY  unknown (INFO not allowed: grant +info)")
-    if snap.delayed is not None:
-        lines.append("")
-        if snap.delayed:
-            lines.append("DELAYED (due times on the Redis clock, UTC)")
-            rows = []
-            for q in snap.queues:
-                shown = snap.delayed.get(q.name, [])
-                for d in shown:
-                    rows.append(
-                        [
-                            q.name,
-                            show_task(d.task, 40),
-                            format_utc(d.due, ms=True),
-                            format_seconds(d.due - snap.now) if d.due > snap.now else "now",
-                            d.priority,
-                        ]
-                    )
-                if len(shown) < q.delayed:
-                    rows.append([q.name, f"({q.delayed - len(shown)} more)", "", "", ""])
-            lines += table(["QUEUE", "TASK", "DUE", "IN", "PRIORITY"], rows, right="IN PRIORITY")
-        else:
-            lines.append("DELAYED: none")
-    if snap.processes is not None:
-        lines.append("")
-        if snap.processes:
-            lines.append("PROCESSES")
-            lines += table(
-                ["TOKEN", "QUEUE", "TASK", "KIND", "WORKER", "AGE", "ATTEMPTS"],
-                [
-                    [
-                        p.token,
-                        p.queue,
-                        show_task(p.task, 40),
-                        "persistent" if p.persistent else "one-shot",
-                        p.worker_id,
-                        format_seconds(snap.now - p.started) if p.started else "-",
-                        p.attempts,
-                    ]
-                    for p in snap.processes
-                ],
-                right="TOKEN AGE ATTEMPTS",
-            )
-        else:
-            lines.append("PROCESSES: none")
     return lines
+
+
+def _delayed(snap: Snapshot, delayed: Mapping[str, list[DelayedTask]]) -> list[str]:
+    if not delayed:
+        return ["DELAYED: none"]
+    rows = []
+    for q in snap.queues:
+        shown = delayed.get(q.name, [])
+        for d in shown:
+            rows.append(
+                [
+                    q.name,
+                    show_task(d.task, 40),
+                    format_utc(d.due, ms=True),
+                    format_seconds(d.due - snap.now) if d.due > snap.now else "now",
+                    d.priority,
+                ]
+            )
+        if len(shown) < q.delayed:
+            rows.append([q.name, f"({q.delayed - len(shown)} more)", "", "", ""])
+    return [
+        "DELAYED (due times on the Redis clock, UTC)",
+        *table(["QUEUE", "TASK", "DUE", "IN", "PRIORITY"], rows, right="IN PRIORITY"),
+    ]
+
+
+def _processes(snap: Snapshot, processes: list[Process]) -> list[str]:
+    if not processes:
+        return ["PROCESSES: none"]
+    return [
+        "PROCESSES",
+        *table(
+            ["TOKEN", "QUEUE", "TASK", "KIND", "WORKER", "AGE", "ATTEMPTS"],
+            [
+                [
+                    p.token,
+                    p.queue,
+                    show_task(p.task, 40),
+                    "persistent" if p.persistent else "one-shot",
+                    p.worker_id,
+                    format_seconds(snap.now - p.started) if p.started else "-",
+                    p.attempts,
+                ]
+                for p in processes
+            ],
+            right="TOKEN AGE ATTEMPTS",
+        ),
+    ]
 
 
 def as_json(snap: Snapshot, t: Target) -> dict[str, Any]:
@@ -247,7 +269,7 @@ def _status(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, t: Target) -> int:
     async with mesh.open_client(t.config, namespace=t.namespace) as client:
         if not args.watch:
-            snap = await snapshot(client, processes=args.processes, delayed=args.delayed)
+            snap = await snapshot(client.reads, processes=args.processes, delayed=args.delayed)
             if args.json:
                 dump_json(as_json(snap, t))
             else:
@@ -273,7 +295,7 @@ async def _watch(client: mesh.Client, args: argparse.Namespace, t: Target) -> No
     try:
         while True:
             try:
-                snap = await snapshot(client, processes=args.processes, delayed=args.delayed)
+                snap = await snapshot(client.reads, processes=args.processes, delayed=args.delayed)
             except mesh.MeshConnectionError as exc:
                 # Keep watching: the connection reconnects by itself.
                 lines = [f"{t.shown}  namespace {t.namespace}", "", f"Redis: {exc}"]

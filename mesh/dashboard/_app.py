@@ -265,7 +265,7 @@ def _task_routes(poller: Poller) -> list[Route]:
         if "ref" in body:
             ref = text_field(body, "ref")
             c = poller.client
-            return await browse_payload(c._check(), c._keys, queue, ref)
+            return await browse_payload(c.reads, queue, ref)
         if "key" in body:
             return poller.persistent_payload(queue, text_field(body, "key"))
         if "task_b64" in body:
@@ -409,7 +409,7 @@ def _job_routes(poller: Poller) -> list[Route]:
             ref = qp.get("ref")
             c = poller.client
             if ref is not None:
-                task = await browse_payload(c._check(), c._keys, queue, ref)
+                task = await browse_payload(c.reads, queue, ref)
             else:
                 task = b64_field(qp, "task_b64")
             found = None if task is None else await c.job(queue, task)
@@ -428,7 +428,7 @@ def _job_routes(poller: Poller) -> list[Route]:
         try:
             queue = check_queue(qp.get("queue", ""))
             c = poller.client
-            task = await browse_payload(c._check(), c._keys, queue, qp.get("ref", ""))
+            task = await browse_payload(c.reads, queue, qp.get("ref", ""))
         except (BadRequest, MeshError) as exc:
             return failed(exc)
         if task is None:
@@ -454,7 +454,7 @@ def _ran_routes(poller: Poller) -> list[Route]:
             queue = check_queue(qp.get("queue", ""))
             limit = int_param(qp, "limit", 50)
             got, nxt = await browse_completed(
-                c._check(), c._keys, queue, limit=limit, after=qp.get("after") or None
+                c.reads, queue, limit=limit, after=qp.get("after") or None
             )
         except (BadRequest, MeshError) as exc:
             return failed(exc)
@@ -485,7 +485,7 @@ def _ran_routes(poller: Poller) -> list[Route]:
             queue = qp.get("queue")
             c = poller.client
             names = [check_queue(queue)] if queue else await c.queues()
-            now, counts = await minute_counts(c._check(), c._keys, names, minutes)
+            now, counts = await minute_counts(c.reads, names, minutes)
         except (BadRequest, MeshError) as exc:
             return failed(exc)
         return JSONResponse({"minutes": minutes, **sum_counts(now, counts, minutes)})

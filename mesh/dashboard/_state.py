@@ -19,6 +19,7 @@ from .._browse import fingerprint
 from .._client import Client
 from .._epoch import EPOCH_MISSING_HINT
 from .._errors import MeshError
+from .._reads import JOB_STATES, QUEUE_COUNTS
 from .._types import Process
 from .._view import Overview, overview, share_text, show_payload
 from ._text import shown
@@ -168,13 +169,9 @@ class Tracker:
             "queues": [
                 {
                     "name": q.info.name,
-                    "queued": q.info.queued,
-                    "delayed": q.info.delayed,
-                    "running": q.info.running,
-                    "persistent": q.info.persistent,
+                    **{c.name: getattr(q.info, c.name) for c in QUEUE_COUNTS},
                     "owned": q.persistent_owned,
                     "unowned": len(q.unowned),
-                    "dead": q.info.dead,
                     "paused": q.info.paused,
                 }
                 for q in ov.queues
@@ -229,11 +226,12 @@ class Poller:
     ) -> None:
         self.client = client
         self.interval = interval
-        self._header = header
+        # every state names the job states (the page's tabs), errors included
+        self._header: dict[str, Any] = {**header, "states": list(JOB_STATES)}
         self.redact = redact
         self._tracker = Tracker()
         self._info: dict[str, dict[str, Any]] = {}
-        self.state = json.dumps({**header, "now": None, "error": "connecting"})
+        self.state = json.dumps({**self._header, "now": None, "error": "connecting"})
         self.version = 0
         self._changed = anyio.Event()
 
@@ -245,9 +243,9 @@ class Poller:
     async def poll_once(self) -> None:
         """Read the mesh once and publish the result (or the error)."""
         try:
-            ov = await overview(self.client, self._info)
+            ov = await overview(self.client.reads, self._info)
         except MeshError as exc:
-            epoch = self.client._conn.topology.epoch
+            epoch = self.client.reads.epoch
             state: dict[str, Any] = {
                 "now": None,
                 "error": self.redact(str(exc)),

@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from .._client import Client
 from .._errors import MeshError
 from .._memory import MemoryInfo
+from .._reads import QUEUE_COUNTS
 from .._stats import FENCE_REASONS, Histogram
 from .._view import MeshCounts, counts
 from .._worker import Worker, WorkerStatistics
@@ -205,7 +206,7 @@ class MeshCollector(Collector):
             return None
         try:
             with anyio.move_on_after(self._timeout):
-                c = await counts(client)
+                c = await counts(client.reads)
                 self.note_up()
                 return c
             why = f"no answer within {self._timeout:g} s"
@@ -234,18 +235,11 @@ class MeshCollector(Collector):
         yield GaugeMetricFamily(
             "mesh_workers_alive", "Workers whose lease has not run out.", c.workers_alive
         )
+        # one gauge per count of a queue that has one (the table of counts)
         families = {
-            name: GaugeMetricFamily(f"mesh_queue_{name}", text, labels=["queue"])
-            for name, text in [
-                ("length", "Tasks waiting to be claimed."),
-                (
-                    "delayed",
-                    "Tasks waiting for their due time: enqueued with a delay or at a time, "
-                    "or failed and waiting for a retry.",
-                ),
-                ("dead_letters", "Dead-lettered one-shot tasks."),
-                ("running", "Processes (claimed tasks) on any worker."),
-            ]
+            c.name: GaugeMetricFamily(f"mesh_queue_{c.metric}", c.help, labels=["queue"])
+            for c in QUEUE_COUNTS
+            if c.metric is not None
         }
         persistent = GaugeMetricFamily(
             "mesh_persistent_tasks",
@@ -265,10 +259,8 @@ class MeshCollector(Collector):
         for q in c.queues:
             i = q.info
             paused.add_metric([i.name], 1 if i.paused else 0)
-            families["length"].add_metric([i.name], i.queued)
-            families["delayed"].add_metric([i.name], i.delayed)
-            families["dead_letters"].add_metric([i.name], i.dead)
-            families["running"].add_metric([i.name], i.running)
+            for state, family in families.items():
+                family.add_metric([i.name], getattr(i, state))
             persistent.add_metric([i.name, "owned"], q.persistent_owned)
             persistent.add_metric([i.name, "unowned"], len(q.unowned))
             unowned.add_metric([i.name], q.longest_unowned(c.now))
@@ -300,5 +292,5 @@ def _epoch_gauge(missing: bool) -> Metric:
 
 def _refused(client: Client) -> bool:
     """The client's connection was refused a node that lacks the epoch."""
-    epoch = client._conn.topology.epoch
+    epoch = client.reads.epoch
     return epoch is not None and epoch.refused

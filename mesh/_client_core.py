@@ -1,0 +1,45 @@
+"""What every part of the :class:`~mesh.Client` shares: its connection, key
+names, script binding and reader, the closed check and the payload check.
+The parts (writes, admin, reads, results) each add a group of methods;
+:mod:`mesh._client` composes them into :class:`~mesh.Client`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._binding import Binding, payload_bytes
+from ._connection import Connection
+from ._keys import Keys
+from ._reads import Reader
+
+__all__ = ["DEFAULT_MAX_PAYLOAD", "ClientCore"]
+
+DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
+
+
+class ClientCore:
+    """The state a client's parts share (set by :class:`~mesh.Client`'s
+    constructor), and the checks each call starts with."""
+
+    _conn: Connection
+    _keys: Keys
+    _binding: Binding
+    _reads: Reader
+    _max_payload: int
+    _min_replicas: int
+
+    def _check(self) -> Connection:
+        return self._reads.check()
+
+    def _payloads(self, tasks: Iterable[object]) -> list[bytes]:
+        if isinstance(tasks, str | bytes | bytearray | memoryview):
+            raise TypeError("tasks must be an iterable of payloads, not a single payload")
+        return [payload_bytes(t, self._max_payload) for t in tasks]
+
+    async def _replicated(self, conn: Connection) -> None:
+        """With ``min_replicas``, return only once that many replicas have the
+        writes made so far (``WAIT``, bounded by the URL's connect_timeout);
+        MeshConnectionError otherwise."""
+        if self._min_replicas:
+            await conn.wait_replicas(self._min_replicas, conn.config.connect_timeout)
