@@ -36,7 +36,7 @@ import attrs
 from ._errors import ConfigError
 from ._keys import Keys, check_queue
 from ._reads import JOB_STATES, JobReads
-from ._replies import parse_dead, parse_record
+from ._replies import parse_dead, parse_record, split_error
 from ._types import DeadLetter, Process
 
 __all__ = [
@@ -78,12 +78,16 @@ class Attempt:
     Attributes:
         when: when it failed, seconds on the Redis clock.
         worker: the worker that ran it.
-        error: its error, cut to 1000 bytes.
+        error: its error, on one line.
+        traceback: its traceback, if one was recorded (error and traceback
+            are cut to 1000 bytes together, keeping the start); None
+            otherwise.
     """
 
     when: float
     worker: str
     error: str
+    traceback: str | None = None
 
 
 @attrs.frozen
@@ -110,8 +114,10 @@ class Job:
         worker: the worker that runs it (running), or ran its last attempt
             (dead); None otherwise.
         token: the running process's fencing token (= its process id).
-        error: the last error of a dead job (``"worker crashed: ..."`` when
-            its worker died); None otherwise.
+        error: the last error of a dead job, on one line (``"worker
+            crashed: ..."`` when its worker died); None otherwise.
+        traceback: that error's traceback, bounded (see
+            :attr:`DeadLetter.traceback`); None when none was recorded.
         dead_at: when it was dead-lettered (None unless dead).
         size: the whole payload's size in bytes.
         ref: a short key that finds the job again (:func:`payload`): its
@@ -139,6 +145,7 @@ class Job:
     size: int = attrs.field(default=attrs.Factory(lambda self: len(self.task), takes_self=True))
     ref: str | None = None
     tries: tuple[Attempt, ...] = ()
+    traceback: str | None = None
 
     @property
     def whole(self) -> bool:
@@ -405,6 +412,7 @@ def _dead_job(queue: str, d: DeadLetter) -> Job:
         worker=d.worker or None,
         error=d.error,
         dead_at=d.when or None,
+        traceback=d.traceback,
     )
 
 
@@ -614,7 +622,9 @@ def parse_tries(raw: bytes | None) -> tuple[Attempt, ...]:
         return ()
     try:
         items = json.loads(raw.decode(errors="replace"))
-        return tuple(Attempt(int(w) / 1000, str(who), str(err)) for w, who, err in items)
+        return tuple(
+            Attempt(int(w) / 1000, str(who), *split_error(str(err))) for w, who, err in items
+        )
     except (ValueError, TypeError):
         return ()
 

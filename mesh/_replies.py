@@ -321,6 +321,14 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
 DEAD_ERROR_MAX = 2000
 
 
+def split_error(text: str) -> tuple[str, str | None]:
+    """A recorded failure as (its first line, the traceback below it or
+    None): what ``describe_error`` writes, and one line from a peer that
+    records no traceback."""
+    head, nl, tb = text.partition("\n")
+    return head, (tb if nl and tb else None)
+
+
 def parse_dead(rec: bytes, queue: str) -> DeadLetter:
     """A :class:`DeadLetter` from an entry of ``{ns}:dead:<Q>``.
 
@@ -330,12 +338,9 @@ def parse_dead(rec: bytes, queue: str) -> DeadLetter:
     parts = rec.split(b"\0", 4)
     try:
         when, attempts, worker, error, payload = parts
+        head, tb = split_error(error.decode(errors="replace"))
         return DeadLetter(
-            payload,
-            int(attempts),
-            error.decode(errors="replace"),
-            worker.decode(errors="replace"),
-            int(when) / 1000,
+            payload, int(attempts), head, worker.decode(errors="replace"), int(when) / 1000, tb
         )
     except ValueError:
         raise ProtocolError(f"malformed dead-letter record of queue {queue}") from None

@@ -19,7 +19,9 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import os
 import random
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
@@ -278,11 +280,54 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
+#: A failure's first line (``Type: message``) is cut to this many characters.
+ERROR_HEAD = 500
+
+_MESH_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def describe_error(exc: BaseException, limit: int = 2000) -> str:
-    """An exception as ``Type: message``, on one line, at most ``limit``
-    characters: what a dead-letter record keeps of a failure."""
-    text = one_line(exc)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """What a dead-letter record and a job's attempt history keep of a
+    failure, at most ``limit`` bytes (UTF-8) in all: ``Type: message`` on
+    the first line (at most :data:`ERROR_HEAD` characters), then, when the
+    exception has one, its traceback (the mesh's own frames above the
+    handler left out), its innermost lines kept when the whole would not
+    fit. The readers split the two at the first newline
+    (:attr:`DeadLetter.error` and :attr:`DeadLetter.traceback`)."""
+    head = one_line(exc)
+    if len(head) > ERROR_HEAD:
+        head = head[: ERROR_HEAD - 3] + "..."
+    room = limit - len(head.encode()) - 1
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _is_mesh(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is None or room < 200:
+        return head
+    te = traceback.TracebackException(type(exc), exc, tb)
+    lines = list(te.format())
+    del lines[len(lines) - len(list(te.format_exception_only())) :]  # the head says it
+    text = "".join(_short(line) for line in [*lines, head]).rstrip().encode()
+    if len(text) > room:
+        cut = text[len(text) - room + len(_CUT) :]
+        cut = cut[cut.find(b"\n") + 1 :] if b"\n" in cut else cut
+        text = _CUT + cut
+    return head + "\n" + text.decode(errors="ignore")
+
+
+_CUT = b"  ...\n"
+
+
+def _short(chunk: str, width: int = 300) -> str:
+    """Each line of ``chunk`` cut to ``width`` characters (a long message
+    or source line, which the innermost lines must not be cut for)."""
+    return "".join(
+        line if len(line) <= width else line[: width - 4] + "...\n"
+        for line in chunk.splitlines(keepends=True)
+    )
+
+
+def _is_mesh(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)) == _MESH_DIR
 
 
 def result_bytes(value: object, p: Process) -> bytes | None:

@@ -138,12 +138,17 @@ class DeadLetter:
     Attributes:
         task: the payload.
         attempts: failed attempts, the last one included.
-        error: the last failure: the exception's type and message (at most
-            2,000 characters), or ``"worker crashed: ..."`` when its worker
-            died; empty if unknown (dead-lettered by protocol 3).
+        error: the last failure, on one line: the exception's type and
+            message (at most 500 characters), or ``"worker crashed: ..."``
+            when its worker died; empty if unknown (dead-lettered by
+            protocol 3).
         worker: the id of the worker of the last attempt ("" if unknown).
         when: when it was dead-lettered, seconds since the epoch on the Redis
             clock (0.0 if unknown).
+        traceback: the last failure's traceback, bounded (the record keeps
+            2,000 bytes of error and traceback together: the innermost lines
+            of a longer one); None when there is none (a crashed worker, a
+            peer that records none, a record older than this version).
     """
 
     task: bytes
@@ -151,3 +156,4 @@ class DeadLetter:
     error: str
     worker: str
     when: float
+    traceback: str | None = None

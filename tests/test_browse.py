@@ -408,12 +408,18 @@ async def test_failed_attempts_are_kept_bounded_and_a_success_writes_nothing(
         await client.enqueue(Q, "flaky")
         for i in range(7):
             await fail_once(
-                "flaky", f"Traceback (most recent call last):\n  line {i}\nE{i}" + "x" * 2000
+                "flaky",
+                f"E{i}: failed\nTraceback (most recent call last):\n  line {i}\n{'x' * 2000}",
             )
         j = await client.job(Q, "flaky")
         assert j is not None and j.state == "dead" and j.attempts == 7
-        assert [t.error.split("\n")[-1][:2] for t in j.tries] == ["E2", "E3", "E4", "E5", "E6"]
-        assert all(t.worker == "w1" and len(t.error.encode()) == 1000 for t in j.tries)
+        assert [t.error for t in j.tries] == [f"E{i}: failed" for i in range(2, 7)]
+        # the error's line and the start of its traceback: 1,000 bytes together
+        assert all(t.worker == "w1" and t.traceback is not None for t in j.tries)
+        assert all(len(f"{t.error}\n{t.traceback}".encode()) == 1000 for t in j.tries)
+        assert (j.tries[0].traceback or "").startswith(
+            "Traceback (most recent call last):\n  line 2\n"
+        )
         assert [t.when for t in j.tries] == sorted(t.when for t in j.tries)
         assert (await client.jobs(Q, "dead")).jobs[0].tries == ()  # pages do not read them
         # requeued (attempts reset), its next failure starts a new history

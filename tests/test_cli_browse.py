@@ -33,7 +33,8 @@ def setup_jobs(redis_url: str, namespace: str) -> None:
             await client.enqueue_many(Q, ["r1", "d"])
             c = await b.claim(conn, "w1", inc, Q, 2, 1)
             dead = [p.id for p in c.processes if p.task == b"d"]
-            await b.give_back(conn, "w1", Q, dead, failed=True, errors=["ValueError: <no>"])
+            error = 'ValueError: <no>\nTraceback (most recent call last):\n  File "h.py", line 3'
+            await b.give_back(conn, "w1", Q, dead, failed=True, errors=[error])
             await client.enqueue_many(Q, ["a", "b", "c"])
             await client.enqueue(Q, "later", delay=3600)
 
@@ -82,6 +83,9 @@ def test_job_shows_one_record_or_exits_1(
     assert "state:" in out and "dead" in out and "error:" in out and "ValueError: <no>" in out
     failed = [ln for ln in out.splitlines() if ln.startswith("failed (last):")]
     assert len(failed) == 1 and "UTC on w1: ValueError: <no>" in failed[0], out
+    # the error's line above, its traceback at the end, indented
+    assert out.endswith('traceback of the last error:\n  Traceback (most recent call last):\n  '
+                        '  File "h.py", line 3\n'), out  # fmt: skip
     code, out, _ = run(capsys, "job", Q, "r1", "--json", *ns_args)
     rec = json.loads(out)
     assert code == 0 and rec["state"] == "running" and rec["worker"] == "w1"

@@ -457,7 +457,8 @@ async def test_job_details_show_the_attempt_history_and_the_whole_error(
         await client.enqueue("jobs", payload)
         for i in range(3):
             c = await b.claim(conn, "w-7", "i", "jobs", 1, 3)
-            trace = (
+            trace = (  # as a worker writes it: the error's line, then its traceback
+                f"ValueError: attempt {i + 1} failed\n"
                 "Traceback (most recent call last):\n"
                 f'  File "app.py", line {10 + i}, in handle\n'
                 "    render(report)\n"
@@ -484,9 +485,13 @@ async def test_job_details_show_the_attempt_history_and_the_whole_error(
             ))  # fmt: skip
             assert len(rows) == 3, rows
             assert "attempt 3 failed" in rows[0] and "attempt 1 failed" in rows[2]
-            assert all("w-7" in r and "line 1" in r for r in rows)
+            # each attempt's traceback folded under its error line
+            assert all("w-7" in r and "traceback" in r and "line 1" not in r for r in rows)
             err = await in_page(driver, lambda d: d.find_element("id", "job-error").text)
-            assert err.splitlines()[0] == "Traceback (most recent call last):", err
+            assert err == "ValueError: attempt 3 failed", err
+            tb = await in_page(driver, lambda d: d.find_element("id", "job-traceback").text)
+            assert tb.splitlines()[0] == "Traceback (most recent call last):", tb
+            assert 'File "app.py", line 12, in handle' in tb and "render(report)" in tb
             link = await in_page(
                 driver, lambda d: d.find_element("id", "job-download").get_attribute("href")
             )

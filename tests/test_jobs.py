@@ -294,10 +294,13 @@ async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
 ) -> None:
     runs: list[Process] = []
 
+    def look_up(name: str) -> None:
+        raise KeyError(name)
+
     async def handler(p: Process) -> None:
         runs.append(p)
         if p.task.startswith(b"bad"):
-            raise KeyError("no such thing " + "x" * 5000)
+            look_up("no such thing " + "x" * 5000)
 
     async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
         await w.start_work(Q, handler, max_attempts=2, backoff=0.01, backoff_max=0.02)
@@ -311,7 +314,20 @@ async def test_worker_dead_letters_with_the_handlers_error_and_logs_one_line(
             await wait_until(dead, within=5, what="the dead letter")
         (d,) = await client.dead_letters(Q)
         assert d.task == b"bad-1" and d.attempts == 2 and d.worker == w.id
-        assert d.error.startswith("KeyError: 'no such thing xxx") and len(d.error) <= 2000
+        assert d.error.startswith("KeyError: 'no such thing xxx") and len(d.error) <= 500
+        # its traceback, bounded with the error to the record's 2,000 bytes: the
+        # handler's frames and the raise, none of the mesh's own above them
+        assert d.traceback is not None and "\n" not in d.error
+        assert len(f"{d.error}\n{d.traceback}".encode()) <= 2000
+        assert "in handler" in d.traceback and "in look_up" in d.traceback
+        assert "raise KeyError(name)" in d.traceback
+        assert "_pool.py" not in d.traceback and "_runner" not in d.traceback
+        job = await client.job(Q, "bad-1")
+        assert job is not None and (job.error, job.traceback) == (d.error, d.traceback)
+        (first, last) = job.tries
+        assert last.traceback is not None  # its first 1,000 bytes with the error
+        assert last.traceback.startswith("Traceback (most recent call last):")
+        assert first.error.startswith("KeyError: 'no such thing xxx")
         assert t0 <= d.when <= await client.time()
         lines = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
         assert len(lines) == 1 and "bad-1" in lines[0] and Q in lines[0]

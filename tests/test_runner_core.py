@@ -29,6 +29,7 @@ from mesh._runner_core import (
     Action,
     Outcomes,
     RunnerCore,
+    describe_error,
     failure_line,
 )
 from mesh._stats import QueueCounters
@@ -570,3 +571,33 @@ def test_a_fixed_prefetch_is_stuck_only_behind_persistent_handlers() -> None:
     core = make_core(concurrency=2, prefetch=2)
     assert core.slots_stuck(100.0, [(False, 0.0), (False, 0.0)]) == (False, math.inf)
     assert core.slots_stuck(0.0, [(True, 0.0), (True, 0.0)]) == (True, math.inf)
+
+
+def _nested(depth: int, message: str) -> None:
+    if depth == 0:
+        raise ValueError(message)
+    _nested(depth - 1, message)
+
+
+def test_describe_error_keeps_the_line_and_a_bounded_traceback() -> None:
+    try:
+        _nested(2, "bad input")
+    except ValueError as exc:
+        short = describe_error(exc)
+    head, tb = short.split("\n", 1)
+    assert head == "ValueError: bad input"
+    assert tb.startswith("Traceback (most recent call last):")
+    assert tb.count("in _nested") == 3 and tb.endswith("ValueError: bad input")
+    # A deep one with a long message: 2,000 bytes in all, multi-byte text
+    # never cut in two, the innermost frames and the raise kept.
+    try:
+        _nested(200, "é" * 3000)
+    except ValueError as exc:
+        deep = describe_error(exc)
+    raw = deep.encode()
+    assert len(raw) <= 2000 and raw.decode() == deep
+    head, tb = deep.split("\n", 1)
+    assert head.startswith("ValueError: éé") and head.endswith("...") and len(head) == 500
+    assert tb.startswith("  ...\n") and "raise ValueError(message)" in tb
+    # An exception with no traceback (never raised) is its line alone.
+    assert describe_error(KeyError("x")) == "KeyError: 'x'"

@@ -109,9 +109,13 @@ def job_json(j: mesh.Job) -> dict[str, Any]:
         "worker": j.worker,
         "token": j.token,
         "error": j.error,
+        "traceback": j.traceback,
         "dead_at": j.dead_at,
         "ref": j.ref,
-        "tries": [{"when": a.when, "worker": a.worker, "error": a.error} for a in j.tries],
+        "tries": [
+            {"when": a.when, "worker": a.worker, "error": a.error, "traceback": a.traceback}
+            for a in j.tries
+        ],
     }
 
 
@@ -246,6 +250,10 @@ def _job(args: argparse.Namespace) -> int:
         width = max(len(k) for k, _ in fields)
         for k, v in fields:
             print(f"{k + ':':<{width + 1}} {v}")
+        if j.traceback is not None:
+            print("traceback of the last error:")
+            for line in j.traceback.splitlines():
+                print("  " + line)
         return 0
 
     return run_client(t, go)

@@ -150,6 +150,8 @@ def job_json(j: Job, *, full: bool = False) -> dict[str, Any]:
     d["whole"] = j.whole and d["task"] == show_payload(j.task, width + 1)
     if d["token"] is not None:
         d["token"] = str(d["token"])  # beyond a JavaScript number's exact range
+    if not full:
+        d["traceback"] = None  # a list shows the error's line; the details view all
     return d
 
 
