@@ -27,18 +27,20 @@ class SlowStop:
     """Handlers whose cancellation takes ``cleanup`` seconds (shielded), and
     that record when each started and when each exited (trio's clock)."""
 
-    def __init__(self, cleanup: float) -> None:
+    def __init__(self, cleanup: float, spread: float = 0.0) -> None:
         self.cleanup = cleanup
+        self.spread = spread  # and the n-th handler started n * spread s more
         self.starts: list[tuple[Process, float]] = []
         self.exits: list[tuple[Process, float]] = []
 
     async def handler(self, p: Process) -> None:
+        n = len(self.starts)
         self.starts.append((p, anyio.current_time()))
         try:
             await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.sleep(self.cleanup)
+                await anyio.sleep(self.cleanup + n * self.spread)
             self.exits.append((p, anyio.current_time()))
 
     def started(self, task: bytes, worker: str) -> list[float]:
@@ -160,7 +162,11 @@ async def test_a_large_stop_hands_back_group_by_group(
     block is cancelled from outside (before, the cancellation reached every
     handler at once)."""
     n = 1000  # (TTL 3 s: 1,000 handler starts on a loaded machine must not fence A)
-    old, new = SlowStop(0.0), SlowStop(0.0)
+    # The old handlers' cleanups take 0 to 1 s (1 ms more each), so that the
+    # last exits a second after the first: on a loaded machine, B's first
+    # start, a wake and a claim after the first group went back, must not
+    # have to race 1,000 instant exits.
+    old, new = SlowStop(0.0, spread=0.001), SlowStop(0.0)
     exited_at_first_start: list[int] = []
 
     async def peer(p: Process) -> None:
