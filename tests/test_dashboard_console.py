@@ -426,9 +426,11 @@ async def test_worker_page_shows_its_lease_queues_and_what_it_holds(
             )) is not None  # fmt: skip
             lease = await page_until(driver, "document.getElementById('w-lease')?.innerText")
             assert lease.endswith(" left") and lease.startswith("9m"), lease
-            queues = await in_page(driver, lambda d: d.find_element("id", "w-queues").text)
+            # read in one script each: the page redraws the worker every poll,
+            # and an element found in one call may be gone by the next
+            queues = await page_until(driver, "document.getElementById('w-queues')?.innerText")
             assert queues == "devices, emails"
-            rows = await in_page(driver, lambda d: d.find_element("id", "w-jobs").text)
+            rows = await page_until(driver, "document.getElementById('w-jobs')?.innerText")
             for task in ("sensor-berlin-01", "sensor-oslo-03", "welcome:user-0001@example.com"):
                 assert task in rows
             assert rows.count("persistent") == 3 and rows.count("one-shot") == 2
