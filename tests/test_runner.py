@@ -21,13 +21,13 @@ import trio.testing
 import mesh
 from mesh import Process
 from mesh._connection import Connection, open_connection
+from mesh._harness.proxy import Proxy
 from mesh._keys import Keys
 from mesh._runner import HERD, START_CHUNK, QueueConfig, QueueRunner
 from mesh._scripts import Binding
 from mesh._stats import QueueCounters
 from mesh.testing import RedisServer, wait_until
 
-from .faults.proxy import Proxy
 from .protocol_helpers import expire_worker, join, snapshot
 
 pytestmark = pytest.mark.both_loops

@@ -22,13 +22,7 @@ import redis
 import mesh
 from mesh import MeshConnectionError, Process
 from mesh._connection import open_connection
-from mesh._scripts import Script, run_script
-from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
-from mesh._url import parse_url
-from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
-
-from .helpers import server_kind
-from .topology import (
+from mesh._harness.topology import (
     SERVICE,
     ClusterSetup,
     Runs,
@@ -41,6 +35,12 @@ from .topology import (
     sentinel_setup,
     wait_for,
 )
+from mesh._scripts import Script, run_script
+from mesh._topology import Topology, crc16, keyslot, parse_shards, parse_slots
+from mesh._url import parse_url
+from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
+
+from .helpers import server_kind
 
 NS = "topo" + secrets.token_hex(3)
 ROUTE = f"{{{NS}}}:"

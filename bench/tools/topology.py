@@ -53,9 +53,9 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mesh
+from mesh._harness.topology import client, cluster_setup, sentinel_setup
 from mesh._topology import keyslot
 from mesh.testing import run_redis_server
-from tests.topology import client, cluster_setup, sentinel_setup
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -1,6 +1,6 @@
 """A worker as a real OS process, for the fault tests and the soak.
 
-Run as ``python driver.py --redis URL --sink URL --prefix P --namespace NS ...``.
+Run as ``python -m mesh._harness.driver --redis URL --sink URL --prefix P --namespace NS ...``.
 It serves a persistent queue (``--persistent``), a one-shot queue
 (``--oneshot``) and optionally a queue served without a handler
 (``--manual``), and reports everything its handlers do to the fenced sink
@@ -34,17 +34,14 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import anyio
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._connection import open_connection
+from mesh._harness import sink
 from mesh._loop import LOOPS, run
-from tests.faults import sink
 
 
 def directives(task: bytes) -> dict[str, str]:
@@ -125,6 +122,105 @@ async def main(args: argparse.Namespace) -> int:
     return 0
 
 
+class Handlers:
+    """What the worker runs: the handlers of its queues, the manual loop,
+    and the watches that report to the sink."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        worker: mesh.Worker,
+        report: Callable[..., Awaitable[bool]],
+        note_shielded: Callable[..., Awaitable[None]],
+        captured: Captured,
+    ) -> None:
+        self.args = args
+        self.worker = worker
+        self.report = report
+        self.note_shielded = note_shielded
+        self.captured = captured
+
+    async def device(self, p: mesh.Process) -> None:
+        await self.report(p.task, p.token, p.worker_id, "start", str(p.attempts))
+        d = directives(p.task)
+        if "kill" in d:
+            os.kill(os.getpid(), signal.SIGKILL)
+        n = 0
+        try:
+            while True:
+                await anyio.sleep(self.args.act_every)
+                n += 1
+                if n == 3 and (
+                    "stallwrite" in d or ("stallonce" in d and first_stall(self.args, p))
+                ):
+                    stall_then_write(self.args, p)
+                await self.report(p.task, p.token, p.worker_id, "act")
+        except anyio.get_cancelled_exc_class():
+            await self.slow_stop(d)
+            await self.note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
+            raise
+
+    async def job(self, p: mesh.Process) -> None:
+        await self.report(p.task, p.token, p.worker_id, "start", str(p.attempts))
+        d = directives(p.task)
+        if "kill" in d:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if "fail" in d:
+            raise RuntimeError(f"task {p.task!r} fails on purpose")
+        hold = float(d.get("hold", self.args.job_time))
+        try:
+            if "ignorecancel" in d:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(hold)
+            else:
+                await anyio.sleep(hold)
+        except anyio.get_cancelled_exc_class():
+            await self.slow_stop(d)
+            await self.note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
+            raise
+        await self.report(p.task, p.token, p.worker_id, "done")
+
+    async def slow_stop(self, d: dict[str, str]) -> None:
+        if "slowstop" in d:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(float(d["slowstop"]))
+
+    async def manual(self) -> None:
+        while True:
+            try:
+                p = await self.worker.dequeue(self.args.manual)
+            except (mesh.MeshConnectionError, mesh.FencedError) as exc:
+                await self.report(b"", 0, self.worker.id, "log", f"dequeue: {exc}")
+                await anyio.sleep(0.05)
+                continue
+            if p is None:
+                await anyio.sleep(0.01)
+                continue
+            await self.report(p.task, p.token, p.worker_id, "claimed")
+            await anyio.sleep(float(directives(p.task).get("hold", self.args.job_time)))
+            try:
+                ok = await self.worker.finish(p)
+            except mesh.MeshConnectionError as exc:
+                await self.report(p.task, p.token, p.worker_id, "log", f"finish: {exc}")
+                continue
+            await self.report(p.task, p.token, p.worker_id, "finish", str(ok))
+
+    async def watch_id(self) -> None:
+        last = self.worker.id
+        while True:
+            await anyio.sleep(0.01)
+            if self.worker.id != last:
+                await self.report(b"", 0, self.worker.id, "id", last)
+                last = self.worker.id
+
+    async def flush_logs(self) -> None:
+        while True:
+            await anyio.sleep(0.05)
+            recs, self.captured.records = self.captured.records, []
+            for r in recs:
+                await self.report(b"", 0, self.worker.id, "log", r)
+
+
 async def serve(
     args: argparse.Namespace,
     worker: mesh.Worker,
@@ -133,87 +229,10 @@ async def serve(
     captured: Captured,
 ) -> None:
     """Serve the queues until SIGTERM or SIGINT."""
-
-    async def device(p: mesh.Process) -> None:
-        await report(p.task, p.token, p.worker_id, "start", str(p.attempts))
-        d = directives(p.task)
-        if "kill" in d:
-            os.kill(os.getpid(), signal.SIGKILL)
-        n = 0
-        try:
-            while True:
-                await anyio.sleep(args.act_every)
-                n += 1
-                if n == 3 and ("stallwrite" in d or ("stallonce" in d and first_stall(args, p))):
-                    stall_then_write(args, p)
-                await report(p.task, p.token, p.worker_id, "act")
-        except anyio.get_cancelled_exc_class():
-            await slow_stop(d)
-            await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
-            raise
-
-    async def job(p: mesh.Process) -> None:
-        await report(p.task, p.token, p.worker_id, "start", str(p.attempts))
-        d = directives(p.task)
-        if "kill" in d:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if "fail" in d:
-            raise RuntimeError(f"task {p.task!r} fails on purpose")
-        hold = float(d.get("hold", args.job_time))
-        try:
-            if "ignorecancel" in d:
-                with anyio.CancelScope(shield=True):
-                    await anyio.sleep(hold)
-            else:
-                await anyio.sleep(hold)
-        except anyio.get_cancelled_exc_class():
-            await slow_stop(d)
-            await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
-            raise
-        await report(p.task, p.token, p.worker_id, "done")
-
-    async def slow_stop(d: dict[str, str]) -> None:
-        if "slowstop" in d:
-            with anyio.CancelScope(shield=True):
-                await anyio.sleep(float(d["slowstop"]))
-
-    async def manual() -> None:
-        while True:
-            try:
-                p = await worker.dequeue(args.manual)
-            except (mesh.MeshConnectionError, mesh.FencedError) as exc:
-                await report(b"", 0, worker.id, "log", f"dequeue: {exc}")
-                await anyio.sleep(0.05)
-                continue
-            if p is None:
-                await anyio.sleep(0.01)
-                continue
-            await report(p.task, p.token, p.worker_id, "claimed")
-            await anyio.sleep(float(directives(p.task).get("hold", args.job_time)))
-            try:
-                ok = await worker.finish(p)
-            except mesh.MeshConnectionError as exc:
-                await report(p.task, p.token, p.worker_id, "log", f"finish: {exc}")
-                continue
-            await report(p.task, p.token, p.worker_id, "finish", str(ok))
-
-    async def watch_id() -> None:
-        last = worker.id
-        while True:
-            await anyio.sleep(0.01)
-            if worker.id != last:
-                await report(b"", 0, worker.id, "id", last)
-                last = worker.id
-
-    async def flush_logs() -> None:
-        while True:
-            await anyio.sleep(0.05)
-            recs, captured.records = captured.records, []
-            for r in recs:
-                await report(b"", 0, worker.id, "log", r)
-
+    h = Handlers(args, worker, report, note_shielded, captured)
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        for queue, handler in ((args.persistent, device), (args.oneshot, job), (args.manual, None)):
+        queues = ((args.persistent, h.device), (args.oneshot, h.job), (args.manual, None))
+        for queue, handler in queues:
             if queue:
                 await worker.start_work(
                     queue,
@@ -224,10 +243,10 @@ async def serve(
                     rebalance=not args.no_rebalance,
                 )
         async with anyio.create_task_group() as nursery:
-            nursery.start_soon(watch_id)
-            nursery.start_soon(flush_logs)
+            nursery.start_soon(h.watch_id)
+            nursery.start_soon(h.flush_logs)
             if args.manual:
-                nursery.start_soon(manual)
+                nursery.start_soon(h.manual)
             await report(b"", 0, worker.id, "ready", str(os.getpid()))
             async for _ in signals:
                 break
