@@ -1,6 +1,6 @@
 """Rebalancing at fleet scale: a rolling restart and a mass failure.
 
-``python -m bench.tools.balance_fleet converge [--tasks 30000] [--ttl 1.5]``: 3
+``python -m bench.suites.balance_fleet converge [--tasks 30000] [--ttl 1.5]``: 3
 workers (one per OS process, ``bench.children.balance_child``) own ``--tasks``
 persistent tasks, 3 more join; the time from the first new worker serving
 until every worker holds floor or ceil of the fair share (polled in Redis
@@ -8,7 +8,7 @@ every 50 ms), the moves (tasks whose process changed) against the minimum,
 and each hand-over's gap (old handler exited -> new handler started, both
 noted with CLOCK_MONOTONIC in the children).
 
-``python -m bench.tools.balance_fleet rolling [--peers 10] [--tasks 10000] [--ttl 1.5]``:
+``python -m bench.suites.balance_fleet rolling [--peers 10] [--tasks 10000] [--ttl 1.5]``:
 ``--peers`` workers (one per OS process) own ``--tasks`` persistent tasks;
 each in turn is replaced as a deployment with a surge of one replaces it (a
 new worker starts, then the old one gets SIGTERM and hands everything back
@@ -19,7 +19,7 @@ new handler started): mean, p99 and max over the tasks, and p50/p99 of
 single hand-overs, and how many starts came before the old handler's exit
 (must be 0).
 
-``python -m bench.tools.balance_fleet massfail [--procs 10] [--per 10]
+``python -m bench.suites.balance_fleet massfail [--procs 10] [--per 10]
 [--tasks 100000] [--ttl 1.5]`` runs ``--procs`` OS processes of ``--per``
 workers each (``bench.children.mesh_child hold``) that own ``--tasks`` persistent
 tasks, SIGKILLs half of the processes, and reports, by this process's
@@ -29,6 +29,8 @@ TTL + 0.5 s), the spread right then, and when every survivor held floor or
 ceil of its fair share again (rebalancing).
 
 Each starts its own redis-server (127.0.0.1, a free port).
+``python -m bench --only balance_fleet`` runs all three (smaller with
+``--quick``) as a section of the report.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import attrs
 import trio
@@ -55,6 +58,8 @@ from mesh._keys import Keys
 from mesh._scripts import load_scripts
 from mesh.testing import run_redis_server
 
+from .._context import Context
+from .._report import Section, figures_of
 from .._util import Child, Children, children, mesh_child
 
 QUEUE = "devices"
@@ -520,6 +525,47 @@ def _slow(entries: list[list[object]]) -> str:
     return ", ".join(f"{n} x{len(v)} max {max(v):.0f} ms" for n, v in by.items()) or "none"
 
 
+async def suite(ctx: Context) -> Section:
+    """The three scenarios as a section of the report, ``ctx.runs`` times
+    each, TTL 1.5 s, the children freezing their GC once serving (as ``mesh
+    worker`` does)."""
+    q = ctx.quick
+    section = Section("balance_fleet", "Rebalancing at fleet scale", METHOD, runs=ctx.runs)
+    converge_tasks, peers, rolling_tasks = (600, 3, 300) if q else (30_000, 10, 10_000)
+    procs, per, massfail_tasks = (4, 5, 2_000) if q else (10, 10, 100_000)
+    scenarios = [
+        (
+            f"converge 3 -> 6, {converge_tasks:,} tasks",
+            partial(converge, converge_tasks, 1.5, True),
+        ),
+        (
+            f"rolling {peers} peers, {rolling_tasks:,} tasks",
+            partial(rolling, peers, rolling_tasks, 1.5, True),
+        ),
+        (
+            f"massfail {procs} x {per}, {massfail_tasks:,} tasks",
+            partial(massfail, procs, per, massfail_tasks, 1.5, gc_freeze=True),
+        ),
+    ]
+    for scenario, measure in scenarios:
+        ctx.log(f"balance_fleet: {scenario}")
+        figures, notes = figures_of(scenario, [await measure() for _ in range(ctx.runs)])
+        section.figures += figures
+        section.notes += notes
+    return section
+
+
+METHOD = """
+Measured by `bench/suites/balance_fleet.py` (its docstring has the details),
+one worker per OS process unless said: *converge*: 3 workers own the tasks, 3
+more join; the time until every worker holds floor or ceil of its fair share,
+the moves against the minimum, each hand-over's gap; *rolling*: each peer in
+turn replaced as a deployment with a surge of one does it, waiting for the
+balance after each; *massfail*: half of the processes of fleets SIGKILLed;
+when every task is held again, and when the survivors are balanced again.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -540,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
         "--trace",
         metavar="DIR",
         help="a timeline into DIR: the children's script calls, every Redis command's time "
-        "after the kill (SLOWLOG), the dead leases' deadlines; see bench.tools.massfail_timeline",
+        "after the kill (SLOWLOG), the dead leases' deadlines (bench/findings.md: how the "
+        "removed massfail_timeline.py read them)",
     )
     m.add_argument(
         "--gc-threshold",
