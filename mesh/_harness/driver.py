@@ -97,7 +97,7 @@ async def main(args: argparse.Namespace) -> int:
                 max_payload=args.max_payload,
                 stop_grace=args.stop_grace,
             ) as worker:
-                await serve(args, worker, report, note_shielded, captured)
+                await Handlers(args, worker, report, note_shielded, captured).serve()
                 left_at = time.monotonic()
         except mesh.MeshError as exc:
             if worker is not None:
@@ -220,37 +220,33 @@ class Handlers:
             for r in recs:
                 await self.report(b"", 0, self.worker.id, "log", r)
 
-
-async def serve(
-    args: argparse.Namespace,
-    worker: mesh.Worker,
-    report: Callable[..., Awaitable[bool]],
-    note_shielded: Callable[..., Awaitable[None]],
-    captured: Captured,
-) -> None:
-    """Serve the queues until SIGTERM or SIGINT."""
-    h = Handlers(args, worker, report, note_shielded, captured)
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        queues = ((args.persistent, h.device), (args.oneshot, h.job), (args.manual, None))
-        for queue, handler in queues:
-            if queue:
-                await worker.start_work(
-                    queue,
-                    handler,
-                    concurrency=args.concurrency,
-                    max_attempts=args.max_attempts,
-                    backoff=args.backoff,
-                    rebalance=not args.no_rebalance,
-                )
-        async with anyio.create_task_group() as nursery:
-            nursery.start_soon(h.watch_id)
-            nursery.start_soon(h.flush_logs)
-            if args.manual:
-                nursery.start_soon(h.manual)
-            await report(b"", 0, worker.id, "ready", str(os.getpid()))
-            async for _ in signals:
-                break
-            nursery.cancel_scope.cancel()
+    async def serve(self) -> None:
+        """Serve the queues until SIGTERM or SIGINT."""
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            queues = (
+                (self.args.persistent, self.device),
+                (self.args.oneshot, self.job),
+                (self.args.manual, None),
+            )
+            for queue, handler in queues:
+                if queue:
+                    await self.worker.start_work(
+                        queue,
+                        handler,
+                        concurrency=self.args.concurrency,
+                        max_attempts=self.args.max_attempts,
+                        backoff=self.args.backoff,
+                        rebalance=not self.args.no_rebalance,
+                    )
+            async with anyio.create_task_group() as nursery:
+                nursery.start_soon(self.watch_id)
+                nursery.start_soon(self.flush_logs)
+                if self.args.manual:
+                    nursery.start_soon(self.manual)
+                await self.report(b"", 0, self.worker.id, "ready", str(os.getpid()))
+                async for _ in signals:
+                    break
+                nursery.cancel_scope.cancel()
 
 
 def first_stall(args: argparse.Namespace, p: mesh.Process) -> bool:
