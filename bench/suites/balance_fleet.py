@@ -44,9 +44,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import attrs
 import trio
@@ -307,6 +308,75 @@ async def held_by(conn: Connection, k: Keys, ids: list[str]) -> list[int]:
     return [int(x) for x in r]
 
 
+async def _hold_group(
+    kids: Children, name: str, url: str, per: int, ttl: float, cap: int, extra: list[str]
+) -> tuple[Child, list[str]]:
+    """One OS process of ``per`` workers (``mesh_child hold``), once it serves,
+    and its workers' ids."""
+    child = await kids.spawn(
+        name,
+        mesh_child(
+            "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
+            "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap), *extra,
+        ),
+    )  # fmt: skip
+    ids: list[str] = []
+    while True:
+        line = await child.expect("", 120)
+        if line == "ready":
+            return child, ids
+        if line.startswith("worker "):
+            ids.append(line.split()[1])
+
+
+async def _spy_on(survivors: list[Child], ttl: float, spy: str) -> list[trio.Process]:
+    """py-spy on every survivor from just before the kill (it does not pause
+    them: --nonblocking); flame-graph text per process into ``spy``."""
+    spies = []
+    for child in survivors:
+        argv = [
+            "py-spy", "record", "--nonblocking", "-r", "200",
+            "-d", str(int(ttl + 6)), "-f", "raw",
+            "-o", f"{spy}/survivor-{child.pid}.txt", "-p", str(child.pid),
+        ]  # fmt: skip
+        spies.append(
+            await trio.lowlevel.open_process(
+                argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
+    await trio.sleep(1.0)
+    return spies
+
+
+@attrs.define
+class Takeover:
+    """The survivors' held tasks after the kill, polled every 20 ms for at
+    most 120 s: when all were held again (and the spread then), and when the
+    survivors were balanced."""
+
+    tasks: int
+    n_alive: int
+    polls: list[tuple[float, int]] = attrs.Factory(list)
+    owned_at: float | None = None
+    spread_then: tuple[int, int] = (0, 0)
+    balanced_at: float | None = None
+
+    async def run(
+        self, conn: Connection, k: Keys, survivors: Callable[[], Awaitable[list[str]]], t0: float
+    ) -> None:
+        while time.monotonic() - t0 < 120:
+            ids = await survivors()
+            h = await held_by(conn, k, ids)
+            now = time.monotonic() - t0
+            self.polls.append((now, sum(h)))
+            if self.owned_at is None and sum(h) == self.tasks:
+                self.owned_at, self.spread_then = now, (min(h), max(h))
+            if self.owned_at is not None and len(ids) == self.n_alive and max(h) - min(h) <= 1:
+                self.balanced_at = now
+                return
+            await trio.sleep(0.02)
+
+
 async def massfail(
     procs: int,
     per: int,
@@ -331,26 +401,12 @@ async def massfail(
             # scripts that held Redis 100 ms or more, reported at the end
             await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
             await conn.execute("SLOWLOG", "RESET")
-            groups: list[tuple[Child, list[str]]] = []
             cap = 2 * tasks // (procs * per) + 100  # what a survivor may come to hold
-            for i in range(procs):
-                child = await kids.spawn(
-                    f"hold{i}",
-                    mesh_child(
-                        "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
-                        "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap),
-                        *(["--gc-threshold", str(gc_threshold)] if gc_threshold else []),
-                        *(["--gc-freeze"] if gc_freeze else []),
-                    ),
-                )  # fmt: skip
-                ids = []
-                while True:
-                    line = await child.expect("", 120)
-                    if line == "ready":
-                        break
-                    if line.startswith("worker "):
-                        ids.append(line.split()[1])
-                groups.append((child, ids))
+            extra = [*(["--gc-threshold", str(gc_threshold)] if gc_threshold else [])]
+            extra += ["--gc-freeze"] if gc_freeze else []
+            groups = [
+                await _hold_group(kids, f"hold{i}", url, per, ttl, cap, extra) for i in range(procs)
+            ]
             everyone = [w for _, ids in groups for w in ids]
             t = time.monotonic()
             await ensure_all(client, tasks)
@@ -359,35 +415,10 @@ async def massfail(
             await trio.sleep(2 * ttl)  # settled: a few more heartbeats
             doomed = groups[: procs // 2]
             dead_pids = {str(child.pid) for child, _ in doomed}
-
-            async def survivors() -> list[str]:
-                # worker ids are <host>-<pid>-<random>[.<rejoin>]
-                live = await live_workers(conn, k)
-                return [w for w in live if w.rsplit("-", 2)[1] not in dead_pids]
-
-            spies = []
-            if spy:
-                # py-spy on every survivor from just before the kill (it does
-                # not pause them: --nonblocking); flame-graph text per process
-                for child, _ in groups[procs // 2 :]:
-                    argv = [
-                        "py-spy", "record", "--nonblocking", "-r", "200",
-                        "-d", str(int(ttl + 6)), "-f", "raw",
-                        "-o", f"{spy}/survivor-{child.pid}.txt", "-p", str(child.pid),
-                    ]  # fmt: skip
-                    spies.append(
-                        await trio.lowlevel.open_process(
-                            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                        )
-                    )
-                await trio.sleep(1.0)
+            survivors = partial(_survivors, conn, k, dead_pids)
+            spies = await _spy_on([c for c, _ in groups[procs // 2 :]], ttl, spy) if spy else []
             if trace:
-                # every script call of 1 ms or more from here on (with 0,
-                # the commands inside scripts are logged too, and logging
-                # 200,000 of them doubled what the scripts cost Redis)
-                await conn.execute("CONFIG", "SET", "slowlog-max-len", "1000000")
-                await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "1000")
-                await conn.execute("SLOWLOG", "RESET")
+                await _log_every_script_call(conn)
             # fences during the initial claims are not the mass failure's
             live_at_kill = set(await live_workers(conn, k))
             t0 = time.monotonic()
@@ -395,22 +426,9 @@ async def massfail(
                 child.signal(signal.SIGKILL)
             if trace:
                 await _note_deadlines(conn, k, trace, t0, [w for _, ids in doomed for w in ids])
-            polls: list[tuple[float, int]] = []
-            owned_at = None
-            spread_then = (0, 0)
-            balanced_at = None
             n_alive = procs * per - len(doomed) * per
-            while time.monotonic() - t0 < 120:
-                ids = await survivors()
-                h = await held_by(conn, k, ids)
-                now = time.monotonic() - t0
-                polls.append((now, sum(h)))
-                if owned_at is None and sum(h) == tasks:
-                    owned_at, spread_then = now, (min(h), max(h))
-                if owned_at is not None and len(ids) == n_alive and max(h) - min(h) <= 1:
-                    balanced_at = now
-                    break
-                await trio.sleep(0.02)
+            watch = Takeover(tasks, n_alive)
+            await watch.run(conn, k, survivors, t0)
             for s in spies:
                 await s.wait()
             ids = await survivors()
@@ -419,19 +437,9 @@ async def massfail(
             rejoins = len(live_now - set(everyone))
             fenced_after_kill = len(live_now - live_at_kill)
             if trace:
-                await _dump_trace(conn, trace, t0, polls)
+                await _dump_trace(conn, trace, t0, watch.polls)
                 await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
-            slow = [
-                e
-                for e in await conn.execute("SLOWLOG", "GET", "-1" if trace else "1000")
-                if isinstance(e[2], int) and e[2] >= 100_000
-            ]
-            info = await conn.execute("INFO", "memory")
-            mem = next(
-                line.split(":")[1]
-                for line in info.decode().splitlines()
-                if line.startswith("used_memory_human")
-            )
+            slow, mem = await _slow_and_memory(conn, everything=bool(trace))
     return {
         "processes": procs,
         "workers": procs * per,
@@ -439,10 +447,10 @@ async def massfail(
         "ttl_s": ttl,
         "all_owned_first_s": round(owned_after_ensure, 2),
         "killed_workers": procs * per - n_alive,
-        "all_owned_again_after_s": round(owned_at, 3) if owned_at is not None else -1.0,
+        "all_owned_again_after_s": -1.0 if watch.owned_at is None else round(watch.owned_at, 3),
         "target_s": ttl + 0.5,
-        "spread_when_owned": f"{spread_then[0]}-{spread_then[1]}",
-        "balanced_after_s": round(balanced_at, 3) if balanced_at is not None else -1.0,
+        "spread_when_owned": "{}-{}".format(*watch.spread_then),
+        "balanced_after_s": -1.0 if watch.balanced_at is None else round(watch.balanced_at, 3),
         "final_spread": f"{min(final)}-{max(final)}",
         "fair_share": tasks / n_alive,
         "rejoins_after_fencing": rejoins,
@@ -452,6 +460,38 @@ async def massfail(
         "children_gc_threshold": gc_threshold or "python default (10)",
         "children_gc": "gc.freeze() once serving" if gc_freeze else "python default",
     }
+
+
+async def _survivors(conn: Connection, k: Keys, dead_pids: set[str]) -> list[str]:
+    """The live workers but those of the processes ``dead_pids``."""
+    # worker ids are <host>-<pid>-<random>[.<rejoin>]
+    return [w for w in await live_workers(conn, k) if w.rsplit("-", 2)[1] not in dead_pids]
+
+
+async def _log_every_script_call(conn: Connection) -> None:
+    """Every script call of 1 ms or more from here on goes to SLOWLOG (with
+    0, the commands inside scripts are logged too, and logging 200,000 of
+    them doubled what the scripts cost Redis)."""
+    await conn.execute("CONFIG", "SET", "slowlog-max-len", "1000000")
+    await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "1000")
+    await conn.execute("SLOWLOG", "RESET")
+
+
+async def _slow_and_memory(conn: Connection, everything: bool) -> tuple[list[Any], str]:
+    """The SLOWLOG entries of 100 ms or more (of all of them when
+    ``everything``, else of the last 1,000), and Redis' used memory."""
+    slow = [
+        e
+        for e in await conn.execute("SLOWLOG", "GET", "-1" if everything else "1000")
+        if isinstance(e[2], int) and e[2] >= 100_000
+    ]
+    info = await conn.execute("INFO", "memory")
+    mem = next(
+        line.split(":")[1]
+        for line in info.decode().splitlines()
+        if line.startswith("used_memory_human")
+    )
+    return slow, mem
 
 
 async def _note_deadlines(

@@ -129,6 +129,37 @@ class Notes:
             await trio.sleep(0.001)
 
 
+async def cancel_trials(client: mesh.Client, notes: Notes, cancels: int) -> dict[str, object]:
+    """``cancels`` times: ensure a task, then cancel it once it runs; how long
+    until it started, and until its handler saw the cancel (from the call,
+    and from its return)."""
+    out: dict[str, object] = {}
+    before: list[float] = []
+    after: list[float] = []
+    first_start: list[float] = []  # ensure() called -> handler started
+    for i in range(cancels):
+        task = f"c{i}"
+        t_ensure = time.monotonic_ns()
+        await client.ensure(QUEUE, task)
+        owner, started = await notes.start_of(task, 0, 120)
+        first_start.append((started - t_ensure) / 1e6)
+        a = time.monotonic_ns()
+        assert await client.cancel(QUEUE, task) == 1
+        b = time.monotonic_ns()
+        seen = await notes.cancelled(owner, task)
+        before.append((seen - a) / 1e6)
+        after.append((seen - b) / 1e6)
+    out["cancel_trials"] = cancels
+    out["ensure_to_start_ms_p50"] = round(percentile(first_start, 50), 2)
+    out["ensure_to_start_ms_max"] = round(max(first_start), 2)
+    out["cancel_from_call_ms_p50"] = round(percentile(before, 50), 3)
+    out["cancel_from_call_ms_p99"] = round(percentile(before, 99), 3)
+    out["cancel_after_return_ms_p50"] = round(percentile(after, 50), 3)
+    out["cancel_after_return_ms_p99"] = round(percentile(after, 99), 3)
+    out["cancel_after_return_ms_max"] = round(max(after), 3)
+    return out
+
+
 async def latency(procs: int, per: int, ttl: float, kills: int, cancels: int) -> dict[str, object]:
     ns = "fl" + secrets.token_hex(3)
     out: dict[str, object] = {}
@@ -161,29 +192,7 @@ async def latency(procs: int, per: int, ttl: float, kills: int, cancels: int) ->
             )
 
             # cancel latency first (the fleet as started)
-            before: list[float] = []
-            after: list[float] = []
-            first_start: list[float] = []  # ensure() called -> handler started
-            for i in range(cancels):
-                task = f"c{i}"
-                t_ensure = time.monotonic_ns()
-                await client.ensure(QUEUE, task)
-                owner, started = await notes.start_of(task, 0, 120)
-                first_start.append((started - t_ensure) / 1e6)
-                a = time.monotonic_ns()
-                assert await client.cancel(QUEUE, task) == 1
-                b = time.monotonic_ns()
-                seen = await notes.cancelled(owner, task)
-                before.append((seen - a) / 1e6)
-                after.append((seen - b) / 1e6)
-            out["cancel_trials"] = cancels
-            out["ensure_to_start_ms_p50"] = round(percentile(first_start, 50), 2)
-            out["ensure_to_start_ms_max"] = round(max(first_start), 2)
-            out["cancel_from_call_ms_p50"] = round(percentile(before, 50), 3)
-            out["cancel_from_call_ms_p99"] = round(percentile(before, 99), 3)
-            out["cancel_after_return_ms_p50"] = round(percentile(after, 50), 3)
-            out["cancel_after_return_ms_p99"] = round(percentile(after, 99), 3)
-            out["cancel_after_return_ms_max"] = round(max(after), 3)
+            out.update(await cancel_trials(client, notes, cancels))
 
             # failover: the owner's whole process (``per`` workers) killed
             takeovers: list[float] = []
