@@ -12,6 +12,7 @@ with. Private, and not API: it changes with its users.
 - :mod:`~mesh._harness.checks`: snapshots of a mesh's keys and the "one place"
   checks on them.
 
-Nothing here is imported by the library itself (only ``mesh demo`` uses
-:mod:`~mesh._harness.peer`), and nothing here imports ``tests``.
+The core library never imports it (``mesh demo`` and ``mesh conformance``
+start their peers with :mod:`~mesh._harness.peer`), and nothing here imports
+``tests``.
 """

@@ -20,11 +20,9 @@ from typing import IO, Any, TypedDict, Unpack
 
 import trio
 
-import mesh
-
 __all__ = ["ROOT", "PeerOptions", "open_peer", "peer_env", "python", "spawn_peer"]
 
-ROOT = str(Path(mesh.__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
 """The directory that holds the ``mesh`` package (and, in a checkout, ``tests``
 and ``bench`` beside it)."""
 

@@ -33,6 +33,7 @@ import trio
 
 import mesh
 from mesh._connection import Connection
+from mesh._harness.peer import open_peer
 
 PYTHON_PEER = f"{shlex.quote(sys.executable)} -m mesh.conformance.peer"
 """The Python peer of the line protocol (the reference)."""
@@ -244,7 +245,7 @@ class Run:
     async def launch(self, nursery: anyio.abc.TaskGroup, peer: PeerProc) -> None:
         env = dict(os.environ, MESH_REDIS_URL=self.url, MESH_NAMESPACE=self.namespace)
         peer.stderr = tempfile.TemporaryFile()
-        peer.proc = await trio.lowlevel.open_process(
+        peer.proc = await open_peer(
             shlex.split(peer.command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
