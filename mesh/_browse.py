@@ -35,8 +35,10 @@ import attrs
 
 from ._connection import Connection
 from ._errors import ConfigError
+from ._eval import run_script
 from ._keys import Keys, check_queue
-from ._scripts import load_scripts, parse_dead, parse_record, run_script
+from ._replies import parse_dead, parse_record
+from ._scripts import load_scripts
 from ._types import DeadLetter, Process
 
 __all__ = [

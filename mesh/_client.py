@@ -20,27 +20,21 @@ import outcome
 
 from . import _browse
 from ._balance import check_weight, fair_share
+from ._binding import Binding, payload_bytes
 from ._browse import Job, JobPage, MinuteCounts
 from ._connection import Connection, open_connection
 from ._diskless import warn_diskless_delay
 from ._epoch import adopt_value
 from ._errors import ClosedError, CommandError, ConfigError, DeadLetterError, MeshError
+from ._eval import run_reads
 from ._keys import Keys, check_queue
 from ._loop import require_loop
 from ._memory import MemoryWatch
 from ._policy import QueuePolicy, parse_policy, policy_fields
 from ._pubsub import open_pubsub
+from ._replies import parse_dead, parse_record, parse_result
 from ._schedule import Schedule, cron_next, parse_spec, spec_of, split_id
-from ._scripts import (
-    Binding,
-    parse_dead,
-    parse_record,
-    parse_result,
-    payload_bytes,
-    run_reads,
-)
 from ._topology import Topology
-from ._transport import check_min_replicas, coerce_config
 from ._types import (
     DeadLetter,
     DelayedTask,
@@ -51,7 +45,7 @@ from ._types import (
     WorkerInfo,
 )
 from ._units import MAX_UNIX_TIME, seconds_ms
-from ._url import RedisConfig
+from ._url import RedisConfig, check_min_replicas, coerce_config
 from ._validate import seconds, whole
 
 log = logging.getLogger("mesh.client")

@@ -50,6 +50,7 @@ import attrs
 
 from ._errors import CommandError, ConfigError, MeshConnectionError, raise_single
 from ._loop import ByteStream, aclose_forcefully
+from ._reconnect import reconnect
 from ._redirect import NOT_HERE, reroute_pause
 from ._replicas import wait_replicas
 from ._reroute import Redirects, follow_master
@@ -57,16 +58,10 @@ from ._shielded import ShieldedTasks
 from ._side import SideConnections
 from ._topology import Node, Topology
 from ._transport import ENCODER as _ENCODER
-from ._transport import (
-    Arg,
-    coerce_config,
-    connect,
-    reconnect,
-    scrub,
-)
+from ._transport import Arg, connect, scrub
 from ._transport import make_reader as _make_reader
 from ._transport import pack as _pack
-from ._url import RedisConfig
+from ._url import RedisConfig, coerce_config
 from ._wire import Waiter, Wire, fail_waiters
 
 __all__ = ["Connection", "ConnectionStatistics", "connect", "open_connection"]

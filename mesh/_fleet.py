@@ -62,8 +62,7 @@ from ._loop import require_loop
 from ._memory import MemoryWatch
 from ._renewals import JOIN_BURST, JOIN_RATE, MAX_BATCH, Joins, Renewals
 from ._supervisor import ReaperStatistics
-from ._transport import check_min_replicas
-from ._url import RedisConfig, parse_url
+from ._url import RedisConfig, check_min_replicas, coerce_config
 from ._validate import seconds
 from ._worker import Worker, join, worker_options
 
@@ -188,7 +187,7 @@ async def open_fleet(
         MeshConnectionError: Redis cannot be reached at start.
     """
     require_loop("mesh.open_fleet")
-    config = parse_url(url) if isinstance(url, str) else url
+    config = coerce_config(url)
     if join_window is not None and seconds("join_window", join_window) > 3600:
         raise ConfigError(f"join_window must be 0 to 3600 seconds, not {join_window!r}")
     keys = Keys(namespace)

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
+from ._binding import Binding
 from ._errors import ClosedError, CommandError, MeshConnectionError, ProtocolError
-from ._scripts import Binding, Executor
+from ._eval import Executor
 from ._stats import Recorder
 
 __all__ = ["KEEP_MINUTES", "REPORT_INTERVAL", "CountsReporter"]

@@ -42,6 +42,7 @@ import anyio
 import anyio.abc
 import attrs
 
+from ._binding import Binding
 from ._connection import Connection, open_connection
 from ._errors import ClosedError, CommandError, ConfigError, MeshConnectionError, raise_single
 from ._history import REPORT_INTERVAL, CountsReporter
@@ -52,7 +53,6 @@ from ._policy import PolicyWatch, QueuePolicy
 from ._pubsub import Message, PubSub, open_pubsub
 from ._renewals import Joins, OwnHeartbeat, Renewals
 from ._schedule import run_scheduler
-from ._scripts import Binding
 from ._shielded import ShieldedTasks
 from ._stats import Recorder
 from ._supervisor import Reaper

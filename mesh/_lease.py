@@ -36,12 +36,13 @@ import anyio
 import anyio.abc
 import attrs
 
+from ._binding import Binding
 from ._connection import Connection
 from ._errors import CommandError, ConfigError, FencedError, MeshConnectionError
 from ._keys import Keys
 from ._pubsub import PubSub
+from ._replies import HeartbeatReply
 from ._runner import QueueRunner
-from ._scripts import Binding, HeartbeatReply
 from ._stats import Recorder
 from ._supervisor import Reaper
 from ._types import Process

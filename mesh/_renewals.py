@@ -19,10 +19,11 @@ import anyio.abc
 import anyio.lowlevel
 import outcome
 
+from ._binding import Binding
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
 from ._lease import Generation, Lease, LeaseTiming
-from ._scripts import Binding, HeartbeatRequest
+from ._replies import HeartbeatRequest
 
 __all__ = ["JOIN_BURST", "JOIN_RATE", "MAX_BATCH", "Joins", "OwnHeartbeat", "Renewals"]
 

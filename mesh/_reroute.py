@@ -130,35 +130,4 @@ async def follow_master(
     if node is None or config.path is not None:
         await anyio.sleep_forever()
     assert node is not None
-    if config.topology == "sentinel":
-        interval = sentinel_poll_interval(reroute_timeout)
-        async with anyio.create_task_group() as nursery:
-
-            async def watch() -> None:
-                named = await topology.watch_sentinels(node, interval)
-                reroute(f"Sentinel names {named[0]}:{named[1]} as master now")
-                nursery.cancel_scope.cancel()
-
-            async def moved() -> None:
-                await topology.wait_moved(node)
-                reroute(f"the master moved to {topology.master}")
-                nursery.cancel_scope.cancel()
-
-            async def announced() -> None:
-                failover = topology.failover
-                if failover is None:
-                    await anyio.sleep_forever()
-                assert failover is not None
-                while not failover.leaving(node, anyio.current_time()):
-                    await failover.wait_changed()
-                # Hold the writes now: the old master takes them until it
-                # is demoted, seconds after the replica was promoted.
-                reroute(f"Sentinel is failing over {node[0]}:{node[1]}")
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            nursery.start_soon(moved)
-            nursery.start_soon(announced)
-        await anyio.sleep_forever()  # the re-route cancels us
-    await topology.wait_moved(node)
-    reroute(f"the master moved to {topology.master}")
+    reroute(await topology.wait_left(node, sentinel_poll_interval(reroute_timeout)))

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import anyio
 import anyio.abc
 
+from ._binding import Binding
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
 from ._pool import MOVED as MOVED
@@ -35,6 +36,7 @@ from ._queue_config import BatchHandler as BatchHandler
 from ._queue_config import Handler as Handler
 from ._queue_config import QueueConfig as QueueConfig
 from ._queue_config import check_handler as check_handler
+from ._replies import QueueBeat
 from ._runner_core import CLAIM_MAX as CLAIM_MAX
 from ._runner_core import HERD as HERD
 from ._runner_core import STOP_CHUNK, Action, RunnerCore
@@ -42,7 +44,6 @@ from ._runner_core import STOP_PACE as STOP_PACE
 from ._runner_core import describe_error as describe_error
 from ._runner_core import preview as preview
 from ._runner_io import RunnerIO
-from ._scripts import Binding, QueueBeat
 from ._stats import QueueCounters
 from ._types import Process
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ._balance import BalancePolicy, pull_count
 from ._queue_config import QueueConfig
-from ._scripts import ClaimReply, QueueBeat, RebalanceReply, ResultsToKeep
+from ._replies import ClaimReply, QueueBeat, RebalanceReply, ResultsToKeep
 from ._stats import QueueCounters, _Timing
 from ._types import Process
 

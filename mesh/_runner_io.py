@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable
 import anyio
 import outcome
 
+from ._binding import Binding
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError, MeshError
 from ._pool import START_CHUNK, HandlerPool
 from ._queue_config import QueueConfig
 from ._runner_core import RunnerCore
-from ._scripts import Binding
 from ._stats import QueueCounters
 
 __all__ = ["RunnerIO"]

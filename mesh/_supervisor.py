@@ -31,10 +31,10 @@ import anyio
 import anyio.abc
 import attrs
 
+from ._binding import Binding
 from ._connection import Connection
 from ._errors import CommandError, MeshConnectionError
 from ._runner import preview
-from ._scripts import Binding
 from ._stats import Recorder
 
 __all__ = ["Reaper"]

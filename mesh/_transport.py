@@ -1,17 +1,17 @@
-"""What :class:`~mesh._connection.Connection` and :class:`~mesh._pubsub.PubSub` share:
-packing, reply reading, the handshake and the reconnect loop.
+"""One socket to one node, beneath the topology and the connections: packing,
+reply reading, the handshake and the backoff delays.
 
-Both connections move bytes over one byte stream (trio's, or anyio's on asyncio)
-fed to a ``hiredis.Reader``; they
-differ only in what they do with the replies (FIFO matching for commands, a message
-stream for pub/sub). Everything else lives here, once:
+The command and pub/sub connections move bytes over one byte stream (trio's, or
+anyio's on asyncio) fed to a ``hiredis.Reader``; they differ only in what they do
+with the replies (FIFO matching for commands, a message stream for pub/sub). The
+topology opens nodes and asks sentinels with the same calls. Everything they share
+lives here, once:
 
-* :func:`coerce_config`: a URL or a :class:`RedisConfig`, checked.
 * :func:`connect`: open the stream (TCP, unix socket, TLS) and run the handshake
   (``AUTH``, ``SELECT``, ``CLIENT SETNAME``) in one write, bounded by
   ``connect_timeout``.
 * :func:`next_reply` / :func:`read_replies`: the raw reply loop.
-* :func:`reconnect`: exponential backoff with jitter around a connect attempt.
+* :func:`backoff_delays`: exponential backoff with jitter, for the reconnect loops.
 
 The connection's own read loop is not :func:`next_reply`: it is the hot path and
 hands replies to waiters in batches; it uses the same reader and constants.
@@ -23,8 +23,8 @@ import collections.abc
 import os
 import random
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeAlias, TypeVar
+from collections.abc import Sequence
+from typing import Any, Final, TypeAlias
 
 import anyio
 import hiredis
@@ -34,21 +34,18 @@ from redis.exceptions import DataError
 
 from ._errors import CommandError, ConfigError, MeshConnectionError
 from ._loop import ByteStream, aclose_forcefully, current
-from ._url import RedisConfig, parse_url
+from ._url import RedisConfig
 
 __all__ = [
     "Arg",
     "Packed",
     "backoff_delays",
-    "coerce_config",
     "connect",
     "next_reply",
     "read_replies",
-    "reconnect",
 ]
 
 Arg: TypeAlias = bytes | str | int | float
-T = TypeVar("T")
 
 # Transport failures we translate to MeshConnectionError at the boundary.
 TRANSPORT_ERRORS: Final = (
@@ -247,28 +244,6 @@ def scrub(text: str, config: RedisConfig) -> str:
     return text
 
 
-def coerce_config(config: RedisConfig | str) -> RedisConfig:
-    """A :class:`RedisConfig` from a config or a URL.
-
-    Raises:
-        ConfigError: a malformed URL, or neither a str nor a RedisConfig.
-    """
-    if isinstance(config, str):
-        return parse_url(config)
-    if not isinstance(config, RedisConfig):
-        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
-    return config
-
-
-def check_min_replicas(config: RedisConfig, min_replicas: int | None) -> int:
-    """``min_replicas`` if given, else the URL's; ConfigError unless an int >= 0."""
-    if min_replicas is None:
-        return config.min_replicas
-    if type(min_replicas) is not int or min_replicas < 0:
-        raise ConfigError(f"min_replicas must be an integer >= 0, not {min_replicas!r}")
-    return min_replicas
-
-
 def _ssl_context(config: RedisConfig) -> ssl.SSLContext:
     try:
         context = ssl.create_default_context(cafile=config.tls_ca_file)
@@ -402,34 +377,3 @@ def backoff_delays() -> collections.abc.Iterator[float]:
     while True:
         yield delay / 2 + random.random() * delay / 2
         delay = min(delay * 2, _BACKOFF_CAP)
-
-
-async def reconnect(
-    attempt: Callable[[], Awaitable[T]],
-    on_error: Callable[[str], None],
-    hurry: Callable[[], anyio.Event] | None = None,
-) -> T:
-    """Call ``attempt`` after each backoff delay until it returns.
-
-    Args:
-        attempt: one connect attempt; a :class:`MeshConnectionError` means "try again".
-        on_error: told each failed attempt's (password-free) message.
-        hurry: gives an event that ends the current delay early when set: another
-            connection to the same server got through (``Topology.reached``), so this
-            one tries at once instead of sleeping out a backoff of up to a second.
-
-    Returns:
-        What ``attempt`` returned. It never gives up; cancel it to stop.
-    """
-    for delay in backoff_delays():
-        if hurry is None:
-            await anyio.sleep(delay)
-        else:
-            event = hurry()
-            with anyio.move_on_after(delay):
-                await event.wait()
-        try:
-            return await attempt()
-        except MeshConnectionError as exc:
-            on_error(str(exc))
-    raise AssertionError("unreachable")  # pragma: no cover

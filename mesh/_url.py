@@ -32,37 +32,16 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Literal
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from collections.abc import Callable
+from typing import Any, Final, Literal
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 
 import attrs
 
 from ._errors import ConfigError
 
-__all__ = ["RedisConfig", "parse_url"]
+__all__ = ["RedisConfig", "check_min_replicas", "coerce_config", "parse_url"]
 
-_SCHEMES = (
-    "redis",
-    "rediss",
-    "unix",
-    "redis+sentinel",
-    "rediss+sentinel",
-    "redis+cluster",
-    "rediss+cluster",
-)
-_QUERY_KEYS = frozenset(
-    {
-        "db",
-        "connect_timeout",
-        "ssl_cert_reqs",
-        "ssl_ca_certs",
-        "ssl_certfile",
-        "ssl_keyfile",
-        "sentinel_username",
-        "sentinel_password",
-        "min_replicas",
-    }
-)
 _SENTINEL_PORT = 26379
 _QUERY_SECRET = re.compile(r"(sentinel_password=)[^&#]*", re.IGNORECASE)
 
@@ -182,33 +161,58 @@ def parse_url(url: str) -> RedisConfig:
     if not isinstance(url, str):
         raise ConfigError(f"a Redis URL must be a str, not {type(url).__name__}")
     url = url.strip()
-    shown = _scrub(url)
-    secrets: list[str] = []
-
-    def fail(what: str) -> ConfigError:
-        msg = f"bad Redis URL {shown}: {what}"
-        for secret in secrets:
-            msg = msg.replace(secret, "***")
-        return ConfigError(msg)
-
+    u = _Url(_scrub(url))
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # e.g. an unbalanced '[' in an IPv6 host
-        raise fail(f"cannot parse it ({exc})") from None
+        raise u.fail(f"cannot parse it ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
-        raise fail(
+        raise u.fail(
             f"unsupported scheme {scheme + '://' if scheme else '(none)'}; use redis://, "
             "rediss://, unix://, redis+sentinel://, rediss+sentinel://, redis+cluster:// "
             "or rediss+cluster://"
         )
     if parts.fragment:
-        raise fail("unexpected #fragment")
-    base, _, kind = scheme.partition("+")
-    topology: Topology = "standalone" if not kind else kind  # type: ignore[assignment]
+        raise u.fail("unexpected #fragment")
+    u.scheme, u.tls = scheme, scheme.partition("+")[0] == "rediss"
+    u.fields["tls"] = u.tls
+    hostport = _credentials(parts.netloc, u)
+    _query(parts.query, u)
+    for key, option in _OPTIONS.items():
+        if key in u.query:
+            option(u.query[key], u)
+    return _SCHEMES[scheme](parts, hostport, u)
 
-    # -- credentials
-    netloc = parts.netloc
+
+@attrs.define
+class _Url:
+    """One URL being parsed: what is known so far, and how to refuse it."""
+
+    shown: str  # the URL as an error may show it (no user, no password)
+    secrets: list[str] = attrs.Factory(list)  # what an error must never show
+    scheme: str = ""
+    tls: bool = False
+    query: dict[str, str] = attrs.Factory(dict)
+    fields: dict[str, Any] = attrs.Factory(dict)  # RedisConfig's arguments
+
+    def fail(self, what: str) -> ConfigError:
+        """The one-line error for ``what`` is wrong, with no secret in it."""
+        msg = f"bad Redis URL {self.shown}: {what}"
+        for secret in self.secrets:
+            msg = msg.replace(secret, "***")
+        return ConfigError(msg)
+
+    def secret(self, value: str | None) -> str | None:
+        """``value`` (a password), remembered so that no error shows it."""
+        if value:
+            self.secrets.append(value)
+        return value
+
+
+def _credentials(netloc: str, u: _Url) -> str:
+    """The user and password of ``netloc`` (or of the environment) into
+    ``u.fields``; returns the rest, the host part."""
     userinfo, at, hostport = netloc.rpartition("@")
     if not at:
         userinfo, hostport = "", netloc
@@ -217,218 +221,254 @@ def parse_url(url: str) -> RedisConfig:
     if userinfo:
         user_raw, colon, pass_raw = userinfo.partition(":")
         username = unquote(user_raw) or None
-        password = unquote(pass_raw) if colon and pass_raw else None
-        if password:
-            secrets.append(password)
+        password = u.secret(unquote(pass_raw) if colon and pass_raw else None)
     if password is None:
-        password = os.environ.get("MESH_REDIS_PASSWORD") or None
-        if password is not None:
-            secrets.append(password)
+        password = u.secret(os.environ.get("MESH_REDIS_PASSWORD") or None)
         if password is not None and username is None:
             username = os.environ.get("MESH_REDIS_USERNAME") or None
     if username is not None and password is None:
-        raise fail(
+        raise u.fail(
             "it has a user name but no password (and $MESH_REDIS_PASSWORD is not set); "
             "for a password alone write redis://:PASSWORD@host"
         )
+    u.fields.update(username=username, password=password)
+    return hostport
 
-    # -- query
-    query: dict[str, str] = {}
+
+def _query(text: str, u: _Url) -> None:
+    """The query's parameters into ``u.query``: known ones, each once."""
     try:
-        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
+        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=False)
     except ValueError as exc:
-        raise fail(f"bad query string ({exc})") from None
+        raise u.fail(f"bad query string ({exc})") from None
     for key, value in pairs:
-        if key == "sentinel_password" and value:
-            secrets.append(value)
+        if key == "sentinel_password":
+            u.secret(value)
     for key, value in pairs:
-        if key not in _QUERY_KEYS:
-            raise fail(f"unknown query parameter {key!r} (known: {', '.join(sorted(_QUERY_KEYS))})")
-        if key in query:
-            raise fail(f"query parameter {key!r} given twice")
-        query[key] = value
+        if key not in _OPTIONS:
+            known = ", ".join(sorted(_OPTIONS))
+            raise u.fail(f"unknown query parameter {key!r} (known: {known})")
+        if key in u.query:
+            raise u.fail(f"query parameter {key!r} given twice")
+        u.query[key] = value
 
-    connect_timeout = 5.0
-    if "connect_timeout" in query:
-        try:
-            connect_timeout = float(query["connect_timeout"])
-        except ValueError:
-            connect_timeout = math.nan
-        if not (connect_timeout > 0 and math.isfinite(connect_timeout)):
-            raise fail(
-                f"connect_timeout must be a positive number of seconds, "
-                f"not {query['connect_timeout']!r}"
-            )
 
-    min_replicas = 0
-    if "min_replicas" in query:
-        text = query["min_replicas"]
-        if not (text.isascii() and text.isdigit()) or int(text) > 1000:
-            raise fail(f"min_replicas must be an integer from 0 to 1000, not {text!r}")
-        min_replicas = int(text)
+# -- query parameters, one parser each (run in the table's order)
 
-    tls = base == "rediss"
-    tls_verify = True
-    tls_ca_file: str | None = None
-    tls_keys = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
-    if not tls and any(k in query for k in tls_keys):
-        raise fail(
+
+def _connect_timeout(text: str, u: _Url) -> None:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise u.fail(f"connect_timeout must be a positive number of seconds, not {text!r}")
+    u.fields["connect_timeout"] = value
+
+
+def _min_replicas(text: str, u: _Url) -> None:
+    if not (text.isascii() and text.isdigit()) or int(text) > 1000:
+        raise u.fail(f"min_replicas must be an integer from 0 to 1000, not {text!r}")
+    u.fields["min_replicas"] = int(text)
+
+
+def _tls_only(u: _Url) -> None:
+    if not u.tls:
+        raise u.fail(
             "ssl_cert_reqs, ssl_ca_certs, ssl_certfile and ssl_keyfile are only valid with "
             "rediss:// (or rediss+...)"
         )
-    tls_cert_file = query.get("ssl_certfile")
-    tls_key_file = query.get("ssl_keyfile")
-    for name, given in (("ssl_certfile", tls_cert_file), ("ssl_keyfile", tls_key_file)):
-        if given == "":
-            raise fail(f"{name} is empty")
-    if tls_key_file is not None and tls_cert_file is None:
-        raise fail("ssl_keyfile needs ssl_certfile (the client certificate it belongs to)")
-    if "ssl_cert_reqs" in query:
-        reqs = query["ssl_cert_reqs"].lower()
-        if reqs == "none":
-            tls_verify = False
-        elif reqs not in ("required", "optional"):
-            raise fail(
-                f"ssl_cert_reqs must be none, optional or required, not {query['ssl_cert_reqs']!r}"
+
+
+def _ssl_certfile(text: str, u: _Url) -> None:
+    _tls_only(u)
+    if not text:
+        raise u.fail("ssl_certfile is empty")
+    u.fields["tls_cert_file"] = text
+
+
+def _ssl_keyfile(text: str, u: _Url) -> None:
+    _tls_only(u)
+    if not text:
+        raise u.fail("ssl_keyfile is empty")
+    if "ssl_certfile" not in u.query:
+        raise u.fail("ssl_keyfile needs ssl_certfile (the client certificate it belongs to)")
+    u.fields["tls_key_file"] = text
+
+
+def _ssl_cert_reqs(text: str, u: _Url) -> None:
+    _tls_only(u)
+    if text.lower() not in ("none", "required", "optional"):
+        raise u.fail(f"ssl_cert_reqs must be none, optional or required, not {text!r}")
+    u.fields["tls_verify"] = text.lower() != "none"
+
+
+def _ssl_ca_certs(text: str, u: _Url) -> None:
+    _tls_only(u)
+    if not text:
+        raise u.fail("ssl_ca_certs is empty")
+    u.fields["tls_ca_file"] = text
+
+
+def _sentinel_only(name: str) -> Callable[[str, _Url], None]:
+    def option(text: str, u: _Url) -> None:
+        if not u.scheme.endswith("+sentinel"):
+            raise u.fail(
+                "sentinel_username and sentinel_password are only valid with redis+sentinel://"
             )
-    if "ssl_ca_certs" in query:
-        if not query["ssl_ca_certs"]:
-            raise fail("ssl_ca_certs is empty")
-        tls_ca_file = query["ssl_ca_certs"]
+        u.fields[name] = text or None
 
-    sentinel_username: str | None = None
-    sentinel_password: str | None = None
-    if topology == "sentinel":
-        sentinel_username = query.get("sentinel_username") or None
-        sentinel_password = query.get("sentinel_password") or None
-        if sentinel_password is None:
-            sentinel_password = os.environ.get("MESH_SENTINEL_PASSWORD") or None
-            if sentinel_password is not None:
-                secrets.append(sentinel_password)
-            if sentinel_password is not None and sentinel_username is None:
-                sentinel_username = os.environ.get("MESH_SENTINEL_USERNAME") or None
-        if sentinel_username is not None and sentinel_password is None:
-            raise fail(
-                "sentinel_username given without sentinel_password (nor $MESH_SENTINEL_PASSWORD)"
-            )
-    elif "sentinel_username" in query or "sentinel_password" in query:
-        raise fail("sentinel_username and sentinel_password are only valid with redis+sentinel://")
+    return option
 
-    # -- database (and the Sentinel service)
-    path = parts.path
-    db_text: str | None = None
-    service: str | None = None
-    if topology == "sentinel":
-        segments = path.split("/")[1:] if path.startswith("/") else []
-        if segments and segments[-1] == "":
-            segments.pop()  # a trailing slash
-        if not segments or not segments[0]:
-            raise fail(
-                "no service name; write redis+sentinel://host[:port][,host[:port]...]/SERVICE[/DB]"
-            )
-        if len(segments) > 2:
-            raise fail(f"too many path parts {path!r}; expected /SERVICE[/DB]")
-        service = unquote(segments[0])
-        if len(segments) == 2:
-            db_text = segments[1]
-    elif scheme != "unix":
-        stripped = path[1:] if path.startswith("/") else path
-        if stripped:
-            db_text = stripped
-    if "db" in query:
-        if db_text is not None and db_text != query["db"]:
-            raise fail(f"db given twice (path /{db_text} and ?db={query['db']})")
-        db_text = query["db"]
-    db = 0
-    if db_text is not None:
-        if not (db_text.isascii() and db_text.isdigit()):
-            raise fail(f"db must be a non-negative integer, not {db_text!r}")
-        db = int(db_text)
-    if topology == "cluster" and db != 0:
-        raise fail(f"a Redis Cluster has only db 0, not {db}")
 
-    # -- address
-    if scheme == "unix":
-        if hostport:
-            raise fail(
-                f"a unix:// URL takes no host ({hostport!r}); write unix:///path/to/redis.sock"
-            )
-        sock_path = unquote(path)
-        if not sock_path or sock_path == "/":
-            raise fail("no socket path; write unix:///path/to/redis.sock")
-        return RedisConfig(
-            path=sock_path,
-            db=db,
-            username=username,
-            password=password,
-            connect_timeout=connect_timeout,
-            min_replicas=min_replicas,
-        )
+def _db_later(text: str, u: _Url) -> None:
+    """``db``: read with the path, by the scheme's parser (:func:`_db`)."""
 
-    if topology != "standalone":
-        default_port = _SENTINEL_PORT if topology == "sentinel" else 6379
-        if not hostport:
-            raise fail(f"no host; write {scheme}://host[:port][,host[:port]...]")
-        nodes: list[tuple[str, int]] = []
-        for item in hostport.split(","):
-            if not item:
-                raise fail("an empty entry in the host list (two commas, or a trailing comma)")
-            node = _parse_hostport(item, default_port)
-            if isinstance(node, str):
-                raise fail(node)
-            nodes.append(node)
-        return RedisConfig(
-            host=nodes[0][0],
-            port=nodes[0][1],
-            db=db,
-            username=username,
-            password=password,
-            tls=tls,
-            tls_verify=tls_verify,
-            tls_ca_file=tls_ca_file,
-            connect_timeout=connect_timeout,
-            topology=topology,
-            nodes=tuple(nodes),
-            service=service,
-            sentinel_username=sentinel_username,
-            sentinel_password=sentinel_password,
-            min_replicas=min_replicas,
-            tls_cert_file=tls_cert_file,
-            tls_key_file=tls_key_file,
-        )
 
+#: Every query parameter and its parser, in the order they are checked.
+_OPTIONS: Final[dict[str, Callable[[str, _Url], None]]] = {
+    "connect_timeout": _connect_timeout,
+    "min_replicas": _min_replicas,
+    "ssl_certfile": _ssl_certfile,
+    "ssl_keyfile": _ssl_keyfile,
+    "ssl_cert_reqs": _ssl_cert_reqs,
+    "ssl_ca_certs": _ssl_ca_certs,
+    "sentinel_username": _sentinel_only("sentinel_username"),
+    "sentinel_password": _sentinel_only("sentinel_password"),
+    "db": _db_later,
+}
+
+
+# -- schemes, one parser each: the path (db, service) and the address
+
+
+def _db(from_path: str | None, u: _Url) -> int:
+    """The db, from the path or ``?db=`` (the same if both)."""
+    text = from_path
+    if "db" in u.query:
+        if text is not None and text != u.query["db"]:
+            raise u.fail(f"db given twice (path /{text} and ?db={u.query['db']})")
+        text = u.query["db"]
+    if text is None:
+        return 0
+    if not (text.isascii() and text.isdigit()):
+        raise u.fail(f"db must be a non-negative integer, not {text!r}")
+    return int(text)
+
+
+def _path_db(path: str, u: _Url) -> int:
+    """The db of a ``/DB`` path (or of the query)."""
+    stripped = path[1:] if path.startswith("/") else path
+    return _db(stripped or None, u)
+
+
+def _host_list(hostport: str, default_port: int, u: _Url) -> tuple[tuple[str, int], ...]:
+    """``host[:port][,host[:port]...]``, at least one."""
+    if not hostport:
+        raise u.fail(f"no host; write {u.scheme}://host[:port][,host[:port]...]")
+    nodes: list[tuple[str, int]] = []
+    for item in hostport.split(","):
+        if not item:
+            raise u.fail("an empty entry in the host list (two commas, or a trailing comma)")
+        node = _parse_hostport(item, default_port)
+        if isinstance(node, str):
+            raise u.fail(node)
+        nodes.append(node)
+    return tuple(nodes)
+
+
+def _standalone(parts: SplitResult, hostport: str, u: _Url) -> RedisConfig:
+    """``redis://`` and ``rediss://``: one host."""
+    db = _path_db(parts.path, u)
     if "," in hostport:
-        raise fail(
+        raise u.fail(
             "a host list needs redis+sentinel:// or redis+cluster://; redis:// takes one host"
         )
     try:
-        port_or_none = parts.port
+        port = parts.port
     except ValueError:
         port_text = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
-        raise fail(
+        raise u.fail(
             f"port must be an integer from 1 to 65535, not {port_text.rpartition(':')[2]!r}"
         ) from None
-    if port_or_none is not None and not 1 <= port_or_none <= 65535:
-        raise fail(f"port must be from 1 to 65535, not {port_or_none}")
+    if port is not None and not 1 <= port <= 65535:
+        raise u.fail(f"port must be from 1 to 65535, not {port}")
     if hostport.endswith(":"):
-        raise fail("empty port after ':'")
+        raise u.fail("empty port after ':'")
     host = parts.hostname or "127.0.0.1"
     if hostport.startswith("[") and ":" not in host:
-        raise fail(f"brackets are only for IPv6 addresses, not {host!r}")
+        raise u.fail(f"brackets are only for IPv6 addresses, not {host!r}")
+    return RedisConfig(host=host, port=6379 if port is None else port, db=db, **u.fields)
+
+
+def _unix(parts: SplitResult, hostport: str, u: _Url) -> RedisConfig:
+    """``unix://``: a socket path; the db only in the query."""
+    db = _db(None, u)
+    if hostport:
+        raise u.fail(
+            f"a unix:// URL takes no host ({hostport!r}); write unix:///path/to/redis.sock"
+        )
+    path = unquote(parts.path)
+    if not path or path == "/":
+        raise u.fail("no socket path; write unix:///path/to/redis.sock")
+    return RedisConfig(path=path, db=db, **u.fields)
+
+
+def _sentinel(parts: SplitResult, hostport: str, u: _Url) -> RedisConfig:
+    """``redis+sentinel://``: sentinels, ``/SERVICE[/DB]``, the sentinels' credentials."""
+    fields = u.fields
+    if fields.get("sentinel_password") is None:
+        fields["sentinel_password"] = u.secret(os.environ.get("MESH_SENTINEL_PASSWORD") or None)
+        if fields["sentinel_password"] is not None and fields.get("sentinel_username") is None:
+            fields["sentinel_username"] = os.environ.get("MESH_SENTINEL_USERNAME") or None
+    if fields.get("sentinel_username") is not None and fields["sentinel_password"] is None:
+        raise u.fail(
+            "sentinel_username given without sentinel_password (nor $MESH_SENTINEL_PASSWORD)"
+        )
+    path = parts.path
+    segments = path.split("/")[1:] if path.startswith("/") else []
+    if segments and segments[-1] == "":
+        segments.pop()  # a trailing slash
+    if not segments or not segments[0]:
+        raise u.fail(
+            "no service name; write redis+sentinel://host[:port][,host[:port]...]/SERVICE[/DB]"
+        )
+    if len(segments) > 2:
+        raise u.fail(f"too many path parts {path!r}; expected /SERVICE[/DB]")
+    db = _db(segments[1] if len(segments) == 2 else None, u)
+    nodes = _host_list(hostport, _SENTINEL_PORT, u)
     return RedisConfig(
-        host=host,
-        port=port_or_none if port_or_none is not None else 6379,
+        host=nodes[0][0],
+        port=nodes[0][1],
         db=db,
-        username=username,
-        password=password,
-        tls=tls,
-        tls_verify=tls_verify,
-        tls_ca_file=tls_ca_file,
-        connect_timeout=connect_timeout,
-        min_replicas=min_replicas,
-        tls_cert_file=tls_cert_file,
-        tls_key_file=tls_key_file,
+        topology="sentinel",
+        nodes=nodes,
+        service=unquote(segments[0]),
+        **fields,
     )
+
+
+def _cluster(parts: SplitResult, hostport: str, u: _Url) -> RedisConfig:
+    """``redis+cluster://``: seed nodes, db 0 only."""
+    db = _path_db(parts.path, u)
+    if db != 0:
+        raise u.fail(f"a Redis Cluster has only db 0, not {db}")
+    nodes = _host_list(hostport, 6379, u)
+    return RedisConfig(
+        host=nodes[0][0], port=nodes[0][1], topology="cluster", nodes=nodes, **u.fields
+    )
+
+
+#: The parser of each scheme.
+_SCHEMES: Final[dict[str, Callable[[SplitResult, str, _Url], RedisConfig]]] = {
+    "redis": _standalone,
+    "rediss": _standalone,
+    "unix": _unix,
+    "redis+sentinel": _sentinel,
+    "rediss+sentinel": _sentinel,
+    "redis+cluster": _cluster,
+    "rediss+cluster": _cluster,
+}
 
 
 def _parse_hostport(item: str, default_port: int) -> tuple[str, int] | str:
@@ -459,3 +499,27 @@ def _parse_hostport(item: str, default_port: int) -> tuple[str, int] | str:
     if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
         return f"port must be an integer from 1 to 65535, not {port_text!r}"
     return host.lower(), int(port_text)
+
+
+def coerce_config(config: RedisConfig | str) -> RedisConfig:
+    """A :class:`RedisConfig` from a config or a URL: how every ``open_*``
+    (client, worker, fleet, connection, pub/sub) reads its ``url`` argument,
+    once, at its entry; beneath it only a :class:`RedisConfig` travels.
+
+    Raises:
+        ConfigError: a malformed URL, or neither a str nor a RedisConfig.
+    """
+    if isinstance(config, str):
+        return parse_url(config)
+    if not isinstance(config, RedisConfig):
+        raise ConfigError(f"expected a RedisConfig or a URL, not {type(config).__name__}")
+    return config
+
+
+def check_min_replicas(config: RedisConfig, min_replicas: int | None) -> int:
+    """``min_replicas`` if given, else the URL's; ConfigError unless an int >= 0."""
+    if min_replicas is None:
+        return config.min_replicas
+    if type(min_replicas) is not int or min_replicas < 0:
+        raise ConfigError(f"min_replicas must be an integer >= 0, not {min_replicas!r}")
+    return min_replicas

@@ -32,8 +32,9 @@ import attrs
 from ._client import Client, QueueBalance, _load_info, _pairs
 from ._epoch import epoch_missing
 from ._errors import CommandError
+from ._eval import run_reads
 from ._memory import INFO_MEMORY, MemoryInfo, parse_memory_info, read_memory
-from ._scripts import parse_record, run_reads
+from ._replies import parse_record
 from ._types import DelayedTask, Process, QueueInfo, QueueShare, WorkerInfo
 
 log = logging.getLogger("mesh.memory")

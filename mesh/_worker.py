@@ -46,9 +46,8 @@ from ._runner import BatchHandler, Handler
 from ._served import Served
 from ._shielded import ShieldedTasks
 from ._stats import Histogram, QueueStatistics
-from ._transport import check_min_replicas
 from ._types import Process
-from ._url import RedisConfig, parse_url
+from ._url import RedisConfig, check_min_replicas, coerce_config
 from ._validate import seconds
 
 __all__ = [
@@ -582,7 +581,7 @@ async def open_worker(
         ProtocolError: the namespace holds data of another protocol version.
     """
     require_loop("mesh.open_worker")
-    config = parse_url(url) if isinstance(url, str) else url
+    config = coerce_config(url)
     keys = Keys(namespace)
     timing = LeaseTiming.make(ttl, heartbeat_interval, fence_after)
     replicas = check_min_replicas(config, min_replicas)

@@ -48,7 +48,7 @@ local standby = not owner and redis.call('SISMEMBER', KEYS[6], payload) == 1
 if not owner and not standby then
   found = find_processes(KEYS[3], payload)
 end
-local wkeys, missing = worker_keys(found, 2, 11, nw)
+local wkeys, missing = worker_keys(found, KEYS, ARGV, 2, 11, nw)
 if missing then return missing end
 
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)

@@ -89,4 +89,4 @@
 --            (those left) + 1 idle servers.
 --!include include/claim_run.lua
 
-return claim_run(nil)
+return claim_run(KEYS, ARGV, nil)

@@ -36,7 +36,7 @@ if #KEYS ~= 14 + 2 * nw then
   return redis.error_reply('BAD_ARG expected ' .. (14 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local found = find_processes(KEYS[3], false)
-local wkeys, missing = worker_keys(found, 3, 14, nw)
+local wkeys, missing = worker_keys(found, KEYS, ARGV, 3, 14, nw)
 if missing then return missing end
 
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])

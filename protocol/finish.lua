@@ -30,7 +30,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
   for i = 4, #ARGV do out[#out + 1] = 0 end
   return out
 end
-finish_begin(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[3], false)
+finish_begin(ARGV[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[3], false)
 -- One HMGET for every record, one HDEL and one SREM for every finished
 -- process (not one of each per process): a runner reports a whole batch.
 -- Of a record, only the fields a finish needs (include/record_head.lua).

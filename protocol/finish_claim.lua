@@ -31,12 +31,12 @@
 --!include include/finish_process.lua
 
 if #KEYS ~= 20 then return redis.error_reply('BAD_ARG expected 20 keys') end
-return claim_run(function()
+return claim_run(KEYS, ARGV, function()
   local ids = {}
   for i = 15, #ARGV do ids[#ids + 1] = ARGV[i] end
   local flags = {}
   if #ids > 0 then
-    finish_begin(KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[15], KEYS[20], ARGV[14], false)
+    finish_begin(ARGV[1], KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[15], KEYS[20], ARGV[14], false)
     local recs = hmget_all(KEYS[5], ids)
     for i = 1, #ids do flags[i] = finish_process(ids[i], recs[i]) and 1 or 0 end
     finish_writes()

@@ -50,7 +50,7 @@ if lease_error(KEYS[1], ARGV[1], ARGV[2]) then
 end
 local now = int(now_ms())
 -- The awaiting key, if given (see the check of #KEYS above).
-local wz = finish_begin(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7 + n], ARGV[3], true)
+local wz = finish_begin(ARGV[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7 + n], ARGV[3], true)
 -- As finish.lua (include/finish_process.lua); then one SET per kept result.
 local ids = {}
 for i = 1, n do ids[i] = ARGV[2 + 3 * i] end

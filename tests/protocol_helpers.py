@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 
 
 async def expire_worker(conn: Connection, keys: Keys, worker: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 import mesh
 from mesh import Process
 from mesh._balance import BalancePolicy, fair_bounds, pull_count
-from mesh._scripts import Binding
+from mesh._binding import Binding
 from mesh.cli._status import share_text
 from mesh.testing import wait_heartbeats, wait_until
 

@@ -11,10 +11,10 @@ import pytest
 
 import mesh
 from mesh import ConfigError, Process
+from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._history import CountsReporter
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh._stats import Recorder
 from mesh.testing import wait_until
 
@@ -448,7 +448,7 @@ async def test_a_page_is_read_in_bounded_calls_with_the_same_result(
         want = await fill(conn, b, client)
         whole = {s: await client.jobs(Q, s) for s in want}
         calls = 0
-        from mesh._scripts import run_script as real
+        from mesh._eval import run_script as real
 
         async def counting(*args: object, **kw: object) -> object:
             nonlocal calls

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 import mesh
-from mesh._scripts import Binding
+from mesh._binding import Binding
 from mesh.cli import main
 
 from .protocol_helpers import join

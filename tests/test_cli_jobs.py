@@ -39,7 +39,7 @@ async def test_enqueue_delay_and_at(redis_url: str, namespace: str, ns_args: lis
 async def test_dead_letters_list_requeue_purge(
     redis_url: str, namespace: str, ns_args: list[str]
 ) -> None:
-    from mesh._scripts import Binding
+    from mesh._binding import Binding
 
     from .protocol_helpers import join
 

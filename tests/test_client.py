@@ -10,9 +10,9 @@ import pytest
 
 import mesh
 from mesh import ClosedError, ConfigError, MeshConnectionError
+from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 
 from .protocol_helpers import expire_worker, join
 

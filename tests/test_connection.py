@@ -22,8 +22,8 @@ import trio.testing
 import mesh
 from mesh._connection import Connection, open_connection
 from mesh._errors import ClosedError, CommandError, ConfigError, MeshConnectionError
+from mesh._reconnect import reconnect
 from mesh._topology import Topology
-from mesh._transport import reconnect
 from mesh._url import parse_url
 from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
 

@@ -21,8 +21,8 @@ import pytest
 import trio
 
 import mesh
+from mesh._binding import Binding
 from mesh._history import CountsReporter
-from mesh._scripts import Binding
 from mesh._stats import Recorder
 from mesh.dashboard import serve_dashboard
 
@@ -503,7 +503,7 @@ async def test_job_details_show_the_attempt_history_and_the_whole_error(
 async def test_completed_jobs_show_with_their_results_where_kept(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    from mesh._scripts import ResultsToKeep
+    from mesh._replies import ResultsToKeep
 
     async with console(redis_url, namespace) as (client, url):
         conn, b = client._conn, Binding(client._keys)

@@ -11,9 +11,9 @@ import pytest
 
 import mesh
 from mesh import Process
+from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh.testing import RedisServer, wait_until
 
 from .helpers import Recorder, running_workers

@@ -11,11 +11,11 @@ import pytest
 
 import mesh
 from mesh import ConfigError, ConflictError, Process
+from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
-from mesh._scripts import Binding
 from mesh.testing import wait_until
 
 from .helpers import PEER_TTL, Peers, client_and_workers, redis_ms, wait_ready
@@ -252,7 +252,7 @@ async def test_give_back_and_recycle_keep_dead_letter_records(
     await expire_worker(conn, keys, "w1")
     rr = await b.recycle(conn, "w1", leave=False)
     assert rr.dead_lettered == 1
-    from mesh._scripts import parse_dead
+    from mesh._replies import parse_dead
 
     recs = [parse_dead(rec, Q) for rec in await conn.execute("LRANGE", keys.dead(Q), 0, -1)]
     assert [d.task for d in recs] == [b"x\0y", b"crash"]
@@ -505,7 +505,7 @@ async def test_a_handler_over_the_timeout_is_cancelled_and_counts_as_failed(
 async def test_finish_results_keeps_values_for_the_ttl(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
-    from mesh._scripts import ResultsToKeep, parse_result
+    from mesh._replies import ResultsToKeep, parse_result
 
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a\0", b"b", b"c"])

@@ -13,13 +13,14 @@ import anyio
 import attrs
 import pytest
 
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._errors import ConfigError
 from mesh._keys import Keys
 from mesh._lease import Generation, Lease, LeaseTiming
 from mesh._pubsub import open_pubsub
 from mesh._renewals import OwnHeartbeat
-from mesh._scripts import Binding, HeartbeatReply
+from mesh._replies import HeartbeatReply
 from mesh._stats import Recorder
 from mesh._supervisor import Reaper
 from mesh.testing import wait_until

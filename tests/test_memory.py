@@ -22,10 +22,10 @@ import anyio
 import pytest
 
 import mesh
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._memory import POLL_INTERVAL, MemoryWatch, parse_memory_info, read_memory
-from mesh._scripts import Binding
 from mesh._url import parse_url
 from mesh._view import counts, overview, snapshot
 from mesh.testing import RedisServer, find_redis_server, run_redis_server, wait_until

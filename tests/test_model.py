@@ -41,10 +41,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from mesh._binding import Binding
 from mesh._errors import CommandError, FencedError
 from mesh._keys import Keys
+from mesh._replies import ResultsToKeep, parse_result
 from mesh._schedule import next_tick
-from mesh._scripts import Binding, ResultsToKeep, parse_result
 from mesh.testing import RedisServer
 
 T = TypeVar("T")

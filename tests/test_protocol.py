@@ -14,20 +14,13 @@ import pytest
 
 import mesh
 from mesh import ConfigError, ConflictError, FencedError, Process, ProtocolError
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._pubsub import PubSub, open_pubsub
-from mesh._scripts import (
-    _PROCESS_SLOTS,
-    Binding,
-    HeartbeatRequest,
-    ResultsToKeep,
-    expand_script,
-    load_scripts,
-    parse_claim,
-    parse_record,
-)
+from mesh._replies import _PROCESS_SLOTS, HeartbeatRequest, ResultsToKeep, parse_claim, parse_record
+from mesh._scripts import expand_script, load_scripts
 from mesh._transport import Packed, pack
 from mesh.testing import RedisServer, wait_until
 
@@ -1063,6 +1056,10 @@ def test_every_include_names_what_it_provides_and_needs() -> None:
         assert "needs" in head, f.name
         for fn in re.findall(r"^local function (\w+)\(", text, re.M):
             assert fn in head, (f.name, fn)  # every helper is named in the header
+        # an include is given its keys and arguments (protocol/README.md): its
+        # code (comments aside) never reads the script's KEYS or ARGV
+        code = re.sub(r"--[^\n]*", "", text)
+        assert not re.search(r"\b(KEYS|ARGV)\b", code), f.name
     for name, script in load_scripts().items():
         assert b"--!include" not in script.source, name
 
@@ -1270,7 +1267,7 @@ async def test_finish_publishes_done_messages_only_while_someone_awaits(
     queue's awaiting key exists (client.result keeps it); finish.lua and
     finish_results.lua alike. A caller that does not pass the optional
     awaiting key (an older peer) publishes every time, as before."""
-    from mesh._scripts import ResultsToKeep
+    from mesh._replies import ResultsToKeep
 
     inc = await join(b, conn, "w1", Q)
     await b.enqueue(conn, Q, [b"a", b"b", b"c", b"d", b"e"])

@@ -20,11 +20,11 @@ import trio.testing
 
 import mesh
 from mesh import Process
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._harness.proxy import Proxy
 from mesh._keys import Keys
 from mesh._runner import HERD, START_CHUNK, QueueConfig, QueueRunner
-from mesh._scripts import Binding
 from mesh._stats import QueueCounters
 from mesh.testing import RedisServer, wait_until
 

@@ -4,11 +4,16 @@ outcomes in hand, claims, pulls, re-checks, stop pacing and backoff."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from mesh._queue_config import QueueConfig
+from mesh._replies import ClaimReply, QueueBeat, RebalanceReply
 from mesh._runner_core import (
     BACKOFF_MAX,
     BACKOFF_MIN,
@@ -26,7 +31,6 @@ from mesh._runner_core import (
     RunnerCore,
     failure_line,
 )
-from mesh._scripts import ClaimReply, QueueBeat, RebalanceReply
 from mesh._stats import QueueCounters
 from mesh._types import Process
 
@@ -35,6 +39,48 @@ Q = "jobs"
 
 async def _noop(p: Process) -> None:
     pass
+
+
+# Imports mesh._runner_core alone: the package's __init__ (which imports the
+# whole library) is replaced by an empty package over the same directory, so
+# what is loaded is what the core itself imports, directly or not.
+_IMPORT_CORE = """
+import json, sys, types
+pkg = types.ModuleType("mesh")
+pkg.__path__ = [sys.argv[1]]
+sys.modules["mesh"] = pkg
+import mesh._runner_core
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_core_imports_nothing_that_does_io() -> None:
+    """The I/O-free core loads no connection, transport, wire or pub/sub
+    module, no hiredis or redis-py, and nothing of the binding or the script
+    loader and runner: the reply types it uses come from mesh._replies."""
+    here = Path(__file__).resolve().parent.parent / "mesh"
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CORE, str(here)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    loaded = set(json.loads(out))
+    assert "mesh._runner_core" in loaded
+    io = {
+        "mesh._asyncio_stream",
+        "mesh._binding",
+        "mesh._connection",
+        "mesh._eval",
+        "mesh._pool",
+        "mesh._pubsub",
+        "mesh._scripts",
+        "mesh._topology",
+        "mesh._transport",
+        "mesh._wire",
+    }
+    assert sorted(loaded & io) == []
+    assert [m for m in loaded if m.split(".")[0] in ("hiredis", "redis")] == []
 
 
 def make_core(balance_wait: float = 1.0, **options: object) -> RunnerCore:

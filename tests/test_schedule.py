@@ -8,11 +8,11 @@ import pytest
 
 import mesh
 from mesh import ConfigError
+from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._errors import CommandError
 from mesh._keys import Keys
 from mesh._schedule import _fire_due, cron_next, next_tick
-from mesh._scripts import Binding
 from mesh.testing import wait_until
 
 from .helpers import Peers, client_and_workers, redis_ms, wait_ready

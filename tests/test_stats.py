@@ -6,9 +6,9 @@ import anyio
 import pytest
 
 import mesh
+from mesh._binding import Binding
 from mesh._connection import open_connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh._stats import LATENCY_BOUNDS, _Timing, fence_reason
 from mesh.testing import wait_until
 

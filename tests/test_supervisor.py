@@ -11,9 +11,9 @@ import anyio.to_thread
 import pytest
 
 import mesh._connection
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh._supervisor import REAP_BATCH, Reaper
 from mesh.testing import RedisServer, wait_until
 

@@ -1,5 +1,5 @@
 """mesh._transport: packing, the reply reader, the handshake against a real
-redis-server, and the reconnect loop (on trio's mock clock: no socket)."""
+redis-server; and mesh._reconnect's loop (on trio's mock clock: no socket)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,19 @@ import trio
 import trio.testing
 
 from mesh._errors import CommandError, ConfigError, MeshConnectionError
+from mesh._reconnect import reconnect
 from mesh._transport import (
     Packed,
     backoff_delays,
-    check_min_replicas,
-    coerce_config,
     connect,
     describe,
     make_reader,
     next_reply,
     pack,
     read_replies,
-    reconnect,
     scrub,
 )
-from mesh._url import RedisConfig, parse_url
+from mesh._url import parse_url
 from mesh.testing import RedisServer
 
 
@@ -176,19 +174,6 @@ def test_scrub_and_describe() -> None:
     except trio.BrokenResourceError as exc:
         assert describe(exc) == "write failed: connection refused"
     assert describe(trio.BrokenResourceError()) == "BrokenResourceError"
-
-
-def test_coerce_config_and_min_replicas() -> None:
-    config = coerce_config("redis://127.0.0.1:7000?min_replicas=2")
-    assert isinstance(config, RedisConfig) and config.port == 7000
-    assert coerce_config(config) is config
-    with pytest.raises(ConfigError, match="expected a RedisConfig or a URL, not int"):
-        coerce_config(7000)  # type: ignore[arg-type]
-    assert check_min_replicas(config, None) == 2
-    assert check_min_replicas(config, 0) == 0
-    for bad in (-1, True, 1.0):
-        with pytest.raises(ConfigError, match="min_replicas must be an integer >= 0"):
-            check_min_replicas(config, bad)  # type: ignore[arg-type]
 
 
 # --- reconnecting (mock clock) ----------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mesh._errors import ConfigError
-from mesh._url import RedisConfig, parse_url
+from mesh._url import RedisConfig, check_min_replicas, coerce_config, parse_url
 
 SECRET = "s3cr3t-Pa55"
 
@@ -276,3 +276,56 @@ def test_min_replicas_query() -> None:
     for bad in ("x", "-1", "1.5", "", "100000"):
         with pytest.raises(ConfigError, match="min_replicas must be an integer"):
             parse_url(f"redis://u:{SECRET}@h?min_replicas={bad}")
+
+
+def test_coerce_config_and_min_replicas() -> None:
+    config = coerce_config("redis://127.0.0.1:7000?min_replicas=2")
+    assert isinstance(config, RedisConfig) and config.port == 7000
+    assert coerce_config(config) is config
+    with pytest.raises(ConfigError, match="expected a RedisConfig or a URL, not int"):
+        coerce_config(7000)  # type: ignore[arg-type]
+    assert check_min_replicas(config, None) == 2
+    assert check_min_replicas(config, 0) == 0
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ConfigError, match="min_replicas must be an integer >= 0"):
+            check_min_replicas(config, bad)  # type: ignore[arg-type]
+
+
+def test_client_certificate() -> None:
+    cfg = parse_url("rediss://h?ssl_certfile=/c.pem&ssl_keyfile=/k.pem&ssl_cert_reqs=optional")
+    assert (cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_verify) == ("/c.pem", "/k.pem", True)
+    assert parse_url("rediss+cluster://a?ssl_certfile=/c.pem").tls_key_file is None
+    assert parse_url("rediss+sentinel://s/m?ssl_certfile=/c.pem").tls_cert_file == "/c.pem"
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        (f"rediss://u:{SECRET}@h?ssl_keyfile=/k.pem", "ssl_keyfile needs ssl_certfile"),
+        (f"rediss://u:{SECRET}@h?ssl_certfile=", "ssl_certfile is empty"),
+        (f"rediss://u:{SECRET}@h?ssl_certfile=/c&ssl_keyfile=", "ssl_keyfile is empty"),
+        (f"redis://u:{SECRET}@h?ssl_certfile=/c", "only valid with rediss://"),
+        (f"unix://u:{SECRET}@/s.sock?ssl_ca_certs=/ca", "only valid with rediss://"),
+        (f"unix://u:{SECRET}@/s.sock?db=x", "db must be"),
+        (f"redis://u:{SECRET}@h?sentinel_username=x", "only valid with redis+sentinel"),
+        (f"redis://u:{SECRET}@h?%zz", "unknown query parameter"),
+        (f"redis+cluster://u:{SECRET}@", "no host"),
+        # the checks run in a fixed order: the first one that fails is named
+        (f"redis://u:{SECRET}@h:x/y?connect_timeout=0", "connect_timeout"),
+        (f"redis+sentinel://u:{SECRET}@h/s?sentinel_username=x&db=y", "sentinel_password"),
+    ],
+)
+def test_bad_options(url: str, what: str) -> None:
+    test_bad_topology_urls(url, what)  # the same checks: named, one line, no secret
+
+
+def test_sentinel_password_from_env_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESH_SENTINEL_PASSWORD", SECRET)
+    with pytest.raises(ConfigError, match="port") as info:
+        parse_url(f"redis+sentinel://h:x/{SECRET}")
+    assert SECRET not in str(info.value)
+
+
+def test_user_without_password() -> None:
+    with pytest.raises(ConfigError, match="user name but no password"):
+        parse_url("redis://alice@h")

@@ -670,8 +670,8 @@ async def test_work_announced_while_a_claim_is_in_flight_is_taken_at_once(
 async def test_many_deaths_at_once_cost_a_few_batched_recycles_in_the_whole_mesh(
     own_redis: RedisServer,
 ) -> None:
+    from mesh._binding import Binding
     from mesh._keys import Keys
-    from mesh._scripts import Binding
 
     async with client_and_workers(own_redis.url, "herd", 20) as (client, peers):
         b, k = Binding(Keys("herd")), client._keys
@@ -707,8 +707,8 @@ async def test_a_death_wakes_a_few_reapers_not_every_peer(own_redis: RedisServer
     """Every peer hears a lease key expire; only the few on watch act (and
     the heartbeat backstop, if none was): one death costs a few reap checks
     in the whole mesh, not one per peer, and failover stays prompt."""
+    from mesh._binding import Binding
     from mesh._keys import Keys
-    from mesh._scripts import Binding
 
     n = 30
     async with client_and_workers(own_redis.url, "watch", n, ttl=10.0) as (client, peers):

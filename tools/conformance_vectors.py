@@ -5,7 +5,7 @@
 
 It starts a redis-server of its own (``mesh.testing.run_redis_server``) and
 plays short stories through the Python peers' script bindings
-(``mesh._scripts.Binding``): each script call of a story runs for real, at a
+(``mesh._binding.Binding``): each script call of a story runs for real, at a
 fixed Redis time (the vector time prelude), and becomes a vector with the
 keyspace before it, its keys and arguments, its reply (or error) and the
 keyspace after it. Run it after a change to a script; review the diff of the
@@ -23,10 +23,13 @@ from typing import Any
 
 import trio
 
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._errors import CommandError, MeshError
+from mesh._eval import run_reads, run_script
 from mesh._keys import Keys
-from mesh._scripts import Binding, ResultsToKeep, load_scripts, run_reads, run_script
+from mesh._replies import ResultsToKeep
+from mesh._scripts import load_scripts
 from mesh.conformance import _vectors as v
 from mesh.testing import run_redis_server
 

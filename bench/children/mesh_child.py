@@ -126,17 +126,17 @@ class Stalls(trio.abc.Instrument):
 
 def trace_scripts(path: str) -> None:
     """Note every script call this process makes through
-    ``mesh._scripts.run_script`` (``MESH_BENCH_TRACE=DIR``): lines
+    ``mesh._eval.run_script`` (the binding's and the reads') (``MESH_BENCH_TRACE=DIR``): lines
     ``<sent ns> <replied ns> <script> <n>`` in ``path``, monotonic clock;
     ``n`` is what the reply says of the work done: processes claimed
     (claim), processes put back (recycle), dead workers found (reap_check),
     -1 for an error reply or a call that raised, 0 otherwise. Written as
     each call returns (a SIGKILL loses nothing)."""
-    from mesh import _scripts
+    from mesh import _binding, _eval, _scripts
 
     names = {s.sha: n for n, s in _scripts.load_scripts().items()}
     f = open(path, "w")  # open for the life of the process
-    run = _scripts.run_script
+    run = _eval.run_script
 
     def amount(name: str, r: object) -> int:
         if not isinstance(r, list):
@@ -161,7 +161,8 @@ def trace_scripts(path: str) -> None:
             f.write(f"{t} {time.monotonic_ns()} {name} {n}\n")
             f.flush()
 
-    _scripts.run_script = traced
+    _eval.run_script = traced
+    setattr(_binding, "run_script", traced)  # noqa: B010 (the name the binding imported)
 
 
 def out(line: str) -> None:

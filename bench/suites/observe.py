@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import trio
 
 import mesh
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh.testing import run_redis_server
 
 from .._context import Context

@@ -23,11 +23,13 @@ import anyio
 import trio
 
 import mesh
+from mesh._binding import Binding
 from mesh._connection import open_connection
+from mesh._eval import ScriptCall, run_script
 from mesh._keys import Keys
 from mesh._pool import _Slot
+from mesh._replies import ClaimReply
 from mesh._runner import QueueConfig, QueueRunner
-from mesh._scripts import Binding, ClaimReply, ScriptCall, run_script
 from mesh._stats import QueueCounters
 from mesh._transport import pack as _pack
 from mesh._types import Process

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import trio
 
 import mesh
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
-from mesh._scripts import Binding, load_scripts
+from mesh._scripts import load_scripts
 from mesh._supervisor import Reaper
 from mesh.testing import run_redis_server
 

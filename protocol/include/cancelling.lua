@@ -19,15 +19,16 @@ local function find_processes(procs, payload)
   return found
 end
 
--- The worker keys a cancelling script was given: worker ids are ARGV[a + j]
--- and their {held, inbox} keys KEYS[k + 2j - 1], KEYS[k + 2j], j = 1..n.
+-- The worker keys a cancelling script was given (`keys` and `argv` are its
+-- KEYS and ARGV): worker ids are argv[a + j] and their {held, inbox} keys
+-- keys[k + 2j - 1], keys[k + 2j], j = 1..n.
 -- Returns the keys by worker, and, when a process in `found` runs on a
 -- worker that is not among them, the reply the script must return at once
 -- ({1, missing worker ids...}: the caller calls again with their keys).
-local function worker_keys(found, a, k, n)
+local function worker_keys(found, keys, argv, a, k, n)
   local wkeys, missing, seen = {}, {1}, {}
   for j = 1, n do
-    wkeys[ARGV[a + j]] = {KEYS[k + 2 * j - 1], KEYS[k + 2 * j]}
+    wkeys[argv[a + j]] = {keys[k + 2 * j - 1], keys[k + 2 * j]}
   end
   for _, f in ipairs(found) do
     if not wkeys[f[2]] and not seen[f[2]] then

@@ -1,8 +1,10 @@
--- include/claim_run.lua: claim_run, the claim of claim.lua (see its header
--- for the keys, arguments and reply), shared with finish_claim.lua, and
--- claim_reply, which shapes its reply (compact, and with a caller's items
--- appended); needs
--- KEYS[1..19] and ARGV[1..13] as claim.lua has them, and:
+-- include/claim_run.lua: claim_run(keys, argv, before, compact), the claim
+-- of claim.lua (see its header for the keys, arguments and reply), shared
+-- with finish_claim.lua, and claim_reply, which shapes its reply (compact,
+-- and with a caller's items appended). claim_run is given its keys and
+-- arguments: `keys` and `argv` are lists laid out as claim.lua's KEYS[1..19]
+-- and ARGV[1..13] (a script passes its own KEYS and ARGV); it reads nothing
+-- else of the script's; needs:
 --!include include/now_ms_us.lua
 --!include include/id_strings.lua
 --!include include/lease_error.lua
@@ -31,62 +33,75 @@ local function claim_reply(out, tail, compact)
   return out
 end
 
--- The claim: the checks (the arguments, W's lease, that W serves Q: an
--- error reply, and nothing is written), then `before()` if given (its
--- list is appended to the reply), then the claim itself. Returns the reply
+-- The claim of `keys` and `argv` (as claim.lua's KEYS and ARGV): the
+-- checks (the arguments, W's lease, that W serves Q: an error reply, and
+-- nothing is written), then `before()` if given (its list is appended to
+-- the reply), then the claim itself. Returns the reply
 -- or an error reply. With `compact`, the reply is {now, left, next_due,
 -- the first process id ("": none), c processes, mixed (0/1), then the c
 -- payloads, then, only if mixed, per process its persistent flag (1/0) and
 -- failed attempts so far}: the ids of one claim are consecutive numbers,
 -- and mixed is 0 when every process is a one-shot task on its first
 -- attempt (as claim.lua's reply, in fewer items).
-local function claim_run(before, compact)
+local function claim_run(keys, argv, before, compact)
+  -- claim.lua's keys and arguments by name (KEYS[2] is passed, not read;
+  -- KEYS[18], the rate bucket, is read below only with a rate limit)
+  local lease_key, queue_key, pers_key, procs_key, held_key = keys[1], keys[3], keys[4], keys[5], keys[6]
+  local attempts_key, delayed_key, token_key, servers_key = keys[7], keys[8], keys[9], keys[10]
+  local standby_key, idle_key, reserved_key, unowned_key = keys[11], keys[12], keys[13], keys[14]
+  local share_key, prio_key, dprio_key, paused_key = keys[15], keys[16], keys[17], keys[19]
+  local worker, incarnation, q, max_att, fair = argv[1], argv[2], argv[3], argv[5], argv[6]
+  local backoff, backoff_cap, ttl, wake_flag = argv[7], argv[8], argv[9], argv[10]
+  local wake_prefix, rate_limit, rate_period = argv[11], argv[12], argv[13]
   -- The counts: one match for all five in the usual case (plain decimal
   -- strings, kept as they are in the records); count_arg says which is wrong.
   local n, err, counts
-  if ARGV[9] then  -- and so ARGV[4..8]
-    counts = string.match(ARGV[4] .. ',' .. ARGV[5] .. ',' .. ARGV[7] .. ',' .. ARGV[8] .. ','
-      .. ARGV[9], '^(%d%d?%d?%d?),%d+,%d+,%d+,%d+$')
+  if ttl then  -- and so argv[4..8]
+    counts = string.match(argv[4] .. ',' .. max_att .. ',' .. backoff .. ',' .. backoff_cap .. ','
+      .. ttl, '^(%d%d?%d?%d?),%d+,%d+,%d+,%d+$')
   end
   if counts then
     n = tonumber(counts)
     if n > 1000 then counts = nil end
   end
   if not counts then
-    n, err = count_arg(ARGV[4], 'claim count', 1000)
+    n, err = count_arg(argv[4], 'claim count', 1000)
     if err then return err end
-    for _, a in ipairs({{5, 'max attempts'}, {7, 'backoff'}, {8, 'backoff cap'}, {9, 'ttl'}}) do
+    local whole = {}
+    local named = {{max_att, 'max attempts'}, {backoff, 'backoff'}, {backoff_cap, 'backoff cap'}, {ttl, 'ttl'}}
+    for i, a in ipairs(named) do
       local v
-      v, err = count_arg(ARGV[a[1]], a[2])
+      v, err = count_arg(a[1], a[2])
       if err then return err end
-      ARGV[a[1]] = string.format('%.0f', v)  -- as int() would
+      whole[i] = string.format('%.0f', v)  -- as int() would
     end
+    max_att, backoff, backoff_cap, ttl = whole[1], whole[2], whole[3], whole[4]
   end
   if n < 1 then return redis.error_reply('BAD_ARG claim count must be >= 1') end
   local patience = 0
-  if ARGV[6] ~= '0' and ARGV[6] ~= '1' then
-    patience = tonumber(ARGV[6])
+  if fair ~= '0' and fair ~= '1' then
+    patience = tonumber(fair)
     if not patience or patience < 2 or patience % 1 ~= 0 then
       return redis.error_reply('BAD_ARG fair share flag must be 0, 1 or a patience in ms >= 2')
     end
   end
-  if ARGV[10] ~= '0' and ARGV[10] ~= '1' then
+  if wake_flag ~= '0' and wake_flag ~= '1' then
     return redis.error_reply('BAD_ARG wake flag must be 0 or 1')
   end
-  local wake = ARGV[10] == '1'
-  local bucket, rate, per = KEYS[18], nil, nil
-  if (ARGV[12] or '') == '' then bucket = nil end
+  local wake = wake_flag == '1'
+  local bucket, rate, per = keys[18], nil, nil
+  if (rate_limit or '') == '' then bucket = nil end
   if bucket then
-    rate, err = count_arg(ARGV[12], 'rate limit')
+    rate, err = count_arg(rate_limit, 'rate limit')
     if err then return err end
-    per, err = count_arg(ARGV[13], 'rate period')
+    per, err = count_arg(rate_period, 'rate period')
     if err then return err end
     if rate < 1 or per < 1 then return redis.error_reply('BAD_ARG rate limit and period must be >= 1') end
   end
-  err = lease_error(KEYS[1], ARGV[1], ARGV[2])
+  err = lease_error(lease_key, worker, incarnation)
   if err then return err end
-  if redis.call('SISMEMBER', KEYS[10], ARGV[1]) == 0 then
-    return redis.error_reply('NOT_SERVING worker ' .. ARGV[1] .. ' does not serve queue ' .. ARGV[3])
+  if redis.call('SISMEMBER', servers_key, worker) == 0 then
+    return redis.error_reply('NOT_SERVING worker ' .. worker .. ' does not serve queue ' .. q)
   end
   -- What the caller does once every check has passed and before anything of
   -- the queue is read (finish_claim.lua: its finish); its reply (a list) goes
@@ -104,43 +119,45 @@ local function claim_run(before, compact)
   -- call of its own)
   local has_delayed, has_prio, waiting, paused = false, false, false, false
   local extra, plain
-  if KEYS[19] then
-    plain = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[19], KEYS[11], KEYS[4], KEYS[7]) == 0
+  if paused_key then
+    plain = redis.call('EXISTS', delayed_key, reserved_key, prio_key, paused_key, standby_key, pers_key,
+      attempts_key) == 0
   else
-    plain = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[11], KEYS[4], KEYS[7]) == 0
+    plain = redis.call('EXISTS', delayed_key, reserved_key, prio_key, standby_key, pers_key,
+      attempts_key) == 0
   end
   if plain then
     extra = 0
-  elseif KEYS[19] then
-    extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16], KEYS[19])
+  elseif paused_key then
+    extra = redis.call('EXISTS', delayed_key, reserved_key, prio_key, paused_key)
   else
-    extra = redis.call('EXISTS', KEYS[8], KEYS[13], KEYS[16])
+    extra = redis.call('EXISTS', delayed_key, reserved_key, prio_key)
   end
   if extra > 0 then
-    has_delayed = redis.call('EXISTS', KEYS[8]) == 1
-    has_prio = redis.call('EXISTS', KEYS[16]) == 1
-    paused = KEYS[19] ~= nil and redis.call('EXISTS', KEYS[19]) == 1
+    has_delayed = redis.call('EXISTS', delayed_key) == 1
+    has_prio = redis.call('EXISTS', prio_key) == 1
+    paused = paused_key ~= nil and redis.call('EXISTS', paused_key) == 1
     waiting = extra > (has_delayed and 1 or 0) + (has_prio and 1 or 0) + (paused and 1 or 0)  -- reserved
   end
   if has_delayed then
-    local due = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, n)
-    local leveled = redis.call('EXISTS', KEYS[17]) == 1
+    local due = redis.call('ZRANGEBYSCORE', delayed_key, '-inf', now, 'LIMIT', 0, n)
+    local leveled = redis.call('EXISTS', dprio_key) == 1
     for i = #due, 1, -1 do
-      redis.call('ZREM', KEYS[8], due[i])
-      local level = leveled and tonumber(redis.call('HGET', KEYS[17], due[i]) or '0') or 0
+      redis.call('ZREM', delayed_key, due[i])
+      local level = leveled and tonumber(redis.call('HGET', dprio_key, due[i]) or '0') or 0
       if level > 0 then
-        redis.call('HDEL', KEYS[17], due[i])
-        prio_add(KEYS[16], level, {due[i]}, true)
+        redis.call('HDEL', dprio_key, due[i])
+        prio_add(prio_key, level, {due[i]}, true)
         has_prio = true
       else
-        redis.call('LPUSH', KEYS[3], due[i])
+        redis.call('LPUSH', queue_key, due[i])
       end
     end
-    local first = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', delayed_key, 0, 0, 'WITHSCORES')
     if #first > 0 then
       next_due = math.max(0, tonumber(first[2]) - now)
       if next_due == 0 and not paused then
-        wake_idle(KEYS[12], ARGV[11], ARGV[3], redis.call('ZCOUNT', KEYS[8], '-inf', now))
+        wake_idle(idle_key, wake_prefix, q, redis.call('ZCOUNT', delayed_key, '-inf', now))
       end
     end
   end
@@ -149,8 +166,8 @@ local function claim_run(before, compact)
   if bucket then
     tokens = rate_tokens(bucket, rate, per, now)
     if tokens < 1 then
-      redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
-      if has_prio or redis.call('LLEN', KEYS[3]) > 0 then next_due = rate_wait(tokens, rate, per) end
+      redis.call(wake and 'SADD' or 'SREM', idle_key, worker)
+      if has_prio or redis.call('LLEN', queue_key) > 0 then next_due = rate_wait(tokens, rate, per) end
       return claim_reply({now, 0, next_due}, tail, compact)
     end
     n = math.min(n, math.floor(tokens))
@@ -159,11 +176,11 @@ local function claim_run(before, compact)
   -- Tasks reserved for W by a rebalance go to the head, taken first (the
   -- fair share does not hold them back: they were moved to W to even it out).
   local forced, forced_list = {}, {}
-  if waiting and redis.call('EXISTS', KEYS[13]) == 1 then
-    local _, mine = expire_reserved(KEYS[13], KEYS[3], KEYS[4], KEYS[11], now, ARGV[1])
+  if waiting and redis.call('EXISTS', reserved_key) == 1 then
+    local _, mine = expire_reserved(reserved_key, queue_key, pers_key, standby_key, now, worker)
     for i = math.min(#mine, n), 1, -1 do
-      redis.call('HDEL', KEYS[13], mine[i])
-      redis.call('LPUSH', KEYS[3], mine[i])
+      redis.call('HDEL', reserved_key, mine[i])
+      redis.call('LPUSH', queue_key, mine[i])
       forced[mine[i]] = true
       forced_list[#forced_list + 1] = mine[i]
     end
@@ -172,17 +189,17 @@ local function claim_run(before, compact)
   -- Tasks with a priority first (after those reserved for W), then the list.
   local take = {}
   if has_prio and not paused and n > #forced_list then
-    local z = redis.call('ZPOPMIN', KEYS[16], n - #forced_list)
+    local z = redis.call('ZPOPMIN', prio_key, n - #forced_list)
     for i = 1, #z, 2 do take[#take + 1] = {string.sub(z[i], 17), false, -tonumber(z[i + 1])} end
   end
   local items = {}
   local want = n - #take
   if paused then  -- only persistent tasks start: look at the first 1000 queued
-    want = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0 and 1000 or 0
+    want = redis.call('EXISTS', standby_key, pers_key) > 0 and 1000 or 0
   end
-  if want > 0 then items = redis.call('LPOP', KEYS[3], want) or {} end
+  if want > 0 then items = redis.call('LPOP', queue_key, want) or {} end
   if #items == 0 and #take == 0 then
-    redis.call(wake and 'SADD' or 'SREM', KEYS[12], ARGV[1])
+    redis.call(wake and 'SADD' or 'SREM', idle_key, worker)
     return claim_reply({now, 0, next_due}, tail, compact)
   end
 
@@ -190,16 +207,16 @@ local function claim_run(before, compact)
   -- does not matter; one call in the usual case: neither persistent tasks nor
   -- failed attempts
   local has_persistent, has_attempts = false, false
-  if not plain and redis.call('EXISTS', KEYS[11], KEYS[4], KEYS[7]) > 0 then
-    has_persistent = redis.call('EXISTS', KEYS[11], KEYS[4]) > 0
-    has_attempts = redis.call('EXISTS', KEYS[7]) == 1
+  if not plain and redis.call('EXISTS', standby_key, pers_key, attempts_key) > 0 then
+    has_persistent = redis.call('EXISTS', standby_key, pers_key) > 0
+    has_attempts = redis.call('EXISTS', attempts_key) == 1
   end
   local room = #items
   -- weights other than 1 only where the share hash counts tasks of such weights
-  local weighted = has_persistent and redis.call('HEXISTS', KEYS[15], ':heavy') == 1
-  if has_persistent and ARGV[6] ~= '0' then
-    local total, capacity, mine, extra = fair_share(KEYS[15], ARGV[1])
-    room = total * mine / capacity - redis.call('SCARD', KEYS[6]) - extra
+  local weighted = has_persistent and redis.call('HEXISTS', share_key, ':heavy') == 1
+  if has_persistent and fair ~= '0' then
+    local total, capacity, mine, extra = fair_share(share_key, worker)
+    room = total * mine / capacity - redis.call('SCARD', held_key) - extra
   end
   -- left: what goes back to the head, in order; held: those of them the
   -- fair share held back (the others are one-shot tasks of a paused queue)
@@ -217,7 +234,7 @@ local function claim_run(before, compact)
   -- per payload cost Redis several times the work it did).
   local queued_p = {}
   if has_persistent and #items > 0 then
-    local vals = hmget_all(KEYS[4], items)
+    local vals = hmget_all(pers_key, items)
     local ask, at = {}, {}
     for i = 1, #items do
       if vals[i] then
@@ -228,7 +245,7 @@ local function claim_run(before, compact)
       end
     end
     for c = 1, #ask, 1000 do
-      local m = redis.call('SMISMEMBER', KEYS[11], unpack(ask, c, math.min(c + 999, #ask)))
+      local m = redis.call('SMISMEMBER', standby_key, unpack(ask, c, math.min(c + 999, #ask)))
       for j = 1, #m do queued_p[at[c + j - 1]] = m[j] == 1 end
     end
   end
@@ -243,7 +260,7 @@ local function claim_run(before, compact)
     if over and patience > 0 then
       if not waited then
         waited = {}
-        local since = redis.call('ZMSCORE', KEYS[14], unpack(items, i))
+        local since = redis.call('ZMSCORE', unowned_key, unpack(items, i))
         for j = 1, #since do waited[i + j - 1] = since[j] and tonumber(since[j]) <= now - patience end
       end
       over = not waited[i]
@@ -255,7 +272,7 @@ local function claim_run(before, compact)
       held = held + 1
     else
       if persistent then
-        local w = weighted and task_weight(KEYS[15], payload) or 1
+        local w = weighted and task_weight(share_key, payload) or 1
         room = room - w
         gained = gained + w - 1
       end
@@ -263,18 +280,18 @@ local function claim_run(before, compact)
       tpers[#tp] = persistent
     end
   end
-  for i = #left, 1, -1 do redis.call('LPUSH', KEYS[3], left[i]) end
+  for i = #left, 1, -1 do redis.call('LPUSH', queue_key, left[i]) end
 
-  local out = {now, held > 0 and -1 or (paused and 0 or redis.call('LLEN', KEYS[3])), next_due}
-  if has_prio and not paused and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', KEYS[16]) end
+  local out = {now, held > 0 and -1 or (paused and 0 or redis.call('LLEN', queue_key)), next_due}
+  if has_prio and not paused and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', prio_key) end
   if wake and held == 0 and #tp < n then
-    redis.call('SADD', KEYS[12], ARGV[1])
+    redis.call('SADD', idle_key, worker)
   else
-    redis.call('SREM', KEYS[12], ARGV[1])
+    redis.call('SREM', idle_key, worker)
   end
   -- Held back: peers under their share may be idle and were not woken (the
   -- wake went to us). Each held-back server leaves the set, so the chain ends.
-  if held > 0 then wake_idle(KEYS[12], ARGV[11], ARGV[3], held) end
+  if held > 0 then wake_idle(idle_key, wake_prefix, q, held) end
   if #tp == 0 then return claim_reply(out, tail, compact) end
   if bucket then
     tokens = tokens - #tp
@@ -285,22 +302,22 @@ local function claim_run(before, compact)
       if out[3] < 0 or wait < out[3] then out[3] = wait end
     end
   end
-  add_share(KEYS[15], 'h' .. ARGV[1], gained)
+  add_share(share_key, 'h' .. worker, gained)
   -- exact past 2^53: decimal strings (include/id_strings.lua)
-  local first = dec_max(dec_succ(redis.call('GET', KEYS[9]) or '0'), string.format('%.0f', now_micro))
+  local first = dec_max(dec_succ(redis.call('GET', token_key) or '0'), string.format('%.0f', now_micro))
   local ids = id_strings(first, #tp)
-  redis.call('SET', KEYS[9], ids[#ids])
+  redis.call('SET', token_key, ids[#ids])
   -- One HSET of every record and one SADD of every id, not one of each per
   -- process; the fields that every record of this claim shares are joined
   -- once (the record layout: include/record.lua).
-  local shared = '\0' .. ARGV[5] .. '\0' .. ARGV[7] .. '\0' .. ARGV[8] .. '\0' .. ARGV[9] .. '\0'
+  local shared = '\0' .. max_att .. '\0' .. backoff .. '\0' .. backoff_cap .. '\0' .. ttl .. '\0'
     .. string.format('%.0f', now) .. '\0'
   local records = {}
-  local head = ARGV[1] .. '\0'
+  local head = worker .. '\0'
   -- The writes of the persistent tasks taken, and the reads of the failed
   -- attempts, one variadic call each for the whole claim.
   local running, pers = {}, {}
-  local failed = has_attempts and hmget_all(KEYS[7], tp) or nil
+  local failed = has_attempts and hmget_all(attempts_key, tp) or nil
   local mixed = false
   for i, payload in ipairs(tp) do
     local persistent, level = tpers[i], tlevel[i]
@@ -330,11 +347,11 @@ local function claim_run(before, compact)
       out[o + 3] = payload
     end
   end
-  call_chunked('SREM', KEYS[11], pers)
-  call_chunked('HSET', KEYS[4], running, 2)
-  call_chunked('ZREM', KEYS[14], pers)
-  call_chunked('HSET', KEYS[5], records, 2)
-  call_chunked('SADD', KEYS[6], ids)
+  call_chunked('SREM', standby_key, pers)
+  call_chunked('HSET', pers_key, running, 2)
+  call_chunked('ZREM', unowned_key, pers)
+  call_chunked('HSET', procs_key, records, 2)
+  call_chunked('SADD', held_key, ids)
   if compact then
     out[4], out[5], out[6] = ids[1], #tp, mixed and 1 or 0
     if mixed then

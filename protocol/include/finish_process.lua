@@ -1,8 +1,7 @@
 -- include/finish_process.lua: finish_begin, finish_process, finish_writes
 -- (with finish_notify and finish_payload, which they use),
--- what finish.lua, finish_results.lua and finish_claim.lua share; needs
--- ARGV[1] (the worker id W; the keys and the done channel are given to
--- finish_begin), and:
+-- what finish.lua, finish_results.lua and finish_claim.lua share (the
+-- worker, its keys and the done channel are given to finish_begin); needs:
 --!include include/record_head.lua
 --!include include/call_chunked.lua
 --!include include/nudge.lua
@@ -14,19 +13,20 @@
 -- fields of a table): W's record prefix, the awaiting key, the ids and
 -- payloads to clear, whether any task weighs other than 1 and whether to
 -- publish (each read once, when first needed).
-local fin_wz, fin_awaiting, fin_gone, fin_seen, fin_attempts, fin_weighted, fin_notify
+local fin_worker, fin_wz, fin_awaiting, fin_gone, fin_seen, fin_attempts, fin_weighted, fin_notify
 local fin_plain, fin_payloads, fin_procs, fin_held, fin_pers, fin_att, fin_share, fin_channel
 
--- Start a finish call of W on Q: `procs`, `held`, `persistent`,
+-- Start a finish call of W (`worker`) on Q: `procs`, `held`, `persistent`,
 -- `attempts`, `share` are Q's keys {ns}:procs:<Q>, {ns}:held:<W>:<Q>,
 -- {ns}:persistent:<Q>, {ns}:attempts:<Q>, {ns}:share:<Q>; `awaiting` is the
 -- optional {ns}:awaiting:<Q> key (nil: done messages are always
 -- published), `channel` the done channel {ns}:done:<Q>; `payloads`:
 -- whether finish_process must return each payload (false: it may return
 -- true). Returns W's record prefix.
-local function finish_begin(procs, held, persistent, attempts, share, awaiting, channel, payloads)
+local function finish_begin(worker, procs, held, persistent, attempts, share, awaiting, channel, payloads)
   fin_procs, fin_held, fin_pers, fin_att, fin_share = procs, held, persistent, attempts, share
-  fin_wz, fin_awaiting, fin_channel, fin_payloads = ARGV[1] .. '\0', awaiting, channel, payloads
+  fin_worker, fin_wz = worker, worker .. '\0'
+  fin_awaiting, fin_channel, fin_payloads = awaiting, channel, payloads
   -- The head of W's record of a plain one-shot task on its first attempt
   -- (include/record.lua): the usual case, told by one plain find.
   fin_plain = fin_wz .. 'o\0' .. '0\0'
@@ -79,7 +79,7 @@ local function finish_process(id, rec)
     -- refuse at the memory limit (see "At the memory limit" in README.md)
     local mine = redis.call('HGET', fin_pers, payload) == id
     if mine then redis.call('HDEL', fin_pers, payload) end
-    add_share(fin_share, 'h' .. ARGV[1], 1 - w)  -- its weight leaves W's held weight
+    add_share(fin_share, 'h' .. fin_worker, 1 - w)  -- its weight leaves W's held weight
     if mine then
       forget_weight(fin_share, payload)  -- the task leaves: its weight leaves the sums
     end

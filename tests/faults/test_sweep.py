@@ -11,11 +11,11 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
+from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
 from mesh._harness import checks
 from mesh._harness.harness import Harness, figure, payloads
 from mesh._keys import Keys
-from mesh._scripts import Binding
 from mesh.testing import wait_until
 
 from ..protocol_helpers import expire_worker, join
