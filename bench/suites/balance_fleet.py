@@ -198,22 +198,28 @@ class Peers:
 
 
 @asynccontextmanager
-async def balanced_peers(n: int, tasks: int, ttl: float, gc_freeze: bool) -> AsyncIterator[Peers]:
-    """A redis-server of its own and ``n`` peers (one worker per OS process)
-    that hold ``tasks`` persistent tasks, balanced (the state converge and
-    rolling start from); the children are killed on the way out."""
+async def bench_mesh() -> AsyncIterator[Peers]:
+    """A redis-server of its own, a connection and a client (namespace
+    ``bench``) to it, and a scope for children, with no peer yet."""
     with run_redis_server() as server:
-        url = server.url
         async with (
-            open_connection(url) as conn,
-            mesh.open_client(url, namespace="bench") as client,
+            open_connection(server.url) as conn,
+            mesh.open_client(server.url, namespace="bench") as client,
             children() as kids,
         ):
-            k = Keys("bench")
-            peers = [await spawn(kids, url, ttl, tasks, gc_freeze) for _ in range(n)]
-            await ensure_all(client, tasks)
-            await wait_balanced(conn, k, n, tasks)
-            yield Peers(url, conn, client, kids, k, peers)
+            yield Peers(server.url, conn, client, kids, Keys("bench"), [])
+
+
+@asynccontextmanager
+async def balanced_peers(n: int, tasks: int, ttl: float, gc_freeze: bool) -> AsyncIterator[Peers]:
+    """:func:`bench_mesh` with ``n`` peers (one worker per OS process) that
+    hold ``tasks`` persistent tasks, balanced (the state converge and rolling
+    start from); the children are killed on the way out."""
+    async with bench_mesh() as m:
+        m.peers.extend([await spawn(m.kids, m.url, ttl, tasks, gc_freeze) for _ in range(n)])
+        await ensure_all(m.client, tasks)
+        await wait_balanced(m.conn, m.k, n, tasks)
+        yield m
 
 
 async def converge(tasks: int, ttl: float, gc_freeze: bool = False) -> dict[str, float | str]:
@@ -387,59 +393,53 @@ async def massfail(
     trace: str | None = None,
     gc_freeze: bool = False,
 ) -> dict[str, float | str]:
-    k = Keys("bench")
     if trace:
         # the children note their script calls (bench.children.mesh_child)
         os.environ["MESH_BENCH_TRACE"] = trace
-    with run_redis_server() as server:
-        url = server.url
-        async with (
-            open_connection(url) as conn,
-            mesh.open_client(url, namespace="bench") as client,
-            children() as kids,
-        ):
-            # scripts that held Redis 100 ms or more, reported at the end
+    async with bench_mesh() as m:
+        url, conn, client, kids, k = m.url, m.conn, m.client, m.kids, m.k
+        # scripts that held Redis 100 ms or more, reported at the end
+        await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
+        await conn.execute("SLOWLOG", "RESET")
+        cap = 2 * tasks // (procs * per) + 100  # what a survivor may come to hold
+        extra = [*(["--gc-threshold", str(gc_threshold)] if gc_threshold else [])]
+        extra += ["--gc-freeze"] if gc_freeze else []
+        groups = [
+            await _hold_group(kids, f"hold{i}", url, per, ttl, cap, extra) for i in range(procs)
+        ]
+        everyone = [w for _, ids in groups for w in ids]
+        t = time.monotonic()
+        await ensure_all(client, tasks)
+        await wait_balanced(conn, k, procs * per, tasks)
+        owned_after_ensure = time.monotonic() - t
+        await trio.sleep(2 * ttl)  # settled: a few more heartbeats
+        doomed = groups[: procs // 2]
+        dead_pids = {str(child.pid) for child, _ in doomed}
+        survivors = partial(_survivors, conn, k, dead_pids)
+        spies = await _spy_on([c for c, _ in groups[procs // 2 :]], ttl, spy) if spy else []
+        if trace:
+            await _log_every_script_call(conn)
+        # fences during the initial claims are not the mass failure's
+        live_at_kill = set(await live_workers(conn, k))
+        t0 = time.monotonic()
+        for child, _ in doomed:
+            child.signal(signal.SIGKILL)
+        if trace:
+            await _note_deadlines(conn, k, trace, t0, [w for _, ids in doomed for w in ids])
+        n_alive = procs * per - len(doomed) * per
+        watch = Takeover(tasks, n_alive)
+        await watch.run(conn, k, survivors, t0)
+        for s in spies:
+            await s.wait()
+        ids = await survivors()
+        final = await held_by(conn, k, ids)
+        live_now = set(await live_workers(conn, k))
+        rejoins = len(live_now - set(everyone))
+        fenced_after_kill = len(live_now - live_at_kill)
+        if trace:
+            await _dump_trace(conn, trace, t0, watch.polls)
             await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
-            await conn.execute("SLOWLOG", "RESET")
-            cap = 2 * tasks // (procs * per) + 100  # what a survivor may come to hold
-            extra = [*(["--gc-threshold", str(gc_threshold)] if gc_threshold else [])]
-            extra += ["--gc-freeze"] if gc_freeze else []
-            groups = [
-                await _hold_group(kids, f"hold{i}", url, per, ttl, cap, extra) for i in range(procs)
-            ]
-            everyone = [w for _, ids in groups for w in ids]
-            t = time.monotonic()
-            await ensure_all(client, tasks)
-            await wait_balanced(conn, k, procs * per, tasks)
-            owned_after_ensure = time.monotonic() - t
-            await trio.sleep(2 * ttl)  # settled: a few more heartbeats
-            doomed = groups[: procs // 2]
-            dead_pids = {str(child.pid) for child, _ in doomed}
-            survivors = partial(_survivors, conn, k, dead_pids)
-            spies = await _spy_on([c for c, _ in groups[procs // 2 :]], ttl, spy) if spy else []
-            if trace:
-                await _log_every_script_call(conn)
-            # fences during the initial claims are not the mass failure's
-            live_at_kill = set(await live_workers(conn, k))
-            t0 = time.monotonic()
-            for child, _ in doomed:
-                child.signal(signal.SIGKILL)
-            if trace:
-                await _note_deadlines(conn, k, trace, t0, [w for _, ids in doomed for w in ids])
-            n_alive = procs * per - len(doomed) * per
-            watch = Takeover(tasks, n_alive)
-            await watch.run(conn, k, survivors, t0)
-            for s in spies:
-                await s.wait()
-            ids = await survivors()
-            final = await held_by(conn, k, ids)
-            live_now = set(await live_workers(conn, k))
-            rejoins = len(live_now - set(everyone))
-            fenced_after_kill = len(live_now - live_at_kill)
-            if trace:
-                await _dump_trace(conn, trace, t0, watch.polls)
-                await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
-            slow, mem = await _slow_and_memory(conn, everything=bool(trace))
+        slow, mem = await _slow_and_memory(conn, everything=bool(trace))
     return {
         "processes": procs,
         "workers": procs * per,
