@@ -25,16 +25,21 @@ from ._context import PEERS_VENV, Context
 from ._report import Section, markdown, text_table, update_markdown
 from ._util import REPO, machine, redis_server_version
 from .suites import (
+    balance_fleet,
     cancel,
     delayed,
     failover,
     fleet,
+    fleet_trials,
     latency,
     loops,
     memory,
     observe,
+    parts,
+    payloads,
     scale,
     throughput,
+    topology,
 )
 
 BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
@@ -49,6 +54,16 @@ BENCHMARKS: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "delayed": delayed.run,
     "loops": loops.run,
 }
+EXTRA: dict[str, Callable[[Context], Awaitable[Section]]] = {
+    "parts": parts.suite,
+    "balance_fleet": balance_fleet.suite,
+    "topology": topology.suite,
+    "payloads": payloads.suite,
+    "fleet_trials": fleet_trials.suite,
+}
+"""Suites a full run leaves out (``--only NAME`` runs them): one aspect each,
+long or heavy, whose sections docs/performance.md quotes."""
+SUITES = {**BENCHMARKS, **EXTRA}
 DEFAULT_OUTPUT = REPO / "docs" / "performance.md"
 FINDINGS = REPO / "bench" / "findings.md"
 
@@ -104,7 +119,7 @@ async def main(args: argparse.Namespace) -> list[Section]:
     for name in names:
         t = time.monotonic()
         load0 = _loadavg()
-        section = await BENCHMARKS[name](ctx)
+        section = await SUITES[name](ctx)
         section.notes.append(
             f"Load average (1, 5, 15 min) before: {load0}; after: {_loadavg()}; "
             f"took {time.monotonic() - t:.0f} s."
@@ -120,7 +135,10 @@ def cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument(
-        "--only", nargs="+", choices=list(BENCHMARKS), help="run only these benchmarks"
+        "--only",
+        nargs="+",
+        choices=list(SUITES),
+        help=f"run only these benchmarks (a full run leaves out {', '.join(EXTRA)})",
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument(

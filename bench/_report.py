@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ._util import median
@@ -317,3 +317,34 @@ def update_markdown(
     out += [targets if t == "Targets" else b for t, b in body]
     out.append("\n\n".join([HISTORY, *history]))
     return "\n\n".join(out) + "\n"
+
+
+def figures_of(
+    scenario: str, results: Sequence[Mapping[str, object]]
+) -> tuple[list[Figure], list[str]]:
+    """The figures of a scenario that reports a row of named values per run
+    (the suites that were measuring scripts first: ``key: value``), all runs
+    pooled: a number, or numbers separated by spaces (one per trial), is a
+    figure labelled ``scenario: key`` (its unit is in the key); anything else,
+    and a load average, is a note."""
+    values: dict[str, list[float]] = {}
+    notes: list[str] = []
+    for res in results:
+        for key, v in res.items():
+            numbers = None if key.startswith("load") else _numbers(v)
+            if numbers is None:
+                notes.append(f"{scenario}: {key}: {v}")
+            else:
+                values.setdefault(key, []).extend(numbers)
+    return [Figure(f"{scenario}: {k}", "", xs) for k, xs in values.items() if xs], notes
+
+
+def _numbers(v: object) -> list[float] | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return [float(v)]
+    try:
+        return [float(x) for x in str(v).split()] or None
+    except ValueError:
+        return None

@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from mesh._connection import Connection
+from mesh._harness.peer import open_peer, peer_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -142,17 +143,13 @@ class Children:
 
     async def spawn(self, name: str, argv: Sequence[str]) -> Child:
         """Start ``argv`` in our working directory, with ``bench`` importable
-        (appended to ``PYTHONPATH``: whatever ``mesh`` the parent would import
-        comes first, so parent and children run the same code)."""
+        (appended to ``PYTHONPATH``: the ``mesh`` the parent imports comes
+        first, so parent and children run the same code)."""
         errfile = tempfile.TemporaryFile(prefix="trio-mesh-bench-")
-        path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join([*path, str(REPO)]))
-        proc = await trio.lowlevel.open_process(
-            list(argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=errfile,
-            env=env,
+        env = peer_env()
+        env["PYTHONPATH"] += os.pathsep + str(REPO)
+        proc = await open_peer(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errfile, env=env
         )
         child = Child(name, proc, errfile)
         self.all.append(child)

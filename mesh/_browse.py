@@ -17,7 +17,7 @@ each entry inside Redis and returns its first bytes, its size and a
 fingerprint, a few calls a page (each stops at a byte budget, so a page of big
 payloads never holds Redis up for long); :func:`payload` fetches one whole by
 its ref. Redis still copies each entry once per read, so a page of fifty
-64 MiB payloads takes seconds (see ``bench/tools/big_payloads.py``).
+64 MiB payloads takes seconds (see ``bench/suites/payloads.py``).
 
 The protocol keeps no enqueue time for a queued one-shot task (it would cost a
 write per enqueue); :attr:`Job.enqueued` is known for persistent tasks that

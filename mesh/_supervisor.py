@@ -46,8 +46,8 @@ log = logging.getLogger("mesh.supervisor")
 RECYCLE_PROCESSES = 2000
 #: What recycling a dead worker costs Redis beyond its processes, counted in
 #: processes: its lease, description, server and share entries and keys cost
-#: about as much as two processes (``python -m bench.tools.massfail_cost``: ~90k
-#: instructions per worker that held nothing, ~56k per process held).
+#: about as much as two processes (``bench/tools/massfail_cost.py``, bench/findings.md:
+#: ~90k instructions per worker that held nothing, ~56k per process held).
 WORKER_COST = 2
 #: At most this many dead workers per lease check (``reap_check.lua``; its
 #: maximum, and ``recycle.lua``'s per call). The check used to take 16: a

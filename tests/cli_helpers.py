@@ -15,6 +15,8 @@ from typing import Any
 import anyio
 import trio
 
+from mesh._harness.peer import open_peer
+
 __all__ = [
     "assert_one_line_error",
     "clean_env",
@@ -36,10 +38,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def running_process(argv: Sequence[str], **kwargs: Any) -> AsyncIterator[trio.Process]:
-    """A process started with ``trio.lowlevel.open_process(argv, **kwargs)``
-    for the body; killed (if the body did not end it) and reaped on the way
-    out, whatever happened in the body."""
-    proc = await trio.lowlevel.open_process(list(argv), **kwargs)
+    """A process started with :func:`mesh._harness.peer.open_peer` (``kwargs``
+    as for it) for the body; killed (if the body did not end it) and reaped on
+    the way out, whatever happened in the body."""
+    proc = await open_peer(argv, **kwargs)
     try:
         yield proc
     finally:

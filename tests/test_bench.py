@@ -414,7 +414,7 @@ def test_update_markdown_keeps_the_order_of_hand_written_sections() -> None:
 async def test_parts() -> None:
     """bench.tools.parts times each piece of a runner's cycle (a real claim reply
     is parsed: the protocol's reply shape, not a copy of it)."""
-    from bench.tools import parts
+    from bench.suites import parts
 
     rows = dict(await parts.run(rounds=20, repeat=1))
     assert len(rows) == 8
@@ -427,7 +427,7 @@ async def test_balance_fleet_rolling() -> None:
     """bench.tools.balance_fleet rolling: 2 peers replaced one after the other (OS
     processes whose children freeze their GC once serving), every task handed
     over, never to a peer while its old handler ran, balanced at the end."""
-    from bench.tools import balance_fleet
+    from bench.suites import balance_fleet
 
     res = await balance_fleet.rolling(2, 20, 1.0, gc_freeze=True)
     assert res["children_gc"] == "gc.freeze() once serving"
@@ -440,7 +440,7 @@ async def test_balance_fleet_rolling() -> None:
 async def test_fleet_stop() -> None:
     """bench.tools.fleet_trials stop: a fleet cancelled from outside hands every task
     back, and the process exits; both times are reported, one per trial."""
-    from bench.tools import fleet_trials
+    from bench.suites import fleet_trials
 
     out = await fleet_trials.stop(workers=5, ttl=3.0, trials=2)
     back = [float(x) for x in str(out["every task back in the queue after (s)"]).split()]

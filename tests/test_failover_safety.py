@@ -15,10 +15,10 @@ import trio
 import mesh
 from mesh import MeshConnectionError, Process
 from mesh._failover import FailoverWatch
+from mesh._harness.topology import SERVICE, Runs, client, sentinel_setup, wait_for
 from mesh.testing import RedisServer, wait_until
 
 from .cli_helpers import mesh_cli, text
-from .topology import SERVICE, Runs, client, sentinel_setup, wait_for
 
 
 def test_the_failover_watch_follows_the_announcements() -> None:

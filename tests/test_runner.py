@@ -22,6 +22,7 @@ import mesh
 from mesh import Process
 from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
+from mesh._harness.proxy import Proxy
 from mesh._keys import Keys
 from mesh._pool import START_CHUNK
 from mesh._queue_config import QueueConfig
@@ -30,7 +31,6 @@ from mesh._runner_core import HERD
 from mesh._stats import QueueCounters
 from mesh.testing import RedisServer, wait_until
 
-from .faults.proxy import Proxy
 from .protocol_helpers import expire_worker, join, snapshot
 
 pytestmark = pytest.mark.both_loops

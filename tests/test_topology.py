@@ -24,13 +24,7 @@ from mesh import MeshConnectionError, Process
 from mesh._cluster import crc16, keyslot, parse_shards, parse_slots
 from mesh._connection import open_connection
 from mesh._eval import run_script
-from mesh._scripts import Script
-from mesh._topology import Topology
-from mesh._url import parse_url
-from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
-
-from .helpers import server_kind
-from .topology import (
+from mesh._harness.topology import (
     SERVICE,
     ClusterSetup,
     Runs,
@@ -43,6 +37,12 @@ from .topology import (
     sentinel_setup,
     wait_for,
 )
+from mesh._scripts import Script
+from mesh._topology import Topology
+from mesh._url import parse_url
+from mesh.testing import RedisServer, free_port, run_redis_server, wait_until
+
+from .helpers import server_kind
 
 NS = "topo" + secrets.token_hex(3)
 ROUTE = f"{{{NS}}}:"

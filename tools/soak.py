@@ -3,7 +3,7 @@
     .venv/bin/python tools/soak.py --duration 180
 
 Starts a mesh redis-server and a sink redis-server of its own (127.0.0.1,
-free ports), N worker processes (``tests/faults/driver.py``), each behind a
+free ports), N worker processes (``mesh/_harness/driver.py``), each behind a
 TCP proxy of its own, ensures P persistent tasks and enqueues J one-shot
 tasks over the first part of the run, and injects faults drawn at random:
 
@@ -91,12 +91,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mesh
 from mesh._connection import open_connection
+from mesh._harness import checks, sink, topology
+from mesh._harness.harness import Driver, Harness
+from mesh._harness.proxy import Proxy
 from mesh._view import counts
 from mesh.testing import run_redis_server
-from tests import topology
-from tests.faults import checks, sink
-from tests.faults.harness import Driver, Harness
-from tests.faults.proxy import Proxy
 
 FAULTS = ("kill", "term", "stop", "cut", "pubsub", "flush", "late")
 

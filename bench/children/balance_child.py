@@ -1,4 +1,4 @@
-"""Worker processes for :mod:`bench.tools.balance_fleet` (run by the parent as
+"""Worker processes for :mod:`bench.suites.balance_fleet` (run by the parent as
 ``python -m bench.children.balance_child --url URL --ns NS ...``).
 
 Runs ``--workers`` workers in this process, each serving ``--queue`` with a

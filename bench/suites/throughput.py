@@ -63,7 +63,7 @@ class Contender:
     extra: tuple[str, ...] = ()  # more arguments of its worker (trio-mesh: e.g. --loop)
     batch: int = 0  # trio-mesh: a batch handler of up to this many processes per call
     prefetch: int = -1  # trio-mesh: processes claimed beyond the concurrency (-1: the default)
-    tree: str = ""  # trio-mesh: run the children of this source tree (bench/tools/ab_throughput.py)
+    tree: str = ""  # trio-mesh: run the children of this source tree (--base)
 
 
 MESH1 = "trio-mesh, 1 worker process"

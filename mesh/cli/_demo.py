@@ -14,24 +14,21 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import math
 import os
 import secrets
 import signal
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import anyio
 import anyio.abc
-import attrs
 import trio
 
 import mesh
 from mesh._connection import open_connection
+from mesh._harness.peer import peer_env
 from mesh.testing import find_redis_server, run_redis_server, wait_until
 
 from ._common import (
@@ -39,6 +36,7 @@ from ._common import (
     UsageError,
     format_ms,
 )
+from ._demo_peers import Event, Peer, launch, stop_all
 
 __all__ = ["register"]
 
@@ -50,9 +48,6 @@ POLL = 0.005
 """How often the demo looks at Redis while it waits for something."""
 
 T = TypeVar("T")
-
-_ROOT = str(Path(mesh.__file__).resolve().parent.parent)
-"""Where the ``mesh`` package is, for the peers' ``PYTHONPATH``."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,35 +81,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 class DemoError(CliError):
     """The demo could not go on (a peer died, something timed out)."""
-
-
-@attrs.define
-class Event:
-    """One line a peer's handler printed (see :mod:`mesh.cli.demo_app`)."""
-
-    kind: str
-    queue: str
-    task: str
-    token: int
-    worker: str
-    at: float  # anyio.current_time() when the demo read it
-
-
-@attrs.define(eq=False)
-class Peer:
-    name: str
-    proc: trio.Process
-    launched: float
-    events: list[Event] = attrs.Factory(list)
-    log: collections.deque[str] = attrs.Factory(lambda: collections.deque(maxlen=20))
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc.returncode is None
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -226,7 +192,7 @@ class Demo:
                         await self.tour(client, url, namespace, shown)
                     finally:
                         with anyio.CancelScope(shield=True):
-                            await self.stop_peers(quiet=True)
+                            await stop_all(self.peers, TTL + 2)
             finally:
                 # The namespace goes once the client has closed too: a client
                 # writes the namespace's epoch when it (re)connects.
@@ -252,19 +218,18 @@ class Demo:
                 await self.stop(client)
             finally:
                 with anyio.CancelScope(shield=True):
-                    await self.stop_peers(quiet=True)
+                    await stop_all(self.peers, TTL + 2)
                 readers.cancel_scope.cancel()
 
     async def start_peers(
         self, client: mesh.Client, readers: anyio.abc.TaskGroup, url: str, namespace: str
     ) -> None:
         self.section(f"{self.n_peers} peers: each one is a `mesh worker` OS process")
-        env = dict(os.environ, MESH_REDIS_URL=url, MESH_NAMESPACE=namespace, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        env = peer_env(MESH_REDIS_URL=url, MESH_NAMESPACE=namespace)
         for i in range(1, self.n_peers + 1):
             name = f"peer-{i}"
-            cmd = [
-                sys.executable, "-m", "mesh.cli", "worker", "mesh.cli.demo_app:queues",
+            args = [
+                "mesh.cli.demo_app:queues",
                 "--worker-id", name,
                 "--ttl", str(TTL),
                 "--concurrency", f"devices={self.device_slots}",
@@ -272,21 +237,7 @@ class Demo:
                 "--backoff", "0.1",
                 "--max-attempts", "3",
             ]  # fmt: skip
-            # A session of its own: a Ctrl-C in the terminal reaches the demo,
-            # which stops the peers in order, rather than every peer at once.
-            proc = await trio.lowlevel.open_process(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
-            peer = Peer(name, proc, anyio.current_time())
-            self.peers.append(peer)
-            assert proc.stdout is not None and proc.stderr is not None
-            readers.start_soon(self.read_events, peer, proc.stdout)
-            readers.start_soon(self.read_log, peer, proc.stderr)
+            self.peers.append(await launch(name, args, env, readers, self.args.verbose))
         ready: dict[str, float] = {}
 
         async def all_ready() -> bool:
@@ -487,9 +438,11 @@ class Demo:
                 raise DemoError(f"{p.name} did not stop within {TTL + 5:g} s of SIGTERM")
             self.say(f"  {p.name}  exit {p.proc.returncode} after {self.elapsed(t0)}")
         took = anyio.current_time() - t0
-        bad = [p.name for p in live if p.proc.returncode != 0]
+        bad = [p for p in live if p.proc.returncode != 0]
         if bad:
-            raise DemoError(f"{', '.join(bad)} exited with an error: {self.last_log(bad[0])}")
+            raise DemoError(
+                f"{', '.join(p.name for p in bad)} exited with an error: {bad[0].last_log()}"
+            )
         info = await client.queue_info("devices")
         workers = await client.workers()
         self.say(
@@ -540,77 +493,7 @@ class Demo:
     def check_peers(self) -> None:
         for p in self.peers:
             if p is not self.victim and not p.running:
-                raise DemoError(
-                    f"{p.name} exited with status {p.proc.returncode}: {self.last_log(p.name)}"
-                )
-
-    def last_log(self, name: str) -> str:
-        """The last telling line a peer wrote on stderr: an error message
-        rather than a traceback's frame or an exception group's frame line."""
-        peer = next(p for p in self.peers if p.name == name)
-        for line in reversed(peer.log):
-            text = line.strip().lstrip("|").strip()
-            if text and text[0] not in "+-^~" and not text.startswith(("File ", "Traceback")):
-                return text
-        return "(no output; try --verbose)"
-
-    async def stop_peers(self, *, quiet: bool) -> None:
-        """SIGTERM every peer still running, wait a little, SIGKILL the rest;
-        reap them all."""
-        live = [p for p in self.peers if p.running]
-        for p in live:
-            with contextlib.suppress(ProcessLookupError):
-                p.proc.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(TTL + 2):
-            for p in live:
-                await p.proc.wait()
-        for p in self.peers:
-            if p.running:
-                with contextlib.suppress(ProcessLookupError):
-                    p.proc.kill()
-                await p.proc.wait()
-            for stream in (p.proc.stdout, p.proc.stderr):
-                if stream is not None:
-                    await stream.aclose()
-
-    async def read_events(self, peer: Peer, stream: trio.abc.ReceiveStream) -> None:
-        await _read_lines(stream, lambda line: self.on_event(peer, line))
-
-    def on_event(self, peer: Peer, line: bytes) -> None:
-        try:
-            d = json.loads(line)
-            ev = Event(
-                d["event"], d["queue"], d["task"], int(d["token"]), d["worker"],
-                anyio.current_time(),
-            )  # fmt: skip
-        except (ValueError, KeyError, TypeError):
-            peer.log.append(line.decode(errors="replace"))
-            return
-        peer.events.append(ev)
-
-    async def read_log(self, peer: Peer, stream: trio.abc.ReceiveStream) -> None:
-        await _read_lines(stream, lambda line: self.on_log(peer, line))
-
-    def on_log(self, peer: Peer, line: bytes) -> None:
-        text = line.decode(errors="replace")
-        peer.log.append(text)
-        if self.args.verbose:
-            print(f"  [{peer.name}] {text}", file=sys.stderr, flush=True)
-
-
-async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[bytes], None]) -> None:
-    """Call ``on_line`` with each line of ``stream`` until it ends."""
-    buf = b""
-    try:
-        async for chunk in stream:
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                on_line(line)
-    except (trio.ClosedResourceError, trio.BrokenResourceError):
-        pass
-    if buf:
-        on_line(buf)
+                raise DemoError(f"{p.name} exited with status {p.proc.returncode}: {p.last_log()}")
 
 
 async def _check_scan(url: str, namespace: str) -> None:

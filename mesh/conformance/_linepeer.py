@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from mesh._harness.peer import open_peer
+
 from . import _vectors
 
 REPLY_TIMEOUT = 10.0
@@ -95,7 +97,7 @@ async def open_script_peer(command: str, url: str, namespace: str) -> AsyncItera
     seconds, then kill it. Its stderr is discarded."""
     env = dict(os.environ, MESH_REDIS_URL=url, MESH_NAMESPACE=namespace)
     with tempfile.TemporaryFile() as err:
-        proc = await trio.lowlevel.open_process(
+        proc = await open_peer(
             shlex.split(command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -18,6 +18,8 @@ import anyio
 import anyio.abc
 import trio
 
+from mesh._harness.peer import open_peer
+
 from ._record import REPLY_TIMEOUT, PeerProc, Record, ScenarioFailed
 
 
@@ -27,7 +29,7 @@ class Peers(Record):
     async def launch(self, nursery: anyio.abc.TaskGroup, peer: PeerProc) -> None:
         env = dict(os.environ, MESH_REDIS_URL=self.url, MESH_NAMESPACE=self.namespace)
         peer.stderr = tempfile.TemporaryFile()
-        peer.proc = await trio.lowlevel.open_process(
+        peer.proc = await open_peer(
             shlex.split(peer.command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -9,9 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 
-from mesh.testing import RedisServer, run_redis_server
-
-from .harness import Harness, open_harness
+from mesh._harness.harness import Harness, open_harness
+from mesh._harness.topology import RedisServer, run_redis_server
 
 TTL = 1.0
 

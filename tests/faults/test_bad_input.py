@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 import mesh
 from mesh import ClosedError, ConfigError, Process
+from mesh._harness.harness import Harness
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness
 
 MAX = 256 * 1024
 

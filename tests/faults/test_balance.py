@@ -8,9 +8,8 @@ from collections import Counter
 
 import pytest
 
+from mesh._harness.harness import Harness, figure, payloads
 from mesh.testing import wait_until
-
-from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,9 @@ import trio
 
 from mesh import MeshConnectionError
 from mesh._connection import open_connection
+from mesh._harness import sink
+from mesh._harness.proxy import Proxy
 from mesh.testing import RedisServer, wait_until
-
-from . import sink
-from .proxy import Proxy
 
 
 async def test_the_sink_refuses_a_lower_token_and_records_it(sink_server: RedisServer) -> None:

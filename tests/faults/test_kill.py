@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from mesh._harness.harness import Harness, figure, payloads
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness, figure, payloads
 
 pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from mesh._harness.harness import Driver, Harness, payloads
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Driver, Harness, payloads
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,11 @@ import pytest
 import trio
 
 from mesh import MeshConnectionError
+from mesh._harness.harness import Harness, figure, payloads
 from mesh._scripts import load_scripts
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

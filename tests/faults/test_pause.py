@@ -10,10 +10,10 @@ import random
 import pytest
 import trio
 
+from mesh._harness.harness import Driver, Harness, figure, payloads
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Driver, Harness, figure, payloads
 
 pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 

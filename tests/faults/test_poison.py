@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from mesh._harness.harness import Harness
+from mesh._harness.sink import Event
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness
-from .sink import Event
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import trio
 
+from mesh._harness.harness import Harness, figure
+from mesh._harness.sink import Event
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness, figure
-from .sink import Event
 
 pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 H = TTL / 3

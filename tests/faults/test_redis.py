@@ -11,10 +11,10 @@ import trio
 
 from mesh import MeshConnectionError, OutOfMemoryError
 from mesh._connection import open_connection
+from mesh._harness.harness import Harness, figure, open_harness
 from mesh.testing import RedisServer, find_redis_server, run_redis_server, wait_until
 
 from .conftest import TTL
-from .harness import Harness, figure, open_harness
 
 pytestmark = pytest.mark.slow
 R = 2 * TTL / 3

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
+from mesh._harness.harness import Harness
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from mesh._harness.harness import Harness, figure, payloads
 from mesh.testing import wait_until
 
 from .conftest import TTL
-from .harness import Harness, figure, payloads
 
 pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 

@@ -13,13 +13,13 @@ import trio
 
 from mesh._binding import Binding
 from mesh._connection import Connection, open_connection
+from mesh._harness import checks
+from mesh._harness.harness import Harness, figure, payloads
 from mesh._keys import Keys
 from mesh.testing import wait_until
 
 from ..protocol_helpers import expire_worker, join
-from . import checks
 from .conftest import TTL
-from .harness import Harness, figure, payloads
 
 pytestmark = pytest.mark.slow
 

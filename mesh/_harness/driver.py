@@ -1,6 +1,6 @@
 """A worker as a real OS process, for the fault tests and the soak.
 
-Run as ``python driver.py --redis URL --sink URL --prefix P --namespace NS ...``.
+Run as ``python -m mesh._harness.driver --redis URL --sink URL --prefix P --namespace NS ...``.
 It serves a persistent queue (``--persistent``), a one-shot queue
 (``--oneshot``) and optionally a queue served without a handler
 (``--manual``), and reports everything its handlers do to the fenced sink
@@ -34,17 +34,14 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import anyio
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mesh
 from mesh._client import DEFAULT_MAX_PAYLOAD
 from mesh._connection import open_connection
+from mesh._harness import sink
 from mesh._loop import LOOPS, run
-from tests.faults import sink
 
 
 def directives(task: bytes) -> dict[str, str]:
@@ -100,7 +97,7 @@ async def main(args: argparse.Namespace) -> int:
                 max_payload=args.max_payload,
                 stop_grace=args.stop_grace,
             ) as worker:
-                await serve(args, worker, report, note_shielded, captured)
+                await Handlers(args, worker, report, note_shielded, captured).serve()
                 left_at = time.monotonic()
         except mesh.MeshError as exc:
             if worker is not None:
@@ -125,41 +122,52 @@ async def main(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(
-    args: argparse.Namespace,
-    worker: mesh.Worker,
-    report: Callable[..., Awaitable[bool]],
-    note_shielded: Callable[..., Awaitable[None]],
-    captured: Captured,
-) -> None:
-    """Serve the queues until SIGTERM or SIGINT."""
+class Handlers:
+    """What the worker runs: the handlers of its queues, the manual loop,
+    and the watches that report to the sink."""
 
-    async def device(p: mesh.Process) -> None:
-        await report(p.task, p.token, p.worker_id, "start", str(p.attempts))
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        worker: mesh.Worker,
+        report: Callable[..., Awaitable[bool]],
+        note_shielded: Callable[..., Awaitable[None]],
+        captured: Captured,
+    ) -> None:
+        self.args = args
+        self.worker = worker
+        self.report = report
+        self.note_shielded = note_shielded
+        self.captured = captured
+
+    async def device(self, p: mesh.Process) -> None:
+        await self.report(p.task, p.token, p.worker_id, "start", str(p.attempts))
         d = directives(p.task)
         if "kill" in d:
             os.kill(os.getpid(), signal.SIGKILL)
         n = 0
         try:
             while True:
-                await anyio.sleep(args.act_every)
+                await anyio.sleep(self.args.act_every)
                 n += 1
-                if n == 3 and ("stallwrite" in d or ("stallonce" in d and first_stall(args, p))):
-                    stall_then_write(args, p)
-                await report(p.task, p.token, p.worker_id, "act")
+                if n == 3 and (
+                    "stallwrite" in d or ("stallonce" in d and first_stall(self.args, p))
+                ):
+                    stall_then_write(self.args, p)
+                await self.report(p.task, p.token, p.worker_id, "act")
         except anyio.get_cancelled_exc_class():
-            await slow_stop(d)
-            await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
+            await self.slow_stop(d)
+            await self.note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
             raise
 
-    async def job(p: mesh.Process) -> None:
-        await report(p.task, p.token, p.worker_id, "start", str(p.attempts))
+    async def job(self, p: mesh.Process) -> None:
+        await self.report(p.task, p.token, p.worker_id, "start", str(p.attempts))
         d = directives(p.task)
         if "kill" in d:
             os.kill(os.getpid(), signal.SIGKILL)
         if "fail" in d:
             raise RuntimeError(f"task {p.task!r} fails on purpose")
-        hold = float(d.get("hold", args.job_time))
+        hold = float(d.get("hold", self.args.job_time))
         try:
             if "ignorecancel" in d:
                 with anyio.CancelScope(shield=True):
@@ -167,71 +175,78 @@ async def serve(
             else:
                 await anyio.sleep(hold)
         except anyio.get_cancelled_exc_class():
-            await slow_stop(d)
-            await note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
+            await self.slow_stop(d)
+            await self.note_shielded(p.task, p.token, p.worker_id, "cancelled", "")
             raise
-        await report(p.task, p.token, p.worker_id, "done")
+        await self.report(p.task, p.token, p.worker_id, "done")
 
-    async def slow_stop(d: dict[str, str]) -> None:
+    async def slow_stop(self, d: dict[str, str]) -> None:
         if "slowstop" in d:
             with anyio.CancelScope(shield=True):
                 await anyio.sleep(float(d["slowstop"]))
 
-    async def manual() -> None:
+    async def manual(self) -> None:
         while True:
             try:
-                p = await worker.dequeue(args.manual)
+                p = await self.worker.dequeue(self.args.manual)
             except (mesh.MeshConnectionError, mesh.FencedError) as exc:
-                await report(b"", 0, worker.id, "log", f"dequeue: {exc}")
+                await self.report(b"", 0, self.worker.id, "log", f"dequeue: {exc}")
                 await anyio.sleep(0.05)
                 continue
             if p is None:
                 await anyio.sleep(0.01)
                 continue
-            await report(p.task, p.token, p.worker_id, "claimed")
-            await anyio.sleep(float(directives(p.task).get("hold", args.job_time)))
+            await self.report(p.task, p.token, p.worker_id, "claimed")
+            await anyio.sleep(float(directives(p.task).get("hold", self.args.job_time)))
             try:
-                ok = await worker.finish(p)
+                ok = await self.worker.finish(p)
             except mesh.MeshConnectionError as exc:
-                await report(p.task, p.token, p.worker_id, "log", f"finish: {exc}")
+                await self.report(p.task, p.token, p.worker_id, "log", f"finish: {exc}")
                 continue
-            await report(p.task, p.token, p.worker_id, "finish", str(ok))
+            await self.report(p.task, p.token, p.worker_id, "finish", str(ok))
 
-    async def watch_id() -> None:
-        last = worker.id
+    async def watch_id(self) -> None:
+        last = self.worker.id
         while True:
             await anyio.sleep(0.01)
-            if worker.id != last:
-                await report(b"", 0, worker.id, "id", last)
-                last = worker.id
+            if self.worker.id != last:
+                await self.report(b"", 0, self.worker.id, "id", last)
+                last = self.worker.id
 
-    async def flush_logs() -> None:
+    async def flush_logs(self) -> None:
         while True:
             await anyio.sleep(0.05)
-            recs, captured.records = captured.records, []
+            recs, self.captured.records = self.captured.records, []
             for r in recs:
-                await report(b"", 0, worker.id, "log", r)
+                await self.report(b"", 0, self.worker.id, "log", r)
 
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        for queue, handler in ((args.persistent, device), (args.oneshot, job), (args.manual, None)):
-            if queue:
-                await worker.start_work(
-                    queue,
-                    handler,
-                    concurrency=args.concurrency,
-                    max_attempts=args.max_attempts,
-                    backoff=args.backoff,
-                    rebalance=not args.no_rebalance,
-                )
-        async with anyio.create_task_group() as nursery:
-            nursery.start_soon(watch_id)
-            nursery.start_soon(flush_logs)
-            if args.manual:
-                nursery.start_soon(manual)
-            await report(b"", 0, worker.id, "ready", str(os.getpid()))
-            async for _ in signals:
-                break
-            nursery.cancel_scope.cancel()
+    async def serve(self) -> None:
+        """Serve the queues until SIGTERM or SIGINT."""
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            queues = (
+                (self.args.persistent, self.device),
+                (self.args.oneshot, self.job),
+                (self.args.manual, None),
+            )
+            for queue, handler in queues:
+                if queue:
+                    await self.worker.start_work(
+                        queue,
+                        handler,
+                        concurrency=self.args.concurrency,
+                        max_attempts=self.args.max_attempts,
+                        backoff=self.args.backoff,
+                        rebalance=not self.args.no_rebalance,
+                    )
+            async with anyio.create_task_group() as nursery:
+                nursery.start_soon(self.watch_id)
+                nursery.start_soon(self.flush_logs)
+                if self.args.manual:
+                    nursery.start_soon(self.manual)
+                await self.report(b"", 0, self.worker.id, "ready", str(os.getpid()))
+                async for _ in signals:
+                    break
+                nursery.cancel_scope.cancel()
 
 
 def first_stall(args: argparse.Namespace, p: mesh.Process) -> bool:

@@ -1,6 +1,6 @@
 """Rebalancing at fleet scale: a rolling restart and a mass failure.
 
-``python -m bench.tools.balance_fleet converge [--tasks 30000] [--ttl 1.5]``: 3
+``python -m bench.suites.balance_fleet converge [--tasks 30000] [--ttl 1.5]``: 3
 workers (one per OS process, ``bench.children.balance_child``) own ``--tasks``
 persistent tasks, 3 more join; the time from the first new worker serving
 until every worker holds floor or ceil of the fair share (polled in Redis
@@ -8,7 +8,7 @@ every 50 ms), the moves (tasks whose process changed) against the minimum,
 and each hand-over's gap (old handler exited -> new handler started, both
 noted with CLOCK_MONOTONIC in the children).
 
-``python -m bench.tools.balance_fleet rolling [--peers 10] [--tasks 10000] [--ttl 1.5]``:
+``python -m bench.suites.balance_fleet rolling [--peers 10] [--tasks 10000] [--ttl 1.5]``:
 ``--peers`` workers (one per OS process) own ``--tasks`` persistent tasks;
 each in turn is replaced as a deployment with a surge of one replaces it (a
 new worker starts, then the old one gets SIGTERM and hands everything back
@@ -19,7 +19,7 @@ new handler started): mean, p99 and max over the tasks, and p50/p99 of
 single hand-overs, and how many starts came before the old handler's exit
 (must be 0).
 
-``python -m bench.tools.balance_fleet massfail [--procs 10] [--per 10]
+``python -m bench.suites.balance_fleet massfail [--procs 10] [--per 10]
 [--tasks 100000] [--ttl 1.5]`` runs ``--procs`` OS processes of ``--per``
 workers each (``bench.children.mesh_child hold``) that own ``--tasks`` persistent
 tasks, SIGKILLs half of the processes, and reports, by this process's
@@ -29,6 +29,8 @@ TTL + 0.5 s), the spread right then, and when every survivor held floor or
 ceil of its fair share again (rebalancing).
 
 Each starts its own redis-server (127.0.0.1, a free port).
+``python -m bench --only balance_fleet`` runs all three (smaller with
+``--quick``) as a section of the report.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
 
 import attrs
 import trio
@@ -55,6 +59,8 @@ from mesh._keys import Keys
 from mesh._scripts import load_scripts
 from mesh.testing import run_redis_server
 
+from .._context import Context
+from .._report import Section, figures_of
 from .._util import Child, Children, children, mesh_child
 
 QUEUE = "devices"
@@ -192,22 +198,28 @@ class Peers:
 
 
 @asynccontextmanager
-async def balanced_peers(n: int, tasks: int, ttl: float, gc_freeze: bool) -> AsyncIterator[Peers]:
-    """A redis-server of its own and ``n`` peers (one worker per OS process)
-    that hold ``tasks`` persistent tasks, balanced (the state converge and
-    rolling start from); the children are killed on the way out."""
+async def bench_mesh() -> AsyncIterator[Peers]:
+    """A redis-server of its own, a connection and a client (namespace
+    ``bench``) to it, and a scope for children, with no peer yet."""
     with run_redis_server() as server:
-        url = server.url
         async with (
-            open_connection(url) as conn,
-            mesh.open_client(url, namespace="bench") as client,
+            open_connection(server.url) as conn,
+            mesh.open_client(server.url, namespace="bench") as client,
             children() as kids,
         ):
-            k = Keys("bench")
-            peers = [await spawn(kids, url, ttl, tasks, gc_freeze) for _ in range(n)]
-            await ensure_all(client, tasks)
-            await wait_balanced(conn, k, n, tasks)
-            yield Peers(url, conn, client, kids, k, peers)
+            yield Peers(server.url, conn, client, kids, Keys("bench"), [])
+
+
+@asynccontextmanager
+async def balanced_peers(n: int, tasks: int, ttl: float, gc_freeze: bool) -> AsyncIterator[Peers]:
+    """:func:`bench_mesh` with ``n`` peers (one worker per OS process) that
+    hold ``tasks`` persistent tasks, balanced (the state converge and rolling
+    start from); the children are killed on the way out."""
+    async with bench_mesh() as m:
+        m.peers.extend([await spawn(m.kids, m.url, ttl, tasks, gc_freeze) for _ in range(n)])
+        await ensure_all(m.client, tasks)
+        await wait_balanced(m.conn, m.k, n, tasks)
+        yield m
 
 
 async def converge(tasks: int, ttl: float, gc_freeze: bool = False) -> dict[str, float | str]:
@@ -302,6 +314,75 @@ async def held_by(conn: Connection, k: Keys, ids: list[str]) -> list[int]:
     return [int(x) for x in r]
 
 
+async def _hold_group(
+    kids: Children, name: str, url: str, per: int, ttl: float, cap: int, extra: list[str]
+) -> tuple[Child, list[str]]:
+    """One OS process of ``per`` workers (``mesh_child hold``), once it serves,
+    and its workers' ids."""
+    child = await kids.spawn(
+        name,
+        mesh_child(
+            "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
+            "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap), *extra,
+        ),
+    )  # fmt: skip
+    ids: list[str] = []
+    while True:
+        line = await child.expect("", 120)
+        if line == "ready":
+            return child, ids
+        if line.startswith("worker "):
+            ids.append(line.split()[1])
+
+
+async def _spy_on(survivors: list[Child], ttl: float, spy: str) -> list[trio.Process]:
+    """py-spy on every survivor from just before the kill (it does not pause
+    them: --nonblocking); flame-graph text per process into ``spy``."""
+    spies = []
+    for child in survivors:
+        argv = [
+            "py-spy", "record", "--nonblocking", "-r", "200",
+            "-d", str(int(ttl + 6)), "-f", "raw",
+            "-o", f"{spy}/survivor-{child.pid}.txt", "-p", str(child.pid),
+        ]  # fmt: skip
+        spies.append(
+            await trio.lowlevel.open_process(
+                argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
+    await trio.sleep(1.0)
+    return spies
+
+
+@attrs.define
+class Takeover:
+    """The survivors' held tasks after the kill, polled every 20 ms for at
+    most 120 s: when all were held again (and the spread then), and when the
+    survivors were balanced."""
+
+    tasks: int
+    n_alive: int
+    polls: list[tuple[float, int]] = attrs.Factory(list)
+    owned_at: float | None = None
+    spread_then: tuple[int, int] = (0, 0)
+    balanced_at: float | None = None
+
+    async def run(
+        self, conn: Connection, k: Keys, survivors: Callable[[], Awaitable[list[str]]], t0: float
+    ) -> None:
+        while time.monotonic() - t0 < 120:
+            ids = await survivors()
+            h = await held_by(conn, k, ids)
+            now = time.monotonic() - t0
+            self.polls.append((now, sum(h)))
+            if self.owned_at is None and sum(h) == self.tasks:
+                self.owned_at, self.spread_then = now, (min(h), max(h))
+            if self.owned_at is not None and len(ids) == self.n_alive and max(h) - min(h) <= 1:
+                self.balanced_at = now
+                return
+            await trio.sleep(0.02)
+
+
 async def massfail(
     procs: int,
     per: int,
@@ -312,121 +393,53 @@ async def massfail(
     trace: str | None = None,
     gc_freeze: bool = False,
 ) -> dict[str, float | str]:
-    k = Keys("bench")
     if trace:
         # the children note their script calls (bench.children.mesh_child)
         os.environ["MESH_BENCH_TRACE"] = trace
-    with run_redis_server() as server:
-        url = server.url
-        async with (
-            open_connection(url) as conn,
-            mesh.open_client(url, namespace="bench") as client,
-            children() as kids,
-        ):
-            # scripts that held Redis 100 ms or more, reported at the end
+    async with bench_mesh() as m:
+        url, conn, client, kids, k = m.url, m.conn, m.client, m.kids, m.k
+        # scripts that held Redis 100 ms or more, reported at the end
+        await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
+        await conn.execute("SLOWLOG", "RESET")
+        cap = 2 * tasks // (procs * per) + 100  # what a survivor may come to hold
+        extra = [*(["--gc-threshold", str(gc_threshold)] if gc_threshold else [])]
+        extra += ["--gc-freeze"] if gc_freeze else []
+        groups = [
+            await _hold_group(kids, f"hold{i}", url, per, ttl, cap, extra) for i in range(procs)
+        ]
+        everyone = [w for _, ids in groups for w in ids]
+        t = time.monotonic()
+        await ensure_all(client, tasks)
+        await wait_balanced(conn, k, procs * per, tasks)
+        owned_after_ensure = time.monotonic() - t
+        await trio.sleep(2 * ttl)  # settled: a few more heartbeats
+        doomed = groups[: procs // 2]
+        dead_pids = {str(child.pid) for child, _ in doomed}
+        survivors = partial(_survivors, conn, k, dead_pids)
+        spies = await _spy_on([c for c, _ in groups[procs // 2 :]], ttl, spy) if spy else []
+        if trace:
+            await _log_every_script_call(conn)
+        # fences during the initial claims are not the mass failure's
+        live_at_kill = set(await live_workers(conn, k))
+        t0 = time.monotonic()
+        for child, _ in doomed:
+            child.signal(signal.SIGKILL)
+        if trace:
+            await _note_deadlines(conn, k, trace, t0, [w for _, ids in doomed for w in ids])
+        n_alive = procs * per - len(doomed) * per
+        watch = Takeover(tasks, n_alive)
+        await watch.run(conn, k, survivors, t0)
+        for s in spies:
+            await s.wait()
+        ids = await survivors()
+        final = await held_by(conn, k, ids)
+        live_now = set(await live_workers(conn, k))
+        rejoins = len(live_now - set(everyone))
+        fenced_after_kill = len(live_now - live_at_kill)
+        if trace:
+            await _dump_trace(conn, trace, t0, watch.polls)
             await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
-            await conn.execute("SLOWLOG", "RESET")
-            groups: list[tuple[Child, list[str]]] = []
-            cap = 2 * tasks // (procs * per) + 100  # what a survivor may come to hold
-            for i in range(procs):
-                child = await kids.spawn(
-                    f"hold{i}",
-                    mesh_child(
-                        "hold", "--url", url, "--ns", "bench", "--queue", QUEUE,
-                        "--workers", str(per), "--ttl", str(ttl), "--concurrency", str(cap),
-                        *(["--gc-threshold", str(gc_threshold)] if gc_threshold else []),
-                        *(["--gc-freeze"] if gc_freeze else []),
-                    ),
-                )  # fmt: skip
-                ids = []
-                while True:
-                    line = await child.expect("", 120)
-                    if line == "ready":
-                        break
-                    if line.startswith("worker "):
-                        ids.append(line.split()[1])
-                groups.append((child, ids))
-            everyone = [w for _, ids in groups for w in ids]
-            t = time.monotonic()
-            await ensure_all(client, tasks)
-            await wait_balanced(conn, k, procs * per, tasks)
-            owned_after_ensure = time.monotonic() - t
-            await trio.sleep(2 * ttl)  # settled: a few more heartbeats
-            doomed = groups[: procs // 2]
-            dead_pids = {str(child.pid) for child, _ in doomed}
-
-            async def survivors() -> list[str]:
-                # worker ids are <host>-<pid>-<random>[.<rejoin>]
-                live = await live_workers(conn, k)
-                return [w for w in live if w.rsplit("-", 2)[1] not in dead_pids]
-
-            spies = []
-            if spy:
-                # py-spy on every survivor from just before the kill (it does
-                # not pause them: --nonblocking); flame-graph text per process
-                for child, _ in groups[procs // 2 :]:
-                    argv = [
-                        "py-spy", "record", "--nonblocking", "-r", "200",
-                        "-d", str(int(ttl + 6)), "-f", "raw",
-                        "-o", f"{spy}/survivor-{child.pid}.txt", "-p", str(child.pid),
-                    ]  # fmt: skip
-                    spies.append(
-                        await trio.lowlevel.open_process(
-                            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                        )
-                    )
-                await trio.sleep(1.0)
-            if trace:
-                # every script call of 1 ms or more from here on (with 0,
-                # the commands inside scripts are logged too, and logging
-                # 200,000 of them doubled what the scripts cost Redis)
-                await conn.execute("CONFIG", "SET", "slowlog-max-len", "1000000")
-                await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "1000")
-                await conn.execute("SLOWLOG", "RESET")
-            # fences during the initial claims are not the mass failure's
-            live_at_kill = set(await live_workers(conn, k))
-            t0 = time.monotonic()
-            for child, _ in doomed:
-                child.signal(signal.SIGKILL)
-            if trace:
-                await _note_deadlines(conn, k, trace, t0, [w for _, ids in doomed for w in ids])
-            polls: list[tuple[float, int]] = []
-            owned_at = None
-            spread_then = (0, 0)
-            balanced_at = None
-            n_alive = procs * per - len(doomed) * per
-            while time.monotonic() - t0 < 120:
-                ids = await survivors()
-                h = await held_by(conn, k, ids)
-                now = time.monotonic() - t0
-                polls.append((now, sum(h)))
-                if owned_at is None and sum(h) == tasks:
-                    owned_at, spread_then = now, (min(h), max(h))
-                if owned_at is not None and len(ids) == n_alive and max(h) - min(h) <= 1:
-                    balanced_at = now
-                    break
-                await trio.sleep(0.02)
-            for s in spies:
-                await s.wait()
-            ids = await survivors()
-            final = await held_by(conn, k, ids)
-            live_now = set(await live_workers(conn, k))
-            rejoins = len(live_now - set(everyone))
-            fenced_after_kill = len(live_now - live_at_kill)
-            if trace:
-                await _dump_trace(conn, trace, t0, polls)
-                await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "100000")
-            slow = [
-                e
-                for e in await conn.execute("SLOWLOG", "GET", "-1" if trace else "1000")
-                if isinstance(e[2], int) and e[2] >= 100_000
-            ]
-            info = await conn.execute("INFO", "memory")
-            mem = next(
-                line.split(":")[1]
-                for line in info.decode().splitlines()
-                if line.startswith("used_memory_human")
-            )
+        slow, mem = await _slow_and_memory(conn, everything=bool(trace))
     return {
         "processes": procs,
         "workers": procs * per,
@@ -434,10 +447,10 @@ async def massfail(
         "ttl_s": ttl,
         "all_owned_first_s": round(owned_after_ensure, 2),
         "killed_workers": procs * per - n_alive,
-        "all_owned_again_after_s": round(owned_at, 3) if owned_at is not None else -1.0,
+        "all_owned_again_after_s": -1.0 if watch.owned_at is None else round(watch.owned_at, 3),
         "target_s": ttl + 0.5,
-        "spread_when_owned": f"{spread_then[0]}-{spread_then[1]}",
-        "balanced_after_s": round(balanced_at, 3) if balanced_at is not None else -1.0,
+        "spread_when_owned": "{}-{}".format(*watch.spread_then),
+        "balanced_after_s": -1.0 if watch.balanced_at is None else round(watch.balanced_at, 3),
         "final_spread": f"{min(final)}-{max(final)}",
         "fair_share": tasks / n_alive,
         "rejoins_after_fencing": rejoins,
@@ -447,6 +460,38 @@ async def massfail(
         "children_gc_threshold": gc_threshold or "python default (10)",
         "children_gc": "gc.freeze() once serving" if gc_freeze else "python default",
     }
+
+
+async def _survivors(conn: Connection, k: Keys, dead_pids: set[str]) -> list[str]:
+    """The live workers but those of the processes ``dead_pids``."""
+    # worker ids are <host>-<pid>-<random>[.<rejoin>]
+    return [w for w in await live_workers(conn, k) if w.rsplit("-", 2)[1] not in dead_pids]
+
+
+async def _log_every_script_call(conn: Connection) -> None:
+    """Every script call of 1 ms or more from here on goes to SLOWLOG (with
+    0, the commands inside scripts are logged too, and logging 200,000 of
+    them doubled what the scripts cost Redis)."""
+    await conn.execute("CONFIG", "SET", "slowlog-max-len", "1000000")
+    await conn.execute("CONFIG", "SET", "slowlog-log-slower-than", "1000")
+    await conn.execute("SLOWLOG", "RESET")
+
+
+async def _slow_and_memory(conn: Connection, everything: bool) -> tuple[list[Any], str]:
+    """The SLOWLOG entries of 100 ms or more (of all of them when
+    ``everything``, else of the last 1,000), and Redis' used memory."""
+    slow = [
+        e
+        for e in await conn.execute("SLOWLOG", "GET", "-1" if everything else "1000")
+        if isinstance(e[2], int) and e[2] >= 100_000
+    ]
+    info = await conn.execute("INFO", "memory")
+    mem = next(
+        line.split(":")[1]
+        for line in info.decode().splitlines()
+        if line.startswith("used_memory_human")
+    )
+    return slow, mem
 
 
 async def _note_deadlines(
@@ -520,6 +565,47 @@ def _slow(entries: list[list[object]]) -> str:
     return ", ".join(f"{n} x{len(v)} max {max(v):.0f} ms" for n, v in by.items()) or "none"
 
 
+async def suite(ctx: Context) -> Section:
+    """The three scenarios as a section of the report, ``ctx.runs`` times
+    each, TTL 1.5 s, the children freezing their GC once serving (as ``mesh
+    worker`` does)."""
+    q = ctx.quick
+    section = Section("balance_fleet", "Rebalancing at fleet scale", METHOD, runs=ctx.runs)
+    converge_tasks, peers, rolling_tasks = (600, 3, 300) if q else (30_000, 10, 10_000)
+    procs, per, massfail_tasks = (4, 5, 2_000) if q else (10, 10, 100_000)
+    scenarios = [
+        (
+            f"converge 3 -> 6, {converge_tasks:,} tasks",
+            partial(converge, converge_tasks, 1.5, True),
+        ),
+        (
+            f"rolling {peers} peers, {rolling_tasks:,} tasks",
+            partial(rolling, peers, rolling_tasks, 1.5, True),
+        ),
+        (
+            f"massfail {procs} x {per}, {massfail_tasks:,} tasks",
+            partial(massfail, procs, per, massfail_tasks, 1.5, gc_freeze=True),
+        ),
+    ]
+    for scenario, measure in scenarios:
+        ctx.log(f"balance_fleet: {scenario}")
+        figures, notes = figures_of(scenario, [await measure() for _ in range(ctx.runs)])
+        section.figures += figures
+        section.notes += notes
+    return section
+
+
+METHOD = """
+Measured by `bench/suites/balance_fleet.py` (its docstring has the details),
+one worker per OS process unless said: *converge*: 3 workers own the tasks, 3
+more join; the time until every worker holds floor or ceil of its fair share,
+the moves against the minimum, each hand-over's gap; *rolling*: each peer in
+turn replaced as a deployment with a surge of one does it, waiting for the
+balance after each; *massfail*: half of the processes of fleets SIGKILLed;
+when every task is held again, and when the survivors are balanced again.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -540,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
         "--trace",
         metavar="DIR",
         help="a timeline into DIR: the children's script calls, every Redis command's time "
-        "after the kill (SLOWLOG), the dead leases' deadlines; see bench.tools.massfail_timeline",
+        "after the kill (SLOWLOG), the dead leases' deadlines (bench/findings.md: how the "
+        "removed massfail_timeline.py read them)",
     )
     m.add_argument(
         "--gc-threshold",

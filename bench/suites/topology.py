@@ -1,6 +1,6 @@
 """Topology benchmark: recovery after the master's SIGKILL, and the cost of min_replicas.
 
-Builds its own loopback topologies (tests/topology.py: plain redis-server
+Builds its own loopback topologies (mesh/_harness/topology.py: plain redis-server
 processes on free ports, never 6379) and measures:
 
 * **failover**: Sentinel (1 master, 1 replica, 1 sentinel) and Cluster (3
@@ -30,8 +30,11 @@ processes on free ports, never 6379) and measures:
   and from ``cancel`` to the handler's cancellation (``ttl=3``, a heartbeat
   every second).
 
-    python -m bench.tools.topology [--trials 10] [--ttl 1.0]
+    python -m bench.suites.topology [--trials 10] [--ttl 1.0]
         [--only failover|replicas|namespaces|mixed]
+
+``python -m bench --only topology`` runs all four (fewer trials with
+``--quick``) as a section of the report.
 """
 
 from __future__ import annotations
@@ -43,19 +46,21 @@ import math
 import random
 import secrets
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import mesh
+from mesh._harness.topology import client, cluster_setup, sentinel_setup
 from mesh._topology import keyslot
 from mesh.testing import run_redis_server
-from tests.topology import client, cluster_setup, sentinel_setup
+
+from .._context import Context
+from .._report import Figure, Section
+
+Out = Callable[[str], None]
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -99,7 +104,9 @@ async def one_failover(url: str, ns: str, ttl: float, tasks: int, kill: object) 
     return took
 
 
-def failover(trials: int, ttl: float, tasks: int) -> None:
+def failover(trials: int, ttl: float, tasks: int, out: Out = print) -> dict[str, list[float]]:
+    """Seconds until every task runs again after the master's SIGKILL, per kind."""
+    every: dict[str, list[float]] = {}
     for kind in ("sentinel", "cluster"):
         times = []
         for _ in range(trials):
@@ -115,11 +122,13 @@ def failover(trials: int, ttl: float, tasks: int) -> None:
                     url = c.url(scheme="redis+cluster")
                     times.append(trio.run(one_failover, url, ns, ttl, tasks, owner.stop))
                 detection = "cluster-node-timeout 500"
-        print(
+        every[kind] = times
+        out(
             f"failover {kind:8} ({detection}, ttl {ttl:g} s, {tasks} tasks, {trials} trials): "
             f"p50 {percentile(times, 50):.3f} s  p99 {percentile(times, 99):.3f} s  "
             f"min {min(times):.3f} s  max {max(times):.3f} s"
         )
+    return every
 
 
 async def throughput(c: mesh.Client, seconds: float, concurrency: int) -> float:
@@ -140,7 +149,7 @@ async def throughput(c: mesh.Client, seconds: float, concurrency: int) -> float:
     return count / (time.monotonic() - start)
 
 
-async def replicas_cost(seconds: float, concurrency: int) -> None:
+async def replicas_cost(seconds: float, concurrency: int, out: Out = print) -> None:
     with sentinel_setup() as s:
         for n in (0, 1):
             ns = "br" + secrets.token_hex(3)
@@ -152,7 +161,7 @@ async def replicas_cost(seconds: float, concurrency: int) -> None:
                     await c.enqueue("q", b"x" * 100)
                     latencies.append(time.perf_counter() - t0)
                 rate = await throughput(c, seconds, concurrency)
-            print(
+            out(
                 f"min_replicas={n}: enqueue latency "
                 f"p50 {statistics.median(latencies) * 1e6:,.0f} us "
                 f"p99 {percentile(latencies, 99) * 1e6:,.0f} us (sequential); "
@@ -230,7 +239,7 @@ async def run_jobs(url: str, namespaces: list[str], jobs: int) -> float:
     return took
 
 
-def namespaces_cost(jobs: int, rounds: int) -> None:
+def namespaces_cost(jobs: int, rounds: int, out: Out = print) -> None:
     with cluster_setup(masters=3) as setup:
         slots = sorted(
             (int(e[0]), int(e[1]), int(e[2][1]))
@@ -259,12 +268,12 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
                 pubs = sum(a[3] - b[3] for a, b in zip(after, before, strict=True)) / jobs
                 spubs = sum(a[4] - b[4] for a, b in zip(after, before, strict=True)) / jobs
                 results[layout].append((cmds, cpu, took, scripts, pubs, spubs))
-        print(f"namespaces: {jobs} one-shot tasks, 3 workers, 3 masters, {rounds} rounds each")
+        out(f"namespaces: {jobs} one-shot tasks, 3 workers, 3 masters, {rounds} rounds each")
         for layout, runs in results.items():
             for i, port in enumerate(ports):
                 c = [run[0][i] for run in runs]
                 u = [run[1][i] for run in runs]
-                print(
+                out(
                     f"  {layout:5} master {i + 1} (:{port}): commands/task "
                     f"{statistics.median(c):6.2f} (min {min(c):.2f} max {max(c):.2f}); "
                     f"Redis CPU/task {statistics.median(u):6.1f} us "
@@ -273,7 +282,7 @@ def namespaces_cost(jobs: int, rounds: int) -> None:
             total_c = [sum(run[0]) for run in runs]
             total_u = [sum(run[1]) for run in runs]
             rate = [jobs / run[2] for run in runs]
-            print(
+            out(
                 f"  {layout:5} all masters: script calls/task "
                 f"{statistics.median(run[3] for run in runs):.2f}, PUBLISH/task "
                 f"{statistics.median(run[4] for run in runs):.2f}, SPUBLISH/task "
@@ -325,7 +334,7 @@ async def mixed_latency(url: str, worker_url: str, trials: int) -> tuple[list[fl
     return wake, cancel
 
 
-def mixed(trials: int) -> None:
+def mixed(trials: int, out: Out = print) -> None:
     with run_redis_server() as server:
         old = "old-release"
         client(server.port).execute_command(
@@ -333,15 +342,56 @@ def mixed(trials: int) -> None:
             "-ssubscribe", "-sunsubscribe", "-spublish",
         )  # fmt: skip
         old_url = server.url.replace("redis://", f"redis://{old}:pw@")
-        print(f"mixed: {trials} trials each, ttl=3 (heartbeat every 1 s); load {_load()}")
+        out(f"mixed: {trials} trials each, ttl=3 (heartbeat every 1 s); load {_load()}")
         for label, worker_url in (("worker of this release", server.url),
                                   ("worker of the previous release", old_url)):  # fmt: skip
             wake, cancel = trio.run(mixed_latency, server.url, worker_url, trials)
-            print(
+            out(
                 f"  {label:31}: enqueue -> start p50 {percentile(wake, 50) * 1e3:7.1f} ms "
                 f"max {max(wake) * 1e3:7.1f} ms; cancel -> cancelled p50 "
                 f"{percentile(cancel, 50) * 1e3:7.1f} ms max {max(cancel) * 1e3:7.1f} ms"
             )
+
+
+async def suite(ctx: Context) -> Section:
+    """The four measurements as a section of the report: the failover times
+    as figures, every other result as the lines it prints. Each part builds
+    its topologies with blocking calls and runs trio itself, so it runs in a
+    thread of its own."""
+    trials = 2 if ctx.quick else 10 * ctx.runs
+    section = Section("topology", "Topologies", METHOD, runs=ctx.runs)
+    lines: list[str] = []
+    logging.getLogger("mesh").setLevel(logging.ERROR)  # fences and rejoins are expected
+    ctx.log("topology: failover")
+    times = await trio.to_thread.run_sync(failover, trials, 1.0, 4, lines.append)
+    for kind, xs in times.items():
+        section.figures.append(
+            Figure(f"{kind}: every task running again after the master's SIGKILL", "s", xs)
+        )
+    ctx.log("topology: replicas")
+    await trio.to_thread.run_sync(
+        trio.run, replicas_cost, 1.0 if ctx.quick else 2.0, 100, lines.append
+    )
+    ctx.log("topology: namespaces")
+    jobs = 600 if ctx.quick else 6000
+    await trio.to_thread.run_sync(namespaces_cost, jobs, 1 if ctx.quick else 3, lines.append)
+    ctx.log("topology: mixed")
+    await trio.to_thread.run_sync(mixed, trials, lines.append)
+    section.notes += lines
+    return section
+
+
+METHOD = """
+Measured by `bench/suites/topology.py` (its docstring has the details), on
+loopback topologies it builds itself: *failover*: Sentinel (1 master, 1
+replica, 1 sentinel) and Cluster (3 masters, a replica of the namespace's
+master), two in-process workers holding 4 persistent tasks, TTL 1 s, the
+master SIGKILLed: the time until every task runs again; *replicas*: enqueue
+latency and throughput with `min_replicas` 0 and 1; *namespaces*: one
+namespace against three on a 3-master cluster, per master; *mixed*: a rolling
+upgrade to sharded pub/sub (the wake and cancel latency of a worker of the
+previous release). The notes below are the lines each part printed.
+"""
 
 
 def _load() -> str:

@@ -21,6 +21,7 @@ point the worker at ``proxy.url``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -114,8 +115,8 @@ class Proxy:
         try:
             with link.scope:
                 async with anyio.create_task_group() as nursery:
-                    nursery.start_soon(self._requests, link, client, upstream)
-                    nursery.start_soon(self._replies, link, upstream, client)
+                    nursery.start_soon(self._pump, link, client, upstream, self._requests(link))
+                    nursery.start_soon(self._pump, link, upstream, client, self._replies(link))
         finally:
             self._links.discard(link)
             await anyio.aclose_forcefully(client)
@@ -127,8 +128,9 @@ class Proxy:
                 await anyio.sleep_forever()
             await self._flowing.wait()
 
-    async def _requests(self, link: _Link, src: Any, dst: Any) -> None:
-        reader: Any = hiredis.Reader()
+    async def _pump(self, link: _Link, src: Any, dst: Any, passes: Callable[[bytes], bool]) -> None:
+        """Forward what ``src`` receives to ``dst`` while the proxy flows;
+        a chunk that ``passes`` refuses is dropped and ends the direction."""
         try:
             while True:
                 try:
@@ -136,48 +138,59 @@ class Proxy:
                 except anyio.EndOfStream:
                     break
                 await self._flow(link)
-                if reader is not None:
-                    try:
-                        reader.feed(data)
-                        while (cmd := reader.gets()) is not False:
-                            link.commands += 1
-                            if (
-                                self._marker is not None
-                                and link.lose_from is None
-                                and isinstance(cmd, list)
-                                and any(isinstance(a, bytes) and self._marker in a for a in cmd)
-                            ):
-                                link.lose_from = link.commands
-                                self._marker = None
-                    except hiredis.ProtocolError:
-                        reader = None  # not RESP (inline commands): just forward
+                if not passes(data):
+                    break
                 await dst.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         link.close()
 
-    async def _replies(self, link: _Link, src: Any, dst: Any) -> None:
+    def _requests(self, link: _Link) -> Callable[[bytes], bool]:
+        """Counts the link's commands, and marks the one that carries the
+        marker: its reply and every later one are lost."""
+        reader: Any = hiredis.Reader()
+
+        def passes(data: bytes) -> bool:
+            nonlocal reader
+            if reader is None:
+                return True
+            try:
+                reader.feed(data)
+                while (cmd := reader.gets()) is not False:
+                    link.commands += 1
+                    if (
+                        self._marker is not None
+                        and link.lose_from is None
+                        and isinstance(cmd, list)
+                        and any(isinstance(a, bytes) and self._marker in a for a in cmd)
+                    ):
+                        link.lose_from = link.commands
+                        self._marker = None
+            except hiredis.ProtocolError:
+                reader = None  # not RESP (inline commands): just forward
+            return True
+
+        return passes
+
+    def _replies(self, link: _Link) -> Callable[[bytes], bool]:
+        """Counts the link's replies; refuses the chunk that completes the
+        reply of the marked command."""
         reader: Any = hiredis.Reader()
         replies = 0
-        try:
-            while True:
-                try:
-                    data = await src.receive(_BUF)
-                except anyio.EndOfStream:
-                    break
-                await self._flow(link)
-                try:
-                    reader.feed(data)
-                    while reader.gets() is not False:
-                        replies += 1
-                except hiredis.ProtocolError:  # pragma: no cover - Redis speaks RESP
-                    pass
-                if link.lose_from is not None and replies >= link.lose_from:
-                    # The marked command ran and its reply is complete: drop it.
-                    self.lost_replies += 1
-                    self._lost.set()
-                    break
-                await dst.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-        link.close()
+
+        def passes(data: bytes) -> bool:
+            nonlocal replies
+            try:
+                reader.feed(data)
+                while reader.gets() is not False:
+                    replies += 1
+            except hiredis.ProtocolError:  # pragma: no cover - Redis speaks RESP
+                pass
+            if link.lose_from is not None and replies >= link.lose_from:
+                # The marked command ran and its reply is complete: drop it.
+                self.lost_replies += 1
+                self._lost.set()
+                return False
+            return True
+
+        return passes

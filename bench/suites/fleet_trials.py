@@ -1,7 +1,7 @@
 """Fleets at scale: failover and cancel latency inside a large fleet, and a
 fleet's rejoin (issue 14).
 
-``python -m bench.tools.fleet_trials latency [--procs 10] [--per 1000] [--ttl 3]
+``python -m bench.suites.fleet_trials latency [--procs 10] [--per 1000] [--ttl 3]
 [--kills 8] [--cancels 40]``: ``--procs`` OS processes, each one
 :func:`mesh.open_fleet` of ``--per`` idle workers (``bench.children.mesh_child hold
 --fleet``), serve the queue ``devices``. *Failover*: a persistent task of its
@@ -12,7 +12,7 @@ process (CLOCK_MONOTONIC, noted by the children), then a fresh process of
 ``client.cancel()``; the time until its handler saw the cancellation,
 counted from before the call and from when it returned.
 
-``python -m bench.tools.fleet_trials rejoin [--workers 5000] [--ttl 3] [--trials 3]``: one
+``python -m bench.suites.fleet_trials rejoin [--workers 5000] [--ttl 3] [--trials 3]``: one
 fleet of ``--workers`` idle workers; Redis stops answering for R + 0.5 s
 (``CLIENT PAUSE``), so every worker fences itself and rejoins under a new
 id. Redis CPU is sampled every 100 ms from the end of the pause (``INFO
@@ -20,7 +20,7 @@ cpu``): the peak and the total, and the time until every worker is
 registered again; with the fleet's join pacing off (``join_window=0``: all at
 once) and on (the default, TTL / 2), alternating, in one run.
 
-``python -m bench.tools.fleet_trials stop [--workers 1000] [--ttl 3] [--trials 3]``: one
+``python -m bench.suites.fleet_trials stop [--workers 1000] [--ttl 3] [--trials 3]``: one
 fleet of ``--workers`` workers, each running one persistent task of its own;
 the fleet's block is cancelled from outside (the child's stdin closes, and it
 cancels the nursery around the fleet: the trio way to stop a service). The
@@ -28,6 +28,8 @@ time until every task is back in the queue (polled every 5 ms), and until the
 process has exited.
 
 Each starts its own redis-server (127.0.0.1, a free port).
+``python -m bench --only fleet_trials`` runs all three (smaller with
+``--quick``) as a section of the report.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.testing import run_redis_server
 
+from .._context import Context
+from .._report import Section, figures_of
 from .._util import Child, Children, children, mesh_child, percentile, poll_until, redis_cpu
 
 QUEUE = "devices"
@@ -125,6 +129,37 @@ class Notes:
             await trio.sleep(0.001)
 
 
+async def cancel_trials(client: mesh.Client, notes: Notes, cancels: int) -> dict[str, object]:
+    """``cancels`` times: ensure a task, then cancel it once it runs; how long
+    until it started, and until its handler saw the cancel (from the call,
+    and from its return)."""
+    out: dict[str, object] = {}
+    before: list[float] = []
+    after: list[float] = []
+    first_start: list[float] = []  # ensure() called -> handler started
+    for i in range(cancels):
+        task = f"c{i}"
+        t_ensure = time.monotonic_ns()
+        await client.ensure(QUEUE, task)
+        owner, started = await notes.start_of(task, 0, 120)
+        first_start.append((started - t_ensure) / 1e6)
+        a = time.monotonic_ns()
+        assert await client.cancel(QUEUE, task) == 1
+        b = time.monotonic_ns()
+        seen = await notes.cancelled(owner, task)
+        before.append((seen - a) / 1e6)
+        after.append((seen - b) / 1e6)
+    out["cancel_trials"] = cancels
+    out["ensure_to_start_ms_p50"] = round(percentile(first_start, 50), 2)
+    out["ensure_to_start_ms_max"] = round(max(first_start), 2)
+    out["cancel_from_call_ms_p50"] = round(percentile(before, 50), 3)
+    out["cancel_from_call_ms_p99"] = round(percentile(before, 99), 3)
+    out["cancel_after_return_ms_p50"] = round(percentile(after, 50), 3)
+    out["cancel_after_return_ms_p99"] = round(percentile(after, 99), 3)
+    out["cancel_after_return_ms_max"] = round(max(after), 3)
+    return out
+
+
 async def latency(procs: int, per: int, ttl: float, kills: int, cancels: int) -> dict[str, object]:
     ns = "fl" + secrets.token_hex(3)
     out: dict[str, object] = {}
@@ -157,29 +192,7 @@ async def latency(procs: int, per: int, ttl: float, kills: int, cancels: int) ->
             )
 
             # cancel latency first (the fleet as started)
-            before: list[float] = []
-            after: list[float] = []
-            first_start: list[float] = []  # ensure() called -> handler started
-            for i in range(cancels):
-                task = f"c{i}"
-                t_ensure = time.monotonic_ns()
-                await client.ensure(QUEUE, task)
-                owner, started = await notes.start_of(task, 0, 120)
-                first_start.append((started - t_ensure) / 1e6)
-                a = time.monotonic_ns()
-                assert await client.cancel(QUEUE, task) == 1
-                b = time.monotonic_ns()
-                seen = await notes.cancelled(owner, task)
-                before.append((seen - a) / 1e6)
-                after.append((seen - b) / 1e6)
-            out["cancel_trials"] = cancels
-            out["ensure_to_start_ms_p50"] = round(percentile(first_start, 50), 2)
-            out["ensure_to_start_ms_max"] = round(max(first_start), 2)
-            out["cancel_from_call_ms_p50"] = round(percentile(before, 50), 3)
-            out["cancel_from_call_ms_p99"] = round(percentile(before, 99), 3)
-            out["cancel_after_return_ms_p50"] = round(percentile(after, 50), 3)
-            out["cancel_after_return_ms_p99"] = round(percentile(after, 99), 3)
-            out["cancel_after_return_ms_max"] = round(max(after), 3)
+            out.update(await cancel_trials(client, notes, cancels))
 
             # failover: the owner's whole process (``per`` workers) killed
             takeovers: list[float] = []
@@ -325,6 +338,45 @@ async def stop(workers: int, ttl: float, trials: int) -> dict[str, object]:
 
 async def _at_least(conn: Connection, command: str, key: str, n: int) -> bool:
     return int(await conn.execute(command, key)) >= n
+
+
+async def suite(ctx: Context) -> Section:
+    """The three scenarios as a section of the report, ``ctx.runs`` trials
+    each (latency: as many rounds of kills and cancels)."""
+    q = ctx.quick
+    section = Section(
+        "fleet_trials", "Fleets at scale: failover, cancel, rejoin and stop", METHOD, runs=ctx.runs
+    )
+    procs, per = (3, 100) if q else (10, 1000)
+    kills, cancels = (2, 5) if q else (8, 40)
+    scenarios = [
+        (
+            f"latency, {procs} fleets of {per:,}",
+            ctx.runs,
+            partial(latency, procs, per, 3.0, kills, cancels),
+        ),
+        ("rejoin", 1, partial(rejoin, 500 if q else 5000, 3.0, ctx.runs)),
+        ("stop", 1, partial(stop, 100 if q else 1000, 3.0, ctx.runs)),
+    ]
+    for scenario, times, measure in scenarios:
+        ctx.log(f"fleet_trials: {scenario}")
+        figures, notes = figures_of(scenario, [await measure() for _ in range(times)])
+        section.figures += figures
+        section.notes += notes
+    return section
+
+
+METHOD = """
+Measured by `bench/suites/fleet_trials.py` (its docstring has the details):
+*latency*: OS processes, each one fleet of idle workers; a persistent task's
+owner process gets SIGKILL (the time until the task's handler starts in
+another process), and `client.cancel()` of a running task (the time until its
+handler saw it); *rejoin*: one fleet whose Redis stops answering for R + 0.5 s,
+so every worker fences itself and rejoins: Redis CPU and the time until all
+are registered again, with the join pacing off and on; *stop*: a fleet whose
+block is cancelled from outside: the time until every task is back in the
+queue and until the process exited. TTL 3 s.
+"""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,2 +1,0 @@
-"""Stand-alone measurements, each run as ``python -m bench.tools.<name>``; not part of
-``python -m bench``."""
