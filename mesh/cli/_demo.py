@@ -348,10 +348,18 @@ class Demo:
     async def cancel_one(self, client: mesh.Client, moved: list[mesh.Process]) -> None:
         # Cancel a device that just moved, so the cancel crosses the mesh to a
         # peer that the caller never talked to.
-        pool = moved or await client.processes("devices")
-        target = pool[0]
+        # Held by a running peer: on a loaded machine a device may still be
+        # listed under the peer that was just killed, until it is recycled.
+        live = {p.name: p for p in self.peers if p.running}
+
+        async def held_live() -> mesh.Process | None:
+            pool = [p for p in moved if p.worker_id in live]
+            pool = pool or [p for p in await client.processes("devices") if p.worker_id in live]
+            return pool[0] if pool else None
+
+        target = await self.until(held_live, 10, "a device held by a running peer")
         name = target.task.decode()
-        owner = next(p for p in self.peers if p.name == target.worker_id)
+        owner = live[target.worker_id]
         self.section(f"Cancel {name} by payload (it runs on {owner.name})")
         t0 = anyio.current_time()
         n = await client.cancel("devices", target.task)
