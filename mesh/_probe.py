@@ -15,6 +15,7 @@ tries again); messages name redacted addresses only.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -242,7 +243,7 @@ async def _refused_db_on_cluster(config: RedisConfig, exc: MeshConnectionError) 
     return isinstance(replies[0], bytes)
 
 
-class Finder:
+class Finder(abc.ABC):
     """What every kind of topology answers (standalone, Sentinel, Cluster), and
     the answers they share: override :meth:`find`; only Sentinel has a
     :attr:`failover` watch and sentinels."""
@@ -258,13 +259,13 @@ class Finder:
         if self.takes_over and nodes.epoch is not None:
             nodes.epoch.strict = True
 
+    @abc.abstractmethod
     async def find(self, name: str | None, extra: Sequence[Sequence[Arg]]) -> Found:
         """Find the master, connect to it and run the handshake.
 
         Raises:
             MeshConnectionError: no master could be found or reached.
         """
-        raise NotImplementedError
 
     async def wait_left(self, node: Node, interval: float) -> str:
         """Return why the master is no longer ``node`` once it is not (here:
