@@ -51,14 +51,26 @@ const HERD = 3;
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
- * The error text of a failed attempt: "Type: message" on one line, at most 2000.
+ * The error text of a failed attempt (protocol/README.md, "Dead-letter
+ * record"): "Type: message" on the first line (at most 500 characters), then
+ * the error's stack frames ("    at ...", innermost first, as V8 writes them),
+ * as many as fit in 2000 bytes in all; the line alone when there is no stack.
  * @param {unknown} err
  */
 function describeError(err) {
   const name = err instanceof Error ? err.name : typeof err;
   const msg = (err instanceof Error ? err.message : String(err)).split(/\s+/).filter(Boolean).join(' ');
-  const text = msg ? `${name}: ${msg}` : name;
-  return text.length <= 2000 ? text : `${text.slice(0, 1997)}...`;
+  let head = msg ? `${name}: ${msg}` : name;
+  if (head.length > 500) head = `${head.slice(0, 497)}...`;
+  const stack = err instanceof Error && typeof err.stack === 'string' ? err.stack : '';
+  const frames = stack.split('\n').filter((line) => /^\s+at /.test(line));
+  let text = head;
+  for (const frame of frames) {
+    const line = frame.length > 300 ? `${frame.slice(0, 296)}...` : frame;
+    if (Buffer.byteLength(text) + 1 + Buffer.byteLength(line) > 2000) break;
+    text += `\n${line}`;
+  }
+  return text;
 }
 
 /** A number as Python's `%g` writes it (6 significant digits, no trailing zeros). @param {number} x */

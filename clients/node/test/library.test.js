@@ -292,3 +292,20 @@ test('a persistent task whose handler returns once stopped is handed back, not f
   assert.deepEqual(await redis.lrange(`{${ns}}:queue:p`, 0, -1), ['keep-me']);
   await client.close();
 });
+
+test('a failed attempt is recorded as its line, then its stack frames, 2000 bytes at most', () => {
+  const { describeError } = require('../src/runner');
+  function lookUp() { throw new TypeError(`no such thing ${'x'.repeat(5000)}`); }
+  function handler() { lookUp(); }
+  let text = '';
+  try { handler(); } catch (err) { text = describeError(err); }
+  const [head, ...frames] = text.split('\n');
+  assert.ok(head.startsWith('TypeError: no such thing xxx') && head.endsWith('...'), head);
+  assert.equal(head.length, 500);
+  assert.ok(frames.length >= 2 && frames.every((f) => /^\s+at /.test(f)), text);
+  assert.match(frames[0], /at lookUp /);
+  assert.match(frames[1], /at handler /);
+  assert.ok(Buffer.byteLength(text) <= 2000);
+  // no stack: the line alone
+  assert.equal(describeError('plain'), 'string: plain');
+});
