@@ -17,7 +17,10 @@ async def test_sigkill_mid_task_moves_everything_to_a_live_peer(h: Harness) -> N
 
     (a,) = await h.start(1)
     devices = payloads("dev", 5)
-    jobs = [b"!hold=1.5;job%d" % i for i in range(5)]
+    # The jobs outlast starting B on a loaded machine (with 1.5 s they were
+    # all done before the kill at load 6, and B had nothing to take over).
+    hold = 5.0
+    jobs = [b"!hold=%g;job%d" % (hold, i) for i in range(5)]
     await h.client.ensure_many("devices", devices)
     await h.client.enqueue_many("jobs", jobs)
 
@@ -25,6 +28,7 @@ async def test_sigkill_mid_task_moves_everything_to_a_live_peer(h: Harness) -> N
     # B must not take tasks over by rebalancing before the kill
     (b,) = await h.start(1, "--no-rebalance")
     a_id = await h.worker_id(a)
+    assert not [e for e in await h.events() if e.action == "done"], "a job ended before the kill"
     lease_left = await h.conn.execute("PTTL", h.keys.heartbeat(a_id)) / 1000
     killed_at = await h.sink_now()
     a.kill()
@@ -57,7 +61,7 @@ async def test_sigkill_mid_task_moves_everything_to_a_live_peer(h: Harness) -> N
             v = await h.judge()
             return all(v.done_count.get(j) == 1 for j in jobs)
 
-        await wait_until(jobs_done, 4 * TTL, "B finishes the jobs")
+        await wait_until(jobs_done, hold + 4 * TTL, "B finishes the jobs")
     assert mon.violations == [] and mon.samples > 10
     v = await h.judge()
     assert v.overlaps == [] and v.max_owners == 1 and v.rejected == 0
