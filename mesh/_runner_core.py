@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ._balance import BalancePolicy, pull_count
 from ._queue_config import QueueConfig
-from ._replies import ClaimReply, QueueBeat, RebalanceReply, ResultsToKeep
+from ._replies import DEAD_ERROR_MAX, ClaimReply, QueueBeat, RebalanceReply, ResultsToKeep
 from ._stats import QueueCounters, _Timing
 from ._types import Process
 
@@ -286,7 +286,7 @@ ERROR_HEAD = 500
 _MESH_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def describe_error(exc: BaseException, limit: int = 2000) -> str:
+def describe_error(exc: BaseException, limit: int = DEAD_ERROR_MAX) -> str:
     """What a dead-letter record and a job's attempt history keep of a
     failure, at most ``limit`` bytes (UTF-8) in all: ``Type: message`` on
     the first line (at most :data:`ERROR_HEAD` characters), then, when the

@@ -278,6 +278,6 @@ class Served:
             failed=failed,
             backoff_ms=int(backoff * 1000),
             backoff_cap_ms=int(cap * 1000),
-            errors=[error[:2000]] if failed and error else None,
+            errors=[error] if failed and error else None,  # cut by the binding
         )
         return r[0][0] != 0
