@@ -336,6 +336,7 @@ class HandlerPool:
         or long; a peer with a free slot can run them). While every slot is
         busy but not stuck yet, the runner's loop is woken when it may be."""
         c = self.config
+        self.core.look_at = math.inf
         if not self.queued or c.batch or len(self.running) - len(self.queued) < c.concurrency:
             return
         now = self.now()
@@ -345,8 +346,8 @@ class HandlerPool:
                 slot = cast(_Slot, self.queued.popleft())
                 del self.running[slot.process.id]
                 self.out.hand_back(slot.process.id)
-        elif look_again < math.inf:
-            self.core.wake_in(now, look_again - now)
+        else:
+            self.core.look_at = look_again
 
     def unqueue(self, slot: _Slot) -> bool:
         """Take ``slot`` out of the queue for a handler if it waits there

@@ -368,9 +368,11 @@ class QueueRunner:
         core, pool = self._core, self._pool
         if pool.queued and self._config.prefetch != 0 and not core.stopping:
             pool.hand_back_stuck()
+        else:
+            core.look_at = math.inf
         action, n = core.next_action(pool.now(), pool.free(), len(pool.running))
         if action is _WAIT:
-            due = math.inf if core.stopping else core.next_due
+            due = math.inf if core.stopping else min(core.next_due, core.look_at)
             if due == math.inf:
                 await pool.wakeup.wait()
             else:

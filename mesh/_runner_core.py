@@ -371,6 +371,12 @@ class RunnerCore:
         self.maybe_work = True
         # When a delayed task (or the fair share's patience) comes due.
         self.next_due = math.inf
+        # When to look again whether every slot is stuck (see slots_stuck):
+        # a timer of its own, as next_due is consumed by the claim it
+        # starts (a look again merged into it was lost when an earlier due
+        # time fired first, and prefetched work then waited behind a long
+        # handler until it ended).
+        self.look_at = math.inf
         self.stopping = False
         # The handlers a stop has yet to cancel (process ids, in the order
         # they were claimed), and when the next group is due at the latest.

@@ -104,7 +104,20 @@ async def test_short_jobs_never_wait_behind_a_long_one(redis_url: str, namespace
             done = sum((w.done() for w in watches), Counter[bytes]())
             return all(done[t] == 1 for t in warm + short)
 
-        await wait_until(all_short_ran, within=9, what="every short job, before the long one ends")
+        try:
+            await wait_until(all_short_ran, within=9, what="every short job, before the long one ends")
+        except mesh.testing.WaitTimeout:
+            done = sum((w.done() for w in watches), Counter[bytes]())
+            missing = [t for t in warm + short if done[t] != 1]
+            ps = await a.client.processes(Q)
+            info = await a.client.queue_info(Q)
+            raise AssertionError(
+                f"not run once: {[(t, done[t]) for t in missing][:20]} ({len(missing)}); "
+                f"ran: a={len(watches[0].ran)} b={len(watches[1].ran)} "
+                f"last a={watches[0].ran[-3:]} b={watches[1].ran[-3:]}; "
+                f"held: {[(p.task, p.worker_id == a.id) for p in ps]}; info={info}; "
+                f"runners: a={len(runner_of(a).running)} b={len(runner_of(b).running)}"
+            ) from None
         assert not long_ended.is_set()
         (long_w,) = [w for w in watches if b"long" in w.ran]
         # nothing ran on the long job's worker once it started
