@@ -26,6 +26,9 @@ from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._errors import ProtocolError as ProtocolError
 from ._fleet import Fleet as Fleet
 from ._fleet import open_fleet as open_fleet
+from ._group_reads import GroupInfo as GroupInfo
+from ._group_reads import GroupSettings as GroupSettings
+from ._group_reads import GroupsLook as GroupsLook
 from ._keys import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._lease import LeaseTiming as LeaseTiming
 from ._loop import cancel_reason as cancel_reason

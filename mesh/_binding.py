@@ -694,6 +694,48 @@ class _QueueCalls(_Calls):
         r = await self._run(conn, "dead", keys, [queue, k.wake_prefix, mode, *(payloads or ())])
         return int(r[0]), int(r[1])
 
+    async def enqueue_group(
+        self,
+        conn: Executor,
+        queue: str,
+        group: str,
+        payloads: Sequence[bytes],
+        *,
+        in_ms: int | None = None,
+        at_ms: int | None = None,
+    ) -> DelayReply:
+        """``enqueue_group.lua``: ``payloads`` at the back of ``group`` now,
+        or delayed ``in_ms`` or until ``at_ms`` (Redis clock); (the group's
+        length, or the jobs newly delayed; the due time; now)."""
+        k = self.keys
+        keys = [k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
+        mode, ms = ("now", 0) if in_ms is None and at_ms is None else (
+            ("at", at_ms) if at_ms is not None else ("in", in_ms)
+        )
+        args = [queue, k.wake_prefix, group, mode, ms, *payloads]
+        r = await self._run(conn, "enqueue_group", keys, args)
+        return DelayReply(int(r[0]), int(r[1]), int(r[2]))
+
+    async def configure_group(
+        self, conn: Executor, queue: str, group: str, mode: str, fields: Sequence[str]
+    ) -> bytes | None:
+        """``configure_group.lua``: the settings stored afterwards
+        (``b"concurrency,rate,period,weight"``; None after mode ``clear``).
+        ``group`` "" is the queue's default."""
+        k = self.keys
+        keys = [k.idle(queue), k.queues]
+        r = await self._run(
+            conn, "configure_group", keys, [queue, k.wake_prefix, group, mode, *fields]
+        )
+        return r if isinstance(r, bytes) else None
+
+    async def pause_group(self, conn: Executor, queue: str, group: str, mode: str) -> bool:
+        """``pause_group.lua``: pause or resume ``group``; whether that
+        changed anything."""
+        k = self.keys
+        args = [mode, queue, k.wake_prefix, group]
+        return bool(await self._run(conn, "pause_group", [k.idle(queue)], args))
+
     async def pause(self, conn: Executor, queue: str, mode: str) -> bool:
         """``pause.lua``: pause (mode ``pause``) or resume (``resume``) a
         queue; whether that changed anything."""
@@ -778,13 +820,19 @@ class _QueueCalls(_Calls):
         was, now = await self._run(conn, "recount", keys, [queue])
         return int(was), int(now)
 
-    async def cancel(self, conn: Executor, queue: str, payload: bytes) -> tuple[int, int]:
-        """(queued copies removed, running processes cancelled)."""
+    async def cancel(
+        self, conn: Executor, queue: str, payload: bytes, group: str | None = None
+    ) -> tuple[int, int]:
+        """(queued copies removed, running processes cancelled); with
+        ``group``, the copies queued or delayed in that group too."""
         k = self.keys
         keys = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue)]
         keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
         keys += [k.share(queue), k.prio(queue), k.delayed_prio(queue)]
-        return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix])
+        tail = [k.group_jobs(queue, group)] if group is not None else []
+        return await self._cancelling(
+            conn, "cancel", queue, keys, [payload, k.cancel_prefix], tail
+        )
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
         """(queued, delayed and dead-lettered tasks removed, running processes
@@ -798,7 +846,13 @@ class _QueueCalls(_Calls):
         return await self._cancelling(conn, "delete_queue", queue, keys, args)
 
     async def _cancelling(
-        self, conn: Executor, name: str, queue: str, keys: list[str], args: list[Any]
+        self,
+        conn: Executor,
+        name: str,
+        queue: str,
+        keys: list[str],
+        args: list[Any],
+        tail: list[str] | None = None,
     ) -> tuple[int, int]:
         """Run a script that cancels running processes of ``queue``: it needs
         the held and inbox keys of their workers, and names the workers whose
@@ -807,7 +861,7 @@ class _QueueCalls(_Calls):
         workers: list[str] = []
         for _ in range(10):
             wkeys = [key for w in workers for key in (k.held(w, queue), k.inbox(w))]
-            r = await self._run(conn, name, keys + wkeys, args + workers)
+            r = await self._run(conn, name, keys + wkeys + (tail or []), args + workers)
             if int(r[0]) == 0:
                 return int(r[1]), int(r[2])
             workers += [w.decode() for w in r[1:]]

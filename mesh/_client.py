@@ -19,6 +19,7 @@ import anyio.lowlevel
 from ._binding import Binding
 from ._client_admin import ClientAdmin
 from ._client_core import DEFAULT_MAX_PAYLOAD
+from ._client_groups import ClientGroups
 from ._client_reads import ClientReads
 from ._client_results import ClientResults
 from ._client_writes import MAX_PRIORITY, ClientWrites, check_priority
@@ -34,7 +35,7 @@ from ._validate import whole
 __all__ = ["DEFAULT_MAX_PAYLOAD", "MAX_PRIORITY", "Client", "check_priority", "open_client"]
 
 
-class Client(ClientWrites, ClientAdmin, ClientReads, ClientResults):
+class Client(ClientWrites, ClientAdmin, ClientGroups, ClientReads, ClientResults):
     """Operations on the queues of one namespace. Get one from :func:`open_client`
     (or :attr:`Worker.client`).
 

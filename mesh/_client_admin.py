@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from ._binding import payload_bytes
 from ._client_core import ClientCore
+from ._client_groups import group_fields
 from ._epoch import adopt_value
 from ._errors import CommandError, ConfigError
 from ._keys import check_queue
@@ -31,6 +32,9 @@ class ClientAdmin(ClientCore):
         timeout: float | None = None,  # noqa: ASYNC109 - the handlers' timeout, not this call's
         result_ttl: float | None = None,
         rate_limit: int | tuple[int, float] | None = None,
+        group_concurrency: int | None = None,
+        group_rate_limit: int | tuple[int, float] | None = None,
+        group_weight: int | None = None,
     ) -> QueuePolicy:
         """Set the policy of ``queue`` in Redis; every worker serving it
         applies it (within one heartbeat interval), whatever its
@@ -55,6 +59,11 @@ class ClientAdmin(ClientCore):
                 ``seconds`` (``(N, seconds)``), across the whole mesh: a
                 token bucket in Redis, checked by every claim (a full bucket
                 allows a burst of N). 0: no limit (the default).
+            group_concurrency: the default concurrency of every group of
+                the queue (see :meth:`configure_group`, whose settings of
+                one group win over these).
+            group_rate_limit: the default rate limit of every group.
+            group_weight: the default weight of every group.
 
         Returns:
             The policy stored now.
@@ -64,6 +73,7 @@ class ClientAdmin(ClientCore):
         """
         conn = self._check()
         check_queue(queue)
+        group_default = group_fields(group_concurrency, group_rate_limit, group_weight)
         fields = policy_fields(
             max_attempts=max_attempts,
             backoff=backoff,
@@ -79,6 +89,8 @@ class ClientAdmin(ClientCore):
                 raise ConfigError(str(exc).removeprefix("BAD_ARG ")) from None
             raise
         assert raw is not None
+        if any(group_default):
+            await self._binding.configure_group(conn, queue, "", "set", group_default)
         return parse_policy(raw, queue)
 
     async def policy(self, queue: str) -> QueuePolicy | None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from ._binding import payload_bytes
 from ._client_core import ClientCore
 from ._errors import ConfigError
-from ._keys import check_queue
+from ._keys import check_group, check_queue
 from ._share import check_weight
 from ._types import ReconcileResult
 from ._units import MAX_UNIX_TIME, seconds_ms
@@ -37,6 +37,7 @@ class ClientWrites(ClientCore):
         delay: float | None = None,
         at: datetime.datetime | float | None = None,
         priority: int = 0,
+        group: str | None = None,
     ) -> None:
         """Put a one-shot task at the back of ``queue`` and nudge its workers;
         with ``delay`` or ``at``, put it in the queue's delayed set instead,
@@ -53,6 +54,15 @@ class ClientWrites(ClientCore):
                 when it is handed back, recycled or retried (it goes back to
                 the front of its level, or when due after a delay or a
                 backoff). Dead letters are requeued at priority 0.
+            group: put it in this group of the queue (a tenant, an account,
+                a device: 1 to 200 of ``A-Z a-z 0-9 _ . : / @ + = -``).
+                Workers take turns among the groups with jobs ready
+                (weighted round-robin), and a group's settings
+                (:meth:`configure_group`) cap how many of its jobs run at
+                once across the mesh and how fast they start. FIFO within a
+                group; a retried job goes back to the front of its group.
+                Not with a ``priority``. A group needs nothing made
+                beforehand, and leaves no key behind once empty.
 
         A delayed task is durable (it is in Redis, not in any worker), listed
         by :meth:`delayed` and counted in :meth:`queue_info`, and removed by
@@ -72,7 +82,9 @@ class ClientWrites(ClientCore):
                 ``connect_timeout``: it is on the master, and a failover may
                 lose it (enqueue again: a duplicate is the safe side).
         """
-        await self.enqueue_many(queue, [task], delay=delay, at=at, priority=priority)
+        await self.enqueue_many(
+            queue, [task], delay=delay, at=at, priority=priority, group=group
+        )
 
     async def enqueue_many(
         self,
@@ -82,6 +94,7 @@ class ClientWrites(ClientCore):
         delay: float | None = None,
         at: datetime.datetime | float | None = None,
         priority: int = 0,
+        group: str | None = None,
     ) -> int:
         """Put one-shot tasks at the back of ``queue`` (of its level
         ``priority``), in order, atomically (all or none), in one round trip;
@@ -98,9 +111,20 @@ class ClientWrites(ClientCore):
         check_queue(queue)
         when = _due(delay, at)
         check_priority(priority)
+        if group is not None:
+            check_group(group)
+            if priority:
+                raise ConfigError("a group's jobs have no priority: give group or priority, not both")
         payloads = self._payloads(tasks)
         if not payloads:
             return 0
+        if group is not None:
+            in_ms, at_ms = when if when is not None else (None, None)
+            r = await self._binding.enqueue_group(
+                conn, queue, group, payloads, in_ms=in_ms, at_ms=at_ms
+            )
+            await self._replicated(conn)
+            return len(payloads) if when is None else r.added
         if when is None:
             await self._binding.enqueue(conn, queue, payloads, priority)
             await self._replicated(conn)
@@ -217,20 +241,24 @@ class ClientWrites(ClientCore):
             )
         return ReconcileResult(tuple(added), tuple(cancelled))
 
-    async def cancel(self, queue: str, task: bytes | str) -> int:
+    async def cancel(self, queue: str, task: bytes | str, *, group: str | None = None) -> int:
         """Cancel a task by payload anywhere in the mesh: every queued (or
         waiting-to-retry) copy is removed, it stops being a persistent task,
         and every running process of it is cancelled on whatever worker runs
         it (at once over pub/sub, and durably: a worker that missed the
         message stops it within one heartbeat interval). A cancelled process
-        can no longer be finished.
+        can no longer be finished. The copies queued in a group (or waiting
+        there for a delay or a retry) are removed when ``group`` names it;
+        a running one is cancelled whatever its group.
 
         Returns:
             How many copies were removed plus how many processes were cancelled.
         """
         conn = self._check()
         check_queue(queue)
-        removed, cancelled = await self._binding.cancel(conn, queue, payload_bytes(task))
+        if group is not None:
+            check_group(group)
+        removed, cancelled = await self._binding.cancel(conn, queue, payload_bytes(task), group)
         return removed + cancelled
 
     async def delete_queue(self, queue: str) -> int:

@@ -14,9 +14,9 @@ import re
 
 from ._errors import ConfigError
 
-__all__ = ["Keys", "check_queue", "check_worker_id"]
+__all__ = ["Keys", "check_group", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "8"
+PROTOCOL_VERSION = "9"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -37,6 +37,20 @@ def check_queue(queue: object) -> str:
     if not _QUEUE.fullmatch(queue):
         raise ConfigError(f"invalid queue name {queue!r}: use {_QUEUE_RULE}")
     return queue
+
+
+def check_group(group: object) -> str:
+    """Return ``group`` if it is a valid group name (the rule of queue names).
+
+    Raises:
+        TypeError: not a str.
+        ConfigError: not 1 to 200 of ``A-Z a-z 0-9 _ . : / @ + = -``.
+    """
+    if not isinstance(group, str):
+        raise TypeError(f"group name must be a str, not {type(group).__name__}")
+    if not _QUEUE.fullmatch(group):
+        raise ConfigError(f"invalid group name {group!r}: use {_QUEUE_RULE}")
+    return group
 
 
 def check_worker_id(worker_id: object) -> str:
@@ -144,6 +158,30 @@ class Keys:
 
     def procs(self, q: str) -> str:
         return f"{self.prefix}procs:{q}"
+
+    # A queue's groups (protocol/include/group.lua): the scripts make these
+    # names themselves from the namespace's prefix; the reads use them here.
+
+    def group_ready(self, q: str) -> str:
+        """ZSET: the groups of ``q`` that may start a job now -> virtual time."""
+        return f"{self.prefix}gready:{q}"
+
+    def groups(self, q: str) -> str:
+        """HASH: per group of ``q`` its running count (``r:G``), own
+        settings (``c:G``) and pause (``p:G``); ``:default``, ``:v``."""
+        return f"{self.prefix}groups:{q}"
+
+    def group_wait(self, q: str) -> str:
+        """ZSET: the groups of ``q`` waiting for a token -> when (ms)."""
+        return f"{self.prefix}gwait:{q}"
+
+    def group_delayed(self, q: str) -> str:
+        """ZSET: ``G NUL flag payload`` -> due time (ms)."""
+        return f"{self.prefix}gdelayed:{q}"
+
+    def group_jobs(self, q: str, g: str) -> str:
+        """LIST: the queued jobs of group ``g`` of ``q``."""
+        return f"{self.prefix}gq:{q}|{g}"
 
     def attempts(self, q: str) -> str:
         return f"{self.prefix}attempts:{q}"

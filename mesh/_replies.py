@@ -238,14 +238,25 @@ class ReapCheck(NamedTuple):
 # cost of a claim reply): straight through the slots' descriptors, in the
 # order of attrs.fields(Process) (tests/test_protocol.py checks that it
 # builds what Process(...) does).
-_PROCESS_SLOTS = ("id", "queue", "task", "token", "worker_id", "persistent", "attempts", "started")
+_PROCESS_SLOTS = (
+    "id",
+    "queue",
+    "task",
+    "token",
+    "worker_id",
+    "persistent",
+    "attempts",
+    "started",
+    "group",
+)
 _PROCESS_SET = tuple(getattr(Process, name).__set__ for name in _PROCESS_SLOTS)
 
 
 def parse_claim(r: Any, queue: str, worker: str) -> ClaimReply:
     """A :class:`ClaimReply` from a ``claim.lua`` reply: {now ms, tasks left
     (-1: held back), ms until the next delayed task (-1: none), then per
-    process its id, persistent flag, failed attempts and payload}.
+    process its id, persistent flag (1/0, or the name of the group of a
+    group's job), failed attempts and payload}.
 
     Raises:
         ValueError, TypeError, IndexError: the reply is not of that shape.
@@ -256,7 +267,7 @@ def parse_claim(r: Any, queue: str, worker: str) -> ClaimReply:
     append = procs.append
     new = object.__new__
     set_id, set_queue, set_task, set_token = _PROCESS_SET[:4]
-    set_worker, set_persistent, set_attempts, set_started = _PROCESS_SET[4:]
+    set_worker, set_persistent, set_attempts, set_started, set_group = _PROCESS_SET[4:]
     for pid, persistent, attempts, task in zip(r[3::4], r[4::4], r[5::4], r[6::4], strict=True):
         p = new(Process)
         set_id(p, pid.decode())
@@ -267,6 +278,7 @@ def parse_claim(r: Any, queue: str, worker: str) -> ClaimReply:
         set_persistent(p, persistent == 1)
         set_attempts(p, int(attempts))
         set_started(p, started)
+        set_group(p, persistent.decode() if type(persistent) is bytes else None)
         append(p)
     left = int(r[1])
     return ClaimReply(now, max(left, 0), tuple(procs), held_back=left < 0, next_due_ms=int(r[2]))
@@ -277,8 +289,8 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
     ``finish_claim.lua`` (its finish flags taken off): {now ms, tasks left
     (-1: held back), ms until the next delayed task (-1: none), the first
     process id ("": none), c, mixed, the c payloads, then, if mixed, per
-    process its persistent flag and failed attempts}; process i has id
-    first + i.
+    process its persistent flag (1/0, or the name of the group of a group's
+    job) and failed attempts}; process i has id first + i.
 
     Raises:
         ValueError, TypeError, IndexError: the reply is not of that shape.
@@ -295,7 +307,7 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
         append = procs.append
         new = object.__new__
         set_id, set_queue, set_task, set_token = _PROCESS_SET[:4]
-        set_worker, set_persistent, set_attempts, set_started = _PROCESS_SET[4:]
+        set_worker, set_persistent, set_attempts, set_started, set_group = _PROCESS_SET[4:]
         extra = r[6 + c :]
         for i, task in enumerate(r[6 : 6 + c]):
             token = first + i
@@ -306,11 +318,14 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
             set_token(p, token)
             set_worker(p, worker)
             if mixed:
-                set_persistent(p, extra[2 * i] == 1)
+                flag = extra[2 * i]
+                set_persistent(p, flag == 1)
                 set_attempts(p, int(extra[2 * i + 1]))
+                set_group(p, flag.decode() if type(flag) is bytes else None)
             else:
                 set_persistent(p, False)
                 set_attempts(p, 0)
+                set_group(p, None)
             set_started(p, started)
             append(p)
     left = int(r[1])
@@ -366,7 +381,8 @@ def parse_finish(r: Any) -> list[bool]:
     return [x == 1 for x in r]
 
 
-# A process record's kind: persistent, one-shot, one-shot with a priority.
+# A process record's kind: persistent, one-shot, one-shot with a priority;
+# or b"g" + level + group: a group's job.
 _KINDS = frozenset([b"p", b"o", *(f"o{i}".encode() for i in range(1, 10))])
 
 
@@ -377,7 +393,9 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
         ProtocolError: the record is not of the documented shape.
     """
     parts = rec.split(b"\0", 8)
-    if len(parts) != 9 or parts[1] not in _KINDS:
+    kind = parts[1] if len(parts) == 9 else b""
+    group = kind[2:].decode() if kind[:1] == b"g" and kind[1:2].isdigit() and len(kind) > 2 else None
+    if len(parts) != 9 or (kind not in _KINDS and group is None):
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)
     return Process(
@@ -386,7 +404,8 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
         parts[8],
         p,
         parts[0].decode(),
-        parts[1] == b"p",
+        kind == b"p",
         int(parts[2]),
         int(parts[7]) / 1000,
+        group,
     )

@@ -48,6 +48,9 @@ SCRIPT_NAMES = (
     "peek",
     "recount",
     "pause",
+    "enqueue_group",
+    "configure_group",
+    "pause_group",
     "stats",
 )
 

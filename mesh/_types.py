@@ -33,6 +33,8 @@ class Process:
         attempts: how many earlier attempts of this payload failed (0 the
             first time).
         started: when it was claimed, in seconds of the Redis clock.
+        group: the group of the queue the job came from (see
+            :meth:`~mesh.Client.enqueue`'s ``group``), or None.
     """
 
     id: str
@@ -43,6 +45,7 @@ class Process:
     persistent: bool
     attempts: int = 0
     started: float = 0.0
+    group: str | None = None
 
 
 @attrs.frozen

@@ -19,6 +19,9 @@
 -- KEYS[11] {ns}:delayed_prio:<Q> HASH payload -> priority of a delayed task
 -- then for each worker W_j named in ARGV, two keys:
 --   {ns}:held:<W_j>:<Q>, {ns}:inbox:<W_j>
+-- then, optionally, {ns}:gq:<Q>|<G>: the copies queued in group G (and
+--   waiting in it for a delay or a retry) are removed too (include/group.lua);
+--   a running process of the payload is cancelled whatever its group
 -- ARGV[1] the payload
 -- ARGV[2] prefix of cancel channels ({ns}:cancel:), the worker id is appended
 -- ARGV[3..] worker ids W_j, in the order of their keys
@@ -34,7 +37,10 @@
 --!include include/forget_weight.lua
 
 local nw = #ARGV - 2
-if #KEYS ~= 11 + 2 * nw then
+local glist = nil
+if #KEYS == 12 + 2 * nw then
+  glist = KEYS[#KEYS]
+elseif #KEYS ~= 11 + 2 * nw then
   return redis.error_reply('BAD_ARG expected ' .. (11 + 2 * nw) .. ' keys for ' .. nw .. ' workers')
 end
 local payload = ARGV[1]
@@ -54,6 +60,17 @@ if missing then return missing end
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
   + redis.call('HDEL', KEYS[7], payload)
 if redis.call('EXISTS', KEYS[10]) == 1 then removed = removed + prio_remove(KEYS[10], payload) end
+if glist then
+  local G = group_keys_of(KEYS[3], 'procs')
+  local g = string.sub(glist, #G.list + 1)
+  local gone = redis.call('LREM', glist, 0, payload)
+  if gone > 0 and redis.call('HINCRBY', G.hash, ':n', -gone) <= 0 then redis.call('HDEL', G.hash, ':n') end
+  removed = removed + gone + redis.call('ZREM', G.delayed, g .. '\0d' .. payload)
+  if redis.call('ZREM', G.delayed, g .. '\0r' .. payload) == 1 then
+    removed = removed + 1
+    group_release(G, g, 1)  -- a retry waiting for its backoff held a slot
+  end
+end
 redis.call('HDEL', KEYS[11], payload)
 redis.call('HDEL', KEYS[2], payload)
 redis.call('SREM', KEYS[6], payload)

@@ -1,5 +1,6 @@
 -- delete_queue.lua: delete a queue with everything in it: queued, delayed and
--- dead-lettered tasks, persistent tasks, and every running process (each is
+-- dead-lettered tasks, persistent tasks, its groups (their jobs and
+-- settings: include/group.lua), and every running process (each is
 -- cancelled as by cancel.lua). Workers that serve Q go on serving it, empty.
 --
 -- KEYS[1] {ns}:queue:<Q>
@@ -42,6 +43,30 @@ if missing then return missing end
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
   + redis.call('LLEN', KEYS[6]) + redis.call('HLEN', KEYS[10]) + redis.call('ZCARD', KEYS[13])
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
+-- Q's groups (include/group.lua): every group with a key is named in one of
+-- the ready, waiting or delayed sets or the groups hash
+local G = group_keys_of(KEYS[3], 'procs')
+local named, names = {}, {}
+local function name(g)
+  if g ~= '' and not named[g] then
+    named[g] = true
+    names[#names + 1] = g
+  end
+end
+for _, g in ipairs(redis.call('ZRANGE', G.ready, 0, -1)) do name(g) end
+for _, g in ipairs(redis.call('ZRANGE', G.wait, 0, -1)) do name(g) end
+for _, m in ipairs(redis.call('ZRANGE', G.delayed, 0, -1)) do name(string.match(m, '^([^%z]*)')) end
+local gfields = redis.call('HGETALL', G.hash)
+for i = 1, #gfields, 2 do
+  local f = gfields[i]
+  if string.sub(f, 2, 2) == ':' and f ~= ':v' then name(string.sub(f, 3)) end
+end
+removed = removed + redis.call('ZCARD', G.delayed)
+for _, g in ipairs(names) do
+  removed = removed + redis.call('LLEN', G.list .. g)
+  redis.call('DEL', G.list .. g, G.rate .. g)
+end
+redis.call('DEL', G.ready, G.wait, G.delayed, G.hash)
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9],
   KEYS[10], KEYS[11], KEYS[13], KEYS[14])
 redis.call('SREM', KEYS[7], ARGV[1])

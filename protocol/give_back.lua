@@ -69,6 +69,7 @@
 --!include include/task_weight.lua
 --!include include/add_share.lua
 --!include include/parse_entry.lua
+--!include include/group.lua
 
 local mode = ARGV[2]
 if mode ~= 'return' and mode ~= 'fail' and mode ~= 'keep' then
@@ -99,6 +100,17 @@ local function keep_try(r, at, why)
     redis.call('HDEL', KEYS[16], old[1])
   end
 end
+-- A group's job (include/group.lua) goes back into its group, at the
+-- front (a retry runs before the later jobs of its group), and its slot is
+-- free; a retry that waits for its backoff keeps its slot until due.
+local G, gfront, gfreed, gorder = nil, {}, {}, {}
+local function group_free(g)
+  if not gfreed[g] then
+    gfreed[g] = 0
+    gorder[#gorder + 1] = g
+  end
+  gfreed[g] = gfreed[g] + 1
+end
 local moving = redis.call('EXISTS', KEYS[10]) == 1
 local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
 local out, front, pers, ready, lost = {}, {}, {}, 0, 0
@@ -120,7 +132,28 @@ for i = 7, #ARGV do
       end
       local to = moving and redis.call('HGET', KEYS[10], id)
       if to then redis.call('HDEL', KEYS[10], id) end
-      if mode == 'keep' and r.persistent and not to then
+      if r.group and not G then G = group_keys_of(KEYS[1], 'procs') end
+      if r.group and mode ~= 'fail' then
+        gfront[#gfront + 1] = {tonumber(id), r.payload, r.group}
+        group_free(r.group)
+        outcome = 1
+      elseif r.group then
+        local where, made
+        where, delay, made = fail_attempt(r, now, KEYS[5], base, cap, false)
+        if KEYS[17] then keep_try(r, now, why) end
+        if where == 'dead' then
+          redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.payload))
+          group_free(r.group)
+          outcome = 3
+        elseif where == 'later' then
+          redis.call('ZADD', G.delayed, now + delay, r.group .. '\0r' .. r.payload)
+          outcome = 2
+        else
+          gfront[#gfront + 1] = {tonumber(id), r.payload, r.group}
+          group_free(r.group)
+          outcome = 2
+        end
+      elseif mode == 'keep' and r.persistent and not to then
         -- a sticky restart: reserved for W itself for ARGV[3] ms
         redis.call('HSET', KEYS[11], r.payload, ARGV[1] .. ':' .. int(now + base))
         kept = true
@@ -181,4 +214,10 @@ for i = #front, 1, -1 do
 end
 ready = ready + #front
 wake_idle(KEYS[9], ARGV[5], ARGV[6], ready)
+if G then
+  table.sort(gfront, function(a, b) return a[1] < b[1] end)
+  for i = #gfront, 1, -1 do redis.call('LPUSH', G.list .. gfront[i][3], gfront[i][2]) end
+  if #gfront > 0 then redis.call('HINCRBY', G.hash, ':n', #gfront) end
+  for _, g in ipairs(gorder) do group_release(G, g, gfreed[g]) end
+end
 return out

@@ -1,9 +1,10 @@
 -- include/cancelling.lua: find_processes, worker_keys, cancel_found; needs:
 --!include include/record.lua
 --!include include/nudge.lua
+--!include include/group.lua
 
 -- Running processes of `procs` whose payload is `payload` (all of them when
--- payload is false): a list of {id, worker}.
+-- payload is false): a list of {id, worker, group (nil: none)}.
 local function find_processes(procs, payload)
   local found = {}
   local all = redis.call('HGETALL', procs)
@@ -12,7 +13,7 @@ local function find_processes(procs, payload)
     if payload == false or #payload == 0 or string.sub(rec, -#payload) == payload then
       local r = unpack_record(rec)
       if payload == false or r.payload == payload then
-        found[#found + 1] = {all[i], r.worker}
+        found[#found + 1] = {all[i], r.worker, r.group}
       end
     end
   end
@@ -45,11 +46,16 @@ end
 -- publish them on the worker's cancel channel. `wkeys[worker]` is
 -- {held key, inbox key}.
 local function cancel_found(found, procs, wkeys, cancel_prefix)
+  local G
   for _, f in ipairs(found) do
     local id, worker = f[1], f[2]
     redis.call('HDEL', procs, id)
     redis.call('SREM', wkeys[worker][1], id)
     redis.call('SADD', wkeys[worker][2], id)
     nudge(cancel_prefix .. worker, id)
+    if f[3] then  -- a group's job: its slot is free (include/group.lua)
+      G = G or group_keys_of(procs, 'procs')
+      group_release(G, f[3], 1)
+    end
   end
 end

@@ -18,6 +18,7 @@
 --!include include/add_share.lua
 --!include include/fair_share.lua
 --!include include/expire_reserved.lua
+--!include include/group.lua
 
 -- The reply `out`, with `tail`'s items appended (nil: none). With
 -- `compact`, a reply without processes gets the compact form's header:
@@ -119,13 +120,17 @@ local function claim_run(keys, argv, before, compact)
   -- call of its own)
   local has_delayed, has_prio, waiting, paused = false, false, false, false
   local extra, plain
+  -- Q's groups (include/group.lua): their keys in the same EXISTS; a queue
+  -- that never had a group pays nothing more
+  local G = group_keys(string.match(queue_key, '^(%b{}:)'), q)
   if paused_key then
     plain = redis.call('EXISTS', delayed_key, reserved_key, prio_key, paused_key, standby_key, pers_key,
-      attempts_key) == 0
+      attempts_key, G.ready, G.wait, G.delayed) == 0
   else
     plain = redis.call('EXISTS', delayed_key, reserved_key, prio_key, standby_key, pers_key,
-      attempts_key) == 0
+      attempts_key, G.ready, G.wait, G.delayed) == 0
   end
+  local has_groups = not plain and redis.call('EXISTS', G.ready, G.wait, G.delayed) > 0
   if plain then
     extra = 0
   elseif paused_key then
@@ -162,6 +167,11 @@ local function claim_run(keys, argv, before, compact)
     end
   end
 
+  if has_groups then
+    local gdue = group_due(G, now, n)
+    if gdue >= 0 and (next_due < 0 or gdue < next_due) then next_due = gdue end
+  end
+
   local tokens
   if bucket then
     tokens = rate_tokens(bucket, rate, per, now)
@@ -186,6 +196,18 @@ local function claim_run(keys, argv, before, compact)
     end
   end
 
+  -- Q's groups and its ungrouped tasks take turns (include/group.lua):
+  -- what the groups take is `gtaken`, and the ungrouped tasks (reserved,
+  -- with a priority, then the list) get `n` of the claim's places.
+  local n_all, gtaken = n, {}
+  if has_groups and not paused and n > #forced_list then
+    local ungrouped = redis.call('LLEN', queue_key) - #forced_list + (has_prio and redis.call('ZCARD', prio_key) or 0)
+    local turns, gwait
+    gtaken, turns, gwait = group_claim(G, n - #forced_list, now, ungrouped)
+    n = #forced_list + turns
+    if gwait >= 0 and (next_due < 0 or gwait < next_due) then next_due = gwait end
+  end
+
   -- Tasks with a priority first (after those reserved for W), then the list.
   local take = {}
   if has_prio and not paused and n > #forced_list then
@@ -198,7 +220,7 @@ local function claim_run(keys, argv, before, compact)
     want = redis.call('EXISTS', standby_key, pers_key) > 0 and 1000 or 0
   end
   if want > 0 then items = redis.call('LPOP', queue_key, want) or {} end
-  if #items == 0 and #take == 0 then
+  if #items == 0 and #take == 0 and #gtaken == 0 then
     redis.call(wake and 'SADD' or 'SREM', idle_key, worker)
     return claim_reply({now, 0, next_due}, tail, compact)
   end
@@ -281,9 +303,19 @@ local function claim_run(keys, argv, before, compact)
     end
   end
   for i = #left, 1, -1 do redis.call('LPUSH', queue_key, left[i]) end
+  -- the jobs the groups gave, after the ungrouped ones (a group's job's
+  -- record kind names its group: include/record.lua)
+  local tgroup = {}
+  for _, t in ipairs(gtaken) do
+    tp[#tp + 1] = t[1]
+    tpers[#tp] = false
+    tgroup[#tp] = t[2]
+  end
+  n = n_all
 
   local out = {now, held > 0 and -1 or (paused and 0 or redis.call('LLEN', queue_key)), next_due}
   if has_prio and not paused and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', prio_key) end
+  if has_groups and not paused and out[2] >= 0 then out[2] = out[2] + redis.call('ZCARD', G.ready) end
   if wake and held == 0 and #tp < n then
     redis.call('SADD', idle_key, worker)
   else
@@ -334,15 +366,16 @@ local function claim_run(keys, argv, before, compact)
     end
     local kind = persistent and 'p' or 'o'
     if level and level > 0 then kind = 'o' .. level end
+    if tgroup[i] then kind = 'g0' .. tgroup[i] end
     records[2 * i - 1] = id
     records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
     if compact then
       out[6 + i] = payload
-      if persistent or attempts ~= 0 then mixed = true end
+      if persistent or attempts ~= 0 or tgroup[i] then mixed = true end
     else
       local o = 4 * i
       out[o] = id
-      out[o + 1] = persistent and 1 or 0
+      out[o + 1] = tgroup[i] or (persistent and 1 or 0)
       out[o + 2] = attempts
       out[o + 3] = payload
     end
@@ -357,7 +390,7 @@ local function claim_run(keys, argv, before, compact)
     if mixed then
       local o = 6 + #tp
       for i = 1, #tp do
-        out[o + 2 * i - 1] = tpers[i] and 1 or 0
+        out[o + 2 * i - 1] = tgroup[i] or (tpers[i] and 1 or 0)
         out[o + 2 * i] = failed and failed[i] and tonumber(failed[i]) or 0
       end
     end

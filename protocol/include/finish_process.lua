@@ -8,6 +8,7 @@
 --!include include/task_weight.lua
 --!include include/add_share.lua
 --!include include/forget_weight.lua
+--!include include/group.lua
 
 -- The state of one finish call, in upvalues (cheaper per process than the
 -- fields of a table): W's record prefix, the awaiting key, the ids and
@@ -15,6 +16,8 @@
 -- publish (each read once, when first needed).
 local fin_worker, fin_wz, fin_awaiting, fin_gone, fin_seen, fin_attempts, fin_weighted, fin_notify
 local fin_plain, fin_payloads, fin_procs, fin_held, fin_pers, fin_att, fin_share, fin_channel
+-- the groups whose jobs finished: in order, and how many of each
+local fin_groups, fin_group_n
 
 -- Start a finish call of W (`worker`) on Q: `procs`, `held`, `persistent`,
 -- `attempts`, `share` are Q's keys {ns}:procs:<Q>, {ns}:held:<W>:<Q>,
@@ -31,6 +34,7 @@ local function finish_begin(worker, procs, held, persistent, attempts, share, aw
   -- (include/record.lua): the usual case, told by one plain find.
   fin_plain = fin_wz .. 'o\0' .. '0\0'
   fin_gone, fin_seen, fin_attempts = {}, {}, {}
+  fin_groups, fin_group_n = {}, {}
   return fin_wz
 end
 
@@ -85,6 +89,14 @@ local function finish_process(id, rec)
     end
   end
   if persistent or tries ~= '0' then fin_attempts[#fin_attempts + 1] = payload end
+  if string.byte(kind, 1) == 103 then  -- a group's job: its slot is free (finish_writes)
+    local g = string.sub(kind, 3)
+    if not fin_group_n[g] then
+      fin_groups[#fin_groups + 1] = g
+      fin_group_n[g] = 0
+    end
+    fin_group_n[g] = fin_group_n[g] + 1
+  end
   if finish_notify() then nudge(fin_channel, payload) end
   return payload
 end
@@ -95,4 +107,8 @@ local function finish_writes()
   call_chunked('HDEL', fin_procs, fin_gone)
   call_chunked('SREM', fin_held, fin_gone)
   call_chunked('HDEL', fin_att, fin_attempts)
+  if #fin_groups > 0 then
+    local G = group_keys_of(fin_procs, 'procs')
+    for _, g in ipairs(fin_groups) do group_release(G, g, fin_group_n[g]) end
+  end
 end

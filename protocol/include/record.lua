@@ -5,6 +5,9 @@
 -- NUL bytes, the payload last:
 --   worker \0 kind \0 attempts \0 max_attempts \0 backoff_ms \0 backoff_cap_ms
 --   \0 ttl_ms \0 started_ms \0 payload
+-- kind: 'p' (a persistent task), 'o' (a one-shot task), 'o' .. level (one
+-- with a priority, 1..9), 'g' .. level .. group (a job of that group of the
+-- queue: include/group.lua; level is 0 for now).
 
 -- tonumber(s), remembered in `nums` (a table the caller keeps for one
 -- script call): records of one worker share most of their numbers, and
@@ -25,10 +28,17 @@ local function unpack_record(rec, nums)
   local w, kind, a, ma, b, bc, ttl, st, payload = string.match(rec,
     '^([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z(.*)$')
   nums = nums or {}
+  local group, level = nil, 0
+  if string.byte(kind, 1) == 103 then  -- 'g': a group's job, 'g' level group
+    level, group = tonumber(string.sub(kind, 2, 2)), string.sub(kind, 3)
+  elseif #kind > 1 then
+    level = tonumber(string.sub(kind, 2))
+  end
   return {
     worker = w,
     persistent = (kind == 'p'),
-    level = #kind > 1 and tonumber(string.sub(kind, 2)) or 0,
+    level = level,
+    group = group,
     attempts = cached_number(nums, a),
     max_attempts = cached_number(nums, ma),
     backoff = cached_number(nums, b),

@@ -9,6 +9,7 @@
 --!include include/prio_add.lua
 --!include include/delay_level.lua
 --!include include/to_standby.lua
+--!include include/group.lua
 
 -- Hand every process in `held` (a worker's set of process ids on one queue)
 -- back to the front of `queue`, oldest claim first. With count_attempt (the
@@ -53,6 +54,10 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   local keep = {}
   local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
   local leveled, nleveled, told = {}, 0, {}
+  -- a group's jobs go back to the front of their group (include/group.lua),
+  -- newest claim first here as in `front`; a retry that waits for its
+  -- backoff keeps its group's slot until due
+  local G, gfront, gfreed, gorder, glater = nil, {}, {}, {}, {}
   for _, r in ipairs(rs) do
     gone[#gone + 1] = r.id
     local where, delay = 'front', 0
@@ -63,7 +68,26 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       count[r.payload] = a or 0
       keep[r.payload] = a
     end
-    if where == 'dead' then
+    if r.group then
+      if not G then G = group_keys_of(procs, 'procs') end
+      if where == 'later' then
+        glater[#glater + 1] = now + delay
+        glater[#glater + 1] = r.group .. '\0r' .. r.payload
+      else
+        if not gfreed[r.group] then
+          gfreed[r.group] = 0
+          gorder[#gorder + 1] = r.group
+        end
+        gfreed[r.group] = gfreed[r.group] + 1
+        if where == 'dead' then
+          buried[#buried + 1] = dead_record(now, made, r.worker,
+            'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
+          told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
+        else
+          gfront[#gfront + 1] = {r.payload, r.group}
+        end
+      end
+    elseif where == 'dead' then
       buried[#buried + 1] = dead_record(now, made, r.worker,
         'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
       told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
@@ -122,5 +146,11 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     nleveled = nleveled + #l.front + #l.back
   end
   redis.call('DEL', held)
-  return #front + #later / 2 + #back_end + nleveled, #buried, told
+  if G then
+    for _, j in ipairs(gfront) do redis.call('LPUSH', G.list .. j[2], j[1]) end
+    if #gfront > 0 then redis.call('HINCRBY', G.hash, ':n', #gfront) end
+    call_chunked('ZADD', G.delayed, glater, 2)
+    for _, g in ipairs(gorder) do group_release(G, g, gfreed[g]) end
+  end
+  return #front + #later / 2 + #back_end + nleveled + #gfront + #glater / 2, #buried, told
 end

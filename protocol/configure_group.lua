@@ -1,0 +1,77 @@
+-- configure_group.lua: set the settings of a group of a queue, or the
+-- queue's default for every group (see "Groups" in README.md and
+-- include/group.lua): concurrency (the most of its jobs running at once
+-- across the mesh; 0: no cap), rate limit (jobs started per period across
+-- the mesh; 0: none), its period (ms) and weight (its share of the claims
+-- while other groups have jobs ready, 1..1000). A group's own setting, when
+-- it has one, wins over the default.
+--
+-- KEYS[1] {ns}:idle:<Q>          SET of idle servers of Q (see include/wake_idle.lua);
+--                                the group keys are made from its prefix
+-- KEYS[2] {ns}:queues            SET of known queue names
+-- ARGV[1] queue name Q
+-- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
+-- ARGV[3] group name G, or "" for the queue's default
+-- ARGV[4] mode: "set" (the fields given replace those stored; an empty
+--         field leaves it as it is) or "clear" (the settings are removed:
+--         the group follows the default again; no fields)
+-- ARGV[5] concurrency, ARGV[6] rate limit, ARGV[7] period in ms (>= 1),
+-- ARGV[8] weight (1..1000): whole numbers, or "" (mode "set")
+-- Returns: the settings stored afterwards, "concurrency,rate,period,weight"
+--          (a field empty: the default's), or false after "clear". Running
+--          it twice stores the same settings.
+-- Errors: BAD_ARG (group name, mode, a value).
+-- Publishes: Q on the wake channels of idle servers of Q when a group may
+--            start more jobs than before.
+--!include include/count_arg.lua
+--!include include/group.lua
+
+local q, g, mode = ARGV[1], ARGV[3], ARGV[4]
+if g ~= '' and (not string.match(g, '^[A-Za-z0-9_.:/@+=-]+$') or #g > 200) then
+  return redis.error_reply('BAD_ARG group name must be 1 to 200 of A-Z a-z 0-9 _ . : / @ + = -')
+end
+if mode ~= 'set' and mode ~= 'clear' then
+  return redis.error_reply('BAD_ARG mode must be "set" or "clear"')
+end
+local G = group_keys(string.match(KEYS[1], '^(%b{}:)'), q)
+local field = g == '' and ':default' or 'c:' .. g
+local stored = nil
+if mode == 'set' then
+  local was = redis.call('HGET', G.hash, field)
+  local old = {'', '', '', ''}
+  if was then old = {string.match(was, '^(%d*),(%d*),(%d*),([%d.]*)$')} end
+  local names = {'concurrency', 'rate limit', 'rate period', 'weight'}
+  local new = {}
+  for i = 1, 4 do
+    local v = ARGV[4 + i] or ''
+    if v == '' then
+      new[i] = old[i] or ''
+    else
+      local x, err = count_arg(v, names[i], i == 4 and 1000 or nil)
+      if err then return err end
+      if (i == 3 or i == 4) and x < 1 then
+        return redis.error_reply('BAD_ARG ' .. names[i] .. ' must be >= 1')
+      end
+      new[i] = string.format('%.0f', x)
+    end
+  end
+  stored = table.concat(new, ',')
+  redis.call('SADD', KEYS[2], q)
+  redis.call('HSET', G.hash, field, stored)
+else
+  redis.call('HDEL', G.hash, field)
+end
+-- a group may start more now: ready again (with the default, each group
+-- that runs jobs: the others are ready already, or have none queued)
+local woke = 0
+if g ~= '' then
+  if group_ready(G, g) then woke = 1 end
+else
+  local fields = redis.call('HGETALL', G.hash)
+  for i = 1, #fields, 2 do
+    local f = fields[i]
+    if string.sub(f, 1, 2) == 'r:' and group_ready(G, string.sub(f, 3)) then woke = woke + 1 end
+  end
+end
+if woke > 0 then wake_idle(KEYS[1], ARGV[2], q, woke) end
+return stored or false

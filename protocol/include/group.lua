@@ -1,0 +1,256 @@
+-- include/group.lua: a queue's groups (see "Groups" in README.md):
+-- group_keys, group_keys_of, group_settings, group_ready, group_release,
+-- group_push, group_due, group_claim; needs:
+--!include include/rate.lua
+--!include include/wake_idle.lua
+
+-- The keys of a queue's groups are made here, from the namespace's prefix
+-- ({ns}:, taken from a key of the queue that the script was given: every
+-- key of a namespace shares its hash slot) and the queue's name Q:
+--   {ns}:gready:<Q>    ZSET group -> virtual time: the groups that may start
+--                      a job now (jobs queued, below their concurrency, not
+--                      paused, not waiting for a token); the member "" stands
+--                      for Q's ungrouped tasks, while Q has ready groups
+--   {ns}:groups:<Q>    HASH 'r:'..G -> G's jobs running (a retry waiting for
+--                      its backoff counts: it holds its slot); 'c:'..G -> G's
+--                      own settings; 'p:'..G -> when G was paused (ms);
+--                      ':default' -> the settings of every group; ':v' -> the
+--                      virtual clock (the time of the last group served);
+--                      ':n' -> the jobs queued in all of Q's groups
+--   {ns}:gwait:<Q>     ZSET group -> when (ms) its rate limit gives it a token
+--   {ns}:gdelayed:<Q>  ZSET G .. '\0' .. flag .. payload -> due time (ms):
+--                      flag 'r' is a retry (it holds G's slot until due), 'd'
+--                      a job enqueued with a delay
+--   {ns}:gq:<Q>|<G>    LIST G's queued jobs, head = next
+--   {ns}:grate:<Q>|<G> HASH G's token bucket (include/rate.lua)
+-- Settings are "concurrency,rate,period_ms,weight", each field empty for
+-- "as the queue's default" (and then: no cap, no rate limit, 1000, 1).
+
+local GROUPS = {}  -- per queue of this script call: its keys and settings
+
+-- The group keys of queue `q`, whose keys start with `prefix` ({ns}:).
+local function group_keys(prefix, q)
+  local G = GROUPS[q]
+  if not G then
+    G = {q = q, ready = prefix .. 'gready:' .. q, hash = prefix .. 'groups:' .. q,
+         wait = prefix .. 'gwait:' .. q, delayed = prefix .. 'gdelayed:' .. q,
+         list = prefix .. 'gq:' .. q .. '|', rate = prefix .. 'grate:' .. q .. '|',
+         idle = prefix .. 'idle:' .. q, wake = prefix .. 'wake:'}
+    GROUPS[q] = G
+  end
+  return G
+end
+
+-- The group keys of the queue whose key `key` is {ns}:<kind>:<Q> (kind:
+-- the word before Q, e.g. 'procs').
+local function group_keys_of(key, kind)
+  local prefix = string.match(key, '^(%b{}:)')
+  return group_keys(prefix, string.sub(key, #prefix + #kind + 2))
+end
+
+-- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
+-- group whose own settings are `own` (nil: none) and the queue's default
+-- `default` (nil: none).
+local function group_settings(own, default)
+  local c, r, p, w = '', '', '', ''
+  if own then c, r, p, w = string.match(own, '^(%d*),(%d*),(%d*),([%d.]*)$') end
+  if default and (c == '' or r == '' or p == '' or w == '') then
+    local dc, dr, dp, dw = string.match(default, '^(%d*),(%d*),(%d*),([%d.]*)$')
+    if c == '' then c = dc end
+    if r == '' then r = dr end
+    if p == '' then p = dp end
+    if w == '' then w = dw end
+  end
+  return tonumber(c) or 0, tonumber(r) or 0, tonumber(p) or 1000, tonumber(w) or 1
+end
+
+-- Put group `g` among the ready groups if it may start a job now: jobs
+-- queued, below its concurrency, not paused, not waiting for a token. It
+-- comes in at the virtual clock: a group gets no credit for the time it
+-- could not run. Returns whether it came in.
+local function group_ready(G, g)
+  local h = redis.call('HMGET', G.hash, 'r:' .. g, 'c:' .. g, 'p:' .. g, ':default', ':v')
+  if h[3] then return false end
+  local cap = group_settings(h[2], h[4])
+  if cap > 0 and tonumber(h[1] or '0') >= cap then return false end
+  if redis.call('EXISTS', G.list .. g) == 0 then return false end
+  if redis.call('ZSCORE', G.wait, g) then return false end
+  return redis.call('ZADD', G.ready, 'NX', h[5] or '0', g) == 1
+end
+
+-- `n` of group `g`'s jobs no longer run (finished, failed, handed back,
+-- recycled, cancelled): its count goes down (the field leaves at 0) and it
+-- is ready again if it may be (an idle server of Q is woken then).
+local function group_release(G, g, n)
+  local field = 'r:' .. g
+  if redis.call('HINCRBY', G.hash, field, -n) <= 0 then redis.call('HDEL', G.hash, field) end
+  if group_ready(G, g) then wake_idle(G.idle, G.wake, G.q, 1) end
+end
+
+-- Put `payloads` (in order) into group `g`: at its front (`front`) or its
+-- back; it is ready if it may be. Returns the group's length.
+local function group_push(G, g, payloads, front)
+  if #payloads == 0 then return 0 end
+  local len = 0
+  local key = G.list .. g
+  redis.call('HINCRBY', G.hash, ':n', #payloads)
+  if front then
+    for i = #payloads, 1, -1 do len = redis.call('LPUSH', key, payloads[i]) end
+  else
+    for i = 1, #payloads, 4000 do
+      len = redis.call('RPUSH', key, unpack(payloads, i, math.min(i + 3999, #payloads)))
+    end
+  end
+  group_ready(G, g)
+  return len
+end
+
+-- Move up to `n` delayed jobs of Q's groups that are due at `now` to the
+-- front of their groups (a retry gives its slot back then). Returns the ms
+-- until the next one is due (-1: none left).
+local function group_due(G, now, n)
+  local due = redis.call('ZRANGEBYSCORE', G.delayed, '-inf', now, 'LIMIT', 0, n)
+  if #due > 0 then
+    redis.call('ZREM', G.delayed, unpack(due))
+    local order, jobs, freed = {}, {}, {}
+    for _, m in ipairs(due) do
+      local g, flag, payload = string.match(m, '^([^%z]*)%z(.)(.*)$')
+      if not jobs[g] then
+        jobs[g], freed[g] = {}, 0
+        order[#order + 1] = g
+      end
+      local js = jobs[g]
+      js[#js + 1] = payload
+      if flag == 'r' then freed[g] = freed[g] + 1 end
+    end
+    for _, g in ipairs(order) do
+      group_push(G, g, jobs[g], true)
+      if freed[g] > 0 then group_release(G, g, freed[g]) end
+    end
+  end
+  local first = redis.call('ZRANGE', G.delayed, 0, 0, 'WITHSCORES')
+  if #first == 0 then return -1 end
+  return math.max(0, tonumber(first[2]) - now)
+end
+
+-- Take up to `n` jobs from Q's ready groups, in weighted round-robin: the
+-- group with the lowest virtual time goes first, and a group of weight w
+-- moves on 1/w for each job it starts; `ungrouped` tasks of Q (its list and
+-- its priorities) take turns as one more group ("", weight 1). A group
+-- stops being ready when it empties, reaches its concurrency or runs out
+-- of tokens (it then waits in {ns}:gwait:<Q>). Each group's running count
+-- goes up by what it started. Cost: O(log groups) per group served, the
+-- same whatever the number of groups and jobs. Returns the jobs taken
+-- ({payload, group} each, in order), the turns of the ungrouped tasks, and
+-- the ms until a group waiting for a token gets one (-1: none).
+local function group_claim(G, n, now, ungrouped)
+  local taken, turns = {}, 0
+  local back = redis.call('ZRANGEBYSCORE', G.wait, '-inf', now, 'LIMIT', 0, 1000)
+  if #back > 0 then
+    redis.call('ZREM', G.wait, unpack(back))
+    for _, g in ipairs(back) do group_ready(G, g) end
+  end
+  local popped = 0
+  local hv = redis.call('HMGET', G.hash, ':v', ':default')
+  local v, default = tonumber(hv[1] or '0'), hv[2]
+  local v0 = v
+  if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', v, '') end
+  local rounds = 0
+  while n > 0 and rounds < 4 do
+    rounds = rounds + 1
+    local top = redis.call('ZRANGE', G.ready, 0, n, 'WITHSCORES')
+    if #top == 0 then break end
+    local m = math.min(#top / 2, n)
+    local fields, at = {}, {}
+    for i = 1, m do
+      local g = top[2 * i - 1]
+      if g ~= '' then
+        at[i] = #fields + 1
+        fields[#fields + 1] = 'r:' .. g
+        fields[#fields + 1] = 'c:' .. g
+        fields[#fields + 1] = 'p:' .. g
+      end
+    end
+    local vals = #fields > 0 and redis.call('HMGET', G.hash, unpack(fields)) or {}
+    local adds, rems, counts = {}, {}, {}
+    for i = 1, m do
+      if n <= 0 then break end
+      local g, s = top[2 * i - 1], tonumber(top[2 * i])
+      local nxt = top[2 * i + 2] and tonumber(top[2 * i + 2]) or nil
+      if s > v then v = s end
+      if g == '' then
+        local k = ungrouped - turns
+        if k > 0 and nxt then k = math.min(k, math.max(1, math.floor(nxt - s) + 1)) end
+        k = math.min(k, n)
+        turns, n = turns + math.max(k, 0), n - math.max(k, 0)
+        if turns >= ungrouped then
+          rems[#rems + 1] = ''
+        else
+          adds[#adds + 1] = s + k
+          adds[#adds + 1] = ''
+        end
+      else
+        local j = at[i]
+        local running = tonumber(vals[j] or '0')
+        local cap, rate, per, w = group_settings(vals[j + 1], default)
+        local k = n
+        if cap > 0 then k = math.min(k, cap - running) end
+        if nxt then k = math.min(k, math.max(1, math.floor((nxt - s) * w) + 1)) end
+        local tokens, waiting = nil, false
+        if vals[j + 2] then
+          k = 0  -- paused (it left the ready groups when paused: a stale entry)
+        elseif rate > 0 and k > 0 then
+          tokens = rate_tokens(G.rate .. g, rate, per, now)
+          if tokens < 1 then
+            redis.call('ZADD', G.wait, now + rate_wait(tokens, rate, per), g)
+            waiting, k = true, 0
+          else
+            k = math.min(k, math.floor(tokens))
+          end
+        end
+        local got = 0
+        if k > 0 then
+          local items = redis.call('LPOP', G.list .. g, k) or {}
+          got = #items
+          popped = popped + got
+          for _, p in ipairs(items) do taken[#taken + 1] = {p, g} end
+          n = n - got
+        end
+        if got > 0 then
+          running = running + got
+          counts[#counts + 1] = 'r:' .. g
+          counts[#counts + 1] = running
+          if tokens then
+            redis.call('HSET', G.rate .. g, 'tokens', tostring(tokens - got), 'at', now)
+            redis.call('PEXPIRE', G.rate .. g, per + 1000)
+          end
+        end
+        if got < k or k <= 0 or (cap > 0 and running >= cap) or waiting then
+          rems[#rems + 1] = g
+        else
+          adds[#adds + 1] = s + got / w
+          adds[#adds + 1] = g
+        end
+      end
+    end
+    if #counts > 0 then redis.call('HSET', G.hash, unpack(counts)) end
+    if #rems > 0 then redis.call('ZREM', G.ready, unpack(rems)) end
+    if #adds > 0 then redis.call('ZADD', G.ready, 'XX', unpack(adds)) end
+  end
+  if popped > 0 and redis.call('HINCRBY', G.hash, ':n', -popped) <= 0 then
+    redis.call('HDEL', G.hash, ':n')
+  end
+  -- no group left ready: Q's ungrouped tasks take the plain path again, and
+  -- the clock starts again from 0 (nothing is left to compare it with)
+  local left = redis.call('ZCARD', G.ready)
+  if left == 1 and redis.call('ZREM', G.ready, '') == 1 then left = 0 end
+  if left == 0 then
+    if v0 ~= 0 then redis.call('HDEL', G.hash, ':v') end
+  elseif v ~= v0 then
+    redis.call('HSET', G.hash, ':v', tostring(v))
+  end
+  local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
+  local wait = -1
+  if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
+  return taken, turns, wait
+end

@@ -1,0 +1,287 @@
+"""Groups of a queue (issue 36), against a real redis-server, on both loops:
+jobs of many groups run in weighted round-robin; a group's concurrency is a
+cap across the mesh (held while a dead worker's jobs are recycled), 1 keeps
+its jobs in order, retries go back to its front; rate limits and pauses
+hold per group; ungrouped jobs take turns with the groups; delays, cancels,
+dead letters and results work within a group; an empty group leaves no key."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import anyio
+import pytest
+
+import mesh
+from mesh._binding import Binding
+from mesh._connection import Connection
+from mesh._keys import Keys
+from mesh.testing import wait_until
+
+from .protocol_helpers import expire_worker, join
+
+pytestmark = pytest.mark.both_loops
+
+Q = "g"
+
+
+async def group_keys_left(conn: Connection, namespace: str) -> list[bytes]:
+    """Every key of the namespace's groups still in Redis."""
+    found: list[bytes] = []
+    for pattern in ("gq:*", "gready:*", "gwait:*", "gdelayed:*", "grate:*", "groups:*"):
+        found += await conn.execute("KEYS", f"{{{namespace}}}:{pattern}")
+    return sorted(found)
+
+
+class Recorder:
+    """A handler that records what ran (payload, group) in order, and the
+    most jobs of each group running at once in this process."""
+
+    def __init__(self, hold: float = 0.0) -> None:
+        self.hold = hold
+        self.ran: list[tuple[bytes, str | None]] = []
+        self.now: Counter[str | None] = Counter()
+        self.most: Counter[str | None] = Counter()
+
+    async def __call__(self, p: mesh.Process) -> None:
+        self.now[p.group] += 1
+        self.most[p.group] = max(self.most[p.group], self.now[p.group])
+        try:
+            if self.hold:
+                await anyio.sleep(self.hold)
+            else:
+                await anyio.lowlevel.checkpoint()
+            self.ran.append((p.task, p.group))
+        finally:
+            self.now[p.group] -= 1
+
+
+async def test_jobs_of_groups_run_once_each_and_an_empty_group_leaves_no_key(
+    redis_url: str, namespace: str, conn: Connection
+) -> None:
+    rec = Recorder()
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        for g in ("a", "b", "c"):
+            await c.enqueue_many(Q, [f"{g}{i}" for i in range(20)], group=g)
+        await c.enqueue_many(Q, [f"u{i}" for i in range(20)])
+        look = await c.groups(Q)
+        assert {(i.name, i.queued) for i in look.groups} == {("a", 20), ("b", 20), ("c", 20)}
+        assert look.queued == 60 and look.total == 3
+        await w.start_work(Q, rec, concurrency=4)
+        await wait_until(lambda: len(rec.ran) == 80, what="every job")
+        done = Counter(t for t, _ in rec.ran)
+        assert set(done.values()) == {1}
+        for t, g in rec.ran:
+            assert g == (None if t.startswith(b"u") else t[:1].decode())
+        await wait_until(lambda: _none_running(c), what="no process left")
+        assert await group_keys_left(conn, namespace) == []
+        assert (await c.groups(Q)).groups == []
+
+
+async def _none_running(c: mesh.Client) -> bool:
+    return not await c.processes(Q)
+
+
+async def test_a_claim_takes_turns_among_the_groups_and_the_ungrouped_jobs(
+    redis_url: str, namespace: str
+) -> None:
+    # One group with a long backlog, then nine with two jobs each and two
+    # ungrouped jobs: with one slot, each small group's jobs (and the
+    # ungrouped ones) run within the first rounds, not after the backlog.
+    rec = Recorder()
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        await c.enqueue_many(Q, [f"big{i}" for i in range(300)], group="big")
+        for g in range(9):
+            await c.enqueue_many(Q, [f"s{g}-{i}" for i in range(2)], group=f"s{g}")
+        await c.enqueue_many(Q, [b"u0", b"u1"])
+        await w.start_work(Q, rec, concurrency=1)
+        await wait_until(lambda: len(rec.ran) == 320, what="every job")
+        first = rec.ran[:40]
+        small = [t for t, g in first if g and g.startswith("s")]
+        assert len(small) == 18, first
+        assert {t for t, g in first if g is None} == {b"u0", b"u1"}
+        # the big group's jobs kept their order
+        big = [t for t, g in rec.ran if g == "big"]
+        assert big == [f"big{i}".encode() for i in range(300)]
+
+
+async def test_weights_share_the_claims(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        await c.configure_group(Q, "heavy", weight=3)
+        await c.enqueue_many(Q, [f"h{i}" for i in range(300)], group="heavy")
+        await c.enqueue_many(Q, [f"l{i}" for i in range(300)], group="light")
+        await w.start_work(Q, rec, concurrency=1)
+        await wait_until(lambda: len(rec.ran) >= 200, what="200 jobs")
+        got = Counter(g for _, g in rec.ran[:200])
+        # 3:1, within a few jobs
+        assert 140 <= got["heavy"] <= 160, got
+
+
+async def test_a_groups_concurrency_is_a_cap_across_the_mesh(
+    redis_url: str, namespace: str
+) -> None:
+    recs = [Recorder(hold=0.02) for _ in range(3)]
+    running_most = 0
+    async with mesh.open_client(redis_url, namespace=namespace) as c:
+        await c.configure_group(Q, "acct", concurrency=2)
+        await c.enqueue_many(Q, [f"a{i}" for i in range(60)], group="acct")
+        await c.enqueue_many(Q, [f"o{i}" for i in range(60)], group="other")
+        async with (
+            mesh.open_worker(redis_url, namespace=namespace) as w1,
+            mesh.open_worker(redis_url, namespace=namespace) as w2,
+            mesh.open_worker(redis_url, namespace=namespace) as w3,
+        ):
+            for w, r in zip((w1, w2, w3), recs, strict=True):
+                await w.start_work(Q, r, concurrency=5)
+
+            def done() -> bool:
+                return sum(len(r.ran) for r in recs) == 120
+
+            while not done():
+                ps = await c.processes(Q)
+                running_most = max(running_most, sum(1 for p in ps if p.group == "acct"))
+                await anyio.sleep(0.005)
+    assert running_most == 2
+    assert sum(r.most["acct"] for r in recs) >= 2
+    # the other group was not held to the cap
+    assert sum(r.most["other"] for r in recs) > 2
+
+
+async def test_concurrency_one_keeps_a_groups_order_through_a_retry(
+    redis_url: str, namespace: str
+) -> None:
+    ran: list[bytes] = []  # in the order they started
+    failed: set[bytes] = set()
+    done: list[bytes] = []
+
+    async def handler(p: mesh.Process) -> None:
+        ran.append(p.task)
+        if p.task == b"k2" and p.task not in failed:
+            failed.add(p.task)
+            raise RuntimeError("once")
+        await anyio.sleep(0.001)
+        done.append(p.task)
+
+    async with (
+        mesh.open_worker(redis_url, namespace=namespace) as w1,
+        mesh.open_worker(redis_url, namespace=namespace) as w2,
+    ):
+        c = w1.client
+        await c.configure(Q, backoff=0.05, group_concurrency=1)
+        await c.enqueue_many(Q, [f"k{i}" for i in range(8)], group="key")
+        await w1.start_work(Q, handler, concurrency=4)
+        await w2.start_work(Q, handler, concurrency=4)
+        # every handler returned before the workers stop (a stop cancels
+        # the handlers still running, and a peer runs their jobs again)
+        await wait_until(lambda: len(done) == 8, what="8 jobs done")
+    assert ran == [b"k0", b"k1", b"k2", b"k2", b"k3", b"k4", b"k5", b"k6", b"k7"], b" ".join(ran).decode()
+
+
+async def test_a_paused_group_waits_while_the_others_run(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        assert await c.pause_group(Q, "held") is True
+        assert await c.pause_group(Q, "held") is False
+        await c.enqueue_many(Q, [b"h0", b"h1"], group="held")
+        await c.enqueue_many(Q, [b"f0", b"f1"], group="free")
+        await w.start_work(Q, rec, concurrency=2)
+        await wait_until(lambda: len(rec.ran) == 2, what="the free group")
+        await anyio.sleep(0.2)
+        assert {t for t, _ in rec.ran} == {b"f0", b"f1"}
+        (held,) = [g for g in (await c.groups(Q)).groups if g.name == "held"]
+        assert held.paused is not None and held.queued == 2 and not held.ready
+        assert await c.resume_group(Q, "held") is True
+        await wait_until(lambda: len(rec.ran) == 4, what="the resumed group")
+
+
+async def test_a_groups_rate_limit_holds(redis_url: str, namespace: str) -> None:
+    rec = Recorder()
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        await c.configure_group(Q, "slow", rate_limit=(5, 0.5))
+        await c.enqueue_many(Q, [f"s{i}" for i in range(15)], group="slow")
+        await c.enqueue_many(Q, [f"f{i}" for i in range(50)], group="fast")
+        await w.start_work(Q, rec, concurrency=10)
+        await wait_until(lambda: sum(1 for _, g in rec.ran if g == "fast") == 50, what="fast")
+        started = anyio.current_time()
+        await wait_until(lambda: sum(1 for _, g in rec.ran if g == "slow") == 15, what="slow")
+        # a burst of 5, then 5 per 0.5 s: 15 take about 1 s
+        assert anyio.current_time() - started >= 0.6
+
+
+async def test_delays_cancels_dead_letters_and_results_work_in_a_group(
+    redis_url: str, namespace: str, conn: Connection
+) -> None:
+    async def handler(p: mesh.Process) -> bytes:
+        if p.task == b"bad":
+            raise ValueError("no")
+        return p.task.upper()
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        await c.configure(Q, max_attempts=2, backoff=0.01, result_ttl=60)
+        await c.enqueue(Q, b"later", group="t", delay=0.3)
+        await c.enqueue_many(Q, [b"gone", b"bad", b"ok"], group="t")
+        assert await c.cancel(Q, b"gone", group="t") == 1
+        await w.start_work(Q, handler, concurrency=2)
+        assert await c.result(Q, b"ok", timeout=5) == b"OK"
+        assert await c.result(Q, b"later", timeout=5) == b"LATER"
+        await wait_until(lambda: _dead(c), what="the bad job's dead letter")
+        await wait_until(lambda: _none_running(c), what="no process left")
+        assert await group_keys_left(conn, namespace) == []
+
+
+async def _dead(c: mesh.Client) -> bool:
+    return [d.task for d in await c.dead_letters(Q)] == [b"bad"]
+
+
+async def test_a_dead_workers_group_jobs_go_back_to_the_front_and_its_cap_holds(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    # Driven through the scripts: w1 takes the one job its group's cap
+    # allows, w2 finds nothing of that group; w1's lease runs out and the
+    # recycle puts the job back at the group's front and frees its slot,
+    # so the next claim takes it first (a crash counts as an attempt).
+    i1 = await join(b, conn, "w1", Q)
+    i2 = await join(b, conn, "w2", Q)
+    await b.configure_group(conn, Q, "one", "set", ["1", "", "", ""])
+    await b.enqueue_group(conn, Q, "one", [b"x0", b"x1", b"x2"])
+    (p,) = (await b.claim(conn, "w1", i1, Q, 5, 0)).processes
+    assert (p.task, p.group) == (b"x0", "one")
+    assert (await b.claim(conn, "w2", i2, Q, 5, 0)).processes == ()
+    assert await conn.execute("HGET", keys.groups(Q), "r:one") == b"1"
+    await expire_worker(conn, keys, "w1")
+    r = await b.recycle(conn, "w1", leave=False)
+    assert (r.alive, r.returned) == (False, 1)
+    assert await conn.execute("HGET", keys.groups(Q), "r:one") is None
+    assert await conn.execute("LRANGE", keys.group_jobs(Q, "one"), 0, -1) == [b"x0", b"x1", b"x2"]
+    (q,) = (await b.claim(conn, "w2", i2, Q, 5, 0)).processes
+    assert (q.task, q.group, q.attempts) == (b"x0", "one", 1)
+    assert q.token > p.token
+
+
+async def test_bad_group_input_is_refused_with_one_line(redis_url: str, namespace: str) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as c:
+        with pytest.raises(mesh.ConfigError, match="invalid group name"):
+            await c.enqueue(Q, b"x", group="no spaces")
+        with pytest.raises(mesh.ConfigError, match="not both"):
+            await c.enqueue(Q, b"x", group="g", priority=3)
+        with pytest.raises(mesh.ConfigError, match="weight must be"):
+            await c.configure_group(Q, "g", weight=0)
+        with pytest.raises(mesh.ConfigError, match="concurrency must be"):
+            await c.configure_group(Q, "g", concurrency=-1)
+        assert (await c.groups(Q)).groups == []
+        s = await c.configure_group(Q, "g", concurrency=3)
+        assert s == mesh.GroupSettings(concurrency=3)
+        s = await c.configure_group(Q, "g", weight=2)
+        assert s == mesh.GroupSettings(concurrency=3, weight=2)
+        await c.configure(Q, group_concurrency=7, group_rate_limit=100)
+        (g,) = (await c.groups(Q)).groups
+        assert g.settings == mesh.GroupSettings(3, 100, 1.0, 2)
+        await c.clear_group(Q, "g")
+        assert (await c.groups(Q)).groups == []
