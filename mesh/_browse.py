@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from ._errors import ConfigError
-from ._keys import Keys, check_queue
+from ._keys import Keys, check_group, check_queue
 from ._reads import JOB_STATES, JobReads
 from ._replies import parse_dead, parse_record, split_error
 from ._types import DeadLetter, Process
@@ -127,6 +127,9 @@ class Job:
             ``give_back.lua`` from this version on, for a job that failed
             at least once and is still retried or dead); only
             :meth:`Client.job` reads them, a page has ``()``.
+        group: the group of the queue it is in (see
+            :meth:`Client.enqueue`), when the page was asked for by group
+            or the job runs; None otherwise.
     """
 
     queue: str
@@ -146,6 +149,7 @@ class Job:
     ref: str | None = None
     tries: tuple[Attempt, ...] = ()
     traceback: str | None = None
+    group: str | None = None
 
     @property
     def whole(self) -> bool:
@@ -237,13 +241,16 @@ async def jobs(
     limit: int = 50,
     after: str | None = None,
     prefix: bytes | None = None,
+    group: str | None = None,
 ) -> JobPage:
     """A page of the jobs of ``queue`` in ``state`` (see :meth:`Client.jobs`),
     each with the first :data:`PREVIEW` bytes of its payload (with
-    ``prefix``, at least as many as the prefix has) and its size.
+    ``prefix``, at least as many as the prefix has) and its size; with
+    ``group``, those of that group ("queued" or "running").
 
     Raises:
-        ConfigError: a bad queue, state, limit or cursor.
+        ConfigError: a bad queue, state, limit, cursor or group, or a group
+            with a state other than "queued" or "running".
         MeshConnectionError: Redis could not be reached.
         ProtocolError: a record in Redis is malformed.
     """
@@ -251,6 +258,15 @@ async def jobs(
     check_state(state)
     check_limit(limit)
     start = cursor_position(after)
+    if group is not None:
+        check_group(group)
+        if state not in ("queued", "running") or prefix is not None:
+            raise ConfigError(
+                f"a group's jobs are listed as queued or running, without a prefix, not {state!r}"
+            )
+        found, total = await _group_slice(reads, queue, group, state, start, limit)
+        end = start + len(found)
+        return JobPage(tuple(found), f"c{end}" if end < total else None, total)
     if prefix is None:
         found, total = await _slice(reads, queue, state, start, limit, PREVIEW)
         end = start + len(found)
@@ -489,6 +505,32 @@ async def _queued(
         )
         for i, (t, level, e) in enumerate(entries)
     ], n_prio + n_list
+
+
+async def _group_slice(
+    reads: JobReads, queue: str, group: str, state: str, start: int, count: int
+) -> tuple[list[Job], int]:
+    """Entries start..start+count-1 of ``group``'s queued jobs (its list,
+    in claim order) or of its running ones (by token), and their total."""
+    if state == "running":
+        pids = sorted(await reads.process_ids(queue), key=int)
+        key = reads.keys.procs(queue)
+        _, got = await _peek(reads, key, "hash", 0, 0, PREVIEW, fields=8, names=pids)
+        mine = []
+        for pid, e in zip(pids, got, strict=True):
+            if e is not None:  # else finished since the HKEYS
+                p = parse_record(pid, e.head, queue)
+                if p.group == group:
+                    mine.append(attrs.evolve(_running_job(queue, p, 0, e), group=group))
+        return mine[start : start + count], len(mine)
+    key = reads.keys.group_jobs(queue, group)
+    extras = _extra_keys(reads.keys, queue, levels=False)
+    total, got = await _peek(reads, key, "list", start, start + count - 1, PREVIEW, extras=extras)
+    return [
+        Job(queue, e.head, "queued", attempts=e.attempts, size=e.size, group=group)
+        for e in got
+        if e is not None
+    ], total
 
 
 #: How a page of each job state (:data:`~mesh._reads.JOB_STATES`) is read.

@@ -89,6 +89,7 @@ class ClientReads(ClientCore):
         limit: int = 50,
         after: str | None = None,
         prefix: bytes | str | None = None,
+        group: str | None = None,
     ) -> JobPage:
         """One page of the jobs of ``queue`` in ``state``: ``"queued"`` (in
         claim order), ``"delayed"`` (first due first), ``"running"`` (by
@@ -96,6 +97,10 @@ class ClientReads(ClientCore):
         ``after`` for the following page (None after the last). With
         ``prefix``, only payloads that start with it (a page then looks at
         up to 20,000 entries, and may come back short with a ``next``).
+
+        With ``group``, the jobs of that group of the queue, ``"queued"``
+        (in the group's order) or ``"running"``; a page without ``group``
+        lists no group's queued job.
 
         Each job carries the first 256 bytes of its payload and its
         ``size``, never the whole payload (one may be 64 MiB): ``Job.whole``
@@ -111,7 +116,9 @@ class ClientReads(ClientCore):
             ProtocolError: a record in Redis is malformed.
         """
         p = None if prefix is None else self._payloads([prefix])[0]
-        return await _browse.jobs(self._reads, queue, state, limit=limit, after=after, prefix=p)
+        return await _browse.jobs(
+            self._reads, queue, state, limit=limit, after=after, prefix=p, group=group
+        )
 
     async def job(self, queue: str, task: bytes | str) -> Job | None:
         """The record of ``task`` on ``queue``: running, else queued, else

@@ -215,9 +215,17 @@ end
 ready = ready + #front
 wake_idle(KEYS[9], ARGV[5], ARGV[6], ready)
 if G then
+  -- oldest claim first at each group's front
   table.sort(gfront, function(a, b) return a[1] < b[1] end)
-  for i = #gfront, 1, -1 do redis.call('LPUSH', G.list .. gfront[i][3], gfront[i][2]) end
-  if #gfront > 0 then redis.call('HINCRBY', G.hash, ':n', #gfront) end
+  local back, border = {}, {}
+  for _, j in ipairs(gfront) do
+    if not back[j[3]] then
+      back[j[3]] = {}
+      border[#border + 1] = j[3]
+    end
+    table.insert(back[j[3]], j[2])
+  end
+  for _, g in ipairs(border) do group_push(G, g, back[g], true) end
   for _, g in ipairs(gorder) do group_release(G, g, gfreed[g]) end
 end
 return out

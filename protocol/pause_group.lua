@@ -28,7 +28,8 @@ if not string.match(g, '^[A-Za-z0-9_.:/@+=-]+$') or #g > 200 then
 end
 local G = group_keys(string.match(KEYS[1], '^(%b{}:)'), q)
 if mode == 'pause' then
-  if redis.call('HSETNX', G.hash, 'p:' .. g, int(now_ms())) == 0 then return 0 end
+  if redis.call('HEXISTS', G.hash, 'p:' .. g) == 1 then return 0 end
+  redis.call('HSET', G.hash, 'p:' .. g, int(now_ms()))
   redis.call('ZREM', G.ready, g)
   return 1
 end

@@ -285,3 +285,50 @@ async def test_bad_group_input_is_refused_with_one_line(redis_url: str, namespac
         assert g.settings == mesh.GroupSettings(3, 100, 1.0, 2)
         await c.clear_group(Q, "g")
         assert (await c.groups(Q)).groups == []
+
+
+async def test_a_groups_jobs_are_listed_by_group(redis_url: str, namespace: str) -> None:
+    gate = anyio.Event()
+
+    async def handler(p: mesh.Process) -> None:
+        await gate.wait()
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        await c.configure_group(Q, "t", concurrency=2)
+        await c.enqueue_many(Q, [f"t{i}" for i in range(5)], group="t")
+        await c.enqueue_many(Q, [b"u0"])
+        await w.start_work(Q, handler, concurrency=10)
+
+        async def two_running() -> bool:
+            return len((await c.jobs(Q, "running", group="t")).jobs) == 2
+
+        await wait_until(two_running, what="the group's cap of jobs running")
+        running = (await c.jobs(Q, "running", group="t")).jobs
+        assert [(j.task, j.group) for j in running] == [(b"t0", "t"), (b"t1", "t")]
+        page = await c.jobs(Q, "queued", group="t", limit=2)
+        assert [j.task for j in page.jobs] == [b"t2", b"t3"] and page.total == 3
+        rest = await c.jobs(Q, "queued", group="t", after=page.next)
+        assert [j.task for j in rest.jobs] == [b"t4"] and rest.next is None
+        with pytest.raises(mesh.ConfigError, match="queued or running"):
+            await c.jobs(Q, "dead", group="t")
+        gate.set()
+
+
+async def test_a_retry_of_a_groups_only_job_runs_again(redis_url: str, namespace: str) -> None:
+    # The group holds nothing else and has no cap: the failed job goes back
+    # into it (no backoff here) and the group must be ready again for it.
+    runs: list[int] = []
+
+    async def handler(p: mesh.Process) -> None:
+        runs.append(p.attempts)
+        if p.attempts == 0:
+            raise RuntimeError("first try")
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        await c.configure(Q, backoff=0, backoff_max=0)
+        await c.enqueue(Q, b"solo", group="alone")
+        # a claim of two finds one: the group leaves the ready ones at once
+        await w.start_work(Q, handler, concurrency=2)
+        await wait_until(lambda: runs == [0, 1], what="the retry")

@@ -212,9 +212,14 @@ async def test_a_graceful_stop_hands_prefetched_work_back_with_no_overlap(
 
         await wait_until(jobs_done, within=60, what="every job run once")
         await wait_until(lambda: len(stopped) == 2, what="a's stop returned")
-        info = await a.client.queue_info(Q)
+
+        async def all_reported() -> bool:
+            # b reports its last finishes a round trip after they returned
+            info = await a.client.queue_info(Q)
+            return (info.queued, info.running) == (0, 0)
+
+        await wait_until(all_reported, what="nothing queued or running in Redis")
     assert stopped[1] > 0  # handed back
-    assert (info.queued, info.running) == (0, 0)
     # no overlap: each payload's runs (a cancelled one on a, then b's) one
     # after the other
     runs: dict[bytes, list[tuple[float, float]]] = {}

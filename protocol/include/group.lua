@@ -83,8 +83,14 @@ end
 -- is ready again if it may be (an idle server of Q is woken then).
 local function group_release(G, g, n)
   local field = 'r:' .. g
-  if redis.call('HINCRBY', G.hash, field, -n) <= 0 then redis.call('HDEL', G.hash, field) end
-  if group_ready(G, g) then wake_idle(G.idle, G.wake, G.q, 1) end
+  local r = redis.call('HINCRBY', G.hash, field, -n)
+  if r <= 0 then redis.call('HDEL', G.hash, field) end
+  -- only a group that was at its cap can have left the ready groups for it
+  -- (emptied, paused or waiting for a token, it stays out): one HMGET in
+  -- the usual case
+  local h = redis.call('HMGET', G.hash, 'c:' .. g, ':default')
+  local cap = group_settings(h[1], h[2])
+  if cap > 0 and r + n >= cap and group_ready(G, g) then wake_idle(G.idle, G.wake, G.q, 1) end
 end
 
 -- Put `payloads` (in order) into group `g`: at its front (`front`) or its

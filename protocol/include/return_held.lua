@@ -147,8 +147,17 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   end
   redis.call('DEL', held)
   if G then
-    for _, j in ipairs(gfront) do redis.call('LPUSH', G.list .. j[2], j[1]) end
-    if #gfront > 0 then redis.call('HINCRBY', G.hash, ':n', #gfront) end
+    -- gfront is newest claim first: the oldest goes first at each front
+    local back, border = {}, {}
+    for i = #gfront, 1, -1 do
+      local j = gfront[i]
+      if not back[j[2]] then
+        back[j[2]] = {}
+        border[#border + 1] = j[2]
+      end
+      table.insert(back[j[2]], j[1])
+    end
+    for _, g in ipairs(border) do group_push(G, g, back[g], true) end
     call_chunked('ZADD', G.delayed, glater, 2)
     for _, g in ipairs(gorder) do group_release(G, g, gfreed[g]) end
   end
