@@ -122,15 +122,17 @@ local function claim_run(keys, argv, before, compact)
   local extra, plain
   -- Q's groups (include/group.lua): their keys in the same EXISTS; a queue
   -- that never had a group pays nothing more
-  local G = group_keys(string.match(queue_key, '^(%b{}:)'), q)
+  local prefix = string.match(queue_key, '^(%b{}:)')
+  local g_ready, g_wait, g_delayed = prefix .. 'gready:' .. q, prefix .. 'gwait:' .. q, prefix .. 'gdelayed:' .. q
   if paused_key then
     plain = redis.call('EXISTS', delayed_key, reserved_key, prio_key, paused_key, standby_key, pers_key,
-      attempts_key, G.ready, G.wait, G.delayed) == 0
+      attempts_key, g_ready, g_wait, g_delayed) == 0
   else
     plain = redis.call('EXISTS', delayed_key, reserved_key, prio_key, standby_key, pers_key,
-      attempts_key, G.ready, G.wait, G.delayed) == 0
+      attempts_key, g_ready, g_wait, g_delayed) == 0
   end
-  local has_groups = not plain and redis.call('EXISTS', G.ready, G.wait, G.delayed) > 0
+  local has_groups = not plain and redis.call('EXISTS', g_ready, g_wait, g_delayed) > 0
+  local G = has_groups and group_keys(prefix, q) or nil
   if plain then
     extra = 0
   elseif paused_key then
