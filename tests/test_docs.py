@@ -208,7 +208,16 @@ async def test_the_acl_user_of_operating_md_can_run_a_mesh(
         await client.configure("jobs", rate_limit=100)
         await client.enqueue("jobs", "j2", priority=5)
         await client.enqueue_many("jobs", ["j3", "j4"], delay=0.05)
-        await wait_until(lambda: len(seen) >= 6, what="6 tasks seen")
+        # groups: settings, a pause, a delay, a cap reached and freed
+        await client.configure_group("jobs", "t", concurrency=1, rate_limit=100, weight=2)
+        await client.pause_group("jobs", "p")
+        await client.enqueue_many("jobs", ["g1", "g2"], group="t")
+        await client.enqueue("jobs", "g3", group="t", delay=0.05)
+        await client.enqueue("jobs", "gp", group="p")
+        await wait_until(lambda: len(seen) >= 9, what="9 tasks seen")
+        assert {g.name for g in (await client.groups("jobs")).groups} == {"t", "p"}
+        assert await client.cancel("jobs", "gp", group="p") == 1
+        await client.resume_group("jobs", "p")
         assert [w.alive for w in await client.workers()] == [True]
         assert len(await client.processes()) == 2
         assert (await client.queue_info("conns")).running == 2
