@@ -81,6 +81,7 @@ async def test_enqueue_list_configure_pause_cancel_a_group(
         (["configure", "q", "--group-weight", "0"], "argument --group-weight: group_weight must be"),
         (["groups", "q", "--limit", "0"], "limit must be"),
         (["group", "frobnicate", "q", "g"], "invalid choice"),
+        (["exporter", "--top-groups", "1001"], "top_groups must be"),
     ],
 )
 async def test_bad_group_input_is_one_line_exit_2_and_writes_nothing(
