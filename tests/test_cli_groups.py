@@ -78,7 +78,10 @@ async def test_enqueue_list_configure_pause_cancel_a_group(
         (["group", "configure", "q", "g", "--concurrency", "-1"], "concurrency must be"),
         (["group", "configure", "q", "g", "--rate", "5/0"], "period must be"),
         (["group", "configure", "q", "g", "--rate", "x"], "not N or N/S"),
-        (["configure", "q", "--group-weight", "0"], "argument --group-weight: group_weight must be"),
+        (
+            ["configure", "q", "--group-weight", "0"],
+            "argument --group-weight: group_weight must be",
+        ),
         (["groups", "q", "--limit", "0"], "limit must be"),
         (["group", "frobnicate", "q", "g"], "invalid choice"),
         (["exporter", "--top-groups", "1001"], "top_groups must be"),
