@@ -82,7 +82,9 @@ class ClientWrites(ClientCore):
                 ``connect_timeout``: it is on the master, and a failover may
                 lose it (enqueue again: a duplicate is the safe side).
         """
-        await self.enqueue_many(queue, [task], delay=delay, at=at, priority=priority, group=group)
+        await self.enqueue_many(
+            queue, [task], delay=delay, at=at, priority=priority, group=group
+        )
 
     async def enqueue_many(
         self,
@@ -112,9 +114,7 @@ class ClientWrites(ClientCore):
         if group is not None:
             check_group(group)
             if priority:
-                raise ConfigError(
-                    "a group's jobs have no priority: give group or priority, not both"
-                )
+                raise ConfigError("a group's jobs have no priority: give group or priority, not both")
         payloads = self._payloads(tasks)
         if not payloads:
             return 0
