@@ -21,7 +21,15 @@ from ._connection import Connection
 from ._eval import run_reads
 from ._keys import Keys
 
-__all__ = ["SCAN_MAX", "GroupInfo", "GroupSettings", "GroupsLook", "parse_group_settings", "read_groups"]
+__all__ = [
+    "SCAN_MAX",
+    "GroupInfo",
+    "GroupSettings",
+    "GroupsLook",
+    "parse_group_settings",
+    "read_group_settings",
+    "read_groups",
+]
 
 #: The most groups one look reads (see the module's docstring).
 SCAN_MAX = 10_000
@@ -115,6 +123,8 @@ class GroupsLook:
         queued: jobs queued in all groups.
         delayed: jobs delayed in all groups.
         default: the queue's default settings for every group.
+        running: jobs of all groups running on the mesh (a retry waiting
+            for its backoff counts).
     """
 
     groups: list[GroupInfo]
@@ -122,11 +132,18 @@ class GroupsLook:
     queued: int
     delayed: int
     default: GroupSettings
+    running: int = 0
 
 
 async def read_groups(conn: Connection, keys: Keys, queue: str, limit: int) -> GroupsLook:
     """A look at ``queue``'s groups (see the module's docstring), in two
-    round trips: the sets and the hash, then each named group's length."""
+    round trips: the sets and the hash, then each named group's length.
+    ``limit`` 0: the totals only (no group listed). Nothing is written;
+    a cancelled call leaves nothing behind.
+
+    Raises:
+        MeshConnectionError: Redis could not be reached.
+    """
     k = keys
     hash_, ready, wait, delayed, n_ready, n_delayed = await run_reads(
         conn,
@@ -158,7 +175,9 @@ async def read_groups(conn: Connection, keys: Keys, queue: str, limit: int) -> G
         late[g] = late.get(g, 0) + 1
     ready_set = {m.decode() for m in ready if m}
     names = list(dict.fromkeys([*running, *paused, *waiting, *own, *ready_set, *late]))[:SCAN_MAX]
-    lengths = await run_reads(conn, [("LLEN", k.group_jobs(queue, g)) for g in names]) if names else []
+    lengths = (
+        await run_reads(conn, [("LLEN", k.group_jobs(queue, g)) for g in names]) if names else []
+    )
     default = parse_group_settings(fields.get(b":default"))
     infos = [
         GroupInfo(
@@ -177,7 +196,21 @@ async def read_groups(conn: Connection, keys: Keys, queue: str, limit: int) -> G
     infos.sort(key=lambda i: (-i.queued, -i.running, i.name))
     total = max(len(names), int(n_ready) - (1 if b"" in ready else 0))
     queued = int(fields.get(b":n", b"0"))
-    return GroupsLook(infos[:limit], total, queued, int(n_delayed), default)
+    return GroupsLook(infos[:limit], total, queued, int(n_delayed), default, sum(running.values()))
+
+
+async def read_group_settings(
+    conn: Connection, keys: Keys, queue: str, group: str
+) -> GroupSettings:
+    """The own settings of ``group`` of ``queue`` (all None: it has none);
+    ``group`` "": the queue's default for every group.
+
+    Raises:
+        MeshConnectionError: Redis could not be reached.
+    """
+    field = ":default" if group == "" else "c:" + group
+    raw = await conn.execute("HGET", keys.groups(queue), field)
+    return parse_group_settings(raw)
 
 
 def _pairs(reply: Any) -> dict[bytes, bytes]:

@@ -92,13 +92,23 @@ def load_info(raw: bytes | None) -> dict[str, Any]:
 @attrs.frozen
 class QueueKey:
     """One key of every queue: its name (:class:`~mesh._keys.Keys`' method),
-    the command that reads its size, and the command (after the key) that
-    reads it whole, with the parser of that reply."""
+    the command that reads its size (with ``size_args`` after the key; a
+    nil reply is 0), the command (after the key) that reads it whole, with
+    the parser of that reply, and what its size is when read whole
+    (``count`` of the parsed reply)."""
 
     key: Callable[[Keys, str], str]
     size: str
     whole: tuple[Any, ...]
     parse: Callable[[Any], Any] = list
+    size_args: tuple[Any, ...] = ()
+    count: Callable[[Any], int] = len
+
+
+def _grouped(fields: Mapping[bytes, bytes]) -> int:
+    """The jobs queued in all of a queue's groups: the ``:n`` field of
+    ``{ns}:groups:<Q>`` (kept by the scripts)."""
+    return int(fields.get(b":n", b"0"))
 
 
 #: The keys of a queue (see protocol/README.md), the one table of them.
@@ -116,6 +126,12 @@ QUEUE_KEYS: dict[str, QueueKey] = {
     "share": QueueKey(Keys.share, "HLEN", ("HGETALL",), pairs),
     "moving": QueueKey(Keys.moving, "HLEN", ("HGETALL",), pairs),
     "reserved": QueueKey(Keys.reserved, "HLEN", ("HGETALL",), pairs),
+    # a queue's groups (mesh._group_reads): the jobs queued in all of them,
+    # and those delayed (a delay, or a retry's backoff)
+    "grouped": QueueKey(Keys.groups, "HGET", ("HGETALL",), pairs, (":n",), _grouped),
+    "gdelayed": QueueKey(Keys.group_delayed, "ZCARD", ("ZRANGE", 0, -1, "WITHSCORES"), _scores),
+    # whether the queue has groups at all (running, paused, settings)
+    "groups": QueueKey(Keys.groups, "HLEN", ("HGETALL",), pairs),
 }
 
 
@@ -137,10 +153,10 @@ class QueueCount:
 #: exporter show them. A new job state is a new row here, its key's row in
 #: :data:`QUEUE_KEYS` and its attribute of :class:`QueueInfo` (below).
 QUEUE_COUNTS: tuple[QueueCount, ...] = (
-    QueueCount("queued", ("queue", "prio"), "length", "Tasks waiting to be claimed."),
+    QueueCount("queued", ("queue", "prio", "grouped"), "length", "Tasks waiting to be claimed."),
     QueueCount(
         "delayed",
-        ("delayed",),
+        ("delayed", "gdelayed"),
         "delayed",
         "Tasks waiting for their due time: enqueued with a delay or at a time, "
         "or failed and waiting for a retry.",
@@ -168,9 +184,10 @@ class QueueInfo:
 
     Attributes:
         name: the queue.
-        queued: tasks waiting to be claimed.
+        queued: tasks waiting to be claimed (those queued in its groups
+            included).
         delayed: tasks waiting for their due time (enqueued with a delay,
-            or failed and waiting for a retry).
+            or failed and waiting for a retry; its groups' included).
         running: processes (claimed tasks) on any worker.
         persistent: persistent tasks of the queue, wherever they are.
         dead: dead-lettered one-shot tasks.
@@ -200,7 +217,7 @@ class QueueRead:
         out: list[Command] = []
         for name in self.sizes:
             row = QUEUE_KEYS[name]
-            out.append((row.size, row.key(keys, queue)))
+            out.append((row.size, row.key(keys, queue), *row.size_args))
         for name in self.wholes:
             row = QUEUE_KEYS[name]
             out.append((row.whole[0], row.key(keys, queue), *row.whole[1:]))
@@ -211,7 +228,7 @@ class QueueRead:
         parsed by its row."""
         n = len(self.sizes)
         got: dict[str, Any] = {
-            name: int(r) for name, r in zip(self.sizes, replies[:n], strict=True)
+            name: int(r or 0) for name, r in zip(self.sizes, replies[:n], strict=True)
         }
         for name, r in zip(self.wholes, replies[n:], strict=True):
             got[name] = QUEUE_KEYS[name].parse(r)
@@ -225,7 +242,7 @@ def size(got: Mapping[str, Any], name: str) -> int:
     """The size of key ``name`` in a queue's parsed replies, read as a size
     or whole."""
     v = got[name]
-    return v if isinstance(v, int) else len(v)
+    return v if isinstance(v, int) else QUEUE_KEYS[name].count(v)
 
 
 def queue_info(queue: str, got: Mapping[str, Any]) -> QueueInfo:
@@ -239,8 +256,9 @@ _COUNTED = tuple(dict.fromkeys(k for c in QUEUE_COUNTS for k in c.keys))
 _WHOLE = ("persistent", "standby", "unowned", "share")
 #: What :meth:`Reader.queue_infos` reads of each queue.
 INFO = QueueRead((*_COUNTED, "paused"))
-#: What the exporter's counts read of each queue (:func:`mesh._view.counts`).
-COUNTS = QueueRead((*(k for k in _COUNTED if k not in _WHOLE), "paused"), _WHOLE)
+#: What the exporter's counts read of each queue (:func:`mesh._view.counts`);
+#: ``groups`` tells the queues whose groups it then reads.
+COUNTS = QueueRead((*(k for k in _COUNTED if k not in _WHOLE), "paused", "groups"), _WHOLE)
 #: What the dashboard reads of each queue (:func:`mesh._view.overview`):
 #: the processes whole, to tell who holds what.
 OVERVIEW = QueueRead(

@@ -33,6 +33,7 @@ import attrs
 
 from ._epoch import epoch_missing
 from ._errors import CommandError
+from ._group_reads import GroupsLook, read_groups
 from ._memory import MemoryInfo, parse_memory_info
 from ._reads import MeshHead, QueueInfo, Reader, queue_info, worker_info
 from ._replies import parse_record
@@ -160,6 +161,9 @@ class QueueCounts:
             (``share:<Q>``'s ``:weight``, moved only by ensure, finish,
             cancel and delete_queue) less the weight of the tasks there.
             :meth:`Client.reconcile` puts them back.
+        groups: a look at the queue's groups (the top ones by jobs queued,
+            and totals), when :func:`counts` was asked for them and the
+            queue has any; else None.
     """
 
     info: QueueInfo
@@ -167,6 +171,7 @@ class QueueCounts:
     unowned: tuple[bytes, ...]
     unowned_since: Mapping[bytes, float] = attrs.field(factory=dict)
     vanished: int = 0
+    groups: GroupsLook | None = None
 
     def longest_unowned(self, now: float) -> float:
         """Seconds that the longest-unowned persistent task has had no owner
@@ -196,7 +201,7 @@ class MeshCounts:
     """The namespace's epoch is missing (see :func:`mesh._epoch.epoch_missing`)."""
 
 
-async def counts(reads: Reader) -> MeshCounts:
+async def counts(reads: Reader, *, groups: int | None = None) -> MeshCounts:
     """Read the mesh-wide counts: two round trips (the clock, the list of
     queues and ``INFO memory``, then one read-only script for everything
     else: a consistent view, which Redis answers at the memory limit too,
@@ -206,11 +211,22 @@ async def counts(reads: Reader) -> MeshCounts:
     Its cost in Redis is O(log workers) plus, per queue, O(persistent tasks)
     (to tell owned from unowned ones, and since when those are unowned).
 
+    Args:
+        groups: also look at the groups of each queue that has any (two
+            more round trips per such queue, see
+            :func:`mesh._group_reads.read_groups`), keeping the ``groups``
+            with the most jobs queued (0: the totals only). None: not.
+
     Raises:
         MeshConnectionError: Redis could not be reached.
     """
-    head, workers, alive, groups = await reads.counts_read()
-    out = [queue_counts(q, got) for q, got in zip(head.queues, groups, strict=True)]
+    head, workers, alive, got_queues = await reads.counts_read()
+    out = [queue_counts(q, got) for q, got in zip(head.queues, got_queues, strict=True)]
+    if groups is not None:
+        for i, got in enumerate(got_queues):
+            if got["groups"] or got["gdelayed"]:
+                look = await read_groups(reads.check(), reads.keys, out[i].info.name, groups)
+                out[i] = attrs.evolve(out[i], groups=look)
     info = _memory_of(reads, head.memory)
     _tell_vanished(reads, out)
     missing = epoch_missing(reads.epoch, head.epoch)

@@ -57,6 +57,8 @@ SUBCOMMANDS = [
     "adopt-namespace",
     "dead-letters",
     "configure",
+    "groups",
+    "group",
     "jobs",
     "job",
     "pause",
@@ -79,8 +81,9 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         assert e.value.code == 0
         out = capsys.readouterr().out
         assert out.startswith(f"usage: mesh {sub}"), out
-        if sub == "schedule":  # its actions take the target options
-            for action in ("add", "list", "remove"):
+        if sub in ("schedule", "group"):  # its actions take the target options
+            actions = ("add", "list", "remove") if sub == "schedule" else ("pause", "configure")
+            for action in actions:
                 with pytest.raises(SystemExit):
                     build_parser().parse_args([sub, action, "--help"])
                 out = capsys.readouterr().out

@@ -351,3 +351,31 @@ async def test_mesh_exporter_outlives_redis_and_logs_each_outage_once() -> None:
     back = [x for x in lines if "Redis is back" in x]
     assert len(down) == 2 and len(back) == 1, log.decode()
     assert all("WARNING" in x for x in down), down
+
+
+async def test_a_thousand_groups_give_at_most_top_n_group_series(
+    redis_url: str, namespace: str
+) -> None:
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue_many("plain", ["x"])
+        for i in range(1000):
+            await client.enqueue_many(
+                "g", [f"j{i}-{k}" for k in range(1 + (i == 7) * 4)], group=f"t{i}"
+            )
+        await client.configure_group("g", "t3", concurrency=2)
+        await client.pause_group("g", "t7")
+        async with served(MeshCollector(client, top_groups=5)) as url:
+            s = await scrape(url)
+        group_series = [k for k in s if k[0].startswith("mesh_group_")]
+        per_name = {name for name, _ in group_series}
+        assert per_name == {f"mesh_group_{x}" for x in ("queued", "running", "delayed", "paused")}
+        assert len(group_series) == 4 * 5
+        assert value(s, "mesh_queue_groups", queue="g") == 1000
+        assert value(s, "mesh_queue_groups", queue="plain") == 0
+        assert value(s, "mesh_queue_group_jobs", queue="g", state="queued") == 1004
+        assert value(s, "mesh_queue_length", queue="g") == 1004  # the groups' jobs counted
+        assert value(s, "mesh_group_queued", queue="g", group="t7") == 5  # the most first
+        assert value(s, "mesh_group_paused", queue="g", group="t7") == 1
+        assert not [k for k in s if k[0] == "mesh_queue_group_jobs" and ("queue", "plain") in k[1]]
+        with pytest.raises(ValueError, match="top_groups must be 0 to 1000"):
+            MeshCollector(client, top_groups=1001)

@@ -53,9 +53,14 @@ def test_a_count_is_the_same_read_as_a_size_or_whole() -> None:
         "persistent": [b"p1", b"1", b"p2", b""],
         "standby": [b"p3"],
         "dead": [b"x", b"y", b"z", b"w"],
+        "grouped": [b":n", b"2", b"r:t1", b"1", b"c:t1", b"1,,,"],
+        "gdelayed": [b"t1\0dg", b"4000"],
     }
     read = QueueRead(("paused",), tuple(wholes))
     from_wholes = queue_info("q", read.parse([1, *wholes.values()]))
-    sizes = INFO.parse([len(QUEUE_KEYS[k].parse(wholes[k])) for k in INFO.sizes[:-1]] + [1])
+    rows = [QUEUE_KEYS[k] for k in INFO.sizes[:-1]]
+    sizes = INFO.parse(
+        [r.count(r.parse(wholes[k])) for r, k in zip(rows, INFO.sizes, strict=False)] + [1]
+    )
     assert queue_info("q", sizes) == from_wholes
-    assert from_wholes == QueueInfo("q", 3, 3, 1, 3, 4, paused=True)
+    assert from_wholes == QueueInfo("q", 5, 4, 1, 3, 4, paused=True)

@@ -16,7 +16,18 @@ from collections.abc import Iterator, Sequence
 
 import mesh
 
-from . import _browse, _conformance, _dashboard, _demo, _jobs, _metrics, _status, _tasks, _worker
+from . import (
+    _browse,
+    _conformance,
+    _dashboard,
+    _demo,
+    _groups,
+    _jobs,
+    _metrics,
+    _status,
+    _tasks,
+    _worker,
+)
 from ._common import DEFAULT_URL, EXIT_FAILURE, EXIT_INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -42,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _worker.register(sub)
     _tasks.register(sub)
     _jobs.register(sub)
+    _groups.register(sub)
     _browse.register(sub)
     _status.register(sub)
     _metrics.register(sub)

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 import mesh
+from mesh._group_reads import read_group_settings
 from mesh._policy import policy_fields
 from mesh._schedule import MIN_EVERY, spec_of
 
@@ -29,6 +30,7 @@ from ._common import (
     task_bytes,
     tasks_from_args,
 )
+from ._groups import add_settings_options, group_defaults, settings_text
 
 __all__ = ["register"]
 
@@ -97,6 +99,7 @@ def _add_configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="N[/S]",
         help="at most N claims per S seconds (default 1) across the mesh (0: no limit)",
     )
+    add_settings_options(p, "group-")
     p.add_argument("--clear", action="store_true", help="remove the queue's policy")
     add_target_options(p)
     p.add_argument("--json", action="store_true", help="print the policy as JSON")
@@ -246,6 +249,7 @@ def _configure(args: argparse.Namespace) -> int:
         for k in ("max_attempts", "backoff", "backoff_max", "timeout", "result_ttl", "rate_limit")
         if getattr(args, k) is not None
     }
+    opts.update(group_defaults(args))
     if args.clear and opts:
         raise UsageError("--clear takes no other option")
 
@@ -278,6 +282,13 @@ def _configure(args: argparse.Namespace) -> int:
                 )
                 + f" (set by {policy.source or 'configure'})"
             )
+        if group_defaults(args):
+            r = client.reads
+            default = await read_group_settings(r.check(), r.keys, args.queue, "")
+            if args.json:
+                dump_json({"queue": args.queue, "group_default": attrs.asdict(default)})
+            else:
+                print(f"{args.queue}: default for every group: {settings_text(default)}")
         return 0
 
     return run_client(t, go)

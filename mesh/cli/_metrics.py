@@ -18,7 +18,7 @@ import trio
 import mesh
 from mesh._epoch import observing
 
-from ._common import CliError, Target, add_target_options, target
+from ._common import CliError, Target, add_target_options, count_arg, target
 
 __all__ = [
     "add_worker_options",
@@ -49,6 +49,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--host",
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1: this machine only)",
+    )
+    p.add_argument(
+        "--top-groups",
+        type=count_arg("top_groups", 0, 1000),
+        default=10,
+        metavar="N",
+        help="per queue with groups, series for the N groups with the most jobs queued "
+        "(default 10; 0: only the totals): the number of series stays bounded however "
+        "many groups there are",
     )
     p.set_defaults(func=_exporter)
 
@@ -131,7 +140,7 @@ async def _run_exporter(args: argparse.Namespace, t: Target, m: ModuleType) -> i
     from prometheus_client import CollectorRegistry
 
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        collector = m.MeshCollector(None)
+        collector = m.MeshCollector(None, top_groups=args.top_groups)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         async with (

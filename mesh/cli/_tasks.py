@@ -33,6 +33,7 @@ from ._common import (
     target,
     tasks_from_args,
 )
+from ._groups import group_arg
 
 __all__ = ["register"]
 
@@ -85,6 +86,13 @@ def _add_enqueue(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="N",
         help="0 (the default) to 9: workers claim the highest priority first, in order within one",
     )
+    p.add_argument(
+        "--group",
+        type=group_arg,
+        metavar="G",
+        help="put them in group G of QUEUE (a tenant, an account): workers take turns among "
+        "the groups, and G's settings (mesh group configure) cap its jobs; not with --priority",
+    )
     _data_options(p)
     p.set_defaults(func=_enqueue)
 
@@ -116,6 +124,12 @@ def _add_cancel(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
     p.add_argument("tasks", metavar="TASK", nargs="+", help=_TASKS_HELP)
+    p.add_argument(
+        "--group",
+        type=group_arg,
+        metavar="G",
+        help="also remove the copies queued or delayed in group G of QUEUE",
+    )
     _data_options(p)
     p.set_defaults(func=_cancel)
 
@@ -229,6 +243,8 @@ def _data_options(p: argparse.ArgumentParser) -> None:
 
 def _enqueue(args: argparse.Namespace) -> int:
     t = target(args)
+    if args.group is not None and args.priority:
+        raise UsageError("a group's jobs have no priority: give --group or --priority, not both")
     tasks = tasks_from_args(args.tasks)
 
     async def go(client: mesh.Client) -> int:
@@ -237,15 +253,24 @@ def _enqueue(args: argparse.Namespace) -> int:
             batch = tasks[i : i + _BATCH]
             with _naming_conflicts(batch):
                 n += await client.enqueue_many(
-                    args.queue, batch, delay=args.delay, at=args.at, priority=args.priority
+                    args.queue,
+                    batch,
+                    delay=args.delay,
+                    at=args.at,
+                    priority=args.priority,
+                    group=args.group,
                 )
         delayed = args.delay is not None or args.at is not None
+        where = args.queue if args.group is None else f"{args.queue} group {args.group}"
         if args.json:
-            dump_json({"queue": args.queue, "delayed" if delayed else "enqueued": n})
+            out: dict[str, Any] = {"queue": args.queue, "delayed" if delayed else "enqueued": n}
+            if args.group is not None:
+                out["group"] = args.group
+            dump_json(out)
         elif delayed:
-            print(f"delayed {_count(n, 'task')} on {args.queue}")
+            print(f"delayed {_count(n, 'task')} on {where}")
         else:
-            print(f"enqueued {_count(n, 'task')} on {args.queue}")
+            print(f"enqueued {_count(n, 'task')} on {where}")
         return 0
 
     return run_client(t, go)
@@ -287,7 +312,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
     async def go(client: mesh.Client) -> int:
         for task in tasks:
-            n = await client.cancel(args.queue, task)
+            n = await client.cancel(args.queue, task, group=args.group)
             if args.json:
                 dump_json({"queue": args.queue, "task": json_task(task), "cancelled": n})
             elif n:

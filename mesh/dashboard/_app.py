@@ -32,6 +32,10 @@ Routes:
 * ``GET /api/history?minutes=M[&queue=Q]``: processes finished and failed per
   minute (kept in Redis by the workers, so a restarted dashboard has them).
 * ``GET /api/schedules``: the periodic tasks and the next delayed jobs.
+* ``GET /api/groups?queue=Q&limit=N``: Q's groups, the most jobs queued
+  first, with the totals and the default settings (:mod:`._groups`).
+* ``POST /api/group/pause``, ``POST /api/group/resume``: ``{"queue": Q,
+  "group": G}`` (:meth:`mesh.Client.pause_group`, ``resume_group``).
 
 No answer carries a whole payload but ``/api/payload``: a payload may be
 64 MiB. Lists, the state and the events carry the first bytes of each as text
@@ -79,6 +83,7 @@ from .._client import Client
 from .._errors import ConfigError, MeshError
 from .._keys import check_queue
 from .._view import show_payload
+from ._groups import group_routes
 from ._hosts import HostGate, allowed_hosts
 from ._requests import BadRequest, b64_field, int_param, json_body, queue_field, text_field
 from ._state import Poller
@@ -208,6 +213,7 @@ def create_app(
         *_job_routes(poller),
         *_ran_routes(poller),
         *_mesh_routes(poller),
+        *group_routes(poller, _failed(poller), _refused),
     ]
     app: ASGIApp = Starlette(routes=routes)
     if token:

@@ -159,6 +159,10 @@ def memory_metrics(m: MemoryInfo, prefix: str) -> Iterator[Metric]:
     yield GaugeMetricFamily(f"{prefix}_maxmemory_bytes", "Redis maxmemory (0: none).", m.maxmemory)
 
 
+#: The most groups per queue :class:`MeshCollector` may list.
+MAX_TOP_GROUPS = 1000
+
+
 class MeshCollector(Collector):
     """The mesh-wide metrics (``mesh_*``), read from Redis at each scrape
     through ``client`` (see :func:`mesh._view.counts`: two round trips).
@@ -174,12 +178,29 @@ class MeshCollector(Collector):
     persistent task of each queue has had no owner, by the Redis clock,
     from the time the scripts record when a task is ensured, handed back or
     recycled (``{ns}:unowned:<Q>``).
+
+    Groups (bounded: a queue may have a group per tenant): per queue
+    ``mesh_queue_groups`` (the groups found) and, for a queue with groups,
+    ``mesh_queue_group_jobs`` (its groups' jobs queued, running, delayed);
+    per group, only the ``top_groups`` of each queue with the most jobs
+    queued: ``mesh_group_queued``, ``mesh_group_running``,
+    ``mesh_group_delayed`` and ``mesh_group_paused`` (label ``group``).
+
+    Raises:
+        ValueError: ``top_groups`` is not a whole number from 0 to 1000.
     """
 
-    def __init__(self, client: Client | None, *, timeout: float = 0.5) -> None:
+    def __init__(
+        self, client: Client | None, *, timeout: float = 0.5, top_groups: int = 10
+    ) -> None:
+        if isinstance(top_groups, bool) or not isinstance(top_groups, int):
+            raise ValueError(f"top_groups must be a whole number, not {top_groups!r}")
+        if not 0 <= top_groups <= MAX_TOP_GROUPS:
+            raise ValueError(f"top_groups must be 0 to {MAX_TOP_GROUPS}, not {top_groups}")
         #: The client to read through; None: not connected (``mesh_redis_up 0``).
         self.client = client
         self._timeout = timeout
+        self._top_groups = top_groups
         self._token = anyio.lowlevel.current_token()
         self._down: bool | None = None  # None: no read yet
 
@@ -206,7 +227,7 @@ class MeshCollector(Collector):
             return None
         try:
             with anyio.move_on_after(self._timeout):
-                c = await counts(client.reads)
+                c = await counts(client.reads, groups=self._top_groups)
                 self.note_up()
                 return c
             why = f"no answer within {self._timeout:g} s"
@@ -279,6 +300,48 @@ class MeshCollector(Collector):
         if c.memory is not None:
             yield from memory_metrics(c.memory, "mesh_redis")
         yield paused
+        yield from group_metrics(c)
+
+
+def group_metrics(c: MeshCounts) -> Iterator[Metric]:
+    """The groups' gauges (see :class:`MeshCollector`): a few series per
+    queue and per listed group, however many groups there are."""
+    found = GaugeMetricFamily(
+        "mesh_queue_groups",
+        "Groups of the queue holding jobs, paused or with settings of their own.",
+        labels=["queue"],
+    )
+    jobs = GaugeMetricFamily(
+        "mesh_queue_group_jobs",
+        "Jobs of the queue's groups, queued, running or delayed (counted in the queue's too).",
+        labels=["queue", "state"],
+    )
+    per_group = {
+        name: GaugeMetricFamily(f"mesh_group_{name}", text, labels=["queue", "group"])
+        for name, text in (
+            ("queued", "Jobs queued in the group (the groups with the most queued only)."),
+            ("running", "Jobs of the group running, against its concurrency cap."),
+            ("delayed", "Jobs of the group waiting for a delay or a retry's backoff."),
+            ("paused", "1 while the group is paused, else 0."),
+        )
+    }
+    for q in c.queues:
+        look = q.groups
+        found.add_metric([q.info.name], look.total if look else 0)
+        if look is None:
+            continue
+        for state, n in (("queued", look.queued), ("running", look.running)):
+            jobs.add_metric([q.info.name, state], n)
+        jobs.add_metric([q.info.name, "delayed"], look.delayed)
+        for g in look.groups:
+            labels = [q.info.name, g.name]
+            per_group["queued"].add_metric(labels, g.queued)
+            per_group["running"].add_metric(labels, g.running)
+            per_group["delayed"].add_metric(labels, g.delayed)
+            per_group["paused"].add_metric(labels, 0 if g.paused is None else 1)
+    yield found
+    yield jobs
+    yield from per_group.values()
 
 
 def _epoch_gauge(missing: bool) -> Metric:

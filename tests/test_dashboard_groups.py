@@ -1,0 +1,149 @@
+"""The console's groups of a queue, in Debian's headless Chromium and over
+HTTP: the queue page lists the top groups by backlog (queued, running
+against the cap, delayed, weight, rate, paused) and how many there are,
+pauses and resumes one group; the actions keep the console's rules (the
+``X-Mesh-Action`` header, the token) and bad input is a 400 naming it.
+
+``MESH_CONSOLE_SCREENSHOTS=DIR`` keeps the screenshot (docs/img/ holds the
+docs' one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+import mesh
+
+from .browser import chromium, http, in_page, page_until
+from .test_dashboard_console import console, no_overflow, screenshot, shots_dir
+
+
+async def populate_groups(client: mesh.Client) -> None:
+    """A queue of 30 tenants (tenant-07 with the biggest backlog, one capped,
+    one rate limited, one paused, one with delayed jobs) and ungrouped jobs."""
+    for i in range(30):
+        n = 40 if i == 7 else 30 - i
+        await client.enqueue_many(
+            "emails", [f"t{i}-{k}" for k in range(n)], group=f"tenant-{i:02d}"
+        )
+    await client.enqueue_many("emails", ["plain-1", "plain-2"])
+    await client.enqueue("emails", "later", group="tenant-03", delay=600)
+    await client.configure("emails", group_concurrency=4)
+    await client.configure_group("emails", "tenant-07", concurrency=2, weight=3)
+    await client.configure_group("emails", "tenant-01", rate_limit=(10, 60.0))
+    await client.pause_group("emails", "tenant-02")
+
+
+@pytest.mark.slow
+async def test_queue_page_lists_the_top_groups_and_pauses_one(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    async with console(redis_url, namespace) as (client, url):
+        await populate_groups(client)
+        with chromium(1400, 1000) as driver:
+            await in_page(driver, lambda d: d.get(url + "#/queue/emails"))
+            await page_until(
+                driver, "document.querySelectorAll('#q-groups tbody tr').length === 20"
+            )
+            count = await in_page(driver, lambda d: d.find_element("id", "groups-count").text)
+            assert count.startswith("(30 groups, the 20 with the most queued shown: ")
+            rows = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#q-groups tbody tr'))"
+                ".map(r => Array.from(r.cells).map(c => c.textContent))"
+            ))  # fmt: skip
+            assert rows[0][:6] == ["tenant-07", "40", "0 / 2", "0", "3", "-"]
+            by_name = {r[0]: r for r in rows}
+            assert by_name["tenant-01"][5] == "10 per 60s"
+            assert by_name["tenant-02"][6] == "paused" and by_name["tenant-02"][7] == "Resume"
+            assert by_name["tenant-03"][2:4] == ["0 / 4", "1"]
+            default = await in_page(driver, lambda d: d.find_element("id", "groups-default").text)
+            assert default == "default for every group: concurrency 4, rate limit -, weight -"
+            await no_overflow(driver, "groups")
+            # the queue's counts include its groups' jobs
+            head = await in_page(driver, lambda d: d.find_element("id", "q-counts").text)
+            assert head.startswith(
+                f"({40 + sum(30 - i for i in range(30) if i != 7) + 2} queued, 1 delayed"
+            )
+            await screenshot(driver, shots_dir(tmp_path) / "dashboard-groups.png")
+            # pause tenant-07 from its row, then resume it
+            click = (
+                "window.confirm = () => true;"
+                "Array.from(document.querySelectorAll('#q-groups tbody tr'))"
+                ".find(r => r.cells[0].textContent === 'tenant-07').querySelector('button').click()"
+            )
+            await in_page(driver, lambda d: d.execute_script(click))
+            await page_until(driver, "document.getElementById('message').textContent"
+                             ".startsWith('paused group \"tenant-07\"')")  # fmt: skip
+            look = await client.groups("emails", limit=1)
+            assert look.groups[0].name == "tenant-07" and look.groups[0].paused is not None
+            await page_until(
+                driver,
+                "Array.from(document.querySelectorAll('#q-groups tbody tr'))"
+                ".find(r => r.cells[0].textContent === 'tenant-07')"
+                ".cells[7].textContent === 'Resume'",
+            )
+            await in_page(driver, lambda d: d.execute_script(click))
+            await page_until(driver, "document.getElementById('message').textContent"
+                             ".startsWith('resumed group')")  # fmt: skip
+            assert (await client.groups("emails", limit=1)).groups[0].paused is None
+
+
+async def test_a_queue_without_groups_hides_the_section(redis_url: str, namespace: str) -> None:
+    async with console(redis_url, namespace) as (client, url):
+        await client.enqueue("plain", "x")
+        status, text = await trio.to_thread.run_sync(http, url + "api/groups?queue=plain")
+        assert status == 200
+        assert json.loads(text)["total"] == 0 and json.loads(text)["groups"] == []
+        with chromium(1280, 800) as driver:
+            await in_page(driver, lambda d: d.get(url + "#/queue/plain"))
+            await page_until(driver, "document.querySelectorAll('#jobs tbody tr').length === 1")
+            await page_until(driver, "document.getElementById('groups-count').textContent === ''"
+                             " || document.getElementById('q-groups-section').hidden")  # fmt: skip
+            assert await in_page(
+                driver,
+                lambda d: d.execute_script(
+                    "return document.getElementById('q-groups-section').hidden"
+                ),
+            )
+
+
+async def test_group_actions_need_the_action_header_and_the_token(
+    redis_url: str, namespace: str
+) -> None:
+    async with console(redis_url, namespace, token="t0ken") as (client, url):
+        await client.enqueue("q", "x", group="g1")
+        body = json.dumps({"queue": "q", "group": "g1"}).encode()
+        auth = {"Authorization": "Bearer t0ken", "Content-Type": "application/json"}
+        for path in ("api/group/pause", "api/group/resume"):
+            status, _ = await trio.to_thread.run_sync(
+                http, url + path, body, {"Content-Type": "application/json"}
+            )
+            assert status == 401
+            status, _ = await trio.to_thread.run_sync(http, url + path, body, auth)
+            assert status == 403
+        assert (await client.groups("q")).groups[0].paused is None
+        act = {**auth, "X-Mesh-Action": "1"}
+        status, text = await trio.to_thread.run_sync(http, url + "api/group/pause", body, act)
+        assert status == 200 and json.loads(text)["changed"] is True
+        assert (await client.groups("q")).groups[0].paused is not None
+        for bad, says in (
+            ({"queue": "q"}, "missing 'group'"),
+            ({"queue": "q", "group": "a b"}, "invalid group name"),
+            ({"queue": "q", "group": 3}, "'group' must be a string"),
+        ):
+            data = json.dumps(bad).encode()
+            status, text = await trio.to_thread.run_sync(http, url + "api/group/resume", data, act)
+            assert status == 400 and says in json.loads(text)["error"], text
+        assert (await client.groups("q")).groups[0].paused is not None
+        status, text = await trio.to_thread.run_sync(
+            lambda: http(url + "api/groups?queue=q&limit=0", headers=auth)
+        )
+        assert status == 400 and "limit must be 1 to 1000" in json.loads(text)["error"]
+        status, text = await trio.to_thread.run_sync(
+            lambda: http(url + "api/groups?queue=q", headers=auth)
+        )
+        got = json.loads(text)
+        assert status == 200 and got["total"] == 1 and got["groups"][0]["name"] == "g1"
