@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ._client_core import ClientCore
 from ._errors import CommandError, ConfigError
+from ._group_reads import GroupSettings, GroupsLook, parse_group_settings, read_groups
 from ._keys import check_group, check_queue
-from ._group_reads import GroupsLook, GroupSettings, parse_group_settings, read_groups
 from ._validate import whole
 
 __all__ = ["ClientGroups", "group_fields"]

@@ -114,7 +114,9 @@ class ClientWrites(ClientCore):
         if group is not None:
             check_group(group)
             if priority:
-                raise ConfigError("a group's jobs have no priority: give group or priority, not both")
+                raise ConfigError(
+                    "a group's jobs have no priority: give group or priority, not both"
+                )
         payloads = self._payloads(tasks)
         if not payloads:
             return 0

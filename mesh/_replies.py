@@ -394,7 +394,8 @@ def parse_record(pid: bytes, rec: bytes, queue: str) -> Process:
     """
     parts = rec.split(b"\0", 8)
     kind = parts[1] if len(parts) == 9 else b""
-    group = kind[2:].decode() if kind[:1] == b"g" and kind[1:2].isdigit() and len(kind) > 2 else None
+    grouped = kind[:1] == b"g" and kind[1:2].isdigit() and len(kind) > 2
+    group = kind[2:].decode() if grouped else None
     if len(parts) != 9 or (kind not in _KINDS and group is None):
         raise ProtocolError(f"malformed process record for process {pid!r} of queue {queue}")
     p = int(pid)

@@ -72,8 +72,8 @@ async def test_jobs_of_groups_run_once_each_and_an_empty_group_leaves_no_key(
         await wait_until(lambda: len(rec.ran) == 80, what="every job")
         done = Counter(t for t, _ in rec.ran)
         assert set(done.values()) == {1}
-        for t, g in rec.ran:
-            assert g == (None if t.startswith(b"u") else t[:1].decode())
+        for task, group in rec.ran:
+            assert group == (None if task.startswith(b"u") else task[:1].decode())
         await wait_until(lambda: _none_running(c), what="no process left")
         assert await group_keys_left(conn, namespace) == []
         assert (await c.groups(Q)).groups == []
@@ -178,7 +178,9 @@ async def test_concurrency_one_keeps_a_groups_order_through_a_retry(
         # every handler returned before the workers stop (a stop cancels
         # the handlers still running, and a peer runs their jobs again)
         await wait_until(lambda: len(done) == 8, what="8 jobs done")
-    assert ran == [b"k0", b"k1", b"k2", b"k2", b"k3", b"k4", b"k5", b"k6", b"k7"], b" ".join(ran).decode()
+    assert ran == [b"k0", b"k1", b"k2", b"k2", b"k3", b"k4", b"k5", b"k6", b"k7"], b" ".join(
+        ran
+    ).decode()
 
 
 async def test_a_paused_group_waits_while_the_others_run(redis_url: str, namespace: str) -> None:

@@ -105,7 +105,9 @@ async def test_short_jobs_never_wait_behind_a_long_one(redis_url: str, namespace
             return all(done[t] == 1 for t in warm + short)
 
         try:
-            await wait_until(all_short_ran, within=9, what="every short job, before the long one ends")
+            await wait_until(
+                all_short_ran, within=9, what="every short job, before the long one ends"
+            )
         except mesh.testing.WaitTimeout:
             done = sum((w.done() for w in watches), Counter[bytes]())
             missing = [t for t in warm + short if done[t] != 1]
@@ -199,6 +201,11 @@ async def test_a_graceful_stop_hands_prefetched_work_back_with_no_overlap(
             if not stopped and len(wa.ran) > 100 and len(runner_of(a).running) > 5:
                 stopped.append(-1)
                 nursery.start_soon(stop_a)
+            if stopped:
+                # from then on a's handlers wait for the stop to cancel them,
+                # so it finds them running and more prefetched (under load
+                # they had all run before the stop began: 1 run in 72)
+                await anyio.sleep(1)
             await body(p)
 
         wa.body = body_a
