@@ -709,8 +709,10 @@ class _QueueCalls(_Calls):
         length, or the jobs newly delayed; the due time; now)."""
         k = self.keys
         keys = [k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
-        mode, ms = ("now", 0) if in_ms is None and at_ms is None else (
-            ("at", at_ms) if at_ms is not None else ("in", in_ms)
+        mode, ms = (
+            ("now", 0)
+            if in_ms is None and at_ms is None
+            else (("at", at_ms) if at_ms is not None else ("in", in_ms))
         )
         args = [queue, k.wake_prefix, group, mode, ms, *payloads]
         r = await self._run(conn, "enqueue_group", keys, args)
@@ -830,9 +832,7 @@ class _QueueCalls(_Calls):
         keys += [k.delayed(queue), k.standby(queue), k.reserved(queue), k.unowned(queue)]
         keys += [k.share(queue), k.prio(queue), k.delayed_prio(queue)]
         tail = [k.group_jobs(queue, group)] if group is not None else []
-        return await self._cancelling(
-            conn, "cancel", queue, keys, [payload, k.cancel_prefix], tail
-        )
+        return await self._cancelling(conn, "cancel", queue, keys, [payload, k.cancel_prefix], tail)
 
     async def delete_queue(self, conn: Executor, queue: str) -> tuple[int, int]:
         """(queued, delayed and dead-lettered tasks removed, running processes

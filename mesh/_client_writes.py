@@ -82,9 +82,7 @@ class ClientWrites(ClientCore):
                 ``connect_timeout``: it is on the master, and a failover may
                 lose it (enqueue again: a duplicate is the safe side).
         """
-        await self.enqueue_many(
-            queue, [task], delay=delay, at=at, priority=priority, group=group
-        )
+        await self.enqueue_many(queue, [task], delay=delay, at=at, priority=priority, group=group)
 
     async def enqueue_many(
         self,
