@@ -456,7 +456,7 @@ async def test_groups() -> None:
     from bench.suites import groups
 
     sizes = groups.Sizes(
-        big=2_000, small=20, small_jobs=5, workers=2, cost_jobs=2_000, ab_tasks=1_000
+        big=2_000, small=20, small_jobs=5, workers=2, cost_jobs=2_000, ab_tasks=1_000, ab_rounds=1
     )
     s = await groups.suite(ctx(), sizes)
     assert s.name == "groups" and s.runs == 1 and s.method.strip()

@@ -54,7 +54,8 @@ class Sizes:
     concurrency: int = 10  # per worker process (fairness and cost)
     cost_jobs: int = 1_000_000  # cost: jobs of each side
     per_group: int = 10  # cost: jobs per group of the many-groups side
-    ab_tasks: int = 20_000  # the ungrouped A/B: no-op tasks per run
+    ab_tasks: int = 20_000  # the ungrouped A/B: no-op tasks per trial
+    ab_rounds: int = 3  # the ungrouped A/B: trials of each tree per run
 
 
 FULL = Sizes()
@@ -204,7 +205,17 @@ def where(costs: list[Cost], top: int = 8) -> str:
         us = median([c.commands.get(k, (0.0, 0.0))[1] for c in costs])
         rows.append((us, calls, k))
     rows.sort(reverse=True)
-    return ", ".join(f"{k} {calls:.2f} calls {us:.2f} µs" for us, calls, k in rows[:top])
+    script = sum(us for us, _, k in rows if k in ("evalsha", "eval"))
+    inner = sum(us for us, _, k in rows if k not in OUTSIDE)
+    return (
+        ", ".join(f"{k} {calls:.2f} calls {us:.2f} µs" for us, calls, k in rows[:top])
+        + f"; the scripts' own Lua (EVALSHA's time less the commands it ran): "
+        f"{script - inner:.2f} µs"
+    )
+
+
+#: Commands not run by the scripts (our polls and probes, the scripts themselves).
+OUTSIDE = {"evalsha", "eval", "info", "config|resetstat", "hget", "hlen", "ping", "script|load"}
 
 
 async def cost_run(url: str, conn: Connection, groups: list[tuple[str, int]], sizes: Sizes) -> Cost:
@@ -292,9 +303,10 @@ async def suite(ctx: Context, sizes: Sizes | None = None) -> Section:
                     costs[key].append(await cost_run(server.url, conn, groups, sizes))
                     ctx.log(f"  {costs[key][-1]}")
                 pair = [("here", here), ("base", base)]
-                for key, c in pair if r % 2 == 0 else pair[::-1]:
-                    ctx.log(f"groups: run {r + 1}/{ctx.runs}: ungrouped, {key}")
-                    ab[key].append(await throughput.one_run(ctx, server.url, conn, c, tp))
+                for i in range(sizes.ab_rounds):
+                    for key, c in pair if (r + i) % 2 == 0 else pair[::-1]:
+                        ctx.log(f"groups: run {r + 1}/{ctx.runs}: ungrouped {i + 1}, {key}")
+                        ab[key].append(await throughput.one_run(ctx, server.url, conn, c, tp))
     figures(section, sizes, fair, costs, ab)
     section.notes.append(f"The A/B's base tree: {what}.")
     return section
@@ -378,6 +390,8 @@ over that span divided by the jobs; worker CPU likewise from /proc.
 **Ungrouped, against the tree before groups.** The throughput suite's run
 (`throughput.one_run`: {s.ab_tasks:,} ungrouped no-op tasks, one worker
 process at concurrency {s.concurrency}) for this tree and for the base tree
-(`--base TREE`, else {base} extracted with `git archive`), alternating which
-goes first; the ratio is the base's processing time over this tree's, per run.
+(`--base TREE`, else {base} extracted with `git archive`), {s.ab_rounds} pairs
+per run, alternating which goes first; the ratio is the base's processing
+time over this tree's, one value per pair (so these figures have
+{s.ab_rounds} values per run).
 """
