@@ -1087,7 +1087,7 @@ async def test_groups_on_a_cluster(cluster: ClusterSetup) -> None:
     assert len(runs.done) == len(want) and runs.most["ga"] <= 2
     assert b"gone" not in {t for _, t in runs.done}
     r = client(owner)
-    assert [f for f in r.hkeys(ROUTE + "groups:gq") if f.startswith(b"r:")] == []
+    assert [f for f in r.execute_command("HKEYS", ROUTE + "groups:gq") if f.startswith(b"r:")] == []
     assert not r.exists(ROUTE + "gq:gq|ga", ROUTE + "gready:gq")
 
 
@@ -1130,7 +1130,7 @@ async def test_groups_through_a_sentinel_failover() -> None:
                 )
                 await wait_until(lambda: no_processes(c, "q"), 10, "nothing left running")
                 nursery.cancel_scope.cancel()
-            fields = client(setup.replica.port).hkeys(f"{{{ns}}}:groups:q")
+            fields = client(setup.replica.port).execute_command("HKEYS", f"{{{ns}}}:groups:q")
         assert [f for f in fields if f.startswith(b"r:")] == []
     assert runs.most["g"] <= 3
     assert {t for _, t in runs.done} == set(jobs)

@@ -355,9 +355,10 @@ def figures(
                     f"{s.concurrency}: this tree / the base tree", "x",
                     [b.processing / a.processing if a and b else math.nan for a, b in pairs],
                     target=Target(">=", 0.97, ">= 0.97x")))  # fmt: skip
-    for what, get in (("Redis CPU", lambda r: r.redis_cpu), ("worker CPU", lambda r: r.worker_cpu)):
+    for what, attr in (("Redis CPU", "redis_cpu"), ("worker CPU", "worker_cpu")):
         f.append(Figure(f"ungrouped: {what} per task, this tree / the base tree", "x",
-                        [get(a) / get(b) if a and b and get(b) else math.nan
+                        [getattr(a, attr) / getattr(b, attr)
+                         if a and b and getattr(b, attr) else math.nan
                          for a, b in pairs]))  # fmt: skip
     f.append(Figure("ungrouped, this tree: tasks/s", "tasks/s",
                     [s.ab_tasks / a.processing if a else math.nan for a, _ in pairs]))  # fmt: skip
