@@ -31,6 +31,7 @@ from .suites import (
     failover,
     fleet,
     fleet_trials,
+    groups,
     latency,
     loops,
     memory,
@@ -60,6 +61,7 @@ EXTRA: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "topology": topology.suite,
     "payloads": payloads.suite,
     "fleet_trials": fleet_trials.suite,
+    "groups": groups.suite,
 }
 """Suites a full run leaves out (``--only NAME`` runs them): one aspect each,
 long or heavy, whose sections docs/performance.md quotes."""
@@ -113,6 +115,7 @@ async def main(args: argparse.Namespace) -> list[Section]:
         peers_python=args.peers_python,
         peers=not args.no_peers,
         base=str(args.base.resolve()) if args.base else "",
+        groups_jobs=args.groups_jobs,
     )
     sections = []
     names = args.only or list(BENCHMARKS)
@@ -175,6 +178,14 @@ def cli(argv: list[str] | None = None) -> int:
         "figures over its",
     )
     parser.add_argument(
+        "--groups-jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="groups: N jobs on each side of the cost figure (N/10 groups of 10 against 1 "
+        "group of N; default 1,000,000, 20,000 with --quick)",
+    )
+    parser.add_argument(
         "--setup-peers",
         action="store_true",
         help=f"create {PEERS_VENV} with bench/peers.txt and exit",
@@ -184,6 +195,8 @@ def cli(argv: list[str] | None = None) -> int:
         return setup_peers()
     if args.runs < 1:
         parser.error("--runs must be >= 1")
+    if args.groups_jobs and args.groups_jobs < 10:
+        parser.error(f"--groups-jobs must be at least 10, not {args.groups_jobs}")
     if args.base and not (args.base / "mesh" / "__init__.py").is_file():
         parser.error(f"--base {args.base}: not a source tree of trio-mesh (no mesh/__init__.py)")
     if args.update and not args.only:

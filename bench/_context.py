@@ -29,6 +29,7 @@ class Context:
     peers_python: str | None = None
     peers: bool = True  # throughput: run SAQ, arq and streaQ too
     base: str = ""  # throughput, latency: trio-mesh at this source tree too, same run
+    groups_jobs: int = 0  # groups: the cost figure's jobs per side (0: the suite's size)
     log: Callable[[str], None] = field(default=_stderr)
     _peer_versions: dict[str, str | None] = field(default_factory=dict)
     _node: dict[str, tuple[NodePeer | None, str]] = field(default_factory=dict)

@@ -447,3 +447,45 @@ async def test_fleet_stop() -> None:
     exited = [float(x) for x in str(out["the process exited after (s)"]).split()]
     assert len(back) == len(exited) == 2
     assert all(0 < b <= e for b, e in zip(back, exited, strict=True))
+
+
+async def test_groups() -> None:
+    """bench.suites.groups at a tiny size: fairness read from every job's end,
+    the cost of many groups against one (with Redis time by command), and the
+    ungrouped A/B against the tree before groups (extracted by git archive)."""
+    from bench.suites import groups
+
+    sizes = groups.Sizes(
+        big=2_000, small=20, small_jobs=5, workers=2, cost_jobs=2_000, ab_tasks=1_000, ab_rounds=1
+    )
+    s = await groups.suite(ctx(), sizes)
+    assert s.name == "groups" and s.runs == 1 and s.method.strip()
+    share = figure(s, "fairness: the same, share of the big group")
+    assert share.target is not None and 0 <= share.median <= 100
+    jain = figure(
+        s, "fairness: Jain's index over the 21 groups' jobs done while all were backlogged"
+    )
+    assert 1 / 21 <= jain.median <= 1
+    assert figure(s, "fairness: jobs done in the window").median > 0
+    ratio = figure(s, "cost: 200 groups / 1 group, jobs/s, same run")
+    assert ratio.target is not None and ratio.median > 0
+    assert figure(s, "cost, 200 groups x 10: jobs/s").median > 0
+    assert any("evalsha" in n for n in s.notes)
+    ab = "ungrouped, 1,000 no-op tasks, 1 worker process, concurrency 10: this tree / the base tree"
+    assert figure(s, ab).median > 0
+    assert any(groups.BASE_REV in n for n in s.notes)
+    assert "## Groups" in markdown([s], {"CPU": "test"}, "python -m bench", "now")
+
+
+def test_groups_jain() -> None:
+    from bench.suites import groups
+
+    assert groups.jain([5, 5, 5]) == 1.0
+    assert groups.jain([9, 0, 0]) == pytest.approx(1 / 3)
+    done = [(1, "big"), (2, "s0"), (3, "s1"), (4, "big"), (5, "s0"), (6, "s1"), (7, "big")]
+    got = groups.judge(done, groups.Sizes(big=3, small=2, small_jobs=2))
+    # the small groups' last jobs end at 5 and 6: 2 of big's by then; the
+    # window ends at the first of them (5): big 2, s0 1, s1 1 before it
+    assert got.big_done == 2
+    assert got.window_jobs == 4 and got.window == pytest.approx(4e-9)
+    assert got.jain == pytest.approx(16 / 18)

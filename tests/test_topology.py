@@ -1034,3 +1034,107 @@ async def test_min_replicas_holds_everything_while_the_replica_lags() -> None:
         assert on_replica == {b"dev1": True, b"dev2": True}
         assert len(runs.tokens(b"dev1")) >= 2
         runs.check_no_overlap()
+
+
+# ---------------------------------------------------------------- groups (issue 36)
+
+
+class GroupRuns:
+    """A handler that holds each job ``hold`` seconds and notes, per group,
+    the jobs done and the most of its jobs running at once in this process."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.done: list[tuple[str | None, bytes]] = []
+        self.running: dict[str | None, int] = {}
+        self.most: dict[str | None, int] = {}
+
+    async def handler(self, p: Process) -> None:
+        n = self.running[p.group] = self.running.get(p.group, 0) + 1
+        self.most[p.group] = max(self.most.get(p.group, 0), n)
+        try:
+            await anyio.sleep(self.hold)
+        finally:
+            self.running[p.group] -= 1
+        self.done.append((p.group, p.task))
+
+
+async def test_groups_on_a_cluster(cluster: ClusterSetup) -> None:
+    """The group keys are made inside the scripts from the namespace's prefix
+    ({ns}: hash tag): a cluster runs every group script (enqueue, configure,
+    pause, the claim among groups, cancel of a group's copy) on the
+    namespace's slot, reached through other nodes, and the keys land there."""
+    owner = cluster.owner_port(SLOT)
+    other = next(m for m in cluster.masters if m.port != owner)
+    runs = GroupRuns(0.05)
+    jobs = {g: [f"{g}-{i}".encode() for i in range(6)] for g in ("ga", "gb", "gc")}
+    async with mesh.open_client(cluster.url(cluster.replicas[0]), namespace=NS) as c:
+        await c.configure_group("gq", "ga", concurrency=2)
+        assert await c.pause_group("gq", "gc")
+        for g, payloads in jobs.items():
+            await c.enqueue_many("gq", payloads, group=g)
+        await c.enqueue("gq", b"gone", group="gb")
+        assert await c.cancel("gq", b"gone", group="gb") == 1
+        assert client(owner).exists(ROUTE + "gq:gq|ga", ROUTE + "groups:gq") == 2
+        async with mesh.open_worker(cluster.url(other), namespace=NS, ttl=3) as w:
+            await w.start_work("gq", runs.handler, concurrency=8)
+            want = {(g, p) for g in ("ga", "gb") for p in jobs[g]}
+            await wait_until(lambda: set(runs.done) >= want, 15, "ga's and gb's jobs done")
+            assert not [t for g, t in runs.done if g == "gc"]  # paused
+            assert await c.resume_group("gq", "gc")
+            want |= {("gc", p) for p in jobs["gc"]}
+            await wait_until(lambda: set(runs.done) == want, 15, "gc's jobs done")
+    assert len(runs.done) == len(want) and runs.most["ga"] <= 2
+    assert b"gone" not in {t for _, t in runs.done}
+    r = client(owner)
+    assert [f for f in r.execute_command("HKEYS", ROUTE + "groups:gq") if f.startswith(b"r:")] == []
+    assert not r.exists(ROUTE + "gq:gq|ga", ROUTE + "gready:gq")
+
+
+async def test_groups_through_a_sentinel_failover() -> None:
+    """SENTINEL FAILOVER while workers run a capped group's jobs: they follow
+    the new master, every job is done, the cap holds in each worker, and no
+    running count of the group is left on the new master."""
+    ns = "sg" + secrets.token_hex(3)
+    jobs = [f"j{i}".encode() for i in range(60)]
+    with sentinel_setup(sentinels=1, down_after_ms=400) as setup:
+        runs = GroupRuns(0.1)
+        async with mesh.open_client(setup.url, namespace=ns) as c:
+            await c.configure_group("q", "g", concurrency=3)
+            await c.enqueue_many("q", jobs, group="g")
+            async with anyio.create_task_group() as nursery:
+
+                async def one() -> None:
+                    async with mesh.open_worker(setup.url, namespace=ns, ttl=3) as w:
+                        await w.start_work("q", runs.handler, concurrency=10)
+                        await anyio.sleep_forever()
+
+                for _ in range(2):
+                    nursery.start_soon(one)
+                await wait_until(lambda: len(runs.done) >= 3, 15, "the group's jobs to run")
+                sentinel = client(setup.sentinels[0].port)
+                await anyio.to_thread.run_sync(
+                    lambda: wait_for(
+                        "Sentinel to start a failover",
+                        lambda: sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE),
+                    )
+                )
+                await anyio.to_thread.run_sync(
+                    lambda: wait_for(
+                        "Sentinel to promote the replica",
+                        lambda: setup.master_port() == setup.replica.port,
+                    )
+                )
+                await wait_until(
+                    lambda: {t for _, t in runs.done} >= set(jobs), 30, "every job done"
+                )
+                await wait_until(lambda: no_processes(c, "q"), 10, "nothing left running")
+                nursery.cancel_scope.cancel()
+            fields = client(setup.replica.port).execute_command("HKEYS", f"{{{ns}}}:groups:q")
+        assert [f for f in fields if f.startswith(b"r:")] == []
+    assert runs.most["g"] <= 3
+    assert {t for _, t in runs.done} == set(jobs)
+
+
+async def no_processes(c: mesh.Client, queue: str) -> bool:
+    return not await c.processes(queue)

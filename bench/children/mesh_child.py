@@ -16,6 +16,10 @@ Roles:
   and nothing else (no lease, no heartbeat); prints ``ready``, waits for
   ``go``, and stops when a call finds the queue empty and has nothing left
   to finish.
+* ``groups-work``: one worker serving the queue at ``--concurrency`` with a
+  no-op handler that notes ``time.monotonic_ns()`` and the job's group as it
+  ends; prints ``ready``, waits for ``go``, serves; answers ``dump`` with one
+  ``g <ns> <group>`` line per job done (``-`` for no group), then ``end``.
 * ``failover``: one worker serving ``devices`` (persistent tasks, concurrency
   1); prints ``ready <worker id>``; each handler start prints
   ``start <token> <monotonic ns>``. SIGTERM makes
@@ -226,6 +230,24 @@ async def throughput(args: argparse.Namespace) -> None:
         await anyio.sleep_forever()
 
 
+async def groups_work(args: argparse.Namespace) -> None:
+    done: list[tuple[int, str | None]] = []
+
+    async def noop(process: mesh.Process) -> None:
+        done.append((time.monotonic_ns(), process.group))
+
+    stdin = Stdin()
+    async with mesh.open_worker(args.url, namespace=args.ns, ttl=args.ttl) as worker:
+        out("ready")
+        if await stdin.readline() != "go":
+            return
+        await worker.start_work(args.queue, noop, concurrency=args.concurrency)
+        while (line := await stdin.readline()) is not None:
+            if line == "dump":
+                sys.stdout.write("".join(f"g {ns} {g or '-'}\n" for ns, g in done))
+                out("end")
+
+
 # KEYS[1] {ns}:queue:<Q> (trio-mesh's queue list), KEYS[2] {ns}:procs:<Q>
 # ARGV[1] worker id, ARGV[2] how many to claim, ARGV[3..] payloads finished
 # Returns: the payloads claimed (each noted as running: procs[payload] = W)
@@ -405,7 +427,8 @@ def main() -> None:
     parser.add_argument(
         "role",
         choices=[
-            "produce", "throughput", "loop", "failover", "hold", "latency-work", "latency-produce"
+            "produce", "throughput", "groups-work", "loop", "failover", "hold", "latency-work",
+            "latency-produce",
         ],
     )  # fmt: skip
     parser.add_argument("--url", required=True)
@@ -444,6 +467,7 @@ def main() -> None:
     roles = {
         "produce": produce,
         "throughput": throughput,
+        "groups-work": groups_work,
         "loop": loop,
         "failover": failover,
         "hold": hold,
