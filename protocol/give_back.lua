@@ -226,6 +226,6 @@ if G then
     table.insert(back[j[3]], j[2])
   end
   for _, g in ipairs(border) do group_push(G, g, back[g], true) end
-  for _, g in ipairs(gorder) do group_release(G, g, gfreed[g]) end
+  group_release_many(G, gorder, gfreed)
 end
 return out

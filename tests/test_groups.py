@@ -69,7 +69,7 @@ async def test_jobs_of_groups_run_once_each_and_an_empty_group_leaves_no_key(
         assert {(i.name, i.queued) for i in look.groups} == {("a", 20), ("b", 20), ("c", 20)}
         assert look.queued == 60 and look.total == 3
         await w.start_work(Q, rec, concurrency=4)
-        await wait_until(lambda: len(rec.ran) == 80, what="every job")
+        await wait_until(lambda: len(rec.ran) == 80, what="every job", within=60)
         done = Counter(t for t, _ in rec.ran)
         assert set(done.values()) == {1}
         for task, group in rec.ran:
@@ -97,7 +97,7 @@ async def test_a_claim_takes_turns_among_the_groups_and_the_ungrouped_jobs(
             await c.enqueue_many(Q, [f"s{g}-{i}" for i in range(2)], group=f"s{g}")
         await c.enqueue_many(Q, [b"u0", b"u1"])
         await w.start_work(Q, rec, concurrency=1)
-        await wait_until(lambda: len(rec.ran) == 320, what="every job")
+        await wait_until(lambda: len(rec.ran) == 320, what="every job", within=60)
         first = rec.ran[:40]
         small = [t for t, g in first if g and g.startswith("s")]
         assert len(small) == 18, first
@@ -115,7 +115,7 @@ async def test_weights_share_the_claims(redis_url: str, namespace: str) -> None:
         await c.enqueue_many(Q, [f"h{i}" for i in range(300)], group="heavy")
         await c.enqueue_many(Q, [f"l{i}" for i in range(300)], group="light")
         await w.start_work(Q, rec, concurrency=1)
-        await wait_until(lambda: len(rec.ran) >= 200, what="200 jobs")
+        await wait_until(lambda: len(rec.ran) >= 200, what="200 jobs", within=60)
         got = Counter(g for _, g in rec.ran[:200])
         # 3:1, within a few jobs
         assert 140 <= got["heavy"] <= 160, got
@@ -177,7 +177,7 @@ async def test_concurrency_one_keeps_a_groups_order_through_a_retry(
         await w2.start_work(Q, handler, concurrency=4)
         # every handler returned before the workers stop (a stop cancels
         # the handlers still running, and a peer runs their jobs again)
-        await wait_until(lambda: len(done) == 8, what="8 jobs done")
+        await wait_until(lambda: len(done) == 8, what="8 jobs done", within=30)
     assert ran == [b"k0", b"k1", b"k2", b"k2", b"k3", b"k4", b"k5", b"k6", b"k7"], b" ".join(
         ran
     ).decode()
@@ -209,9 +209,13 @@ async def test_a_groups_rate_limit_holds(redis_url: str, namespace: str) -> None
         await c.enqueue_many(Q, [f"s{i}" for i in range(15)], group="slow")
         await c.enqueue_many(Q, [f"f{i}" for i in range(50)], group="fast")
         await w.start_work(Q, rec, concurrency=10)
-        await wait_until(lambda: sum(1 for _, g in rec.ran if g == "fast") == 50, what="fast")
+        await wait_until(
+            lambda: sum(1 for _, g in rec.ran if g == "fast") == 50, what="fast", within=30
+        )
         started = anyio.current_time()
-        await wait_until(lambda: sum(1 for _, g in rec.ran if g == "slow") == 15, what="slow")
+        await wait_until(
+            lambda: sum(1 for _, g in rec.ran if g == "slow") == 15, what="slow", within=30
+        )
         # a burst of 5, then 5 per 0.5 s: 15 take about 1 s
         assert anyio.current_time() - started >= 0.6
 

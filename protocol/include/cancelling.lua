@@ -46,16 +46,21 @@ end
 -- publish them on the worker's cancel channel. `wkeys[worker]` is
 -- {held key, inbox key}.
 local function cancel_found(found, procs, wkeys, cancel_prefix)
-  local G
+  local order, counts = {}, {}
   for _, f in ipairs(found) do
     local id, worker = f[1], f[2]
     redis.call('HDEL', procs, id)
     redis.call('SREM', wkeys[worker][1], id)
     redis.call('SADD', wkeys[worker][2], id)
     nudge(cancel_prefix .. worker, id)
-    if f[3] then  -- a group's job: its slot is free (include/group.lua)
-      G = G or group_keys_of(procs, 'procs')
-      group_release(G, f[3], 1)
+    local g = f[3]
+    if g then  -- a group's job: its slot is free (include/group.lua)
+      if not counts[g] then
+        counts[g] = 0
+        order[#order + 1] = g
+      end
+      counts[g] = counts[g] + 1
     end
   end
+  if #order > 0 then group_release_many(group_keys_of(procs, 'procs'), order, counts) end
 end

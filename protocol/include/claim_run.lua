@@ -201,11 +201,11 @@ local function claim_run(keys, argv, before, compact)
   -- Q's groups and its ungrouped tasks take turns (include/group.lua):
   -- what the groups take is `gtaken`, and the ungrouped tasks (reserved,
   -- with a priority, then the list) get `n` of the claim's places.
-  local n_all, gtaken = n, {}
+  local n_all, gtaken, ggroups = n, {}, nil
   if has_groups and not paused and n > #forced_list then
     local ungrouped = redis.call('LLEN', queue_key) - #forced_list + (has_prio and redis.call('ZCARD', prio_key) or 0)
     local turns, gwait
-    gtaken, turns, gwait = group_claim(G, n - #forced_list, now, ungrouped)
+    gtaken, ggroups, turns, gwait = group_claim(G, n - #forced_list, now, ungrouped)
     n = #forced_list + turns
     if gwait >= 0 and (next_due < 0 or gwait < next_due) then next_due = gwait end
   end
@@ -308,10 +308,10 @@ local function claim_run(keys, argv, before, compact)
   -- the jobs the groups gave, after the ungrouped ones (a group's job's
   -- record kind names its group: include/record.lua)
   local tgroup = {}
-  for _, t in ipairs(gtaken) do
-    tp[#tp + 1] = t[1]
+  for i, payload in ipairs(gtaken) do
+    tp[#tp + 1] = payload
     tpers[#tp] = false
-    tgroup[#tp] = t[2]
+    tgroup[#tp] = ggroups[i]
   end
   n = n_all
 

@@ -72,6 +72,29 @@ local function finish_process(id, rec)
     end
     return payload or true
   end
+  local ks = #fin_wz + 1
+  if string.byte(rec, ks) == 103 and string.sub(rec, 1, #fin_wz) == fin_wz then
+    -- a group's job ('g' level group: include/record.lua): its slot is
+    -- freed in finish_writes; on its first attempt, as a plain one-shot
+    -- task, no attempts to clear and its payload read only if needed
+    local e = string.find(rec, '\0', ks, true)
+    if e and string.byte(rec, e + 1) == 48 and string.byte(rec, e + 2) == 0 then
+      local g = string.sub(rec, ks + 2, e - 1)
+      local n = fin_group_n[g]
+      if not n then
+        fin_groups[#fin_groups + 1] = g
+        n = 0
+      end
+      fin_group_n[g] = n + 1
+      fin_gone[#fin_gone + 1] = id
+      local payload = fin_payloads and finish_payload(rec)
+      if finish_notify() then
+        payload = payload or finish_payload(rec)
+        nudge(fin_channel, payload)
+      end
+      return payload or true
+    end
+  end
   local kind, tries, payload = record_head(rec, fin_wz)
   if not kind then return false end
   fin_gone[#fin_gone + 1] = id
@@ -108,7 +131,6 @@ local function finish_writes()
   call_chunked('SREM', fin_held, fin_gone)
   call_chunked('HDEL', fin_att, fin_attempts)
   if #fin_groups > 0 then
-    local G = group_keys_of(fin_procs, 'procs')
-    for _, g in ipairs(fin_groups) do group_release(G, g, fin_group_n[g]) end
+    group_release_many(group_keys_of(fin_procs, 'procs'), fin_groups, fin_group_n)
   end
 end

@@ -1,6 +1,7 @@
 -- include/group.lua: a queue's groups (see "Groups" in README.md):
--- group_keys, group_keys_of, group_settings, group_ready, group_release,
--- group_push, group_due, group_claim; needs:
+-- group_keys, group_keys_of, group_parse, group_default, group_settings,
+-- group_ready, group_release_many, group_release, group_push, group_due,
+-- group_claim; needs:
 --!include include/rate.lua
 --!include include/wake_idle.lua
 
@@ -48,20 +49,30 @@ local function group_keys_of(key, kind)
   return group_keys(prefix, string.sub(key, #prefix + #kind + 2))
 end
 
--- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
--- group whose own settings are `own` (nil: none) and the queue's default
--- `default` (nil: none).
-local function group_settings(own, default)
-  local c, r, p, w = '', '', '', ''
-  if own then c, r, p, w = string.match(own, '^(%d*),(%d*),(%d*),([%d.]*)$') end
-  if default and (c == '' or r == '' or p == '' or w == '') then
-    local dc, dr, dp, dw = string.match(default, '^(%d*),(%d*),(%d*),([%d.]*)$')
-    if c == '' then c = dc end
-    if r == '' then r = dr end
-    if p == '' then p = dp end
-    if w == '' then w = dw end
+-- Settings "c,r,p,w" as a table of four numbers (false: not set).
+local function group_parse(raw)
+  local c, r, p, w = string.match(raw, '^(%d*),(%d*),(%d*),([%d.]*)$')
+  return {tonumber(c) or false, tonumber(r) or false, tonumber(p) or false, tonumber(w) or false}
+end
+
+-- The queue's default settings (group_parse's table; {} when it has none),
+-- read once per script call.
+local function group_default(G)
+  if not G.dflt then
+    local raw = redis.call('HGET', G.hash, ':default')
+    G.dflt = raw and group_parse(raw) or {}
   end
-  return tonumber(c) or 0, tonumber(r) or 0, tonumber(p) or 1000, tonumber(w) or 1
+  return G.dflt
+end
+
+-- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
+-- group whose own settings are `own` (a raw "c,r,p,w", nil: none), given
+-- the queue's default `d` (group_default's table). A group with no own
+-- settings costs no parsing.
+local function group_settings(own, d)
+  if not own then return d[1] or 0, d[2] or 0, d[3] or 1000, d[4] or 1 end
+  local o = group_parse(own)
+  return o[1] or d[1] or 0, o[2] or d[2] or 0, o[3] or d[3] or 1000, o[4] or d[4] or 1
 end
 
 -- Put group `g` among the ready groups if it may start a job now: jobs
@@ -69,28 +80,64 @@ end
 -- comes in at the virtual clock: a group gets no credit for the time it
 -- could not run. Returns whether it came in.
 local function group_ready(G, g)
-  local h = redis.call('HMGET', G.hash, 'r:' .. g, 'c:' .. g, 'p:' .. g, ':default', ':v')
+  local h = redis.call('HMGET', G.hash, 'r:' .. g, 'c:' .. g, 'p:' .. g, ':v')
   if h[3] then return false end
-  local cap = group_settings(h[2], h[4])
+  local cap = group_settings(h[2], group_default(G))
   if cap > 0 and tonumber(h[1] or '0') >= cap then return false end
   if redis.call('EXISTS', G.list .. g) == 0 then return false end
   if redis.call('ZSCORE', G.wait, g) then return false end
-  return redis.call('ZADD', G.ready, 'NX', h[5] or '0', g) == 1
+  return redis.call('ZADD', G.ready, 'NX', h[4] or '0', g) == 1
 end
 
 -- `n` of group `g`'s jobs no longer run (finished, failed, handed back,
 -- recycled, cancelled): its count goes down (the field leaves at 0) and it
 -- is ready again if it may be (an idle server of Q is woken then).
+-- `counts[g]` jobs of each group g of `order` no longer run (finished,
+-- failed, handed back, recycled, cancelled): their running counts go down
+-- (a field leaves at 0), in one HMGET and one HDEL and HSET for all of them
+-- (per 1000 groups); a group that was at its cap is ready again if it may
+-- be, and idle servers of Q are woken for those. Only a group at its cap
+-- can have left the ready groups for it (emptied, paused or waiting for a
+-- token, it stays out).
+local function group_release_many(G, order, counts)
+  local d = group_default(G)
+  local woke = 0
+  for c = 1, #order, 1000 do
+    local fields = {}
+    local last = math.min(c + 999, #order)
+    for i = c, last do
+      fields[#fields + 1] = 'r:' .. order[i]
+      fields[#fields + 1] = 'c:' .. order[i]
+    end
+    local vals = redis.call('HMGET', G.hash, unpack(fields))
+    local set, del, again = {}, {}, {}
+    for i = c, last do
+      local j = 2 * (i - c) + 1
+      local was = tonumber(vals[j] or '0')
+      local r = was - counts[order[i]]
+      if r > 0 then
+        set[#set + 1] = fields[j]
+        set[#set + 1] = r
+      else
+        del[#del + 1] = fields[j]
+      end
+      local cap = group_settings(vals[j + 1], d)
+      if cap > 0 and was >= cap then again[#again + 1] = order[i] end
+    end
+    -- HDEL first: the first write must be one Redis does not refuse at the
+    -- memory limit (see "At the memory limit" in README.md)
+    if #del > 0 then redis.call('HDEL', G.hash, unpack(del)) end
+    if #set > 0 then redis.call('HSET', G.hash, unpack(set)) end
+    for _, g in ipairs(again) do
+      if group_ready(G, g) then woke = woke + 1 end
+    end
+  end
+  if woke > 0 then wake_idle(G.idle, G.wake, G.q, woke) end
+end
+
+-- `n` of group `g`'s jobs no longer run (see group_release_many).
 local function group_release(G, g, n)
-  local field = 'r:' .. g
-  local r = redis.call('HINCRBY', G.hash, field, -n)
-  if r <= 0 then redis.call('HDEL', G.hash, field) end
-  -- only a group that was at its cap can have left the ready groups for it
-  -- (emptied, paused or waiting for a token, it stays out): one HMGET in
-  -- the usual case
-  local h = redis.call('HMGET', G.hash, 'c:' .. g, ':default')
-  local cap = group_settings(h[1], h[2])
-  if cap > 0 and r + n >= cap and group_ready(G, g) then wake_idle(G.idle, G.wake, G.q, 1) end
+  group_release_many(G, {g}, {[g] = n})
 end
 
 -- Put `payloads` (in order) into group `g`: at its front (`front`) or its
@@ -146,19 +193,20 @@ end
 -- stops being ready when it empties, reaches its concurrency or runs out
 -- of tokens (it then waits in {ns}:gwait:<Q>). Each group's running count
 -- goes up by what it started. Cost: O(log groups) per group served, the
--- same whatever the number of groups and jobs. Returns the jobs taken
--- ({payload, group} each, in order), the turns of the ungrouped tasks, and
--- the ms until a group waiting for a token gets one (-1: none).
+-- same whatever the number of groups and jobs. Returns the jobs taken (their
+-- payloads, and their groups, two lists in order), the turns of the
+-- ungrouped tasks, and the ms until a group waiting for a token gets one
+-- (-1: none).
 local function group_claim(G, n, now, ungrouped)
-  local taken, turns = {}, 0
+  local taken, tgroups, turns = {}, {}, 0
   local back = redis.call('ZRANGEBYSCORE', G.wait, '-inf', now, 'LIMIT', 0, 1000)
   if #back > 0 then
     redis.call('ZREM', G.wait, unpack(back))
     for _, g in ipairs(back) do group_ready(G, g) end
   end
   local popped = 0
-  local hv = redis.call('HMGET', G.hash, ':v', ':default')
-  local v, default = tonumber(hv[1] or '0'), hv[2]
+  local v = tonumber(redis.call('HGET', G.hash, ':v') or '0')
+  local d = group_default(G)
   local v0 = v
   if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', v, '') end
   local rounds = 0
@@ -198,7 +246,7 @@ local function group_claim(G, n, now, ungrouped)
       else
         local j = at[i]
         local running = tonumber(vals[j] or '0')
-        local cap, rate, per, w = group_settings(vals[j + 1], default)
+        local cap, rate, per, w = group_settings(vals[j + 1], d)
         local k = n
         if cap > 0 then k = math.min(k, cap - running) end
         if nxt then k = math.min(k, math.max(1, math.floor((nxt - s) * w) + 1)) end
@@ -219,7 +267,10 @@ local function group_claim(G, n, now, ungrouped)
           local items = redis.call('LPOP', G.list .. g, k) or {}
           got = #items
           popped = popped + got
-          for _, p in ipairs(items) do taken[#taken + 1] = {p, g} end
+          for _, p in ipairs(items) do
+            taken[#taken + 1] = p
+            tgroups[#taken] = g
+          end
           n = n - got
         end
         if got > 0 then
@@ -258,5 +309,5 @@ local function group_claim(G, n, now, ungrouped)
   local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
   local wait = -1
   if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
-  return taken, turns, wait
+  return taken, tgroups, turns, wait
 end

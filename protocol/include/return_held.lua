@@ -159,7 +159,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     end
     for _, g in ipairs(border) do group_push(G, g, back[g], true) end
     call_chunked('ZADD', G.delayed, glater, 2)
-    for _, g in ipairs(gorder) do group_release(G, g, gfreed[g]) end
+    group_release_many(G, gorder, gfreed)
   end
   return #front + #later / 2 + #back_end + nleveled + #gfront + #glater / 2, #buried, told
 end
