@@ -248,7 +248,10 @@ async def test_a_groups_running_jobs_in_the_page_and_the_api(
         await client.enqueue_many("q", ["o1", "o2"], group="other")
         await client.pause_group("q", "other")
         await b.claim(conn, "w1", inc, "q", 2, 1)
-        get = lambda path: trio.to_thread.run_sync(http, url + path)  # noqa: E731
+
+        async def get(path: str) -> tuple[int, str]:
+            return await trio.to_thread.run_sync(http, url + path)
+
         status, text = await get("api/jobs?queue=q&state=running&group=solo")
         got = json.loads(text)
         assert status == 200 and got["group"] == "solo" and got["total"] == 2
