@@ -74,6 +74,44 @@ def test_jobs_pages_each_state_in_text_and_json(
     assert code == 0 and "later" in out and "DUE (UTC)" in out
 
 
+def test_jobs_of_a_group_queued_and_running(
+    capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    async def go() -> None:
+        async with mesh.open_client(redis_url, namespace=namespace) as client:
+            conn, b = client._conn, Binding(client._keys)
+            inc = await join(b, conn, "w1", Q)
+            await client.enqueue_many(Q, ["g1", "g2", "g3", "g4"], group="tenant-1")
+            await client.enqueue_many(Q, ["other"], group="tenant-2")
+            await client.pause_group(Q, "tenant-2")
+            await b.claim(conn, "w1", inc, Q, 1, 1)  # g1: tenant-2 is paused
+            await client.enqueue(Q, "plain")
+
+    trio.run(go)
+    code, out, _ = run(capsys, "jobs", Q, "--group", "tenant-1", "--state", "running", *ns_args)
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == f"1 running in group tenant-1 on {Q}", out
+    assert lines[2].split()[0] == "g1" and "w1" in lines[2]
+    code, out, _ = run(capsys, "jobs", Q, "--group", "tenant-1", "--limit", "2", *ns_args)
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == f"3 queued in group tenant-1 on {Q}", out
+    assert lines[1].split() == ["TASK", "SIZE", "ATTEMPTS"]
+    assert [ln.split()[0] for ln in lines[2:4]] == ["g2", "g3"]
+    assert lines[-1] == "more: --after c2"
+    code, out, _ = run(
+        capsys, "jobs", Q, "--group", "tenant-1", "--after", "c2", "--json", *ns_args
+    )
+    page = json.loads(out)
+    assert code == 0 and page["group"] == "tenant-1" and page["state"] == "queued"
+    assert page["total"] == 3 and page["next"] is None
+    assert [(j["task"]["data"], j["group"]) for j in page["jobs"]] == [("g4", "tenant-1")]
+    # the paused group's job is listed too; the queue's own queued list has none of them
+    code, out, _ = run(capsys, "jobs", Q, "--group", "tenant-2", "--json", *ns_args)
+    assert [j["task"]["data"] for j in json.loads(out)["jobs"]] == ["other"]
+    code, out, _ = run(capsys, "jobs", Q, "--state", "queued", "--json", *ns_args)
+    assert [j["task"]["data"] for j in json.loads(out)["jobs"]] == ["plain"]
+
+
 def test_job_shows_one_record_or_exits_1(
     capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str, ns_args: list[str]
 ) -> None:
@@ -123,6 +161,10 @@ def test_pause_and_resume_show_in_status(
         ["jobs", Q, "--state", "queued", "--limit", "x"],
         ["jobs", Q, "--state", "queued", "--after", "bogus"],
         ["jobs", "bad queue", "--state", "queued"],
+        ["jobs", Q, "--group", "g", "--state", "dead"],
+        ["jobs", Q, "--group", "g", "--state", "delayed"],
+        ["jobs", Q, "--group", "a b"],
+        ["jobs", Q, "--group", "g", "--prefix", "x"],
         ["job", "{q}", "x"],
         ["pause", "a b"],
         ["resume", ""],

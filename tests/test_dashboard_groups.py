@@ -147,3 +147,142 @@ async def test_group_actions_need_the_action_header_and_the_token(
         )
         got = json.loads(text)
         assert status == 200 and got["total"] == 1 and got["groups"][0]["name"] == "g1"
+
+
+def rows_js(col: int = 0) -> str:
+    """JavaScript: the text of column ``col`` of every row of the Jobs table."""
+    return (
+        "Array.from(document.querySelectorAll('#jobs tbody tr'))"
+        f".map(r => r.cells[{col}].textContent)"
+    )
+
+
+def text_of(id_: str) -> str:
+    return f"document.getElementById({json.dumps(id_)}).textContent"
+
+
+@pytest.mark.slow
+async def test_a_groups_name_lists_its_jobs_paged_with_a_filter_to_clear(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    async with console(redis_url, namespace) as (client, url):
+        await populate_groups(client)
+        grouped = 40 + sum(30 - i for i in range(30) if i != 7)
+        with chromium(1400, 1000) as driver:
+            await in_page(driver, lambda d: d.get(url + "#/queue/emails"))
+            await page_until(driver, text_of("jobs-count") + " === '(queued: 2)'")
+            # the queued tab says where the rest of its count is
+            note = await page_until(
+                driver, f"!document.getElementById('group-note').hidden && {text_of('group-note')}"
+            )
+            assert note == (
+                f"{grouped} more queued jobs are in groups, not in this list: "
+                "click a group's name under Groups to list its jobs."
+            )
+            assert await in_page(driver, lambda d: d.execute_script("return " + rows_js())) == [
+                "plain-1",
+                "plain-2",
+            ]
+            # tenant-07's name opens its jobs: 40 queued, 25 a page, a filter
+            await in_page(driver, lambda d: d.execute_script(
+                "Array.from(document.querySelectorAll('#q-groups a.group-link'))"
+                ".find(a => a.textContent === 'tenant-07').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, text_of("jobs-count") + " === '(queued in group tenant-07: 40)'"
+            )
+            assert (await in_page(driver, lambda d: d.current_url)).endswith(
+                "#/queue/emails/group/tenant-07"
+            )
+            first = await in_page(driver, lambda d: d.execute_script("return " + rows_js()))
+            assert first == [f"t7-{k}" for k in range(25)]
+            shown = await in_page(driver, lambda d: d.execute_script(
+                "return [document.getElementById('group-filter').hidden,"
+                f" {text_of('group-filter-name')}, document.getElementById('group-note').hidden,"
+                " document.getElementById('search-form').hidden,"
+                " Array.from(document.querySelectorAll('#q-tabs button')).map(b => b.textContent)]"
+            ))  # fmt: skip
+            assert shown == [False, "tenant-07", True, True, ["queued (40)", "running (0)"]]
+            picked = await page_until(
+                driver, "document.querySelector('#q-groups tr.selected')?.cells[0].textContent"
+            )
+            assert picked == "tenant-07"
+            await no_overflow(driver, "a group's jobs")
+            await screenshot(driver, shots_dir(tmp_path) / "dashboard-group-jobs.png")
+            # the last page holds the group's last 15
+            await in_page(driver, lambda d: d.find_element("id", "page-last").click())
+            await page_until(driver, text_of("page-note") + " === 'page 2 of 2 (last)'")
+            rest = await in_page(driver, lambda d: d.execute_script("return " + rows_js()))
+            assert rest == [f"t7-{k}" for k in range(25, 40)]
+            # delete one of the group's jobs from its row
+            await in_page(driver, lambda d: d.execute_script(
+                "window.confirm = () => true;"
+                "Array.from(document.querySelectorAll('#jobs tbody tr'))"
+                ".find(r => r.dataset.task === 't7-39').querySelector('button.job-cancel').click()"
+            ))  # fmt: skip
+            await page_until(driver, text_of("message") + ".startsWith('cancelled \"t7-39\": 1')")
+            page = await client.jobs("emails", "queued", group="tenant-07", limit=100)
+            assert page.total == 39 and b"t7-39" not in [j.task for j in page.jobs]
+            # Clear: back to the queue's own list, its note again
+            await in_page(driver, lambda d: d.find_element("id", "group-clear").click())
+            await page_until(driver, text_of("jobs-count") + " === '(queued: 2)'")
+            assert (await in_page(driver, lambda d: d.current_url)).endswith("#/queue/emails")
+            await page_until(driver, "!document.getElementById('group-note').hidden")
+            tabs = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#q-tabs button')).length"
+            ))  # fmt: skip
+            assert tabs == 5
+
+
+async def test_a_groups_running_jobs_in_the_page_and_the_api(
+    redis_url: str, namespace: str
+) -> None:
+    from mesh._binding import Binding
+
+    from .protocol_helpers import join
+
+    async with console(redis_url, namespace) as (client, url):
+        conn, b = client._conn, Binding(client._keys)
+        inc = await join(b, conn, "w1", "q")
+        await client.enqueue_many("q", ["s1", "s2", "s3"], group="solo")
+        await client.enqueue_many("q", ["o1", "o2"], group="other")
+        await client.pause_group("q", "other")
+        await b.claim(conn, "w1", inc, "q", 2, 1)
+
+        async def get(path: str) -> tuple[int, str]:
+            return await trio.to_thread.run_sync(http, url + path)
+
+        status, text = await get("api/jobs?queue=q&state=running&group=solo")
+        got = json.loads(text)
+        assert status == 200 and got["group"] == "solo" and got["total"] == 2
+        assert [j["task"] for j in got["jobs"]] == ["s1", "s2"]
+        assert all(j["worker"] == "w1" and j["group"] == "solo" for j in got["jobs"])
+        status, text = await get("api/jobs?queue=q&state=queued&group=solo&limit=1")
+        got = json.loads(text)
+        assert status == 200 and got["total"] == 1 and got["jobs"][0]["task"] == "s3"
+        assert got["jobs"][0]["task_b64"] == "czM=" and got["jobs"][0]["ref"] is None
+        status, text = await get("api/jobs?queue=q&group=other&limit=1&after=c1")
+        got = json.loads(text)
+        assert status == 200 and [j["task"] for j in got["jobs"]] == ["o2"] and got["next"] is None
+        for query, says in (
+            ("group=a%20b", "invalid group name 'a b'"),
+            ("group=", "invalid group name ''"),
+            ("group=solo&state=dead", "listed as queued or running"),
+            ("group=solo&prefix=s", "without a prefix"),
+        ):
+            status, text = await get("api/jobs?queue=q&" + query)
+            err = json.loads(text)["error"]
+            assert status == 400 and says in err and "\n" not in err, text
+        with chromium(1280, 900) as driver:
+            await in_page(driver, lambda d: d.get(url + "#/queue/q/group/solo"))
+            await page_until(driver, text_of("jobs-count") + " === '(queued in group solo: 1)'")
+            await in_page(driver, lambda d: d.execute_script(
+                "Array.from(document.querySelectorAll('#q-tabs button'))"
+                ".find(b => b.dataset.state === 'running').click()"
+            ))  # fmt: skip
+            await page_until(driver, text_of("jobs-count") + " === '(running in group solo: 2)'")
+            cells = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#jobs tbody tr'))"
+                ".map(r => [r.cells[0].textContent, r.cells[3].textContent])"
+            ))  # fmt: skip
+            assert cells == [["s1", "w1"], ["s2", "w1"]]

@@ -22,6 +22,7 @@ from ._common import (
     target,
     task_bytes,
 )
+from ._groups import group_arg
 
 __all__ = ["register"]
 
@@ -35,11 +36,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "order), delayed (first due first), running (by token) or dead (oldest first). "
         "Times are UTC, on the Redis clock. The last line names the cursor of the next page "
         "(pass it to --after). Each payload shows its first bytes and its size; the page never "
-        "carries a whole payload.",
+        "carries a whole payload. With --group, the jobs of that group of QUEUE, queued (in "
+        "the group's order, the default) or running; without it, the queued state lists the "
+        "jobs in no group.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
-    p.add_argument("--state", required=True, choices=JOB_STATES, metavar="STATE",
-                   help=f"{', '.join(JOB_STATES[:-1])} or {JOB_STATES[-1]}")  # fmt: skip
+    p.add_argument("--state", choices=JOB_STATES, metavar="STATE",
+                   help=f"{', '.join(JOB_STATES[:-1])} or {JOB_STATES[-1]} "
+                   "(required without --group)")  # fmt: skip
+    p.add_argument("--group", type=group_arg, metavar="GROUP",
+                   help="a group's jobs: --state queued (default) or running")  # fmt: skip
     p.add_argument("--limit", type=_limit, default=50, metavar="N",
                    help=f"jobs per page, 1..{MAX_LIMIT} (default 50)")  # fmt: skip
     p.add_argument("--after", metavar="CURSOR", help="the cursor a previous page printed")
@@ -112,6 +118,7 @@ def job_json(j: mesh.Job) -> dict[str, Any]:
         "traceback": j.traceback,
         "dead_at": j.dead_at,
         "ref": j.ref,
+        "group": j.group,
         "tries": [
             {"when": a.when, "worker": a.worker, "error": a.error, "traceback": a.traceback}
             for a in j.tries
@@ -149,11 +156,17 @@ def size_text(n: int) -> str:
 def _jobs(args: argparse.Namespace) -> int:
     t = target(args)
     prefix = task_bytes(args.prefix) if args.prefix is not None else None
+    state = _state(args.state, args.group, prefix)
 
     async def go(client: mesh.Client) -> int:
         try:
             page = await client.jobs(
-                args.queue, args.state, limit=args.limit, after=args.after, prefix=prefix
+                args.queue,
+                state,
+                limit=args.limit,
+                after=args.after,
+                prefix=prefix,
+                group=args.group,
             )
         except mesh.ConfigError as exc:
             raise UsageError(str(exc)) from None
@@ -161,16 +174,18 @@ def _jobs(args: argparse.Namespace) -> int:
             dump_json(
                 {
                     "queue": args.queue,
-                    "state": args.state,
+                    "state": state,
+                    "group": args.group,
                     "total": page.total,
                     "next": page.next,
                     "jobs": [job_json(j) for j in page.jobs],
                 }
             )
             return 0
-        print(f"{page.total} {args.state} on {args.queue}")
+        where = "" if args.group is None else f" in group {args.group}"
+        print(f"{page.total} {state}{where} on {args.queue}")
         if page.jobs:
-            headers, rows = _rows(args.state, page.jobs)
+            headers, rows = _rows(state, page.jobs, grouped=args.group is not None)
             for line in table(headers, rows, right="SIZE ATTEMPTS PRIO TOKEN"):
                 print(line)
         if page.next is not None:
@@ -180,8 +195,33 @@ def _jobs(args: argparse.Namespace) -> int:
     return run_client(t, go)
 
 
-def _rows(state: str, jobs: tuple[mesh.Job, ...]) -> tuple[list[str], list[list[object]]]:
+def _state(state: str | None, group: str | None, prefix: bytes | None) -> str:
+    """The state ``mesh jobs`` lists: ``--state``, or with ``--group``
+    queued by default.
+
+    Raises:
+        UsageError: no state without a group; a group with a state other
+            than queued or running, or with a prefix.
+    """
+    if group is None:
+        if state is None:
+            raise UsageError("--state is required: queued, delayed, running or dead")
+        return state
+    if state not in (None, "queued", "running"):
+        raise UsageError(f"a group's jobs are listed as queued or running, not {state!r}")
+    if prefix is not None:
+        raise UsageError("--prefix does not combine with --group")
+    return state or "queued"
+
+
+def _rows(
+    state: str, jobs: tuple[mesh.Job, ...], *, grouped: bool = False
+) -> tuple[list[str], list[list[object]]]:
     kind = ["persistent" if j.persistent else "one-shot" for j in jobs]
+    if grouped and state == "queued":  # no priority, kind or enqueue time
+        return ["TASK", "SIZE", "ATTEMPTS"], [
+            [_cell(j), size_text(j.size), j.attempts] for j in jobs
+        ]
     if state == "running":
         return ["TASK", "SIZE", "KIND", "WORKER", "TOKEN", "STARTED (UTC)", "ATTEMPTS"], [
             [_cell(j), size_text(j.size), k, j.worker, j.token, utc(j.started), j.attempts]

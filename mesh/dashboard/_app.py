@@ -9,7 +9,8 @@ Routes:
 * ``GET /state``: the latest state, as JSON.
 * ``POST /api/cancel``: ``{"queue": Q, "ref": R}`` (a listed job's ref), or
   ``"key"`` (a persistent task's row), ``"task_b64"`` or ``"task"`` (text):
-  cancel a task by payload (see :meth:`mesh.Client.cancel`).
+  cancel a task by payload (see :meth:`mesh.Client.cancel`); with
+  ``"group": G``, its copies queued in group G of Q are removed too.
 * ``POST /api/dead/requeue``, ``POST /api/dead/purge``: ``{"queue": Q}``: put
   every dead letter of Q back in the queue, or drop them all
   (:meth:`mesh.Client.requeue_dead`, :meth:`mesh.Client.purge_dead`).
@@ -19,8 +20,9 @@ Routes:
   ``{"queue": Q, "ref": R}`` (or ``"task_b64"``): requeue one payload's dead
   letters; delete a payload: its dead letters if it is dead, else every copy
   of it (a cancel); make a delayed one-shot job due now.
-* ``GET /api/jobs?queue=Q&state=S&limit=N&after=C&prefix=P``: a page of jobs
-  (:meth:`mesh.Client.jobs`; ``prefix`` is text).
+* ``GET /api/jobs?queue=Q&state=S&limit=N&after=C&prefix=P&group=G``: a page
+  of jobs (:meth:`mesh.Client.jobs`; ``prefix`` is text; with ``group``, the
+  jobs of group G of Q, ``queued`` or ``running``, without a prefix).
 * ``GET /api/job?queue=Q&ref=R``: one job's record (the first 4096
   characters of its payload), or ``null``.
 * ``GET /api/payload?queue=Q&ref=R``: one job's whole payload, as a download.
@@ -58,6 +60,7 @@ cookie, HttpOnly and SameSite=Strict, and drops it from the address bar).
 
 from __future__ import annotations
 
+import base64
 import hmac
 from collections.abc import AsyncIterator, Callable, Iterable
 from importlib import resources
@@ -81,11 +84,19 @@ from .._browse import completed as browse_completed
 from .._browse import payload as browse_payload
 from .._client import Client
 from .._errors import ConfigError, MeshError
-from .._keys import check_queue
+from .._keys import check_group, check_queue
 from .._view import show_payload
 from ._groups import group_routes
 from ._hosts import HostGate, allowed_hosts
-from ._requests import BadRequest, b64_field, int_param, json_body, queue_field, text_field
+from ._requests import (
+    BadRequest,
+    b64_field,
+    group_field,
+    int_param,
+    json_body,
+    queue_field,
+    text_field,
+)
 from ._state import Poller
 from ._text import shown
 
@@ -157,6 +168,11 @@ def job_json(j: Job, *, full: bool = False) -> dict[str, Any]:
         d["token"] = str(d["token"])  # beyond a JavaScript number's exact range
     if not full:
         d["traceback"] = None  # a list shows the error's line; the details view all
+    # a group's queued job has no ref (its list is not one of the states'):
+    # a whole small payload names it for a cancel instead
+    d["task_b64"] = (
+        base64.b64encode(j.task).decode() if j.ref is None and j.group and j.whole else None
+    )
     return d
 
 
@@ -288,8 +304,9 @@ def _task_routes(poller: Poller) -> list[Route]:
         try:
             body = await json_body(request, '{"queue": "Q", "ref": "R"}')
             queue = queue_field(body)
+            group = group_field(body) if "group" in body else None
             task = await find(queue, body)
-            n = 0 if task is None else await poller.client.cancel(queue, task)
+            n = 0 if task is None else await poller.client.cancel(queue, task, group=group)
         except (BadRequest, MeshError) as exc:
             return failed(exc)
         await poller.poll_once()  # show the result at once
@@ -391,8 +408,9 @@ def _job_routes(poller: Poller) -> list[Route]:
             state = qp.get("state", "queued")
             limit = int_param(qp, "limit", 50)
             prefix = qp.get("prefix") or None
+            group = check_group(qp["group"]) if "group" in qp else None
             page = await poller.client.jobs(
-                queue, state, limit=limit, after=qp.get("after") or None, prefix=prefix
+                queue, state, limit=limit, after=qp.get("after") or None, prefix=prefix, group=group
             )
         except (BadRequest, MeshError) as exc:
             return failed(exc)
@@ -400,6 +418,7 @@ def _job_routes(poller: Poller) -> list[Route]:
             {
                 "queue": queue,
                 "state": state,
+                "group": group,
                 "total": page.total,
                 "next": page.next,
                 "limit": limit,

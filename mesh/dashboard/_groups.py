@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .._errors import ConfigError, MeshError
+from .._errors import MeshError
 from .._group_reads import GroupInfo, GroupsLook
-from .._keys import check_group, check_queue
-from ._requests import BadRequest, int_param, json_body, queue_field, text_field
+from .._keys import check_queue
+from ._requests import BadRequest, group_field, int_param, json_body, queue_field
 from ._state import Poller
 
 __all__ = ["MAX_GROUPS", "group_routes", "look_json"]
@@ -57,18 +57,6 @@ def look_json(queue: str, look: GroupsLook) -> dict[str, Any]:
     }
 
 
-def _group_field(body: dict[str, Any]) -> str:
-    """``body["group"]``, a valid group name.
-
-    Raises:
-        BadRequest: missing, not a string, or not a group name.
-    """
-    try:
-        return check_group(text_field(body, "group"))
-    except ConfigError as exc:
-        raise BadRequest(str(exc)) from None
-
-
 def group_routes(
     poller: Poller,
     failed: Callable[[BadRequest | MeshError], Response],
@@ -95,7 +83,7 @@ def group_routes(
         mode = request.url.path.rsplit("/", 1)[1]
         try:
             body = await json_body(request, '{"queue": "Q", "group": "G"}')
-            queue, group = queue_field(body), _group_field(body)
+            queue, group = queue_field(body), group_field(body)
             c = poller.client
             fn = c.pause_group if mode == "pause" else c.resume_group
             changed = await fn(queue, group)

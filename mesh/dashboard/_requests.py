@@ -13,9 +13,17 @@ from typing import Any
 from starlette.requests import Request
 
 from .._errors import ConfigError
-from .._keys import check_queue
+from .._keys import check_group, check_queue
 
-__all__ = ["BadRequest", "b64_field", "int_param", "json_body", "queue_field", "text_field"]
+__all__ = [
+    "BadRequest",
+    "b64_field",
+    "group_field",
+    "int_param",
+    "json_body",
+    "queue_field",
+    "text_field",
+]
 
 
 class BadRequest(Exception):
@@ -60,6 +68,18 @@ def queue_field(body: Mapping[str, Any]) -> str:
     """
     try:
         return check_queue(text_field(body, "queue"))
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def group_field(body: Mapping[str, Any]) -> str:
+    """``body["group"]``, a valid group name.
+
+    Raises:
+        BadRequest: missing, not a string, or not a group name.
+    """
+    try:
+        return check_group(text_field(body, "group"))
     except ConfigError as exc:
         raise BadRequest(str(exc)) from None
 
