@@ -57,9 +57,13 @@ if mode == 'set' then
   end
   stored = table.concat(new, ',')
   redis.call('SADD', KEYS[2], q)
-  redis.call('HSET', G.hash, field, stored)
-else
-  redis.call('HDEL', G.hash, field)
+  -- ':c' counts the groups with settings of their own (the claim reads
+  -- none while there is none: include/group.lua)
+  if redis.call('HSET', G.hash, field, stored) == 1 and g ~= '' then
+    redis.call('HINCRBY', G.hash, ':c', 1)
+  end
+elseif redis.call('HDEL', G.hash, field) == 1 and g ~= '' then
+  if redis.call('HINCRBY', G.hash, ':c', -1) <= 0 then redis.call('HDEL', G.hash, ':c') end
 end
 -- a group may start more now: ready again (with the default, each group
 -- that runs jobs: the others are ready already, or have none queued)

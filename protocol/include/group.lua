@@ -55,15 +55,25 @@ local function group_parse(raw)
   return {tonumber(c) or false, tonumber(r) or false, tonumber(p) or false, tonumber(w) or false}
 end
 
--- The queue's default settings (group_parse's table; {} when it has none),
--- read once per script call.
+-- The queue's default settings (group_parse's table; {} when it has none)
+-- and whether any group has settings of its own (the hash's ':c', their
+-- count), read once per script call.
 local function group_default(G)
   if not G.dflt then
-    local raw = redis.call('HGET', G.hash, ':default')
-    G.dflt = raw and group_parse(raw) or {}
+    local h = redis.call('HMGET', G.hash, ':default', ':c')
+    G.dflt = h[1] and group_parse(h[1]) or {}
+    G.own = h[2] ~= false and h[2] ~= nil
   end
   return G.dflt
 end
+
+-- A group starts at most this many jobs (times its weight) per turn
+-- before the next group's turn: deficit round-robin, whose quantum makes
+-- a claim among many backlogged groups pop two jobs per group visited
+-- rather than one. Measured (bench groups, 20,000 groups x 10 against one
+-- group of 200,000): a quantum of 1 ran at 0.44x of one group, 2 at 0.82x
+-- with Jain's index 0.98 over backlogged groups, 4 at 0.85x with 0.94.
+local QUANTUM = 2
 
 -- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
 -- group whose own settings are `own` (a raw "c,r,p,w", nil: none), given
@@ -101,18 +111,21 @@ end
 -- token, it stays out).
 local function group_release_many(G, order, counts)
   local d = group_default(G)
+  -- a cap at all: the default's, or a group's own (then read them)
+  local own, capped = G.own, (d[1] or 0) > 0
+  local step = own and 2 or 1
   local woke = 0
   for c = 1, #order, 1000 do
     local fields = {}
     local last = math.min(c + 999, #order)
     for i = c, last do
       fields[#fields + 1] = 'r:' .. order[i]
-      fields[#fields + 1] = 'c:' .. order[i]
+      if own then fields[#fields + 1] = 'c:' .. order[i] end
     end
     local vals = redis.call('HMGET', G.hash, unpack(fields))
     local set, del, again = {}, {}, {}
     for i = c, last do
-      local j = 2 * (i - c) + 1
+      local j = step * (i - c) + 1
       local was = tonumber(vals[j] or '0')
       local r = was - counts[order[i]]
       if r > 0 then
@@ -121,8 +134,10 @@ local function group_release_many(G, order, counts)
       else
         del[#del + 1] = fields[j]
       end
-      local cap = group_settings(vals[j + 1], d)
-      if cap > 0 and was >= cap then again[#again + 1] = order[i] end
+      if capped or own then
+        local cap = group_settings(own and vals[j + 1] or nil, d)
+        if cap > 0 and was >= cap then again[#again + 1] = order[i] end
+      end
     end
     -- HDEL first: the first write must be one Redis does not refuse at the
     -- memory limit (see "At the memory limit" in README.md)
@@ -207,22 +222,26 @@ local function group_claim(G, n, now, ungrouped)
   local popped = 0
   local v = tonumber(redis.call('HGET', G.hash, ':v') or '0')
   local d = group_default(G)
+  local own = G.own
   local v0 = v
   if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', v, '') end
   local rounds = 0
   while n > 0 and rounds < 4 do
     rounds = rounds + 1
-    local top = redis.call('ZRANGE', G.ready, 0, n, 'WITHSCORES')
+    -- enough groups for the claim at QUANTUM jobs each, and the one after
+    -- them (its virtual time bounds the last one's turn); more in a later
+    -- round if those had fewer
+    local want = rounds == 1 and math.ceil(n / QUANTUM) or n
+    local top = redis.call('ZRANGE', G.ready, 0, want, 'WITHSCORES')
     if #top == 0 then break end
-    local m = math.min(#top / 2, n)
+    local m = math.min(#top / 2, want)
     local fields, at = {}, {}
     for i = 1, m do
       local g = top[2 * i - 1]
       if g ~= '' then
         at[i] = #fields + 1
         fields[#fields + 1] = 'r:' .. g
-        fields[#fields + 1] = 'c:' .. g
-        fields[#fields + 1] = 'p:' .. g
+        if own then fields[#fields + 1] = 'c:' .. g end
       end
     end
     local vals = #fields > 0 and redis.call('HMGET', G.hash, unpack(fields)) or {}
@@ -234,7 +253,7 @@ local function group_claim(G, n, now, ungrouped)
       if s > v then v = s end
       if g == '' then
         local k = ungrouped - turns
-        if k > 0 and nxt then k = math.min(k, math.max(1, math.floor(nxt - s) + 1)) end
+        if k > 0 and nxt then k = math.min(k, math.max(QUANTUM, math.floor(nxt - s) + 1)) end
         k = math.min(k, n)
         turns, n = turns + math.max(k, 0), n - math.max(k, 0)
         if turns >= ungrouped then
@@ -246,14 +265,14 @@ local function group_claim(G, n, now, ungrouped)
       else
         local j = at[i]
         local running = tonumber(vals[j] or '0')
-        local cap, rate, per, w = group_settings(vals[j + 1], d)
+        local cap, rate, per, w = group_settings(own and vals[j + 1] or nil, d)
         local k = n
         if cap > 0 then k = math.min(k, cap - running) end
-        if nxt then k = math.min(k, math.max(1, math.floor((nxt - s) * w) + 1)) end
+        if nxt then k = math.min(k, math.max(QUANTUM * w, math.floor((nxt - s) * w) + 1)) end
         local tokens, waiting = nil, false
-        if vals[j + 2] then
-          k = 0  -- paused (it left the ready groups when paused: a stale entry)
-        elseif rate > 0 and k > 0 then
+        -- (a paused group is never here: pause_group takes it out, and
+        -- group_ready does not put it back)
+        if rate > 0 and k > 0 then
           tokens = rate_tokens(G.rate .. g, rate, per, now)
           if tokens < 1 then
             redis.call('ZADD', G.wait, now + rate_wait(tokens, rate, per), g)
@@ -275,7 +294,7 @@ local function group_claim(G, n, now, ungrouped)
         end
         if got > 0 then
           running = running + got
-          counts[#counts + 1] = 'r:' .. g
+          counts[#counts + 1] = fields[j]
           counts[#counts + 1] = running
           if tokens then
             redis.call('HSET', G.rate .. g, 'tokens', tostring(tokens - got), 'at', now)
