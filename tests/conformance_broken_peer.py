@@ -20,6 +20,10 @@ with one fault, named by its first argument:
 - ``no-rate``: ignores the queues' rate limits (passes none to claims).
 - ``no-pause``: ignores pauses (passes another key as the pause flag).
 - ``no-stats``: sends no per-minute counts.
+- ``group-blind``: ignores the ``group`` of an ``enqueue`` command (its
+  tasks go to the queue's own list, as a peer that knows no groups would).
+- ``old-version``: registers as protocol version 8 (before groups): a
+  namespace of version 9 refuses it.
 - ``bad-loader``: its script loader ends lines with CRLF: the scripts still
   run, but are not the protocol's bytes (another SHA-1).
 
@@ -30,6 +34,7 @@ one of the library's functions in this process before the worker starts.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -40,6 +45,7 @@ import anyio.abc
 import attrs
 import trio
 
+import mesh._binding
 import mesh._history
 import mesh._host
 import mesh._keys
@@ -61,6 +67,8 @@ FAULTS = (
     "no-pause",
     "no-stats",
     "bad-loader",
+    "group-blind",
+    "old-version",
 )
 
 
@@ -83,6 +91,10 @@ class BrokenPeer(reference.Peer):
         if self.fault == "no-handback" and b'"stop"' in line:
             self.emit(event="stopped")
             os._exit(0)
+        if self.fault == "group-blind" and b'"enqueue"' in line:
+            cmd = json.loads(line)
+            cmd.pop("group", None)
+            line = json.dumps(cmd).encode()
         return await super()._command(line, nursery)
 
 
@@ -125,6 +137,8 @@ def break_library(fault: str) -> None:
             return True
 
         mesh._history.CountsReporter.report = no_report  # type: ignore[method-assign]
+    elif fault == "old-version":
+        setattr(mesh._binding, "PROTOCOL_VERSION", "8")  # noqa: B010 (a module attribute)
     elif fault == "bad-loader":
         scripts = load_scripts()
 

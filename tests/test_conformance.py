@@ -21,6 +21,8 @@ import mesh
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh.conformance import _suite, _vectors
+from mesh.conformance._group_checks import check_serial, check_turns
+from mesh.conformance._record import Interval, ScenarioFailed
 from mesh.conformance._scenarios import Run
 from mesh.testing import RedisServer
 
@@ -134,6 +136,18 @@ WRONG_PEERS = [
         "15_big_tokens",
         "FAIL scenario 15_big_tokens: growing tokens:",
         "9007199254740996 given twice",
+    ),
+    (
+        "group-blind",
+        "16_groups",
+        "FAIL scenario 16_groups: group turns:",
+        "claims take turns among the groups with jobs ready",
+    ),
+    (
+        "old-version",
+        "16_groups",
+        "FAIL scenario 16_groups: start:",
+        "namespace holds protocol version 9, this client speaks 8",
     ),
     (
         "bad-loader",
@@ -347,3 +361,27 @@ async def test_a_policy_is_compared_by_what_it_decodes_to(redis_url: str, namesp
         wrong["reply"] = json.dumps(dict(policy, result_ttl_ms=1))
         (bad,) = await _vectors.check_vectors(conn, [(file, wrong)], namespace)
         assert "expected reply" in bad.what, bad
+
+
+def _run(task: str, start: float, end: float, peer: str = "a") -> Interval:
+    return Interval(peer, "gs", task, 1, "w", start, end, "done")
+
+
+def test_a_group_of_concurrency_1_that_overlaps_or_reorders_fails_check_serial() -> None:
+    step = {"queue": "gs", "tasks": ["s1", "s2", "s3"]}
+    check_serial([_run("s1", 0, 1), _run("s2", 1.02, 2, "py"), _run("s3", 2, 3)], step)
+    with pytest.raises(ScenarioFailed, match=r"'s1' \(peer a\) and 's2' \(peer py\).*ran at once"):
+        check_serial([_run("s1", 0, 1), _run("s2", 0.5, 2, "py"), _run("s3", 2, 3)], step)
+    with pytest.raises(ScenarioFailed, match=r"started in the order \['s2', 's1', 's3'\]"):
+        check_serial([_run("s2", 0, 1), _run("s1", 1, 2), _run("s3", 2, 3)], step)
+    with pytest.raises(ScenarioFailed, match=r"jobs \['s3'\] of queue gs never started"):
+        check_serial([_run("s1", 0, 1), _run("s2", 1, 2)], step)
+
+
+def test_claims_that_do_not_take_turns_fail_check_turns() -> None:
+    step = {"queue": "gs", "groups": {"a": ["a1", "a2"], "b": ["b1", "b2"]}, "rounds": 2}
+    check_turns([_run("b1", 0, 1), _run("a1", 1, 2), _run("a2", 2, 3), _run("b2", 3, 4)], step)
+    with pytest.raises(ScenarioFailed, match=r"round 1 of queue gs started \['a1', 'a2'\]"):
+        check_turns([_run("a1", 0, 1), _run("a2", 1, 2), _run("b1", 2, 3), _run("b2", 3, 4)], step)
+    with pytest.raises(ScenarioFailed, match="3 jobs of queue gs started, 4 expected"):
+        check_turns([_run("a1", 0, 1), _run("b1", 1, 2), _run("a2", 2, 3)], step)

@@ -665,6 +665,197 @@ async def story_finish_claim(r: Recorder, b: Binding, raw: Connection) -> None:
     await expect_error(_unwrap(f))
 
 
+async def story_groups(r: Recorder, b: Binding, raw: Connection) -> None:
+    """Groups of a queue (protocol/include/group.lua): settings, enqueue into
+    a group, turns among the groups and the ungrouped tasks, a cap, a pause,
+    a weight, a slot freed by finish, a retry holding its slot, a hand-back,
+    recycle and cancel."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "gq", 10)
+    cg = b.configure_group
+    await cg(
+        r.at("configure-group-set", "group t1: concurrency 1"), "gq", "t1", "set", ["1", "", "", ""]
+    )
+    await cg(
+        r.at("configure-group-weight", "group t2: weight 2"), "gq", "t2", "set", ["", "", "", "2"]
+    )
+    await cg(
+        r.at("configure-group-default", "the default of every group: concurrency 2"),
+        "gq",
+        "",
+        "set",
+        ["2", "", "", ""],
+    )
+    await expect_error(
+        cg(
+            r.at("configure-group-bad", "a weight above 1000"),
+            "gq",
+            "t2",
+            "set",
+            ["", "", "", "5000"],
+        )
+    )
+    eg = b.enqueue_group
+    await eg(
+        r.at("enqueue-group-now", "three jobs into group t1"), "gq", "t1", [b"a1", b"a2", b"a3"]
+    )
+    await eg(
+        r.at("enqueue-group-second", "three jobs into group t2"), "gq", "t2", [b"b1", b"b2", b"b3"]
+    )
+    await eg(
+        r.at("enqueue-group-in", "a job of group t3 due in 5 s"), "gq", "t3", [b"d1"], in_ms=5000
+    )
+    await eg(
+        r.at("enqueue-group-at", "a job of group t3 due at a time"),
+        "gq",
+        "t3",
+        [b"d2"],
+        at_ms=START_S * 1000 + 60000,
+    )
+    await variant(
+        r,
+        "enqueue_group",
+        "enqueue-group-now",
+        "enqueue-group-bad-name",
+        "a group name with a space",
+        "t1",
+        "t 1",
+    )
+    await variant(
+        r,
+        "enqueue_group",
+        "enqueue-group-now",
+        "enqueue-group-bad-mode",
+        "an unknown mode",
+        "now",
+        "soon",
+    )
+    await b.ensure(r, "gp", [b"pp"])
+    await expect_error(
+        eg(
+            r.at("enqueue-group-conflict", "a persistent task cannot go into a group"),
+            "gp",
+            "t1",
+            [b"pp"],
+        )
+    )
+    await b.enqueue(r, "gq", [b"u1", b"u2"])
+    await eg(r, "gq", "t4", [b"c1"])
+    pg = b.pause_group
+    await pg(r.at("pause-group", "pause group t4: it leaves the ready groups"), "gq", "t4", "pause")
+    await pg(r.at("pause-group-again", "pausing again changes nothing"), "gq", "t4", "pause")
+    await expect_error(pg(r.at("pause-group-bad", "an unknown mode"), "gq", "t4", "stop"))
+    c = await b.claim(
+        r.at(
+            "claim-groups",
+            "turns among t1, t2 and the ungrouped tasks; t1 stops at its cap, "
+            "t2 (weight 2) takes two; the paused t4 none",
+        ),
+        "w1",
+        "i1",
+        "gq",
+        6,
+        3,
+        ttl_ms=3000,
+    )
+    assert {p.group for p in c.processes} == {"t1", "t2", None}, c.processes
+    await b.claim(
+        r.at("claim-groups-capped", "t1 and t2 at their caps, no ungrouped task left: nothing"),
+        "w1",
+        "i1",
+        "gq",
+        6,
+        3,
+        ttl_ms=3000,
+    )
+    await b.serve(r, "w1", "i1", "gw", 10)
+    await eg(r, "gw", "heavy", [b"h1", b"h2", b"h3"])
+    await eg(r, "gw", "light", [b"l1", b"l2", b"l3"])
+    await cg(r, "gw", "heavy", "set", ["", "", "", "2"])
+    took: list[bytes] = []
+    for i in range(3):
+        w = await b.claim(
+            r.at(
+                f"claim-groups-weight-{i + 1}",
+                f"weight 2 against 1, claim {i + 1} of 3 (one job each): heavy, light, heavy",
+            ),
+            "w1",
+            "i1",
+            "gw",
+            1,
+            3,
+            ttl_ms=3000,
+        )
+        took += [p.task for p in w.processes]
+    assert took == [b"h1", b"l1", b"h2"], took
+    a1 = [p.id for p in c.processes if p.task == b"a1"]
+    await b.finish(
+        r.at("finish-group", "a1 finishes: t1's slot is free, t1 ready again"), "w1", "i1", "gq", a1
+    )
+    c = await b.claim(
+        r.at("claim-group-next", "t1's next job"), "w1", "i1", "gq", 1, 3, ttl_ms=3000
+    )
+    a2 = [p.id for p in c.processes]
+    await b.give_back(
+        r.at("give-back-group-retry", "a2 fails: it waits for its backoff holding t1's slot"),
+        "w1",
+        "gq",
+        a2,
+        failed=True,
+        backoff_ms=1000,
+        backoff_cap_ms=1000,
+        errors=["ValueError: no"],
+    )
+    await b.claim(
+        r.at("claim-group-held", "t1's slot is held: nothing of t1"),
+        "w1",
+        "i1",
+        "gq",
+        1,
+        3,
+        ttl_ms=3000,
+    )
+    r.advance(1500)
+    c = await b.claim(
+        r.at("claim-group-retry-due", "the retry is due: a2 again, before a3"),
+        "w1",
+        "i1",
+        "gq",
+        1,
+        3,
+        ttl_ms=3000,
+    )
+    assert [p.task for p in c.processes] == [b"a2"], c.processes
+    await b.give_back(
+        r.at("give-back-group-return", "a2 handed back: to t1's front, slot freed"),
+        "w1",
+        "gq",
+        [p.id for p in c.processes],
+        failed=False,
+    )
+    await pg(r.at("resume-group", "resume t4: ready again"), "gq", "t4", "resume")
+    await b.cancel(
+        r.at("cancel-group", "cancel a3 with t1's list: its queued copy goes"), "gq", b"a3", "t1"
+    )
+    c = await b.claim(r, "w1", "i1", "gq", 1, 3, ttl_ms=3000)
+    await b.cancel(
+        r.at("cancel-group-running", "cancel a running job of t1: its slot is freed"),
+        "gq",
+        c.processes[0].task,
+        "t1",
+    )
+    await b.claim(r, "w1", "i1", "gq", 6, 3, ttl_ms=3000)
+    await b.recycle(
+        r.at("recycle-group", "w1 leaves: its group jobs go back to their fronts"),
+        "w1",
+        leave=True,
+        incarnation="i1",
+    )
+    await cg(r.at("configure-group-clear", "t1's settings removed"), "gq", "t1", "clear", [])
+    await b.delete_queue(r.at("delete-queue-groups", "a queue with groups deleted"), "gq")
+
+
 async def _unwrap(o: Any) -> Any:
     return o.unwrap()
 
@@ -677,6 +868,7 @@ STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_share,
     story_operator,
     story_finish_claim,
+    story_groups,
 ]
 
 

@@ -15,6 +15,7 @@ import anyio.abc
 
 import mesh
 
+from ._group_checks import check_serial, check_turns
 from ._record import (
     FENCE_GRACE,
     OVERLAP_JITTER,
@@ -45,8 +46,12 @@ class Steps(Waits):
             await on_peer[do](self.peers[step["peer"]], step)
         elif do == "set":
             await self.conn.execute("SET", f"{{{self.namespace}}}:{step['key']}", step["value"])
-        elif do in ("configure", "schedule", "pause_queue", "resume_queue"):
+        elif do in ("configure", "configure_group", "schedule", "pause_queue", "resume_queue"):
             await self.client_step(step)
+        elif do == "check_serial":
+            check_serial(self.intervals, step)
+        elif do == "check_turns":
+            check_turns(self.intervals, step)
         elif do == "check_rate":
             self.check_rate(step)
         elif do == "check_tokens":
@@ -158,7 +163,8 @@ class Steps(Waits):
 
     async def client_step(self, step: dict[str, Any]) -> None:
         """A step the harness does itself, as a client of the mesh (the
-        Python one): a queue's policy, a periodic task, a pause."""
+        Python one): a queue's policy, a group's settings, a periodic task,
+        a pause."""
         do, queue = step["do"], step["queue"]
         async with mesh.open_client(self.url, namespace=self.namespace) as client:
             if do == "configure":
@@ -166,6 +172,13 @@ class Steps(Waits):
                 if isinstance(policy.get("rate_limit"), list):
                     policy["rate_limit"] = tuple(policy["rate_limit"])
                 await client.configure(queue, **policy)
+            elif do == "configure_group":
+                await client.configure_group(
+                    queue,
+                    step["group"],
+                    concurrency=step.get("concurrency"),
+                    weight=step.get("weight"),
+                )
             elif do == "schedule":
                 await client.schedule(queue, step["task"], every=float(step["every"]))
             elif do == "pause_queue":

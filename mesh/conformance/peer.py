@@ -150,7 +150,7 @@ class Peer:
                 )
                 self.emit(event="ack", op="serve", queue=queue)
             elif op == "enqueue":
-                added = await client.enqueue_many(queue, cmd["tasks"])
+                added = await client.enqueue_many(queue, cmd["tasks"], group=cmd.get("group"))
                 self.emit(event="ack", op="enqueue", added=_count(added))
             elif op == "ensure":
                 flags = await client.ensure_many(queue, cmd["tasks"])

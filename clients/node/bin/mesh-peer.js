@@ -165,7 +165,8 @@ async function handle(cmd) {
       return;
     }
     case 'enqueue': {
-      await getClient().enqueue(cmd.queue, cmd.tasks);
+      // with "group": into that group of the queue (enqueue_group.lua)
+      await getClient().enqueue(cmd.queue, cmd.tasks, cmd.group === undefined ? {} : { group: cmd.group });
       emit({ event: 'ack', op: 'enqueue', added: cmd.tasks.length });
       return;
     }

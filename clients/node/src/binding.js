@@ -18,6 +18,7 @@ const { MeshError, FencedError } = require('./errors');
  * @property {Buffer} task    the payload
  * @property {boolean} persistent
  * @property {number} attempts  failed attempts of this payload before this one
+ * @property {string | null} group  the group of the queue the job came from (null: none)
  */
 
 /**
@@ -166,8 +167,11 @@ class Binding {
     const processes = [];
     for (let i = 3; i + 3 < raw.length; i += 4) {
       const id = str(raw[i]);
+      // the persistent flag: 1/0, or the name of the group of a group's job
+      const flag = raw[i + 1];
+      const group = Buffer.isBuffer(flag) ? flag.toString('utf8') : null;
       processes.push({ id, token: BigInt(id), queue: q, task: raw[i + 3],
-        persistent: num(raw[i + 1]) === 1, attempts: num(raw[i + 2]) });
+        persistent: group === null && num(flag) === 1, attempts: num(raw[i + 2]), group });
     }
     const left = num(raw[1]);
     return { nowMs: num(raw[0]), remaining: Math.max(left, 0), heldBack: left < 0,
@@ -377,6 +381,47 @@ class Binding {
       [queue, k.wakePrefix, priority, ...payloads]));
   }
 
+  /**
+   * enqueue_group.lua: `payloads` at the back of `group` now (`when`
+   * undefined), or delayed: {in: ms from now} or {at: ms since the epoch,
+   * Redis clock}. {count: the group's length (now) or the jobs newly
+   * delayed, dueMs, nowMs}.
+   * @param {Redis} r @param {string} queue @param {string} group @param {Buffer[]} payloads
+   * @param {{in?: number, at?: number}} [when]
+   */
+  async enqueueGroup(r, queue, group, payloads, when) {
+    const k = this.keys;
+    let mode = 'now'; let ms = 0;
+    if (when && when.at !== undefined) { mode = 'at'; ms = when.at; }
+    else if (when && when.in !== undefined) { mode = 'in'; ms = when.in; }
+    const raw = await runScript(r, 'enqueue_group',
+      [k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)],
+      [queue, k.wakePrefix, group, mode, ms, ...payloads]);
+    return { count: num(raw[0]), dueMs: num(raw[1]), nowMs: num(raw[2]) };
+  }
+
+  /**
+   * configure_group.lua: the settings stored afterwards,
+   * "concurrency,rate,period_ms,weight" (an empty field: the default's), or
+   * null after mode "clear". `group` "" is the queue's default.
+   * @param {Redis} r @param {string} queue @param {string} group @param {'set' | 'clear'} mode
+   * @param {string[]} fields concurrency, rate, period ms, weight ("": unchanged)
+   * @returns {Promise<string | null>}
+   */
+  async configureGroup(r, queue, group, mode, fields) {
+    const k = this.keys;
+    const raw = await runScript(r, 'configure_group', [k.idle(queue), k.queues],
+      [queue, k.wakePrefix, group, mode, ...fields]);
+    return Buffer.isBuffer(raw) ? raw.toString('utf8') : null;
+  }
+
+  /** pause_group.lua: whether it changed anything.
+   * @param {Redis} r @param {string} queue @param {string} group @param {'pause' | 'resume'} mode */
+  async pauseGroup(r, queue, group, mode) {
+    const k = this.keys;
+    return num(await runScript(r, 'pause_group', [k.idle(queue)], [mode, queue, k.wakePrefix, group])) === 1;
+  }
+
   /** delay.lua: {added, dueMs, nowMs}.
    * @param {Redis} r @param {string} queue @param {Buffer[]} payloads @param {number} inMs @param {number} priority */
   async delay(r, queue, payloads, inMs, priority = 0) {
@@ -400,20 +445,22 @@ class Binding {
 
   /**
    * cancel.lua, called again with the workers it names: [queued copies removed,
-   * running processes cancelled].
-   * @param {Redis} r @param {string} queue @param {Buffer} payload
+   * running processes cancelled]. With `group`, the copies queued or delayed
+   * in that group go too (its list is the script's last key).
+   * @param {Redis} r @param {string} queue @param {Buffer} payload @param {string | null} [group]
    * @returns {Promise<[number, number]>}
    */
-  async cancel(r, queue, payload) {
+  async cancel(r, queue, payload, group = null) {
     const k = this.keys;
     const base = [k.queue(queue), k.persistent(queue), k.procs(queue), k.attempts(queue), k.delayed(queue),
       k.standby(queue), k.reserved(queue), k.unowned(queue), k.share(queue), k.prio(queue),
       k.delayedPrio(queue)];
     /** @type {string[]} */
     const workers = [];
+    const tail = group === null ? [] : [k.groupJobs(queue, group)];
     for (let round = 0; round < 10; round++) {
       const wkeys = workers.flatMap((w) => [k.held(w, queue), k.inbox(w)]);
-      const raw = await runScript(r, 'cancel', [...base, ...wkeys], [payload, k.cancelPrefix, ...workers]);
+      const raw = await runScript(r, 'cancel', [...base, ...wkeys, ...tail], [payload, k.cancelPrefix, ...workers]);
       if (num(raw[0]) === 0) return [num(raw[1]), num(raw[2])];
       for (const w of raw.slice(1)) workers.push(str(w));
     }

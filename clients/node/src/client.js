@@ -4,7 +4,7 @@
  * cancel, reconcile, await a result). Needs no worker.
  */
 const Redis = require('ioredis').default;
-const { Keys, checkQueue, payloadBytes } = require('./keys');
+const { Keys, checkQueue, checkGroup, payloadBytes } = require('./keys');
 const { Binding } = require('./binding');
 const { DeadLetterError } = require('./errors');
 
@@ -49,24 +49,113 @@ class Client {
    * Append one-shot tasks to `queue`.
    * @param {string} queue
    * @param {Task | Task[]} tasks
-   * @param {{priority?: number, delayMs?: number}} [options] priority 0..9 (higher
-   *   first); delayMs: due that many ms from now (Redis clock)
+   * @param {{priority?: number, delayMs?: number, atMs?: number, group?: string}} [options]
+   *   priority 0..9 (higher first); delayMs: due that many ms from now (Redis
+   *   clock); atMs: due at that time (ms since the epoch, Redis clock; with a
+   *   group only); group: put them at the back of this group of the queue
+   *   (workers take turns among the groups with jobs ready, and the group's
+   *   settings cap its jobs across the mesh: configureGroup). Not with a priority.
    * @returns {Promise<number>} the queue's length afterwards (with a priority: the
-   *   number of prioritized tasks; with a delay: how many were newly delayed)
+   *   number of prioritized tasks; with a group: the group's length; with a
+   *   delay: how many were newly delayed)
    * @throws {import('./errors').ConflictError} a payload is a persistent task of the queue
+   * @throws {TypeError} a bad queue or group name, priority, or a group with a priority
+   *   (nothing written)
    */
   async enqueue(queue, tasks, options = {}) {
     checkQueue(queue);
     const payloads = (Array.isArray(tasks) ? tasks : [tasks]).map(payloadBytes);
-    if (payloads.length === 0) return 0;
     const priority = options.priority ?? 0;
     if (!Number.isInteger(priority) || priority < 0 || priority > 9) {
       throw new TypeError(`priority must be a whole number from 0 to 9, got ${priority}`);
     }
+    if (options.group !== undefined) return this._enqueueGroup(queue, payloads, options);
+    if (options.atMs !== undefined) throw new TypeError('atMs needs a group (use delayMs without one)');
+    if (payloads.length === 0) return 0;
     if (options.delayMs !== undefined && options.delayMs > 0) {
       return (await this.binding.delay(this.redis, queue, payloads, Math.round(options.delayMs), priority)).added;
     }
     return this.binding.enqueue(this.redis, queue, payloads, priority);
+  }
+
+  /**
+   * enqueue() into a group: enqueue_group.lua.
+   * @param {string} queue @param {Buffer[]} payloads
+   * @param {{priority?: number, delayMs?: number, atMs?: number, group?: string}} options
+   * @returns {Promise<number>}
+   */
+  async _enqueueGroup(queue, payloads, options) {
+    const group = checkGroup(options.group);
+    if (options.priority) throw new TypeError("a group's jobs have no priority: give group or priority, not both");
+    for (const [name, v] of [['delayMs', options.delayMs], ['atMs', options.atMs]]) {
+      if (v !== undefined && (!Number.isInteger(v) || /** @type {number} */ (v) < 0)) {
+        throw new TypeError(`${name} must be a whole number of ms >= 0, got ${v}`);
+      }
+    }
+    if (payloads.length === 0) return 0;
+    /** @type {{in?: number, at?: number} | undefined} */
+    let when;
+    if (options.atMs !== undefined) when = { at: options.atMs };
+    else if (options.delayMs) when = { in: options.delayMs };
+    return (await this.binding.enqueueGroup(this.redis, queue, group, payloads, when)).count;
+  }
+
+  /**
+   * Set the settings of `group` of `queue` (group "" : the queue's default for
+   * every group); those not given keep their stored value. They hold across
+   * the mesh from the next claim on.
+   * @param {string} queue @param {string} group
+   * @param {{concurrency?: number, rateLimit?: number, ratePeriodMs?: number, weight?: number}} settings
+   *   concurrency: at most this many of its jobs run at once on all workers (0:
+   *   no cap; 1 keeps its jobs in strict order); rateLimit per ratePeriodMs
+   *   (default 1000) jobs started (0: none); weight 1..1000 (its share of the
+   *   claims while other groups have jobs ready)
+   * @returns {Promise<string>} the settings stored, "concurrency,rate,period_ms,weight"
+   *   (an empty field: the default's)
+   * @throws {TypeError} a bad queue or group name (nothing written)
+   * @throws {import('./errors').CommandError} BAD_ARG: a value out of range (nothing written)
+   */
+  async configureGroup(queue, group, settings) {
+    checkQueue(queue);
+    if (group !== '') checkGroup(group);
+    const f = (/** @type {number | undefined} */ v) => (v === undefined ? '' : String(v));
+    const fields = [f(settings.concurrency), f(settings.rateLimit), f(settings.ratePeriodMs), f(settings.weight)];
+    return /** @type {string} */ (await this.binding.configureGroup(this.redis, queue, group, 'set', fields));
+  }
+
+  /**
+   * Remove the settings of `group` ("": the queue's default): it follows the
+   * queue's default again.
+   * @param {string} queue @param {string} group
+   * @throws {TypeError} a bad queue or group name
+   */
+  async clearGroup(queue, group) {
+    checkQueue(queue);
+    if (group !== '') checkGroup(group);
+    await this.binding.configureGroup(this.redis, queue, group, 'clear', []);
+  }
+
+  /**
+   * Pause `group` of `queue`: no worker starts a job of it until resumeGroup;
+   * its running jobs go on, enqueues still add to it.
+   * @param {string} queue @param {string} group
+   * @returns {Promise<boolean>} false if it was paused already
+   * @throws {TypeError} a bad queue or group name
+   */
+  async pauseGroup(queue, group) {
+    checkQueue(queue);
+    return this.binding.pauseGroup(this.redis, queue, checkGroup(group), 'pause');
+  }
+
+  /**
+   * Resume a paused group (idle workers of the queue are woken).
+   * @param {string} queue @param {string} group
+   * @returns {Promise<boolean>} false if it was not paused
+   * @throws {TypeError} a bad queue or group name
+   */
+  async resumeGroup(queue, group) {
+    checkQueue(queue);
+    return this.binding.pauseGroup(this.redis, queue, checkGroup(group), 'resume');
   }
 
   /**
@@ -90,14 +179,19 @@ class Client {
   /**
    * Cancel a task by payload anywhere in the mesh: queued and delayed copies
    * are removed, it stops being a persistent task, and every running process of
-   * it is cancelled (durably: through its worker's inbox).
+   * it is cancelled (durably: through its worker's inbox). The copies queued
+   * in a group (or waiting there for a delay or a retry) are removed when
+   * `options.group` names it; a running one is cancelled whatever its group.
    * @param {string} queue
    * @param {Task} task
+   * @param {{group?: string}} [options]
    * @returns {Promise<number>} queued copies removed plus processes cancelled (0: not found)
+   * @throws {TypeError} a bad queue or group name
    */
-  async cancel(queue, task) {
+  async cancel(queue, task, options = {}) {
     checkQueue(queue);
-    const [queued, running] = await this.binding.cancel(this.redis, queue, payloadBytes(task));
+    const group = options.group === undefined ? null : checkGroup(options.group);
+    const [queued, running] = await this.binding.cancel(this.redis, queue, payloadBytes(task), group);
     return queued + running;
   }
 

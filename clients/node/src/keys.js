@@ -6,7 +6,7 @@
 const crypto = require('node:crypto');
 
 /** The protocol version this package speaks. */
-const PROTOCOL_VERSION = '8';
+const PROTOCOL_VERSION = '9';
 
 const NAMESPACE = /^[A-Za-z0-9_.-]{1,64}$/;
 const WORKER_ID = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -23,6 +23,19 @@ function checkQueue(queue) {
       `invalid queue name ${JSON.stringify(queue)}: use 1 to 200 of the characters A-Z a-z 0-9 _ . : / @ + = -`);
   }
   return queue;
+}
+
+/**
+ * @param {unknown} group
+ * @returns {string}
+ * @throws {TypeError} not 1 to 200 of A-Z a-z 0-9 _ . : / @ + = - (the rule of queue names)
+ */
+function checkGroup(group) {
+  if (typeof group !== 'string' || !QUEUE.test(group)) {
+    throw new TypeError(
+      `invalid group name ${JSON.stringify(group)}: use 1 to 200 of the characters A-Z a-z 0-9 _ . : / @ + = -`);
+  }
+  return group;
 }
 
 /**
@@ -80,6 +93,12 @@ class Keys {
   /** @param {string} q */ paused(q) { return `${this.prefix}paused:${q}`; }
   /** @param {string} q */ stats(q) { return `${this.prefix}stats:${q}`; }
   /** @param {string} q */ servers(q) { return `${this.prefix}servers:${q}`; }
+  // A queue's groups (protocol/include/group.lua): the scripts make these
+  // names themselves from the namespace's prefix; only cancel.lua is given one.
+  /** @param {string} q @param {string} g the LIST of g's queued jobs */
+  groupJobs(q, g) { return `${this.prefix}gq:${q}|${g}`; }
+  /** @param {string} q the HASH of q's group counts, settings and pauses */
+  groups(q) { return `${this.prefix}groups:${q}`; }
   /**
    * The result record of a payload: named by the payload's SHA-1 (hex).
    * @param {string} q
@@ -116,4 +135,4 @@ function payloadBytes(task) {
   throw new TypeError(`a task payload must be a string or bytes, not ${typeof task}`);
 }
 
-module.exports = { PROTOCOL_VERSION, Keys, checkQueue, checkWorkerId, payloadBytes };
+module.exports = { PROTOCOL_VERSION, Keys, checkQueue, checkGroup, checkWorkerId, payloadBytes };

@@ -18,6 +18,7 @@
  * @property {string} id           the process id (the token as text)
  * @property {string} queue
  * @property {boolean} persistent
+ * @property {string | null} group the group of the queue the job came from (null: none)
  * @property {number} attempts     failed attempts before this one
  * @property {string} worker       the worker id that runs it
  */
@@ -334,13 +335,13 @@ class Runner {
     this.running.set(proc.id, slot);
     if (this.stopping || gen.fenced) this._abort(slot, gen.fenced ? 'fenced' : 'stopped');
     const info = { queue: this.queue, task: proc.task, token: proc.id, worker: gen.id,
-      persistent: proc.persistent };
+      persistent: proc.persistent, group: proc.group };
     w.emit('start', info);
     const run = (async () => {
       try {
         return { ok: true, value: await this.handler(proc.task, {
           signal: ac.signal, token: proc.token, id: proc.id, queue: this.queue,
-          persistent: proc.persistent, attempts: proc.attempts, worker: gen.id }) };
+          persistent: proc.persistent, group: proc.group, attempts: proc.attempts, worker: gen.id }) };
       } catch (error) {
         return { ok: false, error };
       }

@@ -68,7 +68,7 @@ class Generation {
  */
 
 /**
- * Events: 'start' {queue, task, token, worker, persistent}, 'stop' {..., reason}
+ * Events: 'start' {queue, task, token, worker, persistent, group}, 'stop' {..., reason}
  * ('cancelled' | 'moved' | 'stopped' | 'fenced' | 'timeout', the last a failed
  * attempt with its error), 'done' {..., ok, error?},
  * 'fenced' {worker, reason}, 'rejoined' {worker, previous}.

@@ -111,7 +111,7 @@ test('stop hands a running one-shot task back; EOF on stdin means stop', async (
 
 test('a peer exits 3 with code VERSION in a namespace of another protocol version', async () => {
   const ns = namespace();
-  await redis.set(`{${ns}}:version`, '9');
+  await redis.set(`{${ns}}:version`, '8');
   const a = peer(ns);
   const reply = await a.call({ op: 'start', ttl: 3 });
   assert.equal(reply.event, 'error');
