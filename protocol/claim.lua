@@ -80,8 +80,9 @@
 --         tasks, and one more (it was woken for them, and leaves the set)
 -- Returns: {now_ms, queued tasks left (-1: some were left for peers by the
 --           fair share), ms until the first delayed task is due (-1: none),
---           then per process: id, persistent (1/0), failed attempts so far,
---           payload}
+--           then per process: id, persistent (1/0; for a group's job the
+--           group's name instead: include/group.lua), failed attempts so
+--           far, payload}
 -- Errors: FENCED, NOT_SERVING (W does not serve Q, or drains it), BAD_ARG.
 -- Publishes: when held back, Q on the wake channels of up to (tasks left) + 1
 --            idle servers (see include/wake_idle.lua); when more delayed tasks

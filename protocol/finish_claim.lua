@@ -16,7 +16,8 @@
 --          share), ms until the first delayed task is due (-1: none), the
 --          first process id ("" when none), c (how many processes), mixed
 --          (0/1), then the c payloads, then, only if mixed is 1, per process
---          its persistent flag (1/0) and failed attempts so far}: process i
+--          its persistent flag (1/0, or a group's job's group name) and
+--          failed attempts so far}: process i
 --          (from 0) has id first + i; with mixed 0 every process is a
 --          one-shot task on its first attempt. Then per process id to finish
 --          (in ARGV's order) 1 if it was W's live process and is now

@@ -379,9 +379,15 @@ def test_a_group_of_concurrency_1_that_overlaps_or_reorders_fails_check_serial()
 
 
 def test_claims_that_do_not_take_turns_fail_check_turns() -> None:
-    step = {"queue": "gs", "groups": {"a": ["a1", "a2"], "b": ["b1", "b2"]}, "rounds": 2}
-    check_turns([_run("b1", 0, 1), _run("a1", 1, 2), _run("a2", 2, 3), _run("b2", 3, 4)], step)
-    with pytest.raises(ScenarioFailed, match=r"round 1 of queue gs started \['a1', 'a2'\]"):
-        check_turns([_run("a1", 0, 1), _run("a2", 1, 2), _run("b1", 2, 3), _run("b2", 3, 4)], step)
-    with pytest.raises(ScenarioFailed, match="3 jobs of queue gs started, 4 expected"):
+    step = {"queue": "gs", "groups": {"a": ["a1", "a2", "a3"], "b": ["b1", "b2", "b3"]}}
+    step["rounds"] = 3
+    # turns of up to the quantum (2) pass
+    ok = ["b1", "a1", "a2", "a3", "b2", "b3"]
+    check_turns([_run(t, i, i + 1) for i, t in enumerate(ok)], step)
+    blind = ["a1", "a2", "a3", "b1", "b2", "b3"]
+    with pytest.raises(ScenarioFailed, match=r"after \['a1', 'a2', 'a3'\] of queue gs"):
+        check_turns([_run(t, i, i + 1) for i, t in enumerate(blind)], step)
+    with pytest.raises(ScenarioFailed, match=r"one group had started 1 jobs more"):
+        check_turns([_run(t, i, i + 1) for i, t in enumerate(ok)], step | {"quantum": 0})
+    with pytest.raises(ScenarioFailed, match="3 jobs of queue gs started, 6 expected"):
         check_turns([_run("a1", 0, 1), _run("b1", 1, 2), _run("a2", 2, 3)], step)
