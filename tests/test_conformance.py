@@ -379,8 +379,8 @@ def test_a_group_of_concurrency_1_that_overlaps_or_reorders_fails_check_serial()
 
 
 def test_claims_that_do_not_take_turns_fail_check_turns() -> None:
-    step = {"queue": "gs", "groups": {"a": ["a1", "a2", "a3"], "b": ["b1", "b2", "b3"]}}
-    step["rounds"] = 3
+    groups = {"a": ["a1", "a2", "a3"], "b": ["b1", "b2", "b3"]}
+    step: dict[str, Any] = {"queue": "gs", "groups": groups, "rounds": 3}
     # turns of up to the quantum (2) pass
     ok = ["b1", "a1", "a2", "a3", "b2", "b3"]
     check_turns([_run(t, i, i + 1) for i, t in enumerate(ok)], step)
