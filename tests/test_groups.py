@@ -338,3 +338,24 @@ async def test_a_retry_of_a_groups_only_job_runs_again(redis_url: str, namespace
         # a claim of two finds one: the group leaves the ready ones at once
         await w.start_work(Q, handler, concurrency=2)
         await wait_until(lambda: runs == [0, 1], what="the retry")
+
+
+async def test_a_claim_is_not_short_while_a_group_has_jobs_behind_emptied_ones(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    # Twelve groups of two jobs each take one turn (two jobs, all they had:
+    # they stay in the ready set until a claim finds them empty), then z
+    # takes its first turn; the next claim meets the twelve emptied groups
+    # first, and must go on past them to z rather than come back with
+    # nothing (the worker would then wait for a wake no one sends).
+    i1 = await join(b, conn, "w1", Q)
+    for i in range(12):
+        await b.enqueue_group(conn, Q, f"a{i:02d}", [b"a%d-1" % i, b"a%d-2" % i])
+    await b.enqueue_group(conn, Q, "z", [b"z%d" % i for i in range(10)])
+    took = []
+    for _ in range(13):
+        took += [p.task for p in (await b.claim(conn, "w1", i1, Q, 2, 0)).processes]
+    assert len(took) == 26 and took[-2:] == [b"z0", b"z1"]
+    r = await b.claim(conn, "w1", i1, Q, 2, 0)
+    assert [p.task for p in r.processes] == [b"z2", b"z3"]
+    assert await conn.execute("ZRANGE", keys.group_ready(Q), 0, -1) == [b"z"]

@@ -214,19 +214,35 @@ end
 -- (-1: none).
 local function group_claim(G, n, now, ungrouped)
   local taken, tgroups, turns = {}, {}, 0
-  local back = redis.call('ZRANGEBYSCORE', G.wait, '-inf', now, 'LIMIT', 0, 1000)
-  if #back > 0 then
-    redis.call('ZREM', G.wait, unpack(back))
-    for _, g in ipairs(back) do group_ready(G, g) end
+  -- (G.has_wait: a caller that knows {ns}:gwait:<Q> is missing says so)
+  if G.has_wait ~= false then
+    local back = redis.call('ZRANGEBYSCORE', G.wait, '-inf', now, 'LIMIT', 0, 1000)
+    if #back > 0 then
+      redis.call('ZREM', G.wait, unpack(back))
+      for _, g in ipairs(back) do group_ready(G, g) end
+    end
   end
   local popped = 0
-  local v = tonumber(redis.call('HGET', G.hash, ':v') or '0')
-  local d = group_default(G)
+  -- the clock, the default settings and whether any group has its own, in
+  -- one read
+  local h = redis.call('HMGET', G.hash, ':v', ':default', ':c')
+  local v = tonumber(h[1] or '0')
+  if not G.dflt then
+    G.dflt = h[2] and group_parse(h[2]) or {}
+    G.own = h[3] ~= false and h[3] ~= nil
+  end
+  local d = G.dflt
   local own = G.own
   local v0 = v
   if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', v, '') end
-  local rounds = 0
-  while n > 0 and rounds < 4 do
+  -- Round after round until the claim is full or no group is ready: each
+  -- round takes a job or takes a group out of the ready set (one that
+  -- emptied since its last turn, reached its cap or ran out of tokens), so
+  -- the rounds end, and a claim never comes back short while a group has a
+  -- job it may start (the worker would wait, idle, for a wake that no one
+  -- sends).
+  local rounds, removed, waited = 0, false, false
+  while n > 0 do
     rounds = rounds + 1
     -- enough groups for the claim at QUANTUM jobs each, and the one after
     -- them (its virtual time bounds the last one's turn); more in a later
@@ -234,6 +250,7 @@ local function group_claim(G, n, now, ungrouped)
     local want = rounds == 1 and math.ceil(n / QUANTUM) or n
     local top = redis.call('ZRANGE', G.ready, 0, want, 'WITHSCORES')
     if #top == 0 then break end
+    local n_before = n
     local m = math.min(#top / 2, want)
     local fields, at = {}, {}
     for i = 1, m do
@@ -276,7 +293,7 @@ local function group_claim(G, n, now, ungrouped)
           tokens = rate_tokens(G.rate .. g, rate, per, now)
           if tokens < 1 then
             redis.call('ZADD', G.wait, now + rate_wait(tokens, rate, per), g)
-            waiting, k = true, 0
+            waiting, waited, k = true, true, 0
           else
             k = math.min(k, math.floor(tokens))
           end
@@ -310,23 +327,30 @@ local function group_claim(G, n, now, ungrouped)
       end
     end
     if #counts > 0 then redis.call('HSET', G.hash, unpack(counts)) end
-    if #rems > 0 then redis.call('ZREM', G.ready, unpack(rems)) end
+    if #rems > 0 then
+      redis.call('ZREM', G.ready, unpack(rems))
+      removed = true
+    end
     if #adds > 0 then redis.call('ZADD', G.ready, 'XX', unpack(adds)) end
+    if n == n_before and #rems == 0 then break end  -- (cannot happen: a safeguard)
   end
   if popped > 0 and redis.call('HINCRBY', G.hash, ':n', -popped) <= 0 then
     redis.call('HDEL', G.hash, ':n')
   end
   -- no group left ready: Q's ungrouped tasks take the plain path again, and
-  -- the clock starts again from 0 (nothing is left to compare it with)
-  local left = redis.call('ZCARD', G.ready)
+  -- the clock starts again from 0 (nothing is left to compare it with);
+  -- only a claim that took groups out of the ready set can have emptied it
+  local left = removed and redis.call('ZCARD', G.ready) or 2
   if left == 1 and redis.call('ZREM', G.ready, '') == 1 then left = 0 end
   if left == 0 then
     if v0 ~= 0 then redis.call('HDEL', G.hash, ':v') end
   elseif v ~= v0 then
     redis.call('HSET', G.hash, ':v', tostring(v))
   end
-  local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
   local wait = -1
-  if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
+  if G.has_wait ~= false or waited then
+    local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
+    if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
+  end
   return taken, tgroups, turns, wait
 end
