@@ -1,5 +1,6 @@
 -- include/finish_process.lua: finish_begin, finish_process, finish_writes
--- (with finish_notify and finish_payload, which they use),
+-- (with finish_notify, finish_payload, finish_group and finish_first, which
+-- they use),
 -- what finish.lua, finish_results.lua and finish_claim.lua share (the
 -- worker, its keys and the done channel are given to finish_begin); needs:
 --!include include/record_head.lua
@@ -58,41 +59,40 @@ end
 -- payload (or true, for a plain one-shot task when finish_begin was not
 -- asked for payloads), or false (not W's, or a repeated id: nothing
 -- changes).
+-- A job of group `g` finished: its slot is freed in finish_writes.
+local function finish_group(g)
+  local n = fin_group_n[g]
+  if not n then
+    fin_groups[#fin_groups + 1] = g
+    n = 0
+  end
+  fin_group_n[g] = n + 1
+end
+
+-- Finish a one-shot task on its first attempt: no weight, no attempts to
+-- clear, and its payload only read where it is published or asked for.
+local function finish_first(id, rec)
+  fin_gone[#fin_gone + 1] = id
+  local payload = fin_payloads and finish_payload(rec)
+  if finish_notify() then
+    payload = payload or finish_payload(rec)
+    nudge(fin_channel, payload)
+  end
+  return payload or true
+end
+
 local function finish_process(id, rec)
   if not rec or fin_seen[id] then return false end
   fin_seen[id] = true
-  if string.find(rec, fin_plain, 1, true) == 1 then
-    -- a plain one-shot task on its first attempt: no weight, no attempts
-    -- to clear, and its payload only read where it is published or asked for
-    fin_gone[#fin_gone + 1] = id
-    local payload = fin_payloads and finish_payload(rec)
-    if finish_notify() then
-      payload = payload or finish_payload(rec)
-      nudge(fin_channel, payload)
-    end
-    return payload or true
-  end
+  if string.find(rec, fin_plain, 1, true) == 1 then return finish_first(id, rec) end
   local ks = #fin_wz + 1
   if string.byte(rec, ks) == 103 and string.sub(rec, 1, #fin_wz) == fin_wz then
-    -- a group's job ('g' level group: include/record.lua): its slot is
-    -- freed in finish_writes; on its first attempt, as a plain one-shot
-    -- task, no attempts to clear and its payload read only if needed
+    -- a group's job ('g' level group: include/record.lua) on its first
+    -- attempt: as a plain one, and its group's slot is freed
     local e = string.find(rec, '\0', ks, true)
     if e and string.byte(rec, e + 1) == 48 and string.byte(rec, e + 2) == 0 then
-      local g = string.sub(rec, ks + 2, e - 1)
-      local n = fin_group_n[g]
-      if not n then
-        fin_groups[#fin_groups + 1] = g
-        n = 0
-      end
-      fin_group_n[g] = n + 1
-      fin_gone[#fin_gone + 1] = id
-      local payload = fin_payloads and finish_payload(rec)
-      if finish_notify() then
-        payload = payload or finish_payload(rec)
-        nudge(fin_channel, payload)
-      end
-      return payload or true
+      finish_group(string.sub(rec, ks + 2, e - 1))
+      return finish_first(id, rec)
     end
   end
   local kind, tries, payload = record_head(rec, fin_wz)
@@ -112,14 +112,7 @@ local function finish_process(id, rec)
     end
   end
   if persistent or tries ~= '0' then fin_attempts[#fin_attempts + 1] = payload end
-  if string.byte(kind, 1) == 103 then  -- a group's job: its slot is free (finish_writes)
-    local g = string.sub(kind, 3)
-    if not fin_group_n[g] then
-      fin_groups[#fin_groups + 1] = g
-      fin_group_n[g] = 0
-    end
-    fin_group_n[g] = fin_group_n[g] + 1
-  end
+  if string.byte(kind, 1) == 103 then finish_group(string.sub(kind, 3)) end
   if finish_notify() then nudge(fin_channel, payload) end
   return payload
 end
