@@ -104,13 +104,7 @@ end
 -- front (a retry runs before the later jobs of its group), and its slot is
 -- free; a retry that waits for its backoff keeps its slot until due.
 local G, gfront, gfreed, gorder = nil, {}, {}, {}
-local function group_free(g)
-  if not gfreed[g] then
-    gfreed[g] = 0
-    gorder[#gorder + 1] = g
-  end
-  gfreed[g] = gfreed[g] + 1
-end
+local function group_free(g) group_tally(gorder, gfreed, g) end
 local moving = redis.call('EXISTS', KEYS[10]) == 1
 local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
 local out, front, pers, ready, lost = {}, {}, {}, 0, 0

@@ -54,13 +54,7 @@ local function cancel_found(found, procs, wkeys, cancel_prefix)
     redis.call('SADD', wkeys[worker][2], id)
     nudge(cancel_prefix .. worker, id)
     local g = f[3]
-    if g then  -- a group's job: its slot is free (include/group.lua)
-      if not counts[g] then
-        counts[g] = 0
-        order[#order + 1] = g
-      end
-      counts[g] = counts[g] + 1
-    end
+    if g then group_tally(order, counts, g) end  -- a group's job: its slot is free
   end
   if #order > 0 then group_release_many(group_keys_of(procs, 'procs'), order, counts) end
 end

@@ -60,14 +60,7 @@ end
 -- asked for payloads), or false (not W's, or a repeated id: nothing
 -- changes).
 -- A job of group `g` finished: its slot is freed in finish_writes.
-local function finish_group(g)
-  local n = fin_group_n[g]
-  if not n then
-    fin_groups[#fin_groups + 1] = g
-    n = 0
-  end
-  fin_group_n[g] = n + 1
-end
+local function finish_group(g) group_tally(fin_groups, fin_group_n, g) end
 
 -- Finish a one-shot task on its first attempt: no weight, no attempts to
 -- clear, and its payload only read where it is published or asked for.

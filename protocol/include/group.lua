@@ -1,7 +1,7 @@
 -- include/group.lua: a queue's groups (see "Groups" in README.md):
 -- group_keys, group_keys_of, group_parse, group_default, group_settings,
--- group_ready, group_release_many, group_release, group_push, group_due,
--- group_claim; needs:
+-- group_ready, group_release_many, group_tally, group_release, group_push,
+-- group_due, group_claim; needs:
 --!include include/rate.lua
 --!include include/wake_idle.lua
 
@@ -148,6 +148,18 @@ local function group_release_many(G, order, counts)
     end
   end
   if woke > 0 then wake_idle(G.idle, G.wake, G.q, woke) end
+end
+
+-- Count one more of group `g` in `counts` (group -> count), `order`
+-- keeping the groups in the order first counted (what group_release_many
+-- takes).
+local function group_tally(order, counts, g)
+  local n = counts[g]
+  if not n then
+    order[#order + 1] = g
+    n = 0
+  end
+  counts[g] = n + 1
 end
 
 -- `n` of group `g`'s jobs no longer run (see group_release_many).

@@ -74,11 +74,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
         glater[#glater + 1] = now + delay
         glater[#glater + 1] = r.group .. '\0r' .. r.payload
       else
-        if not gfreed[r.group] then
-          gfreed[r.group] = 0
-          gorder[#gorder + 1] = r.group
-        end
-        gfreed[r.group] = gfreed[r.group] + 1
+        group_tally(gorder, gfreed, r.group)
         if where == 'dead' then
           buried[#buried + 1] = dead_record(now, made, r.worker,
             'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
