@@ -131,13 +131,16 @@ class Groups:
         if len(self.names) > 1:
             await client.configure_group("jobs", self.names[1], weight=2)
 
-    def pick(self, payload: bytes, rng: random.Random) -> str | None:
+    def pick(self, rng: random.Random) -> str | None:
         """The group of a new job (None: ungrouped), drawn at the share."""
         if not self.names or rng.random() >= self.share:
             return None
-        g = rng.choice(self.names)
-        self.of[payload] = g
-        return g
+        return rng.choice(self.names)
+
+    def acknowledged(self, payloads: list[bytes], group: str | None) -> None:
+        """Note the group of jobs whose enqueue was acknowledged."""
+        if group is not None:
+            self.of.update(dict.fromkeys(payloads, group))
 
     def split(
         self, payloads: list[bytes], rng: random.Random
@@ -145,7 +148,7 @@ class Groups:
         """``payloads`` by group (None: ungrouped), each drawn at the share."""
         parts: dict[str | None, list[bytes]] = {}
         for p in payloads:
-            parts.setdefault(self.pick(p, rng), []).append(p)
+            parts.setdefault(self.pick(rng), []).append(p)
         return list(parts.items())
 
     def check(self, snap: checks.Snapshot, most: Counter[str]) -> list[str]:
@@ -314,6 +317,7 @@ class Soak:
             ]
             for group, part in self.groups.split(payloads, self.rng):
                 await self.enqueue_acknowledged(part, group)
+                self.groups.acknowledged(part, group)
             sent += len(payloads)
             await trio.sleep(per_batch)
 
@@ -771,6 +775,7 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
         ns = f"soak{rng.randrange(10**6)}"
         persistent = [b"p%03d" % i for i in range(args.persistent)]
         acknowledged: list[bytes] = []
+        aborted: BaseException | None = None
         async with (
             trio.open_nursery() as nursery,
             mesh.open_client(url, namespace=ns) as client,
@@ -793,12 +798,12 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                         task_status.started(scope)
                         for n in range(10**9):
                             payload = b"!hold=0.005;j%06d" % n
-                            group = groups.pick(payload, rng)
+                            group = groups.pick(rng)
                             try:
                                 await client.enqueue("jobs", payload, group=group)
                                 acknowledged.append(payload)
+                                groups.acknowledged([payload], group)
                             except mesh.MeshConnectionError:
-                                groups.of.pop(payload, None)
                                 await trio.sleep(0.02)  # not acknowledged
                             await trio.sleep(0.005)
 
@@ -852,10 +857,10 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                             break
                         await trio.sleep(0.25)
                     # and no job runs: the finish of the last ones is in
-                    while (await gwatch.snapshot()).queues["jobs"].procs:  # noqa: ASYNC110 - poll
+                    while (await gwatch.settled_snapshot()).queues["jobs"].procs:  # noqa: ASYNC110
                         await trio.sleep(0.1)
                 gwatch.stop()
-                snap = await gwatch.snapshot()
+                snap = await gwatch.settled_snapshot()
                 places = snap.places("jobs")
                 gwatch.findings += groups.check(snap, gwatch.most)
                 leftovers = await checks.group_leftovers(h.conn, h.keys, "jobs")
@@ -864,10 +869,13 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                 v = sink.judge(ev)
             except BaseException as exc:
                 print(f"soak phases aborted: {exc!r}", flush=True)
+                aborted = exc  # the nursery's cancel below would swallow it
                 raise
             finally:
                 h.reap_all()
                 nursery.cancel_scope.cancel()
+        if aborted is not None:
+            raise aborted
         lost = [p for p in acknowledged if not v.done_count.get(p) and not places[p]]
         old_masters = [s for s in servers if s.port != new_port and s.process is not None]
         report.update(
@@ -936,6 +944,20 @@ class GroupWatch:
                     continue
                 self.snapshots += 1
                 self.findings += self.groups.check(snap, self.most)
+
+    async def settled_snapshot(self, within: float = 30.0) -> checks.Snapshot:
+        """A snapshot once the client reaches the master again (after a
+        failover it may take a while to find it); raises the last
+        MeshConnectionError after ``within`` seconds."""
+        deadline = trio.current_time() + within
+        while True:
+            try:
+                return await self.snapshot()
+            except mesh.MeshConnectionError:
+                if trio.current_time() > deadline:
+                    raise
+                self.failed += 1
+                await trio.sleep(0.5)
 
     def stop(self) -> None:
         self.scope.cancel()
