@@ -36,6 +36,17 @@ With ``--phases``, phases of Redis trouble run during the faults (issue 23):
   counted as violations); then ``noeviction`` again and
   ``Client.reconcile`` restores the persistent tasks.
 
+Groups (issue 36): ``--group-share`` of the one-shot jobs (half by default)
+go into ``--groups`` groups of the queue; the first has a concurrency cap
+(``--group-cap``, set with ``Client.configure_group`` before the run), the
+second a weight of 2. Every snapshot counts the running processes of each
+group: a capped group above its cap, a running count (``r:G``) that is not
+its processes plus its retries holding their slot, or a queued count
+(``:n``) that is not the groups' lists is a violation; the lost and
+two-places checks look into the groups' lists and delayed jobs too. At the
+end, nothing of the groups may be left in Redis but their settings (a
+``r:G`` left is a leaked slot).
+
 At most ``--max-impaired`` workers are stopped, cut or dead at once. When
 the time is up, every fault is healed, and the soak waits until every
 one-shot task is done and every persistent task runs, then checks:
@@ -64,6 +75,9 @@ tasks running:
 * ``restart-empty``: SIGKILL of the master, which is started again empty (and
   unable to become or feed a replica) once the sentinels see it down, before
   they promote a replica.
+
+The producer puts ``--group-share`` of its jobs into the groups as above
+(checked every 0.25 s, as far as the master answers, and at the end).
 
 Then the same accounting: acknowledged enqueues that are neither done nor in
 the mesh (lost), overlaps and stale actions accepted by the fenced sink; plus,
@@ -100,6 +114,70 @@ from mesh.testing import run_redis_server
 FAULTS = ("kill", "term", "stop", "cut", "pubsub", "flush", "late")
 
 
+class Groups:
+    """The soak's groups of the queue ``jobs`` (issue 36): their names and
+    settings, which jobs go into which, their checks and figures."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.share: float = args.group_share
+        self.names = [f"t{i}" for i in range(args.groups)] if self.share > 0 else []
+        self.caps = {self.names[0]: args.group_cap} if self.names and args.group_cap else {}
+        self.of: dict[bytes, str] = {}  # payload -> its group
+
+    async def configure(self, client: mesh.Client) -> None:
+        """The first group capped, the second of weight 2 (before the load)."""
+        for g, cap in self.caps.items():
+            await client.configure_group("jobs", g, concurrency=cap)
+        if len(self.names) > 1:
+            await client.configure_group("jobs", self.names[1], weight=2)
+
+    def pick(self, rng: random.Random) -> str | None:
+        """The group of a new job (None: ungrouped), drawn at the share."""
+        if not self.names or rng.random() >= self.share:
+            return None
+        return rng.choice(self.names)
+
+    def acknowledged(self, payloads: list[bytes], group: str | None) -> None:
+        """Note the group of jobs whose enqueue was acknowledged."""
+        if group is not None:
+            self.of.update(dict.fromkeys(payloads, group))
+
+    def split(
+        self, payloads: list[bytes], rng: random.Random
+    ) -> list[tuple[str | None, list[bytes]]]:
+        """``payloads`` by group (None: ungrouped), each drawn at the share."""
+        parts: dict[str | None, list[bytes]] = {}
+        for p in payloads:
+            parts.setdefault(self.pick(rng), []).append(p)
+        return list(parts.items())
+
+    def check(self, snap: checks.Snapshot, most: Counter[str]) -> list[str]:
+        """The groups' violations in ``snap``; notes the most running of each."""
+        for g, n in checks.running_by_group(snap, "jobs").items():
+            most[g] = max(most[g], n)
+        return checks.group_violations(snap, "jobs", self.caps)
+
+    def figures(
+        self,
+        findings: list[str],
+        most: Counter[str],
+        leftovers: list[str],
+        done: dict[bytes, int],
+    ) -> dict[str, object]:
+        per = Counter(self.of.values())
+        return {
+            "names": self.names,
+            "caps": self.caps,
+            "jobs": len(self.of),
+            "jobs_per_group": {g: per[g] for g in self.names},
+            "jobs_done": sum(1 for p in self.of if done.get(p)),
+            "most_running": {g: most[g] for g in self.names},
+            "findings": len(findings),
+            "finding_examples": findings[:5],
+            "leftovers": leftovers,
+        }
+
+
 class Soak:
     def __init__(self, h: Harness, args: argparse.Namespace, rng: random.Random) -> None:
         self.h = h
@@ -131,6 +209,11 @@ class Soak:
         self.evicting = False  # an eviction phase runs: acknowledged tasks may be evicted
         self.in_eviction: set[bytes] = set()  # acknowledged before/while Redis evicted
         self.evicting_findings = 0  # one-place findings while Redis evicted (expected)
+        # groups (issue 36)
+        self.groups = Groups(args)
+        self.group_findings: list[str] = []  # cap, running count or queued count wrong
+        self.group_findings_evicted: list[str] = []  # ... after an eviction phase
+        self.group_most: Counter[str] = Counter()  # the most jobs of each group seen running
 
     # --- workers --------------------------------------------------------------
 
@@ -232,37 +315,55 @@ class Soak:
                 b"!hold=%.3f;j%05d" % (self.rng.uniform(0.005, 0.2), k)
                 for k in range(sent, min(n, sent + batch))
             ]
-            for _ in range(100):  # retried until acknowledged
-                try:
-                    await self.h.client.enqueue_many("jobs", payloads)
-                    break
-                except mesh.OutOfMemoryError:
-                    # refused at the limit: nothing stored, not acknowledged;
-                    # retried (without counting a try) until memory is freed
-                    self.oom_refused += 1
-                    while self.full:  # noqa: ASYNC110 - the phase ends on its own clock
-                        await trio.sleep(0.05)
-                except mesh.MeshConnectionError:  # pragma: no cover - Redis is not faulted
-                    self.enqueue_errors += 1
-                    await trio.sleep(0.05)
-            self.acknowledged += payloads
+            for group, part in self.groups.split(payloads, self.rng):
+                await self.enqueue_acknowledged(part, group)
+                self.groups.acknowledged(part, group)
             sent += len(payloads)
             await trio.sleep(per_batch)
+
+    async def enqueue_acknowledged(self, payloads: list[bytes], group: str | None) -> None:
+        """Enqueue ``payloads`` (into ``group``), retried until acknowledged."""
+        for _ in range(100):  # retried until acknowledged
+            try:
+                await self.h.client.enqueue_many("jobs", payloads, group=group)
+                break
+            except mesh.OutOfMemoryError:
+                # refused at the limit: nothing stored, not acknowledged;
+                # retried (without counting a try) until memory is freed
+                self.oom_refused += 1
+                while self.full:  # noqa: ASYNC110 - the phase ends on its own clock
+                    await trio.sleep(0.05)
+            except mesh.MeshConnectionError:  # pragma: no cover - Redis is not faulted
+                self.enqueue_errors += 1
+                await trio.sleep(0.05)
+        self.acknowledged += payloads
 
     async def watch(self) -> None:
         while True:
             await trio.sleep(0.25)
             pers = {"devices": set(self.persistent)}  # taken before the snapshot
-            snap = await checks.snapshot(self.h.conn, self.h.keys, ["devices", "jobs"])
+            snap = await self.snapshot()
             self.snapshots += 1
             one = {"jobs": set(self.acknowledged)}
             found = checks.one_place_violations(snap, pers, one)
+            in_groups = self.groups.check(snap, self.group_most)
             if self.evicting:
                 # Redis deletes keys until reconcile: the state is broken by
                 # design, and reported, not judged
-                self.evicting_findings += len(found)
+                self.evicting_findings += len(found) + len(in_groups)
             else:
                 self.two_places += found
+                # after an eviction, the groups' keys may stay broken (no
+                # reconcile restores them): reported, not judged
+                if self.in_eviction:
+                    self.group_findings_evicted += in_groups
+                else:
+                    self.group_findings += in_groups
+
+    async def snapshot(self) -> checks.Snapshot:
+        return await checks.snapshot(
+            self.h.conn, self.h.keys, ["devices", "jobs"], self.groups.names
+        )
 
     async def update(self) -> None:
         """Read the sink's new events (cheap: only what is new)."""
@@ -285,7 +386,8 @@ class Soak:
             print(
                 f"[{trio.current_time() - started:6.1f}s] faults={dict(self.faults)} "
                 f"done={len(self.done)}/{len(self.acknowledged)} rejected={self.rejected} "
-                f"impaired={sorted(self.impaired)} two_places={len(self.two_places)}",
+                f"impaired={sorted(self.impaired)} two_places={len(self.two_places)} "
+                f"group_findings={len(self.group_findings)} group_most={dict(self.group_most)}",
                 flush=True,
             )
 
@@ -419,9 +521,12 @@ class Soak:
         await self.update()
         if len(self.done) < len(self.acknowledged):
             return False
-        snap = await checks.snapshot(self.h.conn, self.h.keys, ["devices", "jobs"])
-        return not checks.owner_violations(snap, "devices", self.persistent) and all(
-            snap.workers.values()
+        snap = await self.snapshot()
+        # no job runs: the finish of the last ones (after their "done") is in
+        return (
+            not snap.queues["jobs"].procs
+            and not checks.owner_violations(snap, "devices", self.persistent)
+            and all(snap.workers.values())
         )
 
 
@@ -447,6 +552,7 @@ async def run(args: argparse.Namespace) -> int:
                 for d in list(h.drivers):
                     await h.wait_ready(d, within=30)
                 await client.ensure_many("devices", soak.persistent)
+                await soak.groups.configure(client)
                 t0 = trio.current_time()
                 end = t0 + args.duration
                 async with trio.open_nursery() as run_nursery:
@@ -483,6 +589,8 @@ async def run(args: argparse.Namespace) -> int:
         or report["ownership_violations"]
         or report["settle_timed_out"]
         or report["late_writes_accepted"]
+        or report["groups"]["findings"]  # type: ignore[index]
+        or report["groups"]["leftovers"]  # type: ignore[index]
     )
     print("VIOLATIONS" if bad else "OK: no violation")
     return 1 if bad else 0
@@ -493,10 +601,17 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
     # First the end state, cheaply: heavy analysis blocks this trio loop, and
     # with it the proxies every worker talks through (they would all fence).
     await soak.update()
-    snap = await checks.snapshot(h.conn, h.keys, ["devices", "jobs"])
+    snap = await soak.snapshot()
     now = await h.sink_now()
     pers = {"devices": set(soak.persistent)}
     final_two = checks.one_place_violations(snap, pers, {"jobs": set(soak.acknowledged)})
+    in_groups = soak.groups.check(snap, soak.group_most)
+    leftovers = await checks.group_leftovers(h.conn, h.keys, "jobs")
+    if soak.in_eviction:  # the groups' keys may stay broken after it: reported
+        soak.group_findings_evicted += in_groups + leftovers
+        leftovers = []
+    else:
+        soak.group_findings += in_groups
     places = snap.places("jobs")
     ownership = checks.owner_violations(snap, "devices", soak.persistent)
     # the owner Redis names is the one the sink knows as newest, and it acts
@@ -584,6 +699,11 @@ async def final_report(soak: Soak, settle: float, timed_out: bool) -> dict[str, 
         "settle_s": round(settle, 2),
         "settle_timed_out": timed_out,
         "events": len(ev),
+        "groups": {
+            **soak.groups.figures(soak.group_findings, soak.group_most, leftovers, v.done_count),
+            "findings_after_eviction": len(soak.group_findings_evicted),
+            "findings_after_eviction_examples": soak.group_findings_evicted[:5],
+        },
     }
 
 
@@ -655,6 +775,7 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
         ns = f"soak{rng.randrange(10**6)}"
         persistent = [b"p%03d" % i for i in range(args.persistent)]
         acknowledged: list[bytes] = []
+        aborted: BaseException | None = None
         async with (
             trio.open_nursery() as nursery,
             mesh.open_client(url, namespace=ns) as client,
@@ -667,15 +788,21 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                 for d in list(h.drivers):
                     await h.wait_ready(d, within=30)
                 await client.ensure_many("devices", persistent)
+                groups = Groups(args)
+                await groups.configure(client)
+                gwatch = GroupWatch(h, groups)
+                nursery.start_soon(gwatch.run)
 
                 async def produce(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
                     with trio.CancelScope() as scope:
                         task_status.started(scope)
                         for n in range(10**9):
                             payload = b"!hold=0.005;j%06d" % n
+                            group = groups.pick(rng)
                             try:
-                                await client.enqueue("jobs", payload)
+                                await client.enqueue("jobs", payload, group=group)
                                 acknowledged.append(payload)
+                                groups.acknowledged([payload], group)
                             except mesh.MeshConnectionError:
                                 await trio.sleep(0.02)  # not acknowledged
                             await trio.sleep(0.005)
@@ -729,17 +856,26 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                         if set(acknowledged) <= done:
                             break
                         await trio.sleep(0.25)
-                snap = await checks.snapshot(h.conn, h.keys, ["devices", "jobs"])
+                    # and no job runs: the finish of the last ones is in
+                    while (await gwatch.settled_snapshot()).queues["jobs"].procs:  # noqa: ASYNC110
+                        await trio.sleep(0.1)
+                gwatch.stop()
+                snap = await gwatch.settled_snapshot()
                 places = snap.places("jobs")
+                gwatch.findings += groups.check(snap, gwatch.most)
+                leftovers = await checks.group_leftovers(h.conn, h.keys, "jobs")
                 h.reap_all()
                 ev = await h.events()
                 v = sink.judge(ev)
             except BaseException as exc:
                 print(f"soak phases aborted: {exc!r}", flush=True)
+                aborted = exc  # the nursery's cancel below would swallow it
                 raise
             finally:
                 h.reap_all()
                 nursery.cancel_scope.cancel()
+        if aborted is not None:
+            raise aborted
         lost = [p for p in acknowledged if not v.done_count.get(p) and not places[p]]
         old_masters = [s for s in servers if s.port != new_port and s.process is not None]
         report.update(
@@ -758,13 +894,73 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                 "keys_in_other_nodes": {
                     s.port: topology.client(s.port).dbsize() for s in old_masters
                 },
+                "groups": {
+                    **groups.figures(gwatch.findings, gwatch.most, leftovers, v.done_count),
+                    "snapshots_checked": gwatch.snapshots,
+                    "snapshots_failed": gwatch.failed,
+                },
             }
         )
     report["wall_s"] = round(time.time() - wall, 1)
     print(json.dumps(report, indent=1))
-    bad = report["lost"] or report["overlaps"] or report["settle_timed_out"]
+    bad = (
+        report["lost"]
+        or report["overlaps"]
+        or report["settle_timed_out"]
+        or report["groups"]["findings"]
+        or report["groups"]["leftovers"]
+    )
     print("VIOLATIONS" if bad else "OK: no violation")
     return 1 if bad else 0
+
+
+class GroupWatch:
+    """The groups' checks every 0.25 s during the failover phases: a
+    snapshot the master does not answer (it is down or changing) is
+    counted, not judged."""
+
+    def __init__(self, h: Harness, groups: Groups) -> None:
+        self.h = h
+        self.groups = groups
+        self.findings: list[str] = []
+        self.most: Counter[str] = Counter()
+        self.snapshots = 0
+        self.failed = 0
+        self.scope = trio.CancelScope()
+
+    async def snapshot(self) -> checks.Snapshot:
+        return await checks.snapshot(
+            self.h.conn, self.h.keys, ["devices", "jobs"], self.groups.names
+        )
+
+    async def run(self) -> None:
+        with self.scope:
+            while True:
+                await trio.sleep(0.25)
+                try:
+                    snap = await self.snapshot()
+                except mesh.MeshError:
+                    self.failed += 1
+                    continue
+                self.snapshots += 1
+                self.findings += self.groups.check(snap, self.most)
+
+    async def settled_snapshot(self, within: float = 30.0) -> checks.Snapshot:
+        """A snapshot once the client reaches the master again (after a
+        failover it may take a while to find it); raises the last
+        MeshConnectionError after ``within`` seconds."""
+        deadline = trio.current_time() + within
+        while True:
+            try:
+                return await self.snapshot()
+            except mesh.MeshConnectionError:
+                if trio.current_time() > deadline:
+                    raise
+                self.failed += 1
+                await trio.sleep(0.5)
+
+    def stop(self) -> None:
+        self.scope.cancel()
 
 
 def phase_figures(
@@ -826,7 +1022,18 @@ def main() -> int:
         "run in order instead of the random faults",
     )
     ap.add_argument("--min-replicas", type=int, default=0, help="for the failover phases")
+    ap.add_argument(
+        "--group-share", type=float, default=0.5, help="of the one-shot jobs, put into groups"
+    )
+    ap.add_argument("--groups", type=int, default=5, help="how many groups (of 'jobs')")
+    ap.add_argument(
+        "--group-cap", type=int, default=2, help="the first group's concurrency (0: none)"
+    )
     args = ap.parse_args()
+    if not 0 <= args.group_share <= 1:
+        ap.error(f"--group-share {args.group_share}: give a share from 0 to 1")
+    if args.groups < 1 or args.group_cap < 0:
+        ap.error("--groups must be at least 1 and --group-cap at least 0")
     memory = {"memory-limit", "eviction"}
     unknown = set(args.phases) - memory - set(PHASES)
     if unknown:

@@ -3,7 +3,11 @@
 
 The snapshot is one read-only Lua script (atomic: no transition can happen
 half-way through the read). It builds key names itself, which is fine for a
-test tool on a single node (the mesh's own scripts never do).
+test tool on a single node (the mesh's own scripts never do). Given the names
+of a queue's groups (issue 36), it reads their queued jobs, the queue's
+delayed group jobs and its groups hash too: a group's job is then in one of
+the places as well, and :func:`group_violations` checks the groups' caps and
+running counts.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from mesh._keys import Keys
 
 SNAPSHOT_LUA = b"""
 local p = ARGV[1]
+local ngroups = tonumber(ARGV[2])
 local out = {}
 local workers = redis.call('ZRANGE', p .. 'workers', 0, -1)
 local wl = {}
@@ -26,8 +31,12 @@ for _, w in ipairs(workers) do
 end
 out[1] = wl
 local qs = {}
-for i = 2, #ARGV do
+for i = 3 + ngroups, #ARGV do
   local q = ARGV[i]
+  local gq = {}
+  for j = 3, 2 + ngroups do
+    gq[#gq + 1] = redis.call('LRANGE', p .. 'gq:' .. q .. '|' .. ARGV[j], 0, -1)
+  end
   local held = {}
   for _, w in ipairs(workers) do
     held[#held + 1] = redis.call('SMEMBERS', p .. 'held:' .. w .. ':' .. q)
@@ -41,6 +50,9 @@ for i = 2, #ARGV do
     held,
     redis.call('SMEMBERS', p .. 'standby:' .. q),
     redis.call('HKEYS', p .. 'reserved:' .. q),
+    gq,
+    redis.call('ZRANGE', p .. 'gdelayed:' .. q, 0, -1),
+    redis.call('HGETALL', p .. 'groups:' .. q),
   }
 end
 out[2] = qs
@@ -57,6 +69,7 @@ class Proc:
     persistent: bool
     attempts: int
     payload: bytes
+    group: str | None = None  # the group of a group's job (record kind g<level><group>)
 
 
 @attrs.frozen
@@ -69,6 +82,11 @@ class QueueState:
     held: dict[str, set[str]]  # worker -> process ids
     standby: set[bytes]  # persistent payloads queued or delayed
     reserved: list[bytes] = attrs.field(factory=list)  # queued, reserved for a peer (rebalance)
+    # groups (issue 36), of the groups named to snapshot(): group -> its queued jobs
+    group_queued: dict[str, list[bytes]] = attrs.field(factory=dict)
+    # the queue's delayed group jobs: (group, flag "r" retry / "d" delayed, payload)
+    group_delayed: list[tuple[str, str, bytes]] = attrs.field(factory=list)
+    group_hash: dict[bytes, bytes] = attrs.field(factory=dict)  # {ns}:groups:<Q>
 
 
 @attrs.frozen
@@ -85,6 +103,9 @@ class Snapshot:
         c.update(q.delayed)
         c.update(p.payload for p in q.procs.values())
         c.update(q.dead)
+        for jobs in q.group_queued.values():
+            c.update(jobs)
+        c.update(p for _, _, p in q.group_delayed)
         return c
 
     def owners(self, queue: str, payload: bytes) -> list[Proc]:
@@ -95,21 +116,44 @@ def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
+def _group_of(kind: bytes) -> str | None:
+    """The group of a process record's kind ``g<level><group>``, else None."""
+    if kind[:1] == b"g" and kind[1:2].isdigit() and len(kind) > 2:
+        return kind[2:].decode()
+    return None
+
+
+async def snapshot(
+    conn: Any, keys: Keys, queues: Iterable[str], groups: Iterable[str] = ()
+) -> Snapshot:
+    """Where every task of ``queues`` is, in one atomic read; with
+    ``groups``, the queued jobs of these groups of every queue too (and each
+    queue's delayed group jobs and groups hash). Raises what the connection
+    raises (nothing is retried)."""
     qs = list(queues)
-    r = await conn.execute("EVAL", SNAPSHOT_LUA, 0, keys.prefix, *qs)
+    gs = list(groups)
+    r = await conn.execute("EVAL", SNAPSHOT_LUA, 0, keys.prefix, len(gs), *gs, *qs)
     workers = {w.decode(): bool(e) for w, e in r[0]}
     names = [w.decode() for w, _ in r[0]]
     out = {}
-    for q, (queued, delayed, procs, pers, dead, held, standby, reserved) in zip(
+    for q, (queued, delayed, procs, pers, dead, held, standby, reserved, gq, gdel, gh) in zip(
         qs, r[1], strict=True
     ):
         ps = {}
         for pid, rec in _pairs(procs).items():
             parts = rec.split(b"\0", 8)
             ps[pid.decode()] = Proc(
-                pid.decode(), parts[0].decode(), parts[1] == b"p", int(parts[2]), parts[8]
+                pid.decode(),
+                parts[0].decode(),
+                parts[1] == b"p",
+                int(parts[2]),
+                parts[8],
+                _group_of(parts[1]),
             )
+        gdelayed = []
+        for m in gdel:
+            g, _, rest = m.partition(b"\0")
+            gdelayed.append((g.decode(), rest[:1].decode(), rest[1:]))
         # a queued persistent task: in the standby set, or a field of the
         # persistent hash with the value "" (include/to_standby.lua)
         marks = _pairs(pers)
@@ -122,6 +166,9 @@ async def snapshot(conn: Any, keys: Keys, queues: Iterable[str]) -> Snapshot:
             {w: {x.decode() for x in h} for w, h in zip(names, held, strict=True)},
             set(standby) | {k for k, v in marks.items() if not v},
             list(reserved),
+            {g: list(jobs) for g, jobs in zip(gs, gq, strict=True)},
+            gdelayed,
+            _pairs(gh),
         )
     return Snapshot(workers, out, int(r[2]))
 
@@ -183,4 +230,68 @@ def owner_violations(snap: Snapshot, queue: str, payloads: Iterable[bytes]) -> l
             bad.append(f"{queue}: {p!r} has {len(owners)} owners")
         elif not snap.workers.get(owners[0].worker):
             bad.append(f"{queue}: {p!r} is owned by {owners[0].worker}, which is not live")
+    return bad
+
+
+def running_by_group(snap: Snapshot, queue: str) -> Counter[str]:
+    """How many of each group's jobs of ``queue`` run (processes) now."""
+    return Counter(p.group for p in snap.queues[queue].procs.values() if p.group is not None)
+
+
+def group_violations(snap: Snapshot, queue: str, caps: dict[str, int]) -> list[str]:
+    """Every violation of the groups' bookkeeping in ``queue`` (issue 36),
+    for a snapshot taken with every group of the queue named:
+
+    * a group of ``caps`` (group -> concurrency) runs more jobs than its cap;
+    * a group's running count (``r:G``) is not its processes plus its
+      retries waiting for their backoff (which hold their slot): a slot
+      leaked, or one counted twice;
+    * the count of queued group jobs (``:n``) is not the length of the
+      groups' lists.
+    """
+    state = snap.queues[queue]
+    bad: list[str] = []
+    running = running_by_group(snap, queue)
+    for g, cap in caps.items():
+        if running[g] > cap:
+            bad.append(f"{queue}: group {g!r} runs {running[g]} jobs, above its cap {cap}")
+    holding = running + Counter(g for g, flag, _ in state.group_delayed if flag == "r")
+    counted = {f[2:].decode(): int(v) for f, v in state.group_hash.items() if f.startswith(b"r:")}
+    for g in sorted(set(counted) | set(holding)):
+        if counted.get(g, 0) != holding[g]:
+            bad.append(
+                f"{queue}: group {g!r} counts {counted.get(g, 0)} running, "
+                f"holds {holding[g]} (processes and retries)"
+            )
+    queued = sum(len(jobs) for jobs in state.group_queued.values())
+    n = int(state.group_hash.get(b":n", b"0"))
+    if n != queued:
+        bad.append(f"{queue}: {n} group jobs counted queued (':n'), {queued} in the lists")
+    return bad
+
+
+# the fields of a groups hash that stay when nothing runs or is queued: the
+# settings (a group's own, the queue's default) and how many groups have own
+GROUP_SETTINGS_FIELDS = (b":default", b":c")
+
+
+async def group_leftovers(conn: Any, keys: Keys, queue: str) -> list[str]:
+    """What is left of ``queue``'s groups in Redis besides their settings,
+    once every job is done: a running count (``r:G``: a leaked slot), a
+    paused mark, the clock or queued count, a ready/wait/delayed set, a
+    group list, or a token bucket without an expiry. Raises what the
+    connection raises."""
+    bad: list[str] = []
+    fields = await conn.execute("HKEYS", keys.groups(queue))
+    for f in fields:
+        if not f.startswith(b"c:") and f not in GROUP_SETTINGS_FIELDS:
+            bad.append(f"{queue}: field {f.decode()!r} left in {keys.groups(queue)}")
+    for key in (keys.group_ready(queue), keys.group_wait(queue), keys.group_delayed(queue)):
+        if await conn.execute("EXISTS", key):
+            bad.append(f"{queue}: {key} left")
+    for key in await conn.execute("KEYS", f"{keys.prefix}gq:{queue}|*"):
+        bad.append(f"{queue}: {key.decode()} left")
+    for key in await conn.execute("KEYS", f"{keys.prefix}grate:{queue}|*"):
+        if await conn.execute("PTTL", key) < 0:
+            bad.append(f"{queue}: {key.decode()} left without an expiry")
     return bad

@@ -1,9 +1,10 @@
 """A group with a concurrency cap through faults (issue 36): real worker
-processes run a capped group's jobs while one is killed (its slots come back
-by the recycle), one is paused and resumed (it fences itself) and one loses
-its network (a proxy cut); a poll of ``Client.processes`` every few
-milliseconds never sees more of the group's jobs running than the cap, every
-job is done exactly once, and nothing of the group is left in Redis after."""
+processes (trio workers, then asyncio workers) run a capped group's jobs
+while one is killed (its slots come back by the recycle), one is paused and
+resumed (it fences itself) and one loses its network (a proxy cut); a poll
+of ``Client.processes`` every few milliseconds never sees more of the
+group's jobs running than the cap, every job is done exactly once, and
+nothing of the group is left in Redis after."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mesh.testing import wait_until
 
 from .conftest import TTL
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.worker_loops]
 
 GROUP = "tenant"
 CAP = 3
