@@ -288,9 +288,10 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
     """A :class:`ClaimReply` from the compact claim reply of
     ``finish_claim.lua`` (its finish flags taken off): {now ms, tasks left
     (-1: held back), ms until the next delayed task (-1: none), the first
-    process id ("": none), c, mixed, the c payloads, then, if mixed, per
+    process id ("": none), c, mixed, the c payloads, then, if mixed is 1, per
     process its persistent flag (1/0, or the name of the group of a group's
-    job) and failed attempts}; process i has id first + i.
+    job) and failed attempts; if mixed is 2, per run of processes of one
+    group its group (b"": none) and length}; process i has id first + i.
 
     Raises:
         ValueError, TypeError, IndexError: the reply is not of that shape.
@@ -298,7 +299,15 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
     now = int(r[0])
     c = int(r[4])
     mixed = r[5] == 1
-    if len(r) != 6 + c * (3 if mixed else 1):
+    groups: list[str | None] | None = None
+    if r[5] == 2:
+        # runs of one group: (group or b"", length), in order
+        groups = []
+        for g, n in zip(r[6 + c :: 2], r[7 + c :: 2], strict=True):
+            groups += [g.decode() or None] * int(n)
+        if len(groups) != c:
+            raise ValueError(f"a compact claim reply's runs of groups cover {len(groups)} of {c}")
+    elif len(r) != 6 + c * (3 if mixed else 1):
         raise ValueError(f"a compact claim reply of {len(r)} items for {c} processes")
     procs: list[Process] = []
     if c:
@@ -325,7 +334,7 @@ def parse_claim_compact(r: Any, queue: str, worker: str) -> ClaimReply:
             else:
                 set_persistent(p, False)
                 set_attempts(p, 0)
-                set_group(p, None)
+                set_group(p, groups[i] if groups is not None else None)
             set_started(p, started)
             append(p)
     left = int(r[1])

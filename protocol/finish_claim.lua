@@ -15,11 +15,13 @@
 --          {now_ms, tasks left (-1: some were left for peers by the fair
 --          share), ms until the first delayed task is due (-1: none), the
 --          first process id ("" when none), c (how many processes), mixed
---          (0/1), then the c payloads, then, only if mixed is 1, per process
+--          (0/1/2), then the c payloads, then, if mixed is 1, per process
 --          its persistent flag (1/0, or a group's job's group name) and
---          failed attempts so far}: process i
---          (from 0) has id first + i; with mixed 0 every process is a
---          one-shot task on its first attempt. Then per process id to finish
+--          failed attempts so far; if mixed is 2, per run of processes of
+--          one group its group ("": none) and length}: process i (from 0)
+--          has id first + i; with mixed 0 every process is an ungrouped
+--          one-shot task on its first attempt, with 2 a one-shot task on
+--          its first attempt. Then per process id to finish
 --          (in ARGV's order) 1 if it was W's live process and is now
 --          finished, else 0 (as finish.lua's reply): the caller knows how
 --          many it sent.

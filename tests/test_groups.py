@@ -16,6 +16,7 @@ import mesh
 from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._keys import Keys
+from mesh._replies import parse_claim_compact
 from mesh.testing import wait_until
 
 from .protocol_helpers import expire_worker, join
@@ -359,3 +360,18 @@ async def test_a_claim_is_not_short_while_a_group_has_jobs_behind_emptied_ones(
     r = await b.claim(conn, "w1", i1, Q, 2, 0)
     assert [p.task for p in r.processes] == [b"z2", b"z3"]
     assert await conn.execute("ZRANGE", keys.group_ready(Q), 0, -1) == [b"z"]
+
+
+def test_a_compact_claim_reply_names_each_jobs_group_by_runs() -> None:
+    # mixed 2: every process a one-shot task on its first attempt, in runs of
+    # one group each ("" for none)
+    r = [1000, 5, -1, b"7", 4, 2, b"a", b"b", b"c", b"d", b"t1", 2, b"", 1, b"t2", 1]
+    reply = parse_claim_compact(r, Q, "w")
+    assert [(p.id, p.task, p.group) for p in reply.processes] == [
+        ("7", b"a", "t1"),
+        ("8", b"b", "t1"),
+        ("9", b"c", None),
+        ("10", b"d", "t2"),
+    ]
+    with pytest.raises(ValueError, match="cover 3 of 4"):
+        parse_claim_compact([*r[:-2], b"t2", 0], Q, "w")

@@ -39,11 +39,14 @@ end
 -- nothing is written), then `before()` if given (its list is appended to
 -- the reply), then the claim itself. Returns the reply
 -- or an error reply. With `compact`, the reply is {now, left, next_due,
--- the first process id ("": none), c processes, mixed (0/1), then the c
--- payloads, then, only if mixed, per process its persistent flag (1/0) and
--- failed attempts so far}: the ids of one claim are consecutive numbers,
--- and mixed is 0 when every process is a one-shot task on its first
--- attempt (as claim.lua's reply, in fewer items).
+-- the first process id ("": none), c processes, mixed (0/1/2), then the c
+-- payloads, then, if mixed is 1, per process its persistent flag (1/0, or a
+-- group's job's group name) and failed attempts so far; if mixed is 2, per
+-- run of processes of one group (in order) the group ("": none) and the
+-- run's length}: the ids of one claim are consecutive numbers; mixed is 0
+-- when every process is an ungrouped one-shot task on its first attempt, 2
+-- when every process is a one-shot task on its first attempt and some are
+-- of groups (as claim.lua's reply, in fewer items).
 local function claim_run(keys, argv, before, compact)
   -- claim.lua's keys and arguments by name (KEYS[2] is passed, not read;
   -- KEYS[18], the rate bucket, is read below only with a rate limit)
@@ -379,7 +382,7 @@ local function claim_run(keys, argv, before, compact)
     records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
     if compact then
       out[6 + i] = payload
-      if persistent or attempts ~= 0 or tgroup[i] then mixed = true end
+      if persistent or attempts ~= 0 then mixed = true end
     else
       local o = 4 * i
       out[o] = id
@@ -401,6 +404,21 @@ local function claim_run(keys, argv, before, compact)
         out[o + 2 * i - 1] = tgroup[i] or (tpers[i] and 1 or 0)
         out[o + 2 * i] = failed and failed[i] and tonumber(failed[i]) or 0
       end
+    elseif #gtaken > 0 then
+      -- one-shot tasks on their first attempt, some of groups: each run of
+      -- processes of one group as {group ("": none), count} (a group's
+      -- jobs come in runs of its turn: far fewer items than two per process)
+      out[6] = 2
+      local o, run, count = #out, tgroup[1] or '', 0
+      for i = 1, #tp do
+        local g = tgroup[i] or ''
+        if g ~= run then
+          out[o + 1], out[o + 2], o = run, count, o + 2
+          run, count = g, 0
+        end
+        count = count + 1
+      end
+      out[o + 1], out[o + 2] = run, count
     end
   end
   return claim_reply(out, tail)
