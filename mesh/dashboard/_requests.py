@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -60,16 +60,22 @@ def text_field(body: Mapping[str, Any], name: str) -> str:
     return value
 
 
+def _name_field(body: Mapping[str, Any], name: str, check: Callable[[object], str]) -> str:
+    """``body[name]``, a name that ``check`` accepts (its ConfigError as a
+    BadRequest)."""
+    try:
+        return check(text_field(body, name))
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def queue_field(body: Mapping[str, Any]) -> str:
     """``body["queue"]``, a valid queue name.
 
     Raises:
         BadRequest: missing, not a string, or not a queue name.
     """
-    try:
-        return check_queue(text_field(body, "queue"))
-    except ConfigError as exc:
-        raise BadRequest(str(exc)) from None
+    return _name_field(body, "queue", check_queue)
 
 
 def group_field(body: Mapping[str, Any]) -> str:
@@ -78,10 +84,7 @@ def group_field(body: Mapping[str, Any]) -> str:
     Raises:
         BadRequest: missing, not a string, or not a group name.
     """
-    try:
-        return check_group(text_field(body, "group"))
-    except ConfigError as exc:
-        raise BadRequest(str(exc)) from None
+    return _name_field(body, "group", check_group)
 
 
 def b64_field(body: Mapping[str, Any], name: str) -> bytes:
