@@ -210,7 +210,7 @@ local function claim_run(keys, argv, before, compact)
   -- Q's groups and its ungrouped tasks take turns (include/group.lua):
   -- what the groups take is `gtaken`, and the ungrouped tasks (reserved,
   -- with a priority, then the list) get `n` of the claim's places.
-  local n_all, gtaken, ggroups = n, {}, nil
+  local n_all, gtaken, ggroups = n, nil, nil  -- (no table made without groups)
   if has_groups and not paused and n > #forced_list then
     local ungrouped = redis.call('LLEN', queue_key) - #forced_list + (has_prio and redis.call('ZCARD', prio_key) or 0)
     local turns, gwait
@@ -231,7 +231,7 @@ local function claim_run(keys, argv, before, compact)
     want = redis.call('EXISTS', standby_key, pers_key) > 0 and 1000 or 0
   end
   if want > 0 then items = redis.call('LPOP', queue_key, want) or {} end
-  if #items == 0 and #take == 0 and #gtaken == 0 then
+  if #items == 0 and #take == 0 and not (gtaken and #gtaken > 0) then
     redis.call(wake and 'SADD' or 'SREM', idle_key, worker)
     return claim_reply({now, 0, next_due}, tail, compact)
   end
@@ -316,11 +316,14 @@ local function claim_run(keys, argv, before, compact)
   for i = #left, 1, -1 do redis.call('LPUSH', queue_key, left[i]) end
   -- the jobs the groups gave, after the ungrouped ones (a group's job's
   -- record kind names its group: include/record.lua)
-  local tgroup = {}
-  for i, payload in ipairs(gtaken) do
-    tp[#tp + 1] = payload
-    tpers[#tp] = false
-    tgroup[#tp] = ggroups[i]
+  local tgroup = false
+  if gtaken then
+    tgroup = {}
+    for i, payload in ipairs(gtaken) do
+      tp[#tp + 1] = payload
+      tpers[#tp] = false
+      tgroup[#tp] = ggroups[i]
+    end
   end
   n = n_all
 
@@ -377,7 +380,7 @@ local function claim_run(keys, argv, before, compact)
     end
     local kind = persistent and 'p' or 'o'
     if level and level > 0 then kind = 'o' .. level end
-    if tgroup[i] then kind = 'g0' .. tgroup[i] end
+    if tgroup and tgroup[i] then kind = 'g0' .. tgroup[i] end
     records[2 * i - 1] = id
     records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
     if compact then
@@ -386,7 +389,7 @@ local function claim_run(keys, argv, before, compact)
     else
       local o = 4 * i
       out[o] = id
-      out[o + 1] = tgroup[i] or (persistent and 1 or 0)
+      out[o + 1] = tgroup and tgroup[i] or (persistent and 1 or 0)
       out[o + 2] = attempts
       out[o + 3] = payload
     end
@@ -401,10 +404,10 @@ local function claim_run(keys, argv, before, compact)
     if mixed then
       local o = 6 + #tp
       for i = 1, #tp do
-        out[o + 2 * i - 1] = tgroup[i] or (tpers[i] and 1 or 0)
+        out[o + 2 * i - 1] = tgroup and tgroup[i] or (tpers[i] and 1 or 0)
         out[o + 2 * i] = failed and failed[i] and tonumber(failed[i]) or 0
       end
-    elseif #gtaken > 0 then
+    elseif tgroup and #gtaken > 0 then
       -- one-shot tasks on their first attempt, some of groups: each run of
       -- processes of one group as {group ("": none), count} (a group's
       -- jobs come in runs of its turn: far fewer items than two per process)

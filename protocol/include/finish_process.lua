@@ -35,7 +35,7 @@ local function finish_begin(worker, procs, held, persistent, attempts, share, aw
   -- (include/record.lua): the usual case, told by one plain find.
   fin_plain = fin_wz .. 'o\0' .. '0\0'
   fin_gone, fin_seen, fin_attempts = {}, {}, {}
-  fin_groups, fin_group_n = {}, {}
+  fin_groups, fin_group_n = nil, nil  -- made with the first group's job
   return fin_wz
 end
 
@@ -60,7 +60,10 @@ end
 -- asked for payloads), or false (not W's, or a repeated id: nothing
 -- changes).
 -- A job of group `g` finished: its slot is freed in finish_writes.
-local function finish_group(g) group_tally(fin_groups, fin_group_n, g) end
+local function finish_group(g)
+  if not fin_groups then fin_groups, fin_group_n = {}, {} end
+  group_tally(fin_groups, fin_group_n, g)
+end
 
 -- Finish a one-shot task on its first attempt: no weight, no attempts to
 -- clear, and its payload only read where it is published or asked for.
@@ -116,7 +119,7 @@ local function finish_writes()
   call_chunked('HDEL', fin_procs, fin_gone)
   call_chunked('SREM', fin_held, fin_gone)
   call_chunked('HDEL', fin_att, fin_attempts)
-  if #fin_groups > 0 then
+  if fin_groups then
     group_release_many(group_keys_of(fin_procs, 'procs'), fin_groups, fin_group_n)
   end
 end
