@@ -100,7 +100,8 @@ async def test_throughput() -> None:
         ratio = figure(s, label)
         assert ratio.target is not None and ratio.target.value == value
         # (the CPU ratios may be unreadable at this size: see above)
-        assert ratio.median > 0 if "CPU" not in label else not ratio.median <= 0
+        # (a CPU figure under a clock tick reads 0, so its ratio may be 0 too)
+        assert ratio.median > 0 if "CPU" not in label else not ratio.median < 0
     assert s.figures[0].label == "trio-mesh (concurrency 10) / the bare loop, same run"
 
 
