@@ -203,7 +203,7 @@ async def test_cancelled_in_flight_calls_do_not_desync(conn: Connection) -> None
 
     base = conn.statistics().in_flight
     async with anyio.create_task_group() as nursery:
-        nursery.start_soon(conn.execute, "EVALSHA", sha, 0, 200_000)
+        nursery.start_soon(conn.execute, "EVALSHA", sha, 0, 2_000_000)
         await wait_until(lambda: conn.statistics().in_flight >= base + 1)
         for i in range(200):
             nursery.start_soon(one, i)
