@@ -690,6 +690,7 @@ class _QueueCalls(_Calls):
             k.persistent(queue),
             k.standby(queue),
             k.idle(queue),
+            k.prio(queue),
         ]
         r = await self._run(conn, "dead", keys, [queue, k.wake_prefix, mode, *(payloads or ())])
         return int(r[0]), int(r[1])
@@ -703,10 +704,12 @@ class _QueueCalls(_Calls):
         *,
         in_ms: int | None = None,
         at_ms: int | None = None,
+        priority: int = 0,
     ) -> DelayReply:
-        """``enqueue_group.lua``: ``payloads`` at the back of ``group`` now,
-        or delayed ``in_ms`` or until ``at_ms`` (Redis clock); (the group's
-        length, or the jobs newly delayed; the due time; now)."""
+        """``enqueue_group.lua``: ``payloads`` at the back of ``group`` (of
+        their ``priority`` in it) now, or delayed ``in_ms`` or until
+        ``at_ms`` (Redis clock); (the group's length, or the jobs newly
+        delayed; the due time; now)."""
         k = self.keys
         keys = [k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)]
         mode, ms = (
@@ -714,7 +717,7 @@ class _QueueCalls(_Calls):
             if in_ms is None and at_ms is None
             else (("at", at_ms) if at_ms is not None else ("in", in_ms))
         )
-        args = [queue, k.wake_prefix, group, mode, ms, *payloads]
+        args = [queue, k.wake_prefix, group, mode, ms, priority, *payloads]
         r = await self._run(conn, "enqueue_group", keys, args)
         return DelayReply(int(r[0]), int(r[1]), int(r[2]))
 

@@ -36,7 +36,7 @@ import attrs
 from ._errors import ConfigError
 from ._keys import Keys, check_group, check_queue
 from ._reads import JOB_STATES, JobReads
-from ._replies import parse_dead, parse_record, split_error
+from ._replies import kind_level_group, parse_dead, parse_record, split_error
 from ._types import DeadLetter, Process
 
 __all__ = [
@@ -246,11 +246,11 @@ async def jobs(
     """A page of the jobs of ``queue`` in ``state`` (see :meth:`Client.jobs`),
     each with the first :data:`PREVIEW` bytes of its payload (with
     ``prefix``, at least as many as the prefix has) and its size; with
-    ``group``, those of that group ("queued" or "running").
+    ``group``, those of that group.
 
     Raises:
         ConfigError: a bad queue, state, limit, cursor or group, or a group
-            with a state other than "queued" or "running".
+            with a prefix.
         MeshConnectionError: Redis could not be reached.
         ProtocolError: a record in Redis is malformed.
     """
@@ -260,10 +260,8 @@ async def jobs(
     start = cursor_position(after)
     if group is not None:
         check_group(group)
-        if state not in ("queued", "running") or prefix is not None:
-            raise ConfigError(
-                f"a group's jobs are listed as queued or running, without a prefix, not {state!r}"
-            )
+        if prefix is not None:
+            raise ConfigError("a group's jobs are listed without a prefix")
         found, total = await _group_slice(reads, queue, group, state, start, limit)
         end = start + len(found)
         return JobPage(tuple(found), f"c{end}" if end < total else None, total)
@@ -373,7 +371,7 @@ def _extra_keys(k: Keys, queue: str, *, levels: bool) -> list[str]:
 
 async def _dead(reads: JobReads, queue: str, start: int, end: int, n: int) -> tuple[list[Job], int]:
     """Dead letters start..end (oldest first), and how many there are."""
-    total, got = await _peek(reads, reads.keys.dead(queue), "list", start, end, n, fields=4)
+    total, got = await _peek(reads, reads.keys.dead(queue), "list", start, end, n, fields=5)
     out = []
     for i, e in enumerate(got):
         assert e is not None
@@ -412,6 +410,7 @@ def _running_job(queue: str, p: Process, level: int, e: _Entry | None = None) ->
         started=p.started,
         worker=p.worker_id,
         token=p.token,
+        group=p.group,
     )
     fp = e.fp if e is not None else fingerprint(p.task)
     return attrs.evolve(
@@ -429,6 +428,8 @@ def _dead_job(queue: str, d: DeadLetter) -> Job:
         error=d.error,
         dead_at=d.when or None,
         traceback=d.traceback,
+        priority=d.priority,
+        group=d.group,
     )
 
 
@@ -510,27 +511,102 @@ async def _queued(
 async def _group_slice(
     reads: JobReads, queue: str, group: str, state: str, start: int, count: int
 ) -> tuple[list[Job], int]:
-    """Entries start..start+count-1 of ``group``'s queued jobs (its list,
-    in claim order) or of its running ones (by token), and their total."""
+    """Entries start..start+count-1 of ``group``'s jobs in ``state``, and
+    their total: queued ones in claim order (those with a priority first,
+    highest first, then its list), running ones by token, delayed ones by due
+    time, dead ones oldest first. Queued ones are read by position; the
+    others by reading every running process, delayed job of the queue's
+    groups or dead letter of the queue (previews only), as their keys are
+    per queue, not per group."""
+    k = reads.keys
     if state == "running":
         pids = sorted(await reads.process_ids(queue), key=int)
-        key = reads.keys.procs(queue)
-        _, got = await _peek(reads, key, "hash", 0, 0, PREVIEW, fields=8, names=pids)
+        _, got = await _peek(reads, k.procs(queue), "hash", 0, 0, PREVIEW, fields=8, names=pids)
         mine = []
         for pid, e in zip(pids, got, strict=True):
             if e is not None:  # else finished since the HKEYS
                 p = parse_record(pid, e.head, queue)
                 if p.group == group:
-                    mine.append(attrs.evolve(_running_job(queue, p, 0, e), group=group))
+                    mine.append(_running_job(queue, p, _kind_priority(e.head), e))
         return mine[start : start + count], len(mine)
-    key = reads.keys.group_jobs(queue, group)
-    extras = _extra_keys(reads.keys, queue, levels=False)
-    total, got = await _peek(reads, key, "list", start, start + count - 1, PREVIEW, extras=extras)
+    if state == "dead":
+        (n_dead,) = await reads.sizes(queue, "dead")
+        _, got = await _peek(reads, k.dead(queue), "list", 0, n_dead - 1, PREVIEW, fields=5)
+        dead = []
+        for i, e in enumerate(got):
+            if e is not None:
+                d = parse_dead(e.head, queue)
+                if d.group == group:
+                    job = attrs.evolve(_dead_job(queue, d), size=e.size, ref=f"dead.{i}.{e.fp}")
+                    dead.append(job)
+        return dead[start : start + count], len(dead)
+    if state == "delayed":
+        return await _group_delayed(reads, queue, group, start, count)
+    extras = _extra_keys(k, queue, levels=False)
+    n_prio, n_list = await reads.group_sizes(queue, group)
+    end = start + count - 1
+    entries: list[tuple[bytes, int, _Entry]] = []
+    if start < n_prio:
+        _, got = await _peek(
+            reads,
+            k.group_prio(queue, group),
+            "zset",
+            start,
+            min(end, n_prio - 1),
+            PREVIEW,
+            skip=16,
+            extras=extras,
+        )
+        entries += [(e.head[16:], int(e.head[:1]), e) for e in got if e is not None]
+    if end >= n_prio:
+        _, got = await _peek(
+            reads,
+            k.group_jobs(queue, group),
+            "list",
+            max(0, start - n_prio),
+            end - n_prio,
+            PREVIEW,
+            extras=extras,
+        )
+        entries += [(e.head, 0, e) for e in got if e is not None]
     return [
-        Job(queue, e.head, "queued", attempts=e.attempts, size=e.size, group=group)
-        for e in got
-        if e is not None
-    ], total
+        Job(
+            queue,
+            t,
+            "queued",
+            attempts=e.attempts,
+            priority=level,
+            size=e.size,
+            group=group,
+        )
+        for t, level, e in entries
+    ], n_prio + n_list
+
+
+async def _group_delayed(
+    reads: JobReads, queue: str, group: str, start: int, count: int
+) -> tuple[list[Job], int]:
+    """``group``'s delayed jobs (waiting for a delay or a retry's backoff)
+    start..start+count-1 by due time, and their total (each member is read
+    whole: see :meth:`JobReads.group_delayed`)."""
+    found = await reads.group_delayed(queue, group)
+    head = len(group) + 1
+    out = []
+    for due, m in found[start : start + count]:
+        level = m[head + 1] - 48
+        payload = m[head + 2 :]
+        out.append(
+            Job(
+                queue,
+                payload[:PREVIEW],
+                "delayed",
+                priority=level,
+                due=int(due) / 1000,
+                size=len(payload),
+                group=group,
+            )
+        )
+    return out, len(found)
 
 
 #: How a page of each job state (:data:`~mesh._reads.JOB_STATES`) is read.
@@ -544,7 +620,10 @@ PAGES: dict[str, Callable[[JobReads, str, int, int, int], Awaitable[tuple[list[J
 
 def _kind_priority(rec: bytes) -> int:
     kind = rec.split(b"\0", 2)[1]
-    return int(kind[1:]) if len(kind) == 2 and kind[:1] == b"o" else 0
+    try:
+        return kind_level_group(kind)[0]
+    except ValueError:
+        return 0
 
 
 async def _extras(
@@ -720,7 +799,7 @@ async def _job(reads: JobReads, queue: str, payload: bytes) -> Job | None:
     end = int(n_dead) - 1
     while end >= 0:
         begin = max(0, end - _SCAN_CHUNK + 1)
-        _, got = await _peek(reads, k.dead(queue), "list", begin, end, 0, fields=4)
+        _, got = await _peek(reads, k.dead(queue), "list", begin, end, 0, fields=5)
         for i in reversed(range(len(got))):
             e = got[i]
             if e is not None and e.fp == fp and e.size == len(payload):

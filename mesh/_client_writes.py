@@ -53,15 +53,17 @@ class ClientWrites(ClientCore):
                 priority first, FIFO within one. A task keeps its priority
                 when it is handed back, recycled or retried (it goes back to
                 the front of its level, or when due after a delay or a
-                backoff). Dead letters are requeued at priority 0.
+                backoff), and a requeued dead letter its priority (and
+                group). With a ``group``, a priority orders the group's
+                own jobs: its higher ones start first.
             group: put it in this group of the queue (a tenant, an account,
                 a device: 1 to 200 of ``A-Z a-z 0-9 _ . : / @ + = -``).
                 Workers take turns among the groups with jobs ready
                 (weighted round-robin), and a group's settings
                 (:meth:`configure_group`) cap how many of its jobs run at
                 once across the mesh and how fast they start. FIFO within a
-                group; a retried job goes back to the front of its group.
-                Not with a ``priority``. A group needs nothing made
+                group (and a priority of the group); a retried job goes back
+                to the front of its group. A group needs nothing made
                 beforehand, and leaves no key behind once empty.
 
         A delayed task is durable (it is in Redis, not in any worker), listed
@@ -111,17 +113,13 @@ class ClientWrites(ClientCore):
         check_priority(priority)
         if group is not None:
             check_group(group)
-            if priority:
-                raise ConfigError(
-                    "a group's jobs have no priority: give group or priority, not both"
-                )
         payloads = self._payloads(tasks)
         if not payloads:
             return 0
         if group is not None:
             in_ms, at_ms = when if when is not None else (None, None)
             r = await self._binding.enqueue_group(
-                conn, queue, group, payloads, in_ms=in_ms, at_ms=at_ms
+                conn, queue, group, payloads, in_ms=in_ms, at_ms=at_ms, priority=priority
             )
             await self._replicated(conn)
             return len(payloads) if when is None else r.added

@@ -175,9 +175,20 @@ async def read_groups(conn: Connection, keys: Keys, queue: str, limit: int) -> G
         late[g] = late.get(g, 0) + 1
     ready_set = {m.decode() for m in ready if m}
     names = list(dict.fromkeys([*running, *paused, *waiting, *own, *ready_set, *late]))[:SCAN_MAX]
-    lengths = (
-        await run_reads(conn, [("LLEN", k.group_jobs(queue, g)) for g in names]) if names else []
+    # each group's queued jobs: its list and its jobs with a priority
+    counts = (
+        await run_reads(
+            conn,
+            [
+                c
+                for g in names
+                for c in (("LLEN", k.group_jobs(queue, g)), ("ZCARD", k.group_prio(queue, g)))
+            ],
+        )
+        if names
+        else []
     )
+    lengths = [int(counts[i]) + int(counts[i + 1]) for i in range(0, len(counts), 2)]
     default = parse_group_settings(fields.get(b":default"))
     infos = [
         GroupInfo(

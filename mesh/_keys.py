@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_group", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "9"
+PROTOCOL_VERSION = "10"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -176,12 +176,17 @@ class Keys:
         return f"{self.prefix}gwait:{q}"
 
     def group_delayed(self, q: str) -> str:
-        """ZSET: ``G NUL flag payload`` -> due time (ms)."""
+        """ZSET: ``G NUL flag level payload`` -> due time (ms)."""
         return f"{self.prefix}gdelayed:{q}"
 
     def group_jobs(self, q: str, g: str) -> str:
-        """LIST: the queued jobs of group ``g`` of ``q``."""
+        """LIST: the queued jobs of group ``g`` of ``q`` without a priority."""
         return f"{self.prefix}gq:{q}|{g}"
+
+    def group_prio(self, q: str, g: str) -> str:
+        """ZSET: the queued jobs of group ``g`` of ``q`` with a priority
+        (as :meth:`prio`)."""
+        return f"{self.prefix}gp:{q}|{g}"
 
     def attempts(self, q: str) -> str:
         return f"{self.prefix}attempts:{q}"

@@ -326,6 +326,31 @@ class JobReads:
         got = read.parse(await self.check().pipeline(read.commands(self.keys, queue)))
         return [got[n] for n in names]
 
+    async def group_sizes(self, queue: str, group: str) -> tuple[int, int]:
+        """(queued jobs with a priority, without one) of ``group`` of ``queue``."""
+        k = self.keys
+        got = await self.check().pipeline(
+            [("ZCARD", k.group_prio(queue, group)), ("LLEN", k.group_jobs(queue, group))]
+        )
+        return int(got[0]), int(got[1])
+
+    async def group_delayed(self, queue: str, group: str) -> list[tuple[float, bytes]]:
+        """(due time in ms, member) of every delayed job of ``group`` of
+        ``queue`` (``{ns}:gdelayed:<Q>``, members ``G NUL flag level
+        payload``), by due time: a ZSCAN matching the group's members (a group
+        name has no glob character)."""
+        key = self.keys.group_delayed(queue)
+        pattern = group.encode() + b"\0*"
+        found: list[tuple[float, bytes]] = []
+        cursor: Any = 0
+        while True:
+            cursor, items = await self.check().execute(
+                "ZSCAN", key, cursor, "MATCH", pattern, "COUNT", 1000
+            )
+            found += [(float(items[i + 1]), items[i]) for i in range(0, len(items), 2)]
+            if int(cursor) == 0:
+                return sorted(found)
+
     async def entry(self, queue: str, name: str, pos: int) -> bytes | None:
         """The entry at ``pos`` of the queue's list or sorted set ``name`` (of
         :data:`QUEUE_KEYS`), None past its end."""

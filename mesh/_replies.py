@@ -27,6 +27,7 @@ __all__ = [
     "RecycleManyReply",
     "RecycleReply",
     "ResultsToKeep",
+    "kind_level_group",
     "parse_claim",
     "parse_claim_compact",
     "parse_dead",
@@ -353,18 +354,40 @@ def split_error(text: str) -> tuple[str, str | None]:
     return head, (tb if nl and tb else None)
 
 
+def kind_level_group(kind: bytes) -> tuple[int, str | None]:
+    """The priority level and group of a record's kind (``o``, ``o5``,
+    ``g3tenant``; ``p`` gives (0, None)).
+
+    Raises:
+        ValueError: not a kind of the documented shape.
+    """
+    if kind[:1] == b"g" and kind[1:2].isdigit() and len(kind) > 2:
+        return int(kind[1:2]), kind[2:].decode()
+    if kind in _KINDS:
+        return (int(kind[1:]) if len(kind) == 2 else 0), None
+    raise ValueError(f"bad record kind {kind!r}")
+
+
 def parse_dead(rec: bytes, queue: str) -> DeadLetter:
     """A :class:`DeadLetter` from an entry of ``{ns}:dead:<Q>``.
 
     Raises:
         ProtocolError: the entry is not of the documented shape.
     """
-    parts = rec.split(b"\0", 4)
+    parts = rec.split(b"\0", 5)
     try:
-        when, attempts, worker, error, payload = parts
+        when, attempts, worker, error, kind, payload = parts
+        level, group = kind_level_group(kind)
         head, tb = split_error(error.decode(errors="replace"))
         return DeadLetter(
-            payload, int(attempts), head, worker.decode(errors="replace"), int(when) / 1000, tb
+            payload,
+            int(attempts),
+            head,
+            worker.decode(errors="replace"),
+            int(when) / 1000,
+            tb,
+            level,
+            group,
         )
     except ValueError:
         raise ProtocolError(f"malformed dead-letter record of queue {queue}") from None

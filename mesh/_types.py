@@ -152,6 +152,9 @@ class DeadLetter:
             2,000 bytes of error and traceback together: the innermost lines
             of a longer one); None when there is none (a crashed worker, a
             peer that records none, a record older than this version).
+        priority: the priority it had (0..9); a requeue puts it back there.
+        group: the group of the queue it was in, or None; a requeue puts it
+            back into that group.
     """
 
     task: bytes
@@ -160,3 +163,5 @@ class DeadLetter:
     worker: str
     when: float
     traceback: str | None = None
+    priority: int = 0
+    group: str | None = None

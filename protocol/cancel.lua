@@ -64,11 +64,21 @@ if glist then
   local G = group_keys_of(KEYS[3], 'procs')
   local g = string.sub(glist, #G.list + 1)
   local gone = redis.call('LREM', glist, 0, payload)
+  local pgone = redis.call('EXISTS', G.prio .. g) == 1 and prio_remove(G.prio .. g, payload) or 0
+  gone = gone + pgone
+  group_prio_gone(G, pgone)
   if gone > 0 and redis.call('HINCRBY', G.hash, ':n', -gone) <= 0 then redis.call('HDEL', G.hash, ':n') end
-  removed = removed + gone + redis.call('ZREM', G.delayed, g .. '\0d' .. payload)
-  if redis.call('ZREM', G.delayed, g .. '\0r' .. payload) == 1 then
-    removed = removed + 1
-    group_release(G, g, 1)  -- a retry waiting for its backoff held a slot
+  -- delayed, at any priority (the member names it: include/group.lua)
+  local ds, rs = {}, {}
+  for level = 0, 9 do
+    ds[#ds + 1] = g .. '\0d' .. level .. payload
+    rs[#rs + 1] = g .. '\0r' .. level .. payload
+  end
+  removed = removed + gone + redis.call('ZREM', G.delayed, unpack(ds))
+  local retries = redis.call('ZREM', G.delayed, unpack(rs))
+  if retries > 0 then
+    removed = removed + retries
+    group_release(G, g, retries)  -- a retry waiting for its backoff held a slot
   end
 end
 redis.call('HDEL', KEYS[11], payload)

@@ -1,6 +1,7 @@
 -- dead.lua: work on a queue's dead letters: put them back at the back of the
--- queue with their attempts reset (mode "requeue"), or drop them (mode
--- "purge"); all of them, or those whose payload is one of ARGV[4..].
+-- queue with their attempts reset (mode "requeue"), each at its priority and
+-- into its group (the record's kind), or drop them (mode "purge"); all of
+-- them, or those whose payload is one of ARGV[4..].
 --
 -- KEYS[1] {ns}:dead:<Q>          LIST of dead-letter records (include/dead_record.lua)
 -- KEYS[2] {ns}:queue:<Q>         LIST of queued payloads
@@ -8,6 +9,8 @@
 -- KEYS[4] {ns}:persistent:<Q>    HASH persistent payload -> owner process id (running) or "" (queued: see include/to_standby.lua)
 -- KEYS[5] {ns}:standby:<Q>       SET of persistent payloads queued or delayed (those not kept as "" in the hash)
 -- KEYS[6] {ns}:idle:<Q>          SET of idle servers of Q (see include/wake_idle.lua)
+-- KEYS[7] {ns}:prio:<Q>          ZSET of queued tasks with a priority (include/prio_add.lua)
+-- (a group's keys are made from KEYS[6]'s prefix: include/group.lua)
 -- ARGV[1] queue name Q
 -- ARGV[2] prefix of wake channels ({ns}:wake:), the worker id is appended
 -- ARGV[3] mode: "requeue" or "purge"
@@ -21,6 +24,8 @@
 --!include include/is_persistent.lua
 --!include include/call_chunked.lua
 --!include include/wake_idle.lua
+--!include include/prio_add.lua
+--!include include/group.lua
 
 local mode = ARGV[3]
 if mode ~= 'requeue' and mode ~= 'purge' then
@@ -32,17 +37,20 @@ for i = 4, #ARGV do wanted[ARGV[i]] = true end
 local has_persistent = mode == 'requeue' and redis.call('EXISTS', KEYS[4], KEYS[5]) > 0
 
 local recs = redis.call('LRANGE', KEYS[1], 0, -1)
-local keep, take, refused = {}, {}, 0
+local keep, take, kinds, refused = {}, {}, {}, 0
 for _, rec in ipairs(recs) do
+  -- when \0 attempts \0 worker \0 error \0 kind \0 payload
   local pos = 1
   for _ = 1, 4 do pos = string.find(rec, '\0', pos, true) + 1 end
-  local payload = string.sub(rec, pos)
+  local cut = string.find(rec, '\0', pos, true)
+  local kind, payload = string.sub(rec, pos, cut - 1), string.sub(rec, cut + 1)
   if all or wanted[payload] then
     if has_persistent and is_persistent(KEYS[4], KEYS[5], payload) then
       refused = refused + 1
       keep[#keep + 1] = rec
     else
       take[#take + 1] = payload
+      kinds[#take] = kind
     end
   else
     keep[#keep + 1] = rec
@@ -57,6 +65,34 @@ redis.call('DEL', KEYS[1])
 call_chunked('RPUSH', KEYS[1], keep)
 if mode == 'requeue' then
   call_chunked('HDEL', KEYS[3], take)
-  call_chunked('RPUSH', KEYS[2], take)
+  -- each to the back of its place, in order: the queue, a priority, a group
+  local plain, leveled, lorder, grouped, glevels, gorder = {}, {}, {}, {}, {}, {}
+  for i, payload in ipairs(take) do
+    local kind = kinds[i]
+    local level = #kind > 1 and string.byte(kind, 2) - 48 or 0
+    if string.byte(kind, 1) == 103 then  -- 'g' level group
+      local g = string.sub(kind, 3)
+      if not grouped[g] then
+        grouped[g], glevels[g] = {}, {}
+        gorder[#gorder + 1] = g
+      end
+      table.insert(grouped[g], payload)
+      table.insert(glevels[g], level)
+    elseif level > 0 then
+      if not leveled[level] then
+        leveled[level] = {}
+        lorder[#lorder + 1] = level
+      end
+      table.insert(leveled[level], payload)
+    else
+      plain[#plain + 1] = payload
+    end
+  end
+  call_chunked('RPUSH', KEYS[2], plain)
+  for _, level in ipairs(lorder) do prio_add(KEYS[7], level, leveled[level], false) end
+  if #gorder > 0 then
+    local G = group_keys_of(KEYS[6], 'idle')
+    for _, g in ipairs(gorder) do group_push(G, g, grouped[g], false, glevels[g]) end
+  end
 end
 return {#take, refused}

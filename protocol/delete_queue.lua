@@ -63,8 +63,8 @@ for i = 1, #gfields, 2 do
 end
 removed = removed + redis.call('ZCARD', G.delayed)
 for _, g in ipairs(names) do
-  removed = removed + redis.call('LLEN', G.list .. g)
-  redis.call('DEL', G.list .. g, G.rate .. g)
+  removed = removed + redis.call('LLEN', G.list .. g) + redis.call('ZCARD', G.prio .. g)
+  redis.call('DEL', G.list .. g, G.prio .. g, G.rate .. g)
 end
 redis.call('DEL', G.ready, G.wait, G.delayed, G.hash)
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9],

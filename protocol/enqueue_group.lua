@@ -14,12 +14,14 @@
 -- ARGV[4] mode: "now", "in" (ARGV[5] ms from now) or "at" (ARGV[5] = the due
 --         time, ms since the Unix epoch on the Redis clock; a time past is due now)
 -- ARGV[5] a whole number of ms >= 0 (mode "now": ignored)
--- ARGV[6..] payloads, in order
+-- ARGV[6] priority: 0 (none) or 1..9 (the group's jobs with a priority start
+--         before its others, the highest first, each level in order)
+-- ARGV[7..] payloads, in order
 -- Returns: {the group's queued jobs afterwards (mode "now"; else the jobs
 --          newly delayed), the due time in ms (Redis clock; mode "now": now),
 --          now_ms}.
 -- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added),
---         BAD_ARG (group name, mode, time), OOM (Redis is at maxmemory:
+--         BAD_ARG (group name, mode, time, priority), OOM (Redis is at maxmemory:
 --         nothing was added).
 -- Publishes: Q on the wake channels of up to n + 1 idle servers of Q (mode
 --            "now", when the group may start a job; else up to two).
@@ -35,6 +37,11 @@ end
 if mode ~= 'now' and mode ~= 'in' and mode ~= 'at' then
   return redis.error_reply('BAD_ARG mode must be "now", "in" or "at"')
 end
+local level = ARGV[6]
+if not string.match(level, '^%d$') then
+  return redis.error_reply('BAD_ARG priority must be a whole number from 0 to 9')
+end
+level = tonumber(level)
 local ms, err = 0, nil
 if mode ~= 'now' then
   ms, err = count_arg(ARGV[5], 'delay')
@@ -43,11 +50,11 @@ end
 local now = now_ms()
 local due = now
 if mode == 'in' then due = now + ms elseif mode == 'at' then due = ms end
-local n = #ARGV - 5
+local n = #ARGV - 6
 if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
-  for i = 6, #ARGV do
+  for i = 7, #ARGV do
     if is_persistent(KEYS[2], KEYS[3], ARGV[i]) then
-      return redis.error_reply('CONFLICT task ' .. (i - 6) .. ' of this call is a persistent task of queue '
+      return redis.error_reply('CONFLICT task ' .. (i - 7) .. ' of this call is a persistent task of queue '
         .. q .. '; a payload is one-shot or persistent in a queue, not both')
     end
   end
@@ -59,9 +66,9 @@ if n == 0 then return {0, due, now} end
 local G = group_keys(string.match(KEYS[4], '^(%b{}:)'), q)
 if mode ~= 'now' and due > now then
   local args = {}
-  for i = 6, #ARGV do
+  for i = 7, #ARGV do
     args[#args + 1] = due
-    args[#args + 1] = g .. '\0d' .. ARGV[i]
+    args[#args + 1] = g .. '\0d' .. level .. ARGV[i]
   end
   local added = 0
   for i = 1, #args, 4000 do
@@ -72,7 +79,7 @@ if mode ~= 'now' and due > now then
   return {added, due, now}
 end
 local payloads = {}
-for i = 6, #ARGV do payloads[#payloads + 1] = ARGV[i] end
-local len = group_push(G, g, payloads, false)
+for i = 7, #ARGV do payloads[#payloads + 1] = ARGV[i] end
+local len = group_push(G, g, payloads, false, level)
 if redis.call('ZSCORE', G.ready, g) then wake_idle(KEYS[4], ARGV[2], q, n) end
 return {len, due, now}

@@ -128,7 +128,7 @@ for i = 7, #ARGV do
       if to then redis.call('HDEL', KEYS[10], id) end
       if r.group and not G then G = group_keys_of(KEYS[1], 'procs') end
       if r.group and mode ~= 'fail' then
-        gfront[#gfront + 1] = {tonumber(id), r.payload, r.group}
+        gfront[#gfront + 1] = {tonumber(id), r.payload, r.group, r.level}
         group_free(r.group)
         outcome = 1
       elseif r.group then
@@ -136,14 +136,14 @@ for i = 7, #ARGV do
         where, delay, made = fail_attempt(r, now, KEYS[5], base, cap, false)
         if KEYS[17] then keep_try(r, now, why) end
         if where == 'dead' then
-          redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.payload))
+          redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
           group_free(r.group)
           outcome = 3
         elseif where == 'later' then
-          redis.call('ZADD', G.delayed, now + delay, r.group .. '\0r' .. r.payload)
+          redis.call('ZADD', G.delayed, now + delay, r.group .. '\0r' .. r.level .. r.payload)
           outcome = 2
         else
-          gfront[#gfront + 1] = {tonumber(id), r.payload, r.group}
+          gfront[#gfront + 1] = {tonumber(id), r.payload, r.group, r.level}
           group_free(r.group)
           outcome = 2
         end
@@ -172,7 +172,7 @@ for i = 7, #ARGV do
         where, delay, made = fail_attempt(r, now, KEYS[5], base, cap, false)
         if KEYS[17] then keep_try(r, now, why) end
         if where == 'dead' then
-          redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.payload))
+          redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
           outcome = 3
         elseif where == 'later' then
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
@@ -211,15 +211,16 @@ wake_idle(KEYS[9], ARGV[5], ARGV[6], ready)
 if G then
   -- oldest claim first at each group's front
   table.sort(gfront, function(a, b) return a[1] < b[1] end)
-  local back, border = {}, {}
+  local back, levels, border = {}, {}, {}
   for _, j in ipairs(gfront) do
     if not back[j[3]] then
-      back[j[3]] = {}
+      back[j[3]], levels[j[3]] = {}, {}
       border[#border + 1] = j[3]
     end
     table.insert(back[j[3]], j[2])
+    table.insert(levels[j[3]], j[4])
   end
-  for _, g in ipairs(border) do group_push(G, g, back[g], true) end
+  for _, g in ipairs(border) do group_push(G, g, back[g], true, levels[g]) end
   group_release_many(G, gorder, gfreed)
 end
 return out

@@ -35,6 +35,6 @@ if mode == 'pause' then
 end
 if redis.call('HDEL', G.hash, 'p:' .. g) == 0 then return 0 end
 if group_ready(G, g) then
-  wake_idle(KEYS[1], ARGV[3], q, math.min(100, redis.call('LLEN', G.list .. g)))
+  wake_idle(KEYS[1], ARGV[3], q, math.min(100, redis.call('LLEN', G.list .. g) + redis.call('ZCARD', G.prio .. g)))
 end
 return 1

@@ -14,7 +14,7 @@
 -- ARGV[4]   preview bytes: how much of the payload to return (0..65536)
 -- ARGV[5]   bytes before the payload in an entry (a priority member's 16)
 -- ARGV[6]   NUL-separated fields before the payload, after those bytes (a
---           process record's 8, a dead-letter record's 4)
+--           process record's 8, a dead-letter record's 5)
 -- ARGV[7]   a budget in bytes (0: none): once the entries read add up to it,
 --           the script stops and returns those read so far (at least one),
 --           so that one call of a page of 64 MiB payloads holds Redis up for

@@ -59,7 +59,7 @@ async def snapshot(conn: Connection, keys: Keys, queue: str, workers: list[str])
         "attempts": pairs(r[3]),
         "delayed": list(r[4]),
         # dead-letter records (include/dead_record.lua): the payload is last
-        "dead": [rec.split(b"\0", 4)[-1] for rec in r[5]],
+        "dead": [rec.split(b"\0", 5)[-1] for rec in r[5]],
         "standby": in_set | {p for p, v in pers.items() if not v},
         "held": {w: {x.decode() for x in r[7 + i]} for i, w in enumerate(workers)},
         "inbox": {w: {x.decode() for x in r[7 + n + i]} for i, w in enumerate(workers)},

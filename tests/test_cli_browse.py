@@ -95,7 +95,7 @@ def test_jobs_of_a_group_queued_and_running(
     code, out, _ = run(capsys, "jobs", Q, "--group", "tenant-1", "--limit", "2", *ns_args)
     lines = out.splitlines()
     assert code == 0 and lines[0] == f"3 queued in group tenant-1 on {Q}", out
-    assert lines[1].split() == ["TASK", "SIZE", "ATTEMPTS"]
+    assert lines[1].split() == ["TASK", "SIZE", "PRIO", "ATTEMPTS"]
     assert [ln.split()[0] for ln in lines[2:4]] == ["g2", "g3"]
     assert lines[-1] == "more: --after c2"
     code, out, _ = run(
@@ -161,8 +161,7 @@ def test_pause_and_resume_show_in_status(
         ["jobs", Q, "--state", "queued", "--limit", "x"],
         ["jobs", Q, "--state", "queued", "--after", "bogus"],
         ["jobs", "bad queue", "--state", "queued"],
-        ["jobs", Q, "--group", "g", "--state", "dead"],
-        ["jobs", Q, "--group", "g", "--state", "delayed"],
+        ["jobs", Q, "--group", "g", "--state", "finished"],
         ["jobs", Q, "--group", "a b"],
         ["jobs", Q, "--group", "g", "--prefix", "x"],
         ["job", "{q}", "x"],

@@ -66,11 +66,24 @@ async def test_enqueue_list_configure_pause_cancel_a_group(
         assert all(g.paused is None for g in look2.groups)
 
 
+async def test_a_groups_jobs_with_a_priority_are_listed_first(
+    redis_url: str, namespace: str, ns_args: list[str]
+) -> None:
+    r = await mesh_cli("enqueue", "q", "a", "b", "--group", "t", *ns_args)
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("enqueue", "q", "urgent", "--group", "t", "--priority", "8", *ns_args)
+    assert r.returncode == 0, text(r)
+    r = await mesh_cli("jobs", "q", "--group", "t", "--json", *ns_args)
+    assert r.returncode == 0, text(r)
+    got = [(j["task"]["data"], j["priority"]) for j in json.loads(r.stdout)["jobs"]]
+    assert got == [("urgent", 8), ("a", 0), ("b", 0)]
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
         (["enqueue", "q", "x", "--group", "bad name"], "argument --group: invalid group name"),
-        (["enqueue", "q", "x", "--group", "g", "--priority", "3"], "no priority"),
+        (["enqueue", "q", "x", "--group", "g", "--priority", "10"], "priority"),
         (["cancel", "q", "x", "--group", ""], "argument --group: invalid group name"),
         (["group", "pause", "q", "a b"], "argument GROUP: invalid group name"),
         (["group", "configure", "q", "g", "--weight", "0"], "weight must be a whole number"),

@@ -202,7 +202,8 @@ async def test_a_groups_name_lists_its_jobs_paged_with_a_filter_to_clear(
                 " document.getElementById('search-form').hidden,"
                 " Array.from(document.querySelectorAll('#q-tabs button')).map(b => b.textContent)]"
             ))  # fmt: skip
-            assert shown == [False, "tenant-07", True, True, ["queued (40)", "running (0)"]]
+            tabs_shown = ["queued (40)", "delayed (0)", "running (0)", "dead"]
+            assert shown == [False, "tenant-07", True, True, tabs_shown]
             picked = await page_until(
                 driver, "document.querySelector('#q-groups tr.selected')?.cells[0].textContent"
             )
@@ -223,6 +224,21 @@ async def test_a_groups_name_lists_its_jobs_paged_with_a_filter_to_clear(
             await page_until(driver, text_of("message") + ".startsWith('cancelled \"t7-39\": 1')")
             page = await client.jobs("emails", "queued", group="tenant-07", limit=100)
             assert page.total == 39 and b"t7-39" not in [j.task for j in page.jobs]
+            # the group's delayed jobs, with their priority, under their tab
+            await client.enqueue("emails", "t7-later", group="tenant-07", delay=3600, priority=3)
+            await in_page(driver, lambda d: d.execute_script(
+                "Array.from(document.querySelectorAll('#q-tabs button'))"
+                ".find(b => b.dataset.state === 'delayed').click()"
+            ))  # fmt: skip
+            await page_until(
+                driver, text_of("jobs-count") + " === '(delayed in group tenant-07: 1)'"
+            )
+            rows = await in_page(driver, lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#jobs tbody tr'))"
+                ".map(r => Array.from(r.cells).map(c => c.textContent))"
+            ))  # fmt: skip
+            assert [(r[0], r[2], r[4]) for r in rows] == [("t7-later", "one-shot", "3")], rows
+            await screenshot(driver, shots_dir(tmp_path) / "dashboard-group-delayed.png")
             # Clear: back to the queue's own list, its note again
             await in_page(driver, lambda d: d.find_element("id", "group-clear").click())
             await page_until(driver, text_of("jobs-count") + " === '(queued: 2)'")
@@ -264,10 +280,12 @@ async def test_a_groups_running_jobs_in_the_page_and_the_api(
         status, text = await get("api/jobs?queue=q&group=other&limit=1&after=c1")
         got = json.loads(text)
         assert status == 200 and [j["task"] for j in got["jobs"]] == ["o2"] and got["next"] is None
+        status, text = await get("api/jobs?queue=q&state=dead&group=solo")
+        got = json.loads(text)
+        assert status == 200 and got["total"] == 0 and got["jobs"] == []
         for query, says in (
             ("group=a%20b", "invalid group name 'a b'"),
             ("group=", "invalid group name ''"),
-            ("group=solo&state=dead", "listed as queued or running"),
             ("group=solo&prefix=s", "without a prefix"),
         ):
             status, text = await get("api/jobs?queue=q&" + query)

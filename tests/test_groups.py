@@ -29,7 +29,7 @@ Q = "g"
 async def group_keys_left(conn: Connection, namespace: str) -> list[bytes]:
     """Every key of the namespace's groups still in Redis."""
     found: list[bytes] = []
-    for pattern in ("gq:*", "gready:*", "gwait:*", "gdelayed:*", "grate:*", "groups:*"):
+    for pattern in ("gq:*", "gp:*", "gready:*", "gwait:*", "gdelayed:*", "grate:*", "groups:*"):
         found += await conn.execute("KEYS", f"{{{namespace}}}:{pattern}")
     return sorted(found)
 
@@ -276,8 +276,8 @@ async def test_bad_group_input_is_refused_with_one_line(redis_url: str, namespac
     async with mesh.open_client(redis_url, namespace=namespace) as c:
         with pytest.raises(mesh.ConfigError, match="invalid group name"):
             await c.enqueue(Q, b"x", group="no spaces")
-        with pytest.raises(mesh.ConfigError, match="not both"):
-            await c.enqueue(Q, b"x", group="g", priority=3)
+        with pytest.raises(mesh.ConfigError, match="priority"):
+            await c.enqueue(Q, b"x", group="g", priority=10)
         with pytest.raises(mesh.ConfigError, match="weight must be"):
             await c.configure_group(Q, "g", weight=0)
         with pytest.raises(mesh.ConfigError, match="concurrency must be"):
@@ -317,8 +317,8 @@ async def test_a_groups_jobs_are_listed_by_group(redis_url: str, namespace: str)
         assert [j.task for j in page.jobs] == [b"t2", b"t3"] and page.total == 3
         rest = await c.jobs(Q, "queued", group="t", after=page.next)
         assert [j.task for j in rest.jobs] == [b"t4"] and rest.next is None
-        with pytest.raises(mesh.ConfigError, match="queued or running"):
-            await c.jobs(Q, "dead", group="t")
+        with pytest.raises(mesh.ConfigError, match="without a prefix"):
+            await c.jobs(Q, "queued", group="t", prefix=b"t")
         gate.set()
 
 
@@ -375,3 +375,99 @@ def test_a_compact_claim_reply_names_each_jobs_group_by_runs() -> None:
     ]
     with pytest.raises(ValueError, match="cover 3 of 4"):
         parse_claim_compact([*r[:-2], b"t2", 0], Q, "w")
+
+
+async def test_a_groups_jobs_with_a_priority_go_first_through_every_path(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    # Driven through the scripts: within a group, the higher priority starts
+    # first (FIFO within one, the group's list last), and a job keeps its
+    # priority when it is handed back, retried after a backoff, recycled,
+    # dead-lettered and requeued; a cancel finds it at any priority. (Three
+    # attempts; a repeated crash goes back at once: no backoff.)
+    i1 = await join(b, conn, "w1", Q)
+    await b.enqueue_group(conn, Q, "one", [b"a0", b"a1"])
+    await b.enqueue_group(conn, Q, "one", [b"b5"], priority=5)
+    await b.enqueue_group(conn, Q, "one", [b"c9"], priority=9)
+    await b.enqueue_group(conn, Q, "one", [b"d5"], priority=5)
+    ps = (await b.claim(conn, "w1", i1, Q, 10, 3, backoff_ms=0)).processes
+    assert [p.task for p in ps] == [b"c9", b"b5", b"d5", b"a0", b"a1"]
+    kinds = [(await conn.execute("HGET", keys.procs(Q), p.id)).split(b"\0")[1] for p in ps]
+    assert kinds == [b"g9one", b"g5one", b"g5one", b"g0one", b"g0one"]
+    # handed back: each to the front of its priority, the same order again
+    await b.give_back(conn, "w1", Q, [p.id for p in ps], failed=False)
+    assert await conn.execute("HGET", keys.groups(Q), ":np") == b"3"
+    ps = (await b.claim(conn, "w1", i1, Q, 10, 3, backoff_ms=0)).processes
+    assert [p.task for p in ps] == [b"c9", b"b5", b"d5", b"a0", b"a1"]
+    assert await conn.execute("HGET", keys.groups(Q), ":np") is None
+    # c9 fails and waits for its backoff; when due it goes before b5
+    by = {p.task: p for p in ps}
+    out = await b.give_back(
+        conn, "w1", Q, [by[b"c9"].id], failed=True, backoff_ms=1, backoff_cap_ms=1000
+    )
+    assert out == [(2, 1)]
+    await b.give_back(conn, "w1", Q, [by[t].id for t in (b"b5", b"d5")], failed=False)
+    await anyio.sleep(0.01)
+    ps = (await b.claim(conn, "w1", i1, Q, 2, 3, backoff_ms=0)).processes
+    assert [(p.task, p.attempts) for p in ps] == [(b"c9", 1), (b"b5", 0)]
+    # w1 dies holding c9, b5, a0, a1: they go back to their priorities
+    await expire_worker(conn, keys, "w1")
+    await b.recycle(conn, "w1", leave=False)
+    i2 = await join(b, conn, "w2", Q)
+    ps = (await b.claim(conn, "w2", i2, Q, 10, 3, backoff_ms=0)).processes
+    assert [p.task for p in ps] == [b"c9", b"b5", b"d5", b"a0", b"a1"]
+    # c9 fails for good (its third attempt, at max_attempts 3): its dead
+    # letter keeps its priority and group, and a requeue puts it back there
+    by = {p.task: p for p in ps}
+    assert by[b"c9"].attempts == 2
+    assert await b.give_back(conn, "w2", Q, [by[b"c9"].id], failed=True) == [(3, 0)]
+    (rec,) = await conn.execute("LRANGE", keys.dead(Q), 0, -1)
+    assert rec.split(b"\0")[4:] == [b"g9one", b"c9"]
+    await b.give_back(conn, "w2", Q, [by[t].id for t in (b"a0", b"a1")], failed=False)
+    assert await b.dead(conn, Q, "requeue", None) == (1, 0)
+    assert await conn.execute("ZRANGE", keys.group_prio(Q, "one"), 0, -1) == [
+        b"9" + b"5" + b"0" * 14 + b"c9"
+    ]
+    # cancelled at any priority, queued or delayed: nothing is left of it
+    await b.enqueue_group(conn, Q, "one", [b"late"], in_ms=60_000, priority=7)
+    assert (await b.cancel(conn, Q, b"c9", "one"))[0] == 1
+    assert (await b.cancel(conn, Q, b"late", "one"))[0] == 1
+    assert await conn.execute("EXISTS", keys.group_prio(Q, "one"), keys.group_delayed(Q)) == 0
+    assert await conn.execute("LRANGE", keys.group_jobs(Q, "one"), 0, -1) == [b"a0", b"a1"]
+
+
+async def test_a_groups_delayed_and_dead_jobs_are_listed_and_requeued_into_it(
+    redis_url: str, namespace: str
+) -> None:
+    async def handler(p: mesh.Process) -> None:
+        raise ValueError("no")
+
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        await c.configure(Q, max_attempts=1)
+        await c.enqueue(Q, b"later", group="t", delay=600, priority=4)
+        await c.enqueue(Q, b"elsewhere", group="u", delay=600)
+        await c.enqueue(Q, b"bad", group="t", priority=2)
+        await c.enqueue(Q, b"plain")
+        await w.start_work(Q, handler, concurrency=2)
+
+        async def two_dead() -> bool:
+            return len(await c.dead_letters(Q)) == 2
+
+        await wait_until(two_dead, what="two dead letters")
+        dead = {(d.task, d.group, d.priority) for d in await c.dead_letters(Q)}
+        assert dead == {(b"bad", "t", 2), (b"plain", None, 0)}
+        (j,) = (await c.jobs(Q, "dead", group="t")).jobs
+        assert (j.task, j.group, j.priority, j.error) == (b"bad", "t", 2, "ValueError: no")
+        page = await c.jobs(Q, "delayed", group="t")
+        assert [(j.task, j.priority, j.group) for j in page.jobs] == [(b"later", 4, "t")]
+        assert page.total == 1 and page.jobs[0].due is not None
+        # requeued into its group, at its priority (the group is paused so
+        # that it stays there to be looked at)
+        await c.pause_group(Q, "t")
+        assert await c.requeue_dead(Q, [b"bad"]) == 1
+        (q,) = (await c.jobs(Q, "queued", group="t")).jobs
+        assert (q.task, q.priority, q.group) == (b"bad", 2, "t")
+        (g,) = [g for g in (await c.groups(Q)).groups if g.name == "t"]
+        assert (g.queued, g.delayed) == (1, 1)
+        assert (await c.jobs(Q, "queued")).total == 0  # not in the ungrouped queue

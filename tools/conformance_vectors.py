@@ -856,6 +856,70 @@ async def story_groups(r: Recorder, b: Binding, raw: Connection) -> None:
     await b.delete_queue(r.at("delete-queue-groups", "a queue with groups deleted"), "gq")
 
 
+async def story_group_priorities(r: Recorder, b: Binding, raw: Connection) -> None:
+    """Priorities within a group (protocol version 10): a group's jobs with a
+    priority start first, a dead letter keeps its priority and group and a
+    requeue puts it back there, and a cancel finds a delayed one at its
+    priority."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "gp", 10)
+    eg = b.enqueue_group
+    await eg(r.at("enqueue-group-plain", "a job without a priority into p1"), "gp", "p1", [b"a"])
+    await eg(
+        r.at("enqueue-group-priority", "two jobs at priority 7 into p1"),
+        "gp",
+        "p1",
+        [b"c", b"d"],
+        priority=7,
+    )
+    await eg(r.at("enqueue-group-priority-3", "one at priority 3"), "gp", "p1", [b"b"], priority=3)
+    await expect_error(
+        eg(r.at("enqueue-group-priority-bad", "a priority of 10"), "gp", "p1", [b"x"], priority=10)
+    )
+    c = await b.claim(
+        r.at("claim-group-priorities", "p1's priority 7 first, then 3, then its list"),
+        "w1",
+        "i1",
+        "gp",
+        4,
+        1,
+        ttl_ms=3000,
+    )
+    assert [p.task for p in c.processes] == [b"c", b"d", b"b", b"a"], c.processes
+    await b.give_back(
+        r.at("give-back-group-priority-dead", "c fails at its limit: its dead letter keeps g7p1"),
+        "w1",
+        "gp",
+        [c.processes[0].id],
+        failed=True,
+        errors=["ValueError: no"],
+    )
+    await b.give_back(
+        r.at("give-back-group-priority", "d, b and a handed back: each to its priority's front"),
+        "w1",
+        "gp",
+        [p.id for p in c.processes[1:]],
+        failed=False,
+    )
+    await b.dead(
+        r.at("dead-requeue-group", "c requeued: back into p1 at priority 7"), "gp", "requeue", None
+    )
+    await eg(
+        r.at("enqueue-group-priority-in", "a job of p1 at priority 5 due in 5 s"),
+        "gp",
+        "p1",
+        [b"e"],
+        in_ms=5000,
+        priority=5,
+    )
+    await b.cancel(
+        r.at("cancel-group-priority", "cancel e: its delayed entry goes"), "gp", b"e", "p1"
+    )
+    await b.cancel(r.at("cancel-group-queued-priority", "cancel c, queued at 7"), "gp", b"c", "p1")
+    await b.delete_queue(r.at("delete-queue-group-priorities", "the rest deleted"), "gp")
+
+
 async def _unwrap(o: Any) -> Any:
     return o.unwrap()
 
@@ -869,6 +933,7 @@ STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_operator,
     story_finish_claim,
     story_groups,
+    story_group_priorities,
 ]
 
 

@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "order), delayed (first due first), running (by token) or dead (oldest first). "
         "Times are UTC, on the Redis clock. The last line names the cursor of the next page "
         "(pass it to --after). Each payload shows its first bytes and its size; the page never "
-        "carries a whole payload. With --group, the jobs of that group of QUEUE, queued (in "
-        "the group's order, the default) or running; without it, the queued state lists the "
+        "carries a whole payload. With --group, the jobs of that group of QUEUE in --state "
+        "(queued, in the group's order, by default); without it, the queued state lists the "
         "jobs in no group.",
     )
     p.add_argument("queue", metavar="QUEUE", type=queue_arg)
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"{', '.join(JOB_STATES[:-1])} or {JOB_STATES[-1]} "
                    "(required without --group)")  # fmt: skip
     p.add_argument("--group", type=group_arg, metavar="GROUP",
-                   help="a group's jobs: --state queued (default) or running")  # fmt: skip
+                   help="a group's jobs, in --state (default: queued)")  # fmt: skip
     p.add_argument("--limit", type=_limit, default=50, metavar="N",
                    help=f"jobs per page, 1..{MAX_LIMIT} (default 50)")  # fmt: skip
     p.add_argument("--after", metavar="CURSOR", help="the cursor a previous page printed")
@@ -200,15 +200,12 @@ def _state(state: str | None, group: str | None, prefix: bytes | None) -> str:
     queued by default.
 
     Raises:
-        UsageError: no state without a group; a group with a state other
-            than queued or running, or with a prefix.
+        UsageError: no state without a group; a group with a prefix.
     """
     if group is None:
         if state is None:
             raise UsageError("--state is required: queued, delayed, running or dead")
         return state
-    if state not in (None, "queued", "running"):
-        raise UsageError(f"a group's jobs are listed as queued or running, not {state!r}")
     if prefix is not None:
         raise UsageError("--prefix does not combine with --group")
     return state or "queued"
@@ -218,9 +215,9 @@ def _rows(
     state: str, jobs: tuple[mesh.Job, ...], *, grouped: bool = False
 ) -> tuple[list[str], list[list[object]]]:
     kind = ["persistent" if j.persistent else "one-shot" for j in jobs]
-    if grouped and state == "queued":  # no priority, kind or enqueue time
-        return ["TASK", "SIZE", "ATTEMPTS"], [
-            [_cell(j), size_text(j.size), j.attempts] for j in jobs
+    if grouped and state == "queued":  # one-shot, with no enqueue time
+        return ["TASK", "SIZE", "PRIO", "ATTEMPTS"], [
+            [_cell(j), size_text(j.size), j.priority, j.attempts] for j in jobs
         ]
     if state == "running":
         return ["TASK", "SIZE", "KIND", "WORKER", "TOKEN", "STARTED (UTC)", "ATTEMPTS"], [

@@ -243,8 +243,6 @@ def _data_options(p: argparse.ArgumentParser) -> None:
 
 def _enqueue(args: argparse.Namespace) -> int:
     t = target(args)
-    if args.group is not None and args.priority:
-        raise UsageError("a group's jobs have no priority: give --group or --priority, not both")
     tasks = tasks_from_args(args.tasks)
 
     async def go(client: mesh.Client) -> int:

@@ -22,7 +22,7 @@ Routes:
   of it (a cancel); make a delayed one-shot job due now.
 * ``GET /api/jobs?queue=Q&state=S&limit=N&after=C&prefix=P&group=G``: a page
   of jobs (:meth:`mesh.Client.jobs`; ``prefix`` is text; with ``group``, the
-  jobs of group G of Q, ``queued`` or ``running``, without a prefix).
+  jobs of group G of Q in state S, without a prefix).
 * ``GET /api/job?queue=Q&ref=R``: one job's record (the first 4096
   characters of its payload), or ``null``.
 * ``GET /api/payload?queue=Q&ref=R``: one job's whole payload, as a download.

@@ -210,11 +210,11 @@ local function claim_run(keys, argv, before, compact)
   -- Q's groups and its ungrouped tasks take turns (include/group.lua):
   -- what the groups take is `gtaken`, and the ungrouped tasks (reserved,
   -- with a priority, then the list) get `n` of the claim's places.
-  local n_all, gtaken, ggroups = n, nil, nil  -- (no table made without groups)
+  local n_all, gtaken, ggroups, glevels = n, nil, nil, nil  -- (no table made without groups)
   if has_groups and not paused and n > #forced_list then
     local ungrouped = redis.call('LLEN', queue_key) - #forced_list + (has_prio and redis.call('ZCARD', prio_key) or 0)
     local turns, gwait
-    gtaken, ggroups, turns, gwait = group_claim(G, n - #forced_list, now, ungrouped)
+    gtaken, ggroups, turns, gwait, glevels = group_claim(G, n - #forced_list, now, ungrouped)
     n = #forced_list + turns
     if gwait >= 0 and (next_due < 0 or gwait < next_due) then next_due = gwait end
   end
@@ -323,6 +323,7 @@ local function claim_run(keys, argv, before, compact)
       tp[#tp + 1] = payload
       tpers[#tp] = false
       tgroup[#tp] = ggroups[i]
+      tlevel[#tp] = glevels[i] or 0
     end
   end
   n = n_all
@@ -380,7 +381,7 @@ local function claim_run(keys, argv, before, compact)
     end
     local kind = persistent and 'p' or 'o'
     if level and level > 0 then kind = 'o' .. level end
-    if tgroup and tgroup[i] then kind = 'g0' .. tgroup[i] end
+    if tgroup and tgroup[i] then kind = 'g' .. (level or 0) .. tgroup[i] end
     records[2 * i - 1] = id
     records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
     if compact then

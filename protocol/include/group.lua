@@ -1,9 +1,10 @@
 -- include/group.lua: a queue's groups (see "Groups" in README.md):
 -- group_keys, group_keys_of, group_parse, group_default, group_settings,
 -- group_ready, group_release_many, group_tally, group_release, group_push,
--- group_due, group_claim; needs:
+-- group_prio_gone, group_due, group_claim; needs:
 --!include include/rate.lua
 --!include include/wake_idle.lua
+--!include include/prio_add.lua
 
 -- The keys of a queue's groups are made here, from the namespace's prefix
 -- ({ns}:, taken from a key of the queue that the script was given: every
@@ -17,12 +18,18 @@
 --                      own settings; 'p:'..G -> when G was paused (ms);
 --                      ':default' -> the settings of every group; ':v' -> the
 --                      virtual clock (the time of the last group served);
---                      ':n' -> the jobs queued in all of Q's groups
+--                      ':n' -> the jobs queued in all of Q's groups;
+--                      ':np' -> those of them with a priority (while there
+--                      are none, a claim reads no group's priorities)
 --   {ns}:gwait:<Q>     ZSET group -> when (ms) its rate limit gives it a token
---   {ns}:gdelayed:<Q>  ZSET G .. '\0' .. flag .. payload -> due time (ms):
---                      flag 'r' is a retry (it holds G's slot until due), 'd'
---                      a job enqueued with a delay
---   {ns}:gq:<Q>|<G>    LIST G's queued jobs, head = next
+--   {ns}:gdelayed:<Q>  ZSET G .. '\0' .. flag .. level .. payload -> due time
+--                      (ms): flag 'r' is a retry (it holds G's slot until
+--                      due), 'd' a job enqueued with a delay; level the
+--                      job's priority, one digit (0: none)
+--   {ns}:gq:<Q>|<G>    LIST G's queued jobs without a priority, head = next
+--   {ns}:gp:<Q>|<G>    ZSET G's queued jobs with a priority (1..9), as
+--                      {ns}:prio:<Q> (include/prio_add.lua): they start
+--                      before the list, the highest priority first
 --   {ns}:grate:<Q>|<G> HASH G's token bucket (include/rate.lua)
 -- Settings are "concurrency,rate,period_ms,weight", each field empty for
 -- "as the queue's default" (and then: no cap, no rate limit, 1000, 1).
@@ -35,7 +42,8 @@ local function group_keys(prefix, q)
   if not G then
     G = {q = q, ready = prefix .. 'gready:' .. q, hash = prefix .. 'groups:' .. q,
          wait = prefix .. 'gwait:' .. q, delayed = prefix .. 'gdelayed:' .. q,
-         list = prefix .. 'gq:' .. q .. '|', rate = prefix .. 'grate:' .. q .. '|',
+         list = prefix .. 'gq:' .. q .. '|', prio = prefix .. 'gp:' .. q .. '|',
+         rate = prefix .. 'grate:' .. q .. '|',
          idle = prefix .. 'idle:' .. q, wake = prefix .. 'wake:'}
     GROUPS[q] = G
   end
@@ -94,7 +102,7 @@ local function group_ready(G, g)
   if h[3] then return false end
   local cap = group_settings(h[2], group_default(G))
   if cap > 0 and tonumber(h[1] or '0') >= cap then return false end
-  if redis.call('EXISTS', G.list .. g) == 0 then return false end
+  if redis.call('EXISTS', G.list .. g, G.prio .. g) == 0 then return false end
   if redis.call('ZSCORE', G.wait, g) then return false end
   return redis.call('ZADD', G.ready, 'NX', h[4] or '0', g) == 1
 end
@@ -168,21 +176,51 @@ local function group_release(G, g, n)
 end
 
 -- Put `payloads` (in order) into group `g`: at its front (`front`) or its
--- back; it is ready if it may be. Returns the group's length.
-local function group_push(G, g, payloads, front)
+-- back, each at its priority: `levels` is nil (none has one), a level for
+-- all, or a table of levels, one per payload (0: none; a job with a
+-- priority goes to the front or back of its level in {ns}:gp:<Q>|<G>); the
+-- group is ready if it may be. Returns the group's queued jobs.
+local function group_push(G, g, payloads, front, levels)
   if #payloads == 0 then return 0 end
+  local plain = payloads
+  if levels and levels ~= 0 then
+    -- the prioritized ones, per level in order, and the rest
+    plain = {}
+    local at, order, np = {}, {}, 0
+    for i, p in ipairs(payloads) do
+      local l = type(levels) == 'table' and levels[i] or levels
+      if l > 0 then
+        if not at[l] then
+          at[l] = {}
+          order[#order + 1] = l
+        end
+        table.insert(at[l], p)
+        np = np + 1
+      else
+        plain[#plain + 1] = p
+      end
+    end
+    for _, l in ipairs(order) do prio_add(G.prio .. g, l, at[l], front) end
+    if np > 0 then redis.call('HINCRBY', G.hash, ':np', np) end
+  end
   local len = 0
   local key = G.list .. g
   redis.call('HINCRBY', G.hash, ':n', #payloads)
   if front then
-    for i = #payloads, 1, -1 do len = redis.call('LPUSH', key, payloads[i]) end
+    for i = #plain, 1, -1 do len = redis.call('LPUSH', key, plain[i]) end
   else
-    for i = 1, #payloads, 4000 do
-      len = redis.call('RPUSH', key, unpack(payloads, i, math.min(i + 3999, #payloads)))
+    for i = 1, #plain, 4000 do
+      len = redis.call('RPUSH', key, unpack(plain, i, math.min(i + 3999, #plain)))
     end
   end
+  if plain ~= payloads then len = redis.call('LLEN', key) + redis.call('ZCARD', G.prio .. g) end
   group_ready(G, g)
   return len
+end
+
+-- `n` queued jobs with a priority left Q's groups (claimed, cancelled).
+local function group_prio_gone(G, n)
+  if n > 0 and redis.call('HINCRBY', G.hash, ':np', -n) <= 0 then redis.call('HDEL', G.hash, ':np') end
 end
 
 -- Move up to `n` delayed jobs of Q's groups that are due at `now` to the
@@ -192,19 +230,20 @@ local function group_due(G, now, n)
   local due = redis.call('ZRANGEBYSCORE', G.delayed, '-inf', now, 'LIMIT', 0, n)
   if #due > 0 then
     redis.call('ZREM', G.delayed, unpack(due))
-    local order, jobs, freed = {}, {}, {}
+    local order, jobs, levels, freed = {}, {}, {}, {}
     for _, m in ipairs(due) do
-      local g, flag, payload = string.match(m, '^([^%z]*)%z(.)(.*)$')
+      local g, flag, level, payload = string.match(m, '^([^%z]*)%z(.)(.)(.*)$')
       if not jobs[g] then
-        jobs[g], freed[g] = {}, 0
+        jobs[g], levels[g], freed[g] = {}, {}, 0
         order[#order + 1] = g
       end
       local js = jobs[g]
       js[#js + 1] = payload
+      levels[g][#js] = string.byte(level) - 48
       if flag == 'r' then freed[g] = freed[g] + 1 end
     end
     for _, g in ipairs(order) do
-      group_push(G, g, jobs[g], true)
+      group_push(G, g, jobs[g], true, levels[g])
       if freed[g] > 0 then group_release(G, g, freed[g]) end
     end
   end
@@ -220,12 +259,14 @@ end
 -- stops being ready when it empties, reaches its concurrency or runs out
 -- of tokens (it then waits in {ns}:gwait:<Q>). Each group's running count
 -- goes up by what it started. Cost: O(log groups) per group served, the
--- same whatever the number of groups and jobs. Returns the jobs taken (their
--- payloads, and their groups, two lists in order), the turns of the
--- ungrouped tasks, and the ms until a group waiting for a token gets one
--- (-1: none).
+-- same whatever the number of groups and jobs. A group's jobs with a
+-- priority start before its others (include/prio_add.lua's order). Returns
+-- the jobs taken (their payloads, their groups and their priorities: three
+-- lists in order, the last one holding only those above 0), the turns of
+-- the ungrouped tasks, and the ms until a group waiting for a token gets
+-- one (-1: none).
 local function group_claim(G, n, now, ungrouped)
-  local taken, tgroups, turns = {}, {}, 0
+  local taken, tgroups, tlevels, turns = {}, {}, {}, 0
   -- (G.has_wait: a caller that knows {ns}:gwait:<Q> is missing says so)
   if G.has_wait ~= false then
     local back = redis.call('ZRANGEBYSCORE', G.wait, '-inf', now, 'LIMIT', 0, 1000)
@@ -234,11 +275,12 @@ local function group_claim(G, n, now, ungrouped)
       for _, g in ipairs(back) do group_ready(G, g) end
     end
   end
-  local popped = 0
-  -- the clock, the default settings and whether any group has its own, in
-  -- one read
-  local h = redis.call('HMGET', G.hash, ':v', ':default', ':c')
+  local popped, ppopped = 0, 0
+  -- the clock, the default settings, whether any group has its own, and
+  -- whether any group has jobs with a priority, in one read
+  local h = redis.call('HMGET', G.hash, ':v', ':default', ':c', ':np')
   local v = tonumber(h[1] or '0')
+  local np = h[4] and tonumber(h[4]) > 0
   if not G.dflt then
     G.dflt = h[2] and group_parse(h[2]) or {}
     G.own = h[3] ~= false and h[3] ~= nil
@@ -312,13 +354,26 @@ local function group_claim(G, n, now, ungrouped)
         end
         local got = 0
         if k > 0 then
-          local items = redis.call('LPOP', G.list .. g, k) or {}
-          got = #items
-          popped = popped + got
-          for _, p in ipairs(items) do
-            taken[#taken + 1] = p
-            tgroups[#taken] = g
+          if np then
+            -- its jobs with a priority first: member = level, order, payload
+            local pz = redis.call('ZPOPMIN', G.prio .. g, k)
+            for x = 1, #pz, 2 do
+              taken[#taken + 1] = string.sub(pz[x], 17)
+              tgroups[#taken] = g
+              tlevels[#taken] = string.byte(pz[x], 1) - 48
+            end
+            got = #pz / 2
+            ppopped = ppopped + got
           end
+          if got < k then
+            local items = redis.call('LPOP', G.list .. g, k - got) or {}
+            got = got + #items
+            for _, p in ipairs(items) do
+              taken[#taken + 1] = p
+              tgroups[#taken] = g
+            end
+          end
+          popped = popped + got
           n = n - got
         end
         if got > 0 then
@@ -349,6 +404,7 @@ local function group_claim(G, n, now, ungrouped)
   if popped > 0 and redis.call('HINCRBY', G.hash, ':n', -popped) <= 0 then
     redis.call('HDEL', G.hash, ':n')
   end
+  group_prio_gone(G, ppopped)
   -- no group left ready: Q's ungrouped tasks take the plain path again, and
   -- the clock starts again from 0 (nothing is left to compare it with);
   -- only a claim that took groups out of the ready set can have emptied it
@@ -364,5 +420,5 @@ local function group_claim(G, n, now, ungrouped)
     local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
     if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
   end
-  return taken, tgroups, turns, wait
+  return taken, tgroups, turns, wait, tlevels
 end

@@ -7,7 +7,7 @@
 --   \0 ttl_ms \0 started_ms \0 payload
 -- kind: 'p' (a persistent task), 'o' (a one-shot task), 'o' .. level (one
 -- with a priority, 1..9), 'g' .. level .. group (a job of that group of the
--- queue: include/group.lua; level is 0 for now).
+-- queue, level 0..9: include/group.lua).
 
 -- tonumber(s), remembered in `nums` (a table the caller keeps for one
 -- script call): records of one worker share most of their numbers, and
@@ -36,6 +36,7 @@ local function unpack_record(rec, nums)
   end
   return {
     worker = w,
+    kind = kind,
     persistent = (kind == 'p'),
     level = level,
     group = group,

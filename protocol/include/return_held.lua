@@ -72,20 +72,20 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       if not G then G = group_keys_of(procs, 'procs') end
       if where == 'later' then
         glater[#glater + 1] = now + delay
-        glater[#glater + 1] = r.group .. '\0r' .. r.payload
+        glater[#glater + 1] = r.group .. '\0r' .. r.level .. r.payload
       else
         group_tally(gorder, gfreed, r.group)
         if where == 'dead' then
           buried[#buried + 1] = dead_record(now, made, r.worker,
-            'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
+            'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.kind, r.payload)
           told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
         else
-          gfront[#gfront + 1] = {r.payload, r.group}
+          gfront[#gfront + 1] = {r.payload, r.group, r.level}
         end
       end
     elseif where == 'dead' then
       buried[#buried + 1] = dead_record(now, made, r.worker,
-        'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.payload)
+        'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.kind, r.payload)
       told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
     else
       if r.persistent then
@@ -144,16 +144,17 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   redis.call('DEL', held)
   if G then
     -- gfront is newest claim first: the oldest goes first at each front
-    local back, border = {}, {}
+    local back, levels, border = {}, {}, {}
     for i = #gfront, 1, -1 do
       local j = gfront[i]
       if not back[j[2]] then
-        back[j[2]] = {}
+        back[j[2]], levels[j[2]] = {}, {}
         border[#border + 1] = j[2]
       end
       table.insert(back[j[2]], j[1])
+      table.insert(levels[j[2]], j[3])
     end
-    for _, g in ipairs(border) do group_push(G, g, back[g], true) end
+    for _, g in ipairs(border) do group_push(G, g, back[g], true, levels[g]) end
     call_chunked('ZADD', G.delayed, glater, 2)
     group_release_many(G, gorder, gfreed)
   end

@@ -382,21 +382,21 @@ class Binding {
   }
 
   /**
-   * enqueue_group.lua: `payloads` at the back of `group` now (`when`
-   * undefined), or delayed: {in: ms from now} or {at: ms since the epoch,
-   * Redis clock}. {count: the group's length (now) or the jobs newly
-   * delayed, dueMs, nowMs}.
+   * enqueue_group.lua: `payloads` at the back of `group` (of their
+   * `priority` in it) now (`when` undefined), or delayed: {in: ms from now}
+   * or {at: ms since the epoch, Redis clock}. {count: the group's length
+   * (now) or the jobs newly delayed, dueMs, nowMs}.
    * @param {Redis} r @param {string} queue @param {string} group @param {Buffer[]} payloads
-   * @param {{in?: number, at?: number}} [when]
+   * @param {{in?: number, at?: number}} [when] @param {number} [priority]
    */
-  async enqueueGroup(r, queue, group, payloads, when) {
+  async enqueueGroup(r, queue, group, payloads, when, priority = 0) {
     const k = this.keys;
     let mode = 'now'; let ms = 0;
     if (when && when.at !== undefined) { mode = 'at'; ms = when.at; }
     else if (when && when.in !== undefined) { mode = 'in'; ms = when.in; }
     const raw = await runScript(r, 'enqueue_group',
       [k.queues, k.persistent(queue), k.standby(queue), k.idle(queue)],
-      [queue, k.wakePrefix, group, mode, ms, ...payloads]);
+      [queue, k.wakePrefix, group, mode, ms, priority, ...payloads]);
     return { count: num(raw[0]), dueMs: num(raw[1]), nowMs: num(raw[2]) };
   }
 

@@ -54,13 +54,13 @@ class Client {
    *   clock); atMs: due at that time (ms since the epoch, Redis clock; with a
    *   group only); group: put them at the back of this group of the queue
    *   (workers take turns among the groups with jobs ready, and the group's
-   *   settings cap its jobs across the mesh: configureGroup). Not with a priority.
+   *   settings cap its jobs across the mesh: configureGroup); with a priority,
+   *   the group's higher ones start first.
    * @returns {Promise<number>} the queue's length afterwards (with a priority: the
    *   number of prioritized tasks; with a group: the group's length; with a
    *   delay: how many were newly delayed)
    * @throws {import('./errors').ConflictError} a payload is a persistent task of the queue
-   * @throws {TypeError} a bad queue or group name, priority, or a group with a priority
-   *   (nothing written)
+   * @throws {TypeError} a bad queue or group name or priority (nothing written)
    */
   async enqueue(queue, tasks, options = {}) {
     checkQueue(queue);
@@ -86,7 +86,6 @@ class Client {
    */
   async _enqueueGroup(queue, payloads, options) {
     const group = checkGroup(options.group);
-    if (options.priority) throw new TypeError("a group's jobs have no priority: give group or priority, not both");
     for (const [name, v] of [['delayMs', options.delayMs], ['atMs', options.atMs]]) {
       if (v !== undefined && (!Number.isInteger(v) || /** @type {number} */ (v) < 0)) {
         throw new TypeError(`${name} must be a whole number of ms >= 0, got ${v}`);
@@ -97,7 +96,7 @@ class Client {
     let when;
     if (options.atMs !== undefined) when = { at: options.atMs };
     else if (options.delayMs) when = { in: options.delayMs };
-    return (await this.binding.enqueueGroup(this.redis, queue, group, payloads, when)).count;
+    return (await this.binding.enqueueGroup(this.redis, queue, group, payloads, when, options.priority ?? 0)).count;
   }
 
   /**
@@ -310,8 +309,9 @@ class Client {
     /** @type {{attempts: number, error: string, worker: string, when: number} | undefined} */
     let dead;
     for (const raw of /** @type {Buffer[]} */ (res[1][1])) {
-      const parts = splitN(raw, 4);
-      if (parts.length === 5 && parts[4].equals(payload)) {
+      // when \0 attempts \0 worker \0 error \0 kind \0 payload (protocol 10)
+      const parts = splitN(raw, 5);
+      if (parts.length === 6 && parts[5].equals(payload)) {
         dead = { when: Number(parts[0].toString()), attempts: Number(parts[1].toString()),
           worker: parts[2].toString(), error: parts[3].toString() };
       }

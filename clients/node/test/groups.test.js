@@ -127,7 +127,14 @@ test('cancel with a group removes its queued and delayed copies; settings are ch
     assert.equal(await client.cancel('cq', 'z', { group: 'g1' }), 1);
     assert.deepEqual(await redis.lrange(`{${ns}}:gq:cq|g1`, 0, -1), ['y']);
     assert.equal(await redis.zcard(`{${ns}}:gdelayed:cq`), 0);
-    await assert.rejects(client.enqueue('cq', 'a', { group: 'g1', priority: 3 }), /no priority/);
+    await assert.rejects(client.enqueue('cq', 'a', { group: 'g1', priority: 10 }), /priority must be/);
+    // a group's job with a priority goes before its others (protocol 10)
+    assert.equal(await client.enqueue('cq', ['p'], { group: 'g1', priority: 4 }), 2);
+    const prio = await redis.zrange(`{${ns}}:gp:cq|g1`, 0, -1);
+    assert.equal(prio.length, 1);
+    assert.ok(prio[0].startsWith('4') && prio[0].endsWith('p'), prio[0]);
+    assert.equal(await client.cancel('cq', 'p', { group: 'g1' }), 1);
+    assert.equal(await redis.exists(`{${ns}}:gp:cq|g1`), 0);
     await assert.rejects(client.enqueue('cq', 'a', { group: 'bad group' }), /invalid group name/);
     await assert.rejects(client.configureGroup('cq', 'g1', { weight: 5000 }),
       (err) => err instanceof CommandError && /BAD_ARG/.test(`${err.code} ${err.message}`));
