@@ -75,7 +75,9 @@ async def trials(url: str, sig: int, sizes: Sizes, loop: str = "trio") -> list[f
                 while not (procs := await running(client, task)):  # noqa: ASYNC110
                     await trio.sleep(0.005)
             owner_id = procs[0].worker_id
-            owner = live.pop(owner_id)
+            # (a worker fenced under load rejoins as "<its id>.<suffix>")
+            key = next(w for w in live if owner_id == w or owner_id.startswith(w + "."))
+            owner = live.pop(key)
             ((_, standby),) = live.items()
             await owner.expect("start", 10)
             t0 = time.monotonic_ns()
