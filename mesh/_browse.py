@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
+from ._blob import BlobGoneError, fetch, is_standin, parse_standin, standin
 from ._errors import ConfigError
 from ._keys import Keys, check_group, check_queue
 from ._reads import JOB_STATES, JobReads
@@ -66,6 +67,9 @@ _REF_WINDOW = 200
 # Bytes of entries one peek.lua call reads at most (then it returns, and the
 # next call goes on): a page of 64 MiB payloads never holds Redis up long.
 _PEEK_BUDGET = 16 << 20
+# Bytes of a stand-in before the payload's first bytes (mesh._blob: the mark,
+# 40 hex digits, the size and two NUL bytes), read on top of a preview.
+_STANDIN_HEAD = 80
 # With a prefix, how many entries one call looks at (in chunks) at most.
 _SCAN_CHUNK = 500
 _SCAN_MAX = 20_000
@@ -302,8 +306,20 @@ async def _slice(
     reads: JobReads, queue: str, state: str, start: int, count: int, n: int
 ) -> tuple[list[Job], int]:
     """Entries start..start+count-1 of the state's order with ``n`` bytes of
-    each payload, and the state's total."""
-    return await PAGES[state](reads, queue, start, start + count - 1, n)
+    each payload, and the state's total. A big payload's entry is its
+    stand-in (:mod:`mesh._blob`): read with :data:`_STANDIN_HEAD` bytes more,
+    its job shows the payload's first bytes and size, with no blob read."""
+    got, total = await PAGES[state](reads, queue, start, start + count - 1, n + _STANDIN_HEAD)
+    return [_unstand(j, n) for j in got], total
+
+
+def _unstand(j: Job, n: int) -> Job:
+    """``j`` with at most ``n`` bytes of its payload; a stand-in's job with
+    the first bytes and the size of the payload it stands for."""
+    s = parse_standin(j.task)
+    if s is not None:
+        return attrs.evolve(j, task=s.head[:n], size=s.size)
+    return _cut(j, n)
 
 
 class _Entry(NamedTuple):
@@ -515,19 +531,25 @@ async def _group_slice(
     if state == "running":
         pids = sorted(await reads.process_ids(queue), key=int)
         key = reads.keys.procs(queue)
-        _, got = await _peek(reads, key, "hash", 0, 0, PREVIEW, fields=8, names=pids)
+        n = PREVIEW + _STANDIN_HEAD
+        _, got = await _peek(reads, key, "hash", 0, 0, n, fields=8, names=pids)
         mine = []
         for pid, e in zip(pids, got, strict=True):
             if e is not None:  # else finished since the HKEYS
                 p = parse_record(pid, e.head, queue)
                 if p.group == group:
-                    mine.append(attrs.evolve(_running_job(queue, p, 0, e), group=group))
+                    job = attrs.evolve(_running_job(queue, p, 0, e), group=group)
+                    mine.append(_unstand(job, PREVIEW))
         return mine[start : start + count], len(mine)
     key = reads.keys.group_jobs(queue, group)
     extras = _extra_keys(reads.keys, queue, levels=False)
-    total, got = await _peek(reads, key, "list", start, start + count - 1, PREVIEW, extras=extras)
+    total, got = await _peek(
+        reads, key, "list", start, start + count - 1, PREVIEW + _STANDIN_HEAD, extras=extras
+    )
     return [
-        Job(queue, e.head, "queued", attempts=e.attempts, size=e.size, group=group)
+        _unstand(
+            Job(queue, e.head, "queued", attempts=e.attempts, size=e.size, group=group), PREVIEW
+        )
         for e in got
         if e is not None
     ], total
@@ -588,7 +610,8 @@ async def payload(reads: JobReads, queue: str, ref: str) -> bytes | None:
     """The whole payload of the job ``ref`` names (a :attr:`Job.ref` of a
     page): looked for at its position and up to a few hundred positions
     around it (jobs ahead of it may have left or come since), by the
-    fingerprint of its payload; None if it is no longer there.
+    fingerprint of its payload; None if it is no longer there. A payload of
+    more than 1 MiB is read from its blob (:mod:`mesh._blob`): one more read.
 
     Raises:
         ConfigError: a bad queue name or ref.
@@ -596,6 +619,18 @@ async def payload(reads: JobReads, queue: str, ref: str) -> bytes | None:
         ProtocolError: a record in Redis is malformed.
     """
     check_queue(queue)
+    found = await _stored(reads, queue, ref)
+    if found is None or not is_standin(found):
+        return found
+    try:
+        return await fetch(reads.check(), reads.keys, found)
+    except BlobGoneError:
+        return None
+
+
+async def _stored(reads: JobReads, queue: str, ref: str) -> bytes | None:
+    """What the queue holds for the job ``ref`` names (a big payload's
+    stand-in: :mod:`mesh._blob`); None if it is no longer there."""
     state, at, fp = parse_ref(ref)
     if state == "running":
         rec = await reads.process_record(queue, at)
@@ -650,10 +685,13 @@ async def job(reads: JobReads, queue: str, payload: bytes) -> Job | None:
         MeshConnectionError: Redis could not be reached.
         ProtocolError: a record in Redis is malformed.
     """
-    found = await _job(reads, queue, payload)
+    stored = standin(payload)  # a big one: as the queue holds it (mesh._blob)
+    found = await _job(reads, queue, stored)
+    if found is not None and stored is not payload:
+        found = attrs.evolve(found, task=payload, size=len(payload))
     if found is None or (found.attempts == 0 and found.state != "dead"):
         return found
-    raw = await reads.tries(queue, payload)
+    raw = await reads.tries(queue, stored)
     return attrs.evolve(found, tries=parse_tries(raw))
 
 
@@ -854,16 +892,23 @@ async def completed(
         start = len(head) - len(parts[4])
         size = int(parts[3])
         parsed.append((name, parts, size))
-        tails += [("GETRANGE", name, start + size, start + size + preview - 1), ("STRLEN", name)]
+        tails += [
+            ("GETRANGE", name, start + size, start + size + preview + _STANDIN_HEAD - 1),
+            ("STRLEN", name),
+        ]
     got = await reads.ranges(tails)
     for i, (_name, parts, size) in enumerate(parsed):
         head_len = len(b"\0".join(parts[:4])) + 1
         task, total = got[2 * i], int(got[2 * i + 1])
+        task_size = max(0, total - head_len - size)
+        big = parse_standin(task)  # a big payload's record holds its stand-in
+        if big is not None:
+            task, task_size = big.head, big.size
         out.append(
             Completed(
                 queue,
-                task,
-                max(0, total - head_len - size),
+                task[:preview],
+                task_size,
                 int(parts[1]) / 1000,
                 parts[2].decode(errors="replace"),
                 parts[4][: min(size, preview)] if parts[0] == b"v" else None,

@@ -16,11 +16,14 @@
 --          payload has become a persistent task of Q (requeue only)}.
 --          Running it twice: the second run finds nothing to do.
 -- Errors: BAD_ARG (mode).
+-- Blobs: a purged stand-in's blob loses a reference (include/blob.lua); a
+--        requeued one keeps it (the dead copy becomes the queued copy).
 -- Publishes: after a requeue, Q on the wake channels of up to (tasks
 --            requeued) + 1 idle servers of Q.
 --!include include/is_persistent.lua
 --!include include/call_chunked.lua
 --!include include/wake_idle.lua
+--!include include/blob.lua
 
 local mode = ARGV[3]
 if mode ~= 'requeue' and mode ~= 'purge' then
@@ -58,5 +61,13 @@ call_chunked('RPUSH', KEYS[1], keep)
 if mode == 'requeue' then
   call_chunked('HDEL', KEYS[3], take)
   call_chunked('RPUSH', KEYS[2], take)
+else
+  local prefix = nil
+  for _, p in ipairs(take) do
+    if string.byte(p, 1) == 0 and blob_is(p) then
+      prefix = prefix or blob_prefix(KEYS[1])
+      blob_unref(prefix, p)
+    end
+  end
 end
 return {#take, refused}

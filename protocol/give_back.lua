@@ -70,6 +70,7 @@
 --!include include/add_share.lua
 --!include include/parse_entry.lua
 --!include include/group.lua
+--!include include/blob.lua
 
 local mode = ARGV[2]
 if mode ~= 'return' and mode ~= 'fail' and mode ~= 'keep' then
@@ -140,6 +141,7 @@ for i = 7, #ARGV do
           group_free(r.group)
           outcome = 3
         elseif where == 'later' then
+          blob_merge(G.delayed, r.group .. '\0r' .. r.payload, r.payload)
           redis.call('ZADD', G.delayed, now + delay, r.group .. '\0r' .. r.payload)
           outcome = 2
         else
@@ -175,6 +177,7 @@ for i = 7, #ARGV do
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.payload))
           outcome = 3
         elseif where == 'later' then
+          blob_merge(KEYS[6], r.payload, r.payload)
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
           delay_level(KEYS[15], r.payload, r.level)
           outcome = 2
