@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_group", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "9"
+PROTOCOL_VERSION = "10"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")

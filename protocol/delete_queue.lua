@@ -75,10 +75,8 @@ do
   scan(KEYS[1], 'list')
   scan(KEYS[5], 'zset')
   scan(KEYS[13], 'zset', function(m) return string.sub(m, 17) end)
-  scan(KEYS[6], 'list', function(rec)
-    local pos = 1
-    for _ = 1, 4 do pos = string.find(rec, '\0', pos, true) + 1 end
-    return string.sub(rec, pos)
+  scan(KEYS[6], 'list', function(rec)  -- a dead letter: the payload is last
+    return string.match(rec, '^[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$') or ''
   end)
 end
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])

@@ -22,8 +22,8 @@ with one fault, named by its first argument:
 - ``no-stats``: sends no per-minute counts.
 - ``group-blind``: ignores the ``group`` of an ``enqueue`` command (its
   tasks go to the queue's own list, as a peer that knows no groups would).
-- ``old-version``: registers as protocol version 8 (before groups): a
-  namespace of version 9 refuses it.
+- ``old-version``: registers as protocol version 9 (before big payloads out of line): a
+  namespace of version 10 refuses it.
 - ``bad-loader``: its script loader ends lines with CRLF: the scripts still
   run, but are not the protocol's bytes (another SHA-1).
 
@@ -138,7 +138,7 @@ def break_library(fault: str) -> None:
 
         mesh._history.CountsReporter.report = no_report  # type: ignore[method-assign]
     elif fault == "old-version":
-        setattr(mesh._binding, "PROTOCOL_VERSION", "8")  # noqa: B010 (a module attribute)
+        setattr(mesh._binding, "PROTOCOL_VERSION", "9")  # noqa: B010 (a module attribute)
     elif fault == "bad-loader":
         scripts = load_scripts()
 

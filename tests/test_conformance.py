@@ -147,7 +147,7 @@ WRONG_PEERS = [
         "old-version",
         "16_groups",
         "FAIL scenario 16_groups: start:",
-        "namespace holds protocol version 9, this client speaks 8",
+        "namespace holds protocol version 10, this client speaks 9",
     ),
     (
         "bad-loader",

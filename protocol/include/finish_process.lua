@@ -1,6 +1,6 @@
 -- include/finish_process.lua: finish_begin, finish_process, finish_writes
--- (with finish_notify, finish_payload, finish_group and finish_first, which
--- they use),
+-- (with finish_notify, finish_payload, finish_group, finish_blob and
+-- finish_first, which they use),
 -- what finish.lua, finish_results.lua and finish_claim.lua share (the
 -- worker, its keys and the done channel are given to finish_begin); needs:
 --!include include/record_head.lua

@@ -4,9 +4,10 @@
  * Every key starts with `{ns}:` so that a namespace is one Cluster hash slot.
  */
 const crypto = require('node:crypto');
+const { checkPayload } = require('./blob');
 
 /** The protocol version this package speaks. */
-const PROTOCOL_VERSION = '9';
+const PROTOCOL_VERSION = '10';
 
 const NAMESPACE = /^[A-Za-z0-9_.-]{1,64}$/;
 const WORKER_ID = /^[A-Za-z0-9_.-]{1,128}$/;
@@ -129,9 +130,9 @@ class Keys {
  * @throws {TypeError} neither a string nor bytes
  */
 function payloadBytes(task) {
-  if (typeof task === 'string') return Buffer.from(task, 'utf8');
-  if (Buffer.isBuffer(task)) return task;
-  if (task instanceof Uint8Array) return Buffer.from(task);
+  if (typeof task === 'string') return checkPayload(Buffer.from(task, 'utf8'));
+  if (Buffer.isBuffer(task)) return checkPayload(task);
+  if (task instanceof Uint8Array) return checkPayload(Buffer.from(task));
   throw new TypeError(`a task payload must be a string or bytes, not ${typeof task}`);
 }
 
