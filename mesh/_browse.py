@@ -284,11 +284,22 @@ async def jobs(
             break
         for j in chunk:
             pos += 1
-            if j.task.startswith(prefix):
+            if j.task.startswith(prefix) or await _long_match(reads, queue, j, prefix):
                 out.append(_cut(j, PREVIEW))
                 if len(out) == limit:
                     break
     return JobPage(tuple(out), f"c{pos}" if pos < total else None, total)
+
+
+async def _long_match(reads: JobReads, queue: str, j: Job, prefix: bytes) -> bool:
+    """Whether the payload of ``j``, a big one whose stand-in carries fewer
+    bytes than ``prefix`` (:mod:`mesh._blob`), starts with ``prefix``: its
+    first bytes match, so its blob is read (a prefix longer than 256 bytes
+    costs a read of each big payload it may match)."""
+    if not len(j.task) < len(prefix) <= j.size or not prefix.startswith(j.task) or j.ref is None:
+        return False
+    whole = await payload(reads, queue, j.ref)
+    return whole is not None and whole.startswith(prefix)
 
 
 def _cut(j: Job, n: int) -> Job:
