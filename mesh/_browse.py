@@ -16,8 +16,10 @@ A page never carries whole payloads (one may be 64 MiB): ``peek.lua`` reads
 each entry inside Redis and returns its first bytes, its size and a
 fingerprint, a few calls a page (each stops at a byte budget, so a page of big
 payloads never holds Redis up for long); :func:`payload` fetches one whole by
-its ref. Redis still copies each entry once per read, so a page of fifty
-64 MiB payloads takes seconds (see ``bench/suites/payloads.py``).
+its ref. A payload over 1 MiB is queued as its stand-in (:mod:`mesh._blob`):
+a page shows the first bytes and the size the stand-in carries and never
+reads its blob, so a page of fifty 64 MiB payloads takes milliseconds (see
+``bench/suites/payloads.py``); :func:`payload` reads the blob.
 
 The protocol keeps no enqueue time for a queued one-shot task (it would cost a
 write per enqueue); :attr:`Job.enqueued` is known for persistent tasks that
