@@ -318,3 +318,42 @@ async def test_reads_show_the_preview_and_size_and_fetch_the_whole_on_request(
         assert await _browse.payload(client._reads, Q, j.ref) == p
         found = await client.job(Q, p)
         assert found is not None and found.state == "queued" and found.task == p and found.whole
+
+
+@pytest.mark.trio_only("the mesh command and the dashboard: a subprocess and an HTTP server")
+async def test_the_cli_and_the_dashboard_show_a_preview_and_the_size_and_download_it_whole(
+    redis_url: str, namespace: str
+) -> None:
+    import json
+    import urllib.request
+
+    import trio
+
+    from mesh.dashboard import serve_dashboard
+
+    from .browser import http
+    from .cli_helpers import mesh_cli, text
+
+    p = b"shown:" + b"x" * (3 * MIB)  # text: the listings show it as such
+    ns = ["--redis", redis_url, "--namespace", namespace]
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue(Q, p)
+        r = await mesh_cli("jobs", Q, "--state", "queued", "--json", *ns)
+        assert r.returncode == 0, text(r)
+        (row,) = json.loads(r.stdout)["jobs"]
+        assert (row["task"]["data"], row["size"], row["whole"]) == (p[:256].decode(), len(p), False)
+        async with serve_dashboard(client, interval=0.2) as url:
+            status, body = await trio.to_thread.run_sync(
+                lambda: http(url + f"api/jobs?queue={Q}&state=queued")
+            )
+            assert status == 200
+            (j,) = json.loads(body)["jobs"]
+            assert j["size"] == len(p) and len(body) < 5000  # a preview, not 3 MiB
+            assert j["task"].startswith("shown:xxx")
+            ref = j["ref"]
+
+            def download() -> bytes:
+                with urllib.request.urlopen(f"{url}api/payload?queue={Q}&ref={ref}") as r:
+                    return bytes(r.read())
+
+            assert await trio.to_thread.run_sync(download) == p
