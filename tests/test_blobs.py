@@ -146,6 +146,27 @@ async def test_delaying_one_big_payload_twice_keeps_one_reference(
     assert await refs(conn, keys, p) is None
 
 
+async def test_two_failed_copies_that_merge_in_the_delayed_set_keep_one_reference(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    p = big(b"merge")
+    s = standin(p)
+    await b.put_blobs(conn, [p])
+    await b.enqueue(conn, Q, [s, s])
+    inc = await join(b, conn, "w1", Q)
+    c = await b.claim(conn, "w1", inc, Q, 2, 5)
+    ids = [q.id for q in c.processes]
+    # both fail with a backoff: one entry per payload waits in the delayed set
+    out = await b.give_back(
+        conn, "w1", Q, ids, failed=True, backoff_ms=60_000, backoff_cap_ms=60_000, errors=["E"] * 2
+    )
+    assert [o for o, _ in out] == [2, 2]
+    assert await conn.execute("ZRANGE", keys.delayed(Q), 0, -1) == [s]
+    assert await refs(conn, keys, p) == 1
+    assert await mesh_cancel(conn, b, s) == 1
+    assert await refs(conn, keys, p) is None
+
+
 async def mesh_cancel(conn: Connection, b: Binding, payload: bytes) -> int:
     removed, cancelled = await b.cancel(conn, Q, payload)
     return removed + cancelled
