@@ -84,7 +84,7 @@ if owner or standby then
   if found[1] then add_share(KEYS[9], 'h' .. found[1][2], 1 - w) end
 end
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
-if string.byte(payload, 1) == 0 then
+if #payload >= BLOB_SHORTEST then
   -- a persistent task is one copy wherever it is; one-shot copies count each
   local copies = (owner or standby) and 1 or removed + #found
   if copies > 0 then blob_unref(blob_prefix(KEYS[1]), payload, copies) end

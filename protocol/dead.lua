@@ -64,7 +64,7 @@ if mode == 'requeue' then
 else
   local prefix = nil
   for _, p in ipairs(take) do
-    if string.byte(p, 1) == 0 and blob_is(p) then
+    if blob_is(p) then
       prefix = prefix or blob_prefix(KEYS[1])
       blob_unref(prefix, p)
     end

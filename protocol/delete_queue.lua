@@ -48,7 +48,7 @@ if missing then return missing end
 -- their references dropped after the deletes.
 local refs, pers = {}, {}
 local function tally(p, skip)
-  if string.byte(p, 1) == 0 and blob_is(p) and not (skip and pers[p]) then
+  if blob_is(p) and not (skip and pers[p]) then
     if not refs[p] then refs[#refs + 1] = p end
     refs[p] = (refs[p] or 0) + 1
   end

@@ -65,7 +65,7 @@ if big then
   local G = group_keys(prefix, q)
   for i = 6, #ARGV do
     local p = ARGV[i]
-    if string.byte(p, 1) == 0 and blob_is(p) and not (delaying
+    if blob_is(p) and not (delaying
         and (refs[p] ~= nil or redis.call('ZSCORE', G.delayed, g .. '\0d' .. p))) then
       refs[#refs + 1] = p
       refs[p] = true

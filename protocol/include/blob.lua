@@ -1,6 +1,7 @@
 -- include/blob.lua: blob_is, blob_prefix, blob_key, blob_missing, blob_gone,
--- blob_ref, blob_unref, blob_unref_record, blob_merge, blob_merge_pairs (a payload stored out of line: see "Big payloads out of
--- line (version 10)" in README.md); needs nothing.
+-- blob_ref, blob_unref, blob_unref_record, blob_merge, blob_merge_pairs (a
+-- payload stored out of line: see "Big payloads out of line (version 10)" in
+-- README.md); needs nothing.
 
 -- A payload longer than BLOB_MIN (1 MiB) is stored in {ns}:blob:<sha1hex>
 -- (HASH: 'd' the payload, 'n' the entries that reference it), and every entry
@@ -8,11 +9,15 @@
 --   '\0mesh-blob\0' .. sha1hex .. '\0' .. size .. '\0' .. first 256 bytes
 -- The helpers take the namespace's prefix ({ns}:, blob_prefix) and the entry.
 local BLOB_MARK = '\0mesh-blob\0'
+-- No string shorter than this is a stand-in (the mark, 40 hex digits, a
+-- digit and a NUL byte; a real one, of a payload over 1 MiB, is 316 bytes or
+-- more). This test (#p, an opcode: no call) comes first on a hot path, then
+-- the first byte (string.byte(p, 1) == 0), then the mark.
+local BLOB_SHORTEST = 54
 
--- Whether `p` is a stand-in. Callers on a hot path test
--- string.byte(p, 1) == 0 first: a plain payload rarely starts with NUL.
+-- Whether `p` is a stand-in.
 local function blob_is(p)
-  return string.byte(p, 1) == 0 and string.sub(p, 1, 11) == BLOB_MARK
+  return #p >= BLOB_SHORTEST and string.byte(p, 1) == 0 and string.sub(p, 1, 11) == BLOB_MARK
 end
 
 -- The namespace's prefix ({ns}:) of a key of it.
@@ -33,7 +38,7 @@ local function blob_missing(prefix, list, first)
   local any = false
   for i = first, #list do
     local p = list[i]
-    if string.byte(p, 1) == 0 and blob_is(p) then
+    if #p >= BLOB_SHORTEST and blob_is(p) then
       if redis.call('EXISTS', blob_key(prefix, p)) == 0 then return i, true end
       any = true
     end
@@ -51,7 +56,7 @@ end
 -- One more entry references stand-in `p` (a no-op for a plain payload): its
 -- count goes up, and the blob no longer expires.
 local function blob_ref(prefix, p)
-  if string.byte(p, 1) == 0 and blob_is(p) then
+  if #p >= BLOB_SHORTEST and blob_is(p) then
     local k = blob_key(prefix, p)
     redis.call('HINCRBY', k, 'n', 1)
     redis.call('PERSIST', k)
@@ -61,7 +66,7 @@ end
 -- `k` entries (1 when nil) referencing stand-in `p` left for good (a no-op
 -- for a plain payload): the blob goes with its last reference.
 local function blob_unref(prefix, p, k)
-  if string.byte(p, 1) == 0 and blob_is(p) then
+  if #p >= BLOB_SHORTEST and blob_is(p) then
     local key = blob_key(prefix, p)
     if redis.call('HINCRBY', key, 'n', -(k or 1)) <= 0 then redis.call('DEL', key) end
   end
@@ -69,11 +74,11 @@ end
 
 -- blob_unref of the payload of record `rec` (a process record or a dead
 -- letter: the payload is the part after the `fields`-th NUL byte); `key` is
--- any key of the namespace (its prefix is read only for a stand-in). One
--- plain find of the marker first: a record of a plain payload costs nothing
--- more.
+-- any key of the namespace (its prefix is read only for a stand-in). A
+-- length test and one plain find of the mark first: a record of a plain
+-- payload costs nothing more.
 local function blob_unref_record(key, rec, fields)
-  if not string.find(rec, BLOB_MARK, 1, true) then return end
+  if #rec < BLOB_SHORTEST or not string.find(rec, BLOB_MARK, 1, true) then return end
   local pos = 1
   for _ = 1, fields do pos = string.find(rec, '\0', pos, true) + 1 end
   blob_unref(blob_prefix(key), string.sub(rec, pos))
@@ -83,7 +88,7 @@ end
 -- stand-in's copy that merges with one already there (a payload waits in a
 -- delayed set once) drops its reference.
 local function blob_merge(key, member, p)
-  if string.byte(p, 1) == 0 and blob_is(p) and redis.call('ZSCORE', key, member) then
+  if #p >= BLOB_SHORTEST and blob_is(p) and redis.call('ZSCORE', key, member) then
     blob_unref(blob_prefix(key), p)
   end
 end
@@ -96,8 +101,9 @@ local function blob_merge_pairs(key, pairs, skip)
   local seen = {}
   for i = 2, #pairs, 2 do
     local m = pairs[i]
-    local p = skip and string.sub(m, skip + 1) or string.sub(m, string.find(m, '\0', 1, true) + 2)
-    if string.byte(p, 1) == 0 and blob_is(p) then
+    local p = #m >= BLOB_SHORTEST and (skip and string.sub(m, skip + 1)
+      or string.sub(m, string.find(m, '\0', 1, true) + 2)) or ''
+    if blob_is(p) then
       if seen[m] or redis.call('ZSCORE', key, m) then blob_unref(blob_prefix(key), p) end
       seen[m] = true
     end

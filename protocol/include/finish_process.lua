@@ -72,7 +72,7 @@ end
 -- A copy of `payload` leaves: a stand-in's blob loses a reference in
 -- finish_writes, after the first writes (include/blob.lua).
 local function finish_blob(payload)
-  if string.byte(payload, 1) == 0 and blob_is(payload) then
+  if blob_is(payload) then
     fin_blobs = fin_blobs or {}
     fin_blobs[#fin_blobs + 1] = payload
   end
@@ -82,7 +82,11 @@ end
 -- clear, and its payload only read where it is published or asked for.
 local function finish_first(id, rec)
   fin_gone[#fin_gone + 1] = id
-  if string.find(rec, '\0\0mesh-blob\0', 1, true) then finish_blob(finish_payload(rec)) end
+  -- a stand-in's record: the head, five more fields (10 bytes or more) and
+  -- a stand-in; a shorter record is told by its length alone
+  if #rec >= #fin_plain + 10 + BLOB_SHORTEST and string.find(rec, '\0\0mesh-blob\0', 1, true) then
+    finish_blob(finish_payload(rec))
+  end
   local payload = fin_payloads and finish_payload(rec)
   if finish_notify() then
     payload = payload or finish_payload(rec)
@@ -121,7 +125,7 @@ local function finish_process(id, rec)
       forget_weight(fin_share, payload)  -- the task leaves: its weight leaves the sums
       finish_blob(payload)
     end
-  elseif string.byte(payload, 1) == 0 then
+  elseif #payload >= BLOB_SHORTEST then
     finish_blob(payload)  -- a one-shot copy leaves
   end
   if persistent or tries ~= '0' then fin_attempts[#fin_attempts + 1] = payload end
