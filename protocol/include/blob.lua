@@ -35,10 +35,10 @@ end
 -- that adds copies calls it before its first write (and refuses the call for
 -- a blob gone), and refs the copies only when there is any.
 local function blob_missing(prefix, list, first)
-  local any = false
+  local any, shortest = false, BLOB_SHORTEST  -- in a register: one test per payload
   for i = first, #list do
     local p = list[i]
-    if #p >= BLOB_SHORTEST and blob_is(p) then
+    if #p >= shortest and blob_is(p) then
       if redis.call('EXISTS', blob_key(prefix, p)) == 0 then return i, true end
       any = true
     end
