@@ -218,6 +218,30 @@ async def test_a_big_payload_runs_with_its_exact_bytes_and_its_blob_leaves_when_
         await wait_until(gone, within=5, what="the blob gone after the finish")
 
 
+async def test_a_claimed_big_payload_whose_blob_is_gone_fails_and_never_reaches_the_handler(
+    redis_url: str, namespace: str, conn: Connection, keys: Keys
+) -> None:
+    p = big(b"lost")
+    ran: list[Process] = []
+
+    async def handler(proc: Process) -> None:
+        ran.append(proc)
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await client.enqueue(Q, p)
+        await conn.execute("DEL", blob_key(keys, p))  # lost behind the mesh's back
+        await w.start_work(Q, handler, max_attempts=1)
+
+        async def dead() -> bool:
+            return len(await client.dead_letters(Q)) == 1
+
+        await wait_until(dead, within=10, what="the dead letter")
+        (d,) = await client.dead_letters(Q)
+        assert d.task == standin(p) and ran == []
+        assert d.error.startswith("BlobGoneError: the big payload ")
+        assert hashlib.sha1(p).hexdigest() in d.error and "is gone from Redis" in d.error
+
+
 async def test_two_enqueues_of_one_big_payload_share_one_blob(
     redis_url: str, namespace: str, conn: Connection, keys: Keys
 ) -> None:
