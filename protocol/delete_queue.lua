@@ -65,11 +65,11 @@ do
   local ph = redis.call('HGETALL', KEYS[2])
   for i = 1, #ph, 2 do pers[ph[i]] = true; tally(ph[i]) end
   for _, p in ipairs(redis.call('SMEMBERS', KEYS[8])) do pers[p] = true; tally(p) end
-  local procs = redis.call('HVALS', KEYS[3])
-  for _, rec in ipairs(procs) do
+  local procs = redis.call('HGETALL', KEYS[3])  -- the documented ACL has no HVALS
+  for i = 2, #procs, 2 do
+    local rec = procs[i]
     if string.find(rec, '\0\0mesh-blob\0', 1, true) and not string.match(rec, '^[^%z]*%zp%z') then
-      local r = unpack_record(rec)
-      tally(r.payload)
+      tally(unpack_record(rec).payload)
     end
   end
   scan(KEYS[1], 'list')
