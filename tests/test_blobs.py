@@ -242,6 +242,22 @@ async def test_a_claimed_big_payload_whose_blob_is_gone_fails_and_never_reaches_
         assert hashlib.sha1(p).hexdigest() in d.error and "is gone from Redis" in d.error
 
 
+async def test_the_result_of_a_big_payload_is_found_by_the_payload(
+    redis_url: str, namespace: str
+) -> None:
+    p = big(b"result")
+
+    async def handler(proc: Process) -> bytes:
+        return b"%d bytes" % len(proc.task)
+
+    async with client_and_workers(redis_url, namespace, 1) as (client, (w,)):
+        await client.configure(Q, result_ttl=60)
+        await w.start_work(Q, handler)
+        await client.enqueue(Q, p)
+        with anyio.fail_after(10):
+            assert await client.result(Q, p) == b"%d bytes" % len(p)
+
+
 async def test_two_enqueues_of_one_big_payload_share_one_blob(
     redis_url: str, namespace: str, conn: Connection, keys: Keys
 ) -> None:
