@@ -38,7 +38,9 @@ __all__ = [
     "fetch",
     "is_standin",
     "parse_standin",
+    "payload_size",
     "standin",
+    "stored",
     "standins",
 ]
 
@@ -115,6 +117,33 @@ def parse_standin(p: bytes) -> Standin | None:
     if len(p) < 52 or p[51:52] != b"\0" or end < 0 or not p[52:end].isdigit():
         return None
     return Standin(p[11:51].decode(), int(p[52:end]), p[end + 1 :])
+
+
+def stored(p: bytes) -> bytes:
+    """What a queue holds for the payload a caller names with ``p``: ``p``
+    itself when it is a stand-in (a read gave it: :meth:`Client.tasks`,
+    :meth:`Client.dead_letters`, a reconcile's cancelled tasks), else
+    :func:`standin` of it. For the calls that name a task (cancel, a dead
+    letter's requeue or purge, a job's record, a result), never for those
+    that add one.
+
+    Raises:
+        ValueError: ``p`` starts with :data:`BLOB_MARK` but is no stand-in.
+    """
+    if p[:1] == b"\0" and p[:11] == BLOB_MARK:
+        if parse_standin(p) is None:
+            raise ValueError(
+                "task payload starts with b'\\x00mesh-blob\\x00' but is no stand-in of a "
+                "big payload: no task may start so"
+            )
+        return p
+    return standin(p)
+
+
+def payload_size(p: bytes) -> int:
+    """The size of the payload that a queue's entry ``p`` holds or stands for."""
+    s = parse_standin(p)
+    return len(p) if s is None else s.size
 
 
 def blob_key(keys: Keys, sha: str) -> str:

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from ._blob import BlobGoneError, fetch, is_standin, parse_standin, standin
+from ._blob import BlobGoneError, fetch, is_standin, parse_standin, stored
 from ._errors import ConfigError
 from ._keys import Keys, check_group, check_queue
 from ._reads import JOB_STATES, JobReads
@@ -698,13 +698,15 @@ async def job(reads: JobReads, queue: str, payload: bytes) -> Job | None:
         MeshConnectionError: Redis could not be reached.
         ProtocolError: a record in Redis is malformed.
     """
-    stored = standin(payload)  # a big one: as the queue holds it (mesh._blob)
-    found = await _job(reads, queue, stored)
-    if found is not None and stored is not payload:
+    held = stored(payload)  # a big one: as the queue holds it (mesh._blob)
+    found = await _job(reads, queue, held)
+    if found is not None and held is not payload:
         found = attrs.evolve(found, task=payload, size=len(payload))
+    elif found is not None and is_standin(held):
+        found = _unstand(found, PREVIEW)  # named by its stand-in: a preview
     if found is None or (found.attempts == 0 and found.state != "dead"):
         return found
-    raw = await reads.tries(queue, stored)
+    raw = await reads.tries(queue, held)
     return attrs.evolve(found, tries=parse_tries(raw))
 
 

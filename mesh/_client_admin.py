@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ._binding import payload_bytes
-from ._blob import BLOB_MIN, standins
+from ._blob import BLOB_MIN
 from ._client_core import ClientCore
 from ._client_groups import group_fields
 from ._epoch import adopt_value
@@ -255,7 +255,7 @@ class ClientAdmin(ClientCore):
         conn = self._check()
         check_queue(queue)
         # a big payload's dead letter holds its stand-in (mesh._blob)
-        payloads = None if tasks is None else standins(self._payloads(tasks))
+        payloads = None if tasks is None else self._payloads(tasks, named=True)
         if payloads == []:
             return 0
         done, _ = await self._binding.dead(conn, queue, mode, payloads)

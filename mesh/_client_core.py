@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from ._binding import Binding, payload_bytes
-from ._blob import BLOB_MIN, standins
+from ._blob import BLOB_MIN, standins, stored
 from ._connection import Connection
 from ._errors import ConflictError
 from ._keys import Keys
@@ -37,9 +37,14 @@ class ClientCore:
     def _check(self) -> Connection:
         return self._reads.check()
 
-    def _payloads(self, tasks: Iterable[object]) -> list[bytes]:
+    def _payloads(self, tasks: Iterable[object], *, named: bool = False) -> list[bytes]:
+        """The payloads ``tasks``; ``named``: as the calls that name tasks
+        take them (a stand-in a read gave names its big payload: see
+        :func:`mesh._blob.stored`), else as the calls that add them."""
         if isinstance(tasks, str | bytes | bytearray | memoryview):
             raise TypeError("tasks must be an iterable of payloads, not a single payload")
+        if named:
+            return [stored(payload_bytes(t, self._max_payload, named=True)) for t in tasks]
         return [payload_bytes(t, self._max_payload) for t in tasks]
 
     async def _replicated(self, conn: Connection) -> None:

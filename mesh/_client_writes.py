@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from ._binding import payload_bytes
-from ._blob import standin, standins
+from ._blob import standins, stored
 from ._client_core import ClientCore
 from ._errors import ConfigError
 from ._keys import check_group, check_queue
@@ -274,7 +274,7 @@ class ClientWrites(ClientCore):
         check_queue(queue)
         if group is not None:
             check_group(group)
-        payload = standin(payload_bytes(task))  # a big one: as the queue holds it
+        payload = stored(payload_bytes(task, named=True))  # a big one: as the queue holds it
         removed, cancelled = await self._binding.cancel(conn, queue, payload, group)
         return removed + cancelled
 

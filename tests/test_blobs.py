@@ -14,9 +14,10 @@ import pytest
 import mesh
 from mesh import ConflictError, Process, _browse
 from mesh._binding import Binding
-from mesh._blob import BLOB_MARK, BLOB_MIN, parse_standin, standin
+from mesh._blob import BLOB_MARK, BLOB_MIN, parse_standin, payload_size, standin
 from mesh._connection import Connection
 from mesh._keys import Keys
+from mesh._view import show_payload
 from mesh.testing import wait_until
 
 from .helpers import client_and_workers
@@ -56,6 +57,10 @@ def test_a_standin_is_a_pure_function_of_the_payload() -> None:
     assert (info.sha, info.size, info.head) == (hashlib.sha1(p).hexdigest(), len(p), p[:256])
     small = b"s" * BLOB_MIN
     assert standin(small) is small  # up to 1 MiB a payload is queued as it is
+    # shown to humans (mesh status, the dashboard) as the payload's first bytes
+    text = b"report:" + b"r" * (2 * MIB)
+    assert show_payload(standin(text), 20) == "report:rrrrrrrrrrrr…"
+    assert payload_size(standin(text)) == len(text) and payload_size(b"abc") == 3
 
 
 async def test_a_payload_starting_with_the_mark_is_refused_in_one_line(
@@ -349,6 +354,29 @@ async def test_dead_lettered_keeps_the_blob_requeue_runs_it_purge_drops_it(
         assert await refs(conn, keys, p) == 1
         assert await client.purge_dead(Q, [p]) == 1
         assert await refs(conn, keys, p) is None
+
+
+async def test_a_stand_in_that_a_read_gave_names_its_big_payload(
+    redis_url: str, namespace: str, conn: Connection, keys: Keys
+) -> None:
+    p = big(b"named")
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue(Q, p)
+        (held,) = await client.tasks(Q)  # raw reads give what the queue holds
+        assert held == standin(p)
+        found = await client.job(Q, held)
+        assert found is not None and (found.task, found.size, found.whole) == (
+            p[:256],
+            len(p),
+            False,
+        )
+        assert await client.cancel(Q, held) == 1
+        assert await refs(conn, keys, p) is None
+        # but a stand-in is never added as a task, nor a look-alike named
+        with pytest.raises(ValueError, match="mesh-blob"):
+            await client.enqueue(Q, held)
+        with pytest.raises(ValueError, match="is no stand-in"):
+            await client.cancel(Q, BLOB_MARK + b"x")
 
 
 async def test_delete_queue_drops_every_blob_of_the_queue(
