@@ -63,6 +63,20 @@ function parseStandin(p) {
 }
 
 /**
+ * What a queue holds for the task a caller names with `p` (cancel, result):
+ * `p` itself when it is a stand-in (a read gave it), else standin(p).
+ * @param {Buffer} p @returns {Buffer}
+ * @throws {RangeError} `p` starts with the mark but is no stand-in
+ */
+function stored(p) {
+  if (isStandin(p)) {
+    if (!parseStandin(p)) throw new RangeError("task payload starts with '\\0mesh-blob\\0' but is no stand-in of a big payload: no task may start so");
+    return p;
+  }
+  return standin(p);
+}
+
+/**
  * The payload whose stand-in is `p` (one HGET), or `p` itself if it is not
  * a stand-in.
  * @param {import('ioredis').Redis} r @param {import('./keys').Keys} keys @param {Buffer} p
@@ -80,4 +94,4 @@ async function fetchBlob(r, keys, p) {
   return got;
 }
 
-module.exports = { BLOB_MIN, BLOB_MARK, BLOB_HEAD, isStandin, checkPayload, standin, parseStandin, fetchBlob };
+module.exports = { BLOB_MIN, BLOB_MARK, BLOB_HEAD, isStandin, checkPayload, standin, stored, parseStandin, fetchBlob };

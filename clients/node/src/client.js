@@ -4,10 +4,10 @@
  * cancel, reconcile, await a result). Needs no worker.
  */
 const Redis = require('ioredis').default;
-const { Keys, checkQueue, checkGroup, payloadBytes } = require('./keys');
+const { Keys, checkQueue, checkGroup, payloadBytes, rawBytes } = require('./keys');
 const { Binding } = require('./binding');
 const { DeadLetterError, ConflictError } = require('./errors');
-const { BLOB_MIN, standin } = require('./blob');
+const { BLOB_MIN, standin, stored } = require('./blob');
 
 // result(): the queue's awaiting key (finish publishes done messages only
 // while it exists) lives this long and is renewed this often while waiting
@@ -216,7 +216,7 @@ class Client {
     checkQueue(queue);
     const group = options.group === undefined ? null : checkGroup(options.group);
     // a big payload: as the queue holds it (src/blob.js)
-    const [queued, running] = await this.binding.cancel(this.redis, queue, standin(payloadBytes(task)), group);
+    const [queued, running] = await this.binding.cancel(this.redis, queue, stored(rawBytes(task)), group);
     return queued + running;
   }
 
@@ -369,7 +369,7 @@ class Client {
    */
   async result(queue, task, options = {}) {
     checkQueue(queue);
-    const payload = standin(payloadBytes(task)); // a big one's records hold its stand-in
+    const payload = stored(rawBytes(task)); // a big one's records hold its stand-in
     const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
     const unwrap = (/** @type {any} */ got) => {
       if (got.dead) {

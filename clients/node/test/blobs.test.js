@@ -51,13 +51,18 @@ test('a big payload runs with its exact bytes; its blob leaves with its last cop
   const other = big('cancelled');
   try {
     await assert.rejects(client.enqueue('b', Buffer.from('\0mesh-blob\0x', 'latin1')), /mesh-blob/);
+    await assert.rejects(client.enqueue('b', ['ok', Buffer.from('\0mesh-blob\0x', 'latin1')]), /mesh-blob/);
+    assert.equal(await redis.exists(`{${ns}}:queue:b`), 0);
     await client.enqueue('b', [p, p]);
     assert.equal(await redis.hget(blobKey(ns, p), 'n'), '2');
     assert.equal(await redis.pttl(blobKey(ns, p)), -1);
     const queued = await redis.lrangeBuffer(`{${ns}}:queue:b`, 0, -1);
     assert.ok(queued.every((q) => q.equals(standin(p))));
     await client.enqueue('b', other);
-    assert.equal(await client.cancel('b', other), 1);
+    // cancelled by the stand-in a read gives, as by the payload
+    const [held] = await redis.lrangeBuffer(`{${ns}}:queue:b`, -1, -1);
+    assert.ok(held.equals(standin(other)));
+    assert.equal(await client.cancel('b', held), 1);
     assert.equal(await redis.exists(blobKey(ns, other)), 0);
     await assert.rejects(client.schedule('b', p, { everyMs: 1000 }), /at most 1048576 bytes/);
     await w.serve('b', (t) => { seen.push(t); });
