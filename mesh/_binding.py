@@ -653,7 +653,13 @@ class _QueueCalls(_Calls):
         """``put_blob.lua`` for each big payload of ``payloads`` (longer than
         :data:`~mesh._blob.BLOB_MIN`; once each), before the call that
         enqueues their stand-ins (see :mod:`mesh._blob`). An upload whose
-        enqueue never comes expires within an hour."""
+        enqueue never comes (an error, a cancellation) expires within an
+        hour.
+
+        Raises:
+            OutOfMemoryError, MeshConnectionError: as any script call; the
+                uploads made before it stay until they expire.
+        """
         done: set[bytes] = set()
         for p in payloads:
             if len(p) > BLOB_MIN:

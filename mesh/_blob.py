@@ -157,6 +157,8 @@ async def fetch(conn: Executor, keys: Keys, p: bytes) -> bytes:
     Raises:
         BlobGoneError: its blob is gone.
         MeshConnectionError: Redis could not be reached.
+
+    A read only: cancelled, it leaves nothing behind.
     """
     s = parse_standin(p)
     if s is None:
