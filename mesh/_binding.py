@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import outcome
 
+from ._blob import BLOB_MIN, check_payload, standin
 from ._errors import CommandError, MeshConnectionError, ProtocolError
 from ._eval import Executor, PipelineExecutor, ScriptCall, map_error, run_pipelined, run_script
 from ._keys import PROTOCOL_VERSION, Keys
@@ -61,12 +62,16 @@ class ClaimOptions(TypedDict, total=False):
 _CLAIM_MEMO = 64
 
 
-def payload_bytes(task: object, limit: int | None = None) -> bytes:
+def payload_bytes(task: object, limit: int | None = None, *, named: bool = False) -> bytes:
     """A task payload as bytes: ``str`` is encoded as UTF-8, bytes-likes are copied.
 
     Raises:
         TypeError: neither str nor bytes-like.
-        ValueError: longer than ``limit`` bytes.
+        ValueError: longer than ``limit`` bytes, or starting with the mark of
+            a payload stored out of line (:data:`~mesh._blob.BLOB_MARK`),
+            unless ``named`` (a call that names a task, not one that adds it:
+            then a stand-in a read gave passes, see
+            :func:`mesh._blob.stored`).
     """
     if isinstance(task, bytes):
         b = task
@@ -78,7 +83,7 @@ def payload_bytes(task: object, limit: int | None = None) -> bytes:
         raise TypeError(f"a task payload must be bytes or str, not {type(task).__name__}")
     if limit is not None and len(b) > limit:
         raise ValueError(f"task payload is {len(b)} bytes; the limit (max_payload) is {limit}")
-    return b
+    return b if named else check_payload(b)
 
 
 class _Calls:
@@ -643,6 +648,26 @@ class _ClaimCalls(_Calls):
 class _QueueCalls(_Calls):
     """The client's and the operator's calls: put tasks, delay, ensure,
     cancel, pause, dead letters, policies, schedules, counts."""
+
+    async def put_blobs(self, conn: Executor, payloads: Sequence[bytes]) -> None:
+        """``put_blob.lua`` for each big payload of ``payloads`` (longer than
+        :data:`~mesh._blob.BLOB_MIN`; once each), before the call that
+        enqueues their stand-ins (see :mod:`mesh._blob`). An upload whose
+        enqueue never comes (an error, a cancellation) expires within an
+        hour.
+
+        Raises:
+            OutOfMemoryError, MeshConnectionError: as any script call; the
+                uploads made before it stay until they expire.
+        """
+        done: set[bytes] = set()
+        for p in payloads:
+            if len(p) > BLOB_MIN:
+                s = standin(p)
+                if s not in done:
+                    done.add(s)
+                    key = f"{self.keys.prefix}blob:{s[11:51].decode()}"
+                    await self._run(conn, "put_blob", [key], [p])
 
     async def enqueue(
         self, conn: Executor, queue: str, payloads: Sequence[bytes], priority: int = 0

@@ -16,8 +16,10 @@ A page never carries whole payloads (one may be 64 MiB): ``peek.lua`` reads
 each entry inside Redis and returns its first bytes, its size and a
 fingerprint, a few calls a page (each stops at a byte budget, so a page of big
 payloads never holds Redis up for long); :func:`payload` fetches one whole by
-its ref. Redis still copies each entry once per read, so a page of fifty
-64 MiB payloads takes seconds (see ``bench/suites/payloads.py``).
+its ref. A payload over 1 MiB is queued as its stand-in (:mod:`mesh._blob`):
+a page shows the first bytes and the size the stand-in carries and never
+reads its blob, so a page of fifty 64 MiB payloads takes milliseconds (see
+``bench/suites/payloads.py``); :func:`payload` reads the blob.
 
 The protocol keeps no enqueue time for a queued one-shot task (it would cost a
 write per enqueue); :attr:`Job.enqueued` is known for persistent tasks that
@@ -33,6 +35,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
+from ._blob import BlobGoneError, fetch, is_standin, parse_standin, stored
 from ._errors import ConfigError
 from ._keys import Keys, check_group, check_queue
 from ._reads import JOB_STATES, JobReads
@@ -66,6 +69,9 @@ _REF_WINDOW = 200
 # Bytes of entries one peek.lua call reads at most (then it returns, and the
 # next call goes on): a page of 64 MiB payloads never holds Redis up long.
 _PEEK_BUDGET = 16 << 20
+# Bytes of a stand-in before the payload's first bytes (mesh._blob: the mark,
+# 40 hex digits, the size and two NUL bytes), read on top of a preview.
+_STANDIN_HEAD = 80
 # With a prefix, how many entries one call looks at (in chunks) at most.
 _SCAN_CHUNK = 500
 _SCAN_MAX = 20_000
@@ -278,11 +284,22 @@ async def jobs(
             break
         for j in chunk:
             pos += 1
-            if j.task.startswith(prefix):
+            if j.task.startswith(prefix) or await _long_match(reads, queue, j, prefix):
                 out.append(_cut(j, PREVIEW))
                 if len(out) == limit:
                     break
     return JobPage(tuple(out), f"c{pos}" if pos < total else None, total)
+
+
+async def _long_match(reads: JobReads, queue: str, j: Job, prefix: bytes) -> bool:
+    """Whether the payload of ``j``, a big one whose stand-in carries fewer
+    bytes than ``prefix`` (:mod:`mesh._blob`), starts with ``prefix``: its
+    first bytes match, so its blob is read (a prefix longer than 256 bytes
+    costs a read of each big payload it may match)."""
+    if not len(j.task) < len(prefix) <= j.size or not prefix.startswith(j.task) or j.ref is None:
+        return False
+    whole = await payload(reads, queue, j.ref)
+    return whole is not None and whole.startswith(prefix)
 
 
 def _cut(j: Job, n: int) -> Job:
@@ -300,8 +317,20 @@ async def _slice(
     reads: JobReads, queue: str, state: str, start: int, count: int, n: int
 ) -> tuple[list[Job], int]:
     """Entries start..start+count-1 of the state's order with ``n`` bytes of
-    each payload, and the state's total."""
-    return await PAGES[state](reads, queue, start, start + count - 1, n)
+    each payload, and the state's total. A big payload's entry is its
+    stand-in (:mod:`mesh._blob`): read with :data:`_STANDIN_HEAD` bytes more,
+    its job shows the payload's first bytes and size, with no blob read."""
+    got, total = await PAGES[state](reads, queue, start, start + count - 1, n + _STANDIN_HEAD)
+    return [_unstand(j, n) for j in got], total
+
+
+def _unstand(j: Job, n: int) -> Job:
+    """``j`` with at most ``n`` bytes of its payload; a stand-in's job with
+    the first bytes and the size of the payload it stands for."""
+    s = parse_standin(j.task)
+    if s is not None:
+        return attrs.evolve(j, task=s.head[:n], size=s.size)
+    return _cut(j, n)
 
 
 class _Entry(NamedTuple):
@@ -518,10 +547,20 @@ async def _group_slice(
     others by reading every running process, delayed job of the queue's
     groups or dead letter of the queue (previews only), as their keys are
     per queue, not per group."""
+    got_jobs, total = await _group_entries(reads, queue, group, state, start, count)
+    return [_unstand(j, PREVIEW) for j in got_jobs], total
+
+
+async def _group_entries(
+    reads: JobReads, queue: str, group: str, state: str, start: int, count: int
+) -> tuple[list[Job], int]:
+    """What :func:`_group_slice` lists, each payload read with
+    :data:`_STANDIN_HEAD` bytes more than a preview (a stand-in's head)."""
     k = reads.keys
+    n = PREVIEW + _STANDIN_HEAD
     if state == "running":
         pids = sorted(await reads.process_ids(queue), key=int)
-        _, got = await _peek(reads, k.procs(queue), "hash", 0, 0, PREVIEW, fields=8, names=pids)
+        _, got = await _peek(reads, k.procs(queue), "hash", 0, 0, n, fields=8, names=pids)
         mine = []
         for pid, e in zip(pids, got, strict=True):
             if e is not None:  # else finished since the HKEYS
@@ -531,7 +570,7 @@ async def _group_slice(
         return mine[start : start + count], len(mine)
     if state == "dead":
         (n_dead,) = await reads.sizes(queue, "dead")
-        _, got = await _peek(reads, k.dead(queue), "list", 0, n_dead - 1, PREVIEW, fields=5)
+        _, got = await _peek(reads, k.dead(queue), "list", 0, n_dead - 1, n, fields=5)
         dead = []
         for i, e in enumerate(got):
             if e is not None:
@@ -553,7 +592,7 @@ async def _group_slice(
             "zset",
             start,
             min(end, n_prio - 1),
-            PREVIEW,
+            n,
             skip=16,
             extras=extras,
         )
@@ -565,7 +604,7 @@ async def _group_slice(
             "list",
             max(0, start - n_prio),
             end - n_prio,
-            PREVIEW,
+            n,
             extras=extras,
         )
         entries += [(e.head, 0, e) for e in got if e is not None]
@@ -598,7 +637,7 @@ async def _group_delayed(
         out.append(
             Job(
                 queue,
-                payload[:PREVIEW],
+                payload[: PREVIEW + _STANDIN_HEAD],
                 "delayed",
                 priority=level,
                 due=int(due) / 1000,
@@ -667,7 +706,8 @@ async def payload(reads: JobReads, queue: str, ref: str) -> bytes | None:
     """The whole payload of the job ``ref`` names (a :attr:`Job.ref` of a
     page): looked for at its position and up to a few hundred positions
     around it (jobs ahead of it may have left or come since), by the
-    fingerprint of its payload; None if it is no longer there.
+    fingerprint of its payload; None if it is no longer there. A payload of
+    more than 1 MiB is read from its blob (:mod:`mesh._blob`): one more read.
 
     Raises:
         ConfigError: a bad queue name or ref.
@@ -675,6 +715,18 @@ async def payload(reads: JobReads, queue: str, ref: str) -> bytes | None:
         ProtocolError: a record in Redis is malformed.
     """
     check_queue(queue)
+    found = await _stored(reads, queue, ref)
+    if found is None or not is_standin(found):
+        return found
+    try:
+        return await fetch(reads.check(), reads.keys, found)
+    except BlobGoneError:
+        return None
+
+
+async def _stored(reads: JobReads, queue: str, ref: str) -> bytes | None:
+    """What the queue holds for the job ``ref`` names (a big payload's
+    stand-in: :mod:`mesh._blob`); None if it is no longer there."""
     state, at, fp = parse_ref(ref)
     if state == "running":
         rec = await reads.process_record(queue, at)
@@ -729,10 +781,15 @@ async def job(reads: JobReads, queue: str, payload: bytes) -> Job | None:
         MeshConnectionError: Redis could not be reached.
         ProtocolError: a record in Redis is malformed.
     """
-    found = await _job(reads, queue, payload)
+    held = stored(payload)  # a big one: as the queue holds it (mesh._blob)
+    found = await _job(reads, queue, held)
+    if found is not None and held is not payload:
+        found = attrs.evolve(found, task=payload, size=len(payload))
+    elif found is not None and is_standin(held):
+        found = _unstand(found, PREVIEW)  # named by its stand-in: a preview
     if found is None or (found.attempts == 0 and found.state != "dead"):
         return found
-    raw = await reads.tries(queue, payload)
+    raw = await reads.tries(queue, held)
     return attrs.evolve(found, tries=parse_tries(raw))
 
 
@@ -933,16 +990,23 @@ async def completed(
         start = len(head) - len(parts[4])
         size = int(parts[3])
         parsed.append((name, parts, size))
-        tails += [("GETRANGE", name, start + size, start + size + preview - 1), ("STRLEN", name)]
+        tails += [
+            ("GETRANGE", name, start + size, start + size + preview + _STANDIN_HEAD - 1),
+            ("STRLEN", name),
+        ]
     got = await reads.ranges(tails)
     for i, (_name, parts, size) in enumerate(parsed):
         head_len = len(b"\0".join(parts[:4])) + 1
         task, total = got[2 * i], int(got[2 * i + 1])
+        task_size = max(0, total - head_len - size)
+        big = parse_standin(task)  # a big payload's record holds its stand-in
+        if big is not None:
+            task, task_size = big.head, big.size
         out.append(
             Completed(
                 queue,
-                task,
-                max(0, total - head_len - size),
+                task[:preview],
+                task_size,
                 int(parts[1]) / 1000,
                 parts[2].decode(errors="replace"),
                 parts[4][: min(size, preview)] if parts[0] == b"v" else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ._binding import payload_bytes
+from ._blob import BLOB_MIN
 from ._client_core import ClientCore
 from ._client_groups import group_fields
 from ._epoch import adopt_value
@@ -141,11 +142,18 @@ class ClientAdmin(ClientCore):
         Raises:
             ConfigError: neither or both of every and cron, a period too
                 short, a bad cron expression, cronsim missing.
-            TypeError, ValueError: a bad payload or queue name.
+            TypeError, ValueError: a bad payload or queue name, or a payload
+                over 1 MiB (:data:`~mesh._blob.BLOB_MIN`: a schedule keeps
+                its payload inline; enqueue a small key to it instead).
         """
         conn = self._check()
         check_queue(queue)
         payload = payload_bytes(task, self._max_payload)
+        if len(payload) > BLOB_MIN:
+            raise ValueError(
+                f"a schedule's payload is at most {BLOB_MIN} bytes (1 MiB), not {len(payload)}: "
+                "schedule a small key to the data instead"
+            )
         spec = spec_of(every, cron)
         first = None
         if cron is not None:
@@ -246,7 +254,8 @@ class ClientAdmin(ClientCore):
     async def _dead(self, queue: str, mode: str, tasks: Iterable[bytes | str] | None) -> int:
         conn = self._check()
         check_queue(queue)
-        payloads = None if tasks is None else self._payloads(tasks)
+        # a big payload's dead letter holds its stand-in (mesh._blob)
+        payloads = None if tasks is None else self._payloads(tasks, named=True)
         if payloads == []:
             return 0
         done, _ = await self._binding.dead(conn, queue, mode, payloads)

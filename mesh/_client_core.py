@@ -6,14 +6,19 @@ The parts (writes, admin, reads, results) each add a group of methods;
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from ._binding import Binding, payload_bytes
+from ._blob import BLOB_MIN, standins, stored
 from ._connection import Connection
+from ._errors import ConflictError
 from ._keys import Keys
 from ._reads import Reader
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "ClientCore"]
+
+T = TypeVar("T")
 
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
 
@@ -32,9 +37,14 @@ class ClientCore:
     def _check(self) -> Connection:
         return self._reads.check()
 
-    def _payloads(self, tasks: Iterable[object]) -> list[bytes]:
+    def _payloads(self, tasks: Iterable[object], *, named: bool = False) -> list[bytes]:
+        """The payloads ``tasks``; ``named``: as the calls that name tasks
+        take them (a stand-in a read gave names its big payload: see
+        :func:`mesh._blob.stored`), else as the calls that add them."""
         if isinstance(tasks, str | bytes | bytearray | memoryview):
             raise TypeError("tasks must be an iterable of payloads, not a single payload")
+        if named:
+            return [stored(payload_bytes(t, self._max_payload, named=True)) for t in tasks]
         return [payload_bytes(t, self._max_payload) for t in tasks]
 
     async def _replicated(self, conn: Connection) -> None:
@@ -43,3 +53,30 @@ class ClientCore:
         MeshConnectionError otherwise."""
         if self._min_replicas:
             await conn.wait_replicas(self._min_replicas, conn.config.connect_timeout)
+
+    async def _with_blobs(
+        self,
+        conn: Connection,
+        payloads: list[bytes],
+        call: Callable[[list[bytes]], Awaitable[T]],
+    ) -> T:
+        """``call`` with what the queue holds for ``payloads``: the big ones
+        (over :data:`~mesh._blob.BLOB_MIN`) are uploaded first and passed as
+        stand-ins (see :mod:`mesh._blob`). An upload that expired before the
+        call (the call's CONFLICT says so) is made again, once.
+
+        Raises:
+            What ``call`` and the upload raise; on cancellation an upload
+            already made expires within an hour.
+        """
+        if not any(len(p) > BLOB_MIN for p in payloads):
+            return await call(payloads)
+        stored = standins(payloads)
+        for again in (False, True):
+            await self._binding.put_blobs(conn, payloads)
+            try:
+                return await call(stored)
+            except ConflictError as exc:
+                if again or "blob is gone" not in str(exc):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover

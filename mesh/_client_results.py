@@ -10,6 +10,7 @@ import anyio
 import outcome
 
 from ._binding import payload_bytes
+from ._blob import stored
 from ._client_core import ClientCore
 from ._errors import DeadLetterError, MeshError
 from ._keys import check_queue
@@ -73,7 +74,8 @@ class ClientResults(ClientCore):
         """
         conn = self._check()
         check_queue(queue)
-        payload = payload_bytes(task, self._max_payload)
+        # a big payload's records hold its stand-in (mesh._blob)
+        payload = stored(payload_bytes(task, self._max_payload, named=True))
         if timeout is not None:
             seconds("timeout", timeout)
         deadline = anyio.current_time() + (math.inf if timeout is None else timeout)

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from ._binding import payload_bytes
+from ._blob import standins, stored
 from ._client_core import ClientCore
 from ._errors import ConfigError
 from ._keys import check_group, check_queue
@@ -116,20 +117,28 @@ class ClientWrites(ClientCore):
         payloads = self._payloads(tasks)
         if not payloads:
             return 0
+        b = self._binding
         if group is not None:
+            g = group
             in_ms, at_ms = when if when is not None else (None, None)
-            r = await self._binding.enqueue_group(
-                conn, queue, group, payloads, in_ms=in_ms, at_ms=at_ms, priority=priority
+            r = await self._with_blobs(
+                conn,
+                payloads,
+                lambda ps: b.enqueue_group(
+                    conn, queue, g, ps, in_ms=in_ms, at_ms=at_ms, priority=priority
+                ),
             )
             await self._replicated(conn)
             return len(payloads) if when is None else r.added
         if when is None:
-            await self._binding.enqueue(conn, queue, payloads, priority)
+            await self._with_blobs(conn, payloads, lambda ps: b.enqueue(conn, queue, ps, priority))
             await self._replicated(conn)
             return len(payloads)
         in_ms, at_ms = when
-        r = await self._binding.delay(
-            conn, queue, payloads, in_ms=in_ms, at_ms=at_ms, priority=priority
+        r = await self._with_blobs(
+            conn,
+            payloads,
+            lambda ps: b.delay(conn, queue, ps, in_ms=in_ms, at_ms=at_ms, priority=priority),
         )
         await self._replicated(conn)
         return r.added
@@ -175,7 +184,8 @@ class ClientWrites(ClientCore):
         payloads = self._payloads(tasks)
         if not payloads:
             return []
-        added = await self._binding.ensure(conn, queue, payloads, weight)
+        b = self._binding
+        added = await self._with_blobs(conn, payloads, lambda ps: b.ensure(conn, queue, ps, weight))
         await self._replicated(conn)
         return added
 
@@ -199,7 +209,9 @@ class ClientWrites(ClientCore):
 
         Returns:
             The payloads this call added and the payloads this call cancelled
-            (one that a concurrent call cancelled first is not reported).
+            (one that a concurrent call cancelled first is not reported; a
+            cancelled payload of more than 1 MiB is reported as its stand-in,
+            see :mod:`mesh._blob`: it is not read back to be reported).
         """
         conn = self._check()
         check_queue(queue)
@@ -213,14 +225,20 @@ class ClientWrites(ClientCore):
         else:
             want = list(dict.fromkeys(self._payloads(tasks)))
         have = set(await self._reads.persistent(queue))
-        wanted = set(want)
+        # the queue holds a big payload's stand-in (mesh._blob): compared so
+        wanted = set(standins(want))
         extra = sorted(have - wanted)
         added: list[bytes] = []
         by_weight: dict[int, list[bytes]] = {}
         for p in want:
             by_weight.setdefault(weights.get(p, weight), []).append(p)
+        b = self._binding
         for w, group in sorted(by_weight.items()):
-            flags = await self._binding.ensure(conn, queue, group, w)
+
+            async def ensure(ps: list[bytes], w: int = w) -> list[bool]:
+                return await b.ensure(conn, queue, ps, w)
+
+            flags = await self._with_blobs(conn, group, ensure)
             added += [p for p, f in zip(group, flags, strict=True) if f]
         cancelled: list[bytes] = []
         for p in extra:
@@ -256,7 +274,8 @@ class ClientWrites(ClientCore):
         check_queue(queue)
         if group is not None:
             check_group(group)
-        removed, cancelled = await self._binding.cancel(conn, queue, payload_bytes(task), group)
+        payload = stored(payload_bytes(task, named=True))  # a big one: as the queue holds it
+        removed, cancelled = await self._binding.cancel(conn, queue, payload, group)
         return removed + cancelled
 
     async def delete_queue(self, queue: str) -> int:

@@ -28,10 +28,12 @@ from typing import Any, cast
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import attrs
 import outcome
 import trio
 
 from . import _telemetry
+from ._blob import is_standin
 from ._loop import CancelScope, Event, current
 from ._queue_config import BatchHandler, Handler, QueueConfig
 from ._runner_core import RunnerCore, describe_error, one_line
@@ -249,6 +251,10 @@ class HandlerPool:
         self.now: Callable[[], float] = self.loop.clock()
         # Whether handler runs get spans (asked once per claimed batch).
         self.traced = False
+        # Reads the payload of a stand-in (mesh._blob.fetch, bound to the
+        # runner's connection): the one read of Redis a handler's trio task
+        # makes, for a payload of more than 1 MiB, before its handler runs.
+        self.fetch: Callable[[bytes], Awaitable[bytes]] | None = None
 
     def items(self, processes: Sequence[Process]) -> list[_Slot | _Batch]:
         """Take a claim's processes to start: each runs here from now on (in
@@ -495,7 +501,11 @@ class HandlerPool:
         if timeout > 0:
             scope.deadline = began + timeout
         try:
-            coro = _telemetry.traced(handler, p) if self.traced else handler(p)
+            coro: Awaitable[Any]
+            if p.task[:1] == b"\0" and is_standin(p.task):
+                coro = self._whole(handler, p)
+            else:
+                coro = _telemetry.traced(handler, p) if self.traced else handler(p)
             ctx = self.ctx.copy()
             # The first step here: a handler that does not yield to trio
             # ends in it, with no generator around it.
@@ -539,7 +549,10 @@ class HandlerPool:
         if timeout > 0:
             scope.deadline = began + timeout
         try:
-            value = await _in_context(self.ctx.copy(), handler(procs), self)
+            if any(q.task[:1] == b"\0" and is_standin(q.task) for q in procs):
+                value = await _in_context(self.ctx.copy(), self._whole_batch(handler, procs), self)
+            else:
+                value = await _in_context(self.ctx.copy(), handler(procs), self)
         except Exception as exc:
             log.debug("batch handler of queue %s raised:", self.config.queue, exc_info=True)
             outcomes: Sequence[Any] = [exc] * len(procs)
@@ -561,6 +574,25 @@ class HandlerPool:
             else:
                 self.out.finished(p, out)
         self.wakeup.set()
+
+    async def _resolve(self, p: Process) -> Process:
+        """``p`` with its whole payload in place of its stand-in (see
+        :mod:`mesh._blob`); raises BlobGoneError when the blob is gone (the
+        attempt fails: a handler never sees a stand-in)."""
+        if not is_standin(p.task):
+            return p
+        assert self.fetch is not None, "a runner sets the pool's fetch"
+        return attrs.evolve(p, task=await self.fetch(p.task))
+
+    async def _whole(self, handler: Handler, p: Process) -> Any:
+        """The handler run on ``p`` with its big payload read first."""
+        whole = await self._resolve(p)
+        return await (_telemetry.traced(handler, whole) if self.traced else handler(whole))
+
+    async def _whole_batch(self, handler: BatchHandler, procs: list[Process]) -> Any:
+        """The batch handler run on ``procs`` with their big payloads read
+        first."""
+        return await handler([await self._resolve(q) for q in procs])
 
     def _batch_outcomes(self, procs: list[Process], value: object) -> Sequence[Any]:
         """What a batch handler returned, as one outcome per process: None

@@ -18,6 +18,7 @@ finish first, so the claim can take the slots it freed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
@@ -26,6 +27,7 @@ import anyio
 import anyio.abc
 
 from ._binding import Binding
+from ._blob import fetch
 from ._connection import Connection
 from ._errors import CommandError, FencedError, MeshConnectionError
 from ._pool import MOVED as MOVED
@@ -78,6 +80,7 @@ class QueueRunner:
         self._core = core = RunnerCore(config, counters, balance_wait, ttl)
         self._out = core.out
         self._pool = pool = HandlerPool(config, core, counters)
+        pool.fetch = functools.partial(fetch, conn, binding.keys)
         # With min_replicas, ``replicate`` waits until a claim is on the
         # replicas (WAIT) before its persistent tasks' handlers start.
         self._io = RunnerIO(

@@ -52,6 +52,7 @@ SCRIPT_NAMES = (
     "configure_group",
     "pause_group",
     "stats",
+    "put_blob",
 )
 
 # An include line, with its line end: the file it names (a path relative to

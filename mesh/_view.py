@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from ._blob import parse_standin
 from ._epoch import epoch_missing
 from ._errors import CommandError
 from ._group_reads import GroupsLook, read_groups
@@ -59,7 +60,14 @@ def show_payload(task: bytes, width: int = 80, ellipsis: str = "…") -> str:
     """A payload for humans (``mesh status``, the dashboard): its text when
     it is printable UTF-8, else a ``b'...'`` literal (``b''`` for the empty
     payload, never a blank); cut to ``width`` characters, the last ones
-    being ``ellipsis``. Sync, no I/O."""
+    being ``ellipsis``; a big payload's stand-in (:mod:`mesh._blob`) as the
+    payload's first bytes and an ``ellipsis``. Sync, no I/O."""
+    big = parse_standin(task)
+    if big is not None:
+        return (
+            show_payload(big.head, width, ellipsis).removesuffix(ellipsis)[: width - len(ellipsis)]
+            + ellipsis
+        )
     try:
         text = task.decode()
     except UnicodeDecodeError:

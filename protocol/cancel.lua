@@ -29,12 +29,15 @@
 --          {1, W...} when processes of the payload run on workers whose keys
 --          were not passed (nothing changed: call again with them).
 -- Errors: BAD_ARG (key count).
+-- Blobs: a stand-in's blob loses the references of every copy removed (a
+--        persistent task counts one, include/blob.lua).
 -- Publishes: each cancelled process id on the cancel channel of its worker.
 --!include include/record.lua
 --!include include/prio_remove.lua
 --!include include/cancelling.lua
 --!include include/add_share.lua
 --!include include/forget_weight.lua
+--!include include/blob.lua
 
 local nw = #ARGV - 2
 local glist = nil
@@ -58,7 +61,7 @@ local wkeys, missing = worker_keys(found, KEYS, ARGV, 2, 11, nw)
 if missing then return missing end
 
 local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEYS[5], payload)
-  + redis.call('HDEL', KEYS[7], payload)
+local reserved = redis.call('HDEL', KEYS[7], payload)
 if redis.call('EXISTS', KEYS[10]) == 1 then removed = removed + prio_remove(KEYS[10], payload) end
 if glist then
   local G = group_keys_of(KEYS[3], 'procs')
@@ -91,4 +94,9 @@ if owner or standby then
   if found[1] then add_share(KEYS[9], 'h' .. found[1][2], 1 - w) end
 end
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
-return {0, removed, #found}
+if #payload >= BLOB_SHORTEST then
+  -- a persistent task is one copy wherever it is; one-shot copies count each
+  local copies = (owner or standby) and 1 or removed + #found
+  if copies > 0 then blob_unref(blob_prefix(KEYS[1]), payload, copies) end
+end
+return {0, removed + reserved, #found}

@@ -19,6 +19,8 @@
 --          payload has become a persistent task of Q (requeue only)}.
 --          Running it twice: the second run finds nothing to do.
 -- Errors: BAD_ARG (mode).
+-- Blobs: a purged stand-in's blob loses a reference (include/blob.lua); a
+--        requeued one keeps it (the dead copy becomes the queued copy).
 -- Publishes: after a requeue, Q on the wake channels of up to (tasks
 --            requeued) + 1 idle servers of Q.
 --!include include/is_persistent.lua
@@ -26,6 +28,7 @@
 --!include include/wake_idle.lua
 --!include include/prio_add.lua
 --!include include/group.lua
+--!include include/blob.lua
 
 local mode = ARGV[3]
 if mode ~= 'requeue' and mode ~= 'purge' then
@@ -93,6 +96,14 @@ if mode == 'requeue' then
   if #gorder > 0 then
     local G = group_keys_of(KEYS[6], 'idle')
     for _, g in ipairs(gorder) do group_push(G, g, grouped[g], false, glevels[g]) end
+  end
+else
+  local prefix = nil
+  for _, p in ipairs(take) do
+    if blob_is(p) then
+      prefix = prefix or blob_prefix(KEYS[1])
+      blob_unref(prefix, p)
+    end
   end
 end
 return {#take, refused}

@@ -21,7 +21,9 @@
 -- ARGV[5] priority, 0..9 (a payload delayed twice keeps the higher)
 -- ARGV[6..] payloads
 -- Returns: {payloads newly delayed, the due time in ms (Redis clock), now_ms}.
--- Errors: CONFLICT (a payload is a persistent task of Q: nothing changed),
+-- Blobs: each stand-in newly delayed counts one reference (include/blob.lua).
+-- Errors: CONFLICT (a payload is a persistent task of Q, or a stand-in whose
+--         blob is gone: nothing changed),
 --         BAD_ARG (mode, time, priority), OOM (Redis is at maxmemory:
 --         nothing changed).
 -- Publishes: when the new due time is the queue's earliest, Q on the wake
@@ -33,6 +35,7 @@
 --!include include/count_arg.lua
 --!include include/delay_level.lua
 --!include include/wake_idle.lua
+--!include include/blob.lua
 
 local mode = ARGV[3]
 if mode ~= 'in' and mode ~= 'at' then
@@ -56,8 +59,22 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
+local prefix = blob_prefix(KEYS[2])
+local gone, big = blob_missing(prefix, ARGV, 6)
+if gone then return blob_gone(gone - 6) end
+local refs = {}  -- the stand-ins not delayed yet (one entry per payload)
+if big then
+  for i = 6, #ARGV do
+    local p = ARGV[i]
+    if blob_is(p) and not refs[p] and not redis.call('ZSCORE', KEYS[1], p) then
+      refs[#refs + 1] = p
+      refs[p] = true
+    end
+  end
+end
 -- the first write, refused at the memory limit (as in enqueue.lua)
 redis.call('SADD', KEYS[2], ARGV[1])
+for _, p in ipairs(refs) do blob_ref(prefix, p) end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #first == 0 or tonumber(first[2]) > due then
   -- before any task is written (see wake_idle); one task, one spare

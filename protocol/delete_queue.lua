@@ -26,11 +26,15 @@
 --          cancelled}, or
 --          {1, W...} as cancel.lua.
 -- Errors: BAD_ARG (key count).
+-- Blobs: a stand-in's blob loses the references of every copy deleted (a
+--        persistent task counts one; include/blob.lua). Costs a pass over
+--        the queue's entries (in chunks) to find them.
 -- Publishes: each cancelled process id on its worker's cancel channel, then
 --            "" on the delete channel.
 --!include include/call_chunked.lua
 --!include include/nudge.lua
 --!include include/cancelling.lua
+--!include include/blob.lua
 
 local nw = #ARGV - 3
 if #KEYS ~= 14 + 2 * nw then
@@ -40,6 +44,41 @@ local found = find_processes(KEYS[3], false)
 local wkeys, missing = worker_keys(found, KEYS, ARGV, 3, 14, nw)
 if missing then return missing end
 
+-- The copies of stand-ins among what goes (include/blob.lua): counted now,
+-- their references dropped after the deletes.
+local refs, pers = {}, {}
+local function tally(p, skip)
+  if blob_is(p) and not (skip and pers[p]) then
+    if not refs[p] then refs[#refs + 1] = p end
+    refs[p] = (refs[p] or 0) + 1
+  end
+end
+local function scan(key, shape, cut)
+  local len = redis.call(shape == 'list' and 'LLEN' or 'ZCARD', key)
+  for i = 0, len - 1, 1000 do
+    for _, m in ipairs(redis.call(shape == 'list' and 'LRANGE' or 'ZRANGE', key, i, i + 999)) do
+      tally(cut and cut(m) or m, true)
+    end
+  end
+end
+do
+  local ph = redis.call('HGETALL', KEYS[2])
+  for i = 1, #ph, 2 do pers[ph[i]] = true; tally(ph[i]) end
+  for _, p in ipairs(redis.call('SMEMBERS', KEYS[8])) do pers[p] = true; tally(p) end
+  local procs = redis.call('HGETALL', KEYS[3])  -- the documented ACL has no HVALS
+  for i = 2, #procs, 2 do
+    local rec = procs[i]
+    if string.find(rec, '\0\0mesh-blob\0', 1, true) and not string.match(rec, '^[^%z]*%zp%z') then
+      tally(unpack_record(rec).payload)
+    end
+  end
+  scan(KEYS[1], 'list')
+  scan(KEYS[5], 'zset')
+  scan(KEYS[13], 'zset', function(m) return string.sub(m, 17) end)
+  scan(KEYS[6], 'list', function(rec)  -- a dead letter: the payload is last
+    return string.match(rec, '^[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z[^%z]*%z(.*)$') or ''
+  end)
+end
 local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
   + redis.call('LLEN', KEYS[6]) + redis.call('HLEN', KEYS[10]) + redis.call('ZCARD', KEYS[13])
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
@@ -62,8 +101,12 @@ for i = 1, #gfields, 2 do
   if string.sub(f, 2, 2) == ':' and f ~= ':v' then name(string.sub(f, 3)) end
 end
 removed = removed + redis.call('ZCARD', G.delayed)
+-- (a member: G, a NUL byte, the flag, the level, the payload)
+scan(G.delayed, 'zset', function(m) return string.sub(m, string.find(m, '\0', 1, true) + 3) end)
 for _, g in ipairs(names) do
   removed = removed + redis.call('LLEN', G.list .. g) + redis.call('ZCARD', G.prio .. g)
+  scan(G.list .. g, 'list')
+  scan(G.prio .. g, 'zset', function(m) return string.sub(m, 17) end)
   redis.call('DEL', G.list .. g, G.prio .. g, G.rate .. g)
 end
 redis.call('DEL', G.ready, G.wait, G.delayed, G.hash)
@@ -79,5 +122,7 @@ for i = 1, #fields, 2 do
 end
 call_chunked('HDEL', KEYS[12], gone)
 if #gone > 0 then redis.call('HINCRBY', KEYS[12], ':gen', 1) end
+local prefix = blob_prefix(KEYS[1])
+for _, p in ipairs(refs) do blob_unref(prefix, p, refs[p]) end
 nudge(ARGV[3], '')
 return {0, removed, #found}

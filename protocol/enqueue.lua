@@ -15,13 +15,16 @@
 -- ARGV[4..] payloads, in order
 -- Returns: the length of the list afterwards, or with a priority the number
 --          of queued tasks with a priority.
--- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added),
---         BAD_ARG (priority), OOM (Redis is at maxmemory: nothing was added).
+-- Errors: CONFLICT (a payload is a persistent task of Q, or a stand-in whose
+--         blob is gone: nothing was added), BAD_ARG (priority), OOM (Redis is
+--         at maxmemory: nothing was added).
+-- Blobs: each stand-in added counts one reference (include/blob.lua).
 -- Publishes: Q on the wake channels of up to n + 1 idle servers of Q.
 --!include include/is_persistent.lua
 --!include include/count_arg.lua
 --!include include/prio_add.lua
 --!include include/wake_idle.lua
+--!include include/blob.lua
 
 local level, err = count_arg(ARGV[3], 'priority', 9)
 if err then return err end
@@ -35,12 +38,18 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
+local prefix = blob_prefix(KEYS[2])
+local gone, big = blob_missing(prefix, ARGV, 4)
+if gone then return blob_gone(gone - 4) end
 -- The first write is one that Redis refuses at the memory limit (SADD is
 -- "denyoom"; see "At the memory limit" in README.md): refused, nothing is
 -- written. Then wake (see wake_idle): refused, it must fail before any task
 -- is added, or a retry would add them twice.
 redis.call('SADD', KEYS[2], ARGV[1])
 wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
+if big then
+  for i = 4, #ARGV do blob_ref(prefix, ARGV[i]) end
+end
 if level > 0 then
   local payloads = {}
   for i = 4, #ARGV do payloads[#payloads + 1] = ARGV[i] end

@@ -20,7 +20,10 @@
 -- Returns: {the group's queued jobs afterwards (mode "now"; else the jobs
 --          newly delayed), the due time in ms (Redis clock; mode "now": now),
 --          now_ms}.
--- Errors: CONFLICT (a payload is a persistent task of Q: nothing was added),
+-- Blobs: each stand-in added counts one reference (include/blob.lua; one
+--        delayed again in the group is not added).
+-- Errors: CONFLICT (a payload is a persistent task of Q, or a stand-in whose
+--         blob is gone: nothing was added),
 --         BAD_ARG (group name, mode, time, priority), OOM (Redis is at maxmemory:
 --         nothing was added).
 -- Publishes: Q on the wake channels of up to n + 1 idle servers of Q (mode
@@ -29,6 +32,7 @@
 --!include include/is_persistent.lua
 --!include include/count_arg.lua
 --!include include/group.lua
+--!include include/blob.lua
 
 local q, g, mode = ARGV[1], ARGV[3], ARGV[4]
 if not string.match(g, '^[A-Za-z0-9_.:/@+=-]+$') or #g > 200 then
@@ -59,12 +63,29 @@ if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
     end
   end
 end
+local prefix = blob_prefix(KEYS[4])
+local gone, big = blob_missing(prefix, ARGV, 7)
+if gone then return blob_gone(gone - 7) end
+local delaying = mode ~= 'now' and due > now
+local refs = {}  -- the stand-ins to count (delayed: only those not delayed yet)
+if big then
+  local G = group_keys(prefix, q)
+  for i = 7, #ARGV do
+    local p = ARGV[i]
+    if blob_is(p) and not (delaying
+        and (refs[p] ~= nil or redis.call('ZSCORE', G.delayed, g .. '\0d' .. level .. p))) then
+      refs[#refs + 1] = p
+      refs[p] = true
+    end
+  end
+end
 -- The first write is one that Redis refuses at the memory limit (SADD is
 -- "denyoom"): refused, nothing is written.
 redis.call('SADD', KEYS[1], q)
 if n == 0 then return {0, due, now} end
-local G = group_keys(string.match(KEYS[4], '^(%b{}:)'), q)
-if mode ~= 'now' and due > now then
+for _, p in ipairs(refs) do blob_ref(prefix, p) end
+local G = group_keys(prefix, q)
+if delaying then
   local args = {}
   for i = 7, #ARGV do
     args[#args + 1] = due

@@ -23,8 +23,10 @@
 -- ARGV[3] the weight of the payloads, a whole number from 1 to 1000000
 -- ARGV[4..] payloads
 -- Returns: per payload 1 if added, 0 if it existed already.
+-- Blobs: each stand-in added counts one reference (include/blob.lua).
 -- Errors: CONFLICT (a payload is queued, delayed or running as a one-shot
---         task of Q: nothing was added), BAD_ARG (weight), OOM (Redis is at
+--         task of Q, or a new stand-in whose blob is gone: nothing was
+--         added), BAD_ARG (weight), OOM (Redis is at
 --         maxmemory: nothing changed, even for payloads already there).
 -- Cost: the one-shot check reads the queue (LPOS, or one pass for many
 --       payloads): O(queue length) when the queue holds tasks, the tasks
@@ -41,6 +43,7 @@
 --!include include/add_share.lua
 --!include include/add_tasks.lua
 --!include include/set_weight.lua
+--!include include/blob.lua
 
 local weight = tonumber(ARGV[3])
 if not weight or weight < 1 or weight > 1000000 or weight ~= math.floor(weight) then
@@ -102,7 +105,13 @@ elseif len > 0 then
     end
   end
 end
+local prefix = blob_prefix(KEYS[2])
+local gone, big = blob_missing(prefix, new, 1)
+if gone then return blob_gone(seen[new[gone]]) end
 redis.call('SADD', KEYS[2], ARGV[1])  -- the first write, refused at the memory limit
+if big then
+  for _, p in ipairs(new) do blob_ref(prefix, p) end
+end
 wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before any task is written, as in enqueue.lua
 to_standby(KEYS[3], KEYS[4], new, false, KEYS[7], now_ms())
 call_chunked('RPUSH', KEYS[1], new)

@@ -70,6 +70,7 @@
 --!include include/add_share.lua
 --!include include/parse_entry.lua
 --!include include/group.lua
+--!include include/blob.lua
 
 local mode = ARGV[2]
 if mode ~= 'return' and mode ~= 'fail' and mode ~= 'keep' then
@@ -140,7 +141,9 @@ for i = 7, #ARGV do
           group_free(r.group)
           outcome = 3
         elseif where == 'later' then
-          redis.call('ZADD', G.delayed, now + delay, r.group .. '\0r' .. r.level .. r.payload)
+          local member = r.group .. '\0r' .. r.level .. r.payload
+          blob_merge(G.delayed, member, r.payload)
+          redis.call('ZADD', G.delayed, now + delay, member)
           outcome = 2
         else
           gfront[#gfront + 1] = {tonumber(id), r.payload, r.group, r.level}
@@ -175,6 +178,7 @@ for i = 7, #ARGV do
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
           outcome = 3
         elseif where == 'later' then
+          blob_merge(KEYS[6], r.payload, r.payload)
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
           delay_level(KEYS[15], r.payload, r.level)
           outcome = 2

@@ -23,7 +23,10 @@ with one fault, named by its first argument:
 - ``group-blind``: ignores the ``group`` of an ``enqueue`` command (its
   tasks go to the queue's own list, as a peer that knows no groups would).
 - ``old-version``: registers as protocol version 9 (before priorities
-  within groups): a namespace of version 10 refuses it.
+  within groups and big payloads out of line): a namespace of version 10
+  refuses it.
+- ``blob-blind``: hands a handler a big payload's stand-in, not the payload
+  (it never reads the blob).
 - ``bad-loader``: its script loader ends lines with CRLF: the scripts still
   run, but are not the protocol's bytes (another SHA-1).
 
@@ -50,6 +53,7 @@ import mesh._history
 import mesh._host
 import mesh._keys
 import mesh._policy
+import mesh._pool
 import mesh._pubsub
 from mesh._scripts import Script, load_scripts
 from mesh.conformance import peer as reference
@@ -69,6 +73,7 @@ FAULTS = (
     "bad-loader",
     "group-blind",
     "old-version",
+    "blob-blind",
 )
 
 
@@ -137,6 +142,12 @@ def break_library(fault: str) -> None:
             return True
 
         mesh._history.CountsReporter.report = no_report  # type: ignore[method-assign]
+    elif fault == "blob-blind":
+
+        async def stand_in(self: Any, p: mesh.Process) -> mesh.Process:
+            return p
+
+        mesh._pool.HandlerPool._resolve = stand_in  # type: ignore[method-assign]
     elif fault == "old-version":
         setattr(mesh._binding, "PROTOCOL_VERSION", "9")  # noqa: B010 (a module attribute)
     elif fault == "bad-loader":

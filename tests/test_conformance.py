@@ -150,6 +150,12 @@ WRONG_PEERS = [
         "namespace holds protocol version 10, this client speaks 9",
     ),
     (
+        "blob-blind",
+        "17_big_payloads",
+        "FAIL scenario 17_big_payloads: big payload run:",
+        "should hold the whole payload of 3145728 bytes",
+    ),
+    (
         "bad-loader",
         "vectors",
         "FAIL vector cancel.json",

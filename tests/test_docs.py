@@ -214,7 +214,11 @@ async def test_the_acl_user_of_operating_md_can_run_a_mesh(
         await client.enqueue_many("jobs", ["g1", "g2"], group="t")
         await client.enqueue("jobs", "g3", group="t", delay=0.05)
         await client.enqueue("jobs", "gp", group="p")
-        await wait_until(lambda: len(seen) >= 9, what="9 tasks seen")
+        # a payload over 1 MiB: uploaded, run whole, its blob dropped (protocol 10)
+        big = b"big:" + b"x" * (1 << 21)
+        await client.enqueue("jobs", big)
+        await wait_until(lambda: len(seen) >= 10, what="10 tasks seen")
+        assert big in seen
         assert {g.name for g in (await client.groups("jobs")).groups} == {"t", "p"}
         assert await client.cancel("jobs", "gp", group="p") == 1
         await client.resume_group("jobs", "p")

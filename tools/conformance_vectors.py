@@ -15,6 +15,7 @@ JSON files like any other change of the contract.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -920,6 +921,44 @@ async def story_group_priorities(r: Recorder, b: Binding, raw: Connection) -> No
     await b.delete_queue(r.at("delete-queue-group-priorities", "the rest deleted"), "gp")
 
 
+def _standin(payload: bytes) -> tuple[str, bytes]:
+    """The blob key and the stand-in of ``payload`` (see "Big payloads out of
+    line" in protocol/README.md). The scripts tell a stand-in by its mark,
+    not by its size: a vector's payload stays small."""
+    sha = hashlib.sha1(payload).hexdigest()
+    head = b"\0mesh-blob\0" + sha.encode() + b"\0%d\0" % len(payload)
+    return f"{{vgen}}:blob:{sha}", head + payload
+
+
+async def story_blobs(r: Recorder, b: Binding, raw: Connection) -> None:
+    """A big payload stored out of line: uploaded (put_blob.lua, expiring
+    until referenced), enqueued as its stand-in twice (two references),
+    refused when its blob is gone, finished (one left) and cancelled (the
+    blob goes with its last copy)."""
+    put = load_scripts()["put_blob"]
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "q")
+    key, s = _standin(b"a big payload")
+    await run_script(r.at("put-blob-new", "upload a payload: kept an hour until referenced"),
+                     put, [key], [b"a big payload"])  # fmt: skip
+    await run_script(r.at("put-blob-again", "the same payload again: nothing new"),
+                     put, [key], [b"a big payload"])  # fmt: skip
+    await b.enqueue(r.at("enqueue-blob", "its stand-in enqueued twice: two references, kept"),
+                    "q", [s, s])  # fmt: skip
+    _, gone = _standin(b"an upload that expired")
+    await expect_error(
+        b.enqueue(r.at("enqueue-blob-gone", "a stand-in whose blob is gone: refused"), "q", [gone])
+    )
+    c = await b.claim(r, "w1", "i1", "q", 1, 5, ttl_ms=3000)
+    await b.finish(r.at("finish-blob", "a finished copy drops its reference"),
+                   "w1", "i1", "q", [p.id for p in c.processes])  # fmt: skip
+    await b.cancel(r.at("cancel-blob", "the last copy cancelled: the blob goes"), "q", s)
+    await run_script(r, put, [key], [b"a big payload"])
+    await b.ensure(r.at("ensure-blob", "a persistent big task: one reference"), "q", [s], 1)
+    await b.delete_queue(r.at("delete-queue-blob", "the queue deleted: its blobs go"), "q")
+
+
 async def _unwrap(o: Any) -> Any:
     return o.unwrap()
 
@@ -934,6 +973,7 @@ STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_finish_claim,
     story_groups,
     story_group_priorities,
+    story_blobs,
 ]
 
 

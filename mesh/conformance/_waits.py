@@ -10,8 +10,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .._blob import standin
 from ._peers import Peers
 from ._record import Interval, ScenarioFailed
+from .peer import padded
 
 # A wait condition: whether it holds, and what was seen when it did not.
 _Condition = tuple[Callable[[], bool], Callable[[], str]]
@@ -168,7 +170,11 @@ class Waits(Peers):
                 )
         elif "result" in cond:
             task = str(cond["result"])
-            h = hashlib.sha1(task.encode()).hexdigest()
+            # with "size": the task padded to that many bytes, stored out of
+            # line (its records hold its stand-in), and echoed whole
+            whole = padded(task, int(cond["size"])) if "size" in cond else task.encode()
+            stored = standin(whole)
+            h = hashlib.sha1(stored).hexdigest()
 
             async def check() -> bool:
                 raw = await self.conn.execute("GET", f"{ns}result:{h}:{queue}")
@@ -176,6 +182,9 @@ class Waits(Peers):
                     return False
                 kind, _, _, n, rest = raw.split(b"\0", 4)
                 value, payload = rest[: int(n)], rest[int(n) :]
+                if "size" in cond:
+                    seen[0] = (kind.decode(), f"{len(value)} bytes, {value[:40]!r}...")
+                    return bool(payload == stored and kind == b"v" and value == whole)
                 seen[0] = (kind.decode(), value.decode(errors="replace"))
                 want = ("n", "") if cond.get("value") is None else ("v", cond["value"])
                 return bool(payload == task.encode() and seen[0] == want)
@@ -183,7 +192,12 @@ class Waits(Peers):
             def what() -> str:
                 return (
                     f"the result record of {task!r} (queue {queue}) should hold "
-                    f"{cond.get('value')!r} within {within:.2f} s; "
+                    + (
+                        f"the whole payload of {cond['size']} bytes"
+                        if "size" in cond
+                        else repr(cond.get("value"))
+                    )
+                    + f" within {within:.2f} s; "
                     + ("there is none" if seen[0] is None else f"it holds {seen[0]}")
                     + " (a peer writes it with finish_results.lua when the queue's policy "
                     "has a result TTL)"

@@ -35,6 +35,7 @@ import anyio
 import anyio.abc
 
 import mesh
+from mesh._blob import BLOB_MIN
 from mesh._connection import Connection, open_connection
 from mesh._keys import Keys
 from mesh._loop import run
@@ -150,7 +151,10 @@ class Peer:
                 )
                 self.emit(event="ack", op="serve", queue=queue)
             elif op == "enqueue":
-                added = await client.enqueue_many(queue, cmd["tasks"], group=cmd.get("group"))
+                tasks = cmd["tasks"]
+                if "size" in cmd:  # each padded to that many bytes: a big payload
+                    tasks = [padded(str(t), int(cmd["size"])) for t in tasks]
+                added = await client.enqueue_many(queue, tasks, group=cmd.get("group"))
                 self.emit(event="ack", op="enqueue", added=_count(added))
             elif op == "ensure":
                 flags = await client.ensure_many(queue, cmd["tasks"])
@@ -219,7 +223,7 @@ class Peer:
             raise mesh.ConfigError(f"unknown handler {spec!r}")
 
         async def handler(p: mesh.Process) -> bytes | None:
-            task = p.task.decode()
+            task = task_text(p.task)
             token = str(p.token)
             began = anyio.current_time()
             self.emit(event="start", queue=p.queue, task=task, token=token, worker=p.worker_id)
@@ -288,6 +292,21 @@ def error_code(exc: mesh.MeshError) -> str:
     if isinstance(exc, mesh.ConfigError):
         return "BAD_COMMAND"
     return "ERROR"
+
+
+def padded(task: str, size: int) -> bytes:
+    """A task of an enqueue with ``size``: ``task`` padded with ``.`` bytes to
+    ``size`` bytes (a payload of more than 1 MiB is stored out of line)."""
+    b = task.encode()
+    return b + b"." * max(0, size - len(b))
+
+
+def task_text(payload: bytes) -> str:
+    """A payload as events name it: its text; one of more than 1 MiB (a
+    padded task) by its text before its first ``.``."""
+    if len(payload) > BLOB_MIN:
+        return payload.split(b".", 1)[0].decode()
+    return payload.decode()
 
 
 def _count(added: object) -> int:

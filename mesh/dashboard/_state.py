@@ -15,6 +15,7 @@ import anyio
 import anyio.abc
 import attrs
 
+from .._blob import payload_size
 from .._browse import fingerprint
 from .._client import Client
 from .._epoch import EPOCH_MISSING_HINT
@@ -136,9 +137,9 @@ class Tracker:
             rows.append(
                 {
                     "queue": p.queue,
-                    "task": shown(p.task, len(p.task)),
+                    "task": shown(p.task, payload_size(p.task)),
                     "key": _key(p.task),
-                    "size": len(p.task),
+                    "size": payload_size(p.task),  # a big one's: its stand-in says
                     "owner": p.worker_id,
                     "token": str(p.token),
                     "age": round(ov.now - p.started, 1),
@@ -152,9 +153,9 @@ class Tracker:
                 rows.append(
                     {
                         "queue": qc.info.name,
-                        "task": shown(t, len(t)),
+                        "task": shown(t, payload_size(t)),
                         "key": _key(t),
-                        "size": len(t),
+                        "size": payload_size(t),
                         "owner": None,
                         "token": None,
                         # how long it has had no owner (Redis keeps since when)

@@ -1,6 +1,6 @@
 -- include/finish_process.lua: finish_begin, finish_process, finish_writes
--- (with finish_notify, finish_payload, finish_group and finish_first, which
--- they use),
+-- (with finish_notify, finish_payload, finish_group, finish_blob and
+-- finish_first, which they use),
 -- what finish.lua, finish_results.lua and finish_claim.lua share (the
 -- worker, its keys and the done channel are given to finish_begin); needs:
 --!include include/record_head.lua
@@ -10,6 +10,7 @@
 --!include include/add_share.lua
 --!include include/forget_weight.lua
 --!include include/group.lua
+--!include include/blob.lua
 
 -- The state of one finish call, in upvalues (cheaper per process than the
 -- fields of a table): W's record prefix, the awaiting key, the ids and
@@ -19,6 +20,8 @@ local fin_worker, fin_wz, fin_awaiting, fin_gone, fin_seen, fin_attempts, fin_we
 local fin_plain, fin_payloads, fin_procs, fin_held, fin_pers, fin_att, fin_share, fin_channel
 -- the groups whose jobs finished: in order, and how many of each
 local fin_groups, fin_group_n
+-- the stand-ins of the copies that left (include/blob.lua), nil for none
+local fin_blobs
 
 -- Start a finish call of W (`worker`) on Q: `procs`, `held`, `persistent`,
 -- `attempts`, `share` are Q's keys {ns}:procs:<Q>, {ns}:held:<W>:<Q>,
@@ -36,6 +39,7 @@ local function finish_begin(worker, procs, held, persistent, attempts, share, aw
   fin_plain = fin_wz .. 'o\0' .. '0\0'
   fin_gone, fin_seen, fin_attempts = {}, {}, {}
   fin_groups, fin_group_n = nil, nil  -- made with the first group's job
+  fin_blobs = nil
   return fin_wz
 end
 
@@ -65,10 +69,24 @@ local function finish_group(g)
   group_tally(fin_groups, fin_group_n, g)
 end
 
+-- A copy of `payload` leaves: a stand-in's blob loses a reference in
+-- finish_writes, after the first writes (include/blob.lua).
+local function finish_blob(payload)
+  if blob_is(payload) then
+    fin_blobs = fin_blobs or {}
+    fin_blobs[#fin_blobs + 1] = payload
+  end
+end
+
 -- Finish a one-shot task on its first attempt: no weight, no attempts to
 -- clear, and its payload only read where it is published or asked for.
 local function finish_first(id, rec)
   fin_gone[#fin_gone + 1] = id
+  -- a stand-in's record: the head, five more fields (10 bytes or more) and
+  -- a stand-in; a shorter record is told by its length alone
+  if #rec >= #fin_plain + 10 + BLOB_SHORTEST and string.find(rec, '\0\0mesh-blob\0', 1, true) then
+    finish_blob(finish_payload(rec))
+  end
   local payload = fin_payloads and finish_payload(rec)
   if finish_notify() then
     payload = payload or finish_payload(rec)
@@ -105,7 +123,10 @@ local function finish_process(id, rec)
     add_share(fin_share, 'h' .. fin_worker, 1 - w)  -- its weight leaves W's held weight
     if mine then
       forget_weight(fin_share, payload)  -- the task leaves: its weight leaves the sums
+      finish_blob(payload)
     end
+  elseif #payload >= BLOB_SHORTEST then
+    finish_blob(payload)  -- a one-shot copy leaves
   end
   if persistent or tries ~= '0' then fin_attempts[#fin_attempts + 1] = payload end
   if string.byte(kind, 1) == 103 then finish_group(string.sub(kind, 3)) end
@@ -119,6 +140,10 @@ local function finish_writes()
   call_chunked('HDEL', fin_procs, fin_gone)
   call_chunked('SREM', fin_held, fin_gone)
   call_chunked('HDEL', fin_att, fin_attempts)
+  if fin_blobs then
+    local prefix = blob_prefix(fin_procs)
+    for _, p in ipairs(fin_blobs) do blob_unref(prefix, p) end
+  end
   if fin_groups then
     group_release_many(group_keys_of(fin_procs, 'procs'), fin_groups, fin_group_n)
   end

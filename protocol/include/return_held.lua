@@ -10,6 +10,7 @@
 --!include include/delay_level.lua
 --!include include/to_standby.lua
 --!include include/group.lua
+--!include include/blob.lua
 
 -- Hand every process in `held` (a worker's set of process ids on one queue)
 -- back to the front of `queue`, oldest claim first. With count_attempt (the
@@ -130,6 +131,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   call_chunked('HDEL', procs, gone)
   to_standby(persistent, standby, pers, true, unowned, now)
   call_chunked('LPUSH', queue, front)
+  blob_merge_pairs(delayed, later, 0)
   call_chunked('ZADD', delayed, later, 2)
   call_chunked('RPUSH', queue, back_end)
   call_chunked('RPUSH', dead, buried)
@@ -155,6 +157,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       table.insert(levels[j[2]], j[3])
     end
     for _, g in ipairs(border) do group_push(G, g, back[g], true, levels[g]) end
+    blob_merge_pairs(G.delayed, glater, nil)
     call_chunked('ZADD', G.delayed, glater, 2)
     group_release_many(G, gorder, gfreed)
   end

@@ -9,6 +9,7 @@ const readline = require('node:readline');
 const Redis = require('ioredis').default;
 const { Client, Worker, PROTOCOL_VERSION } = require('../src/index');
 const { scriptByName } = require('../src/scripts');
+const { parseStandin } = require('../src/blob');
 
 /** The error codes of the scripts (protocol/README.md, "Error codes"). */
 const SCRIPT_CODES = new Set(['FENCED', 'DUPLICATE_WORKER', 'VERSION', 'CONFLICT', 'NOT_SERVING', 'BAD_ARG', 'OOM']);
@@ -111,8 +112,33 @@ function makeHandler(h) {
   throw new BadCommand(`unknown handler ${JSON.stringify(h)}`);
 }
 
-/** @param {any} e */
-const taskText = (e) => e.task.toString('utf8');
+/**
+ * A task as events name it: its text; a payload stored out of line (a
+ * stand-in, protocol 10) by its text before its first '.' (a task enqueued
+ * with "size" is T padded with '.' bytes).
+ * @param {any} e
+ */
+const taskText = (e) => {
+  const big = parseStandin(e.task);
+  if (!big) return e.task.toString('utf8');
+  const head = big.head.toString('utf8');
+  return head.split('.', 1)[0];
+};
+
+/**
+ * The payloads of an enqueue command: with "size" N, each task T padded with
+ * '.' bytes to N bytes (a big payload: protocol 10).
+ * @param {Record<string, any>} cmd @returns {(string | Buffer)[]}
+ */
+function enqueued(cmd) {
+  if (cmd.size === undefined) return cmd.tasks;
+  if (!Number.isInteger(cmd.size) || cmd.size < 0) throw new BadCommand(`size must be a whole number, got ${cmd.size}`);
+  return cmd.tasks.map((/** @type {string} */ t) => {
+    const b = Buffer.alloc(Math.max(cmd.size, Buffer.byteLength(t)), '.');
+    b.write(t, 0, 'utf8');
+    return b;
+  });
+}
 
 /** @param {Record<string, any>} cmd */
 async function handle(cmd) {
@@ -166,7 +192,8 @@ async function handle(cmd) {
     }
     case 'enqueue': {
       // with "group": into that group of the queue (enqueue_group.lua)
-      await getClient().enqueue(cmd.queue, cmd.tasks, cmd.group === undefined ? {} : { group: cmd.group });
+      // with "size": each task padded to that many bytes (a big payload)
+      await getClient().enqueue(cmd.queue, enqueued(cmd), cmd.group === undefined ? {} : { group: cmd.group });
       emit({ event: 'ack', op: 'enqueue', added: cmd.tasks.length });
       return;
     }

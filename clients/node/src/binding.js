@@ -5,6 +5,7 @@
  */
 const { runScript } = require('./scripts');
 const { PROTOCOL_VERSION } = require('./keys');
+const { BLOB_MIN, standin } = require('./blob');
 const { MeshError, FencedError } = require('./errors');
 
 /** @typedef {import('ioredis').Redis} Redis */
@@ -370,6 +371,23 @@ class Binding {
   async reapCheck(r, limit, leaseMs) {
     const raw = await runScript(r, 'reap_check', [this.keys.workers], [limit, leaseMs]);
     return { nowMs: num(raw[0]), nextMs: num(raw[1]), workers: num(raw[2]), dead: raw.slice(3).map(str) };
+  }
+
+  /**
+   * put_blob.lua for each payload of `payloads` longer than BLOB_MIN (once
+   * each), before the call that enqueues their stand-ins (src/blob.js). An
+   * upload whose enqueue never comes expires within an hour.
+   * @param {Redis} r @param {Buffer[]} payloads */
+  async putBlobs(r, payloads) {
+    const done = new Set();
+    for (const p of payloads) {
+      if (p.length <= BLOB_MIN) continue;
+      const s = standin(p);
+      const sha = s.subarray(11, 51).toString('latin1');
+      if (done.has(sha)) continue;
+      done.add(sha);
+      await runScript(r, 'put_blob', [`${this.keys.prefix}blob:${sha}`], [p]);
+    }
   }
 
   /** enqueue.lua: the queue's length afterwards.

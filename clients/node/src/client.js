@@ -4,9 +4,10 @@
  * cancel, reconcile, await a result). Needs no worker.
  */
 const Redis = require('ioredis').default;
-const { Keys, checkQueue, checkGroup, payloadBytes } = require('./keys');
+const { Keys, checkQueue, checkGroup, payloadBytes, rawBytes } = require('./keys');
 const { Binding } = require('./binding');
-const { DeadLetterError } = require('./errors');
+const { DeadLetterError, ConflictError } = require('./errors');
+const { BLOB_MIN, standin, stored } = require('./blob');
 
 // result(): the queue's awaiting key (finish publishes done messages only
 // while it exists) lives this long and is renewed this often while waiting
@@ -73,9 +74,31 @@ class Client {
     if (options.atMs !== undefined) throw new TypeError('atMs needs a group (use delayMs without one)');
     if (payloads.length === 0) return 0;
     if (options.delayMs !== undefined && options.delayMs > 0) {
-      return (await this.binding.delay(this.redis, queue, payloads, Math.round(options.delayMs), priority)).added;
+      const ms = Math.round(options.delayMs);
+      return this._withBlobs(payloads, async (ps) => (await this.binding.delay(this.redis, queue, ps, ms, priority)).added);
     }
-    return this.binding.enqueue(this.redis, queue, payloads, priority);
+    return this._withBlobs(payloads, (ps) => this.binding.enqueue(this.redis, queue, ps, priority));
+  }
+
+  /**
+   * `call` with what the queue holds for `payloads`: those longer than 1 MiB
+   * (BLOB_MIN) are uploaded first and passed as stand-ins (src/blob.js). An
+   * upload that expired before the call (its CONFLICT says so) is made again, once.
+   * @template T
+   * @param {Buffer[]} payloads @param {(ps: Buffer[]) => Promise<T>} call
+   * @returns {Promise<T>}
+   */
+  async _withBlobs(payloads, call) {
+    if (!payloads.some((p) => p.length > BLOB_MIN)) return call(payloads);
+    const stored = payloads.map(standin);
+    for (let again = false; ; again = true) {
+      await this.binding.putBlobs(this.redis, payloads);
+      try {
+        return await call(stored);
+      } catch (err) {
+        if (again || !(err instanceof ConflictError) || !err.message.includes('blob is gone')) throw err;
+      }
+    }
   }
 
   /**
@@ -96,7 +119,8 @@ class Client {
     let when;
     if (options.atMs !== undefined) when = { at: options.atMs };
     else if (options.delayMs) when = { in: options.delayMs };
-    return (await this.binding.enqueueGroup(this.redis, queue, group, payloads, when, options.priority ?? 0)).count;
+    return this._withBlobs(payloads,
+      async (ps) => (await this.binding.enqueueGroup(this.redis, queue, group, ps, when, options.priority ?? 0)).count);
   }
 
   /**
@@ -171,7 +195,7 @@ class Client {
     checkQueue(queue);
     const payloads = (Array.isArray(tasks) ? tasks : [tasks]).map(payloadBytes);
     if (payloads.length === 0) return 0;
-    const flags = await this.binding.ensure(this.redis, queue, payloads, options.weight ?? 1);
+    const flags = await this._withBlobs(payloads, (ps) => this.binding.ensure(this.redis, queue, ps, options.weight ?? 1));
     return flags.filter(Boolean).length;
   }
 
@@ -190,7 +214,8 @@ class Client {
   async cancel(queue, task, options = {}) {
     checkQueue(queue);
     const group = options.group === undefined ? null : checkGroup(options.group);
-    const [queued, running] = await this.binding.cancel(this.redis, queue, payloadBytes(task), group);
+    // a big payload: as the queue holds it (src/blob.js)
+    const [queued, running] = await this.binding.cancel(this.redis, queue, stored(rawBytes(task)), group);
     return queued + running;
   }
 
@@ -201,13 +226,18 @@ class Client {
    * scheduling it again replaces its period.
    * @param {string} queue @param {Task} task @param {{everyMs: number}} options
    * @returns {Promise<boolean>} true if new, false if it replaced a schedule
-   * @throws {RangeError} everyMs is not a whole number >= 1 (nothing written)
+   * @throws {RangeError} everyMs is not a whole number >= 1, or a payload over
+   *   1 MiB (a schedule keeps its payload inline; nothing written)
    */
   async schedule(queue, task, options) {
     checkQueue(queue);
+    const payload = payloadBytes(task);
+    if (payload.length > BLOB_MIN) {
+      throw new RangeError(`a schedule's payload is at most ${BLOB_MIN} bytes (1 MiB), not ${payload.length}: schedule a small key to the data instead`);
+    }
     const ms = options.everyMs;
     if (!Number.isInteger(ms) || ms < 1) throw new RangeError(`everyMs must be a whole number >= 1, got ${ms}`);
-    const [added] = await this.binding.schedule(this.redis, queue, payloadBytes(task), `every ${ms}`);
+    const [added] = await this.binding.schedule(this.redis, queue, payload, `every ${ms}`);
     return added;
   }
 
@@ -265,11 +295,12 @@ class Client {
       return [b.toString('latin1'), b];
     })).values()];
     const have = await this.persistentTasks(queue);
-    const wanted = new Set(want.map((b) => b.toString('utf8')));
+    // the queue holds a big payload's stand-in (src/blob.js): compared so
+    const wanted = new Set(want.map((b) => standin(b).toString('utf8')));
     /** @type {string[]} */
     const added = [];
     if (want.length) {
-      const flags = await this.binding.ensure(this.redis, queue, want, options.weight ?? 1);
+      const flags = await this._withBlobs(want, (ps) => this.binding.ensure(this.redis, queue, ps, options.weight ?? 1));
       want.forEach((b, i) => { if (flags[i]) added.push(b.toString('utf8')); });
     }
     /** @type {string[]} */
@@ -338,7 +369,7 @@ class Client {
    */
   async result(queue, task, options = {}) {
     checkQueue(queue);
-    const payload = payloadBytes(task);
+    const payload = stored(rawBytes(task)); // a big one's records hold its stand-in
     const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
     const unwrap = (/** @type {any} */ got) => {
       if (got.dead) {

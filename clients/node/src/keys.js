@@ -4,6 +4,7 @@
  * Every key starts with `{ns}:` so that a namespace is one Cluster hash slot.
  */
 const crypto = require('node:crypto');
+const { checkPayload } = require('./blob');
 
 /** The protocol version this package speaks. */
 const PROTOCOL_VERSION = '10';
@@ -128,11 +129,23 @@ class Keys {
  * @returns {Buffer}
  * @throws {TypeError} neither a string nor bytes
  */
-function payloadBytes(task) {
+function rawBytes(task) {
   if (typeof task === 'string') return Buffer.from(task, 'utf8');
   if (Buffer.isBuffer(task)) return task;
   if (task instanceof Uint8Array) return Buffer.from(task);
   throw new TypeError(`a task payload must be a string or bytes, not ${typeof task}`);
 }
 
-module.exports = { PROTOCOL_VERSION, Keys, checkQueue, checkGroup, checkWorkerId, payloadBytes };
+/**
+ * A payload to add as bytes (rawBytes), refused when it starts with the mark
+ * of a stand-in (src/blob.js).
+ * @param {string | Buffer | Uint8Array} task
+ * @returns {Buffer}
+ * @throws {TypeError} neither a string nor bytes
+ * @throws {RangeError} it starts with the mark of a stand-in
+ */
+function payloadBytes(task) {
+  return checkPayload(rawBytes(task));
+}
+
+module.exports = { PROTOCOL_VERSION, Keys, checkQueue, checkGroup, checkWorkerId, payloadBytes, rawBytes };

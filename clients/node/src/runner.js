@@ -5,6 +5,7 @@
  * what a rebalance or a stop asks for once its handler has exited
  * (invariant 10), and asks peers for tasks when below its fair share.
  */
+const { isStandin, fetchBlob } = require('./blob');
 
 /** @typedef {import('./binding').Process} Process */
 /** @typedef {import('./binding').QueueBeat} QueueBeat */
@@ -339,7 +340,10 @@ class Runner {
     w.emit('start', info);
     const run = (async () => {
       try {
-        return { ok: true, value: await this.handler(proc.task, {
+        // a big payload's stand-in: its payload is read first (src/blob.js);
+        // a blob that is gone fails the attempt, the handler never sees it
+        const task = isStandin(proc.task) ? await fetchBlob(w.redis, w.keys, proc.task) : proc.task;
+        return { ok: true, value: await this.handler(task, {
           signal: ac.signal, token: proc.token, id: proc.id, queue: this.queue,
           persistent: proc.persistent, group: proc.group, attempts: proc.attempts, worker: gen.id }) };
       } catch (error) {

@@ -23,6 +23,7 @@ const SCRIPT_NAMES = [
   'register', 'serve', 'heartbeat', 'claim', 'finish', 'finish_results', 'give_back',
   'drain', 'recycle', 'reap_check', 'rebalance', 'enqueue', 'delay', 'ensure',
   'cancel', 'configure', 'fire', 'stats', 'schedule', 'enqueue_group', 'configure_group', 'pause_group',
+  'put_blob',
 ];
 
 // An include line, with its line end: the file it names (a path relative to
