@@ -316,16 +316,21 @@ class Soak:
                 for k in range(sent, min(n, sent + batch))
             ]
             for group, part in self.groups.split(payloads, self.rng):
-                await self.enqueue_acknowledged(part, group)
+                # a group's jobs, now and then with a priority (protocol 10)
+                prio = self.rng.choice((0, 0, 4, 8)) if group is not None else 0
+                await self.enqueue_acknowledged(part, group, prio)
                 self.groups.acknowledged(part, group)
             sent += len(payloads)
             await trio.sleep(per_batch)
 
-    async def enqueue_acknowledged(self, payloads: list[bytes], group: str | None) -> None:
-        """Enqueue ``payloads`` (into ``group``), retried until acknowledged."""
+    async def enqueue_acknowledged(
+        self, payloads: list[bytes], group: str | None, priority: int = 0
+    ) -> None:
+        """Enqueue ``payloads`` (into ``group``, at ``priority``), retried
+        until acknowledged."""
         for _ in range(100):  # retried until acknowledged
             try:
-                await self.h.client.enqueue_many("jobs", payloads, group=group)
+                await self.h.client.enqueue_many("jobs", payloads, group=group, priority=priority)
                 break
             except mesh.OutOfMemoryError:
                 # refused at the limit: nothing stored, not acknowledged;
@@ -810,8 +815,9 @@ async def run_phases(args: argparse.Namespace, phases: list[str]) -> int:
                         for n in range(10**9):
                             payload = b"!hold=0.005;j%06d" % n
                             group = groups.pick(rng)
+                            prio = rng.choice((0, 0, 4, 8)) if group is not None else 0
                             try:
-                                await client.enqueue("jobs", payload, group=group)
+                                await client.enqueue("jobs", payload, group=group, priority=prio)
                                 acknowledged.append(payload)
                                 groups.acknowledged([payload], group)
                             except mesh.MeshConnectionError:
