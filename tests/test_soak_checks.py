@@ -25,10 +25,14 @@ async def test_the_snapshot_finds_group_jobs_and_their_counts_agree(
     await b.enqueue_group(conn, Q, "free", [b"f0"])
     running = (await b.claim(conn, "w1", inc, Q, 10, 0)).processes
     assert sorted(p.task for p in running) == [b"c0", b"c1", b"f0"]
-    await conn.execute("ZADD", keys.group_delayed(Q), 1, b"free\0dlater")
+    # a delayed job (the member: group, NUL, flag, level, payload), and a
+    # queued one with a priority (in the group's priority set)
+    await conn.execute("ZADD", keys.group_delayed(Q), 1, b"free\0d0later")
+    await b.enqueue_group(conn, Q, "capped", [b"urgent"], priority=5)
     snap = await checks.snapshot(conn, keys, [Q], ["capped", "free"])
     places = snap.places(Q)
-    assert [places[p] for p in (b"c0", b"c1", b"c2", b"f0", b"later")] == [1, 1, 1, 1, 1]
+    found = [places[p] for p in (b"c0", b"c1", b"c2", b"f0", b"later", b"urgent")]
+    assert found == [1, 1, 1, 1, 1, 1]
     assert checks.running_by_group(snap, Q) == {"capped": 2, "free": 1}
     assert checks.group_violations(snap, Q, {"capped": 2}) == []
     # a cap of 1 is exceeded by the 2 running

@@ -35,7 +35,16 @@ for i = 3 + ngroups, #ARGV do
   local q = ARGV[i]
   local gq = {}
   for j = 3, 2 + ngroups do
-    gq[#gq + 1] = redis.call('LRANGE', p .. 'gq:' .. q .. '|' .. ARGV[j], 0, -1)
+    -- a group's queued jobs: those with a priority (their member's payload
+    -- after the level and order number), then its list
+    local jobs = {}
+    for _, m in ipairs(redis.call('ZRANGE', p .. 'gp:' .. q .. '|' .. ARGV[j], 0, -1)) do
+      jobs[#jobs + 1] = string.sub(m, 17)
+    end
+    for _, m in ipairs(redis.call('LRANGE', p .. 'gq:' .. q .. '|' .. ARGV[j], 0, -1)) do
+      jobs[#jobs + 1] = m
+    end
+    gq[#gq + 1] = jobs
   end
   local held = {}
   for _, w in ipairs(workers) do
@@ -152,8 +161,8 @@ async def snapshot(
             )
         gdelayed = []
         for m in gdel:
-            g, _, rest = m.partition(b"\0")
-            gdelayed.append((g.decode(), rest[:1].decode(), rest[1:]))
+            g, _, rest = m.partition(b"\0")  # then the flag, the level, the payload
+            gdelayed.append((g.decode(), rest[:1].decode(), rest[2:]))
         # a queued persistent task: in the standby set, or a field of the
         # persistent hash with the value "" (include/to_standby.lua)
         marks = _pairs(pers)
@@ -247,7 +256,7 @@ def group_violations(snap: Snapshot, queue: str, caps: dict[str, int]) -> list[s
       retries waiting for their backoff (which hold their slot): a slot
       leaked, or one counted twice;
     * the count of queued group jobs (``:n``) is not the length of the
-      groups' lists.
+      groups' lists and priority sets.
     """
     state = snap.queues[queue]
     bad: list[str] = []
@@ -266,7 +275,7 @@ def group_violations(snap: Snapshot, queue: str, caps: dict[str, int]) -> list[s
     queued = sum(len(jobs) for jobs in state.group_queued.values())
     n = int(state.group_hash.get(b":n", b"0"))
     if n != queued:
-        bad.append(f"{queue}: {n} group jobs counted queued (':n'), {queued} in the lists")
+        bad.append(f"{queue}: {n} group jobs counted queued (':n'), {queued} in the groups")
     return bad
 
 
@@ -289,8 +298,9 @@ async def group_leftovers(conn: Any, keys: Keys, queue: str) -> list[str]:
     for key in (keys.group_ready(queue), keys.group_wait(queue), keys.group_delayed(queue)):
         if await conn.execute("EXISTS", key):
             bad.append(f"{queue}: {key} left")
-    for key in await conn.execute("KEYS", f"{keys.prefix}gq:{queue}|*"):
-        bad.append(f"{queue}: {key.decode()} left")
+    for pattern in (f"{keys.prefix}gq:{queue}|*", f"{keys.prefix}gp:{queue}|*"):
+        for key in await conn.execute("KEYS", pattern):
+            bad.append(f"{queue}: {key.decode()} left")
     for key in await conn.execute("KEYS", f"{keys.prefix}grate:{queue}|*"):
         if await conn.execute("PTTL", key) < 0:
             bad.append(f"{queue}: {key.decode()} left without an expiry")
