@@ -123,7 +123,7 @@ async def pool(procs: list[Process], rounds: int) -> float:
 
     r = QueueRunner(
         None,  # type: ignore[arg-type]  # no I/O here
-        None,  # type: ignore[arg-type]
+        Binding(Keys("bench")),  # (its keys name the blobs the pool would fetch: none here)
         "w",
         "i",
         QueueConfig("bench", handler, BATCH, 0, 1.0, 1.0),
