@@ -666,7 +666,7 @@ class _QueueCalls(_Calls):
                 s = standin(p)
                 if s not in done:
                     done.add(s)
-                    key = f"{self.keys.prefix}blob:{s[11:51].decode()}"
+                    key = self.keys.blob(s[11:51].decode())  # (the stand-in's SHA-1)
                     await self._run(conn, "put_blob", [key], [p])
 
     async def enqueue(

@@ -85,7 +85,7 @@ def check_payload(p: bytes) -> bytes:
     Raises:
         ValueError: it does (such a payload would read as a stand-in).
     """
-    if p[:1] == b"\0" and p[:11] == BLOB_MARK:
+    if is_standin(p):
         raise ValueError(
             "task payload starts with b'\\x00mesh-blob\\x00', the mark of a payload "
             "stored out of line: no task may start so"
@@ -130,7 +130,7 @@ def stored(p: bytes) -> bytes:
     Raises:
         ValueError: ``p`` starts with :data:`BLOB_MARK` but is no stand-in.
     """
-    if p[:1] == b"\0" and p[:11] == BLOB_MARK:
+    if is_standin(p):
         if parse_standin(p) is None:
             raise ValueError(
                 "task payload starts with b'\\x00mesh-blob\\x00' but is no stand-in of a "
@@ -146,11 +146,6 @@ def payload_size(p: bytes) -> int:
     return len(p) if s is None else s.size
 
 
-def blob_key(keys: Keys, sha: str) -> str:
-    """The key of the blob of SHA-1 ``sha`` (hex)."""
-    return f"{keys.prefix}blob:{sha}"
-
-
 async def fetch(conn: Executor, keys: Keys, p: bytes) -> bytes:
     """The payload whose stand-in is ``p`` (one ``HGET``).
 
@@ -163,10 +158,10 @@ async def fetch(conn: Executor, keys: Keys, p: bytes) -> bytes:
     s = parse_standin(p)
     if s is None:
         return p
-    got = await conn.execute("HGET", blob_key(keys, s.sha), "d")
+    got = await conn.execute("HGET", keys.blob(s.sha), "d")
     if got is None:
         raise BlobGoneError(
             f"the big payload {s.sha} ({s.size} bytes) is gone from Redis "
-            f"({blob_key(keys, s.sha)} does not exist): it cannot run"
+            f"({keys.blob(s.sha)} does not exist): it cannot run"
         )
     return bytes(got)

@@ -183,6 +183,12 @@ class Keys:
         """LIST: the queued jobs of group ``g`` of ``q`` without a priority."""
         return f"{self.prefix}gq:{q}|{g}"
 
+    def blob(self, sha: str) -> str:
+        """HASH: the payload stored out of line whose SHA-1 is ``sha`` (hex):
+        ``d`` the payload, ``n`` the entries that reference it
+        (:mod:`mesh._blob`)."""
+        return f"{self.prefix}blob:{sha}"
+
     def group_prio(self, q: str, g: str) -> str:
         """ZSET: the queued jobs of group ``g`` of ``q`` with a priority
         (as :meth:`prio`)."""

@@ -35,7 +35,7 @@ def big(tag: bytes, size: int = 3 * MIB) -> bytes:
 
 
 def blob_key(keys: Keys, payload: bytes) -> str:
-    return f"{keys.prefix}blob:{hashlib.sha1(payload).hexdigest()}"
+    return keys.blob(hashlib.sha1(payload).hexdigest())
 
 
 async def refs(conn: Connection, keys: Keys, payload: bytes) -> int | None:
