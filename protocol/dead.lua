@@ -69,7 +69,7 @@ call_chunked('RPUSH', KEYS[1], keep)
 if mode == 'requeue' then
   call_chunked('HDEL', KEYS[3], take)
   -- each to the back of its place, in order: the queue, a priority, a group
-  local plain, leveled, lorder, grouped, glevels, gorder = {}, {}, {}, {}, {}, {}
+  local ungrouped, ulevels, grouped, glevels, gorder = {}, {}, {}, {}, {}
   for i, payload in ipairs(take) do
     local kind = kinds[i]
     local level = #kind > 1 and string.byte(kind, 2) - 48 or 0
@@ -81,18 +81,14 @@ if mode == 'requeue' then
       end
       table.insert(grouped[g], payload)
       table.insert(glevels[g], level)
-    elseif level > 0 then
-      if not leveled[level] then
-        leveled[level] = {}
-        lorder[#lorder + 1] = level
-      end
-      table.insert(leveled[level], payload)
     else
-      plain[#plain + 1] = payload
+      ungrouped[#ungrouped + 1] = payload
+      ulevels[#ungrouped] = level
     end
   end
+  local plain, order, at = prio_split(ungrouped, ulevels)
   call_chunked('RPUSH', KEYS[2], plain)
-  for _, level in ipairs(lorder) do prio_add(KEYS[7], level, leveled[level], false) end
+  for _, level in ipairs(order) do prio_add(KEYS[7], level, at[level], false) end
   if #gorder > 0 then
     local G = group_keys_of(KEYS[6], 'idle')
     for _, g in ipairs(gorder) do group_push(G, g, grouped[g], false, glevels[g]) end

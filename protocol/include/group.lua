@@ -185,23 +185,10 @@ local function group_push(G, g, payloads, front, levels)
   local plain = payloads
   if levels and levels ~= 0 then
     -- the prioritized ones, per level in order, and the rest
-    plain = {}
-    local at, order, np = {}, {}, 0
-    for i, p in ipairs(payloads) do
-      local l = type(levels) == 'table' and levels[i] or levels
-      if l > 0 then
-        if not at[l] then
-          at[l] = {}
-          order[#order + 1] = l
-        end
-        table.insert(at[l], p)
-        np = np + 1
-      else
-        plain[#plain + 1] = p
-      end
-    end
+    local order, at
+    plain, order, at = prio_split(payloads, levels)
     for _, l in ipairs(order) do prio_add(G.prio .. g, l, at[l], front) end
-    if np > 0 then redis.call('HINCRBY', G.hash, ':np', np) end
+    if #plain < #payloads then redis.call('HINCRBY', G.hash, ':np', #payloads - #plain) end
   end
   local len = 0
   local key = G.list .. g

@@ -1,4 +1,4 @@
--- include/prio_add.lua: prio_add; needs:
+-- include/prio_add.lua: prio_add, prio_split; needs:
 --!include include/call_chunked.lua
 
 -- Priorities. A one-shot task with a priority of 1..9 waits in
@@ -29,4 +29,25 @@ local function prio_add(prio, level, payloads, front)
     args[#args + 1] = level .. string.format('%015.0f', seq + i - 1) .. p
   end
   call_chunked('ZADD', prio, args, 2)
+end
+
+-- `payloads` (in order) split by priority, `levels` a level for all or a
+-- table of one per payload: those of level 0 (a list, in order), the levels
+-- of the others in the order first met, and per level its payloads in order
+-- (what prio_add takes).
+local function prio_split(payloads, levels)
+  local plain, order, at = {}, {}, {}
+  for i, p in ipairs(payloads) do
+    local l = type(levels) == 'table' and levels[i] or levels
+    if l > 0 then
+      if not at[l] then
+        at[l] = {}
+        order[#order + 1] = l
+      end
+      table.insert(at[l], p)
+    else
+      plain[#plain + 1] = p
+    end
+  end
+  return plain, order, at
 end
