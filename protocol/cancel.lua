@@ -38,6 +38,8 @@
 --!include include/add_share.lua
 --!include include/forget_weight.lua
 --!include include/blob.lua
+local groups = group_lib()
+local blobs = blob_lib()
 
 local nw = #ARGV - 2
 local glist = nil
@@ -64,12 +66,12 @@ local removed = redis.call('LREM', KEYS[1], 0, payload) + redis.call('ZREM', KEY
 local reserved = redis.call('HDEL', KEYS[7], payload)
 if redis.call('EXISTS', KEYS[10]) == 1 then removed = removed + prio_remove(KEYS[10], payload) end
 if glist then
-  local G = group_keys_of(KEYS[3], 'procs')
+  local G = groups.keys_of(KEYS[3], 'procs')
   local g = string.sub(glist, #G.list + 1)
   local gone = redis.call('LREM', glist, 0, payload)
   local pgone = redis.call('EXISTS', G.prio .. g) == 1 and prio_remove(G.prio .. g, payload) or 0
   gone = gone + pgone
-  group_prio_gone(G, pgone)
+  groups.prio_gone(G, pgone)
   if gone > 0 and redis.call('HINCRBY', G.hash, ':n', -gone) <= 0 then redis.call('HDEL', G.hash, ':n') end
   -- delayed, at any priority (the member names it: include/group.lua)
   local ds, rs = {}, {}
@@ -81,7 +83,7 @@ if glist then
   local retries = redis.call('ZREM', G.delayed, unpack(rs))
   if retries > 0 then
     removed = removed + retries
-    group_release(G, g, retries)  -- a retry waiting for its backoff held a slot
+    groups.release(G, g, retries)  -- a retry waiting for its backoff held a slot
   end
 end
 redis.call('HDEL', KEYS[11], payload)
@@ -97,6 +99,6 @@ cancel_found(found, KEYS[3], wkeys, ARGV[2])
 if #payload >= BLOB_SHORTEST then
   -- a persistent task is one copy wherever it is; one-shot copies count each
   local copies = (owner or standby) and 1 or removed + #found
-  if copies > 0 then blob_unref(blob_prefix(KEYS[1]), payload, copies) end
+  if copies > 0 then blobs.unref(blobs.prefix(KEYS[1]), payload, copies) end
 end
 return {0, removed + reserved, #found}

@@ -25,6 +25,7 @@
 --            start more jobs than before.
 --!include include/count_arg.lua
 --!include include/group.lua
+local groups = group_lib()
 
 local q, g, mode = ARGV[1], ARGV[3], ARGV[4]
 if g ~= '' and (not string.match(g, '^[A-Za-z0-9_.:/@+=-]+$') or #g > 200) then
@@ -33,7 +34,7 @@ end
 if mode ~= 'set' and mode ~= 'clear' then
   return redis.error_reply('BAD_ARG mode must be "set" or "clear"')
 end
-local G = group_keys(string.match(KEYS[1], '^(%b{}:)'), q)
+local G = groups.keys(string.match(KEYS[1], '^(%b{}:)'), q)
 local field = g == '' and ':default' or 'c:' .. g
 local stored = nil
 if mode == 'set' then
@@ -69,12 +70,12 @@ end
 -- that runs jobs: the others are ready already, or have none queued)
 local woke = 0
 if g ~= '' then
-  if group_ready(G, g) then woke = 1 end
+  if groups.ready(G, g) then woke = 1 end
 else
   local fields = redis.call('HGETALL', G.hash)
   for i = 1, #fields, 2 do
     local f = fields[i]
-    if string.sub(f, 1, 2) == 'r:' and group_ready(G, string.sub(f, 3)) then woke = woke + 1 end
+    if string.sub(f, 1, 2) == 'r:' and groups.ready(G, string.sub(f, 3)) then woke = woke + 1 end
   end
 end
 if woke > 0 then wake_idle(KEYS[1], ARGV[2], q, woke) end

@@ -29,6 +29,8 @@
 --!include include/prio_add.lua
 --!include include/group.lua
 --!include include/blob.lua
+local groups = group_lib()
+local blobs = blob_lib()
 
 local mode = ARGV[3]
 if mode ~= 'requeue' and mode ~= 'purge' then
@@ -90,15 +92,15 @@ if mode == 'requeue' then
   call_chunked('RPUSH', KEYS[2], plain)
   for _, level in ipairs(order) do prio_add(KEYS[7], level, at[level], false) end
   if #gorder > 0 then
-    local G = group_keys_of(KEYS[6], 'idle')
-    for _, g in ipairs(gorder) do group_push(G, g, grouped[g], false, glevels[g]) end
+    local G = groups.keys_of(KEYS[6], 'idle')
+    for _, g in ipairs(gorder) do groups.push(G, g, grouped[g], false, glevels[g]) end
   end
 else
   local prefix = nil
   for _, p in ipairs(take) do
-    if blob_is(p) then
-      prefix = prefix or blob_prefix(KEYS[1])
-      blob_unref(prefix, p)
+    if blobs.is(p) then
+      prefix = prefix or blobs.prefix(KEYS[1])
+      blobs.unref(prefix, p)
     end
   end
 end

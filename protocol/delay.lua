@@ -36,6 +36,7 @@
 --!include include/delay_level.lua
 --!include include/wake_idle.lua
 --!include include/blob.lua
+local blobs = blob_lib()
 
 local mode = ARGV[3]
 if mode ~= 'in' and mode ~= 'at' then
@@ -59,14 +60,14 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
-local prefix = blob_prefix(KEYS[2])
-local gone, big = blob_missing(prefix, ARGV, 6)
-if gone then return blob_gone(gone - 6) end
+local prefix = blobs.prefix(KEYS[2])
+local gone, big = blobs.missing(prefix, ARGV, 6)
+if gone then return blobs.gone(gone - 6) end
 local refs = {}  -- the stand-ins not delayed yet (one entry per payload)
 if big then
   for i = 6, #ARGV do
     local p = ARGV[i]
-    if blob_is(p) and not refs[p] and not redis.call('ZSCORE', KEYS[1], p) then
+    if blobs.is(p) and not refs[p] and not redis.call('ZSCORE', KEYS[1], p) then
       refs[#refs + 1] = p
       refs[p] = true
     end
@@ -74,7 +75,7 @@ if big then
 end
 -- the first write, refused at the memory limit (as in enqueue.lua)
 redis.call('SADD', KEYS[2], ARGV[1])
-for _, p in ipairs(refs) do blob_ref(prefix, p) end
+for _, p in ipairs(refs) do blobs.ref(prefix, p) end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #first == 0 or tonumber(first[2]) > due then
   -- before any task is written (see wake_idle); one task, one spare

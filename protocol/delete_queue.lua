@@ -35,6 +35,8 @@
 --!include include/nudge.lua
 --!include include/cancelling.lua
 --!include include/blob.lua
+local groups = group_lib()
+local blobs = blob_lib()
 
 local nw = #ARGV - 3
 if #KEYS ~= 14 + 2 * nw then
@@ -48,7 +50,7 @@ if missing then return missing end
 -- their references dropped after the deletes.
 local refs, pers = {}, {}
 local function tally(p, skip)
-  if blob_is(p) and not (skip and pers[p]) then
+  if blobs.is(p) and not (skip and pers[p]) then
     if not refs[p] then refs[#refs + 1] = p end
     refs[p] = (refs[p] or 0) + 1
   end
@@ -84,7 +86,7 @@ local removed = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[5])
 cancel_found(found, KEYS[3], wkeys, ARGV[2])
 -- Q's groups (include/group.lua): every group with a key is named in one of
 -- the ready, waiting or delayed sets or the groups hash
-local G = group_keys_of(KEYS[3], 'procs')
+local G = groups.keys_of(KEYS[3], 'procs')
 local named, names = {}, {}
 local function name(g)
   if g ~= '' and not named[g] then
@@ -122,7 +124,7 @@ for i = 1, #fields, 2 do
 end
 call_chunked('HDEL', KEYS[12], gone)
 if #gone > 0 then redis.call('HINCRBY', KEYS[12], ':gen', 1) end
-local prefix = blob_prefix(KEYS[1])
-for _, p in ipairs(refs) do blob_unref(prefix, p, refs[p]) end
+local prefix = blobs.prefix(KEYS[1])
+for _, p in ipairs(refs) do blobs.unref(prefix, p, refs[p]) end
 nudge(ARGV[3], '')
 return {0, removed, #found}

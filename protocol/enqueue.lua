@@ -38,9 +38,15 @@ if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
     end
   end
 end
-local prefix = blob_prefix(KEYS[2])
-local gone, big = blob_missing(prefix, ARGV, 4)
-if gone then return blob_gone(gone - 4) end
+-- (the blob functions only for a call that may hold a stand-in)
+local blobs, prefix, big = nil, nil, blob_maybe(ARGV, 4)
+if big then
+  blobs = blob_lib()
+  prefix = blobs.prefix(KEYS[2])
+  local gone
+  gone, big = blobs.missing(prefix, ARGV, 4)
+  if gone then return blobs.gone(gone - 4) end
+end
 -- The first write is one that Redis refuses at the memory limit (SADD is
 -- "denyoom"; see "At the memory limit" in README.md): refused, nothing is
 -- written. Then wake (see wake_idle): refused, it must fail before any task
@@ -48,7 +54,7 @@ if gone then return blob_gone(gone - 4) end
 redis.call('SADD', KEYS[2], ARGV[1])
 wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
 if big then
-  for i = 4, #ARGV do blob_ref(prefix, ARGV[i]) end
+  for i = 4, #ARGV do blobs.ref(prefix, ARGV[i]) end
 end
 if level > 0 then
   local payloads = {}

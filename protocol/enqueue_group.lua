@@ -33,6 +33,8 @@
 --!include include/count_arg.lua
 --!include include/group.lua
 --!include include/blob.lua
+local groups = group_lib()
+local blobs = blob_lib()
 
 local q, g, mode = ARGV[1], ARGV[3], ARGV[4]
 if not string.match(g, '^[A-Za-z0-9_.:/@+=-]+$') or #g > 200 then
@@ -63,16 +65,16 @@ if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
     end
   end
 end
-local prefix = blob_prefix(KEYS[4])
-local gone, big = blob_missing(prefix, ARGV, 7)
-if gone then return blob_gone(gone - 7) end
+local prefix = blobs.prefix(KEYS[4])
+local gone, big = blobs.missing(prefix, ARGV, 7)
+if gone then return blobs.gone(gone - 7) end
 local delaying = mode ~= 'now' and due > now
 local refs = {}  -- the stand-ins to count (delayed: only those not delayed yet)
 if big then
-  local G = group_keys(prefix, q)
+  local G = groups.keys(prefix, q)
   for i = 7, #ARGV do
     local p = ARGV[i]
-    if blob_is(p) and not (delaying
+    if blobs.is(p) and not (delaying
         and (refs[p] ~= nil or redis.call('ZSCORE', G.delayed, g .. '\0d' .. level .. p))) then
       refs[#refs + 1] = p
       refs[p] = true
@@ -83,8 +85,8 @@ end
 -- "denyoom"): refused, nothing is written.
 redis.call('SADD', KEYS[1], q)
 if n == 0 then return {0, due, now} end
-for _, p in ipairs(refs) do blob_ref(prefix, p) end
-local G = group_keys(prefix, q)
+for _, p in ipairs(refs) do blobs.ref(prefix, p) end
+local G = groups.keys(prefix, q)
 if delaying then
   local args = {}
   for i = 7, #ARGV do
@@ -101,6 +103,6 @@ if delaying then
 end
 local payloads = {}
 for i = 7, #ARGV do payloads[#payloads + 1] = ARGV[i] end
-local len = group_push(G, g, payloads, false, level)
+local len = groups.push(G, g, payloads, false, level)
 if redis.call('ZSCORE', G.ready, g) then wake_idle(KEYS[4], ARGV[2], q, n) end
 return {len, due, now}

@@ -44,6 +44,7 @@
 --!include include/add_tasks.lua
 --!include include/set_weight.lua
 --!include include/blob.lua
+local blobs = blob_lib()
 
 local weight = tonumber(ARGV[3])
 if not weight or weight < 1 or weight > 1000000 or weight ~= math.floor(weight) then
@@ -105,12 +106,12 @@ elseif len > 0 then
     end
   end
 end
-local prefix = blob_prefix(KEYS[2])
-local gone, big = blob_missing(prefix, new, 1)
-if gone then return blob_gone(seen[new[gone]]) end
+local prefix = blobs.prefix(KEYS[2])
+local gone, big = blobs.missing(prefix, new, 1)
+if gone then return blobs.gone(seen[new[gone]]) end
 redis.call('SADD', KEYS[2], ARGV[1])  -- the first write, refused at the memory limit
 if big then
-  for _, p in ipairs(new) do blob_ref(prefix, p) end
+  for _, p in ipairs(new) do blobs.ref(prefix, p) end
 end
 wake_idle(KEYS[5], ARGV[2], ARGV[1], #new)  -- before any task is written, as in enqueue.lua
 to_standby(KEYS[3], KEYS[4], new, false, KEYS[7], now_ms())

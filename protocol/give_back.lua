@@ -71,6 +71,8 @@
 --!include include/parse_entry.lua
 --!include include/group.lua
 --!include include/blob.lua
+local groups = group_lib()
+local blobs = blob_lib()
 
 local mode = ARGV[2]
 if mode ~= 'return' and mode ~= 'fail' and mode ~= 'keep' then
@@ -105,7 +107,7 @@ end
 -- front (a retry runs before the later jobs of its group), and its slot is
 -- free; a retry that waits for its backoff keeps its slot until due.
 local G, gfront, gfreed, gorder = nil, {}, {}, {}
-local function group_free(g) group_tally(gorder, gfreed, g) end
+local function group_free(g) groups.tally(gorder, gfreed, g) end
 local moving = redis.call('EXISTS', KEYS[10]) == 1
 local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
 local out, front, pers, ready, lost = {}, {}, {}, 0, 0
@@ -127,7 +129,7 @@ for i = 7, #ARGV do
       end
       local to = moving and redis.call('HGET', KEYS[10], id)
       if to then redis.call('HDEL', KEYS[10], id) end
-      if r.group and not G then G = group_keys_of(KEYS[1], 'procs') end
+      if r.group and not G then G = groups.keys_of(KEYS[1], 'procs') end
       if r.group and mode ~= 'fail' then
         gfront[#gfront + 1] = {tonumber(id), r.payload, r.group, r.level}
         group_free(r.group)
@@ -142,7 +144,7 @@ for i = 7, #ARGV do
           outcome = 3
         elseif where == 'later' then
           local member = r.group .. '\0r' .. r.level .. r.payload
-          blob_merge(G.delayed, member, r.payload)
+          blobs.merge(G.delayed, member, r.payload)
           redis.call('ZADD', G.delayed, now + delay, member)
           outcome = 2
         else
@@ -178,7 +180,7 @@ for i = 7, #ARGV do
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
           outcome = 3
         elseif where == 'later' then
-          blob_merge(KEYS[6], r.payload, r.payload)
+          blobs.merge(KEYS[6], r.payload, r.payload)
           redis.call('ZADD', KEYS[6], now + delay, r.payload)
           delay_level(KEYS[15], r.payload, r.level)
           outcome = 2
@@ -224,7 +226,7 @@ if G then
     table.insert(back[j[3]], j[2])
     table.insert(levels[j[3]], j[4])
   end
-  for _, g in ipairs(border) do group_push(G, g, back[g], true, levels[g]) end
-  group_release_many(G, gorder, gfreed)
+  for _, g in ipairs(border) do groups.push(G, g, back[g], true, levels[g]) end
+  groups.release_many(G, gorder, gfreed)
 end
 return out

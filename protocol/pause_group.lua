@@ -18,6 +18,7 @@
 --!include include/now_ms.lua
 --!include include/int.lua
 --!include include/group.lua
+local groups = group_lib()
 
 local mode, q, g = ARGV[1], ARGV[2], ARGV[4]
 if mode ~= 'pause' and mode ~= 'resume' then
@@ -26,7 +27,7 @@ end
 if not string.match(g, '^[A-Za-z0-9_.:/@+=-]+$') or #g > 200 then
   return redis.error_reply('BAD_ARG group name must be 1 to 200 of A-Z a-z 0-9 _ . : / @ + = -')
 end
-local G = group_keys(string.match(KEYS[1], '^(%b{}:)'), q)
+local G = groups.keys(string.match(KEYS[1], '^(%b{}:)'), q)
 if mode == 'pause' then
   if redis.call('HEXISTS', G.hash, 'p:' .. g) == 1 then return 0 end
   redis.call('HSET', G.hash, 'p:' .. g, int(now_ms()))
@@ -34,7 +35,7 @@ if mode == 'pause' then
   return 1
 end
 if redis.call('HDEL', G.hash, 'p:' .. g) == 0 then return 0 end
-if group_ready(G, g) then
+if groups.ready(G, g) then
   wake_idle(KEYS[1], ARGV[3], q, math.min(100, redis.call('LLEN', G.list .. g) + redis.call('ZCARD', G.prio .. g)))
 end
 return 1

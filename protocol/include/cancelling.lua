@@ -54,7 +54,10 @@ local function cancel_found(found, procs, wkeys, cancel_prefix)
     redis.call('SADD', wkeys[worker][2], id)
     nudge(cancel_prefix .. worker, id)
     local g = f[3]
-    if g then group_tally(order, counts, g) end  -- a group's job: its slot is free
+    if g then group_lib().tally(order, counts, g) end  -- a group's job: its slot is free
   end
-  if #order > 0 then group_release_many(group_keys_of(procs, 'procs'), order, counts) end
+  if #order > 0 then
+    local groups = group_lib()
+    groups.release_many(groups.keys_of(procs, 'procs'), order, counts)
+  end
 end

@@ -135,7 +135,8 @@ local function claim_run(keys, argv, before, compact)
       attempts_key, g_ready, g_wait, g_delayed) == 0
   end
   local has_groups = not plain and redis.call('EXISTS', g_ready, g_wait, g_delayed) > 0
-  local G = has_groups and group_keys(prefix, q) or nil
+  local groups = has_groups and group_lib() or nil
+  local G = has_groups and groups.keys(prefix, q) or nil
   if G then
     -- which of the waiting and delayed sets exist: their reads are skipped
     -- in the usual case of groups with neither (two calls save four)
@@ -179,7 +180,7 @@ local function claim_run(keys, argv, before, compact)
   end
 
   if has_groups and G.has_delayed then
-    local gdue = group_due(G, now, n)
+    local gdue = groups.due(G, now, n)
     if gdue >= 0 and (next_due < 0 or gdue < next_due) then next_due = gdue end
   end
 
@@ -214,7 +215,7 @@ local function claim_run(keys, argv, before, compact)
   if has_groups and not paused and n > #forced_list then
     local ungrouped = redis.call('LLEN', queue_key) - #forced_list + (has_prio and redis.call('ZCARD', prio_key) or 0)
     local turns, gwait
-    gtaken, ggroups, turns, gwait, glevels = group_claim(G, n - #forced_list, now, ungrouped)
+    gtaken, ggroups, turns, gwait, glevels = groups.claim(G, n - #forced_list, now, ungrouped)
     n = #forced_list + turns
     if gwait >= 0 and (next_due < 0 or gwait < next_due) then next_due = gwait end
   end

@@ -1,6 +1,5 @@
 -- include/finish_process.lua: finish_begin, finish_process, finish_writes
--- (with finish_notify, finish_payload, finish_group, finish_blob and
--- finish_first, which they use),
+-- (with finish_notify and finish_payload, which they use),
 -- what finish.lua, finish_results.lua and finish_claim.lua share (the
 -- worker, its keys and the done channel are given to finish_begin); needs:
 --!include include/record_head.lua
@@ -18,10 +17,11 @@
 -- publish (each read once, when first needed).
 local fin_worker, fin_wz, fin_awaiting, fin_gone, fin_seen, fin_attempts, fin_weighted, fin_notify
 local fin_plain, fin_payloads, fin_procs, fin_held, fin_pers, fin_att, fin_share, fin_channel
--- the groups whose jobs finished: in order, and how many of each
-local fin_groups, fin_group_n
--- the stand-ins of the copies that left (include/blob.lua), nil for none
-local fin_blobs
+-- the groups of the jobs that finished (one entry per job, nil for none),
+-- and the payloads of the copies that left that may be stand-ins
+-- (include/blob.lua; nil for none): both dealt with in finish_writes, so
+-- that a finish of plain tasks makes no function of theirs
+local fin_groups, fin_blobs
 
 -- Start a finish call of W (`worker`) on Q: `procs`, `held`, `persistent`,
 -- `attempts`, `share` are Q's keys {ns}:procs:<Q>, {ns}:held:<W>:<Q>,
@@ -38,8 +38,7 @@ local function finish_begin(worker, procs, held, persistent, attempts, share, aw
   -- (include/record.lua): the usual case, told by one plain find.
   fin_plain = fin_wz .. 'o\0' .. '0\0'
   fin_gone, fin_seen, fin_attempts = {}, {}, {}
-  fin_groups, fin_group_n = nil, nil  -- made with the first group's job
-  fin_blobs = nil
+  fin_groups, fin_blobs = nil, nil  -- made with the first of each
   return fin_wz
 end
 
@@ -62,57 +61,47 @@ end
 -- on the done channel (while `awaiting` exists, if given). Returns the
 -- payload (or true, for a plain one-shot task when finish_begin was not
 -- asked for payloads), or false (not W's, or a repeated id: nothing
--- changes).
--- A job of group `g` finished: its slot is freed in finish_writes.
-local function finish_group(g)
-  if not fin_groups then fin_groups, fin_group_n = {}, {} end
-  group_tally(fin_groups, fin_group_n, g)
-end
-
--- A copy of `payload` leaves: a stand-in's blob loses a reference in
--- finish_writes, after the first writes (include/blob.lua).
-local function finish_blob(payload)
-  if blob_is(payload) then
-    fin_blobs = fin_blobs or {}
-    fin_blobs[#fin_blobs + 1] = payload
-  end
-end
-
--- Finish a one-shot task on its first attempt: no weight, no attempts to
--- clear, and its payload only read where it is published or asked for.
-local function finish_first(id, rec)
-  fin_gone[#fin_gone + 1] = id
-  -- a stand-in's record: the head, five more fields (10 bytes or more) and
-  -- a stand-in; a shorter record is told by its length alone
-  if #rec >= #fin_plain + 10 + BLOB_SHORTEST and string.find(rec, '\0\0mesh-blob\0', 1, true) then
-    finish_blob(finish_payload(rec))
-  end
-  local payload = fin_payloads and finish_payload(rec)
-  if finish_notify() then
-    payload = payload or finish_payload(rec)
-    nudge(fin_channel, payload)
-  end
-  return payload or true
-end
-
+-- changes). A group's job frees its group's slot, and a stand-in's copy
+-- drops its reference, in finish_writes.
 local function finish_process(id, rec)
   if not rec or fin_seen[id] then return false end
   fin_seen[id] = true
-  if string.find(rec, fin_plain, 1, true) == 1 then return finish_first(id, rec) end
-  local ks = #fin_wz + 1
-  if string.byte(rec, ks) == 103 and string.sub(rec, 1, #fin_wz) == fin_wz then
-    -- a group's job ('g' level group: include/record.lua) on its first
-    -- attempt: as a plain one, and its group's slot is freed
+  -- a one-shot task on its first attempt (the usual case, told by one plain
+  -- find), or a group's job ('g' level group: include/record.lua) on its
+  -- first attempt: no weight, no attempts to clear, and its payload only
+  -- read where it is published or asked for
+  local first = string.find(rec, fin_plain, 1, true) == 1
+  if not first and string.byte(rec, #fin_wz + 1) == 103 and string.sub(rec, 1, #fin_wz) == fin_wz then
+    local ks = #fin_wz + 1
     local e = string.find(rec, '\0', ks, true)
     if e and string.byte(rec, e + 1) == 48 and string.byte(rec, e + 2) == 0 then
-      finish_group(string.sub(rec, ks + 2, e - 1))
-      return finish_first(id, rec)
+      fin_groups = fin_groups or {}
+      fin_groups[#fin_groups + 1] = string.sub(rec, ks + 2, e - 1)
+      first = true
     end
+  end
+  if first then
+    fin_gone[#fin_gone + 1] = id
+    -- a stand-in's record: the head, five more fields (10 bytes or more)
+    -- and a stand-in; a shorter record is told by its length alone
+    if #rec >= #fin_plain + 10 + BLOB_SHORTEST and string.find(rec, '\0\0mesh-blob\0', 1, true) then
+      fin_blobs = fin_blobs or {}
+      fin_blobs[#fin_blobs + 1] = finish_payload(rec)
+    end
+    local payload = fin_payloads and finish_payload(rec)
+    if finish_notify() then
+      payload = payload or finish_payload(rec)
+      nudge(fin_channel, payload)
+    end
+    return payload or true
   end
   local kind, tries, payload = record_head(rec, fin_wz)
   if not kind then return false end
   fin_gone[#fin_gone + 1] = id
   local persistent = kind == 'p'
+  -- a copy that leaves for good (a one-shot task's; a persistent task's if
+  -- it was W's) and may be a stand-in
+  local leaves = #payload >= BLOB_SHORTEST and not persistent
   if persistent then
     if fin_weighted == nil then fin_weighted = redis.call('HEXISTS', fin_share, ':heavy') == 1 end
     local w = fin_weighted and task_weight(fin_share, payload) or 1
@@ -123,13 +112,18 @@ local function finish_process(id, rec)
     add_share(fin_share, 'h' .. fin_worker, 1 - w)  -- its weight leaves W's held weight
     if mine then
       forget_weight(fin_share, payload)  -- the task leaves: its weight leaves the sums
-      finish_blob(payload)
+      leaves = #payload >= BLOB_SHORTEST
     end
-  elseif #payload >= BLOB_SHORTEST then
-    finish_blob(payload)  -- a one-shot copy leaves
+  end
+  if leaves then
+    fin_blobs = fin_blobs or {}
+    fin_blobs[#fin_blobs + 1] = payload
   end
   if persistent or tries ~= '0' then fin_attempts[#fin_attempts + 1] = payload end
-  if string.byte(kind, 1) == 103 then finish_group(string.sub(kind, 3)) end
+  if string.byte(kind, 1) == 103 then
+    fin_groups = fin_groups or {}
+    fin_groups[#fin_groups + 1] = string.sub(kind, 3)
+  end
   if finish_notify() then nudge(fin_channel, payload) end
   return payload
 end
@@ -141,10 +135,14 @@ local function finish_writes()
   call_chunked('SREM', fin_held, fin_gone)
   call_chunked('HDEL', fin_att, fin_attempts)
   if fin_blobs then
-    local prefix = blob_prefix(fin_procs)
-    for _, p in ipairs(fin_blobs) do blob_unref(prefix, p) end
+    local blobs = blob_lib()
+    local prefix = blobs.prefix(fin_procs)
+    for _, p in ipairs(fin_blobs) do blobs.unref(prefix, p) end  -- (a plain payload: a no-op)
   end
   if fin_groups then
-    group_release_many(group_keys_of(fin_procs, 'procs'), fin_groups, fin_group_n)
+    local groups = group_lib()
+    local order, counts = {}, {}
+    for _, g in ipairs(fin_groups) do groups.tally(order, counts, g) end
+    groups.release_many(groups.keys_of(fin_procs, 'procs'), order, counts)
   end
 end

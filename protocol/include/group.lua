@@ -1,7 +1,8 @@
 -- include/group.lua: a queue's groups (see "Groups" in README.md):
--- group_keys, group_keys_of, group_parse, group_default, group_settings,
--- group_ready, group_release_many, group_tally, group_release, group_push,
--- group_prio_gone, group_due, group_claim; needs:
+-- group_lib, whose table holds keys, keys_of, ready, release_many, tally,
+-- release, push, prio_gone, due and claim (the functions group_keys,
+-- group_keys_of, group_ready, ... below, with group_parse, group_default and
+-- group_settings, which they use); needs:
 --!include include/rate.lua
 --!include include/wake_idle.lua
 --!include include/prio_add.lua
@@ -34,378 +35,395 @@
 -- Settings are "concurrency,rate,period_ms,weight", each field empty for
 -- "as the queue's default" (and then: no cap, no rate limit, 1000, 1).
 
-local GROUPS = {}  -- per queue of this script call: its keys and settings
+-- The functions are made on first use: a script calls group_lib() for
+-- their table (made once per call). A call that meets no group (a plain
+-- claim, a finish of ungrouped tasks) makes none of their closures: every
+-- function of a script's includes is made anew at every call, and the
+-- closures, the upvalues they capture and the garbage they leave cost
+-- Redis instructions on every claim (counted with callgrind: see
+-- "Script calls" in README.md).
+local group_fns
 
--- The group keys of queue `q`, whose keys start with `prefix` ({ns}:).
-local function group_keys(prefix, q)
-  local G = GROUPS[q]
-  if not G then
-    G = {q = q, ready = prefix .. 'gready:' .. q, hash = prefix .. 'groups:' .. q,
-         wait = prefix .. 'gwait:' .. q, delayed = prefix .. 'gdelayed:' .. q,
-         list = prefix .. 'gq:' .. q .. '|', prio = prefix .. 'gp:' .. q .. '|',
-         rate = prefix .. 'grate:' .. q .. '|',
-         idle = prefix .. 'idle:' .. q, wake = prefix .. 'wake:'}
-    GROUPS[q] = G
-  end
-  return G
-end
+local function group_lib()
+  if group_fns then return group_fns end
+  local GROUPS = {}  -- per queue of this script call: its keys and settings
 
--- The group keys of the queue whose key `key` is {ns}:<kind>:<Q> (kind:
--- the word before Q, e.g. 'procs').
-local function group_keys_of(key, kind)
-  local prefix = string.match(key, '^(%b{}:)')
-  return group_keys(prefix, string.sub(key, #prefix + #kind + 2))
-end
-
--- Settings "c,r,p,w" as a table of four numbers (false: not set).
-local function group_parse(raw)
-  local c, r, p, w = string.match(raw, '^(%d*),(%d*),(%d*),([%d.]*)$')
-  return {tonumber(c) or false, tonumber(r) or false, tonumber(p) or false, tonumber(w) or false}
-end
-
--- The queue's default settings (group_parse's table; {} when it has none)
--- and whether any group has settings of its own (the hash's ':c', their
--- count), read once per script call.
-local function group_default(G)
-  if not G.dflt then
-    local h = redis.call('HMGET', G.hash, ':default', ':c')
-    G.dflt = h[1] and group_parse(h[1]) or {}
-    G.own = h[2] ~= false and h[2] ~= nil
-  end
-  return G.dflt
-end
-
--- A group starts at most this many jobs (times its weight) per turn
--- before the next group's turn: deficit round-robin, whose quantum makes
--- a claim among many backlogged groups pop two jobs per group visited
--- rather than one. Measured (bench groups, 20,000 groups x 10 against one
--- group of 200,000): a quantum of 1 ran at 0.44x of one group, 2 at 0.82x
--- with Jain's index 0.98 over backlogged groups, 4 at 0.85x with 0.94.
-local QUANTUM = 2
-
--- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
--- group whose own settings are `own` (a raw "c,r,p,w", nil: none), given
--- the queue's default `d` (group_default's table). A group with no own
--- settings costs no parsing.
-local function group_settings(own, d)
-  if not own then return d[1] or 0, d[2] or 0, d[3] or 1000, d[4] or 1 end
-  local o = group_parse(own)
-  return o[1] or d[1] or 0, o[2] or d[2] or 0, o[3] or d[3] or 1000, o[4] or d[4] or 1
-end
-
--- Put group `g` among the ready groups if it may start a job now: jobs
--- queued, below its concurrency, not paused, not waiting for a token. It
--- comes in at the virtual clock: a group gets no credit for the time it
--- could not run. Returns whether it came in.
-local function group_ready(G, g)
-  local h = redis.call('HMGET', G.hash, 'r:' .. g, 'c:' .. g, 'p:' .. g, ':v')
-  if h[3] then return false end
-  local cap = group_settings(h[2], group_default(G))
-  if cap > 0 and tonumber(h[1] or '0') >= cap then return false end
-  if redis.call('EXISTS', G.list .. g, G.prio .. g) == 0 then return false end
-  if redis.call('ZSCORE', G.wait, g) then return false end
-  return redis.call('ZADD', G.ready, 'NX', h[4] or '0', g) == 1
-end
-
--- `n` of group `g`'s jobs no longer run (finished, failed, handed back,
--- recycled, cancelled): its count goes down (the field leaves at 0) and it
--- is ready again if it may be (an idle server of Q is woken then).
--- `counts[g]` jobs of each group g of `order` no longer run (finished,
--- failed, handed back, recycled, cancelled): their running counts go down
--- (a field leaves at 0), in one HMGET and one HDEL and HSET for all of them
--- (per 1000 groups); a group that was at its cap is ready again if it may
--- be, and idle servers of Q are woken for those. Only a group at its cap
--- can have left the ready groups for it (emptied, paused or waiting for a
--- token, it stays out).
-local function group_release_many(G, order, counts)
-  local d = group_default(G)
-  -- a cap at all: the default's, or a group's own (then read them)
-  local own, capped = G.own, (d[1] or 0) > 0
-  local step = own and 2 or 1
-  local woke = 0
-  for c = 1, #order, 1000 do
-    local fields = {}
-    local last = math.min(c + 999, #order)
-    for i = c, last do
-      fields[#fields + 1] = 'r:' .. order[i]
-      if own then fields[#fields + 1] = 'c:' .. order[i] end
+  -- The group keys of queue `q`, whose keys start with `prefix` ({ns}:).
+  local function group_keys(prefix, q)
+    local G = GROUPS[q]
+    if not G then
+      G = {q = q, ready = prefix .. 'gready:' .. q, hash = prefix .. 'groups:' .. q,
+           wait = prefix .. 'gwait:' .. q, delayed = prefix .. 'gdelayed:' .. q,
+           list = prefix .. 'gq:' .. q .. '|', prio = prefix .. 'gp:' .. q .. '|',
+           rate = prefix .. 'grate:' .. q .. '|',
+           idle = prefix .. 'idle:' .. q, wake = prefix .. 'wake:'}
+      GROUPS[q] = G
     end
-    local vals = redis.call('HMGET', G.hash, unpack(fields))
-    local set, del, again = {}, {}, {}
-    for i = c, last do
-      local j = step * (i - c) + 1
-      local was = tonumber(vals[j] or '0')
-      local r = was - counts[order[i]]
-      if r > 0 then
-        set[#set + 1] = fields[j]
-        set[#set + 1] = r
-      else
-        del[#del + 1] = fields[j]
+    return G
+  end
+
+  -- The group keys of the queue whose key `key` is {ns}:<kind>:<Q> (kind:
+  -- the word before Q, e.g. 'procs').
+  local function group_keys_of(key, kind)
+    local prefix = string.match(key, '^(%b{}:)')
+    return group_keys(prefix, string.sub(key, #prefix + #kind + 2))
+  end
+
+  -- Settings "c,r,p,w" as a table of four numbers (false: not set).
+  local function group_parse(raw)
+    local c, r, p, w = string.match(raw, '^(%d*),(%d*),(%d*),([%d.]*)$')
+    return {tonumber(c) or false, tonumber(r) or false, tonumber(p) or false, tonumber(w) or false}
+  end
+
+  -- The queue's default settings (group_parse's table; {} when it has none)
+  -- and whether any group has settings of its own (the hash's ':c', their
+  -- count), read once per script call.
+  local function group_default(G)
+    if not G.dflt then
+      local h = redis.call('HMGET', G.hash, ':default', ':c')
+      G.dflt = h[1] and group_parse(h[1]) or {}
+      G.own = h[2] ~= false and h[2] ~= nil
+    end
+    return G.dflt
+  end
+
+  -- A group starts at most this many jobs (times its weight) per turn
+  -- before the next group's turn: deficit round-robin, whose quantum makes
+  -- a claim among many backlogged groups pop two jobs per group visited
+  -- rather than one. Measured (bench groups, 20,000 groups x 10 against one
+  -- group of 200,000): a quantum of 1 ran at 0.44x of one group, 2 at 0.82x
+  -- with Jain's index 0.98 over backlogged groups, 4 at 0.85x with 0.94.
+  local QUANTUM = 2
+
+  -- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
+  -- group whose own settings are `own` (a raw "c,r,p,w", nil: none), given
+  -- the queue's default `d` (group_default's table). A group with no own
+  -- settings costs no parsing.
+  local function group_settings(own, d)
+    if not own then return d[1] or 0, d[2] or 0, d[3] or 1000, d[4] or 1 end
+    local o = group_parse(own)
+    return o[1] or d[1] or 0, o[2] or d[2] or 0, o[3] or d[3] or 1000, o[4] or d[4] or 1
+  end
+
+  -- Put group `g` among the ready groups if it may start a job now: jobs
+  -- queued, below its concurrency, not paused, not waiting for a token. It
+  -- comes in at the virtual clock: a group gets no credit for the time it
+  -- could not run. Returns whether it came in.
+  local function group_ready(G, g)
+    local h = redis.call('HMGET', G.hash, 'r:' .. g, 'c:' .. g, 'p:' .. g, ':v')
+    if h[3] then return false end
+    local cap = group_settings(h[2], group_default(G))
+    if cap > 0 and tonumber(h[1] or '0') >= cap then return false end
+    if redis.call('EXISTS', G.list .. g, G.prio .. g) == 0 then return false end
+    if redis.call('ZSCORE', G.wait, g) then return false end
+    return redis.call('ZADD', G.ready, 'NX', h[4] or '0', g) == 1
+  end
+
+  -- `n` of group `g`'s jobs no longer run (finished, failed, handed back,
+  -- recycled, cancelled): its count goes down (the field leaves at 0) and it
+  -- is ready again if it may be (an idle server of Q is woken then).
+  -- `counts[g]` jobs of each group g of `order` no longer run (finished,
+  -- failed, handed back, recycled, cancelled): their running counts go down
+  -- (a field leaves at 0), in one HMGET and one HDEL and HSET for all of them
+  -- (per 1000 groups); a group that was at its cap is ready again if it may
+  -- be, and idle servers of Q are woken for those. Only a group at its cap
+  -- can have left the ready groups for it (emptied, paused or waiting for a
+  -- token, it stays out).
+  local function group_release_many(G, order, counts)
+    local d = group_default(G)
+    -- a cap at all: the default's, or a group's own (then read them)
+    local own, capped = G.own, (d[1] or 0) > 0
+    local step = own and 2 or 1
+    local woke = 0
+    for c = 1, #order, 1000 do
+      local fields = {}
+      local last = math.min(c + 999, #order)
+      for i = c, last do
+        fields[#fields + 1] = 'r:' .. order[i]
+        if own then fields[#fields + 1] = 'c:' .. order[i] end
       end
-      if capped or own then
-        local cap = group_settings(own and vals[j + 1] or nil, d)
-        if cap > 0 and was >= cap then again[#again + 1] = order[i] end
-      end
-    end
-    -- HDEL first: the first write must be one Redis does not refuse at the
-    -- memory limit (see "At the memory limit" in README.md)
-    if #del > 0 then redis.call('HDEL', G.hash, unpack(del)) end
-    if #set > 0 then redis.call('HSET', G.hash, unpack(set)) end
-    for _, g in ipairs(again) do
-      if group_ready(G, g) then woke = woke + 1 end
-    end
-  end
-  if woke > 0 then wake_idle(G.idle, G.wake, G.q, woke) end
-end
-
--- Count one more of group `g` in `counts` (group -> count), `order`
--- keeping the groups in the order first counted (what group_release_many
--- takes).
-local function group_tally(order, counts, g)
-  local n = counts[g]
-  if not n then
-    order[#order + 1] = g
-    n = 0
-  end
-  counts[g] = n + 1
-end
-
--- `n` of group `g`'s jobs no longer run (see group_release_many).
-local function group_release(G, g, n)
-  group_release_many(G, {g}, {[g] = n})
-end
-
--- Put `payloads` (in order) into group `g`: at its front (`front`) or its
--- back, each at its priority: `levels` is nil (none has one), a level for
--- all, or a table of levels, one per payload (0: none; a job with a
--- priority goes to the front or back of its level in {ns}:gp:<Q>|<G>); the
--- group is ready if it may be. Returns the group's queued jobs.
-local function group_push(G, g, payloads, front, levels)
-  if #payloads == 0 then return 0 end
-  local plain = payloads
-  if levels and levels ~= 0 then
-    -- the prioritized ones, per level in order, and the rest
-    local order, at
-    plain, order, at = prio_split(payloads, levels)
-    for _, l in ipairs(order) do prio_add(G.prio .. g, l, at[l], front) end
-    if #plain < #payloads then redis.call('HINCRBY', G.hash, ':np', #payloads - #plain) end
-  end
-  local len = 0
-  local key = G.list .. g
-  redis.call('HINCRBY', G.hash, ':n', #payloads)
-  if front then
-    for i = #plain, 1, -1 do len = redis.call('LPUSH', key, plain[i]) end
-  else
-    for i = 1, #plain, 4000 do
-      len = redis.call('RPUSH', key, unpack(plain, i, math.min(i + 3999, #plain)))
-    end
-  end
-  if plain ~= payloads then len = redis.call('LLEN', key) + redis.call('ZCARD', G.prio .. g) end
-  group_ready(G, g)
-  return len
-end
-
--- `n` queued jobs with a priority left Q's groups (claimed, cancelled).
-local function group_prio_gone(G, n)
-  if n > 0 and redis.call('HINCRBY', G.hash, ':np', -n) <= 0 then redis.call('HDEL', G.hash, ':np') end
-end
-
--- Move up to `n` delayed jobs of Q's groups that are due at `now` to the
--- front of their groups (a retry gives its slot back then). Returns the ms
--- until the next one is due (-1: none left).
-local function group_due(G, now, n)
-  local due = redis.call('ZRANGEBYSCORE', G.delayed, '-inf', now, 'LIMIT', 0, n)
-  if #due > 0 then
-    redis.call('ZREM', G.delayed, unpack(due))
-    local order, jobs, levels, freed = {}, {}, {}, {}
-    for _, m in ipairs(due) do
-      local g, flag, level, payload = string.match(m, '^([^%z]*)%z(.)(.)(.*)$')
-      if not jobs[g] then
-        jobs[g], levels[g], freed[g] = {}, {}, 0
-        order[#order + 1] = g
-      end
-      local js = jobs[g]
-      js[#js + 1] = payload
-      levels[g][#js] = string.byte(level) - 48
-      if flag == 'r' then freed[g] = freed[g] + 1 end
-    end
-    for _, g in ipairs(order) do
-      group_push(G, g, jobs[g], true, levels[g])
-      if freed[g] > 0 then group_release(G, g, freed[g]) end
-    end
-  end
-  local first = redis.call('ZRANGE', G.delayed, 0, 0, 'WITHSCORES')
-  if #first == 0 then return -1 end
-  return math.max(0, tonumber(first[2]) - now)
-end
-
--- Take up to `n` jobs from Q's ready groups, in weighted round-robin: the
--- group with the lowest virtual time goes first, and a group of weight w
--- moves on 1/w for each job it starts; `ungrouped` tasks of Q (its list and
--- its priorities) take turns as one more group ("", weight 1). A group
--- stops being ready when it empties, reaches its concurrency or runs out
--- of tokens (it then waits in {ns}:gwait:<Q>). Each group's running count
--- goes up by what it started. Cost: O(log groups) per group served, the
--- same whatever the number of groups and jobs. A group's jobs with a
--- priority start before its others (include/prio_add.lua's order). Returns
--- the jobs taken (their payloads, their groups and their priorities: three
--- lists in order, the last one holding only those above 0), the turns of
--- the ungrouped tasks, and the ms until a group waiting for a token gets
--- one (-1: none).
-local function group_claim(G, n, now, ungrouped)
-  local taken, tgroups, tlevels, turns = {}, {}, {}, 0
-  -- (G.has_wait: a caller that knows {ns}:gwait:<Q> is missing says so)
-  if G.has_wait ~= false then
-    local back = redis.call('ZRANGEBYSCORE', G.wait, '-inf', now, 'LIMIT', 0, 1000)
-    if #back > 0 then
-      redis.call('ZREM', G.wait, unpack(back))
-      for _, g in ipairs(back) do group_ready(G, g) end
-    end
-  end
-  local popped, ppopped = 0, 0
-  -- the clock, the default settings, whether any group has its own, and
-  -- whether any group has jobs with a priority, in one read
-  local h = redis.call('HMGET', G.hash, ':v', ':default', ':c', ':np')
-  local v = tonumber(h[1] or '0')
-  local np = h[4] and tonumber(h[4]) > 0
-  if not G.dflt then
-    G.dflt = h[2] and group_parse(h[2]) or {}
-    G.own = h[3] ~= false and h[3] ~= nil
-  end
-  local d = G.dflt
-  local own = G.own
-  local v0 = v
-  if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', v, '') end
-  -- Round after round until the claim is full or no group is ready: each
-  -- round takes a job or takes a group out of the ready set (one that
-  -- emptied since its last turn, reached its cap or ran out of tokens), so
-  -- the rounds end, and a claim never comes back short while a group has a
-  -- job it may start (the worker would wait, idle, for a wake that no one
-  -- sends).
-  local rounds, removed, waited = 0, false, false
-  while n > 0 do
-    rounds = rounds + 1
-    -- enough groups for the claim at QUANTUM jobs each, and the one after
-    -- them (its virtual time bounds the last one's turn); more in a later
-    -- round if those had fewer
-    local want = rounds == 1 and math.ceil(n / QUANTUM) or n
-    local top = redis.call('ZRANGE', G.ready, 0, want, 'WITHSCORES')
-    if #top == 0 then break end
-    local n_before = n
-    local m = math.min(#top / 2, want)
-    local fields, at = {}, {}
-    for i = 1, m do
-      local g = top[2 * i - 1]
-      if g ~= '' then
-        at[i] = #fields + 1
-        fields[#fields + 1] = 'r:' .. g
-        if own then fields[#fields + 1] = 'c:' .. g end
-      end
-    end
-    local vals = #fields > 0 and redis.call('HMGET', G.hash, unpack(fields)) or {}
-    local adds, rems, counts = {}, {}, {}
-    for i = 1, m do
-      if n <= 0 then break end
-      local g, s = top[2 * i - 1], tonumber(top[2 * i])
-      local nxt = top[2 * i + 2] and tonumber(top[2 * i + 2]) or nil
-      if s > v then v = s end
-      if g == '' then
-        local k = ungrouped - turns
-        if k > 0 and nxt then k = math.min(k, math.max(QUANTUM, math.floor(nxt - s) + 1)) end
-        k = math.min(k, n)
-        turns, n = turns + math.max(k, 0), n - math.max(k, 0)
-        if turns >= ungrouped then
-          rems[#rems + 1] = ''
+      local vals = redis.call('HMGET', G.hash, unpack(fields))
+      local set, del, again = {}, {}, {}
+      for i = c, last do
+        local j = step * (i - c) + 1
+        local was = tonumber(vals[j] or '0')
+        local r = was - counts[order[i]]
+        if r > 0 then
+          set[#set + 1] = fields[j]
+          set[#set + 1] = r
         else
-          adds[#adds + 1] = s + k
-          adds[#adds + 1] = ''
+          del[#del + 1] = fields[j]
         end
-      else
-        local j = at[i]
-        local running = tonumber(vals[j] or '0')
-        local cap, rate, per, w = group_settings(own and vals[j + 1] or nil, d)
-        local k = n
-        if cap > 0 then k = math.min(k, cap - running) end
-        if nxt then k = math.min(k, math.max(QUANTUM * w, math.floor((nxt - s) * w) + 1)) end
-        local tokens, waiting = nil, false
-        -- (a paused group is never here: pause_group takes it out, and
-        -- group_ready does not put it back)
-        if rate > 0 and k > 0 then
-          tokens = rate_tokens(G.rate .. g, rate, per, now)
-          if tokens < 1 then
-            redis.call('ZADD', G.wait, now + rate_wait(tokens, rate, per), g)
-            waiting, waited, k = true, true, 0
+        if capped or own then
+          local cap = group_settings(own and vals[j + 1] or nil, d)
+          if cap > 0 and was >= cap then again[#again + 1] = order[i] end
+        end
+      end
+      -- HDEL first: the first write must be one Redis does not refuse at the
+      -- memory limit (see "At the memory limit" in README.md)
+      if #del > 0 then redis.call('HDEL', G.hash, unpack(del)) end
+      if #set > 0 then redis.call('HSET', G.hash, unpack(set)) end
+      for _, g in ipairs(again) do
+        if group_ready(G, g) then woke = woke + 1 end
+      end
+    end
+    if woke > 0 then wake_idle(G.idle, G.wake, G.q, woke) end
+  end
+
+  -- Count one more of group `g` in `counts` (group -> count), `order`
+  -- keeping the groups in the order first counted (what group_release_many
+  -- takes).
+  local function group_tally(order, counts, g)
+    local n = counts[g]
+    if not n then
+      order[#order + 1] = g
+      n = 0
+    end
+    counts[g] = n + 1
+  end
+
+  -- `n` of group `g`'s jobs no longer run (see group_release_many).
+  local function group_release(G, g, n)
+    group_release_many(G, {g}, {[g] = n})
+  end
+
+  -- Put `payloads` (in order) into group `g`: at its front (`front`) or its
+  -- back, each at its priority: `levels` is nil (none has one), a level for
+  -- all, or a table of levels, one per payload (0: none; a job with a
+  -- priority goes to the front or back of its level in {ns}:gp:<Q>|<G>); the
+  -- group is ready if it may be. Returns the group's queued jobs.
+  local function group_push(G, g, payloads, front, levels)
+    if #payloads == 0 then return 0 end
+    local plain = payloads
+    if levels and levels ~= 0 then
+      -- the prioritized ones, per level in order, and the rest
+      local order, at
+      plain, order, at = prio_split(payloads, levels)
+      for _, l in ipairs(order) do prio_add(G.prio .. g, l, at[l], front) end
+      if #plain < #payloads then redis.call('HINCRBY', G.hash, ':np', #payloads - #plain) end
+    end
+    local len = 0
+    local key = G.list .. g
+    redis.call('HINCRBY', G.hash, ':n', #payloads)
+    if front then
+      for i = #plain, 1, -1 do len = redis.call('LPUSH', key, plain[i]) end
+    else
+      for i = 1, #plain, 4000 do
+        len = redis.call('RPUSH', key, unpack(plain, i, math.min(i + 3999, #plain)))
+      end
+    end
+    if plain ~= payloads then len = redis.call('LLEN', key) + redis.call('ZCARD', G.prio .. g) end
+    group_ready(G, g)
+    return len
+  end
+
+  -- `n` queued jobs with a priority left Q's groups (claimed, cancelled).
+  local function group_prio_gone(G, n)
+    if n > 0 and redis.call('HINCRBY', G.hash, ':np', -n) <= 0 then redis.call('HDEL', G.hash, ':np') end
+  end
+
+  -- Move up to `n` delayed jobs of Q's groups that are due at `now` to the
+  -- front of their groups (a retry gives its slot back then). Returns the ms
+  -- until the next one is due (-1: none left).
+  local function group_due(G, now, n)
+    local due = redis.call('ZRANGEBYSCORE', G.delayed, '-inf', now, 'LIMIT', 0, n)
+    if #due > 0 then
+      redis.call('ZREM', G.delayed, unpack(due))
+      local order, jobs, levels, freed = {}, {}, {}, {}
+      for _, m in ipairs(due) do
+        local g, flag, level, payload = string.match(m, '^([^%z]*)%z(.)(.)(.*)$')
+        if not jobs[g] then
+          jobs[g], levels[g], freed[g] = {}, {}, 0
+          order[#order + 1] = g
+        end
+        local js = jobs[g]
+        js[#js + 1] = payload
+        levels[g][#js] = string.byte(level) - 48
+        if flag == 'r' then freed[g] = freed[g] + 1 end
+      end
+      for _, g in ipairs(order) do
+        group_push(G, g, jobs[g], true, levels[g])
+        if freed[g] > 0 then group_release(G, g, freed[g]) end
+      end
+    end
+    local first = redis.call('ZRANGE', G.delayed, 0, 0, 'WITHSCORES')
+    if #first == 0 then return -1 end
+    return math.max(0, tonumber(first[2]) - now)
+  end
+
+  -- Take up to `n` jobs from Q's ready groups, in weighted round-robin: the
+  -- group with the lowest virtual time goes first, and a group of weight w
+  -- moves on 1/w for each job it starts; `ungrouped` tasks of Q (its list and
+  -- its priorities) take turns as one more group ("", weight 1). A group
+  -- stops being ready when it empties, reaches its concurrency or runs out
+  -- of tokens (it then waits in {ns}:gwait:<Q>). Each group's running count
+  -- goes up by what it started. Cost: O(log groups) per group served, the
+  -- same whatever the number of groups and jobs. A group's jobs with a
+  -- priority start before its others (include/prio_add.lua's order). Returns
+  -- the jobs taken (their payloads, their groups and their priorities: three
+  -- lists in order, the last one holding only those above 0), the turns of
+  -- the ungrouped tasks, and the ms until a group waiting for a token gets
+  -- one (-1: none).
+  local function group_claim(G, n, now, ungrouped)
+    local taken, tgroups, tlevels, turns = {}, {}, {}, 0
+    -- (G.has_wait: a caller that knows {ns}:gwait:<Q> is missing says so)
+    if G.has_wait ~= false then
+      local back = redis.call('ZRANGEBYSCORE', G.wait, '-inf', now, 'LIMIT', 0, 1000)
+      if #back > 0 then
+        redis.call('ZREM', G.wait, unpack(back))
+        for _, g in ipairs(back) do group_ready(G, g) end
+      end
+    end
+    local popped, ppopped = 0, 0
+    -- the clock, the default settings, whether any group has its own, and
+    -- whether any group has jobs with a priority, in one read
+    local h = redis.call('HMGET', G.hash, ':v', ':default', ':c', ':np')
+    local v = tonumber(h[1] or '0')
+    local np = h[4] and tonumber(h[4]) > 0
+    if not G.dflt then
+      G.dflt = h[2] and group_parse(h[2]) or {}
+      G.own = h[3] ~= false and h[3] ~= nil
+    end
+    local d = G.dflt
+    local own = G.own
+    local v0 = v
+    if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', v, '') end
+    -- Round after round until the claim is full or no group is ready: each
+    -- round takes a job or takes a group out of the ready set (one that
+    -- emptied since its last turn, reached its cap or ran out of tokens), so
+    -- the rounds end, and a claim never comes back short while a group has a
+    -- job it may start (the worker would wait, idle, for a wake that no one
+    -- sends).
+    local rounds, removed, waited = 0, false, false
+    while n > 0 do
+      rounds = rounds + 1
+      -- enough groups for the claim at QUANTUM jobs each, and the one after
+      -- them (its virtual time bounds the last one's turn); more in a later
+      -- round if those had fewer
+      local want = rounds == 1 and math.ceil(n / QUANTUM) or n
+      local top = redis.call('ZRANGE', G.ready, 0, want, 'WITHSCORES')
+      if #top == 0 then break end
+      local n_before = n
+      local m = math.min(#top / 2, want)
+      local fields, at = {}, {}
+      for i = 1, m do
+        local g = top[2 * i - 1]
+        if g ~= '' then
+          at[i] = #fields + 1
+          fields[#fields + 1] = 'r:' .. g
+          if own then fields[#fields + 1] = 'c:' .. g end
+        end
+      end
+      local vals = #fields > 0 and redis.call('HMGET', G.hash, unpack(fields)) or {}
+      local adds, rems, counts = {}, {}, {}
+      for i = 1, m do
+        if n <= 0 then break end
+        local g, s = top[2 * i - 1], tonumber(top[2 * i])
+        local nxt = top[2 * i + 2] and tonumber(top[2 * i + 2]) or nil
+        if s > v then v = s end
+        if g == '' then
+          local k = ungrouped - turns
+          if k > 0 and nxt then k = math.min(k, math.max(QUANTUM, math.floor(nxt - s) + 1)) end
+          k = math.min(k, n)
+          turns, n = turns + math.max(k, 0), n - math.max(k, 0)
+          if turns >= ungrouped then
+            rems[#rems + 1] = ''
           else
-            k = math.min(k, math.floor(tokens))
+            adds[#adds + 1] = s + k
+            adds[#adds + 1] = ''
           end
-        end
-        local got = 0
-        if k > 0 then
-          if np then
-            -- its jobs with a priority first: member = level, order, payload
-            local pz = redis.call('ZPOPMIN', G.prio .. g, k)
-            for x = 1, #pz, 2 do
-              taken[#taken + 1] = string.sub(pz[x], 17)
-              tgroups[#taken] = g
-              tlevels[#taken] = string.byte(pz[x], 1) - 48
-            end
-            got = #pz / 2
-            ppopped = ppopped + got
-          end
-          if got < k then
-            local items = redis.call('LPOP', G.list .. g, k - got) or {}
-            got = got + #items
-            for _, p in ipairs(items) do
-              taken[#taken + 1] = p
-              tgroups[#taken] = g
-            end
-          end
-          popped = popped + got
-          n = n - got
-        end
-        if got > 0 then
-          running = running + got
-          counts[#counts + 1] = fields[j]
-          counts[#counts + 1] = running
-          if tokens then
-            redis.call('HSET', G.rate .. g, 'tokens', tostring(tokens - got), 'at', now)
-            redis.call('PEXPIRE', G.rate .. g, per + 1000)
-          end
-        end
-        if got < k or k <= 0 or (cap > 0 and running >= cap) or waiting then
-          rems[#rems + 1] = g
         else
-          adds[#adds + 1] = s + got / w
-          adds[#adds + 1] = g
+          local j = at[i]
+          local running = tonumber(vals[j] or '0')
+          local cap, rate, per, w = group_settings(own and vals[j + 1] or nil, d)
+          local k = n
+          if cap > 0 then k = math.min(k, cap - running) end
+          if nxt then k = math.min(k, math.max(QUANTUM * w, math.floor((nxt - s) * w) + 1)) end
+          local tokens, waiting = nil, false
+          -- (a paused group is never here: pause_group takes it out, and
+          -- group_ready does not put it back)
+          if rate > 0 and k > 0 then
+            tokens = rate_tokens(G.rate .. g, rate, per, now)
+            if tokens < 1 then
+              redis.call('ZADD', G.wait, now + rate_wait(tokens, rate, per), g)
+              waiting, waited, k = true, true, 0
+            else
+              k = math.min(k, math.floor(tokens))
+            end
+          end
+          local got = 0
+          if k > 0 then
+            if np then
+              -- its jobs with a priority first: member = level, order, payload
+              local pz = redis.call('ZPOPMIN', G.prio .. g, k)
+              for x = 1, #pz, 2 do
+                taken[#taken + 1] = string.sub(pz[x], 17)
+                tgroups[#taken] = g
+                tlevels[#taken] = string.byte(pz[x], 1) - 48
+              end
+              got = #pz / 2
+              ppopped = ppopped + got
+            end
+            if got < k then
+              local items = redis.call('LPOP', G.list .. g, k - got) or {}
+              got = got + #items
+              for _, p in ipairs(items) do
+                taken[#taken + 1] = p
+                tgroups[#taken] = g
+              end
+            end
+            popped = popped + got
+            n = n - got
+          end
+          if got > 0 then
+            running = running + got
+            counts[#counts + 1] = fields[j]
+            counts[#counts + 1] = running
+            if tokens then
+              redis.call('HSET', G.rate .. g, 'tokens', tostring(tokens - got), 'at', now)
+              redis.call('PEXPIRE', G.rate .. g, per + 1000)
+            end
+          end
+          if got < k or k <= 0 or (cap > 0 and running >= cap) or waiting then
+            rems[#rems + 1] = g
+          else
+            adds[#adds + 1] = s + got / w
+            adds[#adds + 1] = g
+          end
         end
       end
+      if #counts > 0 then redis.call('HSET', G.hash, unpack(counts)) end
+      if #rems > 0 then
+        redis.call('ZREM', G.ready, unpack(rems))
+        removed = true
+      end
+      if #adds > 0 then redis.call('ZADD', G.ready, 'XX', unpack(adds)) end
+      if n == n_before and #rems == 0 then break end  -- (cannot happen: a safeguard)
     end
-    if #counts > 0 then redis.call('HSET', G.hash, unpack(counts)) end
-    if #rems > 0 then
-      redis.call('ZREM', G.ready, unpack(rems))
-      removed = true
+    if popped > 0 and redis.call('HINCRBY', G.hash, ':n', -popped) <= 0 then
+      redis.call('HDEL', G.hash, ':n')
     end
-    if #adds > 0 then redis.call('ZADD', G.ready, 'XX', unpack(adds)) end
-    if n == n_before and #rems == 0 then break end  -- (cannot happen: a safeguard)
+    group_prio_gone(G, ppopped)
+    -- no group left ready: Q's ungrouped tasks take the plain path again, and
+    -- the clock starts again from 0 (nothing is left to compare it with);
+    -- only a claim that took groups out of the ready set can have emptied it
+    local left = removed and redis.call('ZCARD', G.ready) or 2
+    if left == 1 and redis.call('ZREM', G.ready, '') == 1 then left = 0 end
+    if left == 0 then
+      if v0 ~= 0 then redis.call('HDEL', G.hash, ':v') end
+    elseif v ~= v0 then
+      redis.call('HSET', G.hash, ':v', tostring(v))
+    end
+    local wait = -1
+    if G.has_wait ~= false or waited then
+      local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
+      if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
+    end
+    return taken, tgroups, turns, wait, tlevels
   end
-  if popped > 0 and redis.call('HINCRBY', G.hash, ':n', -popped) <= 0 then
-    redis.call('HDEL', G.hash, ':n')
-  end
-  group_prio_gone(G, ppopped)
-  -- no group left ready: Q's ungrouped tasks take the plain path again, and
-  -- the clock starts again from 0 (nothing is left to compare it with);
-  -- only a claim that took groups out of the ready set can have emptied it
-  local left = removed and redis.call('ZCARD', G.ready) or 2
-  if left == 1 and redis.call('ZREM', G.ready, '') == 1 then left = 0 end
-  if left == 0 then
-    if v0 ~= 0 then redis.call('HDEL', G.hash, ':v') end
-  elseif v ~= v0 then
-    redis.call('HSET', G.hash, ':v', tostring(v))
-  end
-  local wait = -1
-  if G.has_wait ~= false or waited then
-    local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
-    if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
-  end
-  return taken, tgroups, turns, wait, tlevels
+
+  group_fns = {keys = group_keys, keys_of = group_keys_of, ready = group_ready,
+    release_many = group_release_many, tally = group_tally, release = group_release,
+    push = group_push, prio_gone = group_prio_gone, due = group_due, claim = group_claim}
+  return group_fns
 end

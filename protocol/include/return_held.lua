@@ -28,6 +28,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
                            now, standby, unowned, prio, dprio)
   local ids = sorted_ids(redis.call('SMEMBERS', held))
   if #ids == 0 then return 0, 0, {} end
+  local groups, blobs = group_lib(), blob_lib()
   local recs = hmget_all(procs, ids)
   -- newest claim first: the last LPUSHed, the oldest, ends up at the head
   local rs, nums = {}, {}
@@ -70,12 +71,12 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       keep[r.payload] = a
     end
     if r.group then
-      if not G then G = group_keys_of(procs, 'procs') end
+      if not G then G = groups.keys_of(procs, 'procs') end
       if where == 'later' then
         glater[#glater + 1] = now + delay
         glater[#glater + 1] = r.group .. '\0r' .. r.level .. r.payload
       else
-        group_tally(gorder, gfreed, r.group)
+        groups.tally(gorder, gfreed, r.group)
         if where == 'dead' then
           buried[#buried + 1] = dead_record(now, made, r.worker,
             'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.kind, r.payload)
@@ -131,7 +132,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   call_chunked('HDEL', procs, gone)
   to_standby(persistent, standby, pers, true, unowned, now)
   call_chunked('LPUSH', queue, front)
-  blob_merge_pairs(delayed, later, 0)
+  blobs.merge_pairs(delayed, later, 0)
   call_chunked('ZADD', delayed, later, 2)
   call_chunked('RPUSH', queue, back_end)
   call_chunked('RPUSH', dead, buried)
@@ -156,10 +157,10 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       table.insert(back[j[2]], j[1])
       table.insert(levels[j[2]], j[3])
     end
-    for _, g in ipairs(border) do group_push(G, g, back[g], true, levels[g]) end
-    blob_merge_pairs(G.delayed, glater, nil)
+    for _, g in ipairs(border) do groups.push(G, g, back[g], true, levels[g]) end
+    blobs.merge_pairs(G.delayed, glater, nil)
     call_chunked('ZADD', G.delayed, glater, 2)
-    group_release_many(G, gorder, gfreed)
+    groups.release_many(G, gorder, gfreed)
   end
   return #front + #later / 2 + #back_end + nleveled + #gfront + #glater / 2, #buried, told
 end
