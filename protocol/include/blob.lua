@@ -20,9 +20,9 @@ local BLOB_SHORTEST = 54
 -- one, and its first byte NUL): a script that adds copies asks for the blob
 -- functions (below) only then.
 local function blob_maybe(list, first)
+  local shortest = BLOB_SHORTEST  -- in a register: one test per payload
   for i = first, #list do
-    local p = list[i]
-    if #p >= BLOB_SHORTEST and string.byte(p, 1) == 0 then return true end
+    if #list[i] >= shortest and string.byte(list[i], 1) == 0 then return true end
   end
   return false
 end
