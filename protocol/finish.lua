@@ -34,16 +34,8 @@ finish_begin(ARGV[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV
 -- One HMGET for every record, one HDEL and one SREM for every finished
 -- process (not one of each per process): a runner reports a whole batch.
 -- Of a record, only the fields a finish needs (include/record_head.lua).
-local recs = {}
-if #ARGV > 1003 then
-  local ids = {}
-  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-  recs = hmget_all(KEYS[2], ids)
-elseif #ARGV > 3 then
-  recs = redis.call('HMGET', KEYS[2], unpack(ARGV, 4))  -- the ids as they came
-end
-for i = 1, #ARGV - 3 do
-  out[#out + 1] = finish_process(ARGV[i + 3], recs[i]) and 1 or 0
-end
+local ids = {}
+for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+out = finish_all(ids, hmget_all(KEYS[2], ids))
 finish_writes()
 return out

@@ -40,8 +40,7 @@ return claim_run(KEYS, ARGV, function()
   local flags = {}
   if #ids > 0 then
     finish_begin(ARGV[1], KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[15], KEYS[20], ARGV[14], false)
-    local recs = hmget_all(KEYS[5], ids)
-    for i = 1, #ids do flags[i] = finish_process(ids[i], recs[i]) and 1 or 0 end
+    flags = finish_all(ids, hmget_all(KEYS[5], ids))
     finish_writes()
   end
   return flags

@@ -1,5 +1,5 @@
--- include/finish_process.lua: finish_begin, finish_process, finish_writes
--- (with finish_notify and finish_payload, which they use),
+-- include/finish_process.lua: finish_begin, finish_process, finish_all,
+-- finish_writes (with finish_notify and finish_payload, which they use),
 -- what finish.lua, finish_results.lua and finish_claim.lua share (the
 -- worker, its keys and the done channel are given to finish_begin); needs:
 --!include include/record_head.lua
@@ -17,6 +17,8 @@
 -- publish (each read once, when first needed).
 local fin_worker, fin_wz, fin_awaiting, fin_gone, fin_seen, fin_attempts, fin_weighted, fin_notify
 local fin_plain, fin_payloads, fin_procs, fin_held, fin_pers, fin_att, fin_share, fin_channel
+-- the length from which a record of a plain one-shot task may hold a stand-in
+local fin_long
 -- the groups of the jobs that finished (one entry per job, nil for none),
 -- and the payloads of the copies that left that may be stand-ins
 -- (include/blob.lua; nil for none): both dealt with in finish_writes, so
@@ -37,6 +39,9 @@ local function finish_begin(worker, procs, held, persistent, attempts, share, aw
   -- The head of W's record of a plain one-shot task on its first attempt
   -- (include/record.lua): the usual case, told by one plain find.
   fin_plain = fin_wz .. 'o\0' .. '0\0'
+  -- a stand-in's record: the head, five more fields (10 bytes or more) and
+  -- a stand-in; a shorter record is told by its length alone
+  fin_long = #fin_plain + 10 + BLOB_SHORTEST
   fin_gone, fin_seen, fin_attempts = {}, {}, {}
   fin_groups, fin_blobs = nil, nil  -- made with the first of each
   return fin_wz
@@ -82,9 +87,7 @@ local function finish_process(id, rec)
   end
   if first then
     fin_gone[#fin_gone + 1] = id
-    -- a stand-in's record: the head, five more fields (10 bytes or more)
-    -- and a stand-in; a shorter record is told by its length alone
-    if #rec >= #fin_plain + 10 + BLOB_SHORTEST and string.find(rec, '\0\0mesh-blob\0', 1, true) then
+    if #rec >= fin_long and string.find(rec, '\0\0mesh-blob\0', 1, true) then
       fin_blobs = fin_blobs or {}
       fin_blobs[#fin_blobs + 1] = finish_payload(rec)
     end
@@ -126,6 +129,30 @@ local function finish_process(id, rec)
   end
   if finish_notify() then nudge(fin_channel, payload) end
   return payload
+end
+
+-- finish_process of each of `ids` (their records `recs`, from HMGET), in
+-- order; returns their flags (1: finished, 0: not W's live process). The
+-- usual case, a plain one-shot task on its first attempt whose payload is
+-- neither asked for nor published, is done here with no call per process
+-- (and string.find in a register): a finish of 30 such tasks cost Redis
+-- about 300 instructions per task less (callgrind).
+local function finish_all(ids, recs)
+  local flags = {}
+  if #ids == 0 then return flags end
+  local find, plain, long, gone, seen = string.find, fin_plain, fin_long, fin_gone, fin_seen
+  local quiet = not fin_payloads and not finish_notify()
+  for i = 1, #ids do
+    local id, rec = ids[i], recs[i]
+    if quiet and rec and #rec < long and not seen[id] and find(rec, plain, 1, true) == 1 then
+      seen[id] = true
+      gone[#gone + 1] = id
+      flags[i] = 1
+    else
+      flags[i] = finish_process(id, rec) and 1 or 0
+    end
+  end
+  return flags
 end
 
 -- The writes for every finished process at once (not one of each per

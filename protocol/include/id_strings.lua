@@ -29,7 +29,8 @@ end
 local function id_strings(first, k)
   local digits = '00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899'
   local out = {}
-  local head, low = string.sub(first, 1, -3), tonumber(string.sub(first, -2))
+  local sub = string.sub  -- in a register: no lookup per id
+  local head, low = sub(first, 1, -3), tonumber(sub(first, -2))
   for i = 1, k do
     if low == 100 then
       head, low = dec_succ(head), 0
@@ -37,7 +38,7 @@ local function id_strings(first, k)
     if head == '' then
       out[i] = tostring(low)
     else
-      out[i] = head .. string.sub(digits, 2 * low + 1, 2 * low + 2)
+      out[i] = head .. sub(digits, 2 * low + 1, 2 * low + 2)
     end
     low = low + 1
   end
