@@ -39,6 +39,7 @@ from .suites import (
     parts,
     payloads,
     scale,
+    script_cost,
     throughput,
     topology,
 )
@@ -62,6 +63,7 @@ EXTRA: dict[str, Callable[[Context], Awaitable[Section]]] = {
     "payloads": payloads.suite,
     "fleet_trials": fleet_trials.suite,
     "groups": groups.suite,
+    "script_cost": script_cost.suite,
 }
 """Suites a full run leaves out (``--only NAME`` runs them): one aspect each,
 long or heavy, whose sections docs/performance.md quotes."""

@@ -490,3 +490,29 @@ def test_groups_jain() -> None:
     assert got.big_done == 2
     assert got.window_jobs == 4 and got.window == pytest.approx(4e-9)
     assert got.jain == pytest.approx(16 / 18)
+
+
+async def test_script_cost() -> None:
+    """bench.suites.script_cost at a tiny size, one measure: Redis
+    instructions per task counted under callgrind, this tree against the tree
+    before groups (git archive), and the ratio."""
+    from bench.suites import script_cost
+
+    s = await script_cost.suite(ctx(), n=300, measures=[("claim", 10)])
+    here = figure(s, "claim, batch 10: Redis instructions per task, this tree").median
+    there = figure(s, "claim, batch 10: the same, base tree").median
+    # a claim of ten plain tasks costs Redis thousands of instructions per
+    # task (about 55,000 on 2 cores here), far from zero and far from millions
+    assert 5_000 < here < 500_000 and 5_000 < there < 500_000
+    ratio = figure(s, "claim, batch 10: this tree / the base tree")
+    assert ratio.median == pytest.approx(here / there) and ratio.target is not None
+    assert any("8fa163c" in n for n in s.notes)
+
+
+async def test_script_cost_without_valgrind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without valgrind the section says so and counts nothing."""
+    from bench.suites import script_cost
+
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    s = await script_cost.suite(ctx(), n=300)
+    assert s.figures == [] and any("valgrind is not installed" in n for n in s.notes)

@@ -40,8 +40,8 @@
 -- claim, a finish of ungrouped tasks) makes none of their closures: every
 -- function of a script's includes is made anew at every call, and the
 -- closures, the upvalues they capture and the garbage they leave cost
--- Redis instructions on every claim (counted with callgrind: see
--- "Script calls" in README.md).
+-- Redis instructions on every claim (counted with callgrind: see "Loading
+-- the scripts" in README.md).
 local group_fns
 
 local function group_lib()
