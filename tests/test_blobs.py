@@ -21,7 +21,7 @@ from mesh._view import show_payload
 from mesh.testing import wait_until
 
 from .helpers import client_and_workers
-from .protocol_helpers import join
+from .protocol_helpers import expire_worker, join
 
 pytestmark = pytest.mark.both_loops
 
@@ -167,6 +167,37 @@ async def test_two_failed_copies_that_merge_in_the_delayed_set_keep_one_referenc
     )
     assert [o for o, _ in out] == [2, 2]
     assert await conn.execute("ZRANGE", keys.delayed(Q), 0, -1) == [s]
+    assert await refs(conn, keys, p) == 1
+    assert await mesh_cancel(conn, b, s) == 1
+    assert await refs(conn, keys, p) is None
+
+
+async def test_a_dead_workers_two_copies_that_merge_in_the_delayed_set_keep_one_reference(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    """Recycle's path (include/return_held.lua): a crashed worker's copies of
+    one big payload on a later attempt wait for their backoff as one entry
+    of the delayed set, and the copy that merged drops its reference."""
+    p = big(b"crash")
+    s = standin(p)
+    await b.put_blobs(conn, [p])
+    await b.enqueue(conn, Q, [s, s])
+    inc = await join(b, conn, "w1", Q)
+    c = await b.claim(conn, "w1", inc, Q, 2, 10)
+    # a first failure each, with no backoff: both back in the queue
+    out = await b.give_back(
+        conn, "w1", Q, [q.id for q in c.processes], failed=True, backoff_ms=0, errors=["E"] * 2
+    )
+    assert [o for o, _ in out] == [2, 2]
+    c = await b.claim(conn, "w1", inc, Q, 2, 10, backoff_ms=60_000, backoff_cap_ms=60_000)
+    assert [q.task for q in c.processes] == [s, s]
+    assert await refs(conn, keys, p) == 2
+    await expire_worker(conn, keys, "w1")
+    r = await b.recycle(conn, "w1", leave=False)
+    assert (r.alive, r.returned) == (False, 2)
+    # the crash is a later attempt of each: both wait for the backoff, as one
+    assert await conn.execute("ZRANGE", keys.delayed(Q), 0, -1) == [s]
+    assert await conn.execute("LLEN", keys.queue(Q)) == 0
     assert await refs(conn, keys, p) == 1
     assert await mesh_cancel(conn, b, s) == 1
     assert await refs(conn, keys, p) is None
