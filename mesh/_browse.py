@@ -702,12 +702,16 @@ def parse_ref(ref: object) -> tuple[str, int, str]:
     return parts[0], int(parts[1]), parts[2]
 
 
-async def payload(reads: JobReads, queue: str, ref: str) -> bytes | None:
+async def payload(reads: JobReads, queue: str, ref: str, *, whole: bool = True) -> bytes | None:
     """The whole payload of the job ``ref`` names (a :attr:`Job.ref` of a
     page): looked for at its position and up to a few hundred positions
     around it (jobs ahead of it may have left or come since), by the
     fingerprint of its payload; None if it is no longer there. A payload of
-    more than 1 MiB is read from its blob (:mod:`mesh._blob`): one more read.
+    more than 1 MiB is read from its blob (:mod:`mesh._blob`): one more read;
+    with ``whole=False``, what the queue holds is returned instead (the
+    stand-in of such a payload, which every call that names a task takes:
+    its record, cancel, a dead letter's requeue or purge), and no blob is
+    read.
 
     Raises:
         ConfigError: a bad queue name or ref.
@@ -716,7 +720,7 @@ async def payload(reads: JobReads, queue: str, ref: str) -> bytes | None:
     """
     check_queue(queue)
     found = await _stored(reads, queue, ref)
-    if found is None or not is_standin(found):
+    if found is None or not whole or not is_standin(found):
         return found
     try:
         return await fetch(reads.check(), reads.keys, found)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
 
 import anyio
 import pytest
@@ -477,6 +478,63 @@ async def test_the_cli_and_the_dashboard_show_a_preview_and_the_size_and_downloa
                     return bytes(r.read())
 
             assert await trio.to_thread.run_sync(download) == p
+
+
+@pytest.mark.trio_only("the dashboard: an HTTP server")
+async def test_the_dashboards_details_and_actions_on_a_big_payload_never_read_its_blob(
+    redis_url: str, namespace: str, conn: Connection, keys: Keys
+) -> None:
+    """A job's details, its cancel and a dead letter's requeue name a big
+    payload by its stand-in (what the queue holds): Redis sends no blob for
+    them (its bytes sent grow by far less than the payload); "run now" of a
+    delayed one enqueues the whole payload again, its blob kept."""
+    import json
+
+    import trio
+
+    from mesh.dashboard import serve_dashboard
+
+    from .browser import http
+
+    p, later = big(b"details"), big(b"later")
+    act = {"Content-Type": "application/json", "X-Mesh-Action": "1"}
+
+    async def sent() -> int:
+        stats = await conn.execute("INFO", "stats")
+        text = stats.decode() if isinstance(stats, bytes) else str(stats)
+        return int(text.split("total_net_output_bytes:")[1].split()[0])
+
+    async def get(url: str) -> dict[str, Any]:
+        status, body = await trio.to_thread.run_sync(lambda: http(url))
+        assert status == 200, body
+        return dict(json.loads(body))
+
+    async def post(url: str, body: dict[str, str]) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        status, text = await trio.to_thread.run_sync(lambda: http(url, data=data, headers=act))
+        assert status == 200, text
+        return dict(json.loads(text))
+
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        await client.enqueue(Q, p)
+        await client.enqueue(Q, later, delay=3600)
+        async with serve_dashboard(client, interval=0.2) as url:
+            (row,) = (await get(url + f"api/jobs?queue={Q}&state=queued"))["jobs"]
+            before = await sent()
+            details = await get(url + f"api/job?queue={Q}&ref={row['ref']}")
+            assert (details["state"], details["size"]) == ("queued", len(p))
+            assert await sent() - before < MIB  # not the 3 MiB payload
+            before = await sent()
+            assert await post(url + "api/cancel", {"queue": Q, "ref": row["ref"]}) == {
+                "cancelled": 1
+            }
+            assert await sent() - before < MIB
+            assert await refs(conn, keys, p) is None and await client.job(Q, p) is None
+            (d,) = (await get(url + f"api/jobs?queue={Q}&state=delayed"))["jobs"]
+            assert await post(url + "api/job/run", {"queue": Q, "ref": d["ref"]}) == {"due": True}
+            job = await client.job(Q, later)
+            assert job is not None and job.state in ("queued", "delayed")
+            assert await refs(conn, keys, later) == 1  # one copy, its blob kept
 
 
 async def test_a_big_payload_in_a_group_at_a_priority_counts_through_retry_dead_and_requeue(

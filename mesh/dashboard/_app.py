@@ -79,6 +79,7 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._blob import fetch
 from .._browse import MAX_LIMIT, Job, MinuteCounts, cursor_position, minute_counts
 from .._browse import completed as browse_completed
 from .._browse import payload as browse_payload
@@ -289,7 +290,9 @@ def _task_routes(poller: Poller) -> list[Route]:
         if "ref" in body:
             ref = text_field(body, "ref")
             c = poller.client
-            return await browse_payload(c.reads, queue, ref)
+            # as the queue holds it: a big payload's stand-in names it in
+            # every call an action makes, and its blob is not read
+            return await browse_payload(c.reads, queue, ref, whole=False)
         if "key" in body:
             return poller.persistent_payload(queue, text_field(body, "key"))
         if "task_b64" in body:
@@ -333,7 +336,9 @@ def _task_routes(poller: Poller) -> list[Route]:
                 job = await c.job(queue, task)
                 due = job is not None and job.state == "delayed"
                 if due:
-                    await c.enqueue(queue, task, delay=0)
+                    # an enqueue takes the whole payload, not a stand-in
+                    whole = await fetch(c.reads.check(), c.reads.keys, task)
+                    await c.enqueue(queue, whole, delay=0)
                 out = {"due": due}
             elif mode == "requeue":
                 out = {"requeued": await c.requeue_dead(queue, [task])}
@@ -435,8 +440,8 @@ def _job_routes(poller: Poller) -> list[Route]:
             queue = check_queue(qp.get("queue", ""))
             ref = qp.get("ref")
             c = poller.client
-            if ref is not None:
-                task = await browse_payload(c.reads, queue, ref)
+            if ref is not None:  # a big payload's stand-in: its blob is not read
+                task = await browse_payload(c.reads, queue, ref, whole=False)
             else:
                 task = b64_field(qp, "task_b64")
             found = None if task is None else await c.job(queue, task)
