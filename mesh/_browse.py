@@ -21,9 +21,13 @@ a page shows the first bytes and the size the stand-in carries and never
 reads its blob, so a page of fifty 64 MiB payloads takes milliseconds (see
 ``bench/suites/payloads.py``); :func:`payload` reads the blob.
 
-The protocol keeps no enqueue time for a queued one-shot task (it would cost a
-write per enqueue); :attr:`Job.enqueued` is known for persistent tasks that
-wait for an owner (since when they have had none) and is None otherwise.
+:attr:`Job.enqueued` is since when a persistent task has waited for an owner,
+and the first enqueue time of a queued, delayed or running one-shot job of a
+queue that keeps enqueue times (:meth:`Client.configure`'s ``enqueue_times``:
+a write per enqueued job, so a queue keeps them only when asked); None
+otherwise. A page reads them inside ``peek.lua`` (the page carries previews,
+not the whole payloads that name them), a group's delayed jobs with one
+``ZMSCORE`` per page.
 """
 
 from __future__ import annotations
@@ -113,8 +117,10 @@ class Job:
         persistent: a persistent task (one-shot otherwise).
         attempts: failed attempts so far (for a dead one, the last included).
         priority: 0..9 (one-shot tasks only).
-        enqueued: since when a persistent task waits for an owner; None when
-            not known (the protocol keeps no enqueue time of one-shot tasks).
+        enqueued: since when a persistent task waits for an owner; when a
+            queued, delayed or running one-shot job was first enqueued, if
+            its queue keeps enqueue times (``Client.configure(queue,
+            enqueue_times=True)``); None when not known.
         due: when a delayed task is due (None unless delayed).
         started: when a running process was claimed (None unless running).
         worker: the worker that runs it (running), or ran its last attempt
@@ -393,9 +399,13 @@ def _entry(e: Any) -> _Entry | None:
     )
 
 
-def _extra_keys(k: Keys, queue: str, *, levels: bool) -> list[str]:
+def _extra_keys(k: Keys, queue: str) -> list[str]:
+    """``peek.lua``'s lookup keys: with them, each entry's persistent flag,
+    attempts, since when (unowned, or enqueued: :meth:`Keys.enqt`) and
+    the priority it has while delayed (only a delayed page reads it: the
+    others take the priority from the entry)."""
     ks = [k.persistent(queue), k.standby(queue), k.attempts(queue), k.unowned(queue)]
-    return [*ks, k.delayed_prio(queue)] if levels else ks
+    return [*ks, k.delayed_prio(queue), k.enqt(queue)]
 
 
 async def _dead(reads: JobReads, queue: str, start: int, end: int, n: int) -> tuple[list[Job], int]:
@@ -418,7 +428,8 @@ async def _running(
     if not page:
         return [], len(pids)
     key = reads.keys.procs(queue)
-    _, got = await _peek(reads, key, "hash", 0, 0, n, fields=8, names=page)
+    extras = _extra_keys(reads.keys, queue)
+    _, got = await _peek(reads, key, "hash", 0, 0, n, fields=8, names=page, extras=extras)
     out = []
     for pid, e in zip(page, got, strict=True):
         if e is None:
@@ -440,6 +451,7 @@ def _running_job(queue: str, p: Process, level: int, e: _Entry | None = None) ->
         worker=p.worker_id,
         token=p.token,
         group=p.group,
+        enqueued=e.since if e is not None and not p.persistent else None,
     )
     fp = e.fp if e is not None else fingerprint(p.task)
     return attrs.evolve(
@@ -473,7 +485,7 @@ async def _delayed(
         start,
         end,
         n,
-        extras=_extra_keys(reads.keys, queue, levels=True),
+        extras=_extra_keys(reads.keys, queue),
     )
     out = []
     for i, e in enumerate(got):
@@ -509,7 +521,7 @@ async def _queued(
     the list; and how many are queued."""
     n_prio, n_list = await reads.sizes(queue, "prio", "queue")
     k = reads.keys
-    extras = _extra_keys(k, queue, levels=False)
+    extras = _extra_keys(k, queue)
     entries: list[tuple[bytes, int, _Entry]] = []
     if start < n_prio:
         _, got = await _peek(
@@ -560,7 +572,10 @@ async def _group_entries(
     n = PREVIEW + _STANDIN_HEAD
     if state == "running":
         pids = sorted(await reads.process_ids(queue), key=int)
-        _, got = await _peek(reads, k.procs(queue), "hash", 0, 0, n, fields=8, names=pids)
+        extras = _extra_keys(k, queue)
+        _, got = await _peek(
+            reads, k.procs(queue), "hash", 0, 0, n, fields=8, names=pids, extras=extras
+        )
         mine = []
         for pid, e in zip(pids, got, strict=True):
             if e is not None:  # else finished since the HKEYS
@@ -581,7 +596,7 @@ async def _group_entries(
         return dead[start : start + count], len(dead)
     if state == "delayed":
         return await _group_delayed(reads, queue, group, start, count)
-    extras = _extra_keys(k, queue, levels=False)
+    extras = _extra_keys(k, queue)
     n_prio, n_list = await reads.group_sizes(queue, group)
     end = start + count - 1
     entries: list[tuple[bytes, int, _Entry]] = []
@@ -615,6 +630,7 @@ async def _group_entries(
             "queued",
             attempts=e.attempts,
             priority=level,
+            enqueued=e.since,
             size=e.size,
             group=group,
         )
@@ -630,8 +646,10 @@ async def _group_delayed(
     whole: see :meth:`JobReads.group_delayed`)."""
     found = await reads.group_delayed(queue, group)
     head = len(group) + 1
+    page = found[start : start + count]
+    times = await reads.enqueue_times(queue, [m[head + 2 :] for _, m in page])
     out = []
-    for due, m in found[start : start + count]:
+    for (due, m), at in zip(page, times, strict=True):
         level = m[head + 1] - 48
         payload = m[head + 2 :]
         out.append(
@@ -641,6 +659,7 @@ async def _group_delayed(
                 "delayed",
                 priority=level,
                 due=int(due) / 1000,
+                enqueued=int(float(at)) / 1000 if at is not None else None,
                 size=len(payload),
                 group=group,
             )
@@ -671,8 +690,9 @@ async def _extras(
     """Per payload: persistent, failed attempts, priority (of a delayed
     one, with ``levels``), since when unowned (persistent tasks)."""
     got = await reads.job_extras(queue, payloads, levels=levels)
-    pers, standby, attempts, since = got[:4]
-    lv = got[4] if levels else [None] * len(payloads)
+    pers, standby, attempts, unowned, enqt = got[:5]
+    since = [u if u is not None else t for u, t in zip(unowned, enqt, strict=True)]
+    lv = got[5] if levels else [None] * len(payloads)
     return [
         (
             pers[i] is not None or standby[i] == 1,
@@ -835,7 +855,11 @@ async def _job(reads: JobReads, queue: str, payload: bytes) -> Job | None:
                     if p.task == payload:
                         found.append(_running_job(queue, p, _kind_priority(rec)))
     if found:
-        return min(found, key=lambda j: j.token or 0)
+        first = min(found, key=lambda j: j.token or 0)
+        if first.persistent:
+            return first
+        (at,) = await reads.enqueue_times(queue, [payload])
+        return attrs.evolve(first, enqueued=int(float(at)) / 1000 if at is not None else None)
     level = 0
     queued = at is not None
     if not queued and int(n_prio):

@@ -36,6 +36,7 @@ class ClientAdmin(ClientCore):
         group_concurrency: int | None = None,
         group_rate_limit: int | tuple[int, float] | None = None,
         group_weight: int | None = None,
+        enqueue_times: bool | None = None,
     ) -> QueuePolicy:
         """Set the policy of ``queue`` in Redis; every worker serving it
         applies it (within one heartbeat interval), whatever its
@@ -65,6 +66,13 @@ class ClientAdmin(ClientCore):
                 one group win over these).
             group_rate_limit: the default rate limit of every group.
             group_weight: the default weight of every group.
+            enqueue_times: keep the first enqueue time of each one-shot job
+                (:attr:`Job.enqueued`, shown by ``mesh jobs`` and the
+                dashboard) from now on: one more write per job enqueued and
+                per call that finishes jobs, and a second copy in Redis of
+                each waiting or running entry (see docs/operating.md).
+                Turning it off drops the times kept. Default False (a queue
+                that keeps none pays no write for them).
 
         Returns:
             The policy stored now.
@@ -82,6 +90,7 @@ class ClientAdmin(ClientCore):
             timeout=timeout,
             result_ttl=result_ttl,
             rate_limit=rate_limit,
+            enqueue_times=enqueue_times,
         )
         try:
             raw = await self._binding.configure(conn, queue, "set", "configure", fields)

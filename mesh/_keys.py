@@ -143,6 +143,17 @@ class Keys:
         ensured, handed back or recycled)."""
         return f"{self.prefix}unowned:{q}"
 
+    def timed(self) -> str:
+        """SET: the queues that keep the enqueue times of their one-shot jobs
+        (their policy's ``enqueue_times``; written by ``configure.lua``)."""
+        return f"{self.prefix}timed"
+
+    def enqt(self, q: str) -> str:
+        """ZSET: payload (as queued: a big one's stand-in) -> Redis time (ms)
+        it was first enqueued, for each waiting or running one-shot job of
+        ``q`` while ``q`` keeps enqueue times (``include/enqueue_time.lua``)."""
+        return f"{self.prefix}enqt:{q}"
+
     def share(self, q: str) -> str:
         """HASH: what the fair share of ``q`` weighs: the total weight of its
         persistent tasks (``:weight``) and capacity of its servers

@@ -59,6 +59,9 @@ class QueuePolicy:
         result_ttl: seconds a finished task's return value (or a dead
             letter's failure) is kept for :meth:`Client.result` (0.0: results
             are not kept).
+        enqueue_times: whether the queue keeps the first enqueue time of
+            each of its one-shot jobs (:attr:`Job.enqueued`; a write per
+            job, and a copy of each waiting or running entry in Redis).
         source: who wrote it: ``"configure"``, or ``"worker <id>"`` when the
             ``start_work`` options of that worker became the policy of a
             queue that had none.
@@ -72,6 +75,7 @@ class QueuePolicy:
     rate_limit: int = attrs.field(default=0, validator=whole_field())
     rate_period: float = attrs.field(default=1.0, validator=seconds_field())
     source: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    enqueue_times: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.backoff > self.backoff_max:
@@ -105,6 +109,7 @@ def parse_policy(raw: bytes | str, queue: str) -> QueuePolicy:
             int(d.get("rate_limit", 0)),
             int(d.get("rate_period_ms", 1000)) / 1000,
             str(d.get("source", "")),
+            bool(int(d.get("enqueue_times", 0))),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ProtocolError(f"malformed policy of queue {queue}: {exc}") from None
@@ -143,6 +148,10 @@ def policy_fields(**given: Any) -> list[Any]:
             if n > 0 and ms < 1:
                 raise ConfigError(f"the rate_limit period must be at least 1 ms, got {per!r}")
             out += ["rate_limit", n, "rate_period_ms", max(ms, 1)]
+        elif name == "enqueue_times":
+            if not isinstance(value, bool):
+                raise ConfigError(f"enqueue_times must be True or False, got {value!r}")
+            out += ["enqueue_times", int(value)]
         elif name == "max_attempts":
             out += ["max_attempts", whole("max_attempts", value)]
         elif name in _MS_FIELDS:

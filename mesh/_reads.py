@@ -367,17 +367,26 @@ class JobReads:
     ) -> list[list[Any]]:
         """Per payload (one list each): its field of the persistent hash,
         whether it is in the standby set, its attempts, since when unowned
-        (ms) and, with ``levels``, its delayed priority."""
+        (ms), its enqueue time (ms, a one-shot job of a queue that keeps
+        them) and, with ``levels``, its delayed priority."""
         k = self.keys
         cmds: list[Command] = [
             ("HMGET", k.persistent(queue), *payloads),
             ("SMISMEMBER", k.standby(queue), *payloads),
             ("HMGET", k.attempts(queue), *payloads),
             ("ZMSCORE", k.unowned(queue), *payloads),
+            ("ZMSCORE", k.enqt(queue), *payloads),
         ]
         if levels:
             cmds.append(("HMGET", k.delayed_prio(queue), *payloads))
         return list(await self.check().pipeline(cmds))
+
+    async def enqueue_times(self, queue: str, payloads: Sequence[bytes]) -> list[Any]:
+        """The enqueue time (ms) of each of ``payloads`` (as queued) on
+        ``queue``, None where none is kept: one ``ZMSCORE``."""
+        if not payloads:
+            return []
+        return list(await self.check().execute("ZMSCORE", self.keys.enqt(queue), *payloads))
 
     async def whereabouts(self, queue: str, payload: bytes) -> list[Any]:
         """Where ``payload`` may be, pipelined: the process ids, its position
@@ -456,6 +465,12 @@ class Reader(JobReads):
     async def queues(self) -> list[str]:
         """The known queues, sorted."""
         r = await self.check().execute("SMEMBERS", self.keys.queues)
+        return sorted(q.decode() for q in r)
+
+    async def timed_queues(self) -> list[str]:
+        """The queues that keep the enqueue times of their one-shot jobs
+        (``{ns}:timed``), sorted."""
+        r = await self.check().execute("SMEMBERS", self.keys.timed())
         return sorted(q.decode() for q in r)
 
     async def read_memory(self) -> MemoryInfo | None:

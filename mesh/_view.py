@@ -120,6 +120,8 @@ class Snapshot:
     vanished: Mapping[str, int] = attrs.field(factory=dict)
     epoch_missing: bool = False
     """The namespace's epoch is missing (see :func:`mesh._epoch.epoch_missing`)."""
+    timed: tuple[str, ...] = ()
+    """The queues that keep the enqueue times of their one-shot jobs."""
 
 
 async def snapshot(
@@ -147,7 +149,8 @@ async def snapshot(
         for q in queues:
             if q.delayed:
                 due[q.name] = await reads.delayed(q.name, delayed)
-    return Snapshot(now, workers, queues, procs, due, memory, vanished, c.epoch_missing)
+    timed = tuple(await reads.timed_queues())
+    return Snapshot(now, workers, queues, procs, due, memory, vanished, c.epoch_missing, timed)
 
 
 @attrs.frozen

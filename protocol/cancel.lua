@@ -31,6 +31,7 @@
 -- Errors: BAD_ARG (key count).
 -- Blobs: a stand-in's blob loses the references of every copy removed (a
 --        persistent task counts one, include/blob.lua).
+-- Times: the payload's enqueue time goes (include/enqueue_time.lua).
 -- Publishes: each cancelled process id on the cancel channel of its worker.
 --!include include/record.lua
 --!include include/prio_remove.lua
@@ -38,6 +39,7 @@
 --!include include/add_share.lua
 --!include include/forget_weight.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 local groups = group_lib()
 local blobs = blob_lib()
 
@@ -91,6 +93,7 @@ redis.call('HDEL', KEYS[2], payload)
 redis.call('SREM', KEYS[6], payload)
 redis.call('ZREM', KEYS[8], payload)
 redis.call('HDEL', KEYS[4], payload)
+enqt_drop(KEYS[1], 'queue', {payload})
 if owner or standby then
   local w = forget_weight(KEYS[9], payload)
   if found[1] then add_share(KEYS[9], 'h' .. found[1][2], 1 - w) end

@@ -21,6 +21,8 @@
 -- Errors: BAD_ARG (mode).
 -- Blobs: a purged stand-in's blob loses a reference (include/blob.lua); a
 --        requeued one keeps it (the dead copy becomes the queued copy).
+-- Times: while Q keeps enqueue times, a requeued job's time is the requeue's
+--        (include/enqueue_time.lua).
 -- Publishes: after a requeue, Q on the wake channels of up to (tasks
 --            requeued) + 1 idle servers of Q.
 --!include include/is_persistent.lua
@@ -29,6 +31,7 @@
 --!include include/prio_add.lua
 --!include include/group.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 local groups = group_lib()
 local blobs = blob_lib()
 
@@ -70,6 +73,7 @@ redis.call('DEL', KEYS[1])
 call_chunked('RPUSH', KEYS[1], keep)
 if mode == 'requeue' then
   call_chunked('HDEL', KEYS[3], take)
+  enqt_add(KEYS[1], ARGV[1], take, 1, #take)
   -- each to the back of its place, in order: the queue, a priority, a group
   local ungrouped, ulevels, grouped, glevels, gorder = {}, {}, {}, {}, {}
   for i, payload in ipairs(take) do

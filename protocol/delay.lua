@@ -26,6 +26,8 @@
 --         blob is gone: nothing changed),
 --         BAD_ARG (mode, time, priority), OOM (Redis is at maxmemory:
 --         nothing changed).
+-- Times: while Q keeps enqueue times, each payload's first enqueue time
+--        (include/enqueue_time.lua).
 -- Publishes: when the new due time is the queue's earliest, Q on the wake
 --            channels of up to two idle servers of Q: they claim, and the
 --            claim's reply tells them when the first delayed task is due.
@@ -36,6 +38,7 @@
 --!include include/delay_level.lua
 --!include include/wake_idle.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 local blobs = blob_lib()
 
 local mode = ARGV[3]
@@ -81,6 +84,7 @@ if #first == 0 or tonumber(first[2]) > due then
   -- before any task is written (see wake_idle); one task, one spare
   wake_idle(KEYS[5], ARGV[2], ARGV[1], 1)
 end
+enqt_add(KEYS[2], ARGV[1], ARGV, 6, #ARGV, now)
 local added = 0
 for i = 6, #ARGV, 2000 do
   local args = {}

@@ -29,6 +29,8 @@
 -- Blobs: a stand-in's blob loses the references of every copy deleted (a
 --        persistent task counts one; include/blob.lua). Costs a pass over
 --        the queue's entries (in chunks) to find them.
+-- Times: Q's enqueue times are deleted; {ns}:timed keeps Q (its policy stays)
+--        (include/enqueue_time.lua).
 -- Publishes: each cancelled process id on its worker's cancel channel, then
 --            "" on the delete channel.
 --!include include/call_chunked.lua
@@ -114,6 +116,8 @@ end
 redis.call('DEL', G.ready, G.wait, G.delayed, G.hash)
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9],
   KEYS[10], KEYS[11], KEYS[13], KEYS[14])
+-- the enqueue times ({ns}:enqt:<Q>: include/enqueue_time.lua)
+redis.call('DEL', string.match(KEYS[7], '^(%b{}:)') .. 'enqt:' .. ARGV[1])
 redis.call('SREM', KEYS[7], ARGV[1])
 local gone = {}
 local fields = redis.call('HGETALL', KEYS[12])  -- HGETALL: the documented ACL has no HKEYS

@@ -19,12 +19,15 @@
 --         blob is gone: nothing was added), BAD_ARG (priority), OOM (Redis is
 --         at maxmemory: nothing was added).
 -- Blobs: each stand-in added counts one reference (include/blob.lua).
+-- Times: while Q keeps enqueue times, each payload's first enqueue time
+--        (include/enqueue_time.lua).
 -- Publishes: Q on the wake channels of up to n + 1 idle servers of Q.
 --!include include/is_persistent.lua
 --!include include/count_arg.lua
 --!include include/prio_add.lua
 --!include include/wake_idle.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 
 local level, err = count_arg(ARGV[3], 'priority', 9)
 if err then return err end
@@ -53,6 +56,7 @@ end
 -- is added, or a retry would add them twice.
 redis.call('SADD', KEYS[2], ARGV[1])
 wake_idle(KEYS[5], ARGV[2], ARGV[1], n)
+enqt_add(KEYS[2], ARGV[1], ARGV, 4, #ARGV)
 if big then
   for i = 4, #ARGV do blobs.ref(prefix, ARGV[i]) end
 end

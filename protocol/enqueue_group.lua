@@ -22,6 +22,8 @@
 --          now_ms}.
 -- Blobs: each stand-in added counts one reference (include/blob.lua; one
 --        delayed again in the group is not added).
+-- Times: while Q keeps enqueue times, each payload's first enqueue time
+--        (include/enqueue_time.lua).
 -- Errors: CONFLICT (a payload is a persistent task of Q, or a stand-in whose
 --         blob is gone: nothing was added),
 --         BAD_ARG (group name, mode, time, priority), OOM (Redis is at maxmemory:
@@ -33,6 +35,7 @@
 --!include include/count_arg.lua
 --!include include/group.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 local groups = group_lib()
 local blobs = blob_lib()
 
@@ -86,6 +89,7 @@ end
 redis.call('SADD', KEYS[1], q)
 if n == 0 then return {0, due, now} end
 for _, p in ipairs(refs) do blobs.ref(prefix, p) end
+enqt_add(KEYS[1], q, ARGV, 7, #ARGV, now)
 local G = groups.keys(prefix, q)
 if delaying then
   local args = {}

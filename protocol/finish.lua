@@ -19,6 +19,9 @@
 --          0 if not (already recycled, cancelled, finished, or W holds no lease:
 --          then nothing changes at all).
 -- Errors: none.
+-- Times: each finished one-shot job's enqueue time goes: one EXISTS of
+--        {ns}:enqt:<Q> per call, and a ZREM while it exists
+--        (include/enqueue_time.lua).
 -- Publishes: the payload of each finished process on ARGV[3] (with KEYS[7]:
 --            only if KEYS[7] exists).
 --!include include/lease_error.lua

@@ -28,6 +28,7 @@
 -- Errors: as claim.lua's (FENCED, NOT_SERVING, BAD_ARG; and at the memory
 --         limit, when nothing was finished and the claim's first write is
 --         refused); then nothing was finished either.
+-- Times: as finish.lua (include/enqueue_time.lua).
 -- Publishes: as finish.lua (the done messages, before the claim's) and as
 --            claim.lua.
 --!include include/claim_run.lua

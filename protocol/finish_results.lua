@@ -23,6 +23,7 @@
 --          (its result is kept), 0 if not (then nothing changes for it; if
 --          W holds no lease nothing changes at all).
 -- Errors: BAD_ARG (ttl, argument or key count).
+-- Times: as finish.lua (include/enqueue_time.lua).
 -- Publishes: the payload of each finished process on ARGV[3] (after its
 --            result is kept; with KEYS[7 + n]: only if KEYS[7 + n] exists).
 -- The result record (a STRING with PX ttl): kind \0 when_ms \0 worker \0

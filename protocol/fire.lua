@@ -19,11 +19,14 @@
 --          of Q now (nothing enqueued, the next tick set).
 -- Errors: BAD_ARG (key or argument count, a next tick not after the tick),
 --         OOM (Redis is at maxmemory: nothing fired, the ticks stay due).
+-- Times: while Q keeps enqueue times, each copy's first enqueue time
+--        (include/enqueue_time.lua).
 -- Publishes: Q on the wake channels of up to two idle servers of Q per copy
 --            enqueued (see include/wake_idle.lua).
 --!include include/now_ms.lua
 --!include include/is_persistent.lua
 --!include include/wake_idle.lua
+--!include include/enqueue_time.lua
 
 local n = (#ARGV - 1) / 3
 if n ~= math.floor(n) or #KEYS ~= 3 + 4 * n then
@@ -54,6 +57,7 @@ for i = 1, n do
       redis.call('SADD', KEYS[3], q)  -- first: refused at the memory limit (as in enqueue.lua)
       wake_idle(KEYS[k + 4], ARGV[1], q, 1)
       redis.call('RPUSH', KEYS[k + 1], payload)
+      enqt_add(KEYS[3], q, {payload}, 1, 1, now)
       fired = 1
     end
     redis.call('ZADD', KEYS[1], 'XX', ARGV[a + 2], id)

@@ -52,6 +52,8 @@
 --          nothing changed; 1 = back at the front; 2 = retry later or at the
 --          back; 3 = dead-lettered) and the delay in ms before it is due.
 -- Errors: BAD_ARG.
+-- Times: a dead-lettered job's enqueue time goes; a retried or returned one
+--        keeps it (include/enqueue_time.lua).
 -- Publishes: Q on the wake channels of up to (tasks made ready now) + 1 idle
 --            servers of Q (none if no task is ready now); Q on the wake
 --            channel of each worker a task was reserved for.
@@ -71,6 +73,7 @@
 --!include include/parse_entry.lua
 --!include include/group.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 local groups = group_lib()
 local blobs = blob_lib()
 
@@ -140,6 +143,7 @@ for i = 7, #ARGV do
         if KEYS[17] then keep_try(r, now, why) end
         if where == 'dead' then
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
+          enqt_drop(KEYS[1], 'procs', {r.payload})
           group_free(r.group)
           outcome = 3
         elseif where == 'later' then
@@ -178,6 +182,7 @@ for i = 7, #ARGV do
         if KEYS[17] then keep_try(r, now, why) end
         if where == 'dead' then
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
+          enqt_drop(KEYS[1], 'procs', {r.payload})
           outcome = 3
         elseif where == 'later' then
           blobs.merge(KEYS[6], r.payload, r.payload)

@@ -9,6 +9,9 @@
 --           {ns}:standby:<Q>, {ns}:attempts:<Q>, {ns}:unowned:<Q>, and
 --           {ns}:delayed_prio:<Q>: with them, each entry's payload is also
 --           looked up in them
+-- KEYS[7]   optional (with KEYS[2..6]): {ns}:enqt:<Q>, the enqueue times
+--           of one-shot jobs (include/enqueue_time.lua), looked up for
+--           "since" where KEYS[5] has none
 -- ARGV[1]   the shape of KEYS[1]: "list", "zset" or "hash"
 -- ARGV[2], ARGV[3]  first and last index (list, zset; inclusive, from 0)
 -- ARGV[4]   preview bytes: how much of the payload to return (0..65536)
@@ -30,7 +33,7 @@
 --          the payload (a short key to find it again); score the sorted
 --          set's score (else false); persistent 1 if the payload is in
 --          KEYS[2] or KEYS[3] (else 0); attempts KEYS[4]'s value, since
---          KEYS[5]'s score, level KEYS[6]'s value (each false when absent or
+--          KEYS[5]'s score (else KEYS[7]'s), level KEYS[6]'s value (each false when absent or
 --          not asked). A hash field that is gone answers false in its place.
 -- Errors: BAD_ARG (a shape, index or count that is not one of the above).
 -- Publishes: nothing.
@@ -60,6 +63,7 @@ if extras then
   look[4] = redis.call('HLEN', KEYS[4]) > 0
   look[5] = redis.call('ZCARD', KEYS[5]) > 0
   look[6] = KEYS[6] ~= nil and redis.call('HLEN', KEYS[6]) > 0
+  look[7] = KEYS[7] ~= nil and redis.call('EXISTS', KEYS[7]) == 1
 end
 
 local function fingerprint(p)
@@ -87,6 +91,7 @@ local function entry(e, score)
     if look[4] then out[6] = redis.call('HGET', KEYS[4], p) end
     if look[5] then out[7] = redis.call('ZSCORE', KEYS[5], p) end
     if look[6] then out[8] = redis.call('HGET', KEYS[6], p) end
+    if look[7] and not out[7] then out[7] = redis.call('ZSCORE', KEYS[7], p) end
   end
   return out
 end

@@ -43,6 +43,8 @@
 --          not passed (nothing changed: call again with those queues too).
 -- Errors: BAD_ARG (mode, worker count, key count), FENCED (mode "leave" and
 --         the lease is held by another incarnation).
+-- Times: a dead-lettered job's enqueue time goes; a returned one keeps it
+--        (include/enqueue_time.lua, through include/return_held.lua).
 -- Publishes: per queue with tasks put back, the queue name on the wake
 --            channels of up to (tasks put back) + 1 of its idle servers, once
 --            per call (see include/wake_idle.lua).

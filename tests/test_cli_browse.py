@@ -194,8 +194,9 @@ def test_jobs_shows_the_first_bytes_and_the_size_of_big_payloads(
     trio.run(go)
     code, out, _ = run(capsys, "jobs", Q, "--state", "queued", *ns_args)
     assert code == 0, out
-    rows = out.splitlines()[2:]
+    *rows, hint = out.splitlines()[2:]
     assert len(rows) == 3 and all(len(r) < 200 for r in rows), rows
+    assert hint.startswith("enqueue times: not kept")  # a queue that keeps none says so
     assert rows[0].startswith("blob-0:é") and "16.0 MiB" in rows[0] and "..." in rows[0]
     code, out, _ = run(capsys, "jobs", Q, "--state", "queued", "--json", *ns_args)
     jobs = json.loads(out)["jobs"]

@@ -391,6 +391,7 @@ async def test_configure_script_set_default_clear(conn: Connection, b: Binding, 
         "result_ttl_ms": 0,
         "rate_limit": 0,
         "rate_period_ms": 1000,
+        "enqueue_times": 0,
         "source": "worker w1",
     }
     # "default" leaves a stored policy alone (and returns it)

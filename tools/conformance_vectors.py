@@ -959,6 +959,58 @@ async def story_blobs(r: Recorder, b: Binding, raw: Connection) -> None:
     await b.delete_queue(r.at("delete-queue-blob", "the queue deleted: its blobs go"), "q")
 
 
+async def story_enqueue_times(r: Recorder, b: Binding, raw: Connection) -> None:
+    """A queue that keeps enqueue times (include/enqueue_time.lua): every
+    path that enqueues a one-shot job writes its first time, the job keeps
+    it while it runs and is retried, and it leaves with the job."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "q")
+    await b.configure(
+        r.at("configure-enqueue-times", "enqueue_times on: the queue joins {ns}:timed"),
+        "q", "set", "configure", ["enqueue_times", 1],
+    )  # fmt: skip
+    await expect_error(
+        b.configure(
+            r.at("configure-enqueue-times-bad", "enqueue_times is 0 or 1"),
+            "q", "set", "configure", ["enqueue_times", 2],
+        )
+    )  # fmt: skip
+    await b.enqueue(
+        r.at("enqueue-timed", "each payload gets its first enqueue time"), "q", [b"a", b"b"]
+    )
+    await b.enqueue(
+        r.at("enqueue-timed-again", "a payload queued twice keeps its first time"), "q", [b"a"]
+    )
+    await b.enqueue(
+        r.at("enqueue-timed-priority", "a job with a priority too"), "q", [b"p"], priority=4
+    )
+    await b.enqueue_group(r.at("enqueue-group-timed", "a group's job too"), "q", "g", [b"g"])
+    await b.delay(
+        r.at("delay-timed", "a delayed job: the time of the call"), "q", [b"d"], in_ms=60_000
+    )
+    c = await b.claim(r, "w1", "i1", "q", 5, 1, ttl_ms=3000)
+    ids = {p.task: p.id for p in c.processes}
+    await b.finish(
+        r.at("finish-timed", "finished jobs' times leave (one EXISTS, one ZREM)"),
+        "w1", "i1", "q", [ids[b"a"], ids[b"g"]],
+    )  # fmt: skip
+    await b.give_back(
+        r.at("give-back-timed-dead", "a job dead-lettered at its limit: its time leaves"),
+        "w1", "q", [ids[b"b"]], failed=True,
+    )  # fmt: skip
+    await b.dead(
+        r.at("dead-requeue-timed", "a requeued dead letter gets a new time"), "q", "requeue", None
+    )
+    await b.cancel(r.at("cancel-timed", "a cancelled job's time leaves"), "q", b"b")
+    await b.delete_queue(r.at("delete-queue-timed", "the times go with the queue"), "q")
+    await b.enqueue(r, "q", [b"e"])
+    await b.configure(
+        r.at("configure-enqueue-times-off", "enqueue_times off: the times kept go"),
+        "q", "set", "configure", ["enqueue_times", 0],
+    )  # fmt: skip
+
+
 async def _unwrap(o: Any) -> Any:
     return o.unwrap()
 
@@ -974,6 +1026,7 @@ STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_groups,
     story_group_priorities,
     story_blobs,
+    story_enqueue_times,
 ]
 
 

@@ -184,10 +184,13 @@ def _jobs(args: argparse.Namespace) -> int:
             return 0
         where = "" if args.group is None else f" in group {args.group}"
         print(f"{page.total} {state}{where} on {args.queue}")
+        timed = await _timed(client, args.queue)
         if page.jobs:
-            headers, rows = _rows(state, page.jobs, grouped=args.group is not None)
+            headers, rows = _rows(state, page.jobs, grouped=args.group is not None, timed=timed)
             for line in table(headers, rows, right="SIZE ATTEMPTS PRIO TOKEN"):
                 print(line)
+            if not timed and state != "dead" and not all(j.persistent for j in page.jobs):
+                print(untimed_hint(args.queue))
         if page.next is not None:
             print(f"more: --after {page.next}")
         return 0
@@ -211,18 +214,46 @@ def _state(state: str | None, group: str | None, prefix: bytes | None) -> str:
     return state or "queued"
 
 
+def untimed_hint(queue: str) -> str:
+    """What ``mesh jobs`` and ``mesh job`` say of a queue that keeps no
+    enqueue times, in place of a bare ``-``."""
+    return f"enqueue times: not kept (mesh configure {queue} --enqueue-times on)"
+
+
+async def _timed(client: mesh.Client, queue: str) -> bool:
+    """Whether ``queue`` keeps the enqueue times of its one-shot jobs."""
+    policy = await client.policy(queue)
+    return policy is not None and policy.enqueue_times
+
+
 def _rows(
-    state: str, jobs: tuple[mesh.Job, ...], *, grouped: bool = False
+    state: str, jobs: tuple[mesh.Job, ...], *, grouped: bool = False, timed: bool = False
 ) -> tuple[list[str], list[list[object]]]:
     kind = ["persistent" if j.persistent else "one-shot" for j in jobs]
-    if grouped and state == "queued":  # one-shot, with no enqueue time
-        return ["TASK", "SIZE", "PRIO", "ATTEMPTS"], [
-            [_cell(j), size_text(j.size), j.priority, j.attempts] for j in jobs
+    # a timed queue's running and delayed one-shot jobs show when they were
+    # enqueued (its queued ones in WAITING SINCE, as persistent tasks do)
+    since = (
+        (["ENQUEUED (UTC)"], [[utc(j.enqueued)] for j in jobs]) if timed else ([], [[]] * len(jobs))
+    )
+    if grouped and state == "queued":  # one-shot
+        head = ["WAITING SINCE (UTC)"] if timed else []
+        return ["TASK", "SIZE", "PRIO", "ATTEMPTS", *head], [
+            [_cell(j), size_text(j.size), j.priority, j.attempts, *s]
+            for j, s in zip(jobs, since[1], strict=True)
         ]
     if state == "running":
-        return ["TASK", "SIZE", "KIND", "WORKER", "TOKEN", "STARTED (UTC)", "ATTEMPTS"], [
-            [_cell(j), size_text(j.size), k, j.worker, j.token, utc(j.started), j.attempts]
-            for j, k in zip(jobs, kind, strict=True)
+        return [
+            "TASK",
+            "SIZE",
+            "KIND",
+            "WORKER",
+            "TOKEN",
+            "STARTED (UTC)",
+            "ATTEMPTS",
+            *since[0],
+        ], [
+            [_cell(j), size_text(j.size), k, j.worker, j.token, utc(j.started), j.attempts, *s]
+            for j, k, s in zip(jobs, kind, since[1], strict=True)
         ]
     if state == "dead":
         return ["TASK", "SIZE", "ATTEMPTS", "DEAD SINCE (UTC)", "WORKER", "ERROR"], [
@@ -237,9 +268,9 @@ def _rows(
             for j in jobs
         ]
     if state == "delayed":
-        return ["TASK", "SIZE", "KIND", "DUE (UTC)", "PRIO", "ATTEMPTS"], [
-            [_cell(j), size_text(j.size), k, utc(j.due), j.priority, j.attempts]
-            for j, k in zip(jobs, kind, strict=True)
+        return ["TASK", "SIZE", "KIND", "DUE (UTC)", "PRIO", "ATTEMPTS", *since[0]], [
+            [_cell(j), size_text(j.size), k, utc(j.due), j.priority, j.attempts, *s]
+            for j, k, s in zip(jobs, kind, since[1], strict=True)
         ]
     return ["TASK", "SIZE", "KIND", "PRIO", "ATTEMPTS", "WAITING SINCE (UTC)"], [
         [_cell(j), size_text(j.size), k, j.priority, j.attempts, utc(j.enqueued)]
@@ -267,8 +298,12 @@ def _job(args: argparse.Namespace) -> int:
             ("attempts", j.attempts),
             ("priority", j.priority),
         ]
-        if j.enqueued is not None:
+        if j.enqueued is not None and (j.persistent or j.state == "queued"):
             fields.append(("waiting since", utc(j.enqueued) + " UTC"))
+        elif j.enqueued is not None:
+            fields.append(("enqueued", utc(j.enqueued) + " UTC"))
+        elif not j.persistent and j.state != "dead" and not await _timed(client, j.queue):
+            fields.append(("enqueued", untimed_hint(j.queue).removeprefix("enqueue times: ")))
         if j.due is not None:
             fields.append(("due", utc(j.due) + " UTC"))
         if j.started is not None:

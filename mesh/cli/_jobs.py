@@ -99,6 +99,13 @@ def _add_configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="N[/S]",
         help="at most N claims per S seconds (default 1) across the mesh (0: no limit)",
     )
+    p.add_argument(
+        "--enqueue-times",
+        type=_on_off,
+        metavar="on|off",
+        help="keep each one-shot job's first enqueue time (mesh jobs, the dashboard); "
+        "costs a write per job",
+    )
     add_settings_options(p, "group-")
     p.add_argument("--clear", action="store_true", help="remove the queue's policy")
     add_target_options(p)
@@ -242,11 +249,26 @@ def _rate(text: str) -> tuple[int, float]:
     return count, seconds
 
 
+def _on_off(text: str) -> bool:
+    """``on`` or ``off`` (as an argparse type)."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
 def _configure(args: argparse.Namespace) -> int:
     t = target(args)
     opts = {
         k: getattr(args, k)
-        for k in ("max_attempts", "backoff", "backoff_max", "timeout", "result_ttl", "rate_limit")
+        for k in (
+            "max_attempts",
+            "backoff",
+            "backoff_max",
+            "timeout",
+            "result_ttl",
+            "rate_limit",
+            "enqueue_times",
+        )
         if getattr(args, k) is not None
     }
     opts.update(group_defaults(args))
@@ -280,6 +302,7 @@ def _configure(args: argparse.Namespace) -> int:
                     if policy.rate_limit
                     else ""
                 )
+                + f" enqueue_times={'on' if policy.enqueue_times else 'off'}"
                 + f" (set by {policy.source or 'configure'})"
             )
         if group_defaults(args):

@@ -139,6 +139,7 @@ def _queues(snap: Snapshot) -> list[str]:
     # a column per count of a queue, from the one table of them
     counts = [c.name for c in QUEUE_COUNTS]
     heads = [c.upper() for c in counts]
+    timed = [f"ENQUEUE TIMES kept for: {', '.join(snap.timed)}"] if snap.timed else []
     return [
         "QUEUES",
         *table(
@@ -149,6 +150,7 @@ def _queues(snap: Snapshot) -> list[str]:
             ],
             right=" ".join(heads),
         ),
+        *timed,
     ]
 
 

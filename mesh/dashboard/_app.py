@@ -417,6 +417,7 @@ def _job_routes(poller: Poller) -> list[Route]:
             page = await poller.client.jobs(
                 queue, state, limit=limit, after=qp.get("after") or None, prefix=prefix, group=group
             )
+            policy = await poller.client.policy(queue)
         except (BadRequest, MeshError) as exc:
             return failed(exc)
         return JSONResponse(
@@ -428,6 +429,7 @@ def _job_routes(poller: Poller) -> list[Route]:
                 "next": page.next,
                 "limit": limit,
                 "position": cursor_position(qp.get("after") or None),
+                "enqueue_times": policy is not None and policy.enqueue_times,
                 "jobs": [job_json(j) for j in page.jobs],
             }
         )
@@ -446,13 +448,15 @@ def _job_routes(poller: Poller) -> list[Route]:
                 task = b64_field(qp, "task_b64")
             found = None if task is None else await c.job(queue, task)
             del task
+            policy = None if found is None else await c.policy(queue)
         except (BadRequest, MeshError) as exc:
             return failed(exc)
         if found is None:
             return JSONResponse(None)
         if found.ref is None and ref is not None:
             found = attrs.evolve(found, ref=ref)
-        return JSONResponse(job_json(found, full=True))
+        timed = policy is not None and policy.enqueue_times
+        return JSONResponse({**job_json(found, full=True), "enqueue_times": timed})
 
     async def payload(request: Request) -> Response:
         """The whole payload of a job, by its ref, as a download."""

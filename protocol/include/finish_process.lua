@@ -10,6 +10,7 @@
 --!include include/forget_weight.lua
 --!include include/group.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 
 -- The state of one finish call, in upvalues (cheaper per process than the
 -- fields of a table): W's record prefix, the awaiting key, the ids and
@@ -44,6 +45,7 @@ local function finish_begin(worker, procs, held, persistent, attempts, share, aw
   fin_long = #fin_plain + 10 + BLOB_SHORTEST
   fin_gone, fin_seen, fin_attempts = {}, {}, {}
   fin_groups, fin_blobs = nil, nil  -- made with the first of each
+  enqt_watch(procs)  -- include/enqueue_time.lua: one EXISTS
   return fin_wz
 end
 
@@ -91,7 +93,8 @@ local function finish_process(id, rec)
       fin_blobs = fin_blobs or {}
       fin_blobs[#fin_blobs + 1] = finish_payload(rec)
     end
-    local payload = fin_payloads and finish_payload(rec)
+    local payload = (fin_payloads or enqt_fin) and finish_payload(rec)
+    if enqt_fin then enqt_fin_gone[#enqt_fin_gone + 1] = payload end
     if finish_notify() then
       payload = payload or finish_payload(rec)
       nudge(fin_channel, payload)
@@ -123,6 +126,7 @@ local function finish_process(id, rec)
     fin_blobs[#fin_blobs + 1] = payload
   end
   if persistent or tries ~= '0' then fin_attempts[#fin_attempts + 1] = payload end
+  if enqt_fin and not persistent then enqt_fin_gone[#enqt_fin_gone + 1] = payload end
   if string.byte(kind, 1) == 103 then
     fin_groups = fin_groups or {}
     fin_groups[#fin_groups + 1] = string.sub(kind, 3)
@@ -141,7 +145,7 @@ local function finish_all(ids, recs)
   local flags = {}
   if #ids == 0 then return flags end
   local find, plain, long, gone, seen = string.find, fin_plain, fin_long, fin_gone, fin_seen
-  local quiet = not fin_payloads and not finish_notify()
+  local quiet = not fin_payloads and not finish_notify() and not enqt_fin
   for i = 1, #ids do
     local id, rec = ids[i], recs[i]
     if quiet and rec and #rec < long and not seen[id] and find(rec, plain, 1, true) == 1 then
@@ -161,6 +165,7 @@ local function finish_writes()
   call_chunked('HDEL', fin_procs, fin_gone)
   call_chunked('SREM', fin_held, fin_gone)
   call_chunked('HDEL', fin_att, fin_attempts)
+  if enqt_fin then call_chunked('ZREM', enqt_fin, enqt_fin_gone) end
   if fin_blobs then
     local blobs = blob_lib()
     local prefix = blobs.prefix(fin_procs)

@@ -11,6 +11,7 @@
 --!include include/to_standby.lua
 --!include include/group.lua
 --!include include/blob.lua
+--!include include/enqueue_time.lua
 
 -- Hand every process in `held` (a worker's set of process ids on one queue)
 -- back to the front of `queue`, oldest claim first. With count_attempt (the
@@ -56,6 +57,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   local keep = {}
   local gone, front, back_end, later, buried, pers = {}, {}, {}, {}, {}, {}
   local leveled, nleveled, told = {}, 0, {}
+  local dead_payloads = {}  -- their enqueue times go (include/enqueue_time.lua)
   -- a group's jobs go back to the front of their group (include/group.lua),
   -- newest claim first here as in `front`; a retry that waits for its
   -- backoff keeps its group's slot until due
@@ -81,6 +83,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
           buried[#buried + 1] = dead_record(now, made, r.worker,
             'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.kind, r.payload)
           told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
+          dead_payloads[#dead_payloads + 1] = r.payload
         else
           gfront[#gfront + 1] = {r.payload, r.group, r.level}
         end
@@ -89,6 +92,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
       buried[#buried + 1] = dead_record(now, made, r.worker,
         'worker crashed: the lease of worker ' .. r.worker .. ' expired', r.kind, r.payload)
       told[#told + 1] = {string.sub(r.payload, 1, 161), made, r.max_attempts}
+      dead_payloads[#dead_payloads + 1] = r.payload
     else
       if r.persistent then
         pers[#pers + 1] = r.payload
@@ -136,6 +140,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   call_chunked('ZADD', delayed, later, 2)
   call_chunked('RPUSH', queue, back_end)
   call_chunked('RPUSH', dead, buried)
+  enqt_drop(procs, 'procs', dead_payloads)
   for level, l in pairs(leveled) do
     -- newest claim first in l.front: the oldest goes first
     local f = {}

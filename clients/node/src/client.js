@@ -247,7 +247,8 @@ class Client {
    * @param {string} queue
    * @param {Record<string, number>} fields  the policy's own names (protocol/README.md,
    *   "Keys": `max_attempts`, `backoff_ms`, `backoff_max_ms`, `timeout_ms`,
-   *   `result_ttl_ms`, `rate_limit`, `rate_period_ms`), whole numbers
+   *   `result_ttl_ms`, `rate_limit`, `rate_period_ms`, `enqueue_times` (0 or 1: keep each
+   *   one-shot job's first enqueue time in `{ns}:enqt:<Q>`)), whole numbers
    * @returns {Promise<Record<string, unknown>>} the policy stored now
    * @throws {import('./errors').CommandError} BAD_ARG: an unknown field or a bad value (nothing written)
    */

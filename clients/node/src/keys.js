@@ -70,6 +70,7 @@ class Keys {
     this.info = `${p}info`;
     this.version = `${p}version`;
     this.policy = `${p}policy`;
+    this.timed = `${p}timed`;  // queues that keep enqueue times (configure.lua)
     this.schedules = `${p}schedules`;
     this.scheduleSpecs = `${p}schedule_specs`;
     this.wakePrefix = `${p}wake:`;
@@ -82,6 +83,7 @@ class Keys {
   /** @param {string} q */ moving(q) { return `${this.prefix}moving:${q}`; }
   /** @param {string} q */ reserved(q) { return `${this.prefix}reserved:${q}`; }
   /** @param {string} q */ unowned(q) { return `${this.prefix}unowned:${q}`; }
+  /** @param {string} q */ enqt(q) { return `${this.prefix}enqt:${q}`; }
   /** @param {string} q */ share(q) { return `${this.prefix}share:${q}`; }
   /** @param {string} q */ standby(q) { return `${this.prefix}standby:${q}`; }
   /** @param {string} q */ procs(q) { return `${this.prefix}procs:${q}`; }

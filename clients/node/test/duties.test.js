@@ -86,6 +86,32 @@ test('a Node-only worker set writes the result records of a queue that keeps res
   }
 });
 
+test('a job the Node client enqueues into a queue that keeps enqueue times gets one, which leaves when a Node worker finishes it', async () => {
+  const ns = namespace();
+  const k = new Keys(ns);
+  const client = new Client({ redis: server.url, namespace: ns });
+  assert.equal((await client.configure('timed', { enqueue_times: 1 })).enqueue_times, 1);
+  assert.equal(await redis.sismember(k.timed, 'timed'), 1);
+  await assert.rejects(client.configure('timed', { enqueue_times: 2 }), /enqueue_times must be a whole number from 0 to 1/);
+  const [sec] = await redis.time();
+  await client.enqueue('timed', ['x', 'y']);
+  await client.enqueue('timed', ['z'], { group: 'g' });
+  for (const p of ['x', 'y', 'z']) {
+    const at = Number(await redis.zscore(k.enqt('timed'), p));
+    assert.ok(Math.abs(at - Number(sec) * 1000) < 5000, `${p} enqueued at ${at}`);
+  }
+  await client.enqueue('plain', ['p']);
+  assert.equal(await redis.exists(k.enqt('plain')), 0);
+  const set = await nodeOnly(ns, 'timed', () => {});
+  try {
+    await waitFor(async () => (await redis.exists(k.enqt('timed'))) === 0,
+      { timeout: 10000, what: 'the enqueue times to leave with the finished jobs' });
+  } finally {
+    await set.stop();
+    await client.close();
+  }
+});
+
 test('a paused queue starts nothing until resumed; the rate limit spaces the claims across workers', async () => {
   const ns = namespace();
   const k = new Keys(ns);
