@@ -39,7 +39,7 @@
 --!include include/add_share.lua
 --!include include/forget_weight.lua
 --!include include/blob.lua
---!include include/enqueue_time.lua
+--!include include/enqueue_time_drop.lua
 local groups = group_lib()
 local blobs = blob_lib()
 

@@ -73,7 +73,7 @@
 --!include include/parse_entry.lua
 --!include include/group.lua
 --!include include/blob.lua
---!include include/enqueue_time.lua
+--!include include/enqueue_time_drop.lua
 local groups = group_lib()
 local blobs = blob_lib()
 

@@ -1,8 +1,10 @@
--- include/enqueue_time.lua: enqt_add, enqt_drop, enqt_watch (the first
--- enqueue time of each one-shot job of a queue that keeps them: see
--- "Enqueue times" in README.md); needs:
+-- include/enqueue_time.lua: enqt_add (the first enqueue time of each
+-- one-shot job of a queue that keeps them: see "Enqueue times" in
+-- README.md; include/enqueue_time_drop.lua removes them, and
+-- include/enqueue_time_finish.lua for a finish: a script includes only
+-- what it calls, every function of its includes being made at every call);
+-- needs:
 --!include include/now_ms.lua
---!include include/call_chunked.lua
 
 -- A queue Q keeps enqueue times while its name is in the set {ns}:timed
 -- (configure.lua, from its policy's enqueue_times). Then {ns}:enqt:<Q>
@@ -32,26 +34,4 @@ local function enqt_add(key, q, list, first, last, now)
     end
     redis.call('ZADD', zset, 'NX', unpack(args))
   end
-end
-
--- The payloads `list` of the queue whose key `{ns}:<word>:<Q>` is `key`
--- left for good: their times go (a ZREM per 1,000; on a queue that keeps
--- none, a ZREM of a missing key, which writes nothing).
-local function enqt_drop(key, word, list)
-  local prefix = string.match(key, '^(%b{}:)')
-  call_chunked('ZREM', prefix .. 'enqt:' .. string.sub(key, #prefix + #word + 2), list)
-end
-
--- A finish call (include/finish_process.lua): its queue's key while it
--- holds times, else false; and the payloads of the one-shot jobs it
--- finished, whose times its finish_writes removes (one ZREM).
-local enqt_fin, enqt_fin_gone
-
--- Begin a finish call on the queue whose process hash is `procs` (one
--- EXISTS): sets enqt_fin, and enqt_fin_gone to an empty list.
-local function enqt_watch(procs)
-  local prefix = string.match(procs, '^(%b{}:)')
-  local key = prefix .. 'enqt:' .. string.sub(procs, #prefix + 7)
-  enqt_fin = redis.call('EXISTS', key) == 1 and key
-  enqt_fin_gone = {}
 end

@@ -10,7 +10,7 @@
 --!include include/forget_weight.lua
 --!include include/group.lua
 --!include include/blob.lua
---!include include/enqueue_time.lua
+--!include include/enqueue_time_finish.lua
 
 -- The state of one finish call, in upvalues (cheaper per process than the
 -- fields of a table): W's record prefix, the awaiting key, the ids and
@@ -145,12 +145,14 @@ local function finish_all(ids, recs)
   local flags = {}
   if #ids == 0 then return flags end
   local find, plain, long, gone, seen = string.find, fin_plain, fin_long, fin_gone, fin_seen
-  local quiet = not fin_payloads and not finish_notify() and not enqt_fin
+  local quiet = not fin_payloads and not finish_notify()
+  local times = enqt_fin_gone  -- a queue that keeps enqueue times: each payload's goes
   for i = 1, #ids do
     local id, rec = ids[i], recs[i]
     if quiet and rec and #rec < long and not seen[id] and find(rec, plain, 1, true) == 1 then
       seen[id] = true
       gone[#gone + 1] = id
+      if times then times[#times + 1] = finish_payload(rec) end
       flags[i] = 1
     else
       flags[i] = finish_process(id, rec) and 1 or 0

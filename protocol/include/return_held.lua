@@ -11,7 +11,7 @@
 --!include include/to_standby.lua
 --!include include/group.lua
 --!include include/blob.lua
---!include include/enqueue_time.lua
+--!include include/enqueue_time_drop.lua
 
 -- Hand every process in `held` (a worker's set of process ids on one queue)
 -- back to the front of `queue`, oldest claim first. With count_attempt (the
