@@ -30,7 +30,8 @@
 --        persistent task counts one; include/blob.lua). Costs a pass over
 --        the queue's entries (in chunks) to find them.
 -- Times: Q's enqueue times are deleted; {ns}:timed keeps Q (its policy stays)
---        (include/enqueue_time.lua).
+--        (include/enqueue_time.lua). So is Q's attempt history
+--        ({ns}:tries:<Q>, {ns}:tried:<Q>).
 -- Publishes: each cancelled process id on its worker's cancel channel, then
 --            "" on the delete channel.
 --!include include/call_chunked.lua
@@ -116,8 +117,11 @@ end
 redis.call('DEL', G.ready, G.wait, G.delayed, G.hash)
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9],
   KEYS[10], KEYS[11], KEYS[13], KEYS[14])
--- the enqueue times ({ns}:enqt:<Q>: include/enqueue_time.lua)
-redis.call('DEL', string.match(KEYS[7], '^(%b{}:)') .. 'enqt:' .. ARGV[1])
+-- the enqueue times ({ns}:enqt:<Q>: include/enqueue_time.lua) and the
+-- attempt history ({ns}:tries:<Q>, {ns}:tried:<Q>: give_back.lua), made
+-- from the namespace's prefix as the group keys are
+local ns = string.match(KEYS[7], '^(%b{}:)')
+redis.call('DEL', ns .. 'enqt:' .. ARGV[1], ns .. 'tries:' .. ARGV[1], ns .. 'tried:' .. ARGV[1])
 redis.call('SREM', KEYS[7], ARGV[1])
 local gone = {}
 local fields = redis.call('HGETALL', KEYS[12])  -- HGETALL: the documented ACL has no HKEYS

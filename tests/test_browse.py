@@ -383,6 +383,21 @@ async def test_pages_carry_previews_and_sizes_and_a_ref_fetches_the_whole_payloa
             await payload(client.reads, Q, "queued.1")
 
 
+async def test_delete_queue_deletes_the_attempt_history(
+    conn: Connection, b: Binding, keys: Keys, redis_url: str, namespace: str
+) -> None:
+    """A deleted queue leaves no attempt history behind (it did: tries and
+    tried stayed after delete_queue)."""
+    async with mesh.open_client(redis_url, namespace=namespace) as client:
+        inc = await join(b, conn, "w1", Q)
+        await client.enqueue(Q, "flaky")
+        c = await b.claim(conn, "w1", inc, Q, 1, 5)
+        await b.give_back(conn, "w1", Q, [c.processes[0].id], failed=True, errors=["E"])
+        assert await conn.execute("EXISTS", keys.tries(Q), keys.tried(Q)) == 2
+        await client.delete_queue(Q)
+        assert await conn.execute("EXISTS", keys.tries(Q), keys.tried(Q)) == 0
+
+
 async def test_failed_attempts_are_kept_bounded_and_a_success_writes_nothing(
     conn: Connection, b: Binding, keys: Keys, redis_url: str, namespace: str
 ) -> None:

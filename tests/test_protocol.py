@@ -711,6 +711,8 @@ async def test_a_server_held_back_by_the_fair_share_is_not_idle(
 
 
 async def test_recycle_leaves_one_worker_at_a_time(b: Binding, conn: Connection) -> None:
+    # loaded here: the EVALSHA below must not depend on an earlier test's calls
+    await conn.execute("SCRIPT", "LOAD", b.scripts["recycle"].source)
     with pytest.raises(CommandError, match="BAD_ARG"):
         await conn.execute(
             "EVALSHA", b.scripts["recycle"].sha, 8, *(["k"] * 8), "leave", "i", "p", 2, "a", "b"
