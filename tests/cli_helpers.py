@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import trio
 
 from mesh._harness.peer import open_peer
+from mesh.cli import main
 
 __all__ = [
     "assert_one_line_error",
@@ -103,3 +105,14 @@ def assert_one_line_error(r: subprocess.CompletedProcess[bytes], code: int) -> s
     assert len(lines) == 1 or code == 2, err  # argparse prints its usage line too
     assert lines[-1].startswith("mesh"), err
     return lines[-1]
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``mesh`` run in this process (``mesh.cli.main``): its exit status,
+    stdout and stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -18,6 +18,7 @@ from mesh._binding import Binding
 from mesh._blob import BLOB_MARK, BLOB_MIN, parse_standin, payload_size, standin
 from mesh._connection import Connection
 from mesh._keys import Keys
+from mesh._replies import ClaimReply
 from mesh._view import show_payload
 from mesh.testing import wait_until
 
@@ -152,15 +153,23 @@ async def test_delaying_one_big_payload_twice_keeps_one_reference(
     assert await refs(conn, keys, p) is None
 
 
-async def test_two_failed_copies_that_merge_in_the_delayed_set_keep_one_reference(
-    conn: Connection, b: Binding, keys: Keys
-) -> None:
-    p = big(b"merge")
+async def two_copies_claimed(
+    conn: Connection, b: Binding, tag: bytes, max_attempts: int
+) -> tuple[bytes, bytes, str, ClaimReply]:
+    """A big payload (``tag``) uploaded and enqueued twice, both copies
+    claimed by w1: (payload, stand-in, w1's incarnation, the claim)."""
+    p = big(tag)
     s = standin(p)
     await b.put_blobs(conn, [p])
     await b.enqueue(conn, Q, [s, s])
     inc = await join(b, conn, "w1", Q)
-    c = await b.claim(conn, "w1", inc, Q, 2, 5)
+    return p, s, inc, await b.claim(conn, "w1", inc, Q, 2, max_attempts)
+
+
+async def test_two_failed_copies_that_merge_in_the_delayed_set_keep_one_reference(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    p, s, _, c = await two_copies_claimed(conn, b, b"merge", 5)
     ids = [q.id for q in c.processes]
     # both fail with a backoff: one entry per payload waits in the delayed set
     out = await b.give_back(
@@ -179,12 +188,7 @@ async def test_a_dead_workers_two_copies_that_merge_in_the_delayed_set_keep_one_
     """Recycle's path (include/return_held.lua): a crashed worker's copies of
     one big payload on a later attempt wait for their backoff as one entry
     of the delayed set, and the copy that merged drops its reference."""
-    p = big(b"crash")
-    s = standin(p)
-    await b.put_blobs(conn, [p])
-    await b.enqueue(conn, Q, [s, s])
-    inc = await join(b, conn, "w1", Q)
-    c = await b.claim(conn, "w1", inc, Q, 2, 10)
+    p, s, inc, c = await two_copies_claimed(conn, b, b"crash", 10)
     # a first failure each, with no backoff: both back in the queue
     out = await b.give_back(
         conn, "w1", Q, [q.id for q in c.processes], failed=True, backoff_ms=0, errors=["E"] * 2

@@ -20,10 +20,10 @@ from mesh import ConfigError
 from mesh._binding import Binding
 from mesh._connection import Connection
 from mesh._keys import Keys
-from mesh.cli import main
 from mesh.dashboard import serve_dashboard
 
 from .browser import OVERFLOWS, chromium, in_page, page_until
+from .cli_helpers import run_main
 from .helpers import redis_ms
 from .protocol_helpers import expire_worker, join
 
@@ -181,25 +181,16 @@ async def test_client_reads_and_shows_the_times(redis_url: str, namespace: str) 
         assert p.enqueued is None
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.trio_only("mesh.cli.main runs its own loop")
 def test_cli_configures_and_shows_the_times(
     capsys: pytest.CaptureFixture[str], redis_url: str, namespace: str
 ) -> None:
     ns = ["--redis", redis_url, "--namespace", namespace]
-    code, _, err = _cli(capsys, "configure", Q, "--enqueue-times", "yes", *ns)
+    code, _, err = run_main(capsys, "configure", Q, "--enqueue-times", "yes", *ns)
     assert code == 2 and "--enqueue-times: expected on or off, got 'yes'" in err
-    code, out, _ = _cli(capsys, "configure", Q, "--enqueue-times", "on", *ns)
+    code, out, _ = run_main(capsys, "configure", Q, "--enqueue-times", "on", *ns)
     assert code == 0 and "enqueue_times=on" in out
-    code, out, _ = _cli(capsys, "configure", Q, "--json", *ns)
+    code, out, _ = run_main(capsys, "configure", Q, "--json", *ns)
     assert json.loads(out)["policy"]["enqueue_times"] is True
 
     async def fill() -> None:
@@ -209,22 +200,22 @@ def test_cli_configures_and_shows_the_times(
             await client.enqueue("plain", "p")
 
     trio.run(fill)
-    code, out, _ = _cli(capsys, "jobs", Q, "--state", "queued", *ns)
+    code, out, _ = run_main(capsys, "jobs", Q, "--state", "queued", *ns)
     rows = out.splitlines()
     assert code == 0 and rows[1].split()[-3:] == ["WAITING", "SINCE", "(UTC)"]
     assert all(r.split()[-1].count(":") == 2 for r in rows[2:4]), out  # a time, not "-"
-    code, out, _ = _cli(capsys, "jobs", Q, "--state", "delayed", *ns)
+    code, out, _ = run_main(capsys, "jobs", Q, "--state", "delayed", *ns)
     assert code == 0 and "ENQUEUED (UTC)" in out and "not kept" not in out
-    code, out, _ = _cli(capsys, "job", Q, "a", *ns)
+    code, out, _ = run_main(capsys, "job", Q, "a", *ns)
     assert code == 0 and "waiting since:" in out
     # a queue that keeps none says so, in place of a bare "-"
-    code, out, _ = _cli(capsys, "jobs", "plain", "--state", "queued", *ns)
+    code, out, _ = run_main(capsys, "jobs", "plain", "--state", "queued", *ns)
     assert out.splitlines()[-1] == (
         "enqueue times: not kept (mesh configure plain --enqueue-times on)"
     )
-    code, out, _ = _cli(capsys, "job", "plain", "p", *ns)
+    code, out, _ = run_main(capsys, "job", "plain", "p", *ns)
     assert "enqueued:" in out and "--enqueue-times on" in out
-    code, out, _ = _cli(capsys, "status", *ns)
+    code, out, _ = run_main(capsys, "status", *ns)
     assert code == 0 and f"ENQUEUE TIMES kept for: {Q}" in out.splitlines(), out
 
 
