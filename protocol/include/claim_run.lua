@@ -381,8 +381,9 @@ local function claim_run(keys, argv, before, compact)
       attempts = tonumber(a)
     end
     local kind = persistent and 'p' or 'o'
-    if level and level > 0 then kind = 'o' .. level end
-    if tgroup and tgroup[i] then kind = 'g' .. (level or 0) .. tgroup[i] end
+    -- (a level as its digit's byte: `.. level` would print a float)
+    if level and level > 0 then kind = 'o' .. string.char(48 + level) end
+    if tgroup and tgroup[i] then kind = 'g' .. string.char(48 + (level or 0)) .. tgroup[i] end
     records[2 * i - 1] = id
     records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
     if compact then

@@ -48,6 +48,15 @@ local function group_lib()
   if group_fns then return group_fns end
   local GROUPS = {}  -- per queue of this script call: its keys and settings
 
+  -- A number as the argument of a command: a whole one in decimal (Redis
+  -- turns a Lua number into text with "%.17g", a float's printf, which cost
+  -- a claim of 30 jobs of 100,000 groups a fifth of its instructions,
+  -- counted with callgrind), another as Redis would have written it.
+  local function num(x)
+    if x % 1 == 0 then return string.format('%d', x) end
+    return string.format('%.17g', x)
+  end
+
   -- The group keys of queue `q`, whose keys start with `prefix` ({ns}:).
   local function group_keys(prefix, q)
     local G = GROUPS[q]
@@ -150,7 +159,7 @@ local function group_lib()
         local r = was - counts[order[i]]
         if r > 0 then
           set[#set + 1] = fields[j]
-          set[#set + 1] = r
+          set[#set + 1] = num(r)
         else
           del[#del + 1] = fields[j]
         end
@@ -162,7 +171,7 @@ local function group_lib()
       -- HDEL first: the first write must be one Redis does not refuse at the
       -- memory limit (see "At the memory limit" in README.md)
       if #del > 0 then redis.call('HDEL', G.hash, unpack(del)) end
-      if #set > 0 then redis.call('HSET', G.hash, unpack(set)) end
+      if #set > 0 then redis.call('HSET', G.hash, unpack(set)) end  -- (counts as text: num)
       for _, g in ipairs(again) do
         if group_ready(G, g) then woke = woke + 1 end
       end
@@ -287,7 +296,7 @@ local function group_lib()
     local d = G.dflt
     local own = G.own
     local v0 = v
-    if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', v, '') end
+    if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', num(v), '') end
     -- Round after round until the claim is full or no group is ready: each
     -- round takes a job or takes a group out of the ready set (one that
     -- emptied since its last turn, reached its cap or ran out of tokens), so
@@ -329,7 +338,7 @@ local function group_lib()
           if turns >= ungrouped then
             rems[#rems + 1] = ''
           else
-            adds[#adds + 1] = s + k
+            adds[#adds + 1] = num(s + k)
             adds[#adds + 1] = ''
           end
         else
@@ -365,7 +374,7 @@ local function group_lib()
               ppopped = ppopped + got
             end
             if got < k then
-              local items = redis.call('LPOP', G.list .. g, k - got) or {}
+              local items = redis.call('LPOP', G.list .. g, num(k - got)) or {}
               got = got + #items
               for _, p in ipairs(items) do
                 taken[#taken + 1] = p
@@ -378,7 +387,7 @@ local function group_lib()
           if got > 0 then
             running = running + got
             counts[#counts + 1] = fields[j]
-            counts[#counts + 1] = running
+            counts[#counts + 1] = num(running)
             if tokens then
               redis.call('HSET', G.rate .. g, 'tokens', tostring(tokens - got), 'at', now)
               redis.call('PEXPIRE', G.rate .. g, per + 1000)
@@ -387,7 +396,7 @@ local function group_lib()
           if got < k or k <= 0 or (cap > 0 and running >= cap) or waiting then
             rems[#rems + 1] = g
           else
-            adds[#adds + 1] = s + got / w
+            adds[#adds + 1] = num(s + got / w)
             adds[#adds + 1] = g
           end
         end
@@ -412,7 +421,7 @@ local function group_lib()
     if left == 0 then
       if v0 ~= 0 then redis.call('HDEL', G.hash, ':v') end
     elseif v ~= v0 then
-      redis.call('HSET', G.hash, ':v', tostring(v))
+      redis.call('HSET', G.hash, ':v', num(v))
     end
     local wait = -1
     if G.has_wait ~= false or waited then
