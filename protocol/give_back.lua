@@ -115,6 +115,7 @@ local moving = redis.call('EXISTS', KEYS[10]) == 1
 local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
 local out, front, pers, ready, lost = {}, {}, {}, 0, 0
 local kept = false  -- a task was reserved
+local buried = {}  -- the payloads dead-lettered: their enqueue times go, in one call
 for i = 7, #ARGV do
   local id, why = ARGV[i], ''
   local cut = string.find(id, '\0', 1, true)
@@ -143,7 +144,7 @@ for i = 7, #ARGV do
         if KEYS[17] then keep_try(r, now, why) end
         if where == 'dead' then
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
-          enqt_drop(KEYS[1], 'procs', {r.payload})
+          buried[#buried + 1] = r.payload
           group_free(r.group)
           outcome = 3
         elseif where == 'later' then
@@ -182,7 +183,7 @@ for i = 7, #ARGV do
         if KEYS[17] then keep_try(r, now, why) end
         if where == 'dead' then
           redis.call('RPUSH', KEYS[7], dead_record(now, made, r.worker, why, r.kind, r.payload))
-          enqt_drop(KEYS[1], 'procs', {r.payload})
+          buried[#buried + 1] = r.payload
           outcome = 3
         elseif where == 'later' then
           blobs.merge(KEYS[6], r.payload, r.payload)
@@ -204,6 +205,7 @@ for i = 7, #ARGV do
   out[#out + 1] = outcome
   out[#out + 1] = delay
 end
+enqt_drop(KEYS[1], 'procs', buried)
 to_standby(KEYS[4], KEYS[8], pers, true, KEYS[12], now)
 add_share(KEYS[13], 'h' .. ARGV[1], -lost)
 -- a reservation is balance news: heartbeats read the share again
