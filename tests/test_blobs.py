@@ -47,6 +47,13 @@ async def refs(conn: Connection, keys: Keys, payload: bytes) -> int | None:
     return int(await conn.execute("HGET", blob_key(keys, payload), "n") or 0)
 
 
+async def uploaded(conn: Connection, b: Binding, tag: bytes) -> tuple[bytes, bytes]:
+    """A big payload (``tag``) uploaded: (payload, its stand-in)."""
+    p = big(tag)
+    await b.put_blobs(conn, [p])
+    return p, standin(p)
+
+
 # --- the stand-in ----------------------------------------------------------------
 
 
@@ -125,9 +132,7 @@ async def test_an_enqueue_whose_upload_expired_is_refused_and_writes_nothing(
 async def test_a_claimed_copy_counts_until_finished(
     conn: Connection, b: Binding, keys: Keys
 ) -> None:
-    p = big(b"twice")
-    s = standin(p)
-    await b.put_blobs(conn, [p])
+    p, s = await uploaded(conn, b, b"twice")
     await b.enqueue(conn, Q, [s, s])
     assert await refs(conn, keys, p) == 2
     inc = await join(b, conn, "w1", Q)
@@ -158,9 +163,7 @@ async def two_copies_claimed(
 ) -> tuple[bytes, bytes, str, ClaimReply]:
     """A big payload (``tag``) uploaded and enqueued twice, both copies
     claimed by w1: (payload, stand-in, w1's incarnation, the claim)."""
-    p = big(tag)
-    s = standin(p)
-    await b.put_blobs(conn, [p])
+    p, s = await uploaded(conn, b, tag)
     await b.enqueue(conn, Q, [s, s])
     inc = await join(b, conn, "w1", Q)
     return p, s, inc, await b.claim(conn, "w1", inc, Q, 2, max_attempts)
@@ -548,9 +551,7 @@ async def test_a_big_payload_in_a_group_at_a_priority_counts_through_retry_dead_
     # in the group's priority set, merges once in the group's delayed set
     # (two failed copies), keeps its reference as a dead letter, goes back to
     # its group and priority on requeue, and leaves with its last copy.
-    p = big(b"grouped")
-    s = standin(p)
-    await b.put_blobs(conn, [p])
+    p, s = await uploaded(conn, b, b"grouped")
     await b.enqueue_group(conn, Q, "t", [s, s], priority=6)
     assert await refs(conn, keys, p) == 2
     inc = await join(b, conn, "w1", Q)
