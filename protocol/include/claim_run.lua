@@ -367,6 +367,7 @@ local function claim_run(keys, argv, before, compact)
   local running, pers = {}, {}
   local failed = has_attempts and hmget_all(attempts_key, tp) or nil
   local mixed = false
+  local gkinds = tgroup and {} or nil  -- group -> its record kind 'g0' .. group, made once
   for i, payload in ipairs(tp) do
     local persistent, level = tpers[i], tlevel[i]
     local id = ids[i]
@@ -383,7 +384,18 @@ local function claim_run(keys, argv, before, compact)
     local kind = persistent and 'p' or 'o'
     -- (a level as its digit's byte: `.. level` would print a float)
     if level and level > 0 then kind = 'o' .. string.char(48 + level) end
-    if tgroup and tgroup[i] then kind = 'g' .. string.char(48 + (level or 0)) .. tgroup[i] end
+    if tgroup and tgroup[i] then
+      local g = tgroup[i]
+      if level and level > 0 then
+        kind = 'g' .. string.char(48 + level) .. g
+      else
+        kind = gkinds[g]
+        if not kind then
+          kind = 'g0' .. g
+          gkinds[g] = kind
+        end
+      end
+    end
     records[2 * i - 1] = id
     records[2 * i] = head .. kind .. '\0' .. a .. shared .. payload
     if compact then

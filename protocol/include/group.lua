@@ -51,10 +51,28 @@ local function group_lib()
   -- A number as the argument of a command: a whole one in decimal (Redis
   -- turns a Lua number into text with "%.17g", a float's printf, which cost
   -- a claim of 30 jobs of 100,000 groups a fifth of its instructions,
-  -- counted with callgrind), another as Redis would have written it.
+  -- counted with callgrind), another as Redis would have written it; each
+  -- text made once per call (the counts and virtual times of a claim repeat:
+  -- Lua's string.format is a printf too).
+  local min, max, floor = math.min, math.max, math.floor  -- (in registers)
+  local NUMS, PARSED = {}, {}
   local function num(x)
-    if x % 1 == 0 then return string.format('%d', x) end
-    return string.format('%.17g', x)
+    local t = NUMS[x]
+    if t then return t end
+    if x % 1 == 0 then t = string.format('%d', x) else t = string.format('%.17g', x) end
+    NUMS[x] = t
+    return t
+  end
+  -- The number of a decimal text (a score of `ZRANGE ... WITHSCORES`, a
+  -- running count), each text converted once per call: the groups of a
+  -- claim mostly share their virtual time, and tonumber runs strtod twice.
+  local function parse(t)
+    local x = PARSED[t]
+    if not x then
+      x = t + 0
+      PARSED[t] = x
+    end
+    return x
   end
 
   -- The group keys of queue `q`, whose keys start with `prefix` ({ns}:).
@@ -313,7 +331,7 @@ local function group_lib()
       local top = redis.call('ZRANGE', G.ready, 0, want, 'WITHSCORES')
       if #top == 0 then break end
       local n_before = n
-      local m = math.min(#top / 2, want)
+      local m = min(#top / 2, want)
       local fields, at = {}, {}
       for i = 1, m do
         local g = top[2 * i - 1]
@@ -327,14 +345,14 @@ local function group_lib()
       local adds, rems, counts = {}, {}, {}
       for i = 1, m do
         if n <= 0 then break end
-        local g, s = top[2 * i - 1], tonumber(top[2 * i])
-        local nxt = top[2 * i + 2] and tonumber(top[2 * i + 2]) or nil
+        local g, s = top[2 * i - 1], parse(top[2 * i])
+        local nxt = top[2 * i + 2] and parse(top[2 * i + 2]) or nil
         if s > v then v = s end
         if g == '' then
           local k = ungrouped - turns
-          if k > 0 and nxt then k = math.min(k, math.max(QUANTUM, math.floor(nxt - s) + 1)) end
-          k = math.min(k, n)
-          turns, n = turns + math.max(k, 0), n - math.max(k, 0)
+          if k > 0 and nxt then k = min(k, max(QUANTUM, floor(nxt - s) + 1)) end
+          k = min(k, n)
+          turns, n = turns + max(k, 0), n - max(k, 0)
           if turns >= ungrouped then
             rems[#rems + 1] = ''
           else
@@ -343,11 +361,11 @@ local function group_lib()
           end
         else
           local j = at[i]
-          local running = tonumber(vals[j] or '0')
+          local running = vals[j] and parse(vals[j]) or 0
           local cap, rate, per, w = group_settings(own and vals[j + 1] or nil, d)
           local k = n
-          if cap > 0 then k = math.min(k, cap - running) end
-          if nxt then k = math.min(k, math.max(QUANTUM * w, math.floor((nxt - s) * w) + 1)) end
+          if cap > 0 then k = min(k, cap - running) end
+          if nxt then k = min(k, max(QUANTUM * w, floor((nxt - s) * w) + 1)) end
           local tokens, waiting = nil, false
           -- (a paused group is never here: pause_group takes it out, and
           -- group_ready does not put it back)
@@ -357,7 +375,7 @@ local function group_lib()
               redis.call('ZADD', G.wait, now + rate_wait(tokens, rate, per), g)
               waiting, waited, k = true, true, 0
             else
-              k = math.min(k, math.floor(tokens))
+              k = min(k, floor(tokens))
             end
           end
           local got = 0
@@ -376,9 +394,10 @@ local function group_lib()
             if got < k then
               local items = redis.call('LPOP', G.list .. g, num(k - got)) or {}
               got = got + #items
-              for _, p in ipairs(items) do
-                taken[#taken + 1] = p
-                tgroups[#taken] = g
+              local nt = #taken
+              for x = 1, #items do
+                taken[nt + x] = items[x]
+                tgroups[nt + x] = g
               end
             end
             popped = popped + got
@@ -426,7 +445,7 @@ local function group_lib()
     local wait = -1
     if G.has_wait ~= false or waited then
       local first = redis.call('ZRANGE', G.wait, 0, 0, 'WITHSCORES')
-      if #first > 0 then wait = math.max(0, tonumber(first[2]) - now) end
+      if #first > 0 then wait = max(0, tonumber(first[2]) - now) end
     end
     return taken, tgroups, turns, wait, tlevels
   end
