@@ -108,6 +108,21 @@ async def test_a_claim_takes_turns_among_the_groups_and_the_ungrouped_jobs(
         assert big == [f"big{i}".encode() for i in range(300)]
 
 
+async def test_a_turn_among_backlogged_groups_is_three_jobs(
+    conn: Connection, b: Binding
+) -> None:
+    # A claim among backlogged groups pops a turn of three jobs per group it
+    # visits (protocol/include/group.lua QUANTUM), the groups in turn.
+    for g in ("a", "b", "c", "d"):
+        await b.enqueue_group(conn, Q, g, [f"{g}{i}".encode() for i in range(10)])
+    inc = await join(b, conn, "w1", Q)
+    got = (await b.claim(conn, "w1", inc, Q, 12, 5)).processes
+    assert Counter(p.group for p in got) == {"a": 3, "b": 3, "c": 3, "d": 3}
+    assert [p.task for p in got if p.group == "a"] == [b"a0", b"a1", b"a2"]
+    got = (await b.claim(conn, "w1", inc, Q, 8, 5)).processes
+    assert sorted(Counter(p.group for p in got).values()) == [2, 3, 3]
+
+
 async def test_weights_share_the_claims(redis_url: str, namespace: str) -> None:
     rec = Recorder()
     async with mesh.open_worker(redis_url, namespace=namespace) as w:
