@@ -28,6 +28,7 @@ from mesh._errors import CommandError
 from mesh.testing import RedisServer, wait_until
 
 from .cli_helpers import assert_one_line_error, mesh_cli
+from .helpers import server_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -180,6 +181,12 @@ def acl_command(namespace: str, password: str) -> list[str]:
     words = line.split()
     assert words[2] == "mesh-app" and words[4].startswith(">")
     words[4] = ">" + password
+    if server_kind().version < (7,):
+        # "On 6.2 leave the three out: Redis 6.2 refuses an ACL that names an
+        # unknown command" (operating.md)
+        sharded = ["+spublish", "+ssubscribe", "+sunsubscribe"]
+        assert all(w in words for w in sharded), line
+        words = [w for w in words if w not in sharded]
     return [w.replace("{mesh}", "{" + namespace + "}") for w in words]
 
 
@@ -225,6 +232,9 @@ async def test_the_acl_user_of_operating_md_can_run_a_mesh(
         assert [w.alive for w in await client.workers()] == [True]
         assert len(await client.processes()) == 2
         assert (await client.queue_info("conns")).running == 2
+        # a page of jobs reads their extras (ZMSCORE of the unowned times)
+        page = await client.jobs("conns", "running")
+        assert sorted(j.task for j in page.jobs) == [b"c1", b"c2"]
         assert await client.persistent_tasks("conns") != {}
         assert await client.tasks("jobs") == [] and await client.dead_letters("jobs") == []
         assert await client.queues() == ["conns", "jobs"]
