@@ -26,6 +26,8 @@ from mesh.conformance._record import Interval, ScenarioFailed
 from mesh.conformance._scenarios import Run
 from mesh.testing import RedisServer
 
+from .helpers import server_kind
+
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = ROOT / "tests" / "conformance_broken_peer.py"
 
@@ -172,6 +174,12 @@ async def test_a_peer_that_skips_a_duty_fails_its_scenario(
 ) -> None:
     peer = f"{shlex.quote(sys.executable)} {BROKEN} {fault}"
     r = await conformance("--redis", own_redis.url, "--peer", peer, "--only", only, "-q")
+    if fault == "subscribe-only" and server_kind().version < (7,):
+        # Redis 6.2 has no sharded pub/sub: every peer subscribes plainly
+        # there, so a peer that never SSUBSCRIBEs does what it must
+        assert r.returncode == 0, out(r)
+        assert b"all passed" in r.stdout, out(r)
+        return
     assert r.returncode == 1, out(r)
     err = r.stderr.decode()
     assert line in err, err
