@@ -108,9 +108,7 @@ async def test_a_claim_takes_turns_among_the_groups_and_the_ungrouped_jobs(
         assert big == [f"big{i}".encode() for i in range(300)]
 
 
-async def test_a_turn_among_backlogged_groups_is_three_jobs(
-    conn: Connection, b: Binding
-) -> None:
+async def test_a_turn_among_backlogged_groups_is_three_jobs(conn: Connection, b: Binding) -> None:
     # A claim among backlogged groups pops a turn of three jobs per group it
     # visits (protocol/include/group.lua QUANTUM), the groups in turn.
     for g in ("a", "b", "c", "d"):
