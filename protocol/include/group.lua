@@ -119,15 +119,17 @@ local function group_lib()
   -- a claim among many backlogged groups pop three jobs per group visited
   -- rather than one. Each group visited costs a claim about the same
   -- whatever it pops (an LPOP, its virtual time read and written, its
-  -- count), so a claim among groups of 10 jobs costs by its visits: 5 at a
-  -- quantum of 2, 4 at 3, 3 at 4. Measured (bench groups' cost: 100,000
-  -- groups x 10 against one group of 1,000,000, one worker at concurrency
-  -- 10, a 2-core Xeon): a quantum of 2 ran at 0.72x of one group (before
-  -- num and parse kept their texts), 3 at 0.78x; in Redis instructions (callgrind, 2,000 groups x 10 against one
-  -- group) 2 cost 1.40x one group's per job, 3 1.29x, 4 1.22x. Fairness
-  -- (bench groups, 3 runs each): Jain's index over the backlogged groups
-  -- 0.98-1.00 at 2, 0.98-0.99 at 3, 0.94-0.99 at 4 (under the issue's 0.95
-  -- once). An older measure (20,000 groups x 10): 1 ran at 0.44x.
+  -- count), so a claim among groups of 10 jobs costs by its visits: 6 at a
+  -- quantum of 2 (five that pop two, one that finds the group empty), 4 at
+  -- 3, 3 at 4. Measured (bench groups' cost: 100,000 groups x 10 against one
+  -- group of 1,000,000, one worker at concurrency 10, a 2-core Xeon): a
+  -- quantum of 2 ran at 0.72x of one group (before num and parse kept their
+  -- texts), 3 at 0.78x; in Redis instructions (callgrind, 2,000 groups x 10
+  -- against one group) 2 cost 1.40x one group's per job, 3 1.29x, 4 1.22x.
+  -- Fairness (bench groups, 3 runs each): Jain's index over the backlogged
+  -- groups 0.98-1.00 at 2, 0.98-0.99 at 3, 0.94-0.99 at 4 (under the
+  -- issue's 0.95 once). An older measure (20,000 groups x 10): 1 ran at
+  -- 0.44x.
   local QUANTUM = 3
 
   -- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
