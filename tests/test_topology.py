@@ -67,6 +67,9 @@ def test_keyslot_known_values() -> None:
 #: Valkey 9 serves several dbs in cluster mode (``cluster-databases``); Redis
 #: Cluster serves db 0 only.
 CLUSTER_DBS = server_kind().name == "valkey" and server_kind().version >= (9,)
+#: Sharded pub/sub (SSUBSCRIBE, SPUBLISH, PUBSUB SHARDNUMSUB) and CLUSTER SHARDS
+#: came with Redis 7: on 6.2 the tests assert what that server does instead.
+SHARDED = server_kind().version >= (7,)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,7 @@ def test_keyslot_matches_the_server(cluster: ClusterSetup) -> None:
 async def test_shards_and_slots_give_the_same_map(cluster: ClusterSetup) -> None:
     async with open_connection(cluster.url()) as conn:
         slots = parse_slots(await conn.execute("CLUSTER", "SLOTS"))
-        if server_kind().version < (7,):
+        if not SHARDED:
             # Redis 6.2 has no CLUSTER SHARDS: the map comes from SLOTS alone
             with pytest.raises(mesh.CommandError, match="SHARDS"):
                 await conn.execute("CLUSTER", "SHARDS")
@@ -377,7 +380,7 @@ def shard_subscribers(port: int, channel: str) -> int:
     """Subscribers of ``channel`` on the node at ``port``: sharded ones where
     the server has sharded pub/sub (Redis 7+), plain ones on Redis 6.2, where
     the mesh subscribes its sharded channels plainly on the same node."""
-    sub = "SHARDNUMSUB" if server_kind().version >= (7,) else "NUMSUB"
+    sub = "SHARDNUMSUB" if SHARDED else "NUMSUB"
     reply = client(port).execute_command("PUBSUB", sub, channel)
     return int(reply[1])
 
@@ -392,7 +395,6 @@ async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
     6.2, which has no sharded pub/sub: the channels are subscribed plainly on
     the slot's master, the scripts PUBLISH (the cluster bus broadcasts it), and
     a wake and a cancel arrive before and after the migration all the same."""
-    sharded = server_kind().version >= (7,)
     ns = next(f"sh{i}" for i in range(10**6) if mesh.namespace_slot(f"sh{i}") != SLOT)
     slot = mesh.namespace_slot(ns)
     source_port = cluster.owner_port(slot)
@@ -436,7 +438,7 @@ async def test_sharded_nudges_follow_the_slot(cluster: ClusterSetup) -> None:
         for m in cluster.masters:
             client(m.port).config_resetstat()
         await wake_and_cancel(c, w, b"before")
-        if not sharded:
+        if not SHARDED:
             assert stats(source_port)["publish"] >= 2
             assert all(stats(m.port)["spublish"] == 0 for m in cluster.masters)
             reconnects = w._pubsub.reconnects
