@@ -174,7 +174,8 @@ class Keys:
     # names themselves from the namespace's prefix; the reads use them here.
 
     def group_ready(self, q: str) -> str:
-        """ZSET: the groups of ``q`` that may start a job now -> virtual time."""
+        """ZSET: the groups of ``q`` that may start a job now -> their place
+        in line (a turn number: the lowest goes first)."""
         return f"{self.prefix}gready:{q}"
 
     def groups(self, q: str) -> str:

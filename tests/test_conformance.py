@@ -393,15 +393,15 @@ def test_a_group_of_concurrency_1_that_overlaps_or_reorders_fails_check_serial()
 
 
 def test_claims_that_do_not_take_turns_fail_check_turns() -> None:
-    groups = {"a": ["a1", "a2", "a3"], "b": ["b1", "b2", "b3"]}
-    step: dict[str, Any] = {"queue": "gs", "groups": groups, "rounds": 3}
-    # turns of up to the quantum (2) pass
-    ok = ["b1", "a1", "a2", "a3", "b2", "b3"]
+    groups = {g: [f"{g}{i}" for i in range(1, 6)] for g in ("a", "b")}
+    step: dict[str, Any] = {"queue": "gs", "groups": groups, "rounds": 5}
+    # turns of up to the quantum (3 by default, the protocol's turn) pass
+    ok = ["b1", "a1", "a2", "a3", "a4", "b2", "b3", "b4", "a5", "b5"]
     check_turns([_run(t, i, i + 1) for i, t in enumerate(ok)], step)
-    blind = ["a1", "a2", "a3", "b1", "b2", "b3"]
-    with pytest.raises(ScenarioFailed, match=r"after \['a1', 'a2', 'a3'\] of queue gs"):
+    blind = ["a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3", "b4", "b5"]
+    with pytest.raises(ScenarioFailed, match=r"after \['a1', 'a2', 'a3', 'a4'\] of queue gs"):
         check_turns([_run(t, i, i + 1) for i, t in enumerate(blind)], step)
     with pytest.raises(ScenarioFailed, match=r"one group had started 1 jobs more"):
         check_turns([_run(t, i, i + 1) for i, t in enumerate(ok)], step | {"quantum": 0})
-    with pytest.raises(ScenarioFailed, match="3 jobs of queue gs started, 6 expected"):
+    with pytest.raises(ScenarioFailed, match="3 jobs of queue gs started, 10 expected"):
         check_turns([_run("a1", 0, 1), _run("b1", 1, 2), _run("a2", 2, 3)], step)

@@ -121,6 +121,38 @@ async def test_a_turn_among_backlogged_groups_is_three_jobs(conn: Connection, b:
     assert sorted(Counter(p.group for p in got).values()) == [2, 3, 3]
 
 
+async def test_a_turn_cut_short_by_a_full_claim_goes_on_at_the_next(
+    conn: Connection, b: Binding
+) -> None:
+    # Claims of two among groups of ten: the group at the front takes two of
+    # its turn of three, keeps its place, and takes its third job at the next
+    # claim before the next group's turn starts (protocol/README.md, Groups).
+    for g in ("a", "b", "c"):
+        await b.enqueue_group(conn, Q, g, [f"{g}{i}".encode() for i in range(10)])
+    inc = await join(b, conn, "w1", Q)
+    order = []
+    for _ in range(6):
+        got = (await b.claim(conn, "w1", inc, Q, 2, 5)).processes
+        order += [p.task.decode() for p in got]
+    assert order == ["a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1", "c2", "a3", "a4", "a5"]
+
+
+async def test_a_group_that_comes_back_joins_the_back_of_the_line(
+    conn: Connection, b: Binding
+) -> None:
+    # "a" empties (its turn finds two jobs) and comes back with one while "b"
+    # and "c" wait: it starts after both have had a turn, though its name
+    # comes first.
+    for g, n in (("a", 2), ("b", 9), ("c", 9)):
+        await b.enqueue_group(conn, Q, g, [f"{g}{i}".encode() for i in range(n)])
+    inc = await join(b, conn, "w1", Q)
+    got = (await b.claim(conn, "w1", inc, Q, 8, 5)).processes
+    assert Counter(p.group for p in got) == {"a": 2, "b": 3, "c": 3}
+    await b.enqueue_group(conn, Q, "a", [b"a-again"])
+    got = (await b.claim(conn, "w1", inc, Q, 7, 5)).processes
+    assert [p.group for p in got] == ["b"] * 3 + ["c"] * 3 + ["a"]
+
+
 async def test_weights_share_the_claims(redis_url: str, namespace: str) -> None:
     rec = Recorder()
     async with mesh.open_worker(redis_url, namespace=namespace) as w:

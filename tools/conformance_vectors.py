@@ -771,7 +771,7 @@ async def story_groups(r: Recorder, b: Binding, raw: Connection) -> None:
         ttl_ms=3000,
     )
     await b.serve(r, "w1", "i1", "gw", 10)
-    await eg(r, "gw", "heavy", [b"h1", b"h2", b"h3"])
+    await eg(r, "gw", "heavy", [b"h%d" % i for i in range(1, 8)])
     await eg(r, "gw", "light", [b"l1", b"l2", b"l3"])
     await cg(r, "gw", "heavy", "set", ["", "", "", "2"])
     took: list[bytes] = []
@@ -779,17 +779,18 @@ async def story_groups(r: Recorder, b: Binding, raw: Connection) -> None:
         w = await b.claim(
             r.at(
                 f"claim-groups-weight-{i + 1}",
-                f"weight 2 against 1, claim {i + 1} of 3 (one job each): heavy, light, heavy",
+                f"weight 2 against 1, claim {i + 1} of 3 (three jobs each): heavy's turn of"
+                " six (the second claim goes on with it), then light's of three",
             ),
             "w1",
             "i1",
             "gw",
-            1,
+            3,
             3,
             ttl_ms=3000,
         )
         took += [p.task for p in w.processes]
-    assert took == [b"h1", b"l1", b"h2"], took
+    assert took == [b"h1", b"h2", b"h3", b"h4", b"h5", b"h6", b"l1", b"l2", b"l3"], took
     a1 = [p.id for p in c.processes if p.task == b"a1"]
     await b.finish(
         r.at("finish-group", "a1 finishes: t1's slot is free, t1 ready again"), "w1", "i1", "gq", a1

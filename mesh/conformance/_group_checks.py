@@ -55,19 +55,20 @@ def check_serial(intervals: Sequence[Interval], step: dict[str, Any]) -> None:
 
 def check_turns(intervals: Sequence[Interval], step: dict[str, Any]) -> None:
     """``{"queue": Q, "groups": {G: [T, ...], ...}, "rounds": N}`` (and
-    ``"quantum"``, 2 by default): of the first N x (number of groups)
-    starts of these tasks, in every prefix no group has started more than
-    ``quantum`` jobs more than another (all groups ready from the start, of
-    weight 1: the claim's deficit round-robin gives each group a turn of at
-    most ``quantum`` jobs, protocol/README.md "Groups of a queue"). A peer
-    that ignores groups starts one group's jobs one after the other.
+    ``"quantum"``, 3 by default: the protocol's turn): of the first N x
+    (number of groups) starts of these tasks, in every prefix no group has
+    started more than ``quantum`` jobs more than another (all groups ready
+    from the start, of weight 1: the claim's deficit round-robin gives each
+    group a turn of at most ``quantum`` jobs, protocol/README.md "Groups of
+    a queue"). A peer that ignores groups starts one group's jobs one after
+    the other.
 
     Raises:
         ScenarioFailed: too few starts, or a prefix in which one group ran
             ahead of another by more than the quantum.
     """
     queue, rounds = step["queue"], int(step["rounds"])
-    quantum = int(step.get("quantum", 2))
+    quantum = int(step.get("quantum", 3))
     group_of = {str(t): g for g, ts in step["groups"].items() for t in ts}
     width = len(step["groups"])
     order = [iv.task for iv in _runs(intervals, queue, set(group_of))]

@@ -10,15 +10,19 @@
 -- The keys of a queue's groups are made here, from the namespace's prefix
 -- ({ns}:, taken from a key of the queue that the script was given: every
 -- key of a namespace shares its hash slot) and the queue's name Q:
---   {ns}:gready:<Q>    ZSET group -> virtual time: the groups that may start
---                      a job now (jobs queued, below their concurrency, not
---                      paused, not waiting for a token); the member "" stands
---                      for Q's ungrouped tasks, while Q has ready groups
+--   {ns}:gready:<Q>    ZSET group -> its place in line (a turn number):
+--                      the groups that may start a job now (jobs queued,
+--                      below their concurrency, not paused, not waiting for
+--                      a token), the front first; the member "" stands for
+--                      Q's ungrouped tasks, while Q has ready groups
 --   {ns}:groups:<Q>    HASH 'r:'..G -> G's jobs running (a retry waiting for
 --                      its backoff counts: it holds its slot); 'c:'..G -> G's
 --                      own settings; 'p:'..G -> when G was paused (ms);
 --                      ':default' -> the settings of every group; ':v' -> the
---                      virtual clock (the time of the last group served);
+--                      back of the line (the last turn number given), then,
+--                      while the group at the front has taken part of its
+--                      turn, ':' .. the jobs it took .. ':' .. its name
+--                      (e.g. "41:2:tenant-7");
 --                      ':n' -> the jobs queued in all of Q's groups;
 --                      ':np' -> those of them with a priority (while there
 --                      are none, a claim reads no group's priorities)
@@ -52,8 +56,8 @@ local function group_lib()
   -- turns a Lua number into text with "%.17g", a float's printf, which cost
   -- a claim of 30 jobs of 100,000 groups a fifth of its instructions,
   -- counted with callgrind), another as Redis would have written it; each
-  -- text made once per call (the counts and virtual times of a claim repeat:
-  -- Lua's string.format is a printf too).
+  -- text made once per call (the counts of a claim repeat: Lua's
+  -- string.format is a printf too).
   local min, max, floor = math.min, math.max, math.floor  -- (in registers)
   local NUMS, PARSED = {}, {}
   local function num(x)
@@ -63,9 +67,9 @@ local function group_lib()
     NUMS[x] = t
     return t
   end
-  -- The number of a decimal text (a score of `ZRANGE ... WITHSCORES`, a
-  -- running count), each text converted once per call: the groups of a
-  -- claim mostly share their virtual time, and tonumber runs strtod twice.
+  -- The number of a decimal text (a running count), each text converted
+  -- once per call: the counts of a claim's groups repeat, and tonumber runs
+  -- strtod twice.
   local function parse(t)
     local x = PARSED[t]
     if not x then
@@ -115,21 +119,21 @@ local function group_lib()
   end
 
   -- A group starts at most this many jobs (times its weight) per turn
-  -- before the next group's turn: deficit round-robin, whose quantum makes
-  -- a claim among many backlogged groups pop three jobs per group visited
-  -- rather than one. Each group visited costs a claim about the same
-  -- whatever it pops (an LPOP, its virtual time read and written, its
-  -- count), so a claim among groups of 10 jobs costs by its visits: 6 at a
-  -- quantum of 2 (five that pop two, one that finds the group empty), 4 at
-  -- 3, 3 at 4. Measured (bench groups' cost: 100,000 groups x 10 against one
-  -- group of 1,000,000, one worker at concurrency 10, a 2-core Xeon): a
-  -- quantum of 2 ran at 0.72x of one group (before num and parse kept their
-  -- texts), 3 at 0.78x; in Redis instructions (callgrind, 2,000 groups x 10
-  -- against one group) 2 cost 1.40x one group's per job, 3 1.29x, 4 1.22x.
-  -- Fairness (bench groups, 3 runs each): Jain's index over the backlogged
-  -- groups 0.98-1.00 at 2, 0.98-0.99 at 3, 0.94-0.99 at 4 (under the
-  -- issue's 0.95 once). An older measure (20,000 groups x 10): 1 ran at
-  -- 0.44x.
+  -- before the next group's turn: round-robin by turns (deficit
+  -- round-robin), whose quantum makes a claim among many backlogged groups
+  -- pop three jobs per group visited rather than one. Each group visited
+  -- costs a claim about the same whatever it pops (an LPOP, its place in
+  -- line, its count), so a claim among groups of 10 jobs costs by its
+  -- visits: 6 at a quantum of 2 (five that pop two, one that finds the
+  -- group empty), 4 at 3, 3 at 4. Measured (bench groups' cost: 100,000
+  -- groups x 10 against one group of 1,000,000, one worker at concurrency
+  -- 10, a 2-core Xeon, while the order was by virtual time): a quantum of 2
+  -- ran at 0.72x of one group, 3 at 0.78x; in Redis instructions
+  -- (callgrind, 2,000 groups x 10 against one group) 2 cost 1.40x one
+  -- group's per job, 3 1.29x, 4 1.22x. Fairness (bench groups, 3 runs
+  -- each): Jain's index over the backlogged groups 0.98-1.00 at 2,
+  -- 0.98-0.99 at 3, 0.94-0.99 at 4 (under the issue's 0.95 once). An older
+  -- measure (20,000 groups x 10): 1 ran at 0.44x.
   local QUANTUM = 3
 
   -- Concurrency (0: no cap), rate (0: none), period (ms) and weight of a
@@ -144,8 +148,10 @@ local function group_lib()
 
   -- Put group `g` among the ready groups if it may start a job now: jobs
   -- queued, below its concurrency, not paused, not waiting for a token. It
-  -- comes in at the virtual clock: a group gets no credit for the time it
-  -- could not run. Returns whether it came in.
+  -- comes in at the back of the line, one turn number after the last that a
+  -- claim gave (':v'; the next claim sends its groups one further back): a
+  -- group gets no credit for the time it could not run. Returns whether it
+  -- came in.
   local function group_ready(G, g)
     local h = redis.call('HMGET', G.hash, 'r:' .. g, 'c:' .. g, 'p:' .. g, ':v')
     if h[3] then return false end
@@ -153,7 +159,8 @@ local function group_lib()
     if cap > 0 and tonumber(h[1] or '0') >= cap then return false end
     if redis.call('EXISTS', G.list .. g, G.prio .. g) == 0 then return false end
     if redis.call('ZSCORE', G.wait, g) then return false end
-    return redis.call('ZADD', G.ready, 'NX', h[4] or '0', g) == 1
+    local back = h[4] and string.match(h[4], '^%d+')
+    return redis.call('ZADD', G.ready, 'NX', back and num(back + 1) or '1', g) == 1
   end
 
   -- `n` of group `g`'s jobs no longer run (finished, failed, handed back,
@@ -183,7 +190,7 @@ local function group_lib()
       local set, del, again = {}, {}, {}
       for i = c, last do
         local j = step * (i - c) + 1
-        local was = tonumber(vals[j] or '0')
+        local was = vals[j] and parse(vals[j]) or 0
         local r = was - counts[order[i]]
         if r > 0 then
           set[#set + 1] = fields[j]
@@ -288,19 +295,25 @@ local function group_lib()
     return math.max(0, tonumber(first[2]) - now)
   end
 
-  -- Take up to `n` jobs from Q's ready groups, in weighted round-robin: the
-  -- group with the lowest virtual time goes first, and a group of weight w
-  -- moves on 1/w for each job it starts; `ungrouped` tasks of Q (its list and
-  -- its priorities) take turns as one more group ("", weight 1). A group
+  -- Take up to `n` jobs from Q's ready groups, in weighted round-robin by
+  -- turns: the group at the front of the line (the lowest turn number)
+  -- starts up to QUANTUM x its weight jobs, then goes to the back (a turn
+  -- number above every other); `ungrouped` tasks of Q (its list and its
+  -- priorities) take turns as one more group ("", weight 1). A turn that a
+  -- claim cuts short (it was full) goes on at the next claim: the group
+  -- stays at the front, and ':v' says how much of its turn it took. While
+  -- every ready group is in hand, each takes as many whole turns as the
+  -- claim has room for in one go (one group alone: all it wants). A group
   -- stops being ready when it empties, reaches its concurrency or runs out
   -- of tokens (it then waits in {ns}:gwait:<Q>). Each group's running count
   -- goes up by what it started. Cost: O(log groups) per group served, the
-  -- same whatever the number of groups and jobs. A group's jobs with a
-  -- priority start before its others (include/prio_add.lua's order). Returns
-  -- the jobs taken (their payloads, their groups and their priorities: three
-  -- lists in order, the last one holding only those above 0), the turns of
-  -- the ungrouped tasks, and the ms until a group waiting for a token gets
-  -- one (-1: none).
+  -- same whatever the number of groups and jobs (a group goes to the back
+  -- of the line: its skip list insert walks the nodes last touched). A
+  -- group's jobs with a priority start before its others (include/
+  -- prio_add.lua's order). Returns the jobs taken (their payloads, their
+  -- groups and their priorities: three lists in order, the last one holding
+  -- only those above 0), the turns of the ungrouped tasks, and the ms until
+  -- a group waiting for a token gets one (-1: none).
   local function group_claim(G, n, now, ungrouped)
     local taken, tgroups, tlevels, turns = {}, {}, {}, 0
     -- (G.has_wait: a caller that knows {ns}:gwait:<Q> is missing says so)
@@ -312,10 +325,14 @@ local function group_lib()
       end
     end
     local popped, ppopped = 0, 0
-    -- the clock, the default settings, whether any group has its own, and
-    -- whether any group has jobs with a priority, in one read
+    -- the line's back and its front's turn so far, the default settings,
+    -- whether any group has its own, and whether any group has jobs with a
+    -- priority, in one read
     local h = redis.call('HMGET', G.hash, ':v', ':default', ':c', ':np')
-    local v = tonumber(h[1] or '0')
+    local line = h[1] or '0'
+    local v, f_used, f_g = string.match(line, '^(%d+):(%d+):(.*)$')
+    if v then f_used = tonumber(f_used) else v = line end
+    v = tonumber(v)
     local np = h[4] and tonumber(h[4]) > 0
     if not G.dflt then
       G.dflt = h[2] and group_parse(h[2]) or {}
@@ -323,8 +340,10 @@ local function group_lib()
     end
     local d = G.dflt
     local own = G.own
-    local v0 = v
-    if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', num(v), '') end
+    if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', num(v + 1), '') end
+    -- the group a full claim leaves at the front, and how much of its turn
+    -- it has taken
+    local p_used, p_g = 0, nil
     -- Round after round until the claim is full or no group is ready: each
     -- round takes a job or takes a group out of the ready set (one that
     -- emptied since its last turn, reached its cap or ran out of tokens), so
@@ -334,17 +353,19 @@ local function group_lib()
     local rounds, removed, waited = 0, false, false
     while n > 0 do
       rounds = rounds + 1
-      -- enough groups for the claim at QUANTUM jobs each, and the one after
-      -- them (its virtual time bounds the last one's turn); more in a later
-      -- round if those had fewer
+      -- enough groups for the claim at QUANTUM jobs each, and one more (to
+      -- know whether every ready group is in hand); more in a later round
+      -- if those had fewer
       local want = rounds == 1 and math.ceil(n / QUANTUM) or n
-      local top = redis.call('ZRANGE', G.ready, 0, want, 'WITHSCORES')
-      if #top == 0 then break end
+      local top = redis.call('ZRANGE', G.ready, 0, want)
+      local m = #top
+      if m == 0 then break end
+      local all = m <= want
+      if not all then m = want end
       local n_before = n
-      local m = min(#top / 2, want)
       local fields, at = {}, {}
       for i = 1, m do
-        local g = top[2 * i - 1]
+        local g = top[i]
         if g ~= '' then
           at[i] = #fields + 1
           fields[#fields + 1] = 'r:' .. g
@@ -352,30 +373,54 @@ local function group_lib()
         end
       end
       local vals = #fields > 0 and redis.call('HMGET', G.hash, unpack(fields)) or {}
+      -- every ready group in hand: each takes as many whole turns as the
+      -- claim has room for (one group alone: the whole claim, and it keeps
+      -- its place)
+      local turns_each, alone = 1, all and m == 1
+      if all and not alone then
+        local sum = 0
+        for i = 1, m do
+          local g = top[i]
+          local w = 1
+          if g ~= '' then w = select(4, group_settings(own and vals[at[i] + 1] or nil, d)) end
+          sum = sum + QUANTUM * w
+        end
+        turns_each = max(1, floor(n / sum))
+      end
+      -- the groups that go to the back of the line: after every other, and
+      -- after those that came in since the last claim (at ':v' + 1)
+      local back = num(v + 2)
       local adds, rems, counts = {}, {}, {}
       for i = 1, m do
         if n <= 0 then break end
-        local g, s = top[2 * i - 1], parse(top[2 * i])
-        local nxt = top[2 * i + 2] and parse(top[2 * i + 2]) or nil
-        if s > v then v = s end
+        local g = top[i]
+        -- the part of its turn it took at earlier claims (it was at the front)
+        local used = 0
+        if rounds == 1 and i == 1 and g == f_g then used = f_used end
+        p_g = nil
         if g == '' then
+          local turn = max(1, QUANTUM * turns_each - used)
           local k = ungrouped - turns
-          if k > 0 and nxt then k = min(k, max(QUANTUM, floor(nxt - s) + 1)) end
+          if not alone then k = min(k, turn) end
           k = min(k, n)
-          turns, n = turns + max(k, 0), n - max(k, 0)
+          turns, n = turns + k, n - k
           if turns >= ungrouped then
             rems[#rems + 1] = ''
-          else
-            adds[#adds + 1] = num(s + k)
+          elseif alone then  -- (keeps its place)
+          elseif k >= turn then
+            adds[#adds + 1] = back
             adds[#adds + 1] = ''
+          else
+            p_used, p_g = used + k, ''
           end
         else
           local j = at[i]
           local running = vals[j] and parse(vals[j]) or 0
           local cap, rate, per, w = group_settings(own and vals[j + 1] or nil, d)
+          local turn = max(1, QUANTUM * w * turns_each - used)
           local k = n
           if cap > 0 then k = min(k, cap - running) end
-          if nxt then k = min(k, max(QUANTUM * w, floor((nxt - s) * w) + 1)) end
+          if not alone then k = min(k, turn) end
           local tokens, waiting = nil, false
           -- (a paused group is never here: pause_group takes it out, and
           -- group_ready does not put it back)
@@ -424,9 +469,14 @@ local function group_lib()
           end
           if got < k or k <= 0 or (cap > 0 and running >= cap) or waiting then
             rems[#rems + 1] = g
-          else
-            adds[#adds + 1] = num(s + got / w)
+          elseif alone then  -- (keeps its place)
+          elseif got >= turn then
+            adds[#adds + 1] = back
             adds[#adds + 1] = g
+          else
+            -- the claim is full (or the tokens ran short): the rest of its
+            -- turn at the next claim
+            p_used, p_g = used + got, g
           end
         end
       end
@@ -435,7 +485,10 @@ local function group_lib()
         redis.call('ZREM', G.ready, unpack(rems))
         removed = true
       end
-      if #adds > 0 then redis.call('ZADD', G.ready, 'XX', unpack(adds)) end
+      if #adds > 0 then
+        redis.call('ZADD', G.ready, 'XX', unpack(adds))
+        v = v + 2
+      end
       if n == n_before and #rems == 0 then break end  -- (cannot happen: a safeguard)
     end
     if popped > 0 and redis.call('HINCRBY', G.hash, ':n', -popped) <= 0 then
@@ -443,14 +496,16 @@ local function group_lib()
     end
     group_prio_gone(G, ppopped)
     -- no group left ready: Q's ungrouped tasks take the plain path again, and
-    -- the clock starts again from 0 (nothing is left to compare it with);
-    -- only a claim that took groups out of the ready set can have emptied it
+    -- the line starts again from 0 (nothing is left in it); only a claim
+    -- that took groups out of the ready set can have emptied it
     local left = removed and redis.call('ZCARD', G.ready) or 2
     if left == 1 and redis.call('ZREM', G.ready, '') == 1 then left = 0 end
     if left == 0 then
-      if v0 ~= 0 then redis.call('HDEL', G.hash, ':v') end
-    elseif v ~= v0 then
-      redis.call('HSET', G.hash, ':v', num(v))
+      if h[1] then redis.call('HDEL', G.hash, ':v') end
+    else
+      local now_line = num(v)
+      if p_g then now_line = now_line .. ':' .. num(p_used) .. ':' .. p_g end
+      if now_line ~= line then redis.call('HSET', G.hash, ':v', now_line) end
     end
     local wait = -1
     if G.has_wait ~= false or waited then

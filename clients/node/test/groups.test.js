@@ -82,11 +82,17 @@ test('claims take turns among the groups and the ungrouped tasks; a paused group
     assert.equal(await client.pauseGroup('rr', 'p'), false, 'paused already');
     await w.start();
     await waitFor(() => events.filter((e) => e.kind === 'done').length === 9);
+    // a turn is three jobs: each group (and the ungrouped tasks) runs its
+    // three in one turn, in order, and every one has its turn
     const order = events.filter((e) => e.kind === 'start').map((e) => e.task);
+    const turns = [];
     for (let i = 0; i < 9; i += 3) {
-      const round = order.slice(i, i + 3).map((t) => t[0]).sort().join('');
-      assert.equal(round, 'abu', `round ${i / 3} was ${order.slice(i, i + 3)} (all: ${order})`);
+      const turn = order.slice(i, i + 3);
+      const who = turn[0][0];
+      assert.deepEqual(turn, [1, 2, 3].map((k) => `${who}${k}`), `turn ${i / 3} was ${turn} (all: ${order})`);
+      turns.push(who);
     }
+    assert.equal(turns.sort().join(''), 'abu', `turns ${turns} (all: ${order})`);
     assert.ok(!order.includes('p1'), 'a job of a paused group started');
     assert.equal(await redis.llen(`{${ns}}:gq:rr|p`), 1);
     assert.equal(await client.resumeGroup('rr', 'p'), true);
