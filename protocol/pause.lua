@@ -17,8 +17,8 @@
 --          not: running it twice, the second run returns 0 and changes
 --          nothing.
 -- Errors: BAD_ARG (mode).
--- Publishes: on resume, Q on the wake channels of up to (tasks queued) + 1
---            idle servers of Q.
+-- Publishes: on resume, Q on the wake channels of up to (tasks queued and
+--            groups ready, {ns}:gready:<Q>) + 1 idle servers of Q.
 --!include include/now_ms.lua
 --!include include/int.lua
 --!include include/wake_idle.lua
@@ -34,7 +34,11 @@ if mode == 'pause' then
   return 1
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local ready = redis.call('LLEN', KEYS[4]) + redis.call('ZCARD', KEYS[5])
+-- (Q's ready groups count too: a queue whose jobs are all in groups woke
+-- nobody; their key is made from the namespace's prefix, as include/group.lua
+-- makes it)
+local gready = string.match(KEYS[4], '^(%b{}:)') .. 'gready:' .. ARGV[2]
+local ready = redis.call('LLEN', KEYS[4]) + redis.call('ZCARD', KEYS[5]) + redis.call('ZCARD', gready)
 wake_idle(KEYS[3], ARGV[3], ARGV[2], ready)
 redis.call('DEL', KEYS[1])
 return 1

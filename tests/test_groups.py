@@ -247,6 +247,48 @@ async def test_a_paused_group_waits_while_the_others_run(redis_url: str, namespa
         await wait_until(lambda: len(rec.ran) == 4, what="the resumed group")
 
 
+async def test_resuming_a_queue_of_grouped_jobs_wakes_its_idle_worker(
+    redis_url: str, namespace: str, conn: Connection
+) -> None:
+    # pause.lua's resume wakes the idle servers for what is ready: the ready
+    # groups count (the worker sits in the idle set, so its heartbeat does
+    # not make it claim: only a wake does)
+    rec = Recorder()
+    async with mesh.open_worker(redis_url, namespace=namespace) as w:
+        c = w.client
+        assert await c.pause(Q) is True
+        await c.enqueue_many(Q, [b"a0", b"a1"], group="a")
+        await w.start_work(Q, rec, concurrency=2)
+        idle = Keys(namespace).idle(Q)
+
+        async def idle_now() -> bool:
+            return bool(await conn.execute("SISMEMBER", idle, w.id))
+
+        await wait_until(idle_now, what="the worker idle on the paused queue")
+        assert rec.ran == []
+        assert await c.resume(Q) is True
+        await wait_until(lambda: len(rec.ran) == 2, what="the jobs after the resume", within=5)
+
+
+async def test_an_idle_worker_whose_wake_was_lost_finds_a_groups_job(
+    redis_url: str, namespace: str, conn: Connection
+) -> None:
+    # The worker left the idle set (a wake took it out) but the message was
+    # lost: its heartbeat says the queue has a ready group, and it claims.
+    rec = Recorder()
+    async with mesh.open_worker(redis_url, namespace=namespace, ttl=1.5) as w:
+        await w.start_work(Q, rec, concurrency=1)
+        idle = Keys(namespace).idle(Q)
+
+        async def idle_now() -> bool:
+            return bool(await conn.execute("SISMEMBER", idle, w.id))
+
+        await wait_until(idle_now, what="the worker idle")
+        assert await conn.execute("SREM", idle, w.id) == 1  # the wake that got lost
+        await w.client.enqueue(Q, b"j", group="a")  # (wakes nobody: the set is empty)
+        await wait_until(lambda: len(rec.ran) == 1, what="the job, by the heartbeat", within=5)
+
+
 async def test_a_groups_rate_limit_holds(redis_url: str, namespace: str) -> None:
     rec = Recorder()
     async with mesh.open_worker(redis_url, namespace=namespace) as w:
