@@ -15,8 +15,8 @@ import secrets
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -218,35 +218,106 @@ def where(costs: list[Cost], top: int = 8) -> str:
 OUTSIDE = {"evalsha", "eval", "info", "config|resetstat", "hget", "hlen", "ping", "script|load"}
 
 
-async def cost_run(url: str, conn: Connection, groups: list[tuple[str, int]], sizes: Sizes) -> Cost:
+SLICE = 2.0
+"""s: each side's turn in :func:`cost_runs` (the two sides take turns)."""
+
+
+@dataclass
+class _Side:
+    """What one side of :func:`cost_runs` has done so far."""
+
+    ns: str
+    keys: Keys
+    client: mesh.Client
+    jobs: int  # queued at the start
+    enqueue: float  # s
+    done: int = 0
+    active: float = 0.0  # s of its turns, each from its resume to its last job's end
+    redis_cpu: float = 0.0  # s of Redis CPU in its turns
+    commands: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+async def cost_runs(
+    url: str, conn: Connection, sides: dict[str, list[tuple[str, int]]], sizes: Sizes
+) -> dict[str, Cost]:
+    """Serve each side's groups (name -> [(group, jobs), ...]) with a worker
+    process of its own, in turns of :data:`SLICE` seconds: one side's queue
+    is resumed while the other's is paused, then paused again and its running
+    jobs waited for, and so on until both are empty. The machine's speed
+    drifts by a fifth over tens of seconds here (other tenants of the host),
+    and a side served after the other whole took all of that drift into the
+    ratio; in turns of two seconds both see it alike. Each side's rate is its
+    jobs over the sum of its turns; its Redis CPU and command times are
+    summed over its turns; its worker's CPU is over the whole run (an idle
+    worker spends next to none)."""
     await conn.execute("FLUSHALL")
-    ns = "gc" + secrets.token_hex(3)
-    keys = Keys(ns)
-    n = sum(c for _, c in groups)
-    t = trio.current_time()
-    async with mesh.open_client(url, namespace=ns) as client:
-        await fill(client, groups)
-    enqueue = trio.current_time() - t
-    if await pending(conn, keys) != n:
-        raise RuntimeError(f"cost: {await pending(conn, keys)} jobs queued, not {n}")
-    async with children() as kids:
-        argv = mesh_child("throughput", "--url", url, "--ns", ns, "--queue", QUEUE,
-                          "--concurrency", str(sizes.concurrency))  # fmt: skip
-        w = await kids.spawn("groups cost worker", argv)
-        await w.expect("ready", 60)
-        await conn.execute("CONFIG", "RESETSTAT")
-        cpu0, wcpu0 = await redis_cpu(conn), cpu_seconds(w.pid)
-        t0 = trio.current_time()
-        await w.send("go")
+    run: dict[str, _Side] = {}
+    async with AsyncExitStack() as stack:
+        for key, groups in sides.items():
+            ns = "gc" + secrets.token_hex(3)
+            client = await stack.enter_async_context(mesh.open_client(url, namespace=ns))
+            await client.pause(QUEUE)  # (before the first job: nothing starts early)
+            t = trio.current_time()
+            await fill(client, groups)
+            n = sum(c for _, c in groups)
+            run[key] = _Side(ns, Keys(ns), client, n, trio.current_time() - t)
+            if (queued := await pending(conn, run[key].keys)) != n:
+                raise RuntimeError(f"cost: {queued} jobs queued, not {n}")
+        async with children() as kids:
+            workers = {}
+            for key, side in run.items():
+                argv = mesh_child("throughput", "--url", url, "--ns", side.ns, "--queue", QUEUE,
+                                  "--concurrency", str(sizes.concurrency))  # fmt: skip
+                workers[key] = await kids.spawn(f"groups cost worker ({key})", argv)
+            for w in workers.values():
+                await w.expect("ready", 60)
+            for w in workers.values():
+                await w.send("go")
+            await conn.execute("CONFIG", "RESETSTAT")
+            wcpu0 = {key: cpu_seconds(w.pid) for key, w in workers.items()}
+            while any(side.done < side.jobs for side in run.values()):
+                for side in run.values():
+                    if side.done < side.jobs:
+                        await _turn(conn, side)
+            wcpu = {key: cpu_seconds(w.pid) - wcpu0[key] for key, w in workers.items()}
+    return {
+        key: Cost(
+            side.jobs / side.active,
+            side.redis_cpu / side.jobs * 1e6,
+            wcpu[key] / side.jobs * 1e6,
+            side.enqueue,
+            {k: (c / side.jobs, us / side.jobs) for k, (c, us) in side.commands.items()},
+        )
+        for key, side in run.items()
+    }
 
-        async def drained() -> bool:
-            return await pending(conn, keys) == 0
 
-        t1 = await poll_until(drained, interval=POLL * 5, within=max(120.0, n / 2000))
-        cpu1, wcpu1 = await redis_cpu(conn), cpu_seconds(w.pid)
-        stats = await command_costs(conn)
-    per_job = {k: (c / n, us / n) for k, (c, us) in stats.items()}
-    return Cost(n / (t1 - t0), (cpu1 - cpu0) / n * 1e6, (wcpu1 - wcpu0) / n * 1e6, enqueue, per_job)
+async def _turn(conn: Connection, side: _Side) -> None:
+    """One turn of ``side``: resume its queue, let it run for :data:`SLICE`
+    seconds (less if it empties), pause it, and wait for its running jobs."""
+    left0 = await pending(conn, side.keys)
+    stats0, cpu0 = await command_costs(conn), await redis_cpu(conn)
+    t0 = trio.current_time()
+    await side.client.resume(QUEUE)
+
+    async def empty() -> bool:
+        return await pending(conn, side.keys) == 0
+
+    with trio.move_on_at(t0 + SLICE):
+        await poll_until(empty, interval=POLL * 5, within=SLICE + 1)
+    await side.client.pause(QUEUE)
+
+    async def idle() -> bool:
+        return int(await conn.execute("HLEN", side.keys.procs(QUEUE))) == 0
+
+    await poll_until(idle, interval=POLL, within=60)
+    side.active += trio.current_time() - t0
+    side.redis_cpu += await redis_cpu(conn) - cpu0
+    side.done += left0 - await pending(conn, side.keys)
+    for k, (c, us) in (await command_costs(conn)).items():
+        c0, us0 = stats0.get(k, (0, 0.0))
+        was = side.commands.get(k, (0.0, 0.0))
+        side.commands[k] = (was[0] + c - c0, was[1] + us - us0)
 
 
 # --- c. the ungrouped path against the tree before groups --------------------------
@@ -282,7 +353,7 @@ async def suite(ctx: Context, sizes: Sizes | None = None) -> Section:
     section = Section(
         "groups",
         "Groups",
-        METHOD.format(s=sizes, groups=len(many), poll=POLL * 1000, base=BASE_REV),
+        METHOD.format(s=sizes, groups=len(many), poll=POLL * 1000, base=BASE_REV, slice=SLICE),
         runs=ctx.runs,
     )
     fair: list[Fairness] = []
@@ -297,11 +368,12 @@ async def suite(ctx: Context, sizes: Sizes | None = None) -> Section:
                 ctx.log(f"groups: run {r + 1}/{ctx.runs}: fairness")
                 fair.append(await fairness_run(server.url, conn, sizes))
                 ctx.log(f"  {fair[-1]}")
+                ctx.log(f"groups: run {r + 1}/{ctx.runs}: cost, many and one in turns")
                 order = [("many", many), ("one", one)]
-                for key, groups in order if r % 2 == 0 else order[::-1]:
-                    ctx.log(f"groups: run {r + 1}/{ctx.runs}: cost, {key}")
-                    costs[key].append(await cost_run(server.url, conn, groups, sizes))
-                    ctx.log(f"  {costs[key][-1]}")
+                sides = dict(order if r % 2 == 0 else order[::-1])
+                for key, cost in (await cost_runs(server.url, conn, sides, sizes)).items():
+                    costs[key].append(cost)
+                    ctx.log(f"  {key}: {cost}")
                 pair = [("here", here), ("base", base)]
                 for i in range(sizes.ab_rounds):
                     for key, c in pair if (r + i) % 2 == 0 else pair[::-1]:
@@ -380,13 +452,20 @@ the window where every group was backlogged: from the first job's end to
 the first small group's last job's end (jobs ended strictly before it).
 
 **Cost.** {s.cost_jobs:,} jobs in {groups:,} groups of {s.per_group}
-(enqueued by 32 `enqueue_many(group=...)` calls in flight at once), then the
-same number of jobs in one group (calls of 50,000), alternating which goes
-first from run to run; one worker process at concurrency {s.concurrency} with
-a no-op handler (the throughput suite's child) serves each from `go` until
-the groups' queued count (`:n`) and the running hash are both empty (polled
-every {poll:g} ms x 5). Redis CPU per job is the server's user + system time
-over that span divided by the jobs; worker CPU likewise from /proc.
+(enqueued by 32 `enqueue_many(group=...)` calls in flight at once) in one
+namespace, and the same number of jobs in one group (calls of 50,000) in
+another, each queue paused; one worker process per namespace at concurrency
+{s.concurrency} with a no-op handler (the throughput suite's child). Then
+the two sides **take turns** of {slice:g} s until both are empty (which
+goes first alternates from run to run): a turn resumes the side's queue,
+pauses it after {slice:g} s (or once it is empty), and waits until its
+running jobs are done (polled every {poll:g} ms). Each side's jobs/s is its
+jobs over the sum of its turns; Redis CPU per job is the server's user +
+system time over its turns divided by its jobs; worker CPU from /proc over
+the whole run (a paused side's worker spends next to none). In turns, a
+drift of the machine's speed falls on both sides alike: on this VM the
+speed drifts by a fifth over tens of seconds, and when each side ran whole,
+one after the other, the ratio of one run swung from 0.63 to 0.93.
 
 **Ungrouped, against the tree before groups.** The throughput suite's run
 (`throughput.one_run`: {s.ab_tasks:,} ungrouped no-op tasks, one worker
