@@ -8,6 +8,7 @@ dead letters and results work within a group; an empty group leaves no key."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -32,6 +33,17 @@ async def group_keys_left(conn: Connection, namespace: str) -> list[bytes]:
     for pattern in ("gq:*", "gp:*", "gready:*", "gwait:*", "gdelayed:*", "grate:*", "groups:*"):
         found += await conn.execute("KEYS", f"{{{namespace}}}:{pattern}")
     return sorted(found)
+
+
+def idle_in_redis(conn: Connection, namespace: str, worker: str) -> Callable[[], Awaitable[bool]]:
+    """A poll for :func:`wait_until`: whether ``worker`` is in queue Q's idle
+    set (its last claim found nothing, and a wake is what it waits for)."""
+    idle = Keys(namespace).idle(Q)
+
+    async def poll() -> bool:
+        return bool(await conn.execute("SISMEMBER", idle, worker))
+
+    return poll
 
 
 class Recorder:
@@ -259,12 +271,7 @@ async def test_resuming_a_queue_of_grouped_jobs_wakes_its_idle_worker(
         assert await c.pause(Q) is True
         await c.enqueue_many(Q, [b"a0", b"a1"], group="a")
         await w.start_work(Q, rec, concurrency=2)
-        idle = Keys(namespace).idle(Q)
-
-        async def idle_now() -> bool:
-            return bool(await conn.execute("SISMEMBER", idle, w.id))
-
-        await wait_until(idle_now, what="the worker idle on the paused queue")
+        await wait_until(idle_in_redis(conn, namespace, w.id), what="the worker idle on the pause")
         assert rec.ran == []
         assert await c.resume(Q) is True
         await wait_until(lambda: len(rec.ran) == 2, what="the jobs after the resume", within=5)
@@ -278,12 +285,8 @@ async def test_an_idle_worker_whose_wake_was_lost_finds_a_groups_job(
     rec = Recorder()
     async with mesh.open_worker(redis_url, namespace=namespace, ttl=1.5) as w:
         await w.start_work(Q, rec, concurrency=1)
+        await wait_until(idle_in_redis(conn, namespace, w.id), what="the worker idle")
         idle = Keys(namespace).idle(Q)
-
-        async def idle_now() -> bool:
-            return bool(await conn.execute("SISMEMBER", idle, w.id))
-
-        await wait_until(idle_now, what="the worker idle")
         assert await conn.execute("SREM", idle, w.id) == 1  # the wake that got lost
         await w.client.enqueue(Q, b"j", group="a")  # (wakes nobody: the set is empty)
         await wait_until(lambda: len(rec.ran) == 1, what="the job, by the heartbeat", within=5)

@@ -19,10 +19,10 @@
 --                      its backoff counts: it holds its slot); 'c:'..G -> G's
 --                      own settings; 'p:'..G -> when G was paused (ms);
 --                      ':default' -> the settings of every group; ':v' -> the
---                      back of the line (the last turn number given), then,
---                      while the group at the front has taken part of its
---                      turn, ':' .. the jobs it took .. ':' .. its name
---                      (e.g. "41:2:tenant-7");
+--                      back of the line (the last turn number a claim gave);
+--                      ':u' -> how much of its turn the group at the front
+--                      has taken, as the jobs .. ':' .. its name (e.g.
+--                      "2:tenant-7"; "": a whole turn is its);
 --                      ':n' -> the jobs queued in all of Q's groups;
 --                      ':np' -> those of them with a priority (while there
 --                      are none, a claim reads no group's priorities)
@@ -159,8 +159,7 @@ local function group_lib()
     if cap > 0 and tonumber(h[1] or '0') >= cap then return false end
     if redis.call('EXISTS', G.list .. g, G.prio .. g) == 0 then return false end
     if redis.call('ZSCORE', G.wait, g) then return false end
-    local back = h[4] and string.match(h[4], '^%d+')
-    return redis.call('ZADD', G.ready, 'NX', back and num(back + 1) or '1', g) == 1
+    return redis.call('ZADD', G.ready, 'NX', num(tonumber(h[4] or '0') + 1), g) == 1
   end
 
   -- `n` of group `g`'s jobs no longer run (finished, failed, handed back,
@@ -301,7 +300,7 @@ local function group_lib()
   -- number above every other); `ungrouped` tasks of Q (its list and its
   -- priorities) take turns as one more group ("", weight 1). A turn that a
   -- claim cuts short (it was full) goes on at the next claim: the group
-  -- stays at the front, and ':v' says how much of its turn it took. While
+  -- stays at the front, and ':u' says how much of its turn it took. While
   -- every ready group is in hand, each takes as many whole turns as the
   -- claim has room for in one go (one group alone: all it wants). A group
   -- stops being ready when it empties, reaches its concurrency or runs out
@@ -328,11 +327,11 @@ local function group_lib()
     -- the line's back and its front's turn so far, the default settings,
     -- whether any group has its own, and whether any group has jobs with a
     -- priority, in one read
-    local h = redis.call('HMGET', G.hash, ':v', ':default', ':c', ':np')
-    local line = h[1] or '0'
-    local v, f_used, f_g = string.match(line, '^(%d+):(%d+):(.*)$')
-    if v then f_used = tonumber(f_used) else v = line end
-    v = tonumber(v)
+    local h = redis.call('HMGET', G.hash, ':v', ':default', ':c', ':np', ':u')
+    local v = tonumber(h[1] or '0')
+    local v0 = v
+    local f_used, f_g = string.match(h[5] or '', '^(%d+):(.*)$')
+    f_used = tonumber(f_used)
     local np = h[4] and tonumber(h[4]) > 0
     if not G.dflt then
       G.dflt = h[2] and group_parse(h[2]) or {}
@@ -501,11 +500,18 @@ local function group_lib()
     local left = removed and redis.call('ZCARD', G.ready) or 2
     if left == 1 and redis.call('ZREM', G.ready, '') == 1 then left = 0 end
     if left == 0 then
-      if h[1] then redis.call('HDEL', G.hash, ':v') end
+      if h[1] or h[5] then redis.call('HDEL', G.hash, ':v', ':u') end
     else
-      local now_line = num(v)
-      if p_g then now_line = now_line .. ':' .. num(p_used) .. ':' .. p_g end
-      if now_line ~= line then redis.call('HSET', G.hash, ':v', now_line) end
+      -- the line's back and its front's turn so far, in one write (':u' ""
+      -- rather than a second call to delete it)
+      local u = p_g and num(p_used) .. ':' .. p_g or ''
+      if v ~= v0 and u ~= (h[5] or '') then
+        redis.call('HSET', G.hash, ':v', num(v), ':u', u)
+      elseif v ~= v0 then
+        redis.call('HSET', G.hash, ':v', num(v))
+      elseif u ~= (h[5] or '') then
+        redis.call('HSET', G.hash, ':u', u)
+      end
     end
     local wait = -1
     if G.has_wait ~= false or waited then
