@@ -502,16 +502,16 @@ local function group_lib()
     if left == 0 then
       if h[1] or h[5] then redis.call('HDEL', G.hash, ':v', ':u') end
     else
-      -- the line's back and its front's turn so far, in one write (':u' ""
-      -- rather than a second call to delete it)
+      -- the line's back and its front's turn so far, what changed of them
+      -- in one write (':u' "" rather than a second call to delete it)
       local u = p_g and num(p_used) .. ':' .. p_g or ''
-      if v ~= v0 and u ~= (h[5] or '') then
-        redis.call('HSET', G.hash, ':v', num(v), ':u', u)
-      elseif v ~= v0 then
-        redis.call('HSET', G.hash, ':v', num(v))
-      elseif u ~= (h[5] or '') then
-        redis.call('HSET', G.hash, ':u', u)
+      local set = {}
+      if v ~= v0 then set[1], set[2] = ':v', num(v) end
+      if u ~= (h[5] or '') then
+        local i = #set
+        set[i + 1], set[i + 2] = ':u', u
       end
+      if #set > 0 then redis.call('HSET', G.hash, unpack(set)) end
     end
     local wait = -1
     if G.has_wait ~= false or waited then
