@@ -18,8 +18,9 @@ from typing import Any
 import attrs
 
 from ._connection import Connection
-from ._eval import run_reads
+from ._eval import run_reads, run_script
 from ._keys import Keys
+from ._scripts import load_scripts
 
 __all__ = [
     "SCAN_MAX",
@@ -29,6 +30,7 @@ __all__ = [
     "parse_group_settings",
     "read_group_settings",
     "read_groups",
+    "running_jobs",
 ]
 
 #: The most groups one look reads (see the module's docstring).
@@ -157,13 +159,20 @@ async def read_groups(conn: Connection, keys: Keys, queue: str, limit: int) -> G
         ],
     )
     fields = _pairs(hash_)
+    # slots in use: a group with a cap counts its jobs running and its
+    # retries waiting in 'r:G'; a group without one, its retries only (its
+    # jobs running are told by their process records)
     running: dict[str, int] = {}
+    default = parse_group_settings(fields.get(b":default"))
+    for name, n in (await running_jobs(conn, keys, queue)).items():
+        if not parse_group_settings(fields.get(b"c:" + name.encode())).over(default).concurrency:
+            running[name] = n
     own: dict[str, GroupSettings] = {}
     paused: dict[str, float] = {}
     for f, v in fields.items():
         kind, name = f[:2], f[2:].decode()
         if kind == b"r:":
-            running[name] = int(v)
+            running[name] = running.get(name, 0) + int(v)
         elif kind == b"c:":
             own[name] = parse_group_settings(v)
         elif kind == b"p:":
@@ -189,7 +198,6 @@ async def read_groups(conn: Connection, keys: Keys, queue: str, limit: int) -> G
         else []
     )
     lengths = [int(counts[i]) + int(counts[i + 1]) for i in range(0, len(counts), 2)]
-    default = parse_group_settings(fields.get(b":default"))
     infos = [
         GroupInfo(
             name=g,
@@ -208,6 +216,39 @@ async def read_groups(conn: Connection, keys: Keys, queue: str, limit: int) -> G
     total = max(len(names), int(n_ready) - (1 if b"" in ready else 0))
     queued = int(fields.get(b":n", b"0"))
     return GroupsLook(infos[:limit], total, queued, int(n_delayed), default, sum(running.values()))
+
+
+#: bytes of process records one ``peek.lua`` call of :func:`running_jobs`
+#: reads before it returns (the rest in the next call)
+_PEEK_BUDGET = 16 << 20
+
+
+async def running_jobs(conn: Connection, keys: Keys, queue: str) -> dict[str, int]:
+    """Each group's jobs running in ``queue`` (processes), told by the
+    kind in their process records (``peek.lua`` reads each record's head,
+    never its payload): O(the queue's processes), in a round trip and one
+    per 16 MiB of records. A process that ends meanwhile is not counted.
+
+    Raises:
+        MeshConnectionError: Redis could not be reached.
+    """
+    key = keys.procs(queue)
+    rest: list[bytes] = list(await conn.execute("HKEYS", key))
+    out: dict[str, int] = {}
+    script = load_scripts()["peek"]
+    while rest:
+        reply = await run_script(conn, script, [key], ["hash", 0, 0, 0, 0, 8, _PEEK_BUDGET, *rest])
+        got = reply[1:]
+        if not got:
+            break
+        for e in got:
+            if e is not None:
+                kind = bytes(e[0]).split(b"\0", 2)[1]
+                if kind[:1] == b"g" and len(kind) > 2:
+                    name = kind[2:].decode()
+                    out[name] = out.get(name, 0) + 1
+        rest = rest[len(got) :]
+    return out
 
 
 async def read_group_settings(

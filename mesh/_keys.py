@@ -16,7 +16,7 @@ from ._errors import ConfigError
 
 __all__ = ["Keys", "check_group", "check_queue", "check_worker_id"]
 
-PROTOCOL_VERSION = "10"
+PROTOCOL_VERSION = "11"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -179,7 +179,9 @@ class Keys:
         return f"{self.prefix}gready:{q}"
 
     def groups(self, q: str) -> str:
-        """HASH: per group of ``q`` its running count (``r:G``), own
+        """HASH: per group of ``q`` its slots in use (``r:G``: of a group
+        with a cap, its jobs running and retries waiting; of one without,
+        its retries), own
         settings (``c:G``) and pause (``p:G``); ``:default``, ``:v``."""
         return f"{self.prefix}groups:{q}"
 

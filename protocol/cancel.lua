@@ -85,7 +85,7 @@ if glist then
   local retries = redis.call('ZREM', G.delayed, unpack(rs))
   if retries > 0 then
     removed = removed + retries
-    groups.release(G, g, retries)  -- a retry waiting for its backoff held a slot
+    groups.release(G, g, retries, true)  -- a retry waiting for its backoff held a slot
   end
 end
 redis.call('HDEL', KEYS[11], payload)

@@ -23,6 +23,10 @@
 -- Errors: BAD_ARG (group name, mode, a value).
 -- Publishes: Q on the wake channels of idle servers of Q when a group may
 --            start more jobs than before.
+-- Cost: O(1), but where a concurrency cap comes or goes (a group's, or the
+--       default's for the groups without one of their own): then O(Q's
+--       running processes), whose records tell each group's jobs running
+--       (only a group with a cap counts them: include/group.lua).
 --!include include/count_arg.lua
 --!include include/group.lua
 local groups = group_lib()
@@ -34,11 +38,15 @@ end
 if mode ~= 'set' and mode ~= 'clear' then
   return redis.error_reply('BAD_ARG mode must be "set" or "clear"')
 end
-local G = groups.keys(string.match(KEYS[1], '^(%b{}:)'), q)
+local prefix = string.match(KEYS[1], '^(%b{}:)')
+local G = groups.keys(prefix, q)
 local field = g == '' and ':default' or 'c:' .. g
 local stored = nil
+local before = redis.call('HMGET', G.hash, ':default', field)
+-- with the default: the groups whose counts may change, as they are before
+local all = g == '' and redis.call('HGETALL', G.hash) or nil
 if mode == 'set' then
-  local was = redis.call('HGET', G.hash, field)
+  local was = before[2]
   local old = {'', '', '', ''}
   if was then old = {string.match(was, '^(%d*),(%d*),(%d*),([%d.]*)$')} end
   local names = {'concurrency', 'rate limit', 'rate period', 'weight'}
@@ -66,16 +74,48 @@ if mode == 'set' then
 elseif redis.call('HDEL', G.hash, field) == 1 and g ~= '' then
   if redis.call('HINCRBY', G.hash, ':c', -1) <= 0 then redis.call('HDEL', G.hash, ':c') end
 end
+-- A cap that comes or goes: the group's jobs running start or stop counting
+-- in its 'r:' field (include/group.lua, group_recount)
+local function capped(own, dflt)
+  return groups.settings(own or nil, dflt and groups.parse(dflt) or {}) > 0
+end
+local running = nil
+if g ~= '' then
+  local was_c, now_c = capped(before[2], before[1]), capped(stored, before[1])
+  if was_c ~= now_c then
+    running = groups.running(prefix .. 'procs:' .. q)
+    groups.recount(G, g, running[g], now_c)
+  end
+elseif capped(nil, before[1]) ~= capped(nil, stored) then
+  running = groups.running(prefix .. 'procs:' .. q)
+  local names = {}
+  for name in pairs(running) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    -- (a group's own cap, if it has one, stays)
+    local own = redis.call('HGET', G.hash, 'c:' .. name)
+    local was_c, now_c = capped(own, before[1]), capped(own, stored)
+    if was_c ~= now_c then groups.recount(G, name, running[name], now_c) end
+  end
+end
 -- a group may start more now: ready again (with the default, each group
--- that runs jobs: the others are ready already, or have none queued)
+-- that had a count or runs jobs: the others are ready already, or have none
+-- queued)
 local woke = 0
 if g ~= '' then
   if groups.ready(G, g) then woke = 1 end
 else
-  local fields = redis.call('HGETALL', G.hash)
-  for i = 1, #fields, 2 do
-    local f = fields[i]
-    if string.sub(f, 1, 2) == 'r:' and groups.ready(G, string.sub(f, 3)) then woke = woke + 1 end
+  local seen = {}
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if string.sub(f, 1, 2) == 'r:' then
+      local name = string.sub(f, 3)
+      seen[name] = true
+      if groups.ready(G, name) then woke = woke + 1 end
+    end
+  end
+  for name in pairs(running or {}) do
+    if not seen[name] and groups.ready(G, name) then woke = woke + 1 end
   end
 end
 if woke > 0 then wake_idle(KEYS[1], ARGV[2], q, woke) end

@@ -108,8 +108,9 @@ local function keep_try(r, at, why)
 end
 -- A group's job (include/group.lua) goes back into its group, at the
 -- front (a retry runs before the later jobs of its group), and its slot is
--- free; a retry that waits for its backoff keeps its slot until due.
-local G, gfront, gfreed, gorder = nil, {}, {}, {}
+-- free; a retry that waits for its backoff keeps its slot until due (a
+-- group without a cap counts it now: include/group.lua, group_hold_many).
+local G, gfront, gfreed, gorder, gheld, ghorder = nil, {}, {}, {}, {}, {}
 local function group_free(g) groups.tally(gorder, gfreed, g) end
 local moving = redis.call('EXISTS', KEYS[10]) == 1
 local weighted = redis.call('HEXISTS', KEYS[13], ':heavy') == 1
@@ -150,7 +151,11 @@ for i = 7, #ARGV do
         elseif where == 'later' then
           local member = r.group .. '\0r' .. r.level .. r.payload
           blobs.merge(G.delayed, member, r.payload)
-          redis.call('ZADD', G.delayed, now + delay, member)
+          if redis.call('ZADD', G.delayed, now + delay, member) == 1 then
+            groups.tally(ghorder, gheld, r.group)
+          else
+            group_free(r.group)  -- a retry of the same payload waits: one slot for both
+          end
           outcome = 2
         else
           gfront[#gfront + 1] = {tonumber(id), r.payload, r.group, r.level}
@@ -235,5 +240,6 @@ if G then
   end
   for _, g in ipairs(border) do groups.push(G, g, back[g], true, levels[g]) end
   groups.release_many(G, gorder, gfreed)
+  groups.hold_many(G, ghorder, gheld)
 end
 return out

@@ -22,9 +22,9 @@ with one fault, named by its first argument:
 - ``no-stats``: sends no per-minute counts.
 - ``group-blind``: ignores the ``group`` of an ``enqueue`` command (its
   tasks go to the queue's own list, as a peer that knows no groups would).
-- ``old-version``: registers as protocol version 9 (before priorities
-  within groups and big payloads out of line): a namespace of version 10
-  refuses it.
+- ``old-version``: registers as protocol version 10 (before a group
+  without a cap stopped counting its jobs running): a namespace of version
+  11 refuses it.
 - ``blob-blind``: hands a handler a big payload's stand-in, not the payload
   (it never reads the blob).
 - ``bad-loader``: its script loader ends lines with CRLF: the scripts still
@@ -149,7 +149,7 @@ def break_library(fault: str) -> None:
 
         mesh._pool.HandlerPool._resolve = stand_in  # type: ignore[method-assign]
     elif fault == "old-version":
-        setattr(mesh._binding, "PROTOCOL_VERSION", "9")  # noqa: B010 (a module attribute)
+        setattr(mesh._binding, "PROTOCOL_VERSION", "10")  # noqa: B010 (a module attribute)
     elif fault == "bad-loader":
         scripts = load_scripts()
 

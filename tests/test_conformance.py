@@ -149,7 +149,7 @@ WRONG_PEERS = [
         "old-version",
         "16_groups",
         "FAIL scenario 16_groups: start:",
-        "namespace holds protocol version 10, this client speaks 9",
+        "namespace holds protocol version 11, this client speaks 10",
     ),
     (
         "blob-blind",

@@ -58,7 +58,7 @@ async def test_a_leaked_slot_and_leftovers_are_found(
     await conn.execute("HSET", keys.groups(Q), "r:capped", 1)
     snap = await checks.snapshot(conn, keys, [Q], ["capped"])
     (leak,) = checks.group_violations(snap, Q, {"capped": 2})
-    assert "counts 1 running, holds 0" in leak
+    assert "counts 1 slots in use, holds 0" in leak
     (left,) = await checks.group_leftovers(conn, keys, Q)
     assert "'r:capped'" in left
     # a group list left behind, and a queued count that is not the lists

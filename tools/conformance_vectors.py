@@ -922,6 +922,57 @@ async def story_group_priorities(r: Recorder, b: Binding, raw: Connection) -> No
     await b.delete_queue(r.at("delete-queue-group-priorities", "the rest deleted"), "gp")
 
 
+async def story_group_counts(r: Recorder, b: Binding, raw: Connection) -> None:
+    """A group's count of slots in use (protocol version 11): a group without
+    a cap counts no job, only a retry waiting for its backoff; a cap set
+    while its jobs run counts them at once, and one that goes stops
+    counting them (the same for the queue's default)."""
+    await raw.execute("SET", "{vgen}:token", TOKEN)
+    await b.register(r, "w1", "i1", 3000, INFO)
+    await b.serve(r, "w1", "i1", "gc", 10)
+    await b.enqueue_group(r, "gc", "f", [b"f1", b"f2", b"f3", b"f4"])
+    c = await b.claim(
+        r.at("claim-group-uncounted", "f has no cap: its jobs start, and no count is written"),
+        "w1", "i1", "gc", 3, 3, ttl_ms=3000,
+    )  # fmt: skip
+    assert len(c.processes) == 3, c.processes
+    await b.give_back(
+        r.at("give-back-group-hold", "f1 fails: without a cap, its retry counts now (r:f 1)"),
+        "w1", "gc", [c.processes[0].id], failed=True, backoff_ms=1000, backoff_cap_ms=1000,
+    )  # fmt: skip
+    cg = b.configure_group
+    await cg(
+        r.at("configure-group-recount", "f gets a cap of 2 while two jobs run: r:f 1 + 2"),
+        "gc", "f", "set", ["2", "", "", ""],
+    )  # fmt: skip
+    await b.claim(
+        r.at("claim-group-over", "f holds 3 slots, its cap is 2: nothing"),
+        "w1", "i1", "gc", 3, 3, ttl_ms=3000,
+    )  # fmt: skip
+    await cg(
+        r.at("configure-group-uncount", "f's cap goes: its two jobs stop counting (r:f 1)"),
+        "gc", "f", "clear", [],
+    )  # fmt: skip
+    await cg(
+        r.at("configure-group-default-recount", "a default cap of 1: f's jobs count again"),
+        "gc", "", "set", ["1", "", "", ""],
+    )  # fmt: skip
+    await b.finish(
+        r.at("finish-group-counted", "f2 and f3 finish: the count goes down to the retry"),
+        "w1", "i1", "gc", [p.id for p in c.processes[1:]],
+    )  # fmt: skip
+    await cg(
+        r.at("configure-group-default-clear", "the default goes: nothing runs, r:f stays 1"),
+        "gc", "", "clear", [],
+    )  # fmt: skip
+    r.advance(1500)
+    c = await b.claim(
+        r.at("claim-group-retry-uncounted", "f1's retry is due: its slot is free (no r:f)"),
+        "w1", "i1", "gc", 3, 3, ttl_ms=3000,
+    )  # fmt: skip
+    assert sorted(p.task for p in c.processes) == [b"f1", b"f4"], c.processes
+
+
 def _standin(payload: bytes) -> tuple[str, bytes]:
     """The blob key and the stand-in of ``payload`` (see "Big payloads out of
     line" in protocol/README.md). The scripts tell a stand-in by its mark,
@@ -1026,6 +1077,7 @@ STORIES: list[Callable[[Recorder, Binding, Connection], Awaitable[None]]] = [
     story_finish_claim,
     story_groups,
     story_group_priorities,
+    story_group_counts,
     story_blobs,
     story_enqueue_times,
 ]

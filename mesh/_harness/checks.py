@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from mesh._group_reads import parse_group_settings
 from mesh._keys import Keys
 
 SNAPSHOT_LUA = b"""
@@ -252,9 +253,11 @@ def group_violations(snap: Snapshot, queue: str, caps: dict[str, int]) -> list[s
     for a snapshot taken with every group of the queue named:
 
     * a group of ``caps`` (group -> concurrency) runs more jobs than its cap;
-    * a group's running count (``r:G``) is not its processes plus its
-      retries waiting for their backoff (which hold their slot): a slot
-      leaked, or one counted twice;
+    * a group's count of slots in use (``r:G``) is not, for a group with a
+      concurrency cap, its processes plus its retries waiting for their
+      backoff (which hold their slot), and for a group without one, its
+      retries (a group without a cap counts no job: protocol/README.md):
+      a slot leaked, or one counted twice;
     * the count of queued group jobs (``:n``) is not the length of the
       groups' lists and priority sets.
     """
@@ -264,13 +267,20 @@ def group_violations(snap: Snapshot, queue: str, caps: dict[str, int]) -> list[s
     for g, cap in caps.items():
         if running[g] > cap:
             bad.append(f"{queue}: group {g!r} runs {running[g]} jobs, above its cap {cap}")
-    holding = running + Counter(g for g, flag, _ in state.group_delayed if flag == "r")
+    default = parse_group_settings(state.group_hash.get(b":default"))
+
+    def capped(g: str) -> bool:
+        own = parse_group_settings(state.group_hash.get(b"c:" + g.encode()))
+        return (own.over(default).concurrency or 0) > 0
+
+    holding = Counter({g: n for g, n in running.items() if capped(g)})
+    holding += Counter(g for g, flag, _ in state.group_delayed if flag == "r")
     counted = {f[2:].decode(): int(v) for f, v in state.group_hash.items() if f.startswith(b"r:")}
     for g in sorted(set(counted) | set(holding)):
         if counted.get(g, 0) != holding[g]:
             bad.append(
-                f"{queue}: group {g!r} counts {counted.get(g, 0)} running, "
-                f"holds {holding[g]} (processes and retries)"
+                f"{queue}: group {g!r} counts {counted.get(g, 0)} slots in use, "
+                f"holds {holding[g]} ({'processes and retries' if capped(g) else 'retries'})"
             )
     queued = sum(len(jobs) for jobs in state.group_queued.values())
     n = int(state.group_hash.get(b":n", b"0"))

@@ -15,8 +15,12 @@
 --                      below their concurrency, not paused, not waiting for
 --                      a token), the front first; the member "" stands for
 --                      Q's ungrouped tasks, while Q has ready groups
---   {ns}:groups:<Q>    HASH 'r:'..G -> G's jobs running (a retry waiting for
---                      its backoff counts: it holds its slot); 'c:'..G -> G's
+--   {ns}:groups:<Q>    HASH 'r:'..G -> G's slots in use: of a group with a
+--                      concurrency cap, its jobs running and its retries
+--                      waiting for their backoff (a retry holds its slot);
+--                      of a group without one, its retries only (nothing
+--                      reads or writes a count per job of a group that has
+--                      no cap: see group_recount); 'c:'..G -> G's
 --                      own settings; 'p:'..G -> when G was paused (ms);
 --                      ':default' -> the settings of every group; ':v' -> the
 --                      back of the line (the last turn number a claim gave);
@@ -162,20 +166,22 @@ local function group_lib()
     return redis.call('ZADD', G.ready, 'NX', num(tonumber(h[4] or '0') + 1), g) == 1
   end
 
-  -- `n` of group `g`'s jobs no longer run (finished, failed, handed back,
-  -- recycled, cancelled): its count goes down (the field leaves at 0) and it
-  -- is ready again if it may be (an idle server of Q is woken then).
   -- `counts[g]` jobs of each group g of `order` no longer run (finished,
-  -- failed, handed back, recycled, cancelled): their running counts go down
-  -- (a field leaves at 0), in one HMGET and one HDEL and HSET for all of them
-  -- (per 1000 groups); a group that was at its cap is ready again if it may
-  -- be, and idle servers of Q are woken for those. Only a group at its cap
-  -- can have left the ready groups for it (emptied, paused or waiting for a
-  -- token, it stays out).
-  local function group_release_many(G, order, counts)
+  -- failed, handed back, recycled, cancelled), or with `held`, that many of
+  -- its retries no longer wait for their backoff (due, cancelled): their
+  -- slots are free. The counts go down (a field leaves at 0), in one HMGET
+  -- and one HDEL and HSET for all of them (per 1000 groups): of a job, only
+  -- a group with a cap has one (none was counted at its claim); of a retry,
+  -- every group. A group that was at its cap is ready again if it may be,
+  -- and idle servers of Q are woken for those. Only a group at its cap can
+  -- have left the ready groups for it (emptied, paused or waiting for a
+  -- token, it stays out). While no group has a cap, a job's end reads and
+  -- writes nothing here.
+  local function group_release_many(G, order, counts, held)
     local d = group_default(G)
     -- a cap at all: the default's, or a group's own (then read them)
     local own, capped = G.own, (d[1] or 0) > 0
+    if not (held or own or capped) then return end
     local step = own and 2 or 1
     local woke = 0
     for c = 1, #order, 1000 do
@@ -189,16 +195,17 @@ local function group_lib()
       local set, del, again = {}, {}, {}
       for i = c, last do
         local j = step * (i - c) + 1
-        local was = vals[j] and parse(vals[j]) or 0
-        local r = was - counts[order[i]]
-        if r > 0 then
-          set[#set + 1] = fields[j]
-          set[#set + 1] = num(r)
-        else
-          del[#del + 1] = fields[j]
-        end
-        if capped or own then
-          local cap = group_settings(own and vals[j + 1] or nil, d)
+        local cap = 0
+        if capped or own then cap = group_settings(own and vals[j + 1] or nil, d) end
+        if held or cap > 0 then
+          local was = vals[j] and parse(vals[j]) or 0
+          local r = was - counts[order[i]]
+          if r > 0 then
+            set[#set + 1] = fields[j]
+            set[#set + 1] = num(r)
+          else
+            del[#del + 1] = fields[j]
+          end
           if cap > 0 and was >= cap then again[#again + 1] = order[i] end
         end
       end
@@ -225,9 +232,50 @@ local function group_lib()
     counts[g] = n + 1
   end
 
-  -- `n` of group `g`'s jobs no longer run (see group_release_many).
-  local function group_release(G, g, n)
-    group_release_many(G, {g}, {[g] = n})
+  -- `n` of group `g`'s jobs no longer run, or with `held` its retries no
+  -- longer wait (see group_release_many).
+  local function group_release(G, g, n, held)
+    group_release_many(G, {g}, {[g] = n}, held)
+  end
+
+  -- `counts[g]` jobs of each group g of `order` failed and wait for their
+  -- backoff to run again: each holds its group's slot until due. A group
+  -- with a cap counted the job at its claim already; a group without one
+  -- counts the retry now (group_release_many with `held` takes it off).
+  local function group_hold_many(G, order, counts)
+    local d = group_default(G)
+    if (d[1] or 0) > 0 and not G.own then return end  -- every group has a cap
+    for _, g in ipairs(order) do
+      local own = G.own and redis.call('HGET', G.hash, 'c:' .. g) or nil
+      if group_settings(own, d) == 0 then redis.call('HINCRBY', G.hash, 'r:' .. g, counts[g]) end
+    end
+  end
+
+  -- Each group's jobs running in Q, from the records of {ns}:procs:<Q>
+  -- (`procs`; a group's job's kind is 'g' level group: include/record.lua):
+  -- a table group -> count. O(Q's processes); configure_group's alone.
+  -- (HGETALL, not HVALS: the commands of docs/operating.md's ACL user)
+  local function group_running(procs)
+    local out = {}
+    local all = redis.call('HGETALL', procs)
+    for i = 2, #all, 2 do
+      local g = string.match(all[i], '^[^%z]*%zg.([^%z]*)%z')
+      if g then out[g] = (out[g] or 0) + 1 end
+    end
+    return out
+  end
+
+  -- Group `g`'s cap comes or goes (its concurrency turns from 0 to more,
+  -- `on`, or back to 0): its `running` jobs (group_running's count) start
+  -- or stop counting in 'r:'..g, which then again holds what it must (a
+  -- group with a cap: its jobs and its retries; without: its retries).
+  local function group_recount(G, g, running, on)
+    if not running or running == 0 then return end
+    if on then
+      redis.call('HINCRBY', G.hash, 'r:' .. g, running)
+    elseif redis.call('HINCRBY', G.hash, 'r:' .. g, -running) <= 0 then
+      redis.call('HDEL', G.hash, 'r:' .. g)
+    end
   end
 
   -- Put `payloads` (in order) into group `g`: at its front (`front`) or its
@@ -286,7 +334,7 @@ local function group_lib()
       end
       for _, g in ipairs(order) do
         group_push(G, g, jobs[g], true, levels[g])
-        if freed[g] > 0 then group_release(G, g, freed[g]) end
+        if freed[g] > 0 then group_release(G, g, freed[g], true) end
       end
     end
     local first = redis.call('ZRANGE', G.delayed, 0, 0, 'WITHSCORES')
@@ -339,6 +387,9 @@ local function group_lib()
     end
     local d = G.dflt
     local own = G.own
+    -- while no group has a cap, no count is read or written (a job's count
+    -- matters only to its group's cap)
+    local counted = own or (d[1] or 0) > 0
     if ungrouped > 0 then redis.call('ZADD', G.ready, 'NX', num(v + 1), '') end
     -- the group a full claim leaves at the front, and how much of its turn
     -- it has taken
@@ -365,7 +416,7 @@ local function group_lib()
       local fields, at = {}, {}
       for i = 1, m do
         local g = top[i]
-        if g ~= '' then
+        if g ~= '' and counted then
           at[i] = #fields + 1
           fields[#fields + 1] = 'r:' .. g
           if own then fields[#fields + 1] = 'c:' .. g end
@@ -381,7 +432,8 @@ local function group_lib()
         for i = 1, m do
           local g = top[i]
           local w = 1
-          if g ~= '' then w = select(4, group_settings(own and vals[at[i] + 1] or nil, d)) end
+          if g ~= '' and own then w = select(4, group_settings(vals[at[i] + 1], d)) end
+          if g ~= '' and not own then w = d[4] or 1 end
           sum = sum + QUANTUM * w
         end
         turns_each = max(1, floor(n / sum))
@@ -414,8 +466,13 @@ local function group_lib()
           end
         else
           local j = at[i]
-          local running = vals[j] and parse(vals[j]) or 0
-          local cap, rate, per, w = group_settings(own and vals[j + 1] or nil, d)
+          local running, cap, rate, per, w = 0, nil, nil, nil, nil
+          if counted then
+            running = vals[j] and parse(vals[j]) or 0
+            cap, rate, per, w = group_settings(own and vals[j + 1] or nil, d)
+          else
+            cap, rate, per, w = group_settings(nil, d)
+          end
           local turn = max(1, QUANTUM * w * turns_each - used)
           local k = n
           if cap > 0 then k = min(k, cap - running) end
@@ -458,9 +515,11 @@ local function group_lib()
             n = n - got
           end
           if got > 0 then
-            running = running + got
-            counts[#counts + 1] = fields[j]
-            counts[#counts + 1] = num(running)
+            if cap > 0 then
+              running = running + got
+              counts[#counts + 1] = fields[j]
+              counts[#counts + 1] = num(running)
+            end
             if tokens then
               redis.call('HSET', G.rate .. g, 'tokens', tostring(tokens - got), 'at', now)
               redis.call('PEXPIRE', G.rate .. g, per + 1000)
@@ -523,6 +582,8 @@ local function group_lib()
 
   group_fns = {keys = group_keys, keys_of = group_keys_of, ready = group_ready,
     release_many = group_release_many, tally = group_tally, release = group_release,
+    hold_many = group_hold_many, running = group_running, recount = group_recount,
+    parse = group_parse, settings = group_settings,
     push = group_push, prio_gone = group_prio_gone, due = group_due, claim = group_claim}
   return group_fns
 end

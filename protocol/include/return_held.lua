@@ -60,8 +60,10 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
   local dead_payloads = {}  -- their enqueue times go (include/enqueue_time.lua)
   -- a group's jobs go back to the front of their group (include/group.lua),
   -- newest claim first here as in `front`; a retry that waits for its
-  -- backoff keeps its group's slot until due
-  local G, gfront, gfreed, gorder, glater = nil, {}, {}, {}, {}
+  -- backoff keeps its group's slot until due (a group without a cap counts
+  -- it now: include/group.lua, group_hold_many)
+  local G, gfront, gfreed, gorder, glater, gheld, ghorder = nil, {}, {}, {}, {}, {}, {}
+  local gseen = {}  -- the retries' members so far
   for _, r in ipairs(rs) do
     gone[#gone + 1] = r.id
     local where, delay = 'front', 0
@@ -75,8 +77,15 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     if r.group then
       if not G then G = groups.keys_of(procs, 'procs') end
       if where == 'later' then
+        local member = r.group .. '\0r' .. r.level .. r.payload
         glater[#glater + 1] = now + delay
-        glater[#glater + 1] = r.group .. '\0r' .. r.level .. r.payload
+        glater[#glater + 1] = member
+        if gseen[member] or redis.call('ZSCORE', G.delayed, member) then
+          groups.tally(gorder, gfreed, r.group)  -- a retry of the same payload waits: one slot for both
+        else
+          gseen[member] = true
+          groups.tally(ghorder, gheld, r.group)
+        end
       else
         groups.tally(gorder, gfreed, r.group)
         if where == 'dead' then
@@ -166,6 +175,7 @@ local function return_held(held, procs, queue, persistent, attempts, dead, delay
     blobs.merge_pairs(G.delayed, glater, nil)
     call_chunked('ZADD', G.delayed, glater, 2)
     groups.release_many(G, gorder, gfreed)
+    groups.hold_many(G, ghorder, gheld)
   end
   return #front + #later / 2 + #back_end + nleveled + #gfront + #glater / 2, #buried, told
 end

@@ -7,7 +7,7 @@ const crypto = require('node:crypto');
 const { checkPayload } = require('./blob');
 
 /** The protocol version this package speaks. */
-const PROTOCOL_VERSION = '10';
+const PROTOCOL_VERSION = '11';
 
 const NAMESPACE = /^[A-Za-z0-9_.-]{1,64}$/;
 const WORKER_ID = /^[A-Za-z0-9_.-]{1,128}$/;

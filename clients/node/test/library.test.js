@@ -223,7 +223,7 @@ test('a worker refuses a namespace of another protocol version', async () => {
   const { w } = makeWorker(ns);
   await assert.rejects(w.start(), (err) => err instanceof VersionError && err.code === 'VERSION');
   assert.equal(await redis.get(`{${ns}}:version`), '6');
-  assert.equal(PROTOCOL_VERSION, '10');
+  assert.equal(PROTOCOL_VERSION, '11');
 });
 
 test("a queue without a policy gets the worker's options as its policy; a handler timeout fails the attempt", async () => {

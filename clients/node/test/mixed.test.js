@@ -94,7 +94,7 @@ test('Node and Python peers share a namespace: both ways, fair share, takeover',
     const pyId = /** @type {string} */ ((await workers()).find((id) => id !== node.id));
 
     // a Node worker of another protocol version is refused in the Python peer's namespace
-    const newer = new Worker({ redis: server.url, namespace: ns, ttl: 3, protocolVersion: '11', log: () => {} });
+    const newer = new Worker({ redis: server.url, namespace: ns, ttl: 3, protocolVersion: '12', log: () => {} });
     await assert.rejects(newer.start(), (err) => err instanceof VersionError && /version/i.test(err.message));
 
     // Python enqueues, Node runs; Node enqueues, Python runs
