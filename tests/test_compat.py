@@ -22,8 +22,11 @@ def test_the_core_tests_pass_on_redis_6_2() -> None:
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
     assert "v=6.2." in version, version
     env = dict(os.environ, MESH_REDIS_SERVER=str(binary))
+    # two processes (a file each at a time): this one test is the suite's
+    # longest, and on a slow 2-core machine it alone ran for 6 of 11 minutes
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-n", "2", "--dist", "loadfile",
          str(HERE / "test_protocol.py"), str(HERE / "test_model.py"), str(HERE / "test_worker.py")],
         env=env, capture_output=True, text=True, cwd=HERE.parent,
     )  # fmt: skip

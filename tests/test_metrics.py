@@ -188,7 +188,11 @@ async def test_mesh_exporter_command_serves_and_stops(redis_url: str, namespace:
         assert url.startswith("http://127.0.0.1:")
         async with mesh.open_client(redis_url, namespace=namespace) as client:
             await client.enqueue("q", "x")
-        assert value(await scrape(url), "mesh_queue_length", queue="q") == 1
+        # a scrape whose read of Redis takes over the exporter's 0.5 s (the
+        # first, on a loaded machine) says mesh_redis_up 0 and no queue
+        await until_scraped(
+            url, lambda s: value(s, "mesh_queue_length", queue="q") == 1, what="q's length"
+        )
         proc.terminate()
         with anyio.fail_after(10):
             assert await proc.wait() == 0

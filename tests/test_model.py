@@ -501,6 +501,12 @@ class MeshModel(RuleBasedStateMachine):
     def dead_letters(self, q: str, data: st.DataObject, requeue: bool) -> None:
         """Requeue or purge all dead letters of a queue, or some of them."""
         dead = self.dead_payloads(q)
+        # each dead letter's priority, from its record's kind ('o' level:
+        # protocol 10 keeps it, and a requeue puts the task back at it)
+        levels = {
+            rec.split(b"\0", 5)[5]: int(rec.split(b"\0", 5)[4][1:] or b"0")
+            for rec in self.r.lrange(self.keys.dead(q), 0, -1)
+        }
         some: bool = bool(dead) and data.draw(st.booleans())
         chosen = data.draw(st.lists(st.sampled_from(dead), unique=True)) if some else None
         mode = "requeue" if requeue else "purge"
@@ -512,7 +518,10 @@ class MeshModel(RuleBasedStateMachine):
         if requeue:
             self.live[q].update(set(dead) - set(left))
             for p in set(dead) - set(left):
-                self.priority.pop(p, None)  # requeued at priority 0
+                if levels.get(p):  # requeued at its priority (the record's kind)
+                    self.priority[p] = levels[p]
+                else:
+                    self.priority.pop(p, None)
             back = sorted(set(dead) - set(left))
             if back:  # attempts reset
                 assert self.r.hmget(self.keys.attempts(q), back) == [None] * len(back)
