@@ -193,3 +193,31 @@ async def test_a_cap_set_on_a_running_group_holds_across_workers(
                 seen += 1
                 await anyio.sleep(0.002)
     assert most == 1 and seen > 10
+
+
+async def test_a_crashed_jobs_retry_holds_a_slot_in_a_group_without_a_cap(
+    conn: Connection, b: Binding, keys: Keys
+) -> None:
+    # A job of a group without a cap (while another group has settings of
+    # its own) crashes twice: the first recycle puts it back at once, the
+    # second sends it to its backoff, and the retry then counts in r:G
+    # (the recycle's hold) until it is due.
+    await b.configure_group(conn, Q, "other", "set", ["2", "", "", ""])
+    for i, w in enumerate(("w1", "w2")):
+        inc = await join(b, conn, w, Q)
+        if i == 0:
+            await b.enqueue_group(conn, Q, "free", [b"j"])
+        (p,) = (await b.claim(conn, w, inc, Q, 5, 10, backoff_ms=20, backoff_cap_ms=20)).processes
+        assert (p.task, p.attempts) == (b"j", i)
+        await expire_worker(conn, keys, w)
+        r = await b.recycle(conn, w, leave=False)
+        assert r.returned == 1
+    assert await count(conn, keys, "free") == 1
+    assert await conn.execute("ZCARD", keys.group_delayed(Q)) == 1
+    await no_violation(conn, keys, ["free", "other"])
+    await anyio.sleep(0.05)
+    inc = await join(b, conn, "w3", Q)
+    (p,) = (await b.claim(conn, "w3", inc, Q, 5, 10)).processes
+    assert (p.task, p.attempts) == (b"j", 2)
+    assert await count(conn, keys, "free") is None
+    await no_violation(conn, keys, ["free", "other"])
